@@ -1,0 +1,1 @@
+"""artrl: train LLM agents from experience."""

@@ -1,0 +1,32 @@
+"""The project's own error types.
+
+Every error raised on bad user input is an `ArtrlError`, so callers (and the
+property-based tests) can tell a refused input from a bug. Messages name the
+offending item (trajectory, field, value) and say what to do instead.
+"""
+
+from __future__ import annotations
+
+
+class ArtrlError(Exception):
+    """Base class of every error artrl raises on purpose."""
+
+
+class TrajectoryError(ArtrlError, ValueError):
+    """A trajectory or group is malformed (bad reward, role, tool call, logprobs...)."""
+
+
+class ConfigError(ArtrlError, ValueError):
+    """A configuration value, or a combination of values, cannot be honoured."""
+
+
+class PackingError(ArtrlError, ValueError):
+    """Tokenized data cannot be laid out into rows as asked (e.g. a trajectory too long)."""
+
+
+class CheckpointError(ArtrlError, RuntimeError):
+    """A checkpoint is missing, incomplete, corrupted or belongs to another base model."""
+
+
+class NonFiniteError(ArtrlError, FloatingPointError):
+    """A loss or gradient was NaN/inf; the optimizer step was refused."""
