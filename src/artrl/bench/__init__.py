@@ -1,0 +1,1 @@
+"""Benchmarks behind `artrl bench ...`: each prints one JSON line of figures."""

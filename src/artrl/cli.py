@@ -1,0 +1,51 @@
+"""`artrl` command line: demo, serve, and the benchmarks.
+
+    artrl demo                      SFT warm-up then RL on the tiny model (CPU, minutes)
+    artrl serve --model NAME        the OpenAI-compatible server alone
+    artrl bench pack  --workload F  packing against the reference layout
+    artrl bench train --workload F  train-step throughput against the reference trainer
+    artrl bench serve               inference throughput, concurrent vs sequential
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .errors import ArtrlError
+
+DEFAULT_WORKLOAD_HELP = "workload JSON (see shared/workloads/README.md), e.g. ../shared/workloads/seed-like.json"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="artrl", description="Train LLM agents from experience.")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    bench = sub.add_parser("bench", help="benchmarks (one JSON line each)")
+    bsub = bench.add_subparsers(dest="bench", required=True)
+    bp = bsub.add_parser("pack", help="packing: our layout vs the reference (ART) layout")
+    bp.add_argument("--workload", required=True, help=DEFAULT_WORKLOAD_HELP)
+    bp.add_argument("--row-length", type=int, default=None, help="fix the row length (default: automatic)")
+    bp.add_argument("--max-length", type=int, default=32768, help="model maximum length bounding the rows")
+    bp.add_argument("--scale", type=float, default=1.0, help="multiply every length by this factor")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        if args.command == "bench" and args.bench == "pack":
+            from .bench.pack_bench import main as run
+            return run(args)
+    except ArtrlError as e:
+        print(f"artrl: error: {e}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,489 @@
+"""Tokenized sequences -> fixed-length rows with shared group prompts.
+
+Layout of a row: a sequence of *nodes*. A node is either a group's shared
+prompt (the longest common token prefix of the group's sequences, cut before
+the first trainable token) or one sequence's completion (everything after that
+prompt). A completion sees its own earlier tokens and its group's prompt in the
+same row, nothing else (tree / prefix attention); positions restart at 0 for
+every prompt and continue after it for each completion, exactly as if the
+sequence ran alone. Trajectories of one group placed in one row therefore share
+one copy of their prompt.
+
+The packer (`pack`) is a best-fit-decreasing bin packer that knows prompts
+can be shared: groups are taken largest first, each group's completions largest
+first; a completion goes to the row that already holds its group's prompt and
+has the least room left that still fits it; only if none fits does it open its
+prompt in the best-fitting other row, or a new row. A second strategy places
+whole groups (prompt once, completions filling the row, the rest spilling into
+the next) and the better of the two layouts (fewer rows, then less padding) is
+kept. `choose_row_length` picks the row length when the user sets none: the
+shortest multiple of 128 that is at least the longest sequence and whose
+computed tokens (rows x row length) are within 1% of the least over all
+candidate lengths up to the bound (the model's maximum length, capped at
+`MAX_AUTO_ROW_FACTOR` x the longest sequence).
+
+`pack_reference` reproduces the reference (ART) layout for comparison: row
+length ceil(longest / 2048) * 2048, sequences in group order, a new row whenever
+the next one does not fit.
+
+Too-long sequences follow `on_too_long`: "drop" (counted, logged), "truncate"
+(cut to the row length, counted) or "error".
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import PackingError
+from .tokenize import TokenizedSequence
+
+log = logging.getLogger(__name__)
+
+ROW_LENGTH_MULTIPLE = 128
+REFERENCE_ROW_MULTIPLE = 2048
+MAX_AUTO_ROW_FACTOR = 4
+AUTO_ROW_TOLERANCE = 0.01
+
+
+# --------------------------------------------------------------------------- units
+
+
+@dataclass
+class Unit:
+    """A group's shared prompt and the completions that follow it."""
+
+    prompt: list[int]  # token ids shared by all completions (may be empty)
+    sequences: list[TokenizedSequence]
+
+    @property
+    def p(self) -> int:
+        return len(self.prompt)
+
+    def completion_length(self, k: int) -> int:
+        return len(self.sequences[k]) - self.p
+
+
+def shared_prefix_length(seqs: Sequence[TokenizedSequence]) -> int:
+    """Longest common token prefix of the sequences, cut before any trainable token."""
+    if len(seqs) < 2:
+        return 0
+    limit = min(s.first_trainable for s in seqs)
+    first = seqs[0].token_ids
+    n = 0
+    while n < limit and all(s.token_ids[n] == first[n] for s in seqs[1:]):
+        n += 1
+    return n
+
+
+def make_units(groups: Sequence[Sequence[TokenizedSequence]], share_prompts: bool = True) -> list[Unit]:
+    """One unit per group (its main conversations share a prompt); others stand alone."""
+    units: list[Unit] = []
+    for group in groups:
+        if not share_prompts:
+            units += [Unit(prompt=[], sequences=[s]) for s in group]
+            continue
+        main = [s for s in group if s.history_index == 0]
+        p = shared_prefix_length(main)
+        prompt = main[0].token_ids[:p] if p else []
+        shared = [s for s in group if p and s.token_ids[:p] == prompt and s.first_trainable >= p]
+        if len(shared) >= 2:
+            units.append(Unit(prompt=prompt, sequences=shared))
+        else:
+            shared = []
+        units += [Unit(prompt=[], sequences=[s]) for s in group if not any(s is t for t in shared)]
+    return units
+
+
+# --------------------------------------------------------------------------- too long
+
+
+@dataclass
+class PackStats:
+    rows: int = 0
+    row_length: int = 0
+    sequences: int = 0
+    real_tokens: int = 0  # token slots holding data (shared prompts once per row)
+    computed_tokens: int = 0  # rows x row_length
+    unique_tokens: int = 0  # tokens if every group's prompt were stored once
+    trainable_tokens: int = 0
+    dropped: int = 0
+    truncated: int = 0
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1.0 - self.real_tokens / self.computed_tokens if self.computed_tokens else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        d = {k: v for k, v in self.__dict__.items()}
+        d["padding_fraction"] = round(self.padding_fraction, 6)
+        return d
+
+
+def _truncate(seq: TokenizedSequence, n: int) -> TokenizedSequence | None:
+    if not any(seq.assistant_mask[:n]):
+        return None
+    return TokenizedSequence(
+        token_ids=seq.token_ids[:n], assistant_mask=seq.assistant_mask[:n], logprobs=seq.logprobs[:n],
+        advantage=seq.advantage, weight=seq.weight, group_index=seq.group_index,
+        trajectory_index=seq.trajectory_index, history_index=seq.history_index,
+    )
+
+
+def enforce_length(
+    groups: Sequence[Sequence[TokenizedSequence]], max_length: int, on_too_long: str, stats: PackStats
+) -> list[list[TokenizedSequence]]:
+    """Apply the too-long policy: every returned sequence has at most max_length tokens."""
+    out: list[list[TokenizedSequence]] = []
+    for group in groups:
+        kept: list[TokenizedSequence] = []
+        for s in group:
+            if len(s) <= max_length:
+                kept.append(s)
+                continue
+            if on_too_long == "error":
+                raise PackingError(
+                    f"{s.name} has {len(s)} tokens, more than the row length {max_length}. Set "
+                    "on_too_long='drop' or 'truncate', raise row_length (bounded by the model's maximum "
+                    "length), or shorten the episode."
+                )
+            if on_too_long == "truncate":
+                t = _truncate(s, max_length)
+                if t is not None:
+                    stats.truncated += 1
+                    log.warning("%s: truncated from %d to %d tokens", s.name, len(s), max_length)
+                    kept.append(t)
+                    continue
+            stats.dropped += 1
+            log.warning("%s: %d tokens exceed the row length %d; dropped", s.name, len(s), max_length)
+        if kept:
+            out.append(kept)
+    return out
+
+
+# --------------------------------------------------------------------------- assignment
+
+# A placement is (unit index, sequence index within the unit); a row is a list of them.
+Placement = tuple[int, int]
+
+
+@dataclass
+class _Row:
+    free: int
+    units: set[int] = field(default_factory=set)
+    items: list[Placement] = field(default_factory=list)
+
+
+def _place(row: _Row, u: int, k: int, cost: int) -> None:
+    row.free -= cost
+    row.units.add(u)
+    row.items.append((u, k))
+
+
+def _assign_items(units: Sequence[Unit], L: int) -> list[list[Placement]]:
+    """Best fit decreasing over completions, preferring rows that hold the group's prompt."""
+    rows: list[_Row] = []
+    order = sorted(range(len(units)), key=lambda u: -(units[u].p + sum(len(s) - units[u].p for s in units[u].sequences)))
+    for u in order:
+        unit = units[u]
+        ks = sorted(range(len(unit.sequences)), key=lambda k: -unit.completion_length(k))
+        for k in ks:
+            c = unit.completion_length(k)
+            best = None
+            for r in rows:
+                if u in r.units and r.free >= c and (best is None or r.free < best.free):
+                    best = r
+            if best is not None:
+                _place(best, u, k, c)
+                continue
+            for r in rows:
+                if r.free >= unit.p + c and (best is None or r.free < best.free):
+                    best = r
+            if best is None:
+                best = _Row(free=L)
+                rows.append(best)
+            _place(best, u, k, unit.p + c)
+    return [r.items for r in rows]
+
+
+def _assign_groups(units: Sequence[Unit], L: int) -> list[list[Placement]]:
+    """Whole groups, largest first: a group's remainder goes to the best-fitting row that takes
+    it whole; otherwise it fills a fresh row (largest completions first, then any that still fit)
+    and the rest spills over."""
+    rows: list[_Row] = []
+    order = sorted(range(len(units)), key=lambda u: -(units[u].p + sum(len(s) - units[u].p for s in units[u].sequences)))
+    for u in order:
+        unit = units[u]
+        remaining = sorted(range(len(unit.sequences)), key=lambda k: -unit.completion_length(k))
+        while remaining:
+            need = unit.p + sum(unit.completion_length(k) for k in remaining)
+            best = None
+            for r in rows:
+                if r.free >= need and (best is None or r.free < best.free):
+                    best = r
+            if best is not None:
+                cost = unit.p
+                for k in remaining:
+                    _place(best, u, k, cost + unit.completion_length(k))
+                    cost = 0
+                remaining = []
+                continue
+            # fill the row with the most room (or a new one) with what fits
+            target = max(rows, key=lambda r: r.free, default=None)
+            if target is None or target.free < unit.p + unit.completion_length(remaining[-1]):
+                target = _Row(free=L)
+                rows.append(target)
+            cost = unit.p
+            rest = []
+            for k in remaining:
+                c = unit.completion_length(k)
+                if target.free >= cost + c:
+                    _place(target, u, k, cost + c)
+                    cost = 0
+                else:
+                    rest.append(k)
+            remaining = rest
+    return [r.items for r in rows]
+
+
+def _assign_in_order(units: Sequence[Unit], L: int) -> list[list[Placement]]:
+    """The reference layout: sequences in group order, a new row when the next does not fit."""
+    rows: list[_Row] = []
+    cur: _Row | None = None
+    for u, unit in enumerate(units):
+        for k in range(len(unit.sequences)):
+            c = unit.completion_length(k)
+            cost = c if cur is not None and u in cur.units else unit.p + c
+            if cur is None or cur.free < cost:
+                cur = _Row(free=L)
+                rows.append(cur)
+                cost = unit.p + c
+            _place(cur, u, k, cost)
+    return [r.items for r in rows]
+
+
+def _used(units: Sequence[Unit], row: list[Placement]) -> int:
+    seen: set[int] = set()
+    n = 0
+    for u, k in row:
+        if u not in seen:
+            seen.add(u)
+            n += units[u].p
+        n += units[u].completion_length(k)
+    return n
+
+
+def _best_assignment(units: Sequence[Unit], L: int) -> list[list[Placement]]:
+    candidates = [_assign_items(units, L), _assign_groups(units, L)]
+    return min(candidates, key=lambda rows: (len(rows), -min((_used(units, r) for r in rows), default=0)))
+
+
+# --------------------------------------------------------------------------- rows
+
+
+@dataclass
+class PackedRows:
+    """Rows as tensors, all [rows, row_length]; see the module docstring for the layout.
+
+    input_ids        token id in each slot (pad id in padding)
+    position_ids     position of the token in its own sequence (0 for padding)
+    segment_ids      node id within the row (-1 for padding)
+    parent_ids       node id whose tokens a slot may also see (its group's prompt; itself otherwise)
+    prev_index       slot whose hidden state predicts this slot's token (-1 if none)
+    assistant_mask   True on trainable tokens
+    logprobs         sampled logprob (nan where unknown)
+    advantages       advantage of the slot's sequence
+    weights          per-token loss weight (0 off the trainable tokens)
+    sequence_ids     global index of the slot's sequence (-1 for prompts and padding)
+    lengths          [rows] used slots per row
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    segment_ids: torch.Tensor
+    parent_ids: torch.Tensor
+    prev_index: torch.Tensor
+    assistant_mask: torch.Tensor
+    logprobs: torch.Tensor
+    advantages: torch.Tensor
+    weights: torch.Tensor
+    sequence_ids: torch.Tensor
+    lengths: torch.Tensor
+    sequences: list[TokenizedSequence]
+    stats: PackStats
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def row_length(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def select(self, rows: Sequence[int], trim: bool = True) -> "PackedRows":
+        """A sub-batch of rows; with `trim`, cut trailing columns that are padding in every row."""
+        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        width = int(self.lengths[idx].max()) if trim and len(idx) else self.row_length
+        tensors = {
+            name: getattr(self, name)[idx, :width]
+            for name in ("input_ids", "position_ids", "segment_ids", "parent_ids", "prev_index", "assistant_mask",
+                         "logprobs", "advantages", "weights", "sequence_ids")
+        }
+        return PackedRows(**tensors, lengths=self.lengths[idx], sequences=self.sequences, stats=self.stats)
+
+
+def _materialize(
+    units: Sequence[Unit], assignment: list[list[Placement]], L: int, pad_id: int, stats: PackStats
+) -> PackedRows:
+    R = len(assignment)
+    input_ids = torch.full((R, L), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((R, L), dtype=torch.long)
+    segment_ids = torch.full((R, L), -1, dtype=torch.long)
+    parent_ids = torch.full((R, L), -1, dtype=torch.long)
+    prev_index = torch.full((R, L), -1, dtype=torch.long)
+    assistant_mask = torch.zeros((R, L), dtype=torch.bool)
+    logprobs = torch.full((R, L), math.nan, dtype=torch.float32)
+    advantages = torch.zeros((R, L), dtype=torch.float32)
+    weights = torch.zeros((R, L), dtype=torch.float32)
+    sequence_ids = torch.full((R, L), -1, dtype=torch.long)
+    lengths = torch.zeros(R, dtype=torch.long)
+    sequences: list[TokenizedSequence] = []
+    for r, row in enumerate(assignment):
+        # keep a group's completions right after its prompt: order placements by unit
+        first_seen: dict[int, int] = {}
+        for u, _ in row:
+            first_seen.setdefault(u, len(first_seen))
+        row = sorted(row, key=lambda pk: (first_seen[pk[0]], pk[1]))
+        pos = 0
+        node = 0
+        prompt_node: dict[int, tuple[int, int]] = {}  # unit -> (node id, last slot)
+        for u, k in row:
+            unit = units[u]
+            seq = unit.sequences[k]
+            if u not in prompt_node and unit.p:
+                n = unit.p
+                sl = slice(pos, pos + n)
+                input_ids[r, sl] = torch.tensor(unit.prompt)
+                position_ids[r, sl] = torch.arange(n)
+                segment_ids[r, sl] = node
+                parent_ids[r, sl] = node
+                prev_index[r, pos + 1:pos + n] = torch.arange(pos, pos + n - 1)
+                prompt_node[u] = (node, pos + n - 1)
+                node += 1
+                pos += n
+            n = len(seq) - unit.p
+            sl = slice(pos, pos + n)
+            gid = len(sequences)
+            sequences.append(seq)
+            input_ids[r, sl] = torch.tensor(seq.token_ids[unit.p:])
+            position_ids[r, sl] = torch.arange(unit.p, len(seq))
+            segment_ids[r, sl] = node
+            prev = torch.arange(pos - 1, pos + n - 1)
+            if unit.p:
+                parent_ids[r, sl] = prompt_node[u][0]
+                prev[0] = prompt_node[u][1]
+            else:
+                parent_ids[r, sl] = node
+                prev[0] = -1
+            prev_index[r, sl] = prev
+            mask = torch.tensor(seq.assistant_mask[unit.p:], dtype=torch.bool)
+            if not unit.p:
+                mask[0] = False  # nothing precedes the first token, it cannot be predicted
+            assistant_mask[r, sl] = mask
+            logprobs[r, sl] = torch.tensor(seq.logprobs[unit.p:], dtype=torch.float32)
+            advantages[r, sl] = seq.advantage
+            weights[r, sl] = mask.float() * seq.weight
+            sequence_ids[r, sl] = gid
+            node += 1
+            pos += n
+        lengths[r] = pos
+    stats.rows = R
+    stats.row_length = L
+    stats.computed_tokens = R * L
+    stats.real_tokens = int(lengths.sum())
+    stats.trainable_tokens = int(assistant_mask.sum())
+    stats.sequences = len(sequences)
+    return PackedRows(input_ids, position_ids, segment_ids, parent_ids, prev_index, assistant_mask, logprobs,
+                      advantages, weights, sequence_ids, lengths, sequences, stats)
+
+
+def _unique_tokens(units: Sequence[Unit]) -> int:
+    return sum(u.p + sum(len(s) - u.p for s in u.sequences) for u in units)
+
+
+# --------------------------------------------------------------------------- public
+
+
+def choose_row_length(groups: Sequence[Sequence[TokenizedSequence]], max_length: int,
+                      share_prompts: bool = True) -> int:
+    """The automatic row length (see the module docstring for the rule)."""
+    longest = max((len(s) for g in groups for s in g), default=1)
+    lo = _round_up(longest, ROW_LENGTH_MULTIPLE)
+    hi = min(max_length, MAX_AUTO_ROW_FACTOR * lo)
+    if lo > hi:
+        return max_length
+    units = make_units(groups, share_prompts)
+    candidates = list(range(lo, hi + 1, ROW_LENGTH_MULTIPLE))
+    computed = {L: len(_best_assignment(units, L)) * L for L in candidates}
+    best = min(computed.values())
+    return next(L for L in candidates if computed[L] <= best * (1 + AUTO_ROW_TOLERANCE))
+
+
+def pack(
+    groups: Sequence[Sequence[TokenizedSequence]],
+    *,
+    row_length: int | None = None,
+    max_length: int = 32768,
+    on_too_long: str = "drop",
+    share_prompts: bool = True,
+    pad_id: int = 0,
+) -> PackedRows:
+    """Pack tokenized groups into rows.
+
+    Args:
+        row_length: fixed row length, or None for the automatic choice.
+        max_length: the model's maximum sequence length (bounds rows and sequences).
+        on_too_long: "drop", "truncate" or "error" for sequences longer than a row.
+    """
+    if on_too_long not in ("drop", "truncate", "error"):
+        raise PackingError(f"on_too_long={on_too_long!r}; expected 'drop', 'truncate' or 'error'.")
+    if row_length is not None and row_length > max_length:
+        raise PackingError(f"row_length={row_length} exceeds the model's maximum length {max_length}.")
+    stats = PackStats()
+    limit = row_length if row_length is not None else max_length
+    kept = enforce_length(groups, limit, on_too_long, stats)
+    L = row_length if row_length is not None else choose_row_length(kept, max_length, share_prompts)
+    units = make_units(kept, share_prompts)
+    rows = _materialize(units, _best_assignment(units, L), L, pad_id, stats)
+    stats.unique_tokens = _unique_tokens(units)
+    return rows
+
+
+def reference_row_length(groups: Sequence[Sequence[TokenizedSequence]], multiple: int = REFERENCE_ROW_MULTIPLE) -> int:
+    longest = max((len(s) for g in groups for s in g), default=1)
+    return _round_up(longest, multiple)
+
+
+def pack_reference(
+    groups: Sequence[Sequence[TokenizedSequence]],
+    *,
+    row_length: int | None = None,
+    multiple: int = REFERENCE_ROW_MULTIPLE,
+    pad_id: int = 0,
+) -> PackedRows:
+    """The reference (ART) layout; see the module docstring."""
+    stats = PackStats()
+    L = row_length if row_length is not None else reference_row_length(groups, multiple)
+    kept = enforce_length(groups, L, "drop", stats)
+    units = make_units(kept, True)
+    rows = _materialize(units, _assign_in_order(units, L), L, pad_id, stats)
+    stats.unique_tokens = _unique_tokens(units)
+    return rows
+
+
+def _round_up(n: int, m: int) -> int:
+    return max(m, math.ceil(n / m) * m)

@@ -1,0 +1,323 @@
+"""The user-facing data model: `Trajectory`, `History`, `TrajectoryGroup`.
+
+Names and fields follow OpenPipe ART, so ART rollout code runs unchanged:
+
+* A `Trajectory` is one episode: `messages_and_choices` (OpenAI chat message
+  dicts, and OpenAI `Choice` objects for the turns the policy sampled), a
+  scalar `reward`, free-form `metrics` / `metadata` / `logs`, the `tools` the
+  agent was offered, and `additional_histories` (other conversations that
+  belong to the same episode, e.g. a sub-agent's).
+* A `TrajectoryGroup` holds the trajectories that answer the same prompt; RL
+  advantages are computed relative to the group. Built from awaitables
+  (`TrajectoryGroup(rollout() for _ in range(8))`) it is itself awaitable, and
+  `gather_trajectory_groups` runs many such groups concurrently.
+
+What we add to ART's model: validation at construction. A NaN/inf reward, an
+unknown role, non-string content, a malformed tool call or an empty group is
+refused with a `TrajectoryError` that names the field (and, inside a group,
+the trajectory's index), instead of surfacing later as a deep traceback or as
+silent training on garbage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Awaitable, Iterable
+from typing import Any, Union
+
+import pydantic
+from openai.types.chat.chat_completion import Choice
+
+from .errors import TrajectoryError
+
+Message = dict[str, Any]
+MessageOrChoice = Union[Message, Choice]
+MessagesAndChoices = list[MessageOrChoice]
+Tools = list[dict[str, Any]]
+
+VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_content(content: Any, where: str, role: str, has_tool_calls: bool) -> None:
+    if content is None:
+        if role == "assistant" and has_tool_calls:
+            return
+        if role == "assistant":
+            return  # an empty assistant turn renders as empty text
+        raise TrajectoryError(f"{where}.content is None; a {role!r} message needs string content.")
+    if isinstance(content, str):
+        return
+    if isinstance(content, list):
+        for k, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise TrajectoryError(
+                    f"{where}.content[{k}] is {part!r}; only text parts "
+                    "({'type': 'text', 'text': str}) are supported."
+                )
+        return
+    raise TrajectoryError(
+        f"{where}.content has type {type(content).__name__} ({content!r:.80}); "
+        "content must be a string or a list of text parts."
+    )
+
+
+def _check_tool_calls(tool_calls: Any, where: str) -> None:
+    if tool_calls is None:
+        return
+    if not isinstance(tool_calls, list):
+        raise TrajectoryError(f"{where}.tool_calls must be a list, got {type(tool_calls).__name__}.")
+    for k, call in enumerate(tool_calls):
+        at = f"{where}.tool_calls[{k}]"
+        if hasattr(call, "model_dump"):
+            call = call.model_dump()
+        if not isinstance(call, dict):
+            raise TrajectoryError(f"{at} must be a dict, got {type(call).__name__}.")
+        fn = call.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn.get("name"):
+            raise TrajectoryError(f"{at}.function.name is missing or not a non-empty string: {call!r:.200}.")
+        args = fn.get("arguments")
+        if isinstance(args, dict):
+            continue
+        if not isinstance(args, str):
+            raise TrajectoryError(f"{at}.function.arguments must be a JSON string, got {type(args).__name__}.")
+        try:
+            parsed = json.loads(args)
+        except json.JSONDecodeError as e:
+            raise TrajectoryError(
+                f"{at}.function.arguments is not valid JSON ({e.msg} at char {e.pos}): {args!r:.200}. "
+                "Fix the arguments, or record the turn as plain assistant content."
+            ) from None
+        if not isinstance(parsed, dict):
+            raise TrajectoryError(f"{at}.function.arguments must encode a JSON object, got {args!r:.200}.")
+
+
+def _check_item(item: Any, where: str) -> MessageOrChoice:
+    """Validate one entry of messages_and_choices; returns it (dict-shaped choices become Choice)."""
+    if isinstance(item, Choice):
+        msg = item.message
+        if msg.role != "assistant":
+            raise TrajectoryError(f"{where} is a Choice whose message.role is {msg.role!r}; expected 'assistant'.")
+        _check_tool_calls([tc.model_dump() for tc in msg.tool_calls or []], f"{where}.message")
+        return item
+    if isinstance(item, pydantic.BaseModel):
+        # e.g. an openai ChatCompletionMessage passed instead of a dict
+        item = item.model_dump(exclude_none=True)
+    if not isinstance(item, dict):
+        raise TrajectoryError(
+            f"{where} has type {type(item).__name__}; expected an OpenAI chat message dict or a Choice."
+        )
+    if "message" in item and "finish_reason" in item and "role" not in item:
+        try:
+            return _check_item(Choice.model_validate(item), where)
+        except pydantic.ValidationError as e:
+            raise TrajectoryError(f"{where} looks like a Choice but is malformed: {e}") from None
+    role = item.get("role")
+    if role not in VALID_ROLES:
+        raise TrajectoryError(f"{where}.role is {role!r}; expected one of {sorted(VALID_ROLES)}.")
+    has_tool_calls = bool(item.get("tool_calls"))
+    if has_tool_calls and role != "assistant":
+        raise TrajectoryError(f"{where} has tool_calls but role {role!r}; only assistant messages call tools.")
+    _check_content(item.get("content"), where, role, has_tool_calls)
+    _check_tool_calls(item.get("tool_calls"), where)
+    return item
+
+
+def _check_tools(tools: Any, where: str) -> None:
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise TrajectoryError(f"{where} must be a list of tool schemas, got {type(tools).__name__}.")
+    for k, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise TrajectoryError(f"{where}[{k}] must be a dict, got {type(tool).__name__}.")
+        fn = tool.get("function", tool)
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise TrajectoryError(f"{where}[{k}] has no function name: {tool!r:.200}.")
+
+
+def _check_messages(items: Any, where: str) -> MessagesAndChoices:
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise TrajectoryError(f"{where} must be a list of messages and choices, got {type(items).__name__}.")
+    return [_check_item(item, f"{where}[{i}]") for i, item in enumerate(items)]
+
+
+def message_of(item: MessageOrChoice) -> Message:
+    """The chat message dict for an entry (a Choice becomes its assistant message)."""
+    if isinstance(item, Choice):
+        m = item.message
+        out: Message = {"role": "assistant", "content": m.content}
+        if m.tool_calls:
+            out["tool_calls"] = [tc.model_dump() for tc in m.tool_calls]
+        return out
+    return item
+
+
+# --------------------------------------------------------------------------- models
+
+
+class History(pydantic.BaseModel):
+    """Another conversation that belongs to the same episode (ART's `History`)."""
+
+    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+
+    messages_and_choices: MessagesAndChoices
+    tools: Tools | None = None
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except pydantic.ValidationError as e:
+            raise TrajectoryError(f"History is malformed: {e}") from None
+        self.messages_and_choices = _check_messages(self.messages_and_choices, "History.messages_and_choices")
+        _check_tools(self.tools, "History.tools")
+
+    def messages(self) -> list[Message]:
+        return [message_of(m) for m in self.messages_and_choices]
+
+
+class Trajectory(pydantic.BaseModel):
+    """One episode of an agent: what it saw, what it sampled, and its reward."""
+
+    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+
+    messages_and_choices: MessagesAndChoices
+    tools: Tools | None = None
+    additional_histories: list[History] = []
+    reward: float
+    metrics: dict[str, float | int | bool] = {}
+    metadata: dict[str, Any] = {}
+    logs: list[str] = []
+    start_time: float = pydantic.Field(default_factory=time.time)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except pydantic.ValidationError as e:
+            fields = ", ".join(".".join(str(p) for p in err["loc"]) for err in e.errors())
+            raise TrajectoryError(f"Trajectory is malformed (fields: {fields}): {e}") from None
+        self.validate_fields()
+
+    def validate_fields(self) -> None:
+        """(Re)check every field; raises TrajectoryError naming the first bad one."""
+        if not math.isfinite(self.reward):
+            raise TrajectoryError(
+                f"Trajectory.reward is {self.reward}; rewards must be finite numbers. "
+                "Give failed episodes a finite (e.g. minimum) reward, or drop them."
+            )
+        for key, value in self.metrics.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise TrajectoryError(f"Trajectory.metrics[{key!r}] is {value}; metrics must be finite.")
+        self.messages_and_choices = _check_messages(self.messages_and_choices, "Trajectory.messages_and_choices")
+        _check_tools(self.tools, "Trajectory.tools")
+
+    # ART conveniences ---------------------------------------------------
+    def messages(self) -> list[Message]:
+        return [message_of(m) for m in self.messages_and_choices]
+
+    def log(self, message: str) -> None:
+        self.logs.append(message)
+
+    def finish(self) -> "Trajectory":
+        self.metrics.setdefault("duration", time.time() - self.start_time)
+        return self
+
+    def histories(self) -> list[History]:
+        """The main conversation followed by the additional histories."""
+        return [History(messages_and_choices=self.messages_and_choices, tools=self.tools), *self.additional_histories]
+
+    def for_logging(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (Choices become dicts) for trajectory logs."""
+
+        def dump(items: MessagesAndChoices) -> list[dict[str, Any]]:
+            return [i.model_dump(mode="json") if isinstance(i, Choice) else i for i in items]
+
+        return {
+            "reward": self.reward,
+            "metrics": self.metrics,
+            "metadata": _jsonable(self.metadata),
+            "messages_and_choices": dump(self.messages_and_choices),
+            "tools": self.tools,
+            "additional_histories": [
+                {"messages_and_choices": dump(h.messages_and_choices), "tools": h.tools}
+                for h in self.additional_histories
+            ],
+            "logs": self.logs,
+        }
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+class TrajectoryGroup(pydantic.BaseModel):
+    """Trajectories that answer the same prompt; advantages are relative to the group.
+
+    `TrajectoryGroup(iterable_of_trajectories)` builds a group at once.
+    `TrajectoryGroup(iterable_of_awaitables)` returns an awaitable that runs the
+    rollouts concurrently and collects failures into `exceptions` (counted and
+    reported by `gather_trajectory_groups`).
+    """
+
+    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+
+    trajectories: list[Trajectory]
+    exceptions: list[str] = []
+
+    def __new__(cls, trajectories: Any = None, *, exceptions: list[Any] | None = None, **_: Any):  # type: ignore[misc]
+        items = list(trajectories) if trajectories is not None else []
+        if items and any(isinstance(t, Awaitable) and not isinstance(t, Trajectory) for t in items):
+            from .gather import collect_group
+
+            return collect_group(items, list(exceptions or []))
+        obj = super().__new__(cls)
+        obj._pending_items = items  # consumed by __init__ (a generator can only be read once)
+        return obj
+
+    def __init__(self, trajectories: Any = None, *, exceptions: list[Any] | None = None, **_: Any) -> None:
+        items = self.__dict__.pop("_pending_items", None)
+        if items is None:
+            items = list(trajectories) if trajectories is not None else []
+        excs = [_format_exception(e) for e in (exceptions or [])]
+        trajs: list[Trajectory] = []
+        for i, t in enumerate(items):
+            if isinstance(t, BaseException):
+                excs.append(_format_exception(t))
+            elif isinstance(t, Trajectory):
+                trajs.append(t)
+            elif isinstance(t, dict):
+                try:
+                    trajs.append(Trajectory(**t))
+                except TrajectoryError as e:
+                    raise TrajectoryError(f"TrajectoryGroup.trajectories[{i}]: {e}") from None
+            else:
+                raise TrajectoryError(
+                    f"TrajectoryGroup.trajectories[{i}] has type {type(t).__name__}; expected a Trajectory."
+                )
+        if not trajs and not excs:
+            raise TrajectoryError(
+                "TrajectoryGroup.trajectories is empty; a group needs at least one trajectory "
+                "(or the exceptions of its failed rollouts)."
+            )
+        super().__init__(trajectories=trajs, exceptions=excs)
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    def __iter__(self):  # type: ignore[override]
+        return iter(self.trajectories)
+
+
+def _format_exception(e: Any) -> str:
+    if isinstance(e, BaseException):
+        return f"{type(e).__name__}: {e}"
+    return str(e)
+

@@ -1,0 +1,167 @@
+"""Typed configuration of a train call, and its result.
+
+`TrainConfig` (RL) and `TrainSFTConfig` (SFT) keep ART's names and defaults for
+the fields ART has (`learning_rate`, `beta`, `batch_size`) and add the knobs
+ART hides or ignores. The batching knobs live here and nowhere else:
+
+* `per_device_train_batch_size` rows go through one forward/backward pass, or,
+  when `max_tokens_per_microbatch` is set, as many rows as fit that many tokens.
+* `grad_accumulation_sequences` rows make one optimizer step (RL). For SFT,
+  `batch_size` trajectories make one optimizer step.
+
+The loss of an optimizer step is normalised over that step's trainable tokens,
+so the micro-batch size changes speed and memory, never the math
+(docs/batching.md). All cross-field checks are in `check()` methods, called by
+the trainer before any work starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pydantic
+
+from .errors import ConfigError
+
+TooLongPolicy = Literal["drop", "truncate", "error"]
+
+
+class _Config(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", validate_assignment=True)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except pydantic.ValidationError as e:
+            raise ConfigError(f"{type(self).__name__} is invalid: {e}") from None
+
+
+class BatchConfig(_Config):
+    """How rows become forward passes (shared by RL and SFT)."""
+
+    per_device_train_batch_size: int = pydantic.Field(
+        2, ge=1, description="Rows per forward/backward pass (a micro-batch). Ignored when "
+        "max_tokens_per_microbatch is set.")
+    max_tokens_per_microbatch: int | None = pydantic.Field(
+        None, ge=1, description="If set, a micro-batch takes as many rows as fit this many token "
+        "slots (rows x row length); must be at least the row length.")
+    row_length: int | None = pydantic.Field(
+        None, ge=16, description="Length of a packed row in tokens. None chooses it automatically "
+        "(docs/batching.md: the shortest length within 1% of the fewest computed tokens, bounded by "
+        "the model's maximum length and max_row_length).")
+    max_row_length: int | None = pydantic.Field(
+        None, ge=16, description="Upper bound for the automatic row length (None: the model's maximum).")
+    on_too_long: TooLongPolicy = pydantic.Field(
+        "drop", description="A trajectory longer than a row: 'drop' it (counted and logged), "
+        "'truncate' it to fit (counted), or raise an 'error'.")
+    share_prompts: bool = pydantic.Field(
+        True, description="Store a group's common prompt once per row (prefix-sharing attention).")
+    seed: int = pydantic.Field(0, description="Seed for the order of optimizer steps' rows.")
+
+    def check(self) -> None:
+        if (
+            self.max_tokens_per_microbatch is not None
+            and self.row_length is not None
+            and self.max_tokens_per_microbatch < self.row_length
+        ):
+            raise ConfigError(
+                f"max_tokens_per_microbatch={self.max_tokens_per_microbatch} is smaller than "
+                f"row_length={self.row_length}, so no row fits a micro-batch; raise "
+                "max_tokens_per_microbatch or lower row_length."
+            )
+        if self.row_length is not None and self.max_row_length is not None and self.row_length > self.max_row_length:
+            raise ConfigError(
+                f"row_length={self.row_length} exceeds max_row_length={self.max_row_length}; set one of them."
+            )
+
+
+class TrainConfig(BatchConfig):
+    """One RL train call (`model.train(groups, config=TrainConfig(...))`)."""
+
+    learning_rate: float = pydantic.Field(5e-6, gt=0, description="AdamW learning rate for this call.")
+    beta: float = pydantic.Field(0.0, ge=0, description="KL penalty coefficient against the base model "
+                                 "(adapter disabled). 0 turns the extra reference forward pass off.")
+    kl_penalty_coef: float | None = pydantic.Field(None, ge=0, description="Alias of beta (ART).")
+    loss: Literal["cispo", "ppo", "gspo"] = pydantic.Field(
+        "cispo", description="Policy loss (train/loss.py): clipped, detached importance weight times "
+        "advantage times logprob ('cispo'), PPO's clipped surrogate ('ppo'), or PPO with "
+        "sequence-level ratios ('gspo').")
+    epsilon: float = pydantic.Field(0.2, gt=0, description="Lower clip: ratio >= 1 - epsilon.")
+    epsilon_high: float | None = pydantic.Field(
+        0.28, gt=0, description="Upper clip: ratio <= 1 + epsilon_high (None: epsilon).")
+    scale_rewards: bool = pydantic.Field(
+        True, description="Divide group-relative advantages by the group's reward std.")
+    allow_training_without_logprobs: bool = pydantic.Field(
+        False, description="Train sampled turns that carry no logprobs as on-policy (ratio 1). "
+        "Off by default: such data usually means the rollout forgot logprobs=True.")
+    grad_accumulation_sequences: int | None = pydantic.Field(
+        8, ge=1, description="Rows per optimizer step; None puts all rows of the call in one step.")
+    max_grad_norm: float | None = pydantic.Field(1.0, gt=0, description="Gradient clipping (None: off).")
+
+    def kl_coef(self) -> float:
+        return self.kl_penalty_coef if self.kl_penalty_coef is not None else self.beta
+
+    def check(self) -> None:
+        super().check()
+        if self.kl_penalty_coef is not None and self.beta and self.kl_penalty_coef != self.beta:
+            raise ConfigError(
+                f"beta={self.beta} and kl_penalty_coef={self.kl_penalty_coef} disagree; they are the same "
+                "knob, set only one."
+            )
+        if self.max_tokens_per_microbatch is None and self.grad_accumulation_sequences is not None:
+            if self.per_device_train_batch_size > self.grad_accumulation_sequences:
+                raise ConfigError(
+                    f"per_device_train_batch_size={self.per_device_train_batch_size} is larger than "
+                    f"grad_accumulation_sequences={self.grad_accumulation_sequences}; a micro-batch never "
+                    "spans two optimizer steps, so the effective batch would be "
+                    f"{self.grad_accumulation_sequences}. Lower per_device_train_batch_size or raise "
+                    "grad_accumulation_sequences."
+                )
+
+
+SFT_AUTO_BATCH_SIZE = 8
+
+
+class TrainSFTConfig(BatchConfig):
+    """One SFT train call (`model.train_sft(trajectories, config=TrainSFTConfig(...))`)."""
+
+    learning_rate: float | list[float] = pydantic.Field(
+        5e-5, description="One value for every optimizer step, or a list with one value per "
+        "optimizer step (see artrl.schedules for constant/linear/cosine helpers).")
+    batch_size: int | Literal["auto"] = pydantic.Field(
+        "auto", description=f"Trajectories per optimizer step; 'auto' = {SFT_AUTO_BATCH_SIZE} "
+        "(or all of them when fewer).")
+    max_grad_norm: float | None = pydantic.Field(1.0, gt=0, description="Gradient clipping (None: off).")
+    shuffle: bool = pydantic.Field(False, description="Shuffle trajectories (with `seed`) before batching.")
+
+    def resolved_batch_size(self, n_trajectories: int) -> int:
+        if self.batch_size == "auto":
+            return max(1, min(SFT_AUTO_BATCH_SIZE, n_trajectories))
+        if self.batch_size < 1:
+            raise ConfigError(f"TrainSFTConfig.batch_size={self.batch_size}; it must be >= 1 or 'auto'.")
+        return self.batch_size
+
+    def learning_rates(self, n_steps: int) -> list[float]:
+        lr = self.learning_rate
+        if isinstance(lr, list):
+            if len(lr) != n_steps:
+                raise ConfigError(
+                    f"TrainSFTConfig.learning_rate has {len(lr)} values but this call makes {n_steps} "
+                    "optimizer steps (trajectories / batch_size, rounded up); give one value per step, "
+                    "e.g. artrl.schedules.cosine(peak, n_steps)."
+                )
+            rates = lr
+        else:
+            rates = [lr] * n_steps
+        for i, r in enumerate(rates):
+            if not (r > 0 and r < float("inf")):
+                raise ConfigError(f"TrainSFTConfig.learning_rate[{i}]={r}; learning rates must be > 0.")
+        return rates
+
+
+class TrainResult(pydantic.BaseModel):
+    """What `backend.train(...)` returns (newer ART API)."""
+
+    step: int
+    metrics: dict[str, float] = {}
+    checkpoint_path: str | None = None
