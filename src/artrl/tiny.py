@@ -1,0 +1,361 @@
+"""The offline tiny model: a real tokenizer and a small Qwen3 LM, built in-process.
+
+Tests and the demo need a causal LM with a real tokenizer and a Qwen-style chat
+template, without the network. `tiny_model_path()` builds one from files the
+package ships and caches it on disk, where `from_pretrained` loads it like any
+hub checkpoint. What it simplifies, compared with a real Qwen checkpoint:
+
+1. **Tokenizer.** A byte-level BPE (GPT-2 pre-tokenizer, as Qwen) trained in a
+   fraction of a second on `data/tiny_corpus.txt`, 2048 tokens in all. Any
+   unicode text round-trips; common English merges well, the rest falls back
+   to bytes. The chat and tool markers are single tokens.
+2. **Weights.** Random, from a fixed seed: the model is untrained and speaks
+   gibberish. It exists for plumbing (shapes, masks, losses, generation,
+   checkpointing), not for quality. Weights are bit-identical on every build.
+3. **Chat template.** Qwen2.5's tool format (Qwen3's system turn), with no
+   default system prompt and no rewriting of history (earlier `<think>` blocks
+   are kept). It is prefix-stable at turn boundaries: rendering the first `i`
+   messages gives a string prefix of rendering them all, and with
+   `add_generation_prompt=True` too when message `i` is the assistant's. The one
+   exception is Qwen's own: consecutive `tool` messages share one user turn, so
+   a cut between two of them is not a prefix. (transformers refuses an empty
+   conversation; rendered directly, one gives nothing, not even the tools
+   system turn, unless a generation prompt is asked for.) Assistant turns are
+   wrapped in `{% generation %}` so `return_assistant_tokens_mask=True` works.
+4. **Cache.** One directory per build recipe (`tiny-v1-<fingerprint>`, the
+   fingerprint covering corpus, template and hyper-parameters), built into a
+   temporary sibling and renamed into place, so readers never see a partial
+   build and concurrent builders cannot corrupt each other.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.resources
+import json
+import logging
+import os
+import pathlib
+import shutil
+import tempfile
+import time
+from typing import Final
+
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from artrl.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+# ---- names and on-disk layout -------------------------------------------------
+
+TINY_MODEL_NAME: Final = "artrl/tiny"
+"""The name `resolve_model_path` maps to the cached tiny model directory."""
+
+TINY_VERSION: Final = "tiny-v1"
+"""Bump when the build changes in a way the fingerprint does not see (e.g. the save format)."""
+
+CACHE_DIR_ENV: Final = "ARTRL_CACHE_DIR"
+DEFAULT_CACHE_DIR: Final = pathlib.Path("~/.cache/artrl")
+BUILD_MARKER_FILE: Final = "artrl_build_complete.json"
+"""Written last into a build directory; a directory without it is never used."""
+CORPUS_FILE: Final = "tiny_corpus.txt"
+_TMP_INFIX: Final = ".tmp-"
+_STALE_TMP_AFTER_S: Final = 3600.0
+
+# ---- tokens ---------------------------------------------------------------------
+
+PAD_TOKEN: Final = "<|endoftext|>"
+IM_START: Final = "<|im_start|>"
+IM_END: Final = "<|im_end|>"
+SPECIAL_TOKENS: Final = (PAD_TOKEN, IM_START, IM_END)
+"""Added as special tokens (ids 0, 1, 2): never split, dropped by `skip_special_tokens`."""
+MARKUP_TOKENS: Final = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+"""Added as ordinary (non-special) single tokens, as Qwen does, so they survive decoding."""
+
+# ---- build recipe -----------------------------------------------------------------
+
+VOCAB_SIZE: Final = 2048
+SEED: Final = 0
+MAX_POSITIONS: Final = 8192
+MODEL_SHAPE: Final = {
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+}
+
+CHAT_TEMPLATE: Final = """\
+{%- macro render_content(content) -%}
+    {%- if content is none or content is undefined -%}
+    {%- elif content is string -%}
+        {{- content -}}
+    {%- else -%}
+        {%- for part in content -%}
+            {%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{%- set has_system = messages and messages[0].role == 'system' %}
+{%- if tools %}
+    {%- if messages or add_generation_prompt %}
+        {{- '<|im_start|>system\\n' }}
+        {%- if has_system %}
+            {{- render_content(messages[0].content) + '\\n\\n' }}
+        {%- endif %}
+        {{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
+        {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
+        {%- for tool in tools %}
+            {{- '\\n' }}
+            {{- tool | tojson }}
+        {%- endfor %}
+        {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments ' }}
+        {{- 'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' }}
+        {{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
+    {%- endif %}
+{%- elif has_system %}
+    {{- '<|im_start|>system\\n' + render_content(messages[0].content) + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if loop.first and message.role == 'system' %}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\\n' }}
+        {%- generation %}
+            {{- render_content(message.content) }}
+            {%- if message.tool_calls %}
+                {%- for tool_call in message.tool_calls %}
+                    {%- if tool_call.function is defined %}
+                        {%- set tool_call = tool_call.function %}
+                    {%- endif %}
+                    {%- if not loop.first or render_content(message.content) %}
+                        {{- '\\n' }}
+                    {%- endif %}
+                    {{- '<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' }}
+                    {%- if tool_call.arguments is string %}
+                        {{- tool_call.arguments }}
+                    {%- else %}
+                        {{- tool_call.arguments | tojson }}
+                    {%- endif %}
+                    {{- '}\\n</tool_call>' }}
+                {%- endfor %}
+            {%- endif %}
+            {{- '<|im_end|>' }}
+        {%- endgeneration %}
+        {{- '\\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or loop.previtem.role != 'tool' %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' + render_content(message.content) + '\\n</tool_response>' }}
+        {%- if loop.last or loop.nextitem.role != 'tool' %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\\n' + render_content(message.content) + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}"""
+"""Qwen2.5-style chat template with tools; see the module docstring for what it guarantees."""
+
+
+def _corpus_text() -> str:
+    return (importlib.resources.files("artrl") / "data" / CORPUS_FILE).read_text(encoding="utf-8")
+
+
+@functools.cache
+def build_fingerprint() -> str:
+    """A short hash of everything the build depends on: corpus, template, tokens, shape, seed."""
+    recipe = {
+        "version": TINY_VERSION,
+        "corpus_sha256": hashlib.sha256(_corpus_text().encode("utf-8")).hexdigest(),
+        "chat_template": CHAT_TEMPLATE,
+        "special": SPECIAL_TOKENS,
+        "markup": MARKUP_TOKENS,
+        "vocab_size": VOCAB_SIZE,
+        "seed": SEED,
+        "max_positions": MAX_POSITIONS,
+        "shape": MODEL_SHAPE,
+    }
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode("utf-8")).hexdigest()[:12]
+
+
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """Train the byte-level BPE on the shipped corpus and wrap it for transformers (deterministic)."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(MARKUP_TOKENS),  # the trainer's vocabulary includes the special tokens
+        min_frequency=1,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    lines = _corpus_text().splitlines(keepends=True)
+    backend.train_from_iterator(lines, trainer=trainer, length=len(lines))
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
+    if backend.get_vocab_size() != VOCAB_SIZE:
+        raise CheckpointError(
+            f"The tiny tokenizer has {backend.get_vocab_size()} tokens, expected {VOCAB_SIZE}; "
+            f"the corpus data/{CORPUS_FILE} is too small for that many merges. Add text to it or lower VOCAB_SIZE."
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        bos_token=None,
+        unk_token=None,
+        model_max_length=MAX_POSITIONS,
+        clean_up_tokenization_spaces=False,  # exact round-trips
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build_tiny_model(tokenizer: PreTrainedTokenizerFast) -> Qwen3ForCausalLM:
+    """A randomly initialised Qwen3 LM sized for `tokenizer`; bit-identical weights on every call."""
+    eos_id = tokenizer.convert_tokens_to_ids(IM_END)
+    pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=MAX_POSITIONS,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        dtype=torch.float32,
+        attn_implementation="sdpa",
+        **MODEL_SHAPE,
+    )
+    # Seed a private copy of the CPU generator so the caller's random stream is untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id)
+    return model.eval()
+
+
+def _cache_root(cache_dir: str | os.PathLike[str] | None) -> pathlib.Path:
+    if cache_dir is None:
+        cache_dir = os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR
+    return pathlib.Path(cache_dir).expanduser().resolve()
+
+
+def _is_complete(path: pathlib.Path) -> bool:
+    return (path / BUILD_MARKER_FILE).is_file()
+
+
+def _fsync_tree(directory: pathlib.Path) -> None:
+    """Flush every file, then the directory itself, so a crash cannot publish empty files."""
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: pathlib.Path) -> None:
+    if os.name != "posix":  # directories cannot be opened for fsync elsewhere
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_tmp_dirs(root: pathlib.Path) -> None:
+    """Delete temporary build dirs that a crashed process left behind (older than an hour)."""
+    now = time.time()
+    for path in root.glob(f".{TINY_VERSION}-*{_TMP_INFIX}*"):
+        try:
+            if now - path.stat().st_mtime > _STALE_TMP_AFTER_S:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass  # another process removed it first
+
+
+def _build_into(directory: pathlib.Path) -> None:
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    _fsync_tree(directory)
+    marker = {"version": TINY_VERSION, "fingerprint": build_fingerprint()}
+    (directory / BUILD_MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    _fsync_tree(directory)
+
+
+def tiny_model_path(cache_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:
+    """The directory of the tiny model (weights, config, tokenizer), building it on first use.
+
+    `cache_dir` defaults to `$ARTRL_CACHE_DIR`, else `~/.cache/artrl`. Safe to call
+    from many processes at once: each builds into its own temporary directory and
+    the first to rename it into place wins; the others discard theirs.
+    """
+    root = _cache_root(cache_dir)
+    final = root / f"{TINY_VERSION}-{build_fingerprint()}"
+    if _is_complete(final):
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp_dirs(root)
+    started = time.perf_counter()
+    logger.info("Building the tiny model into %s (first use of this cache dir).", final)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}{_TMP_INFIX}", dir=root))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+        _build_into(tmp)
+        try:
+            os.rename(tmp, final)  # atomic; fails if `final` exists and is not empty
+        except OSError as err:
+            if _is_complete(final):
+                logger.info("Another process finished %s first; discarding this build.", final)
+            else:
+                raise CheckpointError(
+                    f"Cannot publish the tiny model at {final}: that path exists but holds no {BUILD_MARKER_FILE}, "
+                    f"so it is not a finished artrl build ({err}). Delete {final} and retry."
+                ) from err
+        else:
+            _fsync_dir(root)
+            logger.info("Built the tiny model in %.1f s.", time.perf_counter() - started)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Map `TINY_MODEL_NAME` ("artrl/tiny") to the cached tiny model directory; return anything else unchanged."""
+    if name_or_path == TINY_MODEL_NAME:
+        return str(tiny_model_path())
+    return name_or_path
+
+
+def load_tiny(
+    cache_dir: str | os.PathLike[str] | None = None, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """Load (building if needed) the tiny model and its tokenizer from the cache."""
+    path = tiny_model_path(cache_dir)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if not isinstance(tokenizer, PreTrainedTokenizerFast):
+        raise CheckpointError(
+            f"The tokenizer in {path} loaded as {type(tokenizer).__name__}, not a fast tokenizer; "
+            f"the cache is damaged. Delete {path} and retry."
+        )
+    return model, tokenizer
