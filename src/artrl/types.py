@@ -165,3 +165,30 @@ class TrainResult(pydantic.BaseModel):
     step: int
     metrics: dict[str, float] = {}
     checkpoint_path: str | None = None
+
+
+class InternalModelConfig(_Config):
+    """How a TrainableModel is loaded, adapted and served (ART: `art.dev.InternalModelConfig`).
+
+    Pass as `TrainableModel(..., _internal_config=InternalModelConfig(...))`.
+    """
+
+    lora_rank: int = pydantic.Field(8, ge=1, description="LoRA rank r.")
+    lora_alpha: float = pydantic.Field(16, gt=0, description="LoRA alpha (scale = alpha / r).")
+    lora_dropout: float = pydantic.Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    target_modules: list[str] | str | None = pydantic.Field(
+        None, description="Modules to adapt. None: the attention and MLP projections for "
+        "Llama/Qwen/Mistral-style models (q,k,v,o,gate,up,down_proj), else peft's 'all-linear'.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = pydantic.Field(
+        "auto", description="Weights dtype: 'auto' = float32 on CPU, bfloat16 on GPU.")
+    device: str | None = pydantic.Field(None, description="'cpu', 'cuda', 'cuda:1'...; None: cuda if available.")
+    attn_implementation: str | None = pydantic.Field(
+        None, description="None: 'sdpa' (dense boolean prefix mask) on CPU, 'flex_attention' "
+        "(block-sparse) on GPU. 'eager' uses an additive float mask.")
+    gradient_checkpointing: bool = pydantic.Field(False, description="Recompute activations in backward.")
+    trust_remote_code: bool = pydantic.Field(False, description="Allow model code from the checkpoint.")
+    max_length: int | None = pydantic.Field(
+        None, ge=16, description="Longest sequence (and row) to train on; None: the model's maximum.")
+    logprob_chunk_size: int = pydantic.Field(1024, ge=1, description="Tokens per LM-head chunk.")
+    inference_max_batch_size: int = pydantic.Field(32, ge=1, description="Sequences per generation batch.")
+    seed: int = pydantic.Field(0, description="Seed for adapter initialisation.")

@@ -1,0 +1,194 @@
+"""The training engine: runs a batch plan on a peft model, one optimizer step at a time.
+
+For each optimizer step of the plan: every micro-batch (rows trimmed to their
+longest row) goes through ONE forward and backward pass with the packed
+prefix-sharing attention mask; the micro-batch's loss sum is divided by the
+whole step's total token weight before backward, so the accumulated gradient is
+the step's token-mean gradient whatever the micro-batch size. Then gradients are
+clipped, checked for NaN/inf (a non-finite loss or gradient refuses the step,
+which is counted and logged), and AdamW steps. Metrics are yielded per step.
+
+The model is shared with the inference engine: `model_lock` is held for the
+whole of a train call so generation and training take turns on one device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..preprocess.pack import PackedRows
+from ..preprocess.plan import BatchPlan
+from ..types import InternalModelConfig
+from .attention import attention_mask_for
+from .logprobs import token_logprobs
+from .loss import LossTerms
+from .modeling import model_max_length
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenBatch:
+    """A micro-batch's trainable tokens, flattened: every tensor is [n]."""
+
+    logprobs: torch.Tensor  # new logprobs (with grad when training)
+    entropy: torch.Tensor
+    old_logprobs: torch.Tensor  # sampled logprobs (nan where unknown)
+    advantages: torch.Tensor
+    weights: torch.Tensor
+    sequence_ids: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+
+
+LossFn = Callable[[TokenBatch], LossTerms]
+
+
+def _unwrap(model: Any) -> Any:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+class Trainer:
+    """Owns the peft model's training state: optimizer, step counter, the model lock."""
+
+    def __init__(self, model: Any, tokenizer: Any, cfg: InternalModelConfig | None = None,
+                 model_lock: threading.RLock | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cfg = cfg or InternalModelConfig()
+        inner = _unwrap(model)
+        self.backbone = getattr(inner, inner.base_model_prefix)  # e.g. Qwen3Model
+        self.lm_head = inner.get_output_embeddings()
+        self.device = next(model.parameters()).device
+        self.dtype = next(p for p in inner.parameters() if not p.requires_grad).dtype
+        self.attn_implementation = inner.config._attn_implementation
+        self.softcap = getattr(inner.config, "final_logit_softcapping", None)
+        self.max_length = model_max_length(inner, self.cfg)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, betas=(0.9, 0.99), weight_decay=0.0)
+        self.model_lock = model_lock or threading.RLock()
+        self.optimizer_steps = 0
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    # ------------------------------------------------------------------ forward
+    def forward_tokens(self, mb: PackedRows, *, grad: bool = True, adapter: bool = True) -> TokenBatch:
+        """One forward pass over a micro-batch; returns its trainable tokens' logprobs."""
+        dev = self.device
+        input_ids = mb.input_ids.to(dev)  # [rows, width]
+        mask = attention_mask_for(self.attn_implementation, mb.segment_ids.to(dev), mb.parent_ids.to(dev),
+                                  self.dtype)
+        sel = mb.assistant_mask  # [rows, width]
+        b_idx, t_idx = sel.nonzero(as_tuple=True)  # [n], [n]
+        prev = mb.prev_index[b_idx, t_idx]  # [n]
+        ctx = torch.enable_grad() if grad else torch.no_grad()
+        adapter_ctx = self.model.disable_adapter() if not adapter and hasattr(self.model, "disable_adapter") \
+            else contextlib.nullcontext()
+        with ctx, adapter_ctx:
+            hidden = self.backbone(input_ids=input_ids, attention_mask=mask,
+                                   position_ids=mb.position_ids.to(dev), use_cache=False).last_hidden_state
+            h = hidden[b_idx.to(dev), prev.to(dev)]  # [n, hidden]
+            targets = input_ids[b_idx.to(dev), t_idx.to(dev)]  # [n]
+            logp, ent = token_logprobs(h, self.lm_head, targets, chunk_size=self.cfg.logprob_chunk_size,
+                                       softcap=self.softcap)
+        return TokenBatch(
+            logprobs=logp, entropy=ent.detach(),
+            old_logprobs=mb.logprobs[b_idx, t_idx].to(dev),
+            advantages=mb.advantages[b_idx, t_idx].to(dev),
+            weights=mb.weights[b_idx, t_idx].to(dev),
+            sequence_ids=mb.sequence_ids[b_idx, t_idx].to(dev),
+        )
+
+    # ------------------------------------------------------------------ steps
+    def run(self, packed: PackedRows, plan: BatchPlan, loss_fn: LossFn, learning_rates: list[float], *,
+            max_grad_norm: float | None = 1.0, need_ref: bool = False, desc: str = "train",
+            show_progress: bool = True) -> Iterator[dict[str, float]]:
+        """Run every optimizer step of `plan`; yields one metrics dict per step."""
+        if len(learning_rates) != len(plan.steps):
+            raise ValueError(f"{len(learning_rates)} learning rates for {len(plan.steps)} steps")
+        self.model.train()
+        bar = tqdm(total=plan.num_micro_batches, desc=desc, unit="mb", disable=not show_progress, leave=False)
+        try:
+            with self.model_lock:
+                for step, lr in zip(plan.steps, learning_rates):
+                    yield self._step(packed, step, loss_fn, lr, max_grad_norm, need_ref, bar)
+        finally:
+            bar.close()
+            self.model.eval()
+
+    def accumulate(self, packed: PackedRows, step: Any, loss_fn: LossFn, *, need_ref: bool = False,
+                   bar: tqdm | None = None) -> dict[str, float]:
+        """Forward/backward every micro-batch of one optimizer step; gradients accumulate in .grad.
+
+        Each micro-batch's loss sum is divided by the step's total weight, so the sum over
+        micro-batches is the step's token-mean loss however the rows are split.
+        """
+        denom = float(packed.weights[step.rows].sum())
+        totals = dict(loss=0.0, policy=0.0, kl=0.0, entropy=0.0, clipped=0.0, ratio=0.0, weight=0.0, computed=0.0)
+        for mb in step.micro_batches:
+            sub = packed.select(mb.rows)
+            totals["computed"] += sub.input_ids.numel()
+            tb = self.forward_tokens(sub)
+            if need_ref:
+                tb.ref_logprobs = self.forward_tokens(sub, grad=False, adapter=False).logprobs
+            terms = loss_fn(tb)
+            if denom > 0 and terms.weight_sum > 0:
+                (terms.loss_sum / denom).backward()
+            totals["loss"] += float(terms.loss_sum.detach()) / max(denom, 1e-12)
+            totals["policy"] += terms.policy_sum
+            totals["kl"] += terms.kl_sum
+            totals["entropy"] += terms.entropy_sum
+            totals["clipped"] += terms.clipped_tokens
+            totals["ratio"] += terms.ratio_sum
+            totals["weight"] += terms.weight_sum
+            if bar is not None:
+                bar.update(1)
+        return totals
+
+    def _step(self, packed: PackedRows, step: Any, loss_fn: LossFn, lr: float, max_grad_norm: float | None,
+              need_ref: bool, bar: tqdm) -> dict[str, float]:
+        t0 = time.perf_counter()
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        totals = self.accumulate(packed, step, loss_fn, need_ref=need_ref, bar=bar)
+        computed = int(totals["computed"])
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm or float("inf"))
+        finite = math.isfinite(totals["loss"]) and bool(torch.isfinite(grad_norm))
+        if finite:
+            self.optimizer.step()
+            self.optimizer_steps += 1
+        else:
+            log.error("non-finite loss (%s) or gradient norm (%s): optimizer step refused, gradients dropped",
+                      totals["loss"], float(grad_norm))
+        self.optimizer.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - t0
+        w = max(totals["weight"], 1e-12)
+        metrics = {
+            "loss": totals["loss"],
+            "policy_loss": totals["policy"] / w,
+            "grad_norm": float(grad_norm),
+            "learning_rate": lr,
+            "entropy": totals["entropy"] / w,
+            "clip_fraction": totals["clipped"] / w,
+            "mean_ratio": totals["ratio"] / w,
+            "trainable_tokens": float(step.trainable_tokens),
+            "computed_tokens": float(computed),
+            "micro_batches": float(len(step.micro_batches)),
+            "rows": float(len(step.rows)),
+            "tokens_per_second": step.trainable_tokens / seconds if seconds > 0 else 0.0,
+            "step_seconds": seconds,
+            "skipped_nonfinite_steps": 0.0 if finite else 1.0,
+        }
+        if need_ref:
+            metrics["kl"] = totals["kl"] / w
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
+        return metrics

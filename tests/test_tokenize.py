@@ -1,0 +1,173 @@
+"""Tokenization on the tiny model's real tokenizer: masks and logprobs line up with sampled tokens."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+from artrl.errors import TrajectoryError
+from artrl.preprocess.tokenize import group_advantages, tokenize_groups, tokenize_history, tokenize_sft
+from artrl.trajectories import History, Trajectory, TrajectoryGroup
+
+SYSTEM = {"role": "system", "content": "You are a calculator."}
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add numbers.",
+                                            "parameters": {"type": "object", "properties": {
+                                                "a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
+
+
+def trainable_runs(seq):
+    """Contiguous runs of trainable positions -> list of (ids, logprobs)."""
+    runs, cur = [], None
+    for i, m in enumerate(seq.assistant_mask):
+        if m:
+            if cur is None:
+                cur = ([], [])
+                runs.append(cur)
+            cur[0].append(seq.token_ids[i])
+            cur[1].append(seq.logprobs[i])
+        else:
+            cur = None
+    return runs
+
+
+def choice_ids_lps(choice):
+    return choice.model_extra["token_ids"], [lp.logprob for lp in choice.logprobs.content]
+
+
+def test_single_turn_mask_covers_exactly_the_sampled_tokens(tok, make_choice):
+    c = make_choice("The answer is 4.")
+    seq = tokenize_history([SYSTEM, {"role": "user", "content": "2+2?"}, c], None, tok)
+    ids, lps = choice_ids_lps(c)
+    assert trainable_runs(seq) == [(ids, lps)]
+    # the prompt before the sampled tokens is exactly the server's rendered generation prompt
+    prompt = tok.apply_chat_template([SYSTEM, {"role": "user", "content": "2+2?"}], add_generation_prompt=True,
+                                     tokenize=False)
+    n = seq.first_trainable
+    assert seq.token_ids[:n] == tok(prompt, add_special_tokens=False).input_ids
+    assert all(math.isnan(x) for x in seq.logprobs[:n])
+    assert seq.positions == list(range(len(seq)))
+
+
+def test_multi_turn_each_choice_aligned(tok, make_choice):
+    c1, c2 = make_choice("First reply."), make_choice("Second reply, longer than the first.")
+    msgs = [SYSTEM, {"role": "user", "content": "a"}, c1, {"role": "user", "content": "b"}, c2]
+    seq = tokenize_history(msgs, None, tok)
+    assert trainable_runs(seq) == [choice_ids_lps(c1), choice_ids_lps(c2)]
+    # the template's own <|im_end|> after a sampled turn is not duplicated
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    text = tok.decode(seq.token_ids)
+    assert "First reply.<|im_end|>\n<|im_start|>user" in text
+    assert seq.token_ids.count(im_end) == 5  # system, user, reply, user, reply
+
+
+def test_tool_call_trajectory(tok, make_choice):
+    call_text = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    c1 = make_choice(call_text)
+    c2 = make_choice("2 + 3 = 5")
+    msgs = [SYSTEM, {"role": "user", "content": "add 2 and 3"}, c1,
+            {"role": "tool", "tool_call_id": "call_1", "content": "5"}, c2]
+    seq = tokenize_history(msgs, TOOLS, tok)
+    assert trainable_runs(seq) == [choice_ids_lps(c1), choice_ids_lps(c2)]
+    text = tok.decode(seq.token_ids)
+    assert '"name": "add"' in text and "<tool_response>\n5\n</tool_response>" in text
+    assert text.count('{"name": "add", "arguments": {"a": 2, "b": 3}}') == 1  # the sampled call, once
+
+
+def test_truncated_choice_keeps_template_end_as_context(tok, make_choice):
+    c = make_choice("cut off in the mid", end=False)
+    seq = tokenize_history([{"role": "user", "content": "x"}, c, {"role": "user", "content": "y"}], None, tok)
+    ids, _ = choice_ids_lps(c)
+    first = seq.first_trainable
+    assert seq.token_ids[first:first + len(ids)] == ids
+    nxt = first + len(ids)
+    assert seq.token_ids[nxt] == tok.convert_tokens_to_ids("<|im_end|>") and not seq.assistant_mask[nxt]
+
+
+def test_choice_without_token_ids_is_retokenized_and_counted(tok, make_choice):
+    c = make_choice("Hello there", token_ids=False)
+    g = TrajectoryGroup([Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, c], reward=r)
+                         for r in (0.0, 1.0)])
+    res = tokenize_groups([g], tok)
+    assert res.stats.retokenized_turns == 2
+    seq = res.sequences[0]
+    run_ids, run_lps = trainable_runs(seq)[0]
+    assert tok.decode(run_ids) == "Hello there<|im_end|>"
+    assert run_lps == [lp.logprob for lp in c.logprobs.content]  # counts agree, so logprobs kept
+
+
+def test_missing_logprobs_refused_unless_allowed(tok, make_choice):
+    c = make_choice("no logprobs", logprobs=False)
+    g = TrajectoryGroup([Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, c], reward=r)
+                         for r in (0.0, 1.0)])
+    with pytest.raises(TrajectoryError, match="group 0, trajectory 0: a sampled turn carries no logprobs"):
+        tokenize_groups([g], tok)
+    res = tokenize_groups([g], tok, allow_training_without_logprobs=True)
+    assert res.stats.turns_missing_logprobs == 2
+    assert all(math.isnan(x) for x in res.sequences[0].logprobs)
+
+
+def test_misaligned_logprobs_refused(tok, make_choice):
+    c = make_choice("some text")
+    data = c.model_dump()
+    data["logprobs"]["content"] = data["logprobs"]["content"][:-1]
+    bad = type(c).model_validate(data)
+    with pytest.raises(TrajectoryError, match="sampled token ids but .* logprobs"):
+        tokenize_history([{"role": "user", "content": "hi"}, bad], None, tok, where="group 3, trajectory 1")
+
+
+def test_sft_trains_every_assistant_turn_through_end_token(tok):
+    t = Trajectory(messages_and_choices=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "bye"}, {"role": "assistant", "content": "goodbye"}], reward=0)
+    seq = tokenize_sft([t], tok).sequences[0]
+    runs = trainable_runs(seq)
+    assert [tok.decode(ids) for ids, _ in runs] == ["hello<|im_end|>", "goodbye<|im_end|>"]
+
+
+def test_sft_tool_call_dict_trains_rendered_call(tok):
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]}
+    t = Trajectory(messages_and_choices=[{"role": "user", "content": "1+2"}, call], tools=TOOLS, reward=0)
+    seq = tokenize_sft([t], tok).sequences[0]
+    (ids, _), = trainable_runs(seq)
+    assert '"name": "add"' in tok.decode(ids) and tok.decode(ids).endswith("</tool_call><|im_end|>")
+
+
+def test_group_advantages_and_zero_advantage_groups_skipped(tok, make_choice):
+    assert group_advantages([1.0, 0.0], scale=False) == [0.5, -0.5]
+    adv = group_advantages([1.0, 0.0, 0.0, 1.0], scale=True)
+    assert adv[0] == pytest.approx(1.0, abs=1e-5) and adv[1] == pytest.approx(-1.0, abs=1e-5)
+
+    def group(rewards):
+        return TrajectoryGroup([Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, make_choice("a")],
+                                           reward=r) for r in rewards])
+
+    res = tokenize_groups([group([1.0, 1.0]), group([0.5]), group([0.0, 1.0])], tok)
+    assert res.stats.groups_skipped_zero_advantage == 2
+    assert len(res.groups) == 1 and [s.group_index for s in res.sequences] == [2, 2]
+
+
+def test_additional_histories_are_tokenized_with_the_trajectory_advantage(tok, make_choice):
+    sub = History(messages_and_choices=[{"role": "user", "content": "sub task"}, make_choice("sub answer")])
+    ts = [Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, make_choice("a")], reward=r,
+                     additional_histories=[sub]) for r in (0.0, 1.0)]
+    res = tokenize_groups([TrajectoryGroup(ts)], tok, scale_rewards=False)
+    assert [(s.trajectory_index, s.history_index, s.advantage) for s in res.sequences] == [
+        (0, 0, -0.5), (0, 1, -0.5), (1, 0, 0.5), (1, 1, 0.5)]
+
+
+def test_template_that_cannot_render_tools(tok, make_choice):
+    bad = copy.deepcopy(tok)
+    bad.chat_template = ("{% if tools %}{{ raise_exception('tools are not supported') }}{% endif %}"
+                         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    with pytest.raises(TrajectoryError, match="could not render.*may not support tools"):
+        tokenize_history([{"role": "user", "content": "q"}, make_choice("a")], TOOLS, bad)
+
+
+def test_trajectory_without_assistant_turn_is_skipped_and_counted(tok, make_choice):
+    ts = [Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=0.0),
+          Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, make_choice("a")], reward=1.0)]
+    res = tokenize_groups([TrajectoryGroup(ts)], tok)
+    assert res.stats.trajectories_without_trainable_tokens == 1 and len(res.sequences) == 1
