@@ -1,0 +1,32 @@
+"""OpenAI-compatible inference: engines that sample tokens, and the HTTP server around them.
+
+    engine.py               GenerationRequest / GenerationResult / InferenceEngine
+    transformers_engine.py  TransformersEngine, the default (CPU or GPU) engine
+    sampling.py             per-row temperature / top-p / seeded sampling
+    chat.py                 OpenAI messages -> prompt token ids
+    tool_calls.py           <tool_call> blocks -> OpenAI tool_calls
+    models.py               ServedModels: "name" and "name@step" -> (engine, adapter)
+    server.py               create_app: the FastAPI app
+    background.py           start_server / ServerHandle: uvicorn in a thread
+"""
+
+from artrl.serve.background import ServerHandle, start_server
+from artrl.serve.engine import GenerationRequest, GenerationResult, InferenceEngine, InvalidRequestError
+from artrl.serve.models import ModelNotFoundError, ServedModels
+from artrl.serve.server import create_app
+from artrl.serve.tool_calls import parse_tool_calls
+from artrl.serve.transformers_engine import TransformersEngine
+
+__all__ = [
+    "GenerationRequest",
+    "GenerationResult",
+    "InferenceEngine",
+    "InvalidRequestError",
+    "ModelNotFoundError",
+    "ServedModels",
+    "ServerHandle",
+    "TransformersEngine",
+    "create_app",
+    "parse_tool_calls",
+    "start_server",
+]

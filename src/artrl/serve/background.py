@@ -1,0 +1,98 @@
+"""Run an ASGI app with uvicorn in a background thread of this process.
+
+The training backend embeds the inference server next to the trainer (one process,
+one copy of the weights), so the server gets its own thread and its own event loop
+instead of the caller's. `start_server` binds the socket itself (port 0 picks a
+free port, known before uvicorn starts) and returns once `/health` answers.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+logger = logging.getLogger(__name__)
+
+HEALTH_PATH = "/health"
+
+
+class ServerHandle:
+    """A running background server: `.base_url` ("http://host:port/v1") and `.stop()`."""
+
+    def __init__(self, server: uvicorn.Server, thread: threading.Thread, host: str, port: int) -> None:
+        self._server, self._thread = server, thread
+        self.host, self.port = host, port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """What an OpenAI client takes as `base_url`."""
+        return f"{self.url}/v1"
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ask uvicorn to finish in-flight requests and exit; wait for the thread."""
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning("Server on %s did not stop within %.0fs; forcing exit", self.url, timeout)
+            self._server.force_exit = True
+            self._thread.join(5.0)
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _healthy(host: str, port: int) -> bool:
+    try:
+        connection = http.client.HTTPConnection(host, port, timeout=2)
+        connection.request("GET", HEALTH_PATH)
+        ok = connection.getresponse().status == 200
+        connection.close()
+        return ok
+    except OSError:
+        return False
+
+
+def start_server(
+    app: Any, host: str = "127.0.0.1", port: int = 0, *, startup_timeout: float = 30.0, log_level: str = "warning"
+) -> ServerHandle:
+    """Serve `app` on host:port (0: a free port) in a daemon thread; returns when healthy."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on", access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name=f"artrl-server-{port}", daemon=True
+    )
+    thread.start()
+    handle = ServerHandle(server, thread, host, port)
+    deadline = time.monotonic() + startup_timeout
+    while not (server.started and _healthy(host, port)):
+        if not thread.is_alive():
+            sock.close()
+            raise RuntimeError(f"The server thread on {host}:{port} exited during startup; see the log above")
+        if time.monotonic() > deadline:
+            handle.stop()
+            raise TimeoutError(f"The server on {host}:{port} did not answer {HEALTH_PATH} within {startup_timeout}s")
+        time.sleep(0.02)
+    logger.info("Serving on %s", handle.base_url)
+    return handle

@@ -1,0 +1,103 @@
+"""Which weights a request's `model` field names.
+
+ART's naming, kept here: `name` is the live weights of a served model (whatever the
+trainer last wrote, adapter None), `name@step` is the checkpoint saved at that
+training step, loaded as a named LoRA adapter the first time it is asked for.
+Where a checkpoint lives is the caller's business: `ServedModels` asks the
+`checkpoint_path(name, step)` callback, which returns a directory holding a saved
+peft adapter, or None when there is no such checkpoint (-> 404).
+
+Loaded checkpoint adapters stay loaded (a LoRA adapter is small); nothing is
+evicted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+from collections.abc import Callable
+
+from artrl.errors import ArtrlError
+from artrl.serve.engine import InferenceEngine
+
+logger = logging.getLogger(__name__)
+
+CheckpointPathFn = Callable[[str, int], "str | None"]
+
+STEP_SEPARATOR = "@"
+
+
+class ModelNotFoundError(ArtrlError, LookupError):
+    """The requested model name is neither served nor a known checkpoint."""
+
+
+class ServedModels:
+    """Resolve request model names to `(engine, adapter)`; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str | None = None,
+        engine: InferenceEngine | None = None,
+        *,
+        checkpoint_path: CheckpointPathFn | None = None,
+    ) -> None:
+        self._engines: dict[str, InferenceEngine] = {}
+        self._checkpoint_path = checkpoint_path
+        self._adapters: dict[tuple[str, int], str] = {}  # (name, step) -> engine adapter name
+        self._load_lock = threading.Lock()
+        if name is not None:
+            if engine is None:
+                raise ValueError(f"ServedModels({name!r}) needs the engine that serves it")
+            self.add(name, engine)
+
+    def add(self, name: str, engine: InferenceEngine) -> None:
+        """Serve `engine`'s live weights as `name` (and its checkpoints as `name@step`)."""
+        if STEP_SEPARATOR in name:
+            raise ValueError(f"Model name {name!r} must not contain {STEP_SEPARATOR!r} (it separates the step)")
+        self._engines[name] = engine
+
+    def remove(self, name: str) -> None:
+        self._engines.pop(name, None)
+        self._adapters = {key: value for key, value in self._adapters.items() if key[0] != name}
+
+    def names(self) -> list[str]:
+        """Served names: every live model, then every checkpoint loaded so far."""
+        loaded = [f"{name}{STEP_SEPARATOR}{step}" for name, step in sorted(self._adapters)]
+        return list(self._engines) + loaded
+
+    def engines(self) -> list[InferenceEngine]:
+        return list(self._engines.values())
+
+    async def resolve(self, model: str) -> tuple[InferenceEngine, str | None]:
+        """`(engine, adapter)` for a request's model name; raises ModelNotFoundError."""
+        if model in self._engines:
+            return self._engines[model], None
+        name, sep, step_text = model.rpartition(STEP_SEPARATOR)
+        if not sep or name not in self._engines or not step_text.isdigit():
+            raise ModelNotFoundError(
+                f"The model {model!r} does not exist. Served models: {self.names()} "
+                f"(a checkpoint is named '<model>{STEP_SEPARATOR}<step>')."
+            )
+        engine, step = self._engines[name], int(step_text)
+        adapter = self._adapters.get((name, step))
+        if adapter is None:
+            adapter = await asyncio.to_thread(self._load_checkpoint, name, step, engine)
+        return engine, adapter
+
+    def _load_checkpoint(self, name: str, step: int, engine: InferenceEngine) -> str:
+        with self._load_lock:
+            if (name, step) in self._adapters:  # loaded by a concurrent request meanwhile
+                return self._adapters[(name, step)]
+            path = self._checkpoint_path(name, step) if self._checkpoint_path is not None else None
+            if path is None:
+                raise ModelNotFoundError(
+                    f"The model {name}{STEP_SEPARATOR}{step} does not exist: no checkpoint of {name!r} "
+                    f"at step {step}."
+                )
+            adapter = f"ckpt_{re.sub(r'[^0-9A-Za-z_]', '_', name)}_{step}_{len(self._adapters)}"
+            logger.info("Loading checkpoint %s%s%d from %s", name, STEP_SEPARATOR, step, path)
+            engine.load_adapter(adapter, str(path))
+            self._adapters[(name, step)] = adapter
+            return adapter

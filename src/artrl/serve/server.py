@@ -1,0 +1,365 @@
+"""The OpenAI-compatible HTTP server: `/v1/chat/completions` over any InferenceEngine.
+
+Compared with OpenAI's API (and vLLM's server), this one:
+
+1. adds what training needs to every response: each choice carries `token_ids`
+   (the sampled ids, a final eos included) and the response carries
+   `prompt_token_ids`, so nobody re-tokenises sampled text; logprobs are the raw
+   model logprobs (see `serve/engine.py`);
+2. supports no streaming (`stream: true` -> 400) and only text content;
+3. stop strings cut the text at the first stop string; the token ids (and
+   logprobs) end with the token that completed it;
+4. parses Qwen/Hermes `<tool_call>` blocks into `tool_calls` when the request
+   offered tools; `tool_choice` "none" drops the tools from the prompt, while
+   "auto", "required" and a named function are accepted but not enforced
+   (no constrained decoding);
+5. returns every error as OpenAI's `{"error": {"message", "type", "param",
+   "code"}}` with a 4xx status for anything the client got wrong, including
+   request-body validation errors (400, never a 500 with a traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Any
+
+import fastapi
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from artrl.serve.background import ServerHandle, start_server
+from artrl.serve.chat import normalise_messages, render_prompt
+from artrl.serve.engine import GenerationRequest, GenerationResult, InvalidRequestError
+from artrl.serve.models import ModelNotFoundError, ServedModels
+from artrl.serve.tool_calls import parse_tool_calls
+
+__all__ = ["ServedModels", "ServerHandle", "create_app", "start_server"]
+
+logger = logging.getLogger(__name__)
+
+MAX_TOP_LOGPROBS = 20
+DEFAULT_MAX_N = 32
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_TOKENS = 1024
+
+
+class ChatCompletionRequest(BaseModel):
+    """The request fields we read; unknown fields are accepted and logged."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[Any]
+    n: int | None = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    stream: bool | None = False
+    # vLLM's extension: logprob tokens read "token_id:<id>" instead of the token text.
+    return_tokens_as_token_ids: bool | None = False
+
+
+_IGNORED_FIELDS = {"user", "parallel_tool_calls", "stream_options", "metadata", "store", "service_tier"}
+
+
+@dataclass
+class APIError(Exception):
+    """An error answered to the client in OpenAI's shape."""
+
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    type: str = "invalid_request_error"
+
+
+def _error_response(error: APIError) -> JSONResponse:
+    body = {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
+    return JSONResponse(body, status_code=error.status)
+
+
+class _BodyLimit:
+    """ASGI middleware refusing request bodies over `max_bytes` with 413."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        too_large = APIError(
+            413, f"Request body exceeds the limit of {self.max_bytes} bytes.", code="request_too_large"
+        )
+        for key, value in scope.get("headers", []):
+            if key == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                return await _error_response(too_large)(scope, receive, send)
+        seen = 0
+
+        async def limited_receive() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise _BodyTooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await _error_response(too_large)(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _check(condition: bool, message: str, param: str) -> None:
+    if not condition:
+        raise APIError(400, message, param=param)
+
+
+def _check_tool_choice(body: ChatCompletionRequest) -> None:
+    """Accept "none" / "auto" / "required" / a named function offered in `tools` (not enforced)."""
+    choice = body.tool_choice
+    if choice is None or choice in ("none", "auto", "required"):
+        return
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    _check(
+        isinstance(name, str),
+        f'tool_choice must be "none", "auto", "required" or {{"type": "function", "function": {{"name": ...}}}}, '
+        f"got {choice!r:.200}",
+        "tool_choice",
+    )
+    offered = [t.get("function", {}).get("name") for t in body.tools or []]
+    _check(name in offered, f"tool_choice names the function {name!r}, which is not in tools {offered}", "tool_choice")
+
+
+def _generation_request(
+    body: ChatCompletionRequest,
+    prompt_ids: list[int],
+    adapter: str | None,
+    max_model_len: int,
+    max_n: int,
+    default_max_tokens: int,
+) -> GenerationRequest:
+    """Check the sampling parameters and turn them into a GenerationRequest."""
+    n = 1 if body.n is None else body.n
+    _check(1 <= n <= max_n, f"n must be between 1 and {max_n}, got {n}", "n")
+    temperature = 1.0 if body.temperature is None else body.temperature
+    _check(0 <= temperature <= 2, f"temperature must be between 0 and 2, got {temperature}", "temperature")
+    top_p = 1.0 if body.top_p is None else body.top_p
+    _check(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}", "top_p")
+    top_logprobs = body.top_logprobs or 0
+    _check(
+        0 <= top_logprobs <= MAX_TOP_LOGPROBS,
+        f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top_logprobs}",
+        "top_logprobs",
+    )
+    room = max_model_len - len(prompt_ids)
+    _check(
+        room >= 1,
+        f"The prompt has {len(prompt_ids)} tokens, which leaves no room to generate within "
+        f"max_model_len={max_model_len}. Shorten the messages.",
+        "messages",
+    )
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    if max_tokens is None:
+        max_tokens = min(default_max_tokens, room)
+    _check(max_tokens >= 1, f"{param} must be >= 1, got {max_tokens}", param)
+    _check(
+        max_tokens <= room,
+        f"This model's maximum context length is {max_model_len} tokens; the prompt has {len(prompt_ids)} "
+        f"tokens and {param}={max_tokens} asks for more than the {room} left. Lower {param}.",
+        param,
+    )
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return GenerationRequest(
+        prompt_ids=prompt_ids,
+        n=n,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        stop_token_ids=[],
+        seed=body.seed,
+        top_logprobs=top_logprobs if body.logprobs else 0,
+        adapter=adapter,
+        stop_strings=[s for s in stop if s],
+    )
+
+
+def _cut_at_stop(tokenizer: Any, result: GenerationResult, text: str, stops: list[str]) -> tuple[str, GenerationResult]:
+    """Cut `text` before the first stop string and the tokens after the one that completed it."""
+    hits = [text.find(s) for s in stops if s in text]
+    if not hits:
+        return text, result
+    ids = result.token_ids
+    # Fewest tokens whose text contains a stop string (the engine normally stopped right there).
+    def contains_stop(k: int) -> bool:
+        return any(s in tokenizer.decode(ids[:k]) for s in stops)
+
+    keep = bisect_left(range(1, len(ids) + 1), True, key=contains_stop) + 1
+    cut = GenerationResult(
+        token_ids=ids[:keep],
+        logprobs=result.logprobs[:keep],
+        top_logprobs=result.top_logprobs[:keep] if result.top_logprobs is not None else None,
+        finish_reason="stop",
+    )
+    return text[: min(hits)], cut
+
+
+def _token_text(tokenizer: Any, token_id: int, as_ids: bool) -> str:
+    return f"token_id:{token_id}" if as_ids else tokenizer.decode([token_id])
+
+
+def _logprobs_json(tokenizer: Any, result: GenerationResult, as_ids: bool) -> dict[str, Any]:
+    content = []
+    for i, (token_id, logprob) in enumerate(zip(result.token_ids, result.logprobs)):
+        token = _token_text(tokenizer, token_id, as_ids)
+        top = []
+        for top_id, top_logprob in (result.top_logprobs or [[]] * len(result.token_ids))[i]:
+            top_token = _token_text(tokenizer, top_id, as_ids)
+            top.append({"token": top_token, "logprob": top_logprob, "bytes": list(top_token.encode())})
+        content.append({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": top})
+    return {"content": content}
+
+
+def _choice_json(
+    index: int,
+    result: GenerationResult,
+    body: ChatCompletionRequest,
+    tokenizer: Any,
+    stops: list[str],
+    parse_tools: bool,
+) -> dict[str, Any]:
+    ids = result.token_ids
+    special = set(tokenizer.all_special_ids)
+    text_ids = ids[:-1] if result.finish_reason == "stop" and ids and ids[-1] in special else ids
+    text = tokenizer.decode(text_ids, skip_special_tokens=False)
+    text, result = _cut_at_stop(tokenizer, result, text, stops)
+    content: str | None = text
+    tool_calls: list[dict[str, Any]] = []
+    if parse_tools:
+        content, tool_calls = parse_tool_calls(text)
+    finish_reason = "tool_calls" if tool_calls and result.finish_reason == "stop" else result.finish_reason
+    message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": tool_calls or None}
+    return {
+        "index": index,
+        "message": message,
+        "finish_reason": finish_reason,
+        "logprobs": _logprobs_json(tokenizer, result, bool(body.return_tokens_as_token_ids)) if body.logprobs else None,
+        "token_ids": result.token_ids,
+    }
+
+
+def create_app(
+    resolver: ServedModels,
+    *,
+    max_n: int = DEFAULT_MAX_N,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> fastapi.FastAPI:
+    """The FastAPI app serving `resolver`'s models.
+
+    max_n: most choices one request may ask for; max_body_bytes: larger request
+    bodies get 413; default_max_tokens: completion budget when the request sets none
+    (capped by what the context leaves).
+    """
+    app = fastapi.FastAPI(title="artrl inference server")
+    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
+    warned_fields: set[str] = set()
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: fastapi.Request, error: APIError) -> JSONResponse:
+        return _error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: fastapi.Request, error: RequestValidationError) -> JSONResponse:
+        problems = error.errors()
+        first = problems[0] if problems else {}
+        loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+        message = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}" for e in problems
+        )
+        return _error_response(APIError(400, f"Invalid request: {message}", param=".".join(loc) or None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: fastapi.Request, error: StarletteHTTPException) -> JSONResponse:
+        return _error_response(APIError(error.status_code, str(error.detail)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: fastapi.Request, error: Exception) -> JSONResponse:
+        logger.exception("Unhandled error while serving a request")
+        return _error_response(
+            APIError(500, f"Internal server error: {type(error).__name__}: {error}", type="server_error")
+        )
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        now = int(time.time())
+        data = [{"id": name, "object": "model", "created": now, "owned_by": "artrl"} for name in resolver.names()]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest) -> JSONResponse:
+        if body.stream:
+            raise APIError(400, "streaming is not supported; set stream=false", param="stream")
+        unknown = set(body.model_extra or {}) - _IGNORED_FIELDS - warned_fields
+        if unknown:
+            logger.warning("Ignoring unsupported chat completion parameters: %s", sorted(unknown))
+            warned_fields.update(unknown)
+        try:
+            engine, adapter = await resolver.resolve(body.model)
+        except ModelNotFoundError as error:
+            raise APIError(404, str(error), param="model", code="model_not_found") from error
+        tokenizer = engine.tokenizer
+        _check_tool_choice(body)
+        try:
+            messages = normalise_messages(body.messages)
+            tools = body.tools if body.tool_choice != "none" else None
+            prompt_ids = render_prompt(tokenizer, messages, tools)
+        except InvalidRequestError as error:
+            raise APIError(400, str(error), param="messages") from error
+        request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, max_n, default_max_tokens)
+        try:
+            results = await engine.generate(request)
+        except InvalidRequestError as error:
+            raise APIError(400, str(error)) from error
+        choices = [
+            _choice_json(i, result, body, tokenizer, request.stop_strings, parse_tools=bool(tools))
+            for i, result in enumerate(results)
+        ]
+        completion_tokens = sum(len(choice["token_ids"]) for choice in choices)
+        response = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt_ids) + completion_tokens,
+            },
+            "prompt_token_ids": prompt_ids,
+        }
+        return JSONResponse(response)
+
+    return app

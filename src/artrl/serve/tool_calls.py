@@ -1,0 +1,72 @@
+"""Parse Hermes/Qwen-style tool calls out of generated text.
+
+Qwen-family chat templates render a tool call as
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+and models are trained to emit the same. `parse_tool_calls` turns such blocks into
+OpenAI `tool_calls` entries; text outside the blocks stays the message content.
+The parser never raises on model output: a block whose body is not a JSON object
+with a string `name` (malformed JSON, or a block never closed) is kept as content,
+since the model produced it and the caller should see it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from typing import Any
+
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+
+_BLOCK = re.compile(re.escape(TOOL_CALL_START) + r"(.*?)" + re.escape(TOOL_CALL_END), re.DOTALL)
+
+
+def new_tool_call_id() -> str:
+    """An OpenAI-style tool call id, `call_` + 24 random hex digits."""
+    return f"call_{secrets.token_hex(12)}"
+
+
+def _as_tool_call(body: str) -> dict[str, Any] | None:
+    """The OpenAI tool call for one block body, or None if it is not a valid call."""
+    try:
+        payload = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        return None
+    arguments = payload.get("arguments", payload.get("parameters", {}))
+    if isinstance(arguments, str):
+        arguments_json = arguments  # already serialised by the model; pass it on as is
+    else:
+        arguments_json = json.dumps(arguments, ensure_ascii=False)
+    return {
+        "id": new_tool_call_id(),
+        "type": "function",
+        "function": {"name": payload["name"], "arguments": arguments_json},
+    }
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """Split generated `text` into (content, tool_calls).
+
+    content is the text outside valid tool call blocks, stripped, or None when
+    nothing is left; tool_calls is a list of OpenAI tool call dicts (possibly empty).
+    """
+    calls: list[dict[str, Any]] = []
+    kept: list[str] = []
+    position = 0
+    for match in _BLOCK.finditer(text):
+        call = _as_tool_call(match.group(1).strip())
+        if call is None:
+            continue  # malformed: leave the whole block in the content
+        kept.append(text[position : match.start()])
+        position = match.end()
+        calls.append(call)
+    kept.append(text[position:])
+    content = "".join(kept).strip() if calls else text
+    return (content or None), calls

@@ -1,0 +1,390 @@
+"""The default inference engine: a hand-written decode loop over a transformers model.
+
+Runs wherever the model is (CPU or GPU) with no extra install. What it does, and
+what it leaves out compared with vLLM:
+
+1. **Request batching.** `generate` calls are queued; one background thread takes
+   everything waiting (up to `max_batch_size` sequences, a request of `n` counting
+   as n rows) and runs it as one batch. Requests arriving mid-batch wait for the
+   next one. No continuous batching and no paged KV cache: a batch runs until its
+   longest row finishes.
+2. **Own decode loop, not `model.generate`,** because rows of one batch differ in
+   temperature, top-p, seed, stop tokens and max_tokens, and because we report the
+   raw log-softmax of the logits (before temperature/top-p).
+3. **Left padding that does not change the math.** Prompts are left-padded; a 2-D
+   attention mask hides the padding and explicit `position_ids` (counted from each
+   row's first real token) give every row the positions it would have alone, so a
+   row's logprobs match an unbatched forward to float tolerance.
+4. **Sharing the device with a trainer.** Each batch runs in the worker thread under
+   `model_lock`, in `torch.inference_mode()`, with every module in eval mode (the
+   previous train/eval modes are restored afterwards). `adapter=None` uses whatever
+   peft adapter is active (the live trained weights); a named adapter is switched on
+   for its rows only and the previous adapter, and every parameter's
+   `requires_grad`, are restored afterwards, so an optimizer holding the live
+   adapter's parameters never notices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import inspect
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from artrl.serve.adapters import load_frozen_adapter, serving
+from artrl.serve.engine import (
+    GenerationRequest,
+    GenerationResult,
+    InferenceEngine,
+    InvalidRequestError,
+)
+from artrl.serve.sampling import row_generator, sample_next_tokens
+
+logger = logging.getLogger(__name__)
+
+# How many trailing tokens to decode, per character of the longest stop string, when
+# checking whether a stop string was just completed (a token can be a partial
+# UTF-8 byte sequence that decodes to no character at all).
+_STOP_WINDOW_TOKENS_PER_CHAR = 4
+
+
+@dataclass
+class _Pending:
+    """A queued `generate` call and the future its caller awaits."""
+
+    request: GenerationRequest
+    future: concurrent.futures.Future
+
+
+@dataclass
+class _Row:
+    """One sequence being sampled: request `pending`, sample number `sample`."""
+
+    pending: _Pending
+    sample: int
+    generator: torch.Generator
+    stop_ids: frozenset[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def request(self) -> GenerationRequest:
+        return self.pending.request
+
+
+class TransformersEngine(InferenceEngine):
+    """Serve a transformers causal LM (optionally a peft `PeftModel`)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 32,
+        max_model_len: int | None = None,
+    ) -> None:
+        super().__init__()
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self._model = model
+        self._tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        config = model.config
+        if max_model_len is None:
+            max_model_len = getattr(config, "max_position_embeddings", None) or 2048
+        self._max_model_len = int(max_model_len)
+        self._vocab_size = model.get_input_embeddings().num_embeddings
+        self._eos_ids = _eos_token_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id
+        self._pad_id = pad if pad is not None else min(self._eos_ids, default=0)
+        self._cache_kwarg = _cache_kwarg_name(model)
+        self._adapters: dict[str, str] = {}
+
+        #: Batches run and sequences sampled so far (for logs, metrics and tests).
+        self.batches_served = 0
+        self.rows_served = 0
+        self._pending = 0
+        self._counter_lock = threading.Lock()
+        self._queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self._worker_start_lock = threading.Lock()
+        self._closed = False
+
+    # ------------------------------------------------------------------ interface
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def model(self) -> Any:
+        return self._model
+
+    @property
+    def pending_requests(self) -> int:
+        """Requests queued and not yet taken into a batch."""
+        return self._pending
+
+    def has_adapter(self, name: str) -> bool:
+        return name in self._adapters
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Load a saved peft adapter under `name` (frozen; the active adapter stays active)."""
+        with self.model_lock:
+            if name in self._adapters:
+                if self._adapters[name] == str(path):
+                    return
+                raise InvalidRequestError(
+                    f"Adapter name {name!r} is already loaded from {self._adapters[name]}; "
+                    f"cannot load it again from {path}. Use another name."
+                )
+            load_frozen_adapter(self._model, name, path)
+            self._adapters[name] = str(path)
+        logger.info("Loaded adapter %r from %s", name, path)
+
+    async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
+        self._validate(request)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._ensure_worker()
+        with self._counter_lock:
+            self._pending += 1
+        self._queue.put(_Pending(request, future))
+        return await asyncio.wrap_future(future)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join(timeout=60)
+            self._worker = None
+
+    # ------------------------------------------------------------------ checks
+
+    def _validate(self, request: GenerationRequest) -> None:
+        if self._closed:
+            raise RuntimeError("TransformersEngine.generate called after close()")
+        problems = []
+        if not request.prompt_ids:
+            problems.append("prompt_ids is empty")
+        elif not all(0 <= t < self._vocab_size for t in request.prompt_ids):
+            bad = next(t for t in request.prompt_ids if not 0 <= t < self._vocab_size)
+            problems.append(f"prompt token id {bad} is outside the vocabulary [0, {self._vocab_size})")
+        if request.n < 1:
+            problems.append(f"n must be >= 1, got {request.n}")
+        if request.max_tokens < 1:
+            problems.append(f"max_tokens must be >= 1, got {request.max_tokens}")
+        if request.temperature < 0:
+            problems.append(f"temperature must be >= 0, got {request.temperature}")
+        if not 0 < request.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {request.top_p}")
+        if request.top_logprobs < 0:
+            problems.append(f"top_logprobs must be >= 0, got {request.top_logprobs}")
+        if len(request.prompt_ids) + request.max_tokens > self._max_model_len:
+            problems.append(
+                f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.max_tokens}) "
+                f"exceeds max_model_len {self._max_model_len}; shorten the prompt or lower max_tokens"
+            )
+        if request.adapter is not None and request.adapter not in self._adapters:
+            problems.append(f"adapter {request.adapter!r} is not loaded (loaded: {sorted(self._adapters)})")
+        if problems:
+            raise InvalidRequestError("; ".join(problems))
+
+    # ------------------------------------------------------------------ batching
+
+    def _ensure_worker(self) -> None:
+        with self._worker_start_lock:
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._worker_loop, name="artrl-transformers-engine", daemon=True
+                )
+                self._worker.start()
+
+    def _worker_loop(self) -> None:
+        carry: collections.deque[_Pending | None] = collections.deque()
+        while True:
+            first = carry.popleft() if carry else self._queue.get()
+            if first is None:
+                return
+            # Take the lock before draining the queue: whatever queued up while a
+            # trainer held the device joins this batch instead of waiting for the next.
+            with self.model_lock:
+                batch, rows = [first], first.request.n
+                while rows < self.max_batch_size:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is None or rows + item.request.n > self.max_batch_size:
+                        carry.append(item)
+                        break
+                    batch.append(item)
+                    rows += item.request.n
+                with self._counter_lock:
+                    self._pending -= len(batch)
+                try:
+                    self._run_batch(batch)
+                except Exception as error:  # keep the worker alive whatever happens
+                    logger.exception("Inference batch failed")
+                    for pending in batch:
+                        if not pending.future.done():
+                            pending.future.set_exception(error)
+
+    def _run_batch(self, batch: list[_Pending]) -> None:
+        live = [p for p in batch if p.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        device = next(self._model.parameters()).device
+        by_adapter: dict[str | None, list[_Row]] = collections.defaultdict(list)
+        for pending in live:
+            request = pending.request
+            stop_ids = frozenset(request.stop_token_ids) | self._eos_ids
+            for sample in range(request.n):
+                generator = row_generator(device, request.seed, sample)
+                by_adapter[request.adapter].append(_Row(pending, sample, generator, stop_ids))
+
+        results: dict[int, list[GenerationResult | None]] = {
+            id(p): [None] * p.request.n for p in live
+        }
+        failed: dict[int, BaseException] = {}
+        for adapter, rows in by_adapter.items():
+            for start in range(0, len(rows), self.max_batch_size):
+                chunk = rows[start : start + self.max_batch_size]
+                try:
+                    with torch.inference_mode(), serving(self._model, adapter):
+                        self._decode(chunk, device)
+                except Exception as error:
+                    logger.exception("Decoding %d rows (adapter=%r) failed", len(chunk), adapter)
+                    for row in chunk:
+                        failed[id(row.pending)] = error
+                    continue
+                for row in chunk:
+                    results[id(row.pending)][row.sample] = GenerationResult(
+                        token_ids=row.token_ids,
+                        logprobs=row.logprobs,
+                        top_logprobs=row.top_logprobs if row.request.top_logprobs > 0 else None,
+                        finish_reason=row.finish_reason or "length",
+                    )
+        self.batches_served += 1
+        self.rows_served += sum(p.request.n for p in live)
+        for pending in live:
+            if id(pending) in failed:
+                pending.future.set_exception(failed[id(pending)])
+            else:
+                pending.future.set_result(results[id(pending)])
+        logger.debug(
+            "Served %d requests (%d rows) in %d adapter groups",
+            len(live),
+            sum(p.request.n for p in live),
+            len(by_adapter),
+        )
+
+    # ------------------------------------------------------------------ decoding
+
+    def _decode(self, rows: list[_Row], device: torch.device) -> None:
+        """Sample every row to completion, filling its token_ids / logprobs / finish_reason."""
+        batch = len(rows)
+        prompts = [row.request.prompt_ids for row in rows]
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((batch, width), self._pad_id, dtype=torch.long)  # [batch, width]
+        attention_mask = torch.zeros((batch, width), dtype=torch.long)  # [batch, width]
+        for i, prompt in enumerate(prompts):
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[i, width - len(prompt) :] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [batch, width]
+
+        temperature = torch.tensor([r.request.temperature for r in rows], dtype=torch.float32, device=device)
+        top_p = torch.tensor([r.request.top_p for r in rows], dtype=torch.float32, device=device)
+        generators = [r.generator for r in rows]
+        k = max(r.request.top_logprobs for r in rows)
+        steps = max(r.request.max_tokens for r in rows)
+
+        cache = DynamicCache(config=self._model.config)
+        out = self._model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kwarg: cache},
+        )
+        logits = out.logits[:, -1, :].float()  # [batch, vocab]
+        next_position = position_ids[:, -1:] + 1  # [batch, 1]
+
+        for step in range(steps):
+            logprobs = logits.log_softmax(dim=-1)  # [batch, vocab]
+            tokens = sample_next_tokens(logits, temperature, top_p, generators)  # [batch]
+            chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)  # [batch]
+            tokens_list, chosen_list = tokens.tolist(), chosen.tolist()
+            if k > 0:
+                top_values, top_ids = logprobs.topk(k, dim=-1)  # [batch, k] each
+                top_values_list, top_ids_list = top_values.tolist(), top_ids.tolist()
+            for i, row in enumerate(rows):
+                if row.finish_reason is not None:
+                    continue
+                row.token_ids.append(tokens_list[i])
+                row.logprobs.append(chosen_list[i])
+                if row.request.top_logprobs > 0:
+                    n_top = row.request.top_logprobs
+                    row.top_logprobs.append(list(zip(top_ids_list[i][:n_top], top_values_list[i][:n_top])))
+                if tokens_list[i] in row.stop_ids or self._completes_stop_string(row):
+                    row.finish_reason = "stop"
+                elif len(row.token_ids) >= row.request.max_tokens:
+                    row.finish_reason = "length"
+            if all(row.finish_reason is not None for row in rows) or step == steps - 1:
+                break
+            attention_mask = torch.cat(
+                [attention_mask, attention_mask.new_ones((batch, 1))], dim=-1
+            )  # [batch, width + step + 1]
+            out = self._model(
+                input_ids=tokens[:, None],
+                attention_mask=attention_mask,
+                position_ids=next_position,
+                use_cache=True,
+                **{self._cache_kwarg: cache},
+            )
+            logits = out.logits[:, -1, :].float()  # [batch, vocab]
+            next_position = next_position + 1
+
+    def _completes_stop_string(self, row: _Row) -> bool:
+        stops = row.request.stop_strings
+        if not stops:
+            return False
+        window = _STOP_WINDOW_TOKENS_PER_CHAR * max(len(s) for s in stops) + 1
+        tail = self._tokenizer.decode(row.token_ids[-window:], skip_special_tokens=False)
+        return any(s and s in tail for s in stops)
+
+
+def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """The tokenizer's eos plus the model's generation-config eos ids (an int or a list)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    generation_config = getattr(model, "generation_config", None)
+    extra = getattr(generation_config, "eos_token_id", None)
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif extra is not None:
+        ids.update(int(t) for t in extra)
+    return frozenset(ids)
+
+
+def _cache_kwarg_name(model: Any) -> str:
+    """transformers 5 renamed the forward's `past_key_values` to `cache`; use what the model takes."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    parameters = inspect.signature(type(base).forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
