@@ -30,6 +30,10 @@ def _parser() -> argparse.ArgumentParser:
     bp.add_argument("--row-length", type=int, default=None, help="fix the row length (default: automatic)")
     bp.add_argument("--max-length", type=int, default=32768, help="model maximum length bounding the rows")
     bp.add_argument("--scale", type=float, default=1.0, help="multiply every length by this factor")
+    bt = bsub.add_parser("train", help="train step: our batching vs the reference one-row-per-step trainer")
+    from .bench.train_bench import add_arguments as add_train_args
+
+    add_train_args(bt)
     return p
 
 
@@ -40,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "bench" and args.bench == "pack":
             from .bench.pack_bench import main as run
+            return run(args)
+        if args.command == "bench" and args.bench == "train":
+            from .bench.train_bench import main as run
             return run(args)
     except ArtrlError as e:
         print(f"artrl: error: {e}", file=sys.stderr)

@@ -324,10 +324,11 @@ class PackedRows:
     def row_length(self) -> int:
         return int(self.input_ids.shape[1])
 
-    def select(self, rows: Sequence[int], trim: bool = True) -> "PackedRows":
-        """A sub-batch of rows; with `trim`, cut trailing columns that are padding in every row."""
+    def select(self, rows: Sequence[int], width: int | None = None) -> "PackedRows":
+        """A sub-batch of rows, `width` columns wide (default: trimmed to the longest selected row)."""
         idx = torch.as_tensor(list(rows), dtype=torch.long)
-        width = int(self.lengths[idx].max()) if trim and len(idx) else self.row_length
+        if width is None:
+            width = int(self.lengths[idx].max()) if len(idx) else self.row_length
         tensors = {
             name: getattr(self, name)[idx, :width]
             for name in ("input_ids", "position_ids", "segment_ids", "parent_ids", "prev_index", "assistant_mask",

@@ -33,6 +33,7 @@ from .attention import attention_mask_for
 from .logprobs import token_logprobs
 from .loss import LossTerms
 from .modeling import model_max_length
+from .tree_attention import TREE_ATTENTION, TreeLayout
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,14 @@ class Trainer:
         """One forward pass over a micro-batch; returns its trainable tokens' logprobs."""
         dev = self.device
         input_ids = mb.input_ids.to(dev)  # [rows, width]
-        mask = attention_mask_for(self.attn_implementation, mb.segment_ids.to(dev), mb.parent_ids.to(dev),
-                                  self.dtype)
+        extra: dict[str, Any] = {}
+        if self.attn_implementation == TREE_ATTENTION:
+            # a 4-D placeholder makes transformers skip building a seq x seq mask; the layout rules instead
+            mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev)
+            extra[TREE_ATTENTION] = TreeLayout.from_ids(mb.segment_ids, mb.parent_ids)
+        else:
+            mask = attention_mask_for(self.attn_implementation, mb.segment_ids.to(dev), mb.parent_ids.to(dev),
+                                      self.dtype)
         sel = mb.assistant_mask  # [rows, width]
         b_idx, t_idx = sel.nonzero(as_tuple=True)  # [n], [n]
         prev = mb.prev_index[b_idx, t_idx]  # [n]
@@ -94,7 +101,7 @@ class Trainer:
             else contextlib.nullcontext()
         with ctx, adapter_ctx:
             hidden = self.backbone(input_ids=input_ids, attention_mask=mask,
-                                   position_ids=mb.position_ids.to(dev), use_cache=False).last_hidden_state
+                                   position_ids=mb.position_ids.to(dev), use_cache=False, **extra).last_hidden_state
             h = hidden[b_idx.to(dev), prev.to(dev)]  # [n, hidden]
             targets = input_ids[b_idx.to(dev), t_idx.to(dev)]  # [n]
             logp, ent = token_logprobs(h, self.lm_head, targets, chunk_size=self.cfg.logprob_chunk_size,
@@ -134,7 +141,7 @@ class Trainer:
         denom = float(packed.weights[step.rows].sum())
         totals = dict(loss=0.0, policy=0.0, kl=0.0, entropy=0.0, clipped=0.0, ratio=0.0, weight=0.0, computed=0.0)
         for mb in step.micro_batches:
-            sub = packed.select(mb.rows)
+            sub = packed.select(mb.rows, mb.width)
             totals["computed"] += sub.input_ids.numel()
             tb = self.forward_tokens(sub)
             if need_ref:

@@ -44,7 +44,12 @@ def resolve_dtype(cfg: InternalModelConfig, device: torch.device) -> torch.dtype
 def resolve_attn(cfg: InternalModelConfig, device: torch.device) -> str:
     if cfg.attn_implementation:
         return cfg.attn_implementation
-    return "flex_attention" if device.type == "cuda" else "sdpa"
+    if device.type == "cuda":
+        return "flex_attention"
+    from .tree_attention import TREE_ATTENTION, register
+
+    register()
+    return TREE_ATTENTION
 
 
 def default_target_modules(model: torch.nn.Module) -> list[str] | str:

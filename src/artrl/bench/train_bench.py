@@ -1,0 +1,152 @@
+"""`artrl bench train`: one train call on a workload, reference mode vs ours.
+
+* reference: the ART layout (row length = ceil(longest / G) * G with G = 2048
+  scaled like the lengths, sequences in group order), one full-length row per
+  forward pass, one optimizer step per row.
+* ours: the prefix-sharing packer with the automatic row length, micro-batches
+  of `per_device_train_batch_size` rows (or a token budget), rows trimmed to
+  their used length, `grad_accumulation_sequences` rows per optimizer step.
+
+Both run the same engine and loss on the same synthetic data (workload lengths
+scaled by `--scale`, random token ids), each in a fresh subprocess so its peak
+memory (max RSS on CPU, max allocated on GPU) is its own. One warm-up
+micro-batch runs before timing. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+
+from ..preprocess.pack import pack, pack_reference
+from ..preprocess.plan import plan_batches, reference_plan
+from ..types import InternalModelConfig, TrainConfig
+from .workload import load_workload, scaled, workload_groups
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: TrainConfig,
+             model_cfg: InternalModelConfig, max_steps: int | None = None) -> dict[str, Any]:
+    from ..train.engine import Trainer
+    from ..train.modeling import load_model
+    from ..train.rl import _rl_loss
+    from functools import partial
+
+    torch.manual_seed(0)
+    model, tok = load_model(model_name, model_cfg)
+    trainer = Trainer(model, tok, model_cfg)
+    groups = workload_groups(load_workload(workload), scale=scale, vocab_size=len(tok))
+    if mode == "reference":
+        packed = pack_reference(groups, multiple=scaled(2048, scale), pad_id=trainer.pad_id)
+        plan = reference_plan(packed)
+    else:
+        packed = pack(groups, row_length=cfg.row_length, max_length=trainer.max_length, pad_id=trainer.pad_id)
+        plan = plan_batches(packed, per_device_train_batch_size=cfg.per_device_train_batch_size,
+                            max_tokens_per_microbatch=cfg.max_tokens_per_microbatch,
+                            grad_accumulation_sequences=cfg.grad_accumulation_sequences)
+    if max_steps is not None:
+        plan.steps = plan.steps[:max_steps]
+    loss_fn = partial(_rl_loss, config=cfg)
+    # warm-up: one micro-batch forward/backward, not timed, gradients dropped
+    warm = plan.steps[0]
+    trainer.accumulate(packed, type(warm)(warm.micro_batches[:1], warm.trainable_tokens, warm.sequences), loss_fn)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    if trainer.device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    steps = list(trainer.run(packed, plan, loss_fn, [cfg.learning_rate] * len(plan.steps),
+                             max_grad_norm=cfg.max_grad_norm, show_progress=False))
+    if trainer.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    trainable = sum(s.trainable_tokens for s in plan.steps)
+    return {
+        "mode": mode,
+        "rows": packed.num_rows,
+        "row_length": packed.row_length,
+        "padding_fraction": round(packed.stats.padding_fraction, 4),
+        "computed_tokens": int(sum(m["computed_tokens"] for m in steps)),
+        "trainable_tokens": trainable,
+        "forward_passes": plan.num_micro_batches,
+        "optimizer_steps": len(plan.steps),
+        "seconds": round(seconds, 3),
+        "trainable_tokens_per_s": round(trainable / seconds, 1),
+        "peak_memory_mb": round(_peak_memory_mb(trainer.device), 1),
+        "device": str(trainer.device),
+        "skipped_nonfinite_steps": int(sum(m["skipped_nonfinite_steps"] for m in steps)),
+    }
+
+
+def _subprocess(mode: str, args: Any) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "artrl.bench.train_bench", "--mode", mode, "--workload", args.workload,
+           "--scale", str(args.scale), "--model", args.model,
+           "--per-device-train-batch-size", str(args.per_device_train_batch_size),
+           "--grad-accumulation-sequences", str(args.grad_accumulation_sequences)]
+    if args.max_tokens_per_microbatch:
+        cmd += ["--max-tokens-per-microbatch", str(args.max_tokens_per_microbatch)]
+    if args.device:
+        cmd += ["--device", args.device]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=os.environ.copy())
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
+    cfg = TrainConfig(learning_rate=1e-5, per_device_train_batch_size=args.per_device_train_batch_size,
+                      max_tokens_per_microbatch=args.max_tokens_per_microbatch or None,
+                      grad_accumulation_sequences=args.grad_accumulation_sequences)
+    return cfg, InternalModelConfig(device=args.device)
+
+
+def main(args: Any) -> int:
+    if getattr(args, "mode", None):
+        cfg, mcfg = _configs(args)
+        print(json.dumps(run_mode(args.mode, args.workload, args.scale, args.model, cfg, mcfg)))
+        return 0
+    ref = _subprocess("reference", args)
+    ours = _subprocess("ours", args)
+    print(json.dumps({
+        "bench": "train", "workload": args.workload, "scale": args.scale, "model": args.model,
+        "ratio_tokens_per_s": round(ours["trainable_tokens_per_s"] / ref["trainable_tokens_per_s"], 3),
+        "ours": ours, "reference": ref,
+    }))
+    return 0
+
+
+def add_arguments(p: Any) -> None:
+    p.add_argument("--workload", required=True, help="workload JSON (shared/workloads/README.md)")
+    p.add_argument("--scale", type=float, default=0.125, help="multiply every length by this (default 1/8)")
+    p.add_argument("--model", default="artrl/tiny", help="base model name or path")
+    p.add_argument("--per-device-train-batch-size", type=int, default=TrainConfig().per_device_train_batch_size)
+    p.add_argument("--max-tokens-per-microbatch", type=int, default=0, help="token budget (0: use rows)")
+    p.add_argument("--grad-accumulation-sequences", type=int,
+                   default=TrainConfig().grad_accumulation_sequences, help="rows per optimizer step")
+    p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
+    p.add_argument("--mode", choices=["reference", "ours"], default=None, help=argparse_hidden())
+
+
+def argparse_hidden() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    sys.exit(main(parser.parse_args()))

@@ -1,0 +1,109 @@
+"""Tree attention for packed rows on CPU: SDPA per node, cost following the tree.
+
+The dense boolean mask (attention.py) makes every row pay seq^2 attention even
+though a completion only sees its group's prompt and itself. Here each node of
+a row runs its own SDPA call: a prompt attends causally to itself; a completion
+attends to [its prompt, itself] with a small boolean mask (all prompt keys, then
+causal). Cost is sum over completions of |c| * (|prompt| + |c|), so long rows
+holding a whole group cost no more attention than the group's sequences run
+one by one, and no seq x seq mask is ever built.
+
+It is registered with transformers as the attention implementation
+"artrl_tree". A forward call that passes `artrl_tree=TreeLayout(...)` uses it;
+any other call (generation with a KV cache, a plain forward) falls through to
+transformers' own SDPA path, so one model object serves training and inference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+TREE_ATTENTION = "artrl_tree"
+
+# One node: (start, end, prompt_start, prompt_end); prompt_start == prompt_end for a node without prompt.
+Node = tuple[int, int, int, int]
+
+
+@dataclass
+class TreeLayout:
+    rows: list[list[Node]]  # nodes of each row, in order; slots after the last node are padding
+
+    @classmethod
+    def from_ids(cls, segment_ids: torch.Tensor, parent_ids: torch.Tensor) -> "TreeLayout":
+        """Nodes are contiguous runs of one segment id; padding (-1) is skipped."""
+        seg = segment_ids.cpu().tolist()
+        par = parent_ids.cpu().tolist()
+        rows: list[list[Node]] = []
+        for srow, prow in zip(seg, par):
+            spans: dict[int, tuple[int, int]] = {}
+            order: list[int] = []
+            for i, s in enumerate(srow):
+                if s < 0:
+                    continue
+                if s not in spans:
+                    spans[s] = (i, i + 1)
+                    order.append(s)
+                else:
+                    spans[s] = (spans[s][0], i + 1)
+            nodes = []
+            for s in order:
+                start, end = spans[s]
+                p = prow[start]
+                ps, pe = spans[p] if p != s else (start, start)
+                nodes.append((start, end, ps, pe))
+            rows.append(nodes)
+        return cls(rows)
+
+
+def _node_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, node: Node, scaling: float | None,
+                    gqa: bool) -> torch.Tensor:
+    s, e, ps, pe = node  # q, k, v: [heads, seq, dim] of one row
+    qn = q[:, s:e][None]  # [1, heads, n, dim]
+    if ps == pe:
+        return F.scaled_dot_product_attention(qn, k[:, s:e][None], v[:, s:e][None], is_causal=True, scale=scaling,
+                                              enable_gqa=gqa)[0]
+    kn = torch.cat([k[:, ps:pe], k[:, s:e]], dim=1)[None]  # [1, kv_heads, p + n, dim]
+    vn = torch.cat([v[:, ps:pe], v[:, s:e]], dim=1)[None]
+    n, p = e - s, pe - ps
+    mask = torch.ones(n, p + n, dtype=torch.bool, device=q.device)  # [n, p + n]
+    mask[:, p:] = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    return F.scaled_dot_product_attention(qn, kn, vn, attn_mask=mask, scale=scaling, enable_gqa=gqa)[0]
+
+
+def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                           **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers attention function: query [batch, heads, seq, dim] -> ([batch, seq, heads, dim], None)."""
+    layout: TreeLayout | None = kwargs.pop(TREE_ATTENTION, None)
+    if layout is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    batch, heads, seq, dim = query.shape
+    gqa = key.shape[1] != heads
+    rows = []
+    for b, nodes in enumerate(layout.rows):
+        pieces = [_node_attention(query[b], key[b], value[b], node, scaling, gqa) for node in nodes]  # [heads, n, dim]
+        used = nodes[-1][1] if nodes else 0
+        if used < seq:
+            pieces.append(query.new_zeros(heads, seq - used, dim))
+        rows.append(torch.cat(pieces, dim=1))  # [heads, seq, dim]
+    out = torch.stack(rows)  # [batch, heads, seq, dim]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Make "artrl_tree" a known attention implementation (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(TREE_ATTENTION, tree_attention_forward)
+    AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)
+
+
+register()
