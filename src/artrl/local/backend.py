@@ -1,0 +1,343 @@
+"""LocalBackend: train and serve on this machine (CPU or one GPU), in this process.
+
+`register(model)` loads the base model once with a fresh LoRA adapter, resumes
+from the latest complete checkpoint (or writes checkpoint 0), and serves it
+through the OpenAI-compatible server on 127.0.0.1 (a free port unless given).
+Training and inference share ONE copy of the weights: the trainer and the
+inference engine hold the same peft model and take turns through its lock, so
+after `train` returns the server already answers with the new weights (`name`),
+while older checkpoints stay reachable as `name@step`.
+
+Train calls run in a worker thread so the event loop (and the server's own
+thread) stay responsive; the user-facing API is async like ART's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import random
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import CheckpointError, ConfigError
+from ..trajectories import Trajectory, TrajectoryGroup
+from ..types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
+from . import storage
+
+if TYPE_CHECKING:
+    from ..model import Model, TrainableModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Run:
+    model_name: str
+    run: Path
+    base_model: str
+    cfg: InternalModelConfig
+    trainer: Any
+    engine: Any
+    step: int
+
+
+class LocalBackend:
+    """Runs training and inference for registered models on this machine."""
+
+    def __init__(self, *, path: str = "./.art", host: str = "127.0.0.1", port: int = 0,
+                 api_key: str | None = None, show_progress: bool = True) -> None:
+        self._path = Path(path)
+        self._host = host
+        self._port = port
+        self._api_key = api_key or "artrl-local"
+        self._runs: dict[str, _Run] = {}
+        self._server: Any = None
+        self._served: Any = None
+        self._lock = threading.Lock()
+        self.show_progress = show_progress
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def base_url(self) -> str:
+        if self._server is None:
+            raise ConfigError("the backend's server is not running; register a model first")
+        return self._server.base_url
+
+    async def register(self, model: "Model") -> None:
+        from ..model import TrainableModel
+
+        storage.run_dir(self._path, model.project, model.name).mkdir(parents=True, exist_ok=True)
+        if isinstance(model, TrainableModel):
+            await asyncio.to_thread(self._load, model)
+            model.inference_base_url = self.base_url
+            model.inference_api_key = self._api_key
+            model.inference_model_name = model.name
+
+    def _ensure_server(self) -> None:
+        if self._server is not None:
+            return
+        from ..serve import ServedModels, create_app, start_server
+
+        self._served = ServedModels(checkpoint_path=self._checkpoint_path)
+        self._server = start_server(create_app(self._served), host=self._host, port=self._port)
+        log.info("inference server listening on %s", self._server.base_url)
+
+    def _checkpoint_path(self, name: str, step: int) -> str | None:
+        run = self._runs.get(name)
+        if run is None:
+            return None
+        path = storage.checkpoint_dir(run.run, step)
+        return str(path) if storage.is_complete(path) else None
+
+    def _load(self, model: "TrainableModel") -> None:
+        from ..serve import TransformersEngine
+        from ..train.engine import Trainer
+        from ..train.modeling import load_model
+
+        with self._lock:
+            if model.name in self._runs:
+                return
+            run = storage.run_dir(self._path, model.project, model.name)
+            cfg = model.internal_config()
+            meta_path = run / storage.MODEL_FILE
+            if meta_path.exists():
+                meta = json.loads(meta_path.read_text())
+                if meta.get("base_model") != model.base_model:
+                    raise CheckpointError(
+                        f"run directory {run} belongs to base model {meta.get('base_model')!r}, not "
+                        f"{model.base_model!r}. Use another model name or project, or delete the directory.")
+            storage.write_json_atomic(meta_path, {"name": model.name, "project": model.project,
+                                                  "base_model": model.base_model, "config": cfg.model_dump()})
+            removed = storage.clean_temporaries(run)
+            if removed:
+                log.warning("removed %d temporary checkpoint directories left by an interrupted write", removed)
+            peft_model, tok = load_model(model.base_model, cfg)
+            engine = TransformersEngine(peft_model, tok, max_batch_size=cfg.inference_max_batch_size,
+                                        max_model_len=cfg.max_length)
+            trainer = Trainer(peft_model, tok, cfg, model_lock=engine.model_lock)
+            state = _Run(model.name, run, model.base_model, cfg, trainer, engine, 0)
+            latest = storage.latest_checkpoint(run)
+            if latest is None:
+                self._save(state)
+            else:
+                self._restore(state, latest)
+            self._runs[model.name] = state
+            self._ensure_server()
+            self._served.add(model.name, engine)
+            log.info("registered %s/%s (%s) at step %d", model.project, model.name, model.base_model, state.step)
+
+    def close(self) -> None:
+        """Stop the server and release the models."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        for r in self._runs.values():
+            r.engine.close()
+        self._runs.clear()
+
+    async def __aenter__(self) -> "LocalBackend":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _state(self, model: "Model") -> _Run:
+        try:
+            return self._runs[model.name]
+        except KeyError:
+            raise ConfigError(f"model {model.name!r} is not registered with this backend; "
+                              "call `await model.register(backend)` first") from None
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save(self, state: _Run) -> Path:
+        trainer = state.trainer
+
+        def write(tmp: Path) -> None:
+            trainer.model.save_pretrained(str(tmp), selected_adapters=["default"])
+            torch.save({"optimizer": trainer.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+                        "python_rng": random.getstate()}, tmp / storage.OPTIMIZER_FILE)
+            with open(tmp / storage.TRAINER_STATE_FILE, "w") as fh:
+                json.dump({"step": state.step, "optimizer_steps": trainer.optimizer_steps,
+                           "base_model": state.base_model}, fh)
+
+        with trainer.model_lock:
+            return storage.write_checkpoint(state.run, state.step, write, {"base_model": state.base_model})
+
+    def _restore(self, state: _Run, step: int) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        path = storage.checkpoint_dir(state.run, step)
+        marker = storage.read_marker(path)
+        if marker.get("base_model") != state.base_model:
+            raise CheckpointError(
+                f"checkpoint {path} was trained from base model {marker.get('base_model')!r}, but this run uses "
+                f"{state.base_model!r}. Register with the original base model, or use a new model name.")
+        try:
+            weights = load_file(str(path / storage.ADAPTER_WEIGHTS_FILE))
+            result = set_peft_model_state_dict(state.trainer.model, weights, adapter_name="default")
+            opt = torch.load(path / storage.OPTIMIZER_FILE, weights_only=False)
+            trainer_state = json.loads((path / storage.TRAINER_STATE_FILE).read_text())
+        except (OSError, SafetensorError, RuntimeError, ValueError, KeyError) as e:
+            raise CheckpointError(
+                f"checkpoint {path} is corrupted or incomplete ({type(e).__name__}: {e}). Delete that directory to "
+                "resume from the previous checkpoint.") from None
+        unexpected = getattr(result, "unexpected_keys", []) or []
+        if unexpected:
+            raise CheckpointError(f"checkpoint {path} has adapter weights this model does not expect "
+                                  f"({unexpected[:3]}...): was it trained with another LoRA configuration?")
+        with state.trainer.model_lock:
+            state.trainer.optimizer.load_state_dict(opt["optimizer"])
+            torch.set_rng_state(opt["torch_rng"])
+            random.setstate(opt["python_rng"])
+        state.trainer.optimizer_steps = int(trainer_state.get("optimizer_steps", 0))
+        state.step = step
+        log.info("resumed %s from checkpoint %s", state.model_name, path)
+
+    async def _get_step(self, model: "Model") -> int:
+        return self._state(model).step
+
+    async def _delete_checkpoints(self, model: "Model", best_checkpoint_metric: str = "val/reward",
+                                  benchmark_smoothing: float = 1.0) -> list[int]:
+        """Delete every checkpoint but the latest and the best by `best_checkpoint_metric`."""
+        del benchmark_smoothing
+        state = self._state(model)
+        steps = storage.list_checkpoints(state.run)
+        if len(steps) <= 1:
+            return []
+        keep = {steps[-1]}
+        scores: dict[int, float] = {}
+        for rec in storage.read_jsonl(state.run / storage.HISTORY_FILE):
+            v = rec.get(best_checkpoint_metric)
+            if isinstance(v, (int, float)) and math.isfinite(v) and rec.get("step") in steps:
+                scores[int(rec["step"])] = float(v)
+        if scores:
+            keep.add(max(scores, key=lambda s: (scores[s], s)))
+        else:
+            log.warning("no logged step has %r (log it with model.log(..., split='val')); keeping only the latest "
+                        "checkpoint %d", best_checkpoint_metric, steps[-1])
+        deleted = [s for s in steps if s not in keep]
+        for s in deleted:
+            storage.delete_checkpoint(state.run, s)
+        if deleted:
+            log.info("deleted checkpoints %s of %s; kept %s", deleted, model.name, sorted(keep))
+        return deleted
+
+    # ------------------------------------------------------------------ history
+    async def _log(self, model: "Model", trajectories: Sequence[Trajectory | TrajectoryGroup] | None,
+                   split: str, metrics: dict[str, float] | None, step: int | None) -> dict[str, float]:
+        state = self._runs.get(model.name)
+        run = state.run if state else storage.run_dir(self._path, model.project, model.name)
+        step = step if step is not None else (state.step if state else 0)
+        record = log_record(trajectories or [], split, metrics or {})
+        await asyncio.to_thread(self._write_log, run, split, step, record, trajectories or [])
+        return record
+
+    @staticmethod
+    def _write_log(run: Path, split: str, step: int, record: dict[str, float],
+                   trajectories: Sequence[Trajectory | TrajectoryGroup]) -> None:
+        storage.append_jsonl(run / storage.HISTORY_FILE, {"step": step, "split": split, **record})
+        trajs = [t for t in _flatten(trajectories)]
+        if trajs:
+            path = run / storage.TRAJECTORIES_DIR / split / f"{storage.step_dir_name(step)}.jsonl"
+            for t in trajs:
+                storage.append_jsonl(path, t.for_logging())
+
+    # ------------------------------------------------------------------ training
+    async def train(self, model: "TrainableModel", trajectory_groups: Iterable[TrajectoryGroup], *,
+                    config: TrainConfig | None = None, **kwargs: Any) -> TrainResult:
+        """One RL train call; extra keyword arguments are TrainConfig fields (e.g. learning_rate=1e-5)."""
+        cfg = _merge(config or TrainConfig(), kwargs)
+        groups = list(trajectory_groups)
+        return await asyncio.to_thread(self._train_sync, model, "rl", groups, cfg)
+
+    async def _train_model(self, model: "TrainableModel", trajectory_groups: Iterable[TrajectoryGroup],
+                           config: TrainConfig, dev_config: dict[str, Any] | None = None) -> TrainResult:
+        return await self.train(model, trajectory_groups, config=_merge(config, dev_config or {}))
+
+    async def _train_sft(self, model: "TrainableModel", trajectories: Iterable[Trajectory],
+                         config: TrainSFTConfig, dev_config: dict[str, Any] | None = None) -> TrainResult:
+        cfg = _merge(config, dev_config or {})
+        return await asyncio.to_thread(self._train_sync, model, "sft", list(trajectories), cfg)
+
+    def _train_sync(self, model: "TrainableModel", kind: str, data: list[Any], cfg: Any) -> TrainResult:
+        from ..train.call import run_call
+        from ..train.rl import prepare_rl
+        from ..train.sft import prepare_sft
+
+        state = self._state(model)
+        with state.trainer.model_lock:
+            call = prepare_rl(state.trainer, data, cfg) if kind == "rl" else prepare_sft(state.trainer, data, cfg)
+            steps, summary = run_call(state.trainer, call, show_progress=self.show_progress,
+                                      desc=f"{kind} step {state.step + 1}")
+            if call.empty:
+                log.warning("%s: %s; the step did not advance", model.name, call.summary())
+                return TrainResult(step=state.step, metrics=summary, checkpoint_path=None)
+            state.step += 1
+            path = self._save(state)
+        metrics = {f"train/{k}" if not k.startswith("data/") else k: v for k, v in summary.items()}
+        storage.append_jsonl(state.run / storage.HISTORY_FILE, {"step": state.step, "split": "train",
+                                                                 "kind": kind, **_finite(metrics)})
+        return TrainResult(step=state.step, metrics=metrics, checkpoint_path=str(path))
+
+
+def _merge(config: Any, extra: dict[str, Any]) -> Any:
+    if not extra:
+        return config
+    allowed = set(type(config).model_fields)
+    unknown = sorted(set(extra) - allowed)
+    if unknown:
+        raise ConfigError(f"unknown {type(config).__name__} fields {unknown}; known fields: {sorted(allowed)}")
+    return type(config)(**{**config.model_dump(), **extra})
+
+
+def _finite(d: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in d.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+def _flatten(items: Sequence[Trajectory | TrajectoryGroup]) -> list[Trajectory]:
+    out: list[Trajectory] = []
+    for it in items:
+        if isinstance(it, TrajectoryGroup):
+            out += it.trajectories
+        elif isinstance(it, Trajectory):
+            out.append(it)
+        else:
+            raise ConfigError(f"model.log got {type(it).__name__}; pass Trajectory or TrajectoryGroup objects")
+    return out
+
+
+def log_record(trajectories: Sequence[Trajectory | TrajectoryGroup], split: str,
+               metrics: dict[str, float]) -> dict[str, float]:
+    """Averaged metrics of logged trajectories, keys prefixed with the split (e.g. 'val/reward')."""
+    trajs = _flatten(trajectories)
+    out: dict[str, float] = {}
+    if trajs:
+        rewards = [t.reward for t in trajs]
+        mean = sum(rewards) / len(rewards)
+        out[f"{split}/reward"] = mean
+        out[f"{split}/reward_std_dev"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+        out[f"{split}/trajectories"] = float(len(trajs))
+        keys = sorted({k for t in trajs for k in t.metrics})
+        for k in keys:
+            vals = [float(t.metrics[k]) for t in trajs if k in t.metrics]
+            out[f"{split}/{k}"] = sum(vals) / len(vals)
+    groups = [g for g in trajectories if isinstance(g, TrajectoryGroup)]
+    if groups:
+        out[f"{split}/exceptions"] = float(sum(len(g.exceptions) for g in groups))
+    for k, v in metrics.items():
+        out[k if "/" in k else f"{split}/{k}"] = float(v)
+    return _finite(out)

@@ -1,0 +1,221 @@
+"""The run directory: layout, atomic writes, checkpoints, history.
+
+Layout (written down once, here):
+
+    <path>/<project>/models/<name>/
+        model.json                      base model and settings of the run
+        history.jsonl                   one JSON line per logged (step, split)
+        checkpoints/0003/               one directory per step
+            adapter_model.safetensors   LoRA weights (peft format)
+            adapter_config.json
+            optimizer.pt                AdamW state
+            trainer_state.json          step, optimizer steps, RNG state, base model
+            COMPLETE                    written last; a directory without it is not a checkpoint
+        trajectories/<split>/0003.jsonl trajectories logged at a step
+
+Crash safety: a checkpoint is written into `checkpoints/.tmp-*`, every file is
+fsynced, the COMPLETE marker goes in last, and the directory is renamed into
+place (atomic on POSIX), so a reader sees a whole checkpoint or none.
+JSON files are written to a temporary file and renamed. JSONL lines are
+appended with one write and fsynced; a torn last line (a crash mid-append) is
+skipped with a warning when read, never parsed as data.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+MODELS_DIR = "models"
+MODEL_FILE = "model.json"
+HISTORY_FILE = "history.jsonl"
+CHECKPOINTS_DIR = "checkpoints"
+TRAJECTORIES_DIR = "trajectories"
+COMPLETE_MARKER = "COMPLETE"
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+OPTIMIZER_FILE = "optimizer.pt"
+TRAINER_STATE_FILE = "trainer_state.json"
+TMP_PREFIX = ".tmp-"
+
+
+def run_dir(path: str | Path, project: str, name: str) -> Path:
+    return Path(path) / project / MODELS_DIR / name
+
+
+def step_dir_name(step: int) -> str:
+    return f"{step:04d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            with open(Path(root) / f, "rb") as fh:
+                os.fsync(fh.fileno())
+        _fsync_dir(Path(root))
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temporary file beside `path`, fsync, and rename over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line with a single write, then fsync.
+
+    If the file ends in a torn line (a crash mid-append), a newline is written
+    first so the new record starts on a line of its own.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(record, sort_keys=True, allow_nan=False) + "\n"
+    with open(path, "ab+") as fh:
+        fh.seek(0, os.SEEK_END)
+        if fh.tell() > 0:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                line = "\n" + line
+        fh.write(line.encode())
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every complete JSON line of `path`; torn or corrupt lines are skipped and reported."""
+    if not path.exists():
+        return []
+    out = []
+    with open(path, "rb") as fh:
+        for i, raw in enumerate(fh):
+            text = raw.decode("utf-8", errors="replace").strip()
+            if not text:
+                continue
+            try:
+                rec = json.loads(text)
+            except json.JSONDecodeError:
+                log.warning("%s line %d is torn or corrupt (a crash mid-write?); skipped", path, i + 1)
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def checkpoint_dir(run: Path, step: int) -> Path:
+    return run / CHECKPOINTS_DIR / step_dir_name(step)
+
+
+def is_complete(path: Path) -> bool:
+    return (path / COMPLETE_MARKER).is_file()
+
+
+def list_checkpoints(run: Path) -> list[int]:
+    """Steps with a complete checkpoint, ascending."""
+    root = run / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    steps = []
+    for p in root.iterdir():
+        if p.name.isdigit() and p.is_dir():
+            if is_complete(p):
+                steps.append(int(p.name))
+            else:
+                log.warning("checkpoint directory %s has no %s marker; ignored", p, COMPLETE_MARKER)
+    return sorted(steps)
+
+
+def latest_checkpoint(run: Path) -> int | None:
+    steps = list_checkpoints(run)
+    return steps[-1] if steps else None
+
+
+def write_checkpoint(run: Path, step: int, write_files: Any, marker: dict[str, Any]) -> Path:
+    """Create checkpoints/<step> atomically; `write_files(tmp_dir)` writes its contents."""
+    root = run / CHECKPOINTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_dir(run, step)
+    tmp = root / f"{TMP_PREFIX}{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        write_files(tmp)
+        with open(tmp / COMPLETE_MARKER, "w") as fh:
+            json.dump({**marker, "step": step, "written_at": time.time()}, fh)
+        fsync_tree(tmp)
+        if final.exists():
+            # an older directory of the same step (incomplete, or being replaced): move it aside first
+            aside = root / f"{TMP_PREFIX}old-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
+            os.rename(final, aside)
+            os.rename(tmp, final)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def read_marker(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((path / COMPLETE_MARKER).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {path} has an unreadable {COMPLETE_MARKER} marker: {e}") from None
+
+
+def clean_temporaries(run: Path) -> int:
+    """Remove temporary directories left by a crash while writing a checkpoint."""
+    root = run / CHECKPOINTS_DIR
+    n = 0
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith(TMP_PREFIX):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                n += 1
+    return n
+
+
+def delete_checkpoint(run: Path, step: int) -> None:
+    path = checkpoint_dir(run, step)
+    if not path.exists():
+        return
+    # rename first so a crash mid-delete never leaves a half-deleted dir that still looks complete
+    aside = path.parent / f"{TMP_PREFIX}del-{path.name}-{uuid.uuid4().hex[:8]}"
+    os.rename(path, aside)
+    shutil.rmtree(aside, ignore_errors=True)
