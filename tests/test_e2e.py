@@ -1,0 +1,131 @@
+"""The whole loop through the HTTP server with the real openai client: rollouts, RL, SFT, resume."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+import artrl as art
+from artrl.local import storage
+from artrl.preprocess.pack import pack
+from artrl.preprocess.tokenize import tokenize_groups
+
+PROMPTS = ["Name a colour.", "Say a number."]
+
+
+async def rollout(model, client, prompt, temperature=1.0):
+    msgs = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": prompt}]
+    resp = await client.chat.completions.create(model=model.get_inference_name(), messages=msgs, max_tokens=8,
+                                                temperature=temperature, logprobs=True)
+    choice = art.choice_from_completion(resp)
+    return art.Trajectory(messages_and_choices=msgs + [choice], reward=float(len(choice.message.content or "") % 3))
+
+
+def history(model_dir):
+    return [json.loads(line) for line in (model_dir / storage.HISTORY_FILE).read_text().splitlines()]
+
+
+def test_register_rollout_train_serve_resume(tmp_path):
+    async def main():
+        model = art.TrainableModel(name="agent-001", project="e2e", base_model="artrl/tiny")
+        backend = art.LocalBackend(path=str(tmp_path), show_progress=False)
+        await model.register(backend)
+        run = storage.run_dir(tmp_path, "e2e", "agent-001")
+        assert await model.get_step() == 0 and storage.list_checkpoints(run) == [0]
+        client = model.openai_client()
+
+        groups = await art.gather_trajectory_groups(
+            (art.TrajectoryGroup(rollout(model, client, p) for _ in range(4)) for p in PROMPTS), pbar_desc=None)
+        assert all(len(g.trajectories) == 4 for g in groups)
+
+        # sampled logprobs from the server equal the trainer's logprobs of the same tokens (tokens in, tokens out)
+        state = backend._runs["agent-001"]
+        tok = tokenize_groups(groups, state.trainer.tokenizer, scale_rewards=False)
+        assert tok.stats.retokenized_turns == 0
+        packed = pack(tok.groups, max_length=state.trainer.max_length)
+        tb = state.trainer.forward_tokens(packed.select(range(packed.num_rows)), grad=False)
+        assert tb.logprobs.numel() > 0
+        torch.testing.assert_close(tb.logprobs, tb.old_logprobs, rtol=0, atol=1e-4)
+
+        probe = [{"role": "user", "content": "Name a colour."}]
+        before = await client.chat.completions.create(model=model.get_inference_name(), messages=probe,
+                                                      max_tokens=4, temperature=0, logprobs=True)
+
+        result = await model.train(groups, config=art.TrainConfig(learning_rate=5e-3))
+        assert result.step == 1 and await model.get_step() == 1
+        assert storage.is_complete(storage.checkpoint_dir(run, 1))
+        assert result.metrics["train/trainable_tokens"] > 0 and result.metrics["data/rows"] >= 1
+
+        after = await client.chat.completions.create(model=model.get_inference_name(), messages=probe,
+                                                     max_tokens=4, temperature=0, logprobs=True)
+        lp_before = [t.logprob for t in before.choices[0].logprobs.content]
+        lp_after = [t.logprob for t in after.choices[0].logprobs.content]
+        assert lp_before != lp_after, "the server must answer with the new weights after train returns"
+        old = await client.chat.completions.create(model=model.get_inference_name(0), messages=probe,
+                                                   max_tokens=4, temperature=0, logprobs=True)
+        assert [t.logprob for t in old.choices[0].logprobs.content] == pytest.approx(lp_before, abs=1e-5)
+
+        sft = [art.Trajectory(messages_and_choices=[{"role": "user", "content": "Name a colour."},
+                                                    {"role": "assistant", "content": "blue"}], reward=0.0)]
+        result = await model.train_sft(sft, config=art.TrainSFTConfig(learning_rate=1e-3))
+        assert result.step == 2
+        await model.log(groups, split="val")
+        backend.close()
+
+        hist = history(run)
+        assert [(h["step"], h["split"]) for h in hist] == [(0, "train"), (1, "train"), (2, "train"), (2, "val")]
+        assert "train/loss" in hist[1] and "val/reward" in hist[3]
+
+        model2 = art.TrainableModel(name="agent-001", project="e2e", base_model="artrl/tiny")
+        backend2 = art.LocalBackend(path=str(tmp_path), show_progress=False)
+        await model2.register(backend2)
+        assert await model2.get_step() == 2
+        again = await model2.openai_client().chat.completions.create(
+            model=model2.get_inference_name(), messages=[{"role": "user", "content": "Name a colour."}],
+            max_tokens=4, temperature=0, logprobs=True)
+        ref = await model2.openai_client().chat.completions.create(
+            model=model2.get_inference_name(2), messages=[{"role": "user", "content": "Name a colour."}],
+            max_tokens=4, temperature=0, logprobs=True)
+        assert [t.logprob for t in again.choices[0].logprobs.content] == pytest.approx(
+            [t.logprob for t in ref.choices[0].logprobs.content], abs=1e-5)
+        backend2.close()
+
+    asyncio.run(main())
+
+
+def test_delete_checkpoints_keeps_latest_and_best(tmp_path):
+    async def main():
+        model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny")
+        backend = art.LocalBackend(path=str(tmp_path), show_progress=False)
+        await model.register(backend)
+        run = storage.run_dir(tmp_path, "p", "m")
+        sft = [art.Trajectory(messages_and_choices=[{"role": "user", "content": "q"},
+                                                    {"role": "assistant", "content": "a"}], reward=0.0)]
+        for val in [0.1, 0.9, 0.3]:
+            await model.train_sft(sft, config=art.TrainSFTConfig(learning_rate=1e-4))
+            await model.log(metrics={"reward": val}, split="val")
+        assert storage.list_checkpoints(run) == [0, 1, 2, 3]
+        deleted = await model.delete_checkpoints()
+        assert deleted == [0, 1] and storage.list_checkpoints(run) == [2, 3]
+        # a missing metric keeps only the latest, never deletes the last checkpoint
+        assert await model.delete_checkpoints("val/nope") == [2]
+        assert storage.list_checkpoints(run) == [3]
+        assert await model.delete_checkpoints() == []
+        backend.close()
+
+    asyncio.run(main())
+
+
+def test_checkpoint_from_another_base_model_is_refused(tmp_path):
+    async def main():
+        run = storage.run_dir(tmp_path, "p", "m")
+        run.mkdir(parents=True)
+        storage.write_json_atomic(run / storage.MODEL_FILE, {"base_model": "Qwen/Qwen3-8B"})
+        model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny")
+        with pytest.raises(art.CheckpointError, match="belongs to base model 'Qwen/Qwen3-8B'"):
+            await model.register(art.LocalBackend(path=str(tmp_path)))
+
+    asyncio.run(main())
