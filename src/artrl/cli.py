@@ -23,6 +23,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
 
+    sv = sub.add_parser("serve", help="the OpenAI-compatible inference server alone")
+    from .serve.standalone import add_arguments as add_serve_args
+
+    add_serve_args(sv)
+
     bench = sub.add_parser("bench", help="benchmarks (one JSON line each)")
     bsub = bench.add_subparsers(dest="bench", required=True)
     bp = bsub.add_parser("pack", help="packing: our layout vs the reference (ART) layout")
@@ -42,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
+        if args.command == "serve":
+            from .serve.standalone import main as run
+            return run(args)
         if args.command == "bench" and args.bench == "pack":
             from .bench.pack_bench import main as run
             return run(args)

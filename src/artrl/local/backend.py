@@ -50,14 +50,22 @@ class _Run:
 
 
 class LocalBackend:
-    """Runs training and inference for registered models on this machine."""
+    """Runs training and inference for registered models on this machine.
+
+    Args:
+        path: root of the run directories (`<path>/<project>/models/<name>/`).
+        host, port: where the inference server listens (loopback and a free port by default).
+            Any non-loopback host requires `api_key`.
+        api_key: when set, every server route requires `Authorization: Bearer <api_key>`.
+        show_progress: tqdm bars during training.
+    """
 
     def __init__(self, *, path: str = "./.art", host: str = "127.0.0.1", port: int = 0,
                  api_key: str | None = None, show_progress: bool = True) -> None:
         self._path = Path(path)
         self._host = host
         self._port = port
-        self._api_key = api_key or "artrl-local"
+        self._api_key = api_key
         self._runs: dict[str, _Run] = {}
         self._server: Any = None
         self._served: Any = None
@@ -82,7 +90,7 @@ class LocalBackend:
         if isinstance(model, TrainableModel):
             await asyncio.to_thread(self._load, model)
             model.inference_base_url = self.base_url
-            model.inference_api_key = self._api_key
+            model.inference_api_key = self._api_key or "artrl-local"
             model.inference_model_name = model.name
 
     def _ensure_server(self) -> None:
@@ -91,7 +99,8 @@ class LocalBackend:
         from ..serve import ServedModels, create_app, start_server
 
         self._served = ServedModels(checkpoint_path=self._checkpoint_path)
-        self._server = start_server(create_app(self._served), host=self._host, port=self._port)
+        self._server = start_server(create_app(self._served, api_key=self._api_key), host=self._host,
+                                    port=self._port)
         log.info("inference server listening on %s", self._server.base_url)
 
     def _checkpoint_path(self, name: str, step: int) -> str | None:

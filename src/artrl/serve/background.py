@@ -17,6 +17,8 @@ from typing import Any
 
 import uvicorn
 
+from artrl.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 HEALTH_PATH = "/health"
@@ -59,10 +61,11 @@ class ServerHandle:
         self.stop()
 
 
-def _healthy(host: str, port: int) -> bool:
+def _healthy(host: str, port: int, api_key: str | None = None) -> bool:
     try:
         connection = http.client.HTTPConnection(host, port, timeout=2)
-        connection.request("GET", HEALTH_PATH)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        connection.request("GET", HEALTH_PATH, headers=headers)
         ok = connection.getresponse().status == 200
         connection.close()
         return ok
@@ -73,7 +76,16 @@ def _healthy(host: str, port: int) -> bool:
 def start_server(
     app: Any, host: str = "127.0.0.1", port: int = 0, *, startup_timeout: float = 30.0, log_level: str = "warning"
 ) -> ServerHandle:
-    """Serve `app` on host:port (0: a free port) in a daemon thread; returns when healthy."""
+    """Serve `app` on host:port (0: a free port) in a daemon thread; returns when healthy.
+
+    Binding anywhere but loopback needs an app created with an api_key.
+    """
+    api_key = getattr(getattr(app, "state", None), "api_key", None)
+    if not is_loopback(host) and not api_key:
+        raise ConfigError(
+            f"refusing to serve on {host!r} without an API key: any host that can reach it could use the model. "
+            "Create the app with create_app(..., api_key=...) or bind to 127.0.0.1."
+        )
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
@@ -86,7 +98,7 @@ def start_server(
     thread.start()
     handle = ServerHandle(server, thread, host, port)
     deadline = time.monotonic() + startup_timeout
-    while not (server.started and _healthy(host, port)):
+    while not (server.started and _healthy(host, port, api_key)):
         if not thread.is_alive():
             sock.close()
             raise RuntimeError(f"The server thread on {host}:{port} exited during startup; see the log above")
@@ -96,3 +108,15 @@ def start_server(
         time.sleep(0.02)
     logger.info("Serving on %s", handle.base_url)
     return handle
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

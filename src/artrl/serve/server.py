@@ -20,6 +20,7 @@ Compared with OpenAI's API (and vLLM's server), this one:
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 import uuid
@@ -89,6 +90,23 @@ class APIError(Exception):
 def _error_response(error: APIError) -> JSONResponse:
     body = {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
     return JSONResponse(body, status_code=error.status)
+
+
+class _ApiKey:
+    """ASGI middleware: every route needs `Authorization: Bearer <api_key>` (401 otherwise)."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope.get("headers", [])).get(b"authorization", b"")
+        if not hmac.compare_digest(given, self.expected):
+            error = APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                             type="invalid_request_error", code="invalid_api_key")
+            return await _error_response(error)(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 class _BodyLimit:
@@ -271,15 +289,20 @@ def create_app(
     max_n: int = DEFAULT_MAX_N,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    api_key: str | None = None,
 ) -> fastapi.FastAPI:
     """The FastAPI app serving `resolver`'s models.
 
     max_n: most choices one request may ask for; max_body_bytes: larger request
     bodies get 413; default_max_tokens: completion budget when the request sets none
-    (capped by what the context leaves).
+    (capped by what the context leaves); api_key: when set, every route (health
+    included) requires `Authorization: Bearer <api_key>`.
     """
     app = fastapi.FastAPI(title="artrl inference server")
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
+    if api_key:
+        app.add_middleware(_ApiKey, api_key=api_key)
+    app.state.api_key = api_key
     warned_fields: set[str] = set()
 
     @app.exception_handler(APIError)

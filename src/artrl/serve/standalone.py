@@ -1,0 +1,86 @@
+"""`artrl serve`: the OpenAI-compatible server alone, for a base model and optional LoRA checkpoint.
+
+    artrl serve --model artrl/tiny
+    artrl serve --model Qwen/Qwen3-0.6B --checkpoint .art/demo/models/agent-001 --name agent-001
+
+`--checkpoint` takes a checkpoint directory (with an adapter) or a run directory
+(its latest complete checkpoint is used; older ones are served as `name@step`).
+The server binds to 127.0.0.1; any other `--host` needs `--api-key`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def _adapter_and_run(checkpoint: str | None) -> tuple[Path | None, Path | None]:
+    from ..local import storage
+
+    if checkpoint is None:
+        return None, None
+    path = Path(checkpoint)
+    if storage.is_complete(path):
+        return path, path.parent.parent
+    latest = storage.latest_checkpoint(path)
+    if latest is None:
+        raise CheckpointError(f"{path} is neither a complete checkpoint nor a run directory with one")
+    return storage.checkpoint_dir(path, latest), path
+
+
+def build_app(args: Any) -> Any:
+    from ..local import storage
+    from ..train.modeling import load_base_model
+    from ..types import InternalModelConfig
+    from .background import is_loopback
+    from .models import ServedModels
+    from .server import create_app
+    from .transformers_engine import TransformersEngine
+
+    if not is_loopback(args.host) and not args.api_key:
+        raise ConfigError(f"--host {args.host} is not a loopback address; set --api-key so that only clients "
+                          "holding it can use the model")
+    cfg = InternalModelConfig(device=args.device, trust_remote_code=args.trust_remote_code)
+    model, tok = load_base_model(args.model, cfg)
+    adapter, run = _adapter_and_run(args.checkpoint)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter))
+        log.info("serving adapter %s", adapter)
+    engine = TransformersEngine(model, tok, max_batch_size=args.max_batch_size)
+    name = args.name or (run.name if run is not None else args.model.replace("/", "-"))
+
+    def checkpoint_path(_: str, step: int) -> str | None:
+        if run is None:
+            return None
+        p = storage.checkpoint_dir(run, step)
+        return str(p) if storage.is_complete(p) else None
+
+    return create_app(ServedModels(name, engine, checkpoint_path=checkpoint_path), api_key=args.api_key), name
+
+
+def add_arguments(p: Any) -> None:
+    p.add_argument("--model", default="artrl/tiny", help="base model name or path (default: artrl/tiny)")
+    p.add_argument("--checkpoint", default=None, help="checkpoint or run directory with a LoRA adapter")
+    p.add_argument("--name", default=None, help="model name clients use (default: run or model name)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route")
+    p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
+    p.add_argument("--max-batch-size", type=int, default=32, help="sequences per generation batch")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the checkpoint")
+
+
+def main(args: Any) -> int:
+    import uvicorn
+
+    app, name = build_app(args)
+    print(f"serving {name!r} on http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
