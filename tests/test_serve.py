@@ -504,3 +504,27 @@ def test_parse_tool_calls_round_trips(before: str, name: str, arguments: dict[st
     assert len(calls) == 1
     assert calls[0]["function"]["name"] == name
     assert json.loads(calls[0]["function"]["arguments"]) == arguments
+
+
+# ---- security defaults ------------------------------------------------------------------
+
+
+def test_api_key_is_checked_on_every_route(engine: TransformersEngine) -> None:
+    app = create_app(ServedModels("keyed", engine), api_key="s3cret")
+    with start_server(app) as handle:
+        anonymous = openai.OpenAI(base_url=handle.base_url, api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            anonymous.models.list()
+        with pytest.raises(openai.AuthenticationError):
+            anonymous.chat.completions.create(model="keyed", messages=user("hi"), max_tokens=2)
+        assert httpx.get(handle.url + "/health").status_code == 401
+        keyed = openai.OpenAI(base_url=handle.base_url, api_key="s3cret", max_retries=0)
+        assert [m.id for m in keyed.models.list()] == ["keyed"]
+        assert keyed.chat.completions.create(model="keyed", messages=user("hi"), max_tokens=2).choices
+
+
+def test_binding_off_loopback_needs_an_api_key(engine: TransformersEngine) -> None:
+    from artrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="without an API key"):
+        start_server(create_app(ServedModels("open", engine)), host="0.0.0.0")
