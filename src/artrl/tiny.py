@@ -102,6 +102,21 @@ MODEL_SHAPE: Final = {
     "initializer_range": 0.1,
 }
 
+BENCH_MODEL_NAME: Final = "artrl/bench-100m"
+BENCH_SHAPE: Final = {
+    # ~76M non-embedding parameters: big enough that a CPU train step is bound by matmuls,
+    # not Python overhead (performance benchmarks only; never trained to do anything).
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "initializer_range": 0.02,
+}
+BUILTIN_MODELS: Final = {TINY_MODEL_NAME: ("tiny-v1", MODEL_SHAPE), BENCH_MODEL_NAME: ("bench-100m-v1", BENCH_SHAPE)}
+"""Built-in offline models: name -> (cache folder prefix, model shape). All share the tiny tokenizer."""
+
 CHAT_TEMPLATE: Final = """\
 {%- macro render_content(content) -%}
     {%- if content is none or content is undefined -%}
@@ -182,10 +197,11 @@ def _corpus_text() -> str:
 
 
 @functools.cache
-def build_fingerprint() -> str:
+def build_fingerprint(name: str = TINY_MODEL_NAME) -> str:
     """A short hash of everything the build depends on: corpus, template, tokens, shape, seed."""
+    version, shape = BUILTIN_MODELS[name]
     recipe = {
-        "version": TINY_VERSION,
+        "version": version,
         "corpus_sha256": hashlib.sha256(_corpus_text().encode("utf-8")).hexdigest(),
         "chat_template": CHAT_TEMPLATE,
         "special": SPECIAL_TOKENS,
@@ -193,7 +209,7 @@ def build_fingerprint() -> str:
         "vocab_size": VOCAB_SIZE,
         "seed": SEED,
         "max_positions": MAX_POSITIONS,
-        "shape": MODEL_SHAPE,
+        "shape": shape,
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode("utf-8")).hexdigest()[:12]
 
@@ -230,7 +246,7 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_tiny_model(tokenizer: PreTrainedTokenizerFast) -> Qwen3ForCausalLM:
+def build_tiny_model(tokenizer: PreTrainedTokenizerFast, shape: dict | None = None) -> Qwen3ForCausalLM:
     """A randomly initialised Qwen3 LM sized for `tokenizer`; bit-identical weights on every call."""
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
@@ -244,7 +260,7 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast) -> Qwen3ForCausalLM:
         pad_token_id=pad_id,
         dtype=torch.float32,
         attn_implementation="sdpa",
-        **MODEL_SHAPE,
+        **(shape if shape is not None else MODEL_SHAPE),
     )
     # Seed a private copy of the CPU generator so the caller's random stream is untouched.
     with torch.random.fork_rng(devices=[]):
@@ -286,7 +302,8 @@ def _fsync_dir(directory: pathlib.Path) -> None:
 def _remove_stale_tmp_dirs(root: pathlib.Path) -> None:
     """Delete temporary build dirs that a crashed process left behind (older than an hour)."""
     now = time.time()
-    for path in root.glob(f".{TINY_VERSION}-*{_TMP_INFIX}*"):
+    stale = [p for version, _ in BUILTIN_MODELS.values() for p in root.glob(f".{version}-*{_TMP_INFIX}*")]
+    for path in stale:
         try:
             if now - path.stat().st_mtime > _STALE_TMP_AFTER_S:
                 shutil.rmtree(path, ignore_errors=True)
@@ -294,36 +311,40 @@ def _remove_stale_tmp_dirs(root: pathlib.Path) -> None:
             pass  # another process removed it first
 
 
-def _build_into(directory: pathlib.Path) -> None:
+def _build_into(directory: pathlib.Path, name: str = TINY_MODEL_NAME) -> None:
+    version, shape = BUILTIN_MODELS[name]
     tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(tokenizer)
+    model = build_tiny_model(tokenizer, shape)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     _fsync_tree(directory)
-    marker = {"version": TINY_VERSION, "fingerprint": build_fingerprint()}
+    marker = {"version": version, "fingerprint": build_fingerprint(name)}
     (directory / BUILD_MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     _fsync_tree(directory)
 
 
-def tiny_model_path(cache_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:
-    """The directory of the tiny model (weights, config, tokenizer), building it on first use.
+def tiny_model_path(cache_dir: str | os.PathLike[str] | None = None, name: str = TINY_MODEL_NAME) -> pathlib.Path:
+    """The directory of a built-in model (weights, config, tokenizer), building it on first use.
 
+    `name` is one of BUILTIN_MODELS ("artrl/tiny" by default, or "artrl/bench-100m").
     `cache_dir` defaults to `$ARTRL_CACHE_DIR`, else `~/.cache/artrl`. Safe to call
     from many processes at once: each builds into its own temporary directory and
     the first to rename it into place wins; the others discard theirs.
     """
     root = _cache_root(cache_dir)
-    final = root / f"{TINY_VERSION}-{build_fingerprint()}"
+    if name not in BUILTIN_MODELS:
+        raise ValueError(f"{name!r} is not a built-in model; known: {sorted(BUILTIN_MODELS)}")
+    final = root / f"{BUILTIN_MODELS[name][0]}-{build_fingerprint(name)}"
     if _is_complete(final):
         return final
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_tmp_dirs(root)
     started = time.perf_counter()
-    logger.info("Building the tiny model into %s (first use of this cache dir).", final)
+    logger.info("Building %s into %s (first use of this cache dir).", name, final)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}{_TMP_INFIX}", dir=root))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
-        _build_into(tmp)
+        _build_into(tmp, name)
         try:
             os.rename(tmp, final)  # atomic; fails if `final` exists and is not empty
         except OSError as err:
@@ -344,9 +365,9 @@ def tiny_model_path(cache_dir: str | os.PathLike[str] | None = None) -> pathlib.
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """Map `TINY_MODEL_NAME` ("artrl/tiny") to the cached tiny model directory; return anything else unchanged."""
-    if name_or_path == TINY_MODEL_NAME:
-        return str(tiny_model_path())
+    """Map a built-in name ("artrl/tiny", "artrl/bench-100m") to its cached directory; return anything else unchanged."""
+    if name_or_path in BUILTIN_MODELS:
+        return str(tiny_model_path(name=name_or_path))
     return name_or_path
 
 
