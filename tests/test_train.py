@@ -178,3 +178,18 @@ def test_other_losses_and_kl_run(trainer, make_choice, loss):
     steps, avg = run_call(trainer, prepare_rl(trainer, rl_groups(make_choice), TrainConfig(
         learning_rate=1e-3, loss=loss, beta=0.1)), show_progress=False)
     assert steps and math.isfinite(avg["loss"]) and "kl" in avg and avg["kl"] >= 0
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager", pytest.param("flex_attention", marks=pytest.mark.slow)])
+def test_attention_implementations_agree_with_tree_attention(tiny_path, make_choice, impl):
+    """The dense boolean mask, the additive float mask and the flex BlockMask (the GPU path,
+    compiled here on CPU) give the same logprobs as the CPU default (per-node SDPA)."""
+    groups = tokenize_groups(rl_groups(make_choice, n_groups=3), load_model(str(tiny_path))[1]).groups
+    out = {}
+    for name in ("artrl_tree", impl):
+        model, tok = load_model(str(tiny_path), InternalModelConfig(attn_implementation=name))
+        tr = Trainer(model, tok)
+        assert tr.attn_implementation == name
+        packed = pack(groups, max_length=tr.max_length)
+        out[name] = tr.forward_tokens(packed.select(range(packed.num_rows)), grad=False).logprobs
+    torch.testing.assert_close(out[impl], out["artrl_tree"], rtol=0, atol=2e-5)

@@ -39,6 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     from .bench.train_bench import add_arguments as add_train_args
 
     add_train_args(bt)
+    bs = bsub.add_parser("serve", help="inference: concurrent requests vs one at a time")
+    from .bench.serve_bench import add_arguments as add_serve_bench_args
+
+    add_serve_bench_args(bs)
     return p
 
 
@@ -52,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
             return run(args)
         if args.command == "bench" and args.bench == "pack":
             from .bench.pack_bench import main as run
+            return run(args)
+        if args.command == "bench" and args.bench == "serve":
+            from .bench.serve_bench import main as run
             return run(args)
         if args.command == "bench" and args.bench == "train":
             from .bench.train_bench import main as run

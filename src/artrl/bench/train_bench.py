@@ -27,6 +27,7 @@ import torch
 from ..preprocess.pack import pack, pack_reference
 from ..preprocess.plan import plan_batches, reference_plan
 from ..types import InternalModelConfig, TrainConfig
+from .flops import ModelShape, hardware_peak, packed_counts
 from .workload import load_workload, scaled, workload_groups
 
 
@@ -74,6 +75,9 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     trainable = sum(s.trainable_tokens for s in plan.steps)
+    real, trainable_check, keys = packed_counts(packed, [r for st in plan.steps for r in st.rows])
+    assert trainable_check == trainable
+    shape = ModelShape.of(trainer.model)
     return {
         "mode": mode,
         "rows": packed.num_rows,
@@ -88,6 +92,12 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
         "peak_memory_mb": round(_peak_memory_mb(trainer.device), 1),
         "device": str(trainer.device),
         "skipped_nonfinite_steps": int(sum(m["skipped_nonfinite_steps"] for m in steps)),
+        "real_tokens": real,
+        "model_flops": shape.flops(real, trainable, keys, lora_aware=True),
+        "model_flops_dense": shape.flops(real, trainable, keys, lora_aware=False),
+        "non_embedding_params": shape.non_embedding_params,
+        "lora_params": shape.lora_params,
+        "dtype": str(trainer.dtype).replace("torch.", ""),
     }
 
 
@@ -118,10 +128,16 @@ def main(args: Any) -> int:
         return 0
     ref = _subprocess("reference", args)
     ours = _subprocess("ours", args)
+    device = torch.device(ours["device"])
+    peak = hardware_peak(device, getattr(torch, ours["dtype"]))
+    for r in (ours, ref):
+        r["mfu"] = round(r["model_flops"] / r["seconds"] / (peak["peak_tflops"] * 1e12), 4)
+        r["mfu_dense_flops"] = round(r["model_flops_dense"] / r["seconds"] / (peak["peak_tflops"] * 1e12), 4)
+        r["achieved_tflops"] = round(r["model_flops"] / r["seconds"] / 1e12, 4)
     print(json.dumps({
         "bench": "train", "workload": args.workload, "scale": args.scale, "model": args.model,
         "ratio_tokens_per_s": round(ours["trainable_tokens_per_s"] / ref["trainable_tokens_per_s"], 3),
-        "ours": ours, "reference": ref,
+        "mfu": ours["mfu"], "peak": peak, "ours": ours, "reference": ref,
     }))
     return 0
 

@@ -1,0 +1,95 @@
+"""`artrl bench serve`: inference throughput, N concurrent requests vs the same requests one at a time.
+
+Starts the OpenAI-compatible server in-process on 127.0.0.1 (a free port) with
+the transformers engine, then sends `--requests` chat completions with the real
+`openai` client: first all at once (at most `--concurrency` in flight), then
+sequentially. Each request has its own seed, so both runs sample the same
+tokens. Prints one JSON line: completion tokens/s and latency percentiles for
+each run, and their ratio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from typing import Any
+
+PROMPTS = ["Tell me about the weather.", "What is 2 + 3?", "Name three colours.", "Write a short greeting.",
+           "Describe a cat.", "List some fruits.", "What day is it?", "Say something kind."]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+async def _one(client: Any, model: str, i: int, max_tokens: int) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    r = await client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], max_tokens=max_tokens,
+        temperature=1.0, seed=1000 + i, logprobs=True)
+    return r.usage.completion_tokens, time.perf_counter() - t0
+
+
+async def _run(client: Any, model: str, n: int, concurrency: int, max_tokens: int) -> dict[str, Any]:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def limited(i: int) -> tuple[int, float]:
+        async with sem:
+            return await _one(client, model, i, max_tokens)
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(limited(i) for i in range(n)))
+    wall = time.perf_counter() - t0
+    tokens = sum(t for t, _ in results)
+    lat = [s for _, s in results]
+    return {"requests": n, "concurrency": concurrency, "completion_tokens": tokens, "seconds": round(wall, 3),
+            "completion_tokens_per_s": round(tokens / wall, 1), "latency_p50_s": round(_percentile(lat, 50), 3),
+            "latency_p90_s": round(_percentile(lat, 90), 3), "latency_p99_s": round(_percentile(lat, 99), 3),
+            "latency_mean_s": round(statistics.fmean(lat), 3)}
+
+
+def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurrency: int = 16,
+                    max_tokens: int = 64, device: str | None = None) -> dict[str, Any]:
+    from openai import AsyncOpenAI
+
+    from ..serve import ServedModels, TransformersEngine, create_app, start_server
+    from ..train.modeling import load_base_model
+    from ..types import InternalModelConfig
+
+    model, tok = load_base_model(model_name, InternalModelConfig(device=device))
+    engine = TransformersEngine(model, tok, max_batch_size=max(concurrency, 1))
+    name = "bench"
+    with start_server(create_app(ServedModels(name, engine))) as handle:
+        client = AsyncOpenAI(base_url=handle.base_url, api_key="bench", max_retries=0, timeout=600)
+
+        async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+            await _one(client, name, 0, 4)  # warm-up
+            batches_before = engine.batches_served
+            concurrent = await _run(client, name, requests, concurrency, max_tokens)
+            concurrent["engine_batches"] = engine.batches_served - batches_before
+            sequential = await _run(client, name, requests, 1, max_tokens)
+            return concurrent, sequential
+
+        concurrent, sequential = asyncio.run(main())
+    engine.close()
+    return {"bench": "serve", "model": model_name, "device": str(next(model.parameters()).device),
+            "max_tokens": max_tokens,
+            "ratio_tokens_per_s": round(concurrent["completion_tokens_per_s"] / sequential["completion_tokens_per_s"], 3),
+            "concurrent": concurrent, "sequential": sequential}
+
+
+def add_arguments(p: Any) -> None:
+    p.add_argument("--model", default="artrl/tiny", help="base model name or path")
+    p.add_argument("--requests", type=int, default=32, help="requests per run")
+    p.add_argument("--concurrency", type=int, default=16, help="requests in flight in the concurrent run")
+    p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each request")
+    p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
+
+
+def main(args: Any) -> int:
+    print(json.dumps(run_serve_bench(args.model, args.requests, args.concurrency, args.max_tokens, args.device)))
+    return 0
