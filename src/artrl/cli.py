@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("httpx", "httpx2", "uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         if args.command == "serve":
             from .serve.standalone import main as run

@@ -110,6 +110,8 @@ def _subprocess(mode: str, args: Any) -> dict[str, Any]:
         cmd += ["--max-tokens-per-microbatch", str(args.max_tokens_per_microbatch)]
     if args.device:
         cmd += ["--device", args.device]
+    if args.gradient_checkpointing:
+        cmd += ["--gradient-checkpointing"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=os.environ.copy())
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -118,7 +120,7 @@ def _configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
     cfg = TrainConfig(learning_rate=1e-5, per_device_train_batch_size=args.per_device_train_batch_size,
                       max_tokens_per_microbatch=args.max_tokens_per_microbatch or None,
                       grad_accumulation_sequences=args.grad_accumulation_sequences)
-    return cfg, InternalModelConfig(device=args.device)
+    return cfg, InternalModelConfig(device=args.device, gradient_checkpointing=args.gradient_checkpointing)
 
 
 def main(args: Any) -> int:
@@ -151,6 +153,7 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--grad-accumulation-sequences", type=int,
                    default=TrainConfig().grad_accumulation_sequences, help="rows per optimizer step")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
     p.add_argument("--mode", choices=["reference", "ours"], default=None, help=argparse_hidden())
 
 

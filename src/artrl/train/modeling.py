@@ -22,6 +22,14 @@ from ..types import InternalModelConfig
 
 log = logging.getLogger(__name__)
 
+# Random-init models of real shapes (no download), for GPU benchmarks: "random:qwen3-8b" etc.
+RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
+    "random:qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                              num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+    "random:qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                            num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
+}
+
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -59,9 +67,21 @@ def default_target_modules(model: torch.nn.Module) -> list[str] | str:
 
 
 def resolve_name(base_model: str) -> str:
-    from ..tiny import resolve_model_path
+    from ..tiny import TINY_MODEL_NAME, resolve_model_path
 
+    if base_model in RANDOM_CONFIGS:
+        return resolve_model_path(TINY_MODEL_NAME)  # random models borrow the tiny tokenizer
     return resolve_model_path(base_model)
+
+
+def _random_model(base_model: str, device: torch.device, dtype: torch.dtype, attn: str, seed: int) -> Any:
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    config = Qwen3Config(**RANDOM_CONFIGS[base_model], max_position_embeddings=40960,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), device:
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
 
 
 def load_tokenizer(base_model: str, cfg: InternalModelConfig | None = None) -> Any:
@@ -90,6 +110,11 @@ def load_base_model(base_model: str, cfg: InternalModelConfig | None = None) -> 
     dtype = resolve_dtype(cfg, device)
     path = resolve_name(base_model)
     tok = load_tokenizer(base_model, cfg)
+    if base_model in RANDOM_CONFIGS:
+        model = _random_model(base_model, device, dtype, resolve_attn(cfg, device), cfg.seed)
+        log.info("built random-init %s (%s, %s, %.1fM parameters)", base_model, device, dtype,
+                 sum(p.numel() for p in model.parameters()) / 1e6)
+        return model, tok
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, attn_implementation=resolve_attn(cfg, device),

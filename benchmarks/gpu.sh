@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GPU benchmark: random-init Qwen3-0.6B- and Qwen3-8B-shaped models (no download), the seed-like
+# workload at full length, bf16, flex_attention (block-sparse), LoRA. Prints and writes one JSON
+# file per model (MFU, tokens/s, peak memory, ratio to the reference one-row-per-step trainer),
+# plus the serve benchmark. Needs only PyTorch, transformers and peft (+ this repo's src/).
+#
+#   benchmarks/gpu.sh OUTDIR              on a CUDA machine (about 5-8 minutes on one H200)
+#   benchmarks/gpu.sh OUTDIR --cpu-smoke  tiny model, small scale: checks the script on a CPU
+set -euo pipefail
+out=${1:?usage: benchmarks/gpu.sh OUTDIR [--cpu-smoke]}
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out"
+export PYTHONPATH="$here/../src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+workload=${WORKLOAD:-$here/workloads/seed-like.json}
+if [[ "${2:-}" == "--cpu-smoke" ]]; then
+  models=(artrl/tiny); scale=0.05
+  train_args=(--device cpu)
+  serve_args=(--model artrl/tiny --device cpu --requests 8 --concurrency 4 --max-tokens 8)
+else
+  models=(random:qwen3-0.6b random:qwen3-8b); scale=1
+  train_args=(--device cuda --gradient-checkpointing --max-tokens-per-microbatch 32768)
+  serve_args=(--model random:qwen3-0.6b --device cuda --requests 64 --concurrency 16 --max-tokens 64)
+fi
+"$py" - <<'PY' | tee "$out/env.json"
+import json, platform, torch, transformers, peft
+info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "peft": peft.__version__, "cuda": torch.cuda.is_available()}
+if torch.cuda.is_available():
+    info["device_name"] = torch.cuda.get_device_name(0)
+print(json.dumps(info))
+PY
+for m in "${models[@]}"; do
+  name=${m//[:\/]/-}
+  "$py" -m artrl.cli bench train --workload "$workload" --scale "$scale" --model "$m" "${train_args[@]}" \
+    | tee "$out/train-$name.json"
+done
+"$py" -m artrl.cli bench serve "${serve_args[@]}" | tee "$out/serve.json"
