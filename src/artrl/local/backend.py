@@ -47,6 +47,7 @@ class _Run:
     trainer: Any
     engine: Any
     step: int
+    history_record: dict[str, Any] | None = None  # the latest checkpoint's own history line
 
 
 class LocalBackend:
@@ -62,6 +63,13 @@ class LocalBackend:
 
     def __init__(self, *, path: str = "./.art", host: str = "127.0.0.1", port: int = 0,
                  api_key: str | None = None, show_progress: bool = True) -> None:
+        from ..serve.background import is_loopback
+
+        if not is_loopback(host) and not api_key:
+            raise ConfigError(
+                f"LocalBackend(host={host!r}) would serve the model to every machine that can reach {host!r} "
+                "without authentication; pass api_key=... (checked on every route), or keep the default "
+                "host='127.0.0.1'.")
         self._path = Path(path)
         self._host = host
         self._port = port
@@ -122,7 +130,14 @@ class LocalBackend:
             cfg = model.internal_config()
             meta_path = run / storage.MODEL_FILE
             if meta_path.exists():
-                meta = json.loads(meta_path.read_text())
+                try:
+                    meta = json.loads(meta_path.read_text())
+                    if not isinstance(meta, dict):
+                        raise ValueError(f"expected a JSON object, got {type(meta).__name__}")
+                except (OSError, ValueError) as e:
+                    raise CheckpointError(
+                        f"{meta_path} is unreadable ({type(e).__name__}: {e}); it records the run's base model. "
+                        f"Restore it, or delete the run directory {run} to start over.") from None
                 if meta.get("base_model") != model.base_model:
                     raise CheckpointError(
                         f"run directory {run} belongs to base model {meta.get('base_model')!r}, not "
@@ -131,7 +146,8 @@ class LocalBackend:
                                                   "base_model": model.base_model, "config": cfg.model_dump()})
             removed = storage.clean_temporaries(run)
             if removed:
-                log.warning("removed %d temporary checkpoint directories left by an interrupted write", removed)
+                log.warning("removed %d temporary files or checkpoint directories left by an interrupted write",
+                            removed)
             peft_model, tok = load_model(model.base_model, cfg)
             engine = TransformersEngine(peft_model, tok, max_batch_size=cfg.inference_max_batch_size,
                                         max_model_len=cfg.max_length)
@@ -142,6 +158,7 @@ class LocalBackend:
                 self._save(state)
             else:
                 self._restore(state, latest)
+            self._recover_history(state)
             self._runs[model.name] = state
             self._ensure_server()
             self._served.add(model.name, engine)
@@ -170,23 +187,28 @@ class LocalBackend:
                               "call `await model.register(backend)` first") from None
 
     # ------------------------------------------------------------------ checkpoints
-    def _save(self, state: _Run) -> Path:
+    def _save(self, state: _Run, history_record: dict[str, Any] | None = None) -> Path:
+        """Write checkpoint `state.step`: adapter, optimizer, RNG states, and the step's history line.
+
+        The history line travels inside the checkpoint so that a crash between writing the
+        checkpoint and appending the line to history.jsonl loses nothing (`_recover_history`).
+        """
         trainer = state.trainer
 
         def write(tmp: Path) -> None:
             trainer.model.save_pretrained(str(tmp), selected_adapters=["default"])
             torch.save({"optimizer": trainer.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+                        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
                         "python_rng": random.getstate()}, tmp / storage.OPTIMIZER_FILE)
             with open(tmp / storage.TRAINER_STATE_FILE, "w") as fh:
                 json.dump({"step": state.step, "optimizer_steps": trainer.optimizer_steps,
-                           "base_model": state.base_model}, fh)
+                           "base_model": state.base_model, "history_record": history_record}, fh)
 
         with trainer.model_lock:
             return storage.write_checkpoint(state.run, state.step, write, {"base_model": state.base_model})
 
     def _restore(self, state: _Run, step: int) -> None:
         from peft import set_peft_model_state_dict
-        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         path = storage.checkpoint_dir(state.run, step)
@@ -197,24 +219,57 @@ class LocalBackend:
                 f"{state.base_model!r}. Register with the original base model, or use a new model name.")
         try:
             weights = load_file(str(path / storage.ADAPTER_WEIGHTS_FILE))
-            result = set_peft_model_state_dict(state.trainer.model, weights, adapter_name="default")
-            opt = torch.load(path / storage.OPTIMIZER_FILE, weights_only=False)
+            # weights_only: a checkpoint directory is data, never code (no arbitrary unpickling)
+            opt = torch.load(path / storage.OPTIMIZER_FILE, weights_only=True)
             trainer_state = json.loads((path / storage.TRAINER_STATE_FILE).read_text())
-        except (OSError, SafetensorError, RuntimeError, ValueError, KeyError) as e:
+            if not isinstance(opt, dict) or not {"optimizer", "torch_rng", "python_rng"} <= set(opt):
+                raise ValueError(f"{storage.OPTIMIZER_FILE} lacks the optimizer or RNG state")
+            if not isinstance(trainer_state, dict):
+                raise ValueError(f"{storage.TRAINER_STATE_FILE} is not a JSON object")
+            with state.trainer.model_lock:
+                result = set_peft_model_state_dict(state.trainer.model, weights, adapter_name="default")
+        except Exception as e:  # SafetensorError, UnpicklingError, EOFError, ...: all mean the same here
             raise CheckpointError(
-                f"checkpoint {path} is corrupted or incomplete ({type(e).__name__}: {e}). Delete that directory to "
-                "resume from the previous checkpoint.") from None
+                f"checkpoint {path} is corrupted, incomplete or from another LoRA configuration "
+                f"({type(e).__name__}: {str(e)[:300]}). Delete that directory to resume from the previous "
+                "checkpoint.") from None
         unexpected = getattr(result, "unexpected_keys", []) or []
-        if unexpected:
-            raise CheckpointError(f"checkpoint {path} has adapter weights this model does not expect "
-                                  f"({unexpected[:3]}...): was it trained with another LoRA configuration?")
+        missing = [k for k in getattr(result, "missing_keys", []) or [] if ".lora_" in k and ".default." in k]
+        if unexpected or missing:
+            bad = unexpected or missing
+            raise CheckpointError(
+                f"checkpoint {path} has adapter weights that do not match this model ({len(unexpected)} "
+                f"unexpected, {len(missing)} missing, e.g. {bad[0]!r}): was it trained with another LoRA "
+                "configuration, or is its adapter file damaged? Delete that directory to resume from the "
+                "previous checkpoint.")
         with state.trainer.model_lock:
-            state.trainer.optimizer.load_state_dict(opt["optimizer"])
+            try:
+                state.trainer.optimizer.load_state_dict(opt["optimizer"])
+            except (ValueError, KeyError, RuntimeError) as e:
+                raise CheckpointError(f"checkpoint {path} has optimizer state that does not fit this model "
+                                      f"({e}); was it trained with another LoRA configuration?") from None
             torch.set_rng_state(opt["torch_rng"])
+            if opt.get("cuda_rng") is not None and torch.cuda.is_available() \
+                    and len(opt["cuda_rng"]) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(opt["cuda_rng"])
             random.setstate(opt["python_rng"])
         state.trainer.optimizer_steps = int(trainer_state.get("optimizer_steps", 0))
+        state.history_record = trainer_state.get("history_record")
         state.step = step
         log.info("resumed %s from checkpoint %s", state.model_name, path)
+
+    def _recover_history(self, state: _Run) -> None:
+        """Re-append the latest checkpoint's history line if a crash kept it out of history.jsonl."""
+        record = state.history_record
+        if not record:
+            return
+        path = state.run / storage.HISTORY_FILE
+        have = any(r.get("step") == record.get("step") and r.get("split") == record.get("split") and "kind" in r
+                   for r in storage.read_jsonl(path))
+        if not have:
+            storage.append_jsonl(path, record)
+            log.warning("history.jsonl lacked the train record of step %s (a crash after the checkpoint was "
+                        "written); restored it from the checkpoint", record.get("step"))
 
     async def _get_step(self, model: "Model") -> int:
         return self._state(model).step
@@ -228,6 +283,8 @@ class LocalBackend:
         if len(steps) <= 1:
             return []
         keep = {steps[-1]}
+        if state.step in steps:
+            keep.add(state.step)  # the weights this process runs on, whatever newer directories appeared
         scores: dict[int, float] = {}
         for rec in storage.read_jsonl(state.run / storage.HISTORY_FILE):
             v = rec.get(best_checkpoint_metric)
@@ -296,10 +353,14 @@ class LocalBackend:
                 log.warning("%s: %s; the step did not advance", model.name, call.summary())
                 return TrainResult(step=state.step, metrics=summary, checkpoint_path=None)
             state.step += 1
-            path = self._save(state)
-        metrics = {f"train/{k}" if not k.startswith("data/") else k: v for k, v in summary.items()}
-        storage.append_jsonl(state.run / storage.HISTORY_FILE, {"step": state.step, "split": "train",
-                                                                 "kind": kind, **_finite(metrics)})
+            metrics = {f"train/{k}" if not k.startswith("data/") else k: v for k, v in summary.items()}
+            record = {"step": state.step, "split": "train", "kind": kind, **_finite(metrics)}
+            path = self._save(state, record)
+        if metrics.get("train/skipped_nonfinite_steps"):
+            log.error("%s step %d: %d of %d optimizer steps had a non-finite loss or gradient and were refused "
+                      "(train/skipped_nonfinite_steps); the weights did not take them", model.name, state.step,
+                      int(metrics["train/skipped_nonfinite_steps"]), len(steps))
+        storage.append_jsonl(state.run / storage.HISTORY_FILE, record)
         return TrainResult(step=state.step, metrics=metrics, checkpoint_path=str(path))
 
 

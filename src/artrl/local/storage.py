@@ -114,11 +114,12 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
         os.fsync(fh.fileno())
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete JSON line of `path`; torn or corrupt lines are skipped and reported."""
+def scan_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """(every complete JSON object line of `path`, 1-based numbers of torn or corrupt lines)."""
     if not path.exists():
-        return []
-    out = []
+        return [], []
+    out: list[dict[str, Any]] = []
+    bad: list[int] = []
     with open(path, "rb") as fh:
         for i, raw in enumerate(fh):
             text = raw.decode("utf-8", errors="replace").strip()
@@ -127,11 +128,21 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             try:
                 rec = json.loads(text)
             except json.JSONDecodeError:
-                log.warning("%s line %d is torn or corrupt (a crash mid-write?); skipped", path, i + 1)
+                bad.append(i + 1)
                 continue
             if isinstance(rec, dict):
                 out.append(rec)
-    return out
+            else:
+                bad.append(i + 1)
+    return out, bad
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every complete JSON line of `path`; torn or corrupt lines are skipped and reported."""
+    records, bad = scan_jsonl(path)
+    for n in bad:
+        log.warning("%s line %d is torn or corrupt (a crash mid-write?); skipped", path, n)
+    return records
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -200,10 +211,11 @@ def read_marker(path: Path) -> dict[str, Any]:
 
 
 def clean_temporaries(run: Path) -> int:
-    """Remove temporary directories left by a crash while writing a checkpoint."""
-    root = run / CHECKPOINTS_DIR
+    """Remove what a crash left mid-write: `.tmp-*` checkpoint directories and `.tmp-*` JSON files."""
     n = 0
-    if root.is_dir():
+    for root in (run / CHECKPOINTS_DIR, run):
+        if not root.is_dir():
+            continue
         for p in root.iterdir():
             if p.name.startswith(TMP_PREFIX):
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
