@@ -15,11 +15,18 @@ Compared with OpenAI's API (and vLLM's server), this one:
    (no constrained decoding);
 5. returns every error as OpenAI's `{"error": {"message", "type", "param",
    "code"}}` with a 4xx status for anything the client got wrong, including
-   request-body validation errors (400, never a 500 with a traceback).
+   request-body validation errors (400, never a 500 with a traceback);
+6. refuses oversized work before doing it: bodies over `max_body_bytes` (413),
+   `n` over `max_n`, `max_tokens` beyond the context, and messages with more
+   characters than the context could hold as tokens (400, before tokenizing);
+7. drops a request whose client disconnects: the engine is told to stop (a queued
+   request never runs, a running one stops at its next decoding step).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hmac
 import logging
 import time
@@ -124,19 +131,26 @@ class _BodyLimit:
         for key, value in scope.get("headers", []):
             if key == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
                 return await _error_response(too_large)(scope, receive, send)
-        seen = 0
+        seen, exceeded = 0, False
 
         async def limited_receive() -> dict:
-            nonlocal seen
+            nonlocal seen, exceeded
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:
+                exceeded = True
                 raise _BodyTooLarge()
             return message
 
+        async def guarded_send(message: dict) -> None:
+            if not exceeded:  # the app may turn _BodyTooLarge into its own error; ours goes out instead
+                await send(message)
+
         try:
-            await self.app(scope, limited_receive, send)
+            await self.app(scope, limited_receive, guarded_send)
         except _BodyTooLarge:
+            pass
+        if exceeded:
             await _error_response(too_large)(scope, receive, send)
 
 
@@ -217,6 +231,59 @@ def _generation_request(
         adapter=adapter,
         stop_strings=[s for s in stop if s],
     )
+
+
+@functools.lru_cache(maxsize=16)
+def _max_token_chars(tokenizer: Any) -> int:
+    """Most characters one token of `tokenizer` can stand for (its longest vocabulary entry)."""
+    return max((len(token) for token in tokenizer.get_vocab()), default=1) or 1
+
+
+def _precheck(body: ChatCompletionRequest, messages: list[dict[str, Any]], tokenizer: Any, max_model_len: int,
+              max_n: int) -> None:
+    """Refuse what is too big before rendering or tokenizing anything."""
+    n = 1 if body.n is None else body.n
+    _check(1 <= n <= max_n, f"n must be between 1 and {max_n}, got {n}", "n")
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    if max_tokens is not None:
+        _check(
+            1 <= max_tokens < max_model_len,
+            f"{param}={max_tokens}; it must be between 1 and {max_model_len - 1} (this model's maximum context "
+            f"length is {max_model_len} tokens, prompt included). Lower {param}.",
+            param,
+        )
+    chars = sum(len(m.get("content") or "") for m in messages)
+    most = max_model_len * _max_token_chars(tokenizer)
+    _check(
+        chars <= most,
+        f"The messages hold {chars} characters, more than {max_model_len} tokens (this model's maximum context "
+        f"length) can spell with this tokenizer (at most {most} characters). Shorten the messages.",
+        "messages",
+    )
+
+
+async def _generate_unless_disconnected(engine: Any, request: GenerationRequest, http: fastapi.Request) -> Any:
+    """`engine.generate(request)`, cancelled as soon as the HTTP client disconnects."""
+
+    async def disconnected() -> None:
+        while (await http.receive())["type"] != "http.disconnect":
+            pass
+
+    generation = asyncio.ensure_future(engine.generate(request))
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({generation, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        generation.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if generation not in done:
+        generation.cancel()
+        logger.info("client disconnected; its generation request was dropped")
+        raise APIError(499, "client closed the request", code="client_closed_request")
+    return generation.result()
 
 
 def _cut_at_stop(tokenizer: Any, result: GenerationResult, text: str, stops: list[str]) -> tuple[str, GenerationResult]:
@@ -341,7 +408,7 @@ def create_app(
         return {"object": "list", "data": data}
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest) -> JSONResponse:
+    async def chat_completions(body: ChatCompletionRequest, http: fastapi.Request) -> JSONResponse:
         if body.stream:
             raise APIError(400, "streaming is not supported; set stream=false", param="stream")
         unknown = set(body.model_extra or {}) - _IGNORED_FIELDS - warned_fields
@@ -356,13 +423,17 @@ def create_app(
         _check_tool_choice(body)
         try:
             messages = normalise_messages(body.messages)
+        except InvalidRequestError as error:
+            raise APIError(400, str(error), param="messages") from error
+        _precheck(body, messages, tokenizer, engine.max_model_len, max_n)
+        try:
             tools = body.tools if body.tool_choice != "none" else None
             prompt_ids = render_prompt(tokenizer, messages, tools)
         except InvalidRequestError as error:
             raise APIError(400, str(error), param="messages") from error
         request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, max_n, default_max_tokens)
         try:
-            results = await engine.generate(request)
+            results = await _generate_unless_disconnected(engine, request, http)
         except InvalidRequestError as error:
             raise APIError(400, str(error)) from error
         choices = [

@@ -22,6 +22,10 @@ what it leaves out compared with vLLM:
    for its rows only and the previous adapter, and every parameter's
    `requires_grad`, are restored afterwards, so an optimizer holding the live
    adapter's parameters never notices.
+5. **A caller that stops waiting frees its rows.** Cancelling `generate` (the server
+   does when the HTTP client disconnects) cancels a queued request outright; a
+   request already decoding stops taking tokens at the next step, and the batch
+   ends as soon as every row is finished or abandoned.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class _Pending:
 
     request: GenerationRequest
     future: concurrent.futures.Future
+    abandoned: bool = False  # the caller stopped waiting (e.g. the HTTP client disconnected)
 
 
 @dataclass
@@ -113,6 +118,10 @@ class TransformersEngine(InferenceEngine):
         #: Batches run and sequences sampled so far (for logs, metrics and tests).
         self.batches_served = 0
         self.rows_served = 0
+        #: Requests whose caller stopped waiting, rows cut short because of it, decode steps run.
+        self.requests_abandoned = 0
+        self.rows_abandoned = 0
+        self.decode_steps = 0
         self._pending = 0
         self._counter_lock = threading.Lock()
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
@@ -162,8 +171,16 @@ class TransformersEngine(InferenceEngine):
         self._ensure_worker()
         with self._counter_lock:
             self._pending += 1
-        self._queue.put(_Pending(request, future))
-        return await asyncio.wrap_future(future)
+        pending = _Pending(request, future)
+        self._queue.put(pending)
+        try:
+            # cancelling this await cancels `future` too while it is still queued
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            pending.abandoned = True  # already decoding: its rows stop at the next step
+            with self._counter_lock:
+                self.requests_abandoned += 1
+            raise
 
     def close(self) -> None:
         self._closed = True
@@ -219,6 +236,10 @@ class TransformersEngine(InferenceEngine):
             first = carry.popleft() if carry else self._queue.get()
             if first is None:
                 return
+            if first.future.cancelled():  # its caller left while it was queued
+                with self._counter_lock:
+                    self._pending -= 1
+                continue
             # Take the lock before draining the queue: whatever queued up while a
             # trainer held the device joins this batch instead of waiting for the next.
             with self.model_lock:
@@ -228,6 +249,9 @@ class TransformersEngine(InferenceEngine):
                         item = self._queue.get_nowait()
                     except queue.Empty:
                         break
+                    if item is not None and item.future.cancelled():
+                        batch.append(item)  # counted below; `_run_batch` skips it
+                        continue
                     if item is None or rows + item.request.n > self.max_batch_size:
                         carry.append(item)
                         break
@@ -333,8 +357,13 @@ class TransformersEngine(InferenceEngine):
             if k > 0:
                 top_values, top_ids = logprobs.topk(k, dim=-1)  # [batch, k] each
                 top_values_list, top_ids_list = top_values.tolist(), top_ids.tolist()
+            self.decode_steps += 1
             for i, row in enumerate(rows):
                 if row.finish_reason is not None:
+                    continue
+                if row.pending.abandoned:
+                    row.finish_reason = "length"  # nobody reads it; stop spending steps on the row
+                    self.rows_abandoned += 1
                     continue
                 row.token_ids.append(tokens_list[i])
                 row.logprobs.append(chosen_list[i])
