@@ -203,17 +203,37 @@ class Trajectory(pydantic.BaseModel):
         self.validate_fields()
 
     def validate_fields(self) -> None:
-        """(Re)check every field; raises TrajectoryError naming the first bad one."""
-        if not math.isfinite(self.reward):
+        """(Re)check every field; raises TrajectoryError naming the first bad one.
+
+        Called at construction and again by the trainer before tokenizing, because ART-style
+        rollouts build a Trajectory first and then append choices and set the reward.
+        """
+        reward = self.reward
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+            raise TrajectoryError(f"Trajectory.reward is {reward!r:.80} ({type(reward).__name__}); set it to a "
+                                  "finite number.")
+        if not math.isfinite(reward):
             raise TrajectoryError(
-                f"Trajectory.reward is {self.reward}; rewards must be finite numbers. "
+                f"Trajectory.reward is {reward}; rewards must be finite numbers. "
                 "Give failed episodes a finite (e.g. minimum) reward, or drop them."
             )
+        if not isinstance(self.metrics, dict):
+            raise TrajectoryError(f"Trajectory.metrics must be a dict, got {type(self.metrics).__name__}.")
         for key, value in self.metrics.items():
+            if not isinstance(value, (int, float)):
+                raise TrajectoryError(f"Trajectory.metrics[{key!r}] is {value!r:.80}; metrics must be numbers "
+                                      "(put other values in metadata).")
             if isinstance(value, float) and not math.isfinite(value):
                 raise TrajectoryError(f"Trajectory.metrics[{key!r}] is {value}; metrics must be finite.")
         self.messages_and_choices = _check_messages(self.messages_and_choices, "Trajectory.messages_and_choices")
         _check_tools(self.tools, "Trajectory.tools")
+        for k, h in enumerate(self.additional_histories):
+            if not isinstance(h, History):
+                raise TrajectoryError(f"Trajectory.additional_histories[{k}] has type {type(h).__name__}; "
+                                      "expected a History.")
+            where = f"Trajectory.additional_histories[{k}]"
+            h.messages_and_choices = _check_messages(h.messages_and_choices, f"{where}.messages_and_choices")
+            _check_tools(h.tools, f"{where}.tools")
 
     # ART conveniences ---------------------------------------------------
     def messages(self) -> list[Message]:
@@ -248,6 +268,20 @@ class Trajectory(pydantic.BaseModel):
             ],
             "logs": self.logs,
         }
+
+
+def revalidate(traj: Any, where: str) -> None:
+    """Check a trajectory again before it is logged or trained on; errors start with `where`.
+
+    Construction-time validation is not enough: ART-style rollouts create the Trajectory
+    first, then append the sampled choices and set the reward.
+    """
+    if not isinstance(traj, Trajectory):
+        raise TrajectoryError(f"{where} has type {type(traj).__name__}; expected a Trajectory.")
+    try:
+        traj.validate_fields()
+    except TrajectoryError as e:
+        raise TrajectoryError(f"{where}: {e}") from None
 
 
 def _jsonable(value: Any) -> Any:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from ..trajectories import Trajectory, TrajectoryGroup
+from ..trajectories import Trajectory, TrajectoryGroup, revalidate
 from ..types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
 from . import storage
 
@@ -308,6 +308,7 @@ class LocalBackend:
         state = self._runs.get(model.name)
         run = state.run if state else storage.run_dir(self._path, model.project, model.name)
         step = step if step is not None else (state.step if state else 0)
+        _check_loggable(trajectories or [], metrics or {})
         record = log_record(trajectories or [], split, metrics or {})
         await asyncio.to_thread(self._write_log, run, split, step, record, trajectories or [])
         return record
@@ -320,7 +321,7 @@ class LocalBackend:
         if trajs:
             path = run / storage.TRAJECTORIES_DIR / split / f"{storage.step_dir_name(step)}.jsonl"
             for t in trajs:
-                storage.append_jsonl(path, t.for_logging())
+                storage.append_jsonl(path, storage.json_safe(t.for_logging()))
 
     # ------------------------------------------------------------------ training
     async def train(self, model: "TrainableModel", trajectory_groups: Iterable[TrajectoryGroup], *,
@@ -372,6 +373,19 @@ def _merge(config: Any, extra: dict[str, Any]) -> Any:
     if unknown:
         raise ConfigError(f"unknown {type(config).__name__} fields {unknown}; known fields: {sorted(allowed)}")
     return type(config)(**{**config.model_dump(), **extra})
+
+
+def _check_loggable(items: Sequence[Trajectory | TrajectoryGroup], metrics: dict[str, Any]) -> None:
+    """Refuse what cannot be logged before anything is written (names the group and trajectory)."""
+    for i, it in enumerate(items):
+        if isinstance(it, TrajectoryGroup):
+            for ti, t in enumerate(it.trajectories):
+                revalidate(t, f"group {i}, trajectory {ti}")
+        elif isinstance(it, Trajectory):
+            revalidate(it, f"trajectories[{i}]")
+    for k, v in metrics.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(f"model.log metrics[{k!r}] is {v!r:.80}; logged metrics must be numbers.")
 
 
 def _finite(d: dict[str, float]) -> dict[str, float]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -93,6 +94,17 @@ def write_json_atomic(path: Path, data: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with non-finite floats spelled as strings ("nan", "inf", "-inf"): strict JSON for logs."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
@@ -205,9 +217,13 @@ def write_checkpoint(run: Path, step: int, write_files: Any, marker: dict[str, A
 
 def read_marker(path: Path) -> dict[str, Any]:
     try:
-        return json.loads((path / COMPLETE_MARKER).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {path} has an unreadable {COMPLETE_MARKER} marker: {e}") from None
+        marker = json.loads((path / COMPLETE_MARKER).read_text())
+        if not isinstance(marker, dict):
+            raise ValueError(f"expected a JSON object, got {type(marker).__name__}")
+        return marker
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path} has an unreadable {COMPLETE_MARKER} marker ({e}). Delete that "
+                              "directory to resume from the previous checkpoint.") from None
 
 
 def clean_temporaries(run: Path) -> int:

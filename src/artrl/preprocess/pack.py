@@ -453,7 +453,8 @@ def pack(
     if on_too_long not in ("drop", "truncate", "error"):
         raise PackingError(f"on_too_long={on_too_long!r}; expected 'drop', 'truncate' or 'error'.")
     if row_length is not None and row_length > max_length:
-        raise PackingError(f"row_length={row_length} exceeds the model's maximum length {max_length}.")
+        raise PackingError(f"row_length={row_length} exceeds the model's maximum length {max_length}; lower "
+                           "row_length, or leave it None to choose it automatically.")
     stats = PackStats()
     limit = row_length if row_length is not None else max_length
     kept = enforce_length(groups, limit, on_too_long, stats)

@@ -38,7 +38,7 @@ from typing import Any, Literal
 from openai.types.chat.chat_completion import Choice
 
 from ..errors import TrajectoryError
-from ..trajectories import History, Trajectory, TrajectoryGroup, message_of
+from ..trajectories import History, Trajectory, TrajectoryGroup, message_of, revalidate
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,9 @@ def tokenize_history(
         where: a name for error messages, e.g. "group 2, trajectory 5".
     """
     stats = stats if stats is not None else TokenizeStats()
+    if not messages_and_choices:
+        # nothing to render (templates refuse an empty conversation) and nothing to train
+        return TokenizedSequence(token_ids=[], assistant_mask=[], logprobs=[])
     eot = end_of_turn_ids(tokenizer)
     template_messages: list[dict[str, Any]] = []
     # (kind, payload) per placeholder: ("ids", (ids, logprobs)) or ("render", None)
@@ -312,6 +315,8 @@ def tokenize_groups(
     stats = TokenizeStats()
     result = TokenizeResult(groups=[], stats=stats)
     for gi, group in enumerate(groups):
+        if not isinstance(group, TrajectoryGroup):
+            raise TrajectoryError(f"groups[{gi}] has type {type(group).__name__}; expected a TrajectoryGroup.")
         stats.groups += 1
         stats.rollout_exceptions += len(group.exceptions)
         trajs = list(group.trajectories)
@@ -319,6 +324,8 @@ def tokenize_groups(
         if not trajs:
             stats.groups_skipped_empty += 1
             continue
+        for ti, traj in enumerate(trajs):
+            revalidate(traj, f"group {gi}, trajectory {ti}")
         advantages = group_advantages([t.reward for t in trajs], scale_rewards)
         if all(a == 0 for a in advantages):
             stats.groups_skipped_zero_advantage += 1
@@ -349,8 +356,7 @@ def tokenize_sft(trajectories: Sequence[Trajectory], tokenizer: Any) -> Tokenize
     stats = TokenizeStats()
     result = TokenizeResult(groups=[], stats=stats)
     for ti, traj in enumerate(trajectories):
-        if not isinstance(traj, Trajectory):
-            raise TrajectoryError(f"trajectories[{ti}] has type {type(traj).__name__}; expected a Trajectory.")
+        revalidate(traj, f"trajectories[{ti}]")
         stats.trajectories += 1
         got = _tokenize_trajectory(traj, tokenizer, "assistant", ti, 0, 0.0, stats)
         if not got:

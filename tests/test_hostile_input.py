@@ -1,0 +1,569 @@
+"""Hostile input (issue 6, point 3): every bad input gets a clear error or a counted skip.
+
+One test per row of the bad-input table in docs/reliability.md (test_the_docs_table_lists_every_test
+keeps the two in step). An error must be an `ArtrlError` whose message names the item and the fix,
+raised without a chained traceback; a skip must be counted in the train step's metrics. The last
+test feeds random trajectory structures through tokenize -> pack -> plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from openai.types.chat.chat_completion import Choice
+
+import artrl as art
+from artrl.errors import ArtrlError, CheckpointError, ConfigError, PackingError, TrajectoryError
+from artrl.local import storage
+from artrl.preprocess.pack import pack
+from artrl.preprocess.plan import plan_batches
+from artrl.preprocess.tokenize import group_advantages, tokenize_groups, tokenize_sft
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
+MAX_LENGTH = 128  # the model maximum of the served test model
+USER = {"role": "user", "content": "Pick a colour."}
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def assert_clear(info: pytest.ExceptionInfo, *fragments: str) -> None:
+    """An artrl error, naming the item and the fix, with no chained traceback behind it."""
+    err = info.value
+    assert isinstance(err, ArtrlError), type(err)
+    assert err.__cause__ is None and (err.__context__ is None or err.__suppress_context__), "chained traceback"
+    for fragment in fragments:
+        assert re.search(fragment, str(err)), f"{fragment!r} not in: {err}"
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """A registered model whose maximum length is MAX_LENGTH tokens."""
+    model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny",
+                               _internal_config=art.InternalModelConfig(max_length=MAX_LENGTH))
+    backend = art.LocalBackend(path=str(tmp_path_factory.mktemp("hostile")), show_progress=False)
+    asyncio.run(model.register(backend))
+    yield model
+    backend.close()
+
+
+def rl(model: art.TrainableModel, groups: list, **config: Any) -> art.TrainResult:
+    return asyncio.run(model.train(groups, config=art.TrainConfig(**{"learning_rate": 1e-4, **config})))
+
+
+def sft(model: art.TrainableModel, trajectories: list, **config: Any) -> art.TrainResult:
+    return asyncio.run(model.train_sft(trajectories, config=art.TrainSFTConfig(**{"learning_rate": 1e-4, **config})))
+
+
+def traj(*turns: Any, reward: float = 0.0, **kw: Any) -> art.Trajectory:
+    return art.Trajectory(messages_and_choices=[USER, *turns], reward=reward, **kw)
+
+
+@pytest.fixture()
+def good(make_choice):
+    """A group that trains: two sampled answers with different rewards."""
+    return lambda: art.TrajectoryGroup([traj(make_choice("blue"), reward=1.0), traj(make_choice("red"), reward=0.0)])
+
+
+# --------------------------------------------------------------------------- rewards and groups
+
+
+@pytest.mark.parametrize("reward", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("when", ["at_construction", "assigned_later"])
+def test_non_finite_reward(live, make_choice, good, reward, when):
+    if when == "at_construction":
+        with pytest.raises(TrajectoryError) as info:
+            traj(make_choice("blue"), reward=reward)
+        assert_clear(info, r"Trajectory\.reward is (nan|inf|-inf)", "finite")
+        return
+    late = traj(make_choice("blue"), reward=1.0)
+    late.reward = reward  # ART rollouts set the reward after building the trajectory
+    step = asyncio.run(live.get_step())
+    with pytest.raises(TrajectoryError) as info:
+        rl(live, [good(), art.TrajectoryGroup([late, traj(make_choice("red"))])])
+    assert_clear(info, r"group 1, trajectory 0: Trajectory\.reward is (nan|inf|-inf)", "finite")
+    assert asyncio.run(live.get_step()) == step
+
+
+@pytest.mark.parametrize("members", ["none", "not_a_trajectory"])
+def test_empty_or_malformed_group_is_refused(members):
+    with pytest.raises(TrajectoryError) as info:
+        art.TrajectoryGroup([] if members == "none" else [traj(), "not a trajectory"])
+    assert_clear(info, r"TrajectoryGroup\.trajectories is empty|trajectories\[1\] has type str")
+
+
+def test_group_of_failed_rollouts_only_is_skipped_and_counted(live, good):
+    failed = art.TrajectoryGroup([RuntimeError("rollout crashed"), TimeoutError()])
+    result = rl(live, [good(), failed])
+    assert result.metrics["data/groups_skipped_empty"] == 1 and result.metrics["data/rollout_exceptions"] == 2
+    assert result.checkpoint_path is not None
+
+
+def test_group_of_one_is_skipped_and_counted(live, make_choice, good):
+    result = rl(live, [good(), art.TrajectoryGroup([traj(make_choice("green"), reward=1.0)])])
+    assert result.metrics["data/groups_skipped_zero_advantage"] == 1 and result.metrics["data/sequences"] == 2
+
+
+def test_all_equal_rewards_group_is_skipped_and_counted(live, make_choice, good):
+    same = art.TrajectoryGroup([traj(make_choice(c), reward=0.5) for c in ("green", "pink", "teal")])
+    result = rl(live, [good(), same])
+    assert result.metrics["data/groups_skipped_zero_advantage"] == 1 and result.metrics["data/sequences"] == 2
+
+
+def test_a_call_with_nothing_to_train_does_not_advance_the_step(live, make_choice):
+    step = asyncio.run(live.get_step())
+    result = rl(live, [art.TrajectoryGroup([traj(make_choice("blue"), reward=1.0)]),
+                       art.TrajectoryGroup([traj(make_choice("red"), reward=0.0), traj(make_choice("red"))])])
+    assert result.step == step and result.checkpoint_path is None
+    assert result.metrics["data/groups_skipped_zero_advantage"] == 2
+
+
+@pytest.mark.parametrize("kind", ["rl", "sft", "sft_no_messages"])
+def test_trajectory_without_assistant_turn_is_skipped_and_counted(live, make_choice, good, kind):
+    if kind == "rl":
+        no_turn = art.TrajectoryGroup([traj(reward=1.0), traj(make_choice("red"), reward=0.0)])
+        result = rl(live, [good(), no_turn])
+        assert result.metrics["data/sequences"] == 3
+    else:
+        empty = traj() if kind == "sft" else art.Trajectory(messages_and_choices=[], reward=0.0)
+        result = sft(live, [traj({"role": "assistant", "content": "blue"}), empty])
+        assert result.metrics["data/sequences"] == 1
+    assert result.metrics["data/trajectories_without_trainable_tokens"] == 1
+
+
+# --------------------------------------------------------------------------- logprobs and turns
+
+
+def test_missing_logprobs_are_refused_unless_allowed(live, make_choice):
+    group = art.TrajectoryGroup([traj(make_choice("blue", logprobs=False), reward=1.0),
+                                 traj(make_choice("red", logprobs=False), reward=0.0)])
+    with pytest.raises(TrajectoryError) as info:
+        rl(live, [group])
+    assert_clear(info, "group 0, trajectory 0: a sampled turn carries no logprobs", "logprobs=True",
+                 "allow_training_without_logprobs")
+    result = rl(live, [group], allow_training_without_logprobs=True)
+    assert result.metrics["data/turns_missing_logprobs"] == 2 and result.checkpoint_path
+
+
+def _edit_logprobs(choice: Choice, how: str) -> Choice:
+    data = choice.model_dump()
+    content = data["logprobs"]["content"]
+    if how == "fewer":
+        del content[-1]
+    elif how == "more":
+        content.append(dict(content[-1]))
+    else:
+        content[0]["logprob"] = {"nan": math.nan, "positive": 0.5}[how]
+    return Choice.model_validate(data)
+
+
+@pytest.mark.parametrize("how", ["fewer", "more", "nan", "positive"])
+def test_misaligned_or_invalid_logprobs_are_refused(live, make_choice, good, how):
+    bad = _edit_logprobs(make_choice("a longer answer"), how)
+    group = art.TrajectoryGroup([traj(make_choice("x"), reward=1.0), traj(bad, reward=0.0)])
+    with pytest.raises(TrajectoryError) as info:
+        rl(live, [good(), group])
+    assert_clear(info, r"group 1, trajectory 1: messages_and_choices\[1\]",
+                 "align one to one|must be finite and <= 0")
+
+
+def test_choice_with_no_sampled_tokens_is_refused(live, make_choice, good):
+    empty = make_choice("blue")
+    empty.model_extra["token_ids"] = []
+    with pytest.raises(TrajectoryError) as info:
+        rl(live, [good(), art.TrajectoryGroup([traj(empty, reward=1.0), traj(make_choice("red"))])])
+    assert_clear(info, r"group 1, trajectory 0: messages_and_choices\[1\] is a Choice with no sampled tokens")
+
+
+BAD_CALL = {"role": "assistant", "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{not json"}}]}
+
+
+@pytest.mark.parametrize("arguments", ["{not json", "[1, 2]"])
+@pytest.mark.parametrize("when", ["at_construction", "appended_later"])
+def test_tool_call_with_invalid_json_arguments(live, arguments, when):
+    call = copy.deepcopy(BAD_CALL)
+    call["tool_calls"][0]["function"]["arguments"] = arguments
+    fragments = (r"tool_calls\[0\]\.function\.arguments (is not valid JSON|must encode a JSON object)",)
+    if when == "at_construction":
+        with pytest.raises(TrajectoryError) as info:
+            traj(call)
+        assert_clear(info, *fragments)
+        return
+    t = traj({"role": "assistant", "content": "ok"})
+    t.messages_and_choices.append(call)  # appended after construction, as rollouts do
+    with pytest.raises(TrajectoryError) as info:
+        sft(live, [traj({"role": "assistant", "content": "fine"}), t])
+    assert_clear(info, r"trajectories\[1\]: .*messages_and_choices\[2\]", *fragments)
+
+
+@pytest.mark.parametrize("when", ["at_construction", "appended_later"])
+def test_unknown_role(live, when):
+    robot = {"role": "robot", "content": "beep"}
+    if when == "at_construction":
+        with pytest.raises(TrajectoryError) as info:
+            traj(robot)
+        assert_clear(info, r"messages_and_choices\[1\]\.role is 'robot'; expected one of")
+        return
+    t = traj({"role": "assistant", "content": "ok"})
+    t.messages_and_choices.append(robot)
+    with pytest.raises(TrajectoryError) as info:
+        sft(live, [t])
+    assert_clear(info, r"trajectories\[0\]: .*messages_and_choices\[2\]\.role is 'robot'")
+
+
+@pytest.mark.parametrize("content", [42, {"text": "hi"}, [{"type": "image_url", "image_url": {"url": "x"}}], None],
+                         ids=["int", "dict", "image_part", "none_for_user"])
+def test_non_string_content_is_refused(content):
+    with pytest.raises(TrajectoryError) as info:
+        art.Trajectory(messages_and_choices=[{"role": "user", "content": content}], reward=0.0)
+    assert_clear(info, r"messages_and_choices\[0\]\.content", "string|text parts")
+
+
+# --------------------------------------------------------------------------- length and templates
+
+
+@pytest.mark.parametrize("policy", ["drop", "truncate", "error"])
+def test_trajectory_longer_than_the_model_maximum(live, make_choice, good, policy):
+    words = " ".join(["colour"] * 3 * MAX_LENGTH)
+    long = art.TrajectoryGroup([traj(make_choice(words), reward=1.0), traj(make_choice("red"), reward=0.0)])
+    if policy == "error":
+        with pytest.raises(PackingError) as info:
+            rl(live, [good(), long], on_too_long="error")
+        assert_clear(info, r"group 1, trajectory 0 has \d+ tokens, more than the row length 128",
+                     "on_too_long='drop' or 'truncate'")
+        return
+    result = rl(live, [good(), long], on_too_long=policy)
+    assert result.metrics["data/dropped" if policy == "drop" else "data/truncated"] == 1
+    assert result.metrics["data/row_length"] <= MAX_LENGTH
+
+
+def test_chat_template_that_cannot_render_tools(tok, make_choice):
+    no_tools = copy.deepcopy(tok)
+    no_tools.chat_template = ("{% if tools %}{{ raise_exception('tools are not supported') }}{% endif %}"
+                              "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    group = art.TrajectoryGroup([traj(make_choice("a"), reward=1.0, tools=TOOLS), traj(make_choice("b"), tools=TOOLS)])
+    with pytest.raises(TrajectoryError) as info:
+        tokenize_groups([group], no_tools)
+    assert_clear(info, "group 0, trajectory 0: the chat template could not render", "may not support tools",
+                 "tools are not supported")
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """A run directory with checkpoints 0 and 1 (the model is not registered anywhere any more)."""
+    root = tmp_path_factory.mktemp("ckpt")
+
+    async def main():
+        model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny")
+        backend = art.LocalBackend(path=str(root), show_progress=False)
+        await model.register(backend)
+        await model.train_sft([traj({"role": "assistant", "content": "blue"})],
+                              config=art.TrainSFTConfig(learning_rate=1e-3))
+        backend.close()
+
+    asyncio.run(main())
+    return root
+
+
+def _register_copy(trained_run: Path, dest: Path, edit, base_model: str = "artrl/tiny") -> None:
+    shutil.copytree(trained_run, dest)
+    edit(storage.run_dir(dest, "p", "m"))
+    model = art.TrainableModel(name="m", project="p", base_model=base_model)
+    backend = art.LocalBackend(path=str(dest), show_progress=False)
+    try:
+        asyncio.run(model.register(backend))
+    finally:
+        backend.close()
+
+
+def _set_marker_base(run: Path) -> None:
+    path = storage.checkpoint_dir(run, 1) / storage.COMPLETE_MARKER
+    path.write_text(path.read_text().replace("artrl/tiny", "Qwen/Qwen3-8B"))
+
+
+def _set_model_json_base(run: Path) -> None:
+    storage.write_json_atomic(run / storage.MODEL_FILE, {"base_model": "Qwen/Qwen3-8B"})
+
+
+@pytest.mark.parametrize("where", ["model_json", "checkpoint_marker"])
+def test_checkpoint_directory_from_another_base_model(trained_run, tmp_path, where):
+    edit = _set_model_json_base if where == "model_json" else _set_marker_base
+    with pytest.raises(CheckpointError) as info:
+        _register_copy(trained_run, tmp_path / "run", edit)
+    assert_clear(info, "Qwen/Qwen3-8B", "artrl/tiny", "new model name|another model name")
+
+
+class _Payload:
+    """Unpickling this would create a directory: a checkpoint must never run code."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (os.mkdir, (self.target,))
+
+
+def _corrupt(what: str, sentinel: Path):
+    def edit(run: Path) -> None:
+        ckpt = storage.checkpoint_dir(run, 1)
+        adapter = ckpt / storage.ADAPTER_WEIGHTS_FILE
+        if what == "adapter_truncated":
+            data = adapter.read_bytes()
+            adapter.write_bytes(data[: len(data) // 2])
+        elif what == "adapter_garbage":
+            adapter.write_bytes(os.urandom(4096))
+        elif what == "adapter_missing":
+            adapter.unlink()
+        elif what == "adapter_without_tensors":
+            from safetensors.torch import save_file
+
+            save_file({"unrelated": torch.zeros(2)}, str(adapter))
+        elif what == "adapter_wrong_shape":
+            from safetensors.torch import load_file, save_file
+
+            save_file({k: torch.zeros(v.shape[0] + 1, *v.shape[1:]) for k, v in load_file(str(adapter)).items()},
+                      str(adapter))
+        elif what == "optimizer_garbage":
+            (ckpt / storage.OPTIMIZER_FILE).write_bytes(b"\x80\x04garbage")
+        elif what == "optimizer_runs_code":
+            torch.save({"optimizer": _Payload(str(sentinel)), "torch_rng": 0, "python_rng": 0},
+                       ckpt / storage.OPTIMIZER_FILE)
+        elif what == "trainer_state_garbage":
+            (ckpt / storage.TRAINER_STATE_FILE).write_text("{")
+        elif what == "marker_garbage":
+            (ckpt / storage.COMPLETE_MARKER).write_text("not json")
+        else:
+            raise AssertionError(what)
+
+    return edit
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+@pytest.mark.parametrize("what", ["adapter_truncated", "adapter_garbage", "adapter_missing", "adapter_without_tensors",
+                                  "adapter_wrong_shape", "optimizer_garbage", "optimizer_runs_code",
+                                  "trainer_state_garbage", "marker_garbage"])
+def test_corrupted_checkpoint_is_refused(trained_run, tmp_path, what):
+    sentinel = tmp_path / "code-ran"
+    with pytest.raises(CheckpointError) as info:
+        _register_copy(trained_run, tmp_path / "run", _corrupt(what, sentinel))
+    assert_clear(info, re.escape(str(Path("checkpoints") / "0001")), "Delete that directory to resume from the "
+                 "previous checkpoint")
+    assert not sentinel.exists(), "loading a checkpoint ran code from it"
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize(("kind", "config", "fragment"), [
+    ("rl", dict(per_device_train_batch_size=4, grad_accumulation_sequences=2),
+     "per_device_train_batch_size=4 is larger than grad_accumulation_sequences=2.*Lower"),
+    ("rl", dict(max_tokens_per_microbatch=64, row_length=128), "no row fits a micro-batch; raise"),
+    ("rl", dict(row_length=128, max_row_length=64), "row_length=128 exceeds max_row_length=64"),
+    ("rl", dict(beta=0.1, kl_penalty_coef=0.2), "same knob, set only one"),
+    ("rl", dict(row_length=4096), "row_length=4096 exceeds the model's maximum length 128; lower"),
+    ("rl", dict(per_device_train_batch_size=0), "per_device_train_batch_size"),
+    ("rl", dict(learning_rate=-1.0), "learning_rate"),
+    ("rl", dict(batch_sise=8), "batch_sise"),
+    ("sft", dict(learning_rate=[1e-3, 1e-3, 1e-3], batch_size=1), "has 3 values but this call makes 2"),
+    ("sft", dict(batch_size=0), r"batch_size=0; it must be >= 1 or 'auto'"),
+], ids=["micro_over_step", "token_budget_under_row", "row_over_max_row", "beta_vs_kl_coef", "row_over_model",
+        "zero_micro_batch", "negative_lr", "unknown_field", "lr_list_length", "zero_sft_batch"])
+def test_contradictory_or_invalid_batch_settings(live, make_choice, good, kind, config, fragment):
+    step = asyncio.run(live.get_step())
+    with pytest.raises((ConfigError, PackingError)) as info:
+        if kind == "rl":
+            rl(live, [good()], **config)
+        else:
+            sft(live, [traj({"role": "assistant", "content": c}) for c in ("a", "b")], **config)
+    assert_clear(info, fragment)
+    assert asyncio.run(live.get_step()) == step
+
+
+def test_not_a_group_passed_to_train(live, make_choice):
+    with pytest.raises(ConfigError) as info:
+        rl(live, [traj(make_choice("blue"), reward=1.0)])
+    assert_clear(info, r"trajectory_groups\[0\] is a Trajectory; expected a TrajectoryGroup")
+
+
+# --------------------------------------------------------------------------- non-finite training
+
+
+def test_non_finite_loss_refuses_the_optimizer_step(tmp_path, make_choice, good, caplog):
+    async def main():
+        model = art.TrainableModel(name="nan", project="p", base_model="artrl/tiny")
+        backend = art.LocalBackend(path=str(tmp_path), show_progress=False)
+        await model.register(backend)
+        trainer = backend._runs["nan"].trainer
+        name, poisoned = next((n, p) for n, p in trainer.model.named_parameters() if "lora_B" in n)
+        with torch.no_grad():
+            poisoned.fill_(math.nan)  # a diverged adapter: every loss is NaN from here on
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        steps_before = trainer.optimizer_steps
+        result = await model.train([good(), good()], config=art.TrainConfig(learning_rate=1e-3,
+                                                                            grad_accumulation_sequences=2))
+        after = {n: p.detach() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        backend.close()
+        return result, before, after, steps_before, trainer.optimizer_steps, name
+
+    with caplog.at_level("ERROR"):
+        result, before, after, steps_before, steps_after, name = asyncio.run(main())
+    refused = result.metrics["train/skipped_nonfinite_steps"]
+    assert refused == result.metrics["data/optimizer_steps"] >= 1 and steps_after == steps_before
+    for n in before:
+        assert torch.equal(before[n], after[n]) or (n == name and after[n].isnan().all()), n
+    assert "non-finite loss or gradient" in caplog.text
+
+
+# --------------------------------------------------------------------------- random structures
+
+
+ROLES = ["system", "user", "assistant", "tool", "developer"]
+
+
+@st.composite
+def _message(draw, tok, hostile: bool):
+    """One entry of messages_and_choices; when `hostile`, some entries are malformed."""
+    kinds = ["plain"] * 4 + ["choice"] * 5 + ["tool_call"] + (["odd"] * 2 if hostile else [])
+    kind = draw(st.sampled_from(kinds))
+    text = draw(st.text(alphabet="ab cd,.{}\"\n" if hostile else "abc de", min_size=0 if hostile else 1, max_size=12))
+    if kind == "plain":
+        return {"role": draw(st.sampled_from(ROLES)), "content": text}
+    if kind == "tool_call":
+        args = draw(st.sampled_from(['{"a": 1}', "{}"] + (["{bad", "[1]"] if hostile else [])))
+        return {"role": "assistant", "content": draw(st.sampled_from([None, text])),
+                "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add", "arguments": args}}]}
+    if kind == "odd":
+        return draw(st.sampled_from([{"role": "robot", "content": text}, {"role": "user", "content": 3},
+                                     {"role": "user", "content": None}, {"role": "user"}, "not a message",
+                                     {"role": "user", "content": [{"type": "text", "text": text}]}]))
+    ids = tok(text + ("<|im_end|>" if draw(st.booleans()) else ""), add_special_tokens=False).input_ids
+    logprobs = draw(st.sampled_from(["aligned"] + (["missing", "short", "nan"] if hostile else [])))
+    values = [-0.5] * len(ids) + ([] if logprobs != "short" else [-0.5])
+    if logprobs == "nan" and values:
+        values[0] = math.nan
+    data = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text},
+            "logprobs": None if logprobs == "missing" else {"content": [
+                {"token": "t", "logprob": v, "bytes": None, "top_logprobs": []} for v in values]}}
+    if not hostile or draw(st.booleans()):
+        data["token_ids"] = ids
+    return Choice.model_validate(data)
+
+
+@st.composite
+def _structure(draw, tok):
+    hostile = draw(st.booleans())
+    message = _message(tok, hostile)
+
+    def trajectory():
+        return {"messages_and_choices": draw(st.lists(message, min_size=1, max_size=5)),
+                "reward": draw(st.sampled_from([0.0, 1.0, 0.5, -2.0] + ([math.nan] if hostile else []))),
+                "tools": draw(st.sampled_from([None, TOOLS])),
+                "additional_histories": draw(st.lists(st.builds(dict, messages_and_choices=st.lists(
+                    message, max_size=3)), max_size=1))}
+
+    sizes = st.integers(0, 3) if hostile else st.integers(1, 3)
+    groups = [[trajectory() for _ in range(draw(sizes))] for _ in range(draw(sizes))]
+    return {
+        "hostile": hostile, "sft": draw(st.booleans()), "groups": groups, "failed_rollouts": draw(st.integers(0, 1)),
+        "allow_missing": draw(st.booleans()), "scale": draw(st.booleans()),
+        "row_length": draw(st.sampled_from([None, None, None, 16, 64, 256])),
+        "max_length": draw(st.sampled_from([64, 512, 512])),
+        "on_too_long": draw(st.sampled_from(["drop", "truncate", "error"])), "share": draw(st.booleans()),
+        "per_device": draw(st.sampled_from([1, 2, 3, 4] + ([0] if hostile else []))),
+        "max_tokens": draw(st.sampled_from([None, None, 16, 128, 600])),
+        "accumulation": draw(st.sampled_from([None, 1, 3])),
+    }
+
+
+def _has_choice(t: art.Trajectory) -> bool:
+    return any(isinstance(m, Choice) for h in [t, *t.additional_histories] for m in h.messages_and_choices)
+
+
+def _run_structure(s: dict, tok) -> None:
+    """tokenize -> pack -> plan, checking every figure against the input; raises only ArtrlError."""
+    if s["sft"]:
+        trajectories = [art.Trajectory(**t) for g in s["groups"] for t in g]
+        res = tokenize_sft(trajectories, tok)
+        assert res.stats.trajectories == len(trajectories)
+        expected_groups = len(trajectories) - res.stats.trajectories_without_trainable_tokens
+    else:
+        groups = [art.TrajectoryGroup([art.Trajectory(**t) for t in g],
+                                      exceptions=[RuntimeError("x")] * s["failed_rollouts"]) for g in s["groups"]]
+        res = tokenize_groups(groups, tok, scale_rewards=s["scale"], allow_training_without_logprobs=s["allow_missing"])
+        st_ = res.stats
+        assert st_.groups == len(groups) and st_.trajectories == sum(len(g.trajectories) for g in groups)
+        assert st_.rollout_exceptions == len(groups) * s["failed_rollouts"]
+        assert st_.groups_skipped_empty == sum(1 for g in groups if not g.trajectories)
+        zero = [g for g in groups if g.trajectories and all(
+            a == 0 for a in group_advantages([t.reward for t in g.trajectories], s["scale"]))]
+        assert st_.groups_skipped_zero_advantage == len(zero)
+        expected_groups = sum(1 for g in groups if g.trajectories and not any(g is z for z in zero)
+                              and any(_has_choice(t) for t in g.trajectories))
+    assert len(res.groups) == expected_groups
+    seqs = res.sequences
+    assert res.stats.sequences == len(seqs) and res.stats.trainable_tokens == sum(x.n_trainable for x in seqs)
+    for x in seqs:
+        assert len(x.token_ids) == len(x.assistant_mask) == len(x.logprobs) and x.n_trainable > 0
+        assert all(math.isnan(lp) for lp, m in zip(x.logprobs, x.assistant_mask) if not m)
+        assert all(math.isnan(lp) or (math.isfinite(lp) and lp <= 1e-3) for lp in x.logprobs)
+        assert math.isfinite(x.advantage)
+
+    packed = pack(res.groups, row_length=s["row_length"], max_length=s["max_length"], on_too_long=s["on_too_long"],
+                  share_prompts=s["share"], pad_id=0)
+    ps = packed.stats
+    assert ps.sequences + ps.dropped == len(seqs) and ps.truncated <= ps.sequences
+    assert ps.rows == packed.num_rows and ps.real_tokens == int(packed.lengths.sum())
+    assert ps.trainable_tokens == int(packed.assistant_mask.sum()) <= res.stats.trainable_tokens
+    assert all(len(x) <= packed.row_length <= max(s["max_length"], s["row_length"] or 0) for x in packed.sequences)
+    assert bool((packed.weights[~packed.assistant_mask] == 0).all())
+    if packed.num_rows:
+        assert int(packed.lengths.max()) <= packed.row_length
+
+    plan = plan_batches(packed, per_device_train_batch_size=s["per_device"],
+                        max_tokens_per_microbatch=s["max_tokens"], grad_accumulation_sequences=s["accumulation"])
+    assert sorted(r for step in plan.steps for r in step.rows) == list(range(packed.num_rows))
+    assert sum(step.trainable_tokens for step in plan.steps) == ps.trainable_tokens
+    for step in plan.steps:
+        assert s["accumulation"] is None or len(step.rows) <= s["accumulation"]
+        for mb in step.micro_batches:
+            assert mb.tokens <= s["max_tokens"] if s["max_tokens"] else len(mb.rows) <= s["per_device"]
+    event(f"{'hostile' if s['hostile'] else 'clean'} input planned: {'rows' if packed.num_rows else 'nothing'}")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_random_trajectory_structures_succeed_consistently_or_raise_artrl_errors(tok, data):
+    structure = data.draw(_structure(tok))
+    try:
+        _run_structure(structure, tok)
+    except ArtrlError as e:
+        event(f"{'hostile' if structure['hostile'] else 'clean'} input refused: {type(e).__name__}")
+        assert str(e)
+
+
+# --------------------------------------------------------------------------- the docs table
+
+
+def test_the_docs_table_lists_every_test():
+    """docs/reliability.md's bad-input table names exactly this file's bad-input tests."""
+    text = DOCS.read_text()
+    table = text[text.index("<!-- bad-input-table -->"):text.index("<!-- /bad-input-table -->")]
+    documented = set(re.findall(r"`(test_\w+)`", table))
+    here = {name for name in globals() if name.startswith("test_") and name != "test_the_docs_table_lists_every_test"}
+    assert documented == here, (sorted(here - documented), sorted(documented - here))
