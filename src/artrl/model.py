@@ -110,8 +110,10 @@ class TrainableModel(Model):
             if not isinstance(g, TrajectoryGroup):
                 raise ConfigError(f"trajectory_groups[{i}] is a {type(g).__name__}; expected a TrajectoryGroup. "
                                   "Did you forget to await gather_trajectory_groups?")
+        config = config or TrainConfig()
+        config.check()  # refuse a bad config before anything is written
         await self.log(groups, split="train")
-        result = await self.backend()._train_model(self, groups, config or TrainConfig(), _config or {})
+        result = await self.backend()._train_model(self, groups, config, _config or {})
         return result
 
     async def train_sft(self, trajectories: Iterable[Trajectory], config: TrainSFTConfig | None = None,

@@ -53,7 +53,8 @@ def prepare_sft(trainer: Trainer, trajectories: Sequence[Trajectory], config: Tr
     config.check()
     trajectories = list(trajectories)
     if config.shuffle:
-        random.Random(config.seed).shuffle(trajectories)
+        # a different order every call, reproducible from the seed and the restored optimizer step count
+        random.Random(config.seed * 1_000_003 + trainer.optimizer_steps).shuffle(trajectories)
     tok = tokenize_sft(trajectories, trainer.tokenizer)
     if not tok.groups:
         return PreparedCall("sft", None, None, None, [], config.max_grad_norm, tok.stats)
