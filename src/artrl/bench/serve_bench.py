@@ -16,6 +16,8 @@ import statistics
 import time
 from typing import Any
 
+import torch
+
 PROMPTS = ["Tell me about the weather.", "What is 2 + 3?", "Name three colours.", "Write a short greeting.",
            "Describe a cat.", "List some fruits.", "What day is it?", "Say something kind."]
 
@@ -53,7 +55,8 @@ async def _run(client: Any, model: str, n: int, concurrency: int, max_tokens: in
 
 
 def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurrency: int = 16,
-                    max_tokens: int = 64, device: str | None = None) -> dict[str, Any]:
+                    max_tokens: int = 64, device: str | None = None,
+                    num_threads: int | None = None) -> dict[str, Any]:
     from openai import AsyncOpenAI
 
     from ..serve import ServedModels, TransformersEngine, create_app, start_server
@@ -61,7 +64,7 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
     from ..types import InternalModelConfig
 
     model, tok = load_base_model(model_name, InternalModelConfig(device=device))
-    engine = TransformersEngine(model, tok, max_batch_size=max(concurrency, 1))
+    engine = TransformersEngine(model, tok, max_batch_size=max(concurrency, 1), num_threads=num_threads)
     name = "bench"
     with start_server(create_app(ServedModels(name, engine))) as handle:
         client = AsyncOpenAI(base_url=handle.base_url, api_key="bench", max_retries=0, timeout=600)
@@ -77,6 +80,7 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
         concurrent, sequential = asyncio.run(main())
     engine.close()
     return {"bench": "serve", "model": model_name, "device": str(next(model.parameters()).device),
+            "threads": num_threads or torch.get_num_threads(),
             "max_tokens": max_tokens,
             "ratio_tokens_per_s": round(concurrent["completion_tokens_per_s"] / sequential["completion_tokens_per_s"], 3),
             "concurrent": concurrent, "sequential": sequential}
@@ -88,8 +92,10 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight in the concurrent run")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each request")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads of the decode worker (default: torch's)")
 
 
 def main(args: Any) -> int:
-    print(json.dumps(run_serve_bench(args.model, args.requests, args.concurrency, args.max_tokens, args.device)))
+    print(json.dumps(run_serve_bench(args.model, args.requests, args.concurrency, args.max_tokens, args.device,
+                                     args.threads)))
     return 0

@@ -97,6 +97,7 @@ class TransformersEngine(InferenceEngine):
         *,
         max_batch_size: int = 32,
         max_model_len: int | None = None,
+        num_threads: int | None = None,
     ) -> None:
         super().__init__()
         if max_batch_size < 1:
@@ -104,6 +105,8 @@ class TransformersEngine(InferenceEngine):
         self._model = model
         self._tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        #: CPU threads of the decode worker (torch's setting is per thread); None keeps torch's default.
+        self.num_threads = num_threads
         config = model.config
         if max_model_len is None:
             max_model_len = getattr(config, "max_position_embeddings", None) or 2048
@@ -231,6 +234,8 @@ class TransformersEngine(InferenceEngine):
                 self._worker.start()
 
     def _worker_loop(self) -> None:
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)  # thread-local: the trainer keeps its own count
         carry: collections.deque[_Pending | None] = collections.deque()
         while True:
             first = carry.popleft() if carry else self._queue.get()
