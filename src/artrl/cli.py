@@ -23,6 +23,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
 
+    demo = sub.add_parser("demo", help="SFT warm-up then RL on the tiny model (CPU, minutes)")
+    from .demo import add_arguments as add_demo_args
+
+    add_demo_args(demo)
+
     sv = sub.add_parser("serve", help="the OpenAI-compatible inference server alone")
     from .serve.standalone import add_arguments as add_serve_args
 
@@ -53,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("httpx", "httpx2", "uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
+        if args.command == "demo":
+            from .demo import main as run
+            return run(args)
         if args.command == "serve":
             from .serve.standalone import main as run
             return run(args)

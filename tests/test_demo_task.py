@@ -1,0 +1,127 @@
+"""The colour quiz task and `artrl demo`: grading, the held-out split, and one quick end-to-end run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from artrl import demo
+from artrl.errors import ConfigError
+from artrl.local import storage
+from artrl.tasks import colours
+
+REWARDS = {0.0, colours.PARTIAL_REWARD, colours.HEDGED_REWARD, 1.0}
+
+
+@pytest.mark.parametrize("answer, colour, expected", [
+    ("yellow", "yellow", 1.0),
+    ("Yellow.", "yellow", 1.0),
+    (" yellow\n", "yellow", 1.0),
+    ("yellow, I think.", "yellow", colours.HEDGED_REWARD),
+    ("yellow yellow", "yellow", colours.HEDGED_REWARD),
+    ("red", "yellow", colours.PARTIAL_REWARD),
+    ("red, I think.", "yellow", colours.PARTIAL_REWARD),
+    ("It is yellow.", "yellow", 0.0),      # the colour must come first
+    ("redyellow", "yellow", 0.0),          # one run of letters that is no colour
+    ("banana", "yellow", 0.0),
+    ("", "yellow", 0.0),
+    (None, "yellow", 0.0),
+])
+def test_reward(answer, colour, expected):
+    assert colours.reward(answer, colour) == expected
+
+
+@given(st.text(max_size=40), st.sampled_from(colours.COLOURS))
+def test_reward_takes_only_the_documented_values(answer, colour):
+    assert colours.reward(answer, colour) in REWARDS
+
+
+@given(st.sampled_from(colours.COLOURS), st.lists(st.sampled_from(["I", "think", "so", "maybe"]), max_size=3))
+def test_right_colour_first_is_rewarded_and_one_word_pays_most(colour, rest):
+    answer = " ".join([colour, *rest])
+    assert colours.reward(answer, colour) == (1.0 if not rest else colours.HEDGED_REWARD)
+
+
+def test_validation_questions_are_held_out():
+    train, val = colours.scenarios("train"), colours.scenarios("val")
+    assert len(train) == len(colours.OBJECTS) * len(colours.TRAIN_TEMPLATES) == 96
+    assert len(val) == len(colours.OBJECTS) * len(colours.VAL_TEMPLATES) == 48
+    assert not set(colours.TRAIN_TEMPLATES) & set(colours.VAL_TEMPLATES)
+    assert not {s.prompt for s in train} & {s.prompt for s in val}
+    assert {s.obj for s in train} == {s.obj for s in val} == set(colours.OBJECTS)
+    assert {s.split for s in train} == {"train"} and {s.split for s in val} == {"val"}
+
+
+def test_objects_are_balanced_over_single_token_colours():
+    counts = {c: sum(1 for v in colours.OBJECTS.values() if v == c) for c in colours.COLOURS}
+    assert set(counts.values()) == {4}
+
+
+def test_sft_data_covers_only_train_questions_in_both_styles():
+    data = colours.sft_trajectories()
+    val_prompts = {s.prompt for s in colours.scenarios("val")}
+    train_prompts = {s.prompt for s in colours.scenarios("train")}
+    prompts = [t.messages_and_choices[0]["content"] for t in data]
+    answers = [t.messages_and_choices[-1]["content"] for t in data]
+    assert set(prompts) == train_prompts and not set(prompts) & val_prompts
+    hedged = [a for a in answers if colours.words(a)[1:]]
+    assert len(hedged) == len(data) // 2
+    for obj, colour in colours.OBJECTS.items():  # every object: right colour, both styles
+        mine = [a for p, a in zip(prompts, answers) if obj in p]
+        assert {colours.words(a)[0] for a in mine} == {colour}
+        assert {colours.reward(a, colour) for a in mine} == {1.0, colours.HEDGED_REWARD}
+
+
+def test_sft_answer_refuses_validation_questions():
+    with pytest.raises(ValueError, match="not a train phrasing"):
+        colours.sft_answer(colours.scenarios("val")[0])
+
+
+def test_demo_config_checks():
+    with pytest.raises(ConfigError, match="groups_per_step"):
+        demo.DemoConfig(groups_per_step=1000).check()
+    with pytest.raises(ConfigError, match="val_samples"):
+        demo.DemoConfig(val_samples=0).check()
+
+
+def test_demo_refuses_to_delete_a_directory_that_is_not_a_run(tmp_path):
+    run = storage.run_dir(tmp_path, demo.PROJECT, demo.MODEL_NAME)
+    run.mkdir(parents=True)
+    (run / "precious.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="not an artrl run directory"):
+        asyncio.run(demo.run_demo(tmp_path, quick=True, show_progress=False))
+    assert (run / "precious.txt").exists()
+
+
+def test_cli_parses_demo_options():
+    from artrl.cli import _parser
+
+    args = _parser().parse_args(["demo", "--quick", "--path", "/x", "--rl-steps", "3", "--seed", "7"])
+    assert (args.command, args.quick, args.path, args.rl_steps, args.seed) == ("demo", True, "/x", 3, 7)
+
+
+def test_quick_demo_end_to_end(tmp_path):
+    """The whole demo in --quick mode: history has val/reward at every measured step, the plot is written,
+    and a second run starts from a fresh model."""
+    for _ in range(2):
+        result = asyncio.run(demo.run_demo(tmp_path, quick=True, show_progress=False))
+    cfg = demo.DemoConfig.quick()
+    run = storage.run_dir(tmp_path, demo.PROJECT, demo.MODEL_NAME)
+    assert result.run_dir == run
+    assert result.plot_path == run / demo.PLOT_FILE
+    assert result.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    records = [json.loads(line) for line in (run / storage.HISTORY_FILE).read_text().splitlines()]
+    val_steps = [r["step"] for r in records if r["split"] == "val" and "val/reward" in r]
+    # step 0 untrained, 1 after SFT, then every RL step (val_every=1); once: the second run started afresh
+    assert val_steps == list(range(cfg.rl_steps + 2))
+    assert [s for s, _ in result.train_rewards] == list(range(1, cfg.rl_steps + 1))
+    assert result.val_before == records[0]["val/reward"]
+    assert 0.0 <= result.val_after_rl <= 1.0
+    assert max(int(p.name) for p in (run / storage.CHECKPOINTS_DIR).iterdir() if p.name.isdigit()) \
+        == cfg.rl_steps + 1
+    assert "validation reward, after RL" in demo.summary(result)
