@@ -50,7 +50,9 @@ async def main(args: argparse.Namespace) -> None:
                 (art.TrajectoryGroup(rollout(model, client, s) for _ in range(8)) for s in scenarios),
                 pbar_desc=f"gather step {step}")
             await model.delete_checkpoints()
-            result = await model.train(groups, config=art.TrainConfig(learning_rate=args.lr))
+            # ART's dev option: advantages not divided by the group std (steadier here; see artrl/demo.py)
+            result = await model.train(groups, config=art.TrainConfig(learning_rate=args.lr),
+                                       _config=art.dev.TrainConfig(scale_rewards=False))
             rewards = [t.reward for g in groups for t in g.trajectories]
             log.info("step %d -> %d: mean train reward %.3f", step, result.step, sum(rewards) / len(rewards))
         val = await asyncio.gather(*(rollout(model, client, s)

@@ -64,7 +64,9 @@ async def main(args: argparse.Namespace) -> None:
                 (art.TrajectoryGroup(colours.rollout(model, s, client=client) for _ in range(8)) for s in scenarios),
                 pbar_desc=f"gather step {step}")
             await model.delete_checkpoints()
-            result = await model.train(groups, config=art.TrainConfig(learning_rate=args.lr))
+            # ART's dev option: advantages not divided by the group std (steadier here; see artrl/demo.py)
+            result = await model.train(groups, config=art.TrainConfig(learning_rate=args.lr),
+                                       _config=art.dev.TrainConfig(scale_rewards=False))
             rewards = [t.reward for g in groups for t in g.trajectories]
             line = f"step {step} -> {result.step}: mean train reward {sum(rewards) / len(rewards):.3f}"
             if (i + 1) % 5 == 0 or i + 1 == args.steps:

@@ -71,8 +71,9 @@ HEDGED_REWARD: Final = 0.3
 PARTIAL_REWARD: Final = 0.1
 """Reward for an answer that starts with a colour that is not the right one."""
 
-MAX_TOKENS: Final = 8
-"""Completion budget: "yellow, I think." and the end-of-turn token take six."""
+MAX_TOKENS: Final = 6
+"""Completion budget: exactly "yellow, I think." and the end-of-turn token. A tighter budget keeps the
+rare runaway answer short, and so its share of an RL step's (token-summed) loss small."""
 
 
 @dataclass(frozen=True)
