@@ -267,7 +267,8 @@ async def run_demo(path: str | Path = "./.art", *, rl_steps: int | None = None, 
                  for g, q in enumerate(questions)),
                 pbar_desc=f"rollouts step {step}" if show_progress else None)
             await model.delete_checkpoints()
-            result = await model.train(groups, config=TrainConfig(learning_rate=rl_rates[i], scale_rewards=cfg.scale_rewards))
+            result = await model.train(groups, config=TrainConfig(learning_rate=rl_rates[i],
+                                                                  scale_rewards=cfg.scale_rewards))
             rollouts = [t for g in groups for t in g.trajectories]
             line = f"RL step {i + 1}/{cfg.rl_steps}: train {_describe(rollouts)}"
             if (i + 1) % cfg.val_every == 0 or i + 1 == cfg.rl_steps:
