@@ -17,7 +17,7 @@ from artrl.preprocess.plan import plan_batches, reference_plan
 from artrl.preprocess.tokenize import TokenizedSequence
 from artrl.train.attention import dense_mask
 
-WORKLOAD = pathlib.Path(__file__).resolve().parents[2] / "shared" / "workloads" / "seed-like.json"
+WORKLOAD = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "seed-like.json"
 
 
 @st.composite
@@ -141,7 +141,6 @@ def test_plan_honours_batch_size_token_budget_and_steps():
     assert len(ref.steps) == 10 and all(mb.width == 32 for s in ref.steps for mb in s.micro_batches)
 
 
-@pytest.mark.skipif(not WORKLOAD.exists(), reason="shared/workloads not present")
 def test_seed_like_workload_targets():
     groups = workload_groups(load_workload(WORKLOAD))
     ref = pack_reference(groups)

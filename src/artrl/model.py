@@ -43,6 +43,7 @@ class Model(pydantic.BaseModel):
     inference_model_name: str | None = None
 
     _backend: Any = pydantic.PrivateAttr(default=None)
+    _client: Any = pydantic.PrivateAttr(default=None)
 
     @pydantic.field_validator("name", "project")
     @classmethod
@@ -62,13 +63,23 @@ class Model(pydantic.BaseModel):
         return self._backend
 
     def openai_client(self, **kwargs: Any):
-        """An `openai.AsyncOpenAI` client pointed at this model's inference server."""
+        """An `openai.AsyncOpenAI` client pointed at this model's inference server.
+
+        The same client (and its connection pool) is returned on every call without kwargs,
+        so rollouts may call this per request as ART code does.
+        """
         from openai import AsyncOpenAI
 
         if self.inference_base_url is None:
             raise ConfigError(f"model {self.name!r} has no inference server yet; call `await model.register(backend)`")
+        key = (self.inference_base_url, self.inference_api_key)
+        if not kwargs and self._client is not None and self._client[0] == key:
+            return self._client[1]
         kwargs.setdefault("timeout", 600.0)
-        return AsyncOpenAI(base_url=self.inference_base_url, api_key=self.inference_api_key or "artrl", **kwargs)
+        client = AsyncOpenAI(base_url=self.inference_base_url, api_key=self.inference_api_key or "artrl", **kwargs)
+        if len(kwargs) == 1:  # only the default timeout: cache it
+            self._client = (key, client)
+        return client
 
     def get_inference_name(self, step: int | None = None) -> str:
         """`name` (latest weights) or `name@step` (the checkpoint of that step)."""

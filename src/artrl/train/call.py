@@ -59,7 +59,8 @@ class PreparedCall:
         if self.empty or self.packed is None or self.plan is None:
             return f"{self.kind.upper()}: nothing to train on {t.trajectories} trajectories{extra}"
         s = self.packed.stats
-        return (f"{self.kind.upper()}: packed {t.trajectories} trajectories into {s.rows} rows of {s.row_length} "
+        return (f"{self.kind.upper()}: packed {s.sequences} sequences of {t.trajectories} trajectories into {s.rows} "
+                f"rows of {s.row_length} "
                 f"tokens ({100 * s.padding_fraction:.1f}% padding); {self.plan.describe()}{extra}")
 
     def figures(self) -> dict[str, float]:

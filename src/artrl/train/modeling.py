@@ -13,6 +13,7 @@ the attention and MLP projections of Llama/Qwen/Mistral-style models, peft's
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 import torch
@@ -136,7 +137,8 @@ def add_lora(model: Any, cfg: InternalModelConfig | None = None) -> Any:
     targets = cfg.target_modules if cfg.target_modules is not None else default_target_modules(model)
     lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=targets, task_type="CAUSAL_LM", bias="none")
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(cfg.seed)
         peft_model = get_peft_model(model, lora)
     if cfg.gradient_checkpointing:
