@@ -191,4 +191,8 @@ class InternalModelConfig(_Config):
         None, ge=16, description="Longest sequence (and row) to train on; None: the model's maximum.")
     logprob_chunk_size: int = pydantic.Field(1024, ge=1, description="Tokens per LM-head chunk.")
     inference_max_batch_size: int = pydantic.Field(32, ge=1, description="Sequences per generation batch.")
+    inference_cpu_threads: int | None = pydantic.Field(
+        1, ge=1, description="CPU threads of the inference decode worker (CPU only; None: torch's default). "
+        "One thread decodes a batch fastest on small CPU machines: multi-threaded ops on tiny decode steps "
+        "cost more in synchronisation than they save (docs/performance.md).")
     seed: int = pydantic.Field(0, description="Seed for adapter initialisation.")

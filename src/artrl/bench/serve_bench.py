@@ -64,6 +64,8 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
     from ..types import InternalModelConfig
 
     model, tok = load_base_model(model_name, InternalModelConfig(device=device))
+    if num_threads is None and next(model.parameters()).device.type == "cpu":
+        num_threads = InternalModelConfig().inference_cpu_threads  # what LocalBackend uses by default
     engine = TransformersEngine(model, tok, max_batch_size=max(concurrency, 1), num_threads=num_threads)
     name = "bench"
     with start_server(create_app(ServedModels(name, engine))) as handle:
@@ -92,7 +94,7 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight in the concurrent run")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each request")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads of the decode worker (default: torch's)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads of the decode worker (default: LocalBackend's, 1 on CPU)")
 
 
 def main(args: Any) -> int:

@@ -149,8 +149,10 @@ class LocalBackend:
                 log.warning("removed %d temporary files or checkpoint directories left by an interrupted write",
                             removed)
             peft_model, tok = load_model(model.base_model, cfg)
+            on_cpu = next(peft_model.parameters()).device.type == "cpu"
             engine = TransformersEngine(peft_model, tok, max_batch_size=cfg.inference_max_batch_size,
-                                        max_model_len=cfg.max_length)
+                                        max_model_len=cfg.max_length,
+                                        num_threads=cfg.inference_cpu_threads if on_cpu else None)
             trainer = Trainer(peft_model, tok, cfg, model_lock=engine.model_lock)
             state = _Run(model.name, run, model.base_model, cfg, trainer, engine, 0)
             latest = storage.latest_checkpoint(run)

@@ -53,7 +53,9 @@ def build_app(args: Any) -> Any:
 
         model = PeftModel.from_pretrained(model, str(adapter))
         log.info("serving adapter %s", adapter)
-    engine = TransformersEngine(model, tok, max_batch_size=args.max_batch_size)
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    engine = TransformersEngine(model, tok, max_batch_size=args.max_batch_size,
+                                num_threads=cfg.inference_cpu_threads if on_cpu else None)
     name = args.name or (run.name if run is not None else args.model.replace("/", "-"))
 
     def checkpoint_path(_: str, step: int) -> str | None:
