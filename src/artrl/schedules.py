@@ -29,29 +29,20 @@ def constant(lr: float, steps: int, warmup: int = 0) -> list[float]:
     return [_warm(lr, i, warmup) if i < warmup else lr for i in range(steps)]
 
 
-def linear(peak: float, steps: int, warmup: int = 0, end: float = 0.0) -> list[float]:
-    """Warm up linearly, then decay linearly from peak to `end` (the last step uses `end` only if > 0)."""
+def _decaying(peak: float, steps: int, warmup: int, floor: float, shape) -> list[float]:
+    """Linear warm-up, then peak * shape(fraction of the decay done), never below `floor`."""
     _check(peak, steps, warmup)
     decay = steps - warmup
-    out = []
-    for i in range(steps):
-        if i < warmup:
-            out.append(_warm(peak, i, warmup))
-        else:
-            frac = (i - warmup) / decay
-            out.append(max(peak + (end - peak) * frac, end if end > 0 else peak * 1e-3))
-    return out
+    return [_warm(peak, i, warmup) if i < warmup else max(shape((i - warmup) / decay), floor)
+            for i in range(steps)]
+
+
+def linear(peak: float, steps: int, warmup: int = 0, end: float = 0.0) -> list[float]:
+    """Warm up linearly, then decay linearly from peak towards `end` (floor: `end`, or peak / 1000 if 0)."""
+    return _decaying(peak, steps, warmup, end if end > 0 else peak * 1e-3, lambda f: peak + (end - peak) * f)
 
 
 def cosine(peak: float, steps: int, warmup: int = 0, min_lr: float = 0.0) -> list[float]:
-    """Warm up linearly, then cosine from peak down towards `min_lr`."""
-    _check(peak, steps, warmup)
-    decay = steps - warmup
-    out = []
-    for i in range(steps):
-        if i < warmup:
-            out.append(_warm(peak, i, warmup))
-        else:
-            frac = (i - warmup) / decay
-            out.append(max(min_lr + 0.5 * (peak - min_lr) * (1 + math.cos(math.pi * frac)), min_lr or peak * 1e-3))
-    return out
+    """Warm up linearly, then cosine from peak down towards `min_lr` (floor: min_lr, or peak / 1000 if 0)."""
+    return _decaying(peak, steps, warmup, min_lr or peak * 1e-3,
+                     lambda f: min_lr + 0.5 * (peak - min_lr) * (1 + math.cos(math.pi * f)))
