@@ -285,6 +285,11 @@ def _best_assignment(units: Sequence[Unit], L: int) -> list[list[Placement]]:
 # --------------------------------------------------------------------------- rows
 
 
+# The per-slot [rows, row_length] tensors of PackedRows, in field order.
+ROW_TENSORS = ("input_ids", "position_ids", "segment_ids", "parent_ids", "prev_index", "assistant_mask", "logprobs",
+               "advantages", "weights", "sequence_ids")
+
+
 @dataclass
 class PackedRows:
     """Rows as tensors, all [rows, row_length]; see the module docstring for the layout.
@@ -331,8 +336,7 @@ class PackedRows:
             width = int(self.lengths[idx].max()) if len(idx) else self.row_length
         tensors = {
             name: getattr(self, name)[idx, :width]
-            for name in ("input_ids", "position_ids", "segment_ids", "parent_ids", "prev_index", "assistant_mask",
-                         "logprobs", "advantages", "weights", "sequence_ids")
+            for name in ROW_TENSORS
         }
         return PackedRows(**tensors, lengths=self.lengths[idx], sequences=self.sequences, stats=self.stats)
 

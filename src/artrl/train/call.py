@@ -40,25 +40,20 @@ class PreparedCall:
 
     def summary(self) -> str:
         t = self.tokenize_stats
-        skipped = []
-        if t.groups_skipped_zero_advantage:
-            skipped.append(f"{t.groups_skipped_zero_advantage} zero-advantage groups skipped")
-        if t.groups_skipped_empty:
-            skipped.append(f"{t.groups_skipped_empty} empty groups skipped")
-        if t.trajectories_without_trainable_tokens:
-            skipped.append(f"{t.trajectories_without_trainable_tokens} trajectories without trainable turns")
-        if self.packed is not None:
-            s = self.packed.stats
-            if s.dropped:
-                skipped.append(f"{s.dropped} too long, dropped")
-            if s.truncated:
-                skipped.append(f"{s.truncated} truncated")
-        if t.retokenized_turns:
-            skipped.append(f"{t.retokenized_turns} turns re-tokenized (no token ids)")
+        s = self.packed.stats if self.packed is not None else None
+        counts = [
+            (t.groups_skipped_zero_advantage, "zero-advantage groups skipped"),
+            (t.groups_skipped_empty, "empty groups skipped"),
+            (t.trajectories_without_trainable_tokens, "trajectories without trainable turns"),
+            (s.dropped if s else 0, "too long, dropped"),
+            (s.truncated if s else 0, "truncated"),
+            (t.retokenized_turns, "turns re-tokenized (no token ids)"),
+        ]
+        skipped = [f"{n} {label}" for n, label in counts if n]
         extra = f" [{'; '.join(skipped)}]" if skipped else ""
         if self.empty or self.packed is None or self.plan is None:
             return f"{self.kind.upper()}: nothing to train on {t.trajectories} trajectories{extra}"
-        s = self.packed.stats
+        assert s is not None
         return (f"{self.kind.upper()}: packed {s.sequences} sequences of {t.trajectories} trajectories into {s.rows} "
                 f"rows of {s.row_length} "
                 f"tokens ({100 * s.padding_fraction:.1f}% padding); {self.plan.describe()}{extra}")

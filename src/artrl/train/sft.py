@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..preprocess.pack import PackedRows, PackStats, choose_row_length, pack
+from ..preprocess.pack import ROW_TENSORS, PackedRows, PackStats, choose_row_length, pack
 from ..preprocess.plan import plan_batches
 from ..preprocess.tokenize import tokenize_sft
 from ..trajectories import Trajectory
@@ -30,9 +30,7 @@ def _sft_loss(tb: TokenBatch) -> LossTerms:
 
 def concat_packed(parts: Sequence[PackedRows]) -> PackedRows:
     """Stack packed rows of equal row length; sequence ids are renumbered."""
-    names = ("input_ids", "position_ids", "segment_ids", "parent_ids", "prev_index", "assistant_mask",
-             "logprobs", "advantages", "weights")
-    tensors = {n: torch.cat([getattr(p, n) for p in parts]) for n in names}
+    tensors = {n: torch.cat([getattr(p, n) for p in parts]) for n in ROW_TENSORS if n != "sequence_ids"}
     seq_ids, sequences, offset = [], [], 0
     for p in parts:
         s = p.sequence_ids.clone()
