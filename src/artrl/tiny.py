@@ -54,6 +54,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from artrl._fs import fsync_dir, fsync_tree
 from artrl.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -280,25 +281,6 @@ def _is_complete(path: pathlib.Path) -> bool:
     return (path / BUILD_MARKER_FILE).is_file()
 
 
-def _fsync_tree(directory: pathlib.Path) -> None:
-    """Flush every file, then the directory itself, so a crash cannot publish empty files."""
-    for path in sorted(directory.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: pathlib.Path) -> None:
-    if os.name != "posix":  # directories cannot be opened for fsync elsewhere
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _remove_stale_tmp_dirs(root: pathlib.Path) -> None:
     """Delete temporary build dirs that a crashed process left behind (older than an hour)."""
     now = time.time()
@@ -317,10 +299,10 @@ def _build_into(directory: pathlib.Path, name: str = TINY_MODEL_NAME) -> None:
     model = build_tiny_model(tokenizer, shape)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    _fsync_tree(directory)
+    fsync_tree(directory)
     marker = {"version": version, "fingerprint": build_fingerprint(name)}
     (directory / BUILD_MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-    _fsync_tree(directory)
+    fsync_tree(directory)
 
 
 def tiny_model_path(cache_dir: str | os.PathLike[str] | None = None, name: str = TINY_MODEL_NAME) -> pathlib.Path:
@@ -356,7 +338,7 @@ def tiny_model_path(cache_dir: str | os.PathLike[str] | None = None, name: str =
                     f"so it is not a finished artrl build ({err}). Delete {final} and retry."
                 ) from err
         else:
-            _fsync_dir(root)
+            fsync_dir(root)
             logger.info("Built the tiny model in %.1f s.", time.perf_counter() - started)
     finally:
         if tmp.exists():

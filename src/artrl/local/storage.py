@@ -34,6 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from .._fs import fsync_dir, fsync_tree
 from ..errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -59,27 +60,6 @@ def step_dir_name(step: int) -> str:
     return f"{step:04d}"
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(path: Path) -> None:
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            with open(Path(root) / f, "rb") as fh:
-                os.fsync(fh.fileno())
-        _fsync_dir(Path(root))
-
-
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to a temporary file beside `path`, fsync, and rename over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,7 +70,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -208,7 +188,7 @@ def write_checkpoint(run: Path, step: int, write_files: Any, marker: dict[str, A
             shutil.rmtree(aside, ignore_errors=True)
         else:
             os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
