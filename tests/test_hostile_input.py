@@ -405,6 +405,7 @@ def test_not_a_group_passed_to_train(live, make_choice):
 
 
 def test_non_finite_loss_refuses_the_optimizer_step(tmp_path, make_choice, good, caplog):
+    """A diverged adapter: every step of the call is refused, NonFiniteError, nothing advances or is saved."""
     async def main():
         model = art.TrainableModel(name="nan", project="p", base_model="artrl/tiny")
         backend = art.LocalBackend(path=str(tmp_path), show_progress=False)
@@ -415,19 +416,22 @@ def test_non_finite_loss_refuses_the_optimizer_step(tmp_path, make_choice, good,
             poisoned.fill_(math.nan)  # a diverged adapter: every loss is NaN from here on
         before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
         steps_before = trainer.optimizer_steps
-        result = await model.train([good(), good()], config=art.TrainConfig(learning_rate=1e-3,
-                                                                            grad_accumulation_sequences=2))
+        with pytest.raises(art.NonFiniteError, match="all 1 optimizer steps .* refused"):
+            await model.train([good(), good()], config=art.TrainConfig(learning_rate=1e-3,
+                                                                       grad_accumulation_sequences=2))
         after = {n: p.detach() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        step = await model.get_step()
         backend.close()
-        return result, before, after, steps_before, trainer.optimizer_steps, name
+        return before, after, steps_before, trainer.optimizer_steps, name, step
 
     with caplog.at_level("ERROR"):
-        result, before, after, steps_before, steps_after, name = asyncio.run(main())
-    refused = result.metrics["train/skipped_nonfinite_steps"]
-    assert refused == result.metrics["data/optimizer_steps"] >= 1 and steps_after == steps_before
+        before, after, steps_before, steps_after, name, step = asyncio.run(main())
+    assert steps_after == steps_before and step == 0
+    ckpts = storage.run_dir(tmp_path, "p", "nan") / storage.CHECKPOINTS_DIR
+    assert [int(c.name) for c in ckpts.glob("[0-9]*") if int(c.name) > 0] == []  # nothing saved for step 1
     for n in before:
         assert torch.equal(before[n], after[n]) or (n == name and after[n].isnan().all()), n
-    assert "non-finite loss or gradient" in caplog.text
+    assert "optimizer step refused" in caplog.text
 
 
 # --------------------------------------------------------------------------- random structures

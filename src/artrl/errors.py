@@ -29,4 +29,8 @@ class CheckpointError(ArtrlError, RuntimeError):
 
 
 class NonFiniteError(ArtrlError, FloatingPointError):
-    """A loss or gradient was NaN/inf; the optimizer step was refused."""
+    """Every optimizer step of a train call had a NaN/inf loss or gradient: nothing was trained or saved.
+
+    A call where only some steps were non-finite refuses those steps, counts them
+    (`train/skipped_nonfinite_steps`) and logs an error instead of raising.
+    """

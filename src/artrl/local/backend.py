@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..trajectories import Trajectory, TrajectoryGroup, revalidate
 from ..types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
 from . import storage
@@ -355,6 +355,12 @@ class LocalBackend:
             if call.empty:
                 log.warning("%s: %s; the step did not advance", model.name, call.summary())
                 return TrainResult(step=state.step, metrics=summary, checkpoint_path=None)
+            if steps and int(summary.get("skipped_nonfinite_steps", 0)) == len(steps):
+                raise NonFiniteError(
+                    f"{model.name}: all {len(steps)} optimizer steps of this {kind} call had a non-finite loss or "
+                    f"gradient and were refused; the step did not advance (still {state.step}) and no checkpoint "
+                    "was written. Usual causes: a diverged adapter (NaN/inf weights) or too high a learning rate; "
+                    "lower learning_rate, or resume from an earlier checkpoint (delete the later ones).")
             state.step += 1
             metrics = {f"train/{k}" if not k.startswith("data/") else k: v for k, v in summary.items()}
             record = {"step": state.step, "split": "train", "kind": kind, **_finite(metrics)}
