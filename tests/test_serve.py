@@ -129,7 +129,12 @@ def server(
     engine: TransformersEngine, live: tuple[PeftModel, Any], checkpoint: tuple[pathlib.Path, PeftModel]
 ) -> Iterator[ServerHandle]:
     path, _ = checkpoint
-    models = ServedModels("m", engine, checkpoint_path=lambda name, step: str(path) if step == 1 else None)
+    corrupt = path.parent / "step-3-corrupt"  # a checkpoint whose weights file was cut short
+    corrupt.mkdir(exist_ok=True)
+    (corrupt / "adapter_config.json").write_bytes((path / "adapter_config.json").read_bytes())
+    (corrupt / "adapter_model.safetensors").write_bytes((path / "adapter_model.safetensors").read_bytes()[:100])
+    paths = {1: str(path), 3: str(corrupt)}
+    models = ServedModels("m", engine, checkpoint_path=lambda name, step: paths.get(step))
     models.add("scripted", ScriptedEngine(live[1], SCRIPTED_TEXT))
     handle = start_server(create_app(models))
     yield handle
@@ -416,6 +421,19 @@ def test_invalid_parameters_are_400(client: openai.OpenAI, kwargs: dict[str, Any
     assert info.value.param == param
     if param == "stream":
         assert "streaming is not supported" in info.value.message
+
+
+def test_unreadable_checkpoint_is_a_clear_error_and_serving_goes_on(
+    client: openai.OpenAI, live: tuple[PeftModel, Any]
+) -> None:
+    for _ in range(2):  # a retry gets the same answer (no half-loaded adapter left behind)
+        with pytest.raises(openai.InternalServerError) as info:
+            client.chat.completions.create(model="m@3", messages=user("hi"), max_tokens=2)
+        assert info.value.code == "checkpoint_unreadable"
+        assert "m@3" in info.value.message and "step-3-corrupt" in info.value.message
+    assert not any("_3_" in name for name in live[0].peft_config)
+    for model in ("m", "m@1"):
+        assert client.chat.completions.create(model=model, messages=user("hi"), max_tokens=2).choices
 
 
 def test_unknown_model_is_404(client: openai.OpenAI) -> None:

@@ -62,4 +62,9 @@ def load_frozen_adapter(model: Any, name: str, path: str) -> None:
             "`peft.PeftModel.from_pretrained(model, path)` or `peft.get_peft_model(model, config)`."
         )
     with preserved_training_state(model):
-        model.load_adapter(str(path), adapter_name=name, is_trainable=False)
+        try:
+            model.load_adapter(str(path), adapter_name=name, is_trainable=False)
+        except Exception:
+            if name in model.peft_config:  # peft may have injected the adapter before its weights failed
+                model.delete_adapter(name)
+            raise

@@ -19,7 +19,7 @@ import re
 import threading
 from collections.abc import Callable
 
-from artrl.errors import ArtrlError
+from artrl.errors import ArtrlError, CheckpointError
 from artrl.serve.engine import InferenceEngine
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,12 @@ class ServedModels:
                 )
             adapter = f"ckpt_{re.sub(r'[^0-9A-Za-z_]', '_', name)}_{step}_{len(self._adapters)}"
             logger.info("Loading checkpoint %s%s%d from %s", name, STEP_SEPARATOR, step, path)
-            engine.load_adapter(adapter, str(path))
+            try:
+                engine.load_adapter(adapter, str(path))
+            except Exception as error:  # a truncated, garbage or mismatched adapter on disk
+                raise CheckpointError(
+                    f"The checkpoint of {name}{STEP_SEPARATOR}{step} at {path} cannot be loaded "
+                    f"({type(error).__name__}: {error}). Delete that directory or request another step."
+                ) from error
             self._adapters[(name, step)] = adapter
             return adapter

@@ -41,6 +41,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from artrl.errors import CheckpointError
 from artrl.serve.background import ServerHandle, start_server
 from artrl.serve.chat import normalise_messages, render_prompt
 from artrl.serve.engine import GenerationRequest, GenerationResult, InvalidRequestError
@@ -419,6 +420,10 @@ def create_app(
             engine, adapter = await resolver.resolve(body.model)
         except ModelNotFoundError as error:
             raise APIError(404, str(error), param="model", code="model_not_found") from error
+        except CheckpointError as error:
+            logger.error("%s", error)
+            raise APIError(500, str(error), param="model", code="checkpoint_unreadable", type="server_error") \
+                from error
         tokenizer = engine.tokenizer
         _check_tool_choice(body)
         try:
