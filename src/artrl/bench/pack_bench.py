@@ -12,7 +12,9 @@ import time
 from typing import Any
 
 from ..preprocess.pack import PackedRows, pack, pack_reference
-from .workload import load_workload, workload_groups
+from .workload import load_workload, scaled, workload_groups
+
+REFERENCE_MULTIPLE = 2048  # ART rounds its row length up to a multiple of this
 
 
 def _figures(rows: PackedRows) -> dict[str, Any]:
@@ -36,7 +38,7 @@ def run_pack_bench(workload: str, *, row_length: int | None = None, max_length: 
     t0 = time.perf_counter()
     ours = pack(groups, row_length=row_length, max_length=max_length)
     seconds = time.perf_counter() - t0
-    ref = pack_reference(groups)
+    ref = pack_reference(groups, multiple=scaled(REFERENCE_MULTIPLE, scale))  # scaled like `artrl bench train`
     out: dict[str, Any] = {"bench": "pack", "workload": workload, "scale": scale,
                            "trajectories": sum(len(g) for g in groups),
                            "row_length_mode": "fixed" if row_length else "auto"}
