@@ -2,7 +2,8 @@
 # GPU benchmark: random-init Qwen3-0.6B- and Qwen3-8B-shaped models (no download), the seed-like
 # workload at full length, bf16, flex_attention (block-sparse), LoRA. Prints and writes one JSON
 # file per model (MFU, tokens/s, peak memory, ratio to the reference one-row-per-step trainer),
-# plus the serve benchmark. Needs only PyTorch, transformers and peft (+ this repo's src/).
+# plus the serve benchmark. Needs PyTorch, transformers and peft (+ this repo's src/); the few other
+# packages artrl imports are installed from carried wheels when missing (benchmarks/gpu_wheels.sh).
 #
 #   benchmarks/gpu.sh OUTDIR              on a CUDA machine (about 5-8 minutes on one H200)
 #   benchmarks/gpu.sh OUTDIR --cpu-smoke  tiny model, small scale: checks the script on a CPU
@@ -21,6 +22,18 @@ else
   models=(random:qwen3-0.6b random:qwen3-8b); scale=1
   train_args=(--device cuda --gradient-checkpointing --max-tokens-per-microbatch 32768)
   serve_args=(--model random:qwen3-0.6b --device cuda --requests 64 --concurrency 16 --max-tokens 64)
+fi
+# artrl also imports pydantic, openai, fastapi and uvicorn; a GPU image without internet may lack them:
+# install them from wheels carried along (benchmarks/gpu_wheels.sh makes the folder).
+need=("pydantic>=2.7" "openai>=1.99" "fastapi>=0.115" "uvicorn>=0.30")
+if ! "$py" -c "import pydantic, openai, fastapi, uvicorn" 2>/dev/null; then
+  wheels=${GPU_WHEELS:-$here/../.gpu-wheels}
+  if [[ ! -d "$wheels" ]]; then
+    echo "gpu.sh: $py lacks pydantic/openai/fastapi/uvicorn and there is no wheel folder $wheels;" \
+         "run benchmarks/gpu_wheels.sh where the package registry is reachable and carry .gpu-wheels" >&2
+    exit 2
+  fi
+  "$py" -m pip install --quiet --no-index --find-links "$wheels" "${need[@]}"
 fi
 "$py" - <<'PY' | tee "$out/env.json"
 import json, platform, torch, transformers, peft

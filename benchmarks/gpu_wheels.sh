@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Download, on a machine with package-registry access, the wheels that a GPU machine without
+# internet lacks for `benchmarks/gpu.sh`: artrl imports pydantic, openai, fastapi and uvicorn,
+# which an image holding only PyTorch, transformers and peft may not have. gpu.sh installs them
+# from this folder (pip --no-index) when they are missing there.
+#
+#   benchmarks/gpu_wheels.sh [DIR]   default DIR: .gpu-wheels (git-ignored; carry it to the GPU machine)
+#
+# Wheels for CPython 3.11 and 3.12 on x86-64 Linux; PYTHON_VERSIONS="3.12 3.13" to choose others.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+dir=${1:-$here/../.gpu-wheels}
+mkdir -p "$dir"
+py=${PYTHON:-python3}
+for v in ${PYTHON_VERSIONS:-3.11 3.12}; do
+  "$py" -m pip download --quiet --dest "$dir" --only-binary=:all: --python-version "$v" \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+    "pydantic>=2.7" "openai>=1.99" "fastapi>=0.115" "uvicorn>=0.30" 2> >(grep -v "is ignored: it is neither" >&2)
+done
+ls "$dir" | wc -l | xargs echo "wheels in $dir:"
+du -sh "$dir"
