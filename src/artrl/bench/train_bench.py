@@ -114,7 +114,12 @@ def _subprocess(mode: str, args: Any) -> dict[str, Any]:
         cmd += ["--device", args.device]
     if args.gradient_checkpointing:
         cmd += ["--gradient-checkpointing"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=os.environ.copy())
+    if args.attn_implementation:
+        cmd += ["--attn-implementation", args.attn_implementation]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    if out.returncode != 0:
+        raise SystemExit(f"artrl bench train: the {mode} run failed (exit {out.returncode}); its last output:\n"
+                         + "\n".join(out.stderr.strip().splitlines()[-25:]))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -122,7 +127,8 @@ def _configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
     cfg = TrainConfig(learning_rate=1e-5, per_device_train_batch_size=args.per_device_train_batch_size,
                       max_tokens_per_microbatch=args.max_tokens_per_microbatch or None,
                       grad_accumulation_sequences=args.grad_accumulation_sequences)
-    return cfg, InternalModelConfig(device=args.device, gradient_checkpointing=args.gradient_checkpointing)
+    return cfg, InternalModelConfig(device=args.device, gradient_checkpointing=args.gradient_checkpointing,
+                                    attn_implementation=args.attn_implementation or None)
 
 
 def main(args: Any) -> int:
@@ -161,6 +167,8 @@ def add_arguments(p: Any) -> None:
                    default=TrainConfig().grad_accumulation_sequences, help="rows per optimizer step")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
+    p.add_argument("--attn-implementation", default=None,
+                   help="artrl_tree / sdpa / eager / flex_attention (default: flex_attention on GPU, artrl_tree on CPU)")
     p.add_argument("--mode", choices=["reference", "ours"], default=None, help=argparse_hidden())
 
 
@@ -173,6 +181,12 @@ def argparse_hidden() -> str:
 if __name__ == "__main__":
     import argparse
 
+    from ..errors import ArtrlError
+
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    sys.exit(main(parser.parse_args()))
+    try:
+        sys.exit(main(parser.parse_args()))
+    except ArtrlError as e:  # a clear message, not a traceback, reaches the parent's report
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(2)

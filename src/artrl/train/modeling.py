@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -68,10 +69,14 @@ def default_target_modules(model: torch.nn.Module) -> list[str] | str:
 
 
 def resolve_name(base_model: str) -> str:
-    from ..tiny import TINY_MODEL_NAME, resolve_model_path
+    from ..tiny import BUILTIN_MODELS, TINY_MODEL_NAME, resolve_model_path
 
     if base_model in RANDOM_CONFIGS:
         return resolve_model_path(TINY_MODEL_NAME)  # random models borrow the tiny tokenizer
+    if base_model.startswith(("/", "./", "../", "~")) and not Path(base_model).expanduser().exists():
+        known = sorted([*BUILTIN_MODELS, *RANDOM_CONFIGS])
+        raise ConfigError(f"base model {base_model!r} looks like a local path, but nothing is there. Use an "
+                          f"existing model directory, a Hugging Face model id, or one of {known}.")
     return resolve_model_path(base_model)
 
 

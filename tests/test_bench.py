@@ -1,0 +1,53 @@
+"""The benchmark commands: their JSON says what it claims, and a failed run says why.
+
+Figures (speed) are not checked here; the benchmarks are how speed is measured.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from artrl.cli import main
+
+WORKLOAD = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "seed-like.json")
+
+
+def _json(capsys: pytest.CaptureFixture[str]) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_bench_train_reports_consistent_figures(capsys):
+    assert main(["bench", "train", "--workload", WORKLOAD, "--scale", "0.02", "--device", "cpu",
+                 "--per-device-train-batch-size", "1"]) == 0
+    out = _json(capsys)
+    ours, ref = out["ours"], out["reference"]
+    assert ours["trainable_tokens"] == ref["trainable_tokens"] > 0  # the same work, two layouts
+    assert ref["optimizer_steps"] == ref["forward_passes"] == ref["rows"]  # one row per step
+    assert ours["forward_passes"] == ours["rows"] and ours["optimizer_steps"] < ref["optimizer_steps"]
+    assert ours["computed_tokens"] == ours["real_tokens"]  # our rows are trimmed to what they hold
+    assert ref["computed_tokens"] == ref["rows"] * ref["row_length"]  # the reference pays for its padding
+    assert out["computed_tokens_ratio"] == round(ref["computed_tokens"] / ours["computed_tokens"], 3) > 1
+    assert out["ratio_tokens_per_s"] == round(ours["trainable_tokens_per_s"] / ref["trainable_tokens_per_s"], 3)
+    for r in (ours, ref):
+        assert r["model_flops"] < r["model_flops_dense"] and 0 < r["mfu"] < r["mfu_dense_flops"]
+        assert r["skipped_nonfinite_steps"] == 0
+    assert out["peak"]["peak_tflops"] == out["peak"]["measured_matmul_tflops"] > 0  # CPU: measured peak
+
+
+def test_bench_train_failure_shows_the_cause(tmp_path):
+    missing = str(tmp_path / "no-such-model")  # a local path: nothing is looked up online
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "train", "--workload", WORKLOAD, "--scale", "0.02", "--device", "cpu", "--model", missing])
+    message = str(info.value)
+    assert "the reference run failed" in message and "ConfigError" in message and missing in message
+
+
+def test_bench_pack_scales_the_reference_layout(capsys):
+    assert main(["bench", "pack", "--workload", WORKLOAD, "--scale", "0.125"]) == 0
+    out = _json(capsys)
+    assert out["reference"]["row_length"] == 768  # ART's multiple of 2048, scaled like the lengths
+    assert out["reference"]["rows"] == 88  # as at full length (88 x 6144): the layout keeps its shape
+    assert out["reference"]["computed_tokens"] == 88 * 768 > out["computed_tokens"]
