@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 
 from artrl.errors import ArtrlError, CheckpointError
-from artrl.serve.engine import InferenceEngine
+from artrl.serve.engine import InferenceEngine, InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +100,8 @@ class ServedModels:
             logger.info("Loading checkpoint %s%s%d from %s", name, STEP_SEPARATOR, step, path)
             try:
                 engine.load_adapter(adapter, str(path))
+            except InvalidRequestError:
+                raise  # the engine cannot hold adapters at all: not the checkpoint's fault
             except Exception as error:  # a truncated, garbage or mismatched adapter on disk
                 raise CheckpointError(
                     f"The checkpoint of {name}{STEP_SEPARATOR}{step} at {path} cannot be loaded "
