@@ -193,3 +193,19 @@ def test_attention_implementations_agree_with_tree_attention(tiny_path, make_cho
         packed = pack(groups, max_length=tr.max_length)
         out[name] = tr.forward_tokens(packed.select(range(packed.num_rows)), grad=False).logprobs
     torch.testing.assert_close(out[impl], out["artrl_tree"], rtol=0, atol=2e-5)
+
+
+def test_rows_per_forward_default_follows_the_device(trainer, make_choice):
+    cfg = TrainConfig()
+    assert cfg.per_device_train_batch_size is None
+    assert cfg.rows_per_forward("cpu") == 1 and cfg.rows_per_forward("cuda") == 2
+    assert cfg.rows_per_forward("cuda", step_rows=1) == 1  # never more than a step holds
+    assert TrainConfig(per_device_train_batch_size=3).rows_per_forward("cpu") == 3  # an explicit value wins
+    assert TrainSFTConfig().rows_per_forward("cpu") == 1
+    call = prepare_rl(trainer, rl_groups(make_choice, n_groups=3, per_group=4),
+                      TrainConfig(learning_rate=1e-3, row_length=64))
+    assert trainer.device.type == "cpu" and call.packed.num_rows > 1
+    assert call.plan.max_rows_per_micro_batch == 1 and call.plan.num_micro_batches == call.packed.num_rows
+    two = prepare_rl(trainer, rl_groups(make_choice, n_groups=3, per_group=4),
+                     TrainConfig(learning_rate=1e-3, row_length=64, per_device_train_batch_size=2))
+    assert two.plan.max_rows_per_micro_batch == 2

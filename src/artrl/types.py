@@ -4,8 +4,9 @@
 the fields ART has (`learning_rate`, `beta`, `batch_size`) and add the knobs
 ART hides or ignores. The batching knobs live here and nowhere else:
 
-* `per_device_train_batch_size` rows go through one forward/backward pass, or,
-  when `max_tokens_per_microbatch` is set, as many rows as fit that many tokens.
+* `per_device_train_batch_size` rows go through one forward/backward pass (by
+  default 2 on a GPU, 1 on a CPU), or, when `max_tokens_per_microbatch` is set,
+  as many rows as fit that many tokens.
 * `grad_accumulation_sequences` rows make one optimizer step (RL). For SFT,
   `batch_size` trajectories make one optimizer step.
 
@@ -36,11 +37,17 @@ class _Config(pydantic.BaseModel):
             raise ConfigError(f"{type(self).__name__} is invalid: {e}") from None
 
 
+ROWS_PER_FORWARD_CPU = 1
+ROWS_PER_FORWARD_ACCELERATOR = 2
+
+
 class BatchConfig(_Config):
     """How rows become forward passes (shared by RL and SFT)."""
 
-    per_device_train_batch_size: int = pydantic.Field(
-        2, ge=1, description="Rows per forward/backward pass (a micro-batch). Ignored when "
+    per_device_train_batch_size: int | None = pydantic.Field(
+        None, ge=1, description="Rows per forward/backward pass (a micro-batch). None (the default): "
+        f"{ROWS_PER_FORWARD_ACCELERATOR} on a GPU, {ROWS_PER_FORWARD_CPU} on a CPU, where a second long row "
+        "per pass adds memory traffic, not speed (docs/performance.md). Ignored when "
         "max_tokens_per_microbatch is set.")
     max_tokens_per_microbatch: int | None = pydantic.Field(
         None, ge=1, description="If set, a micro-batch takes as many rows as fit this many token "
@@ -57,6 +64,13 @@ class BatchConfig(_Config):
     share_prompts: bool = pydantic.Field(
         True, description="Store a group's common prompt once per row (prefix-sharing attention).")
     seed: int = pydantic.Field(0, description="Seed for the order of optimizer steps' rows.")
+
+    def rows_per_forward(self, device_type: str, step_rows: int | None = None) -> int:
+        """per_device_train_batch_size, or its device default (never more than a step's rows)."""
+        if self.per_device_train_batch_size is not None:
+            return self.per_device_train_batch_size
+        rows = ROWS_PER_FORWARD_CPU if device_type == "cpu" else ROWS_PER_FORWARD_ACCELERATOR
+        return min(rows, step_rows) if step_rows else rows
 
     def check(self) -> None:
         if (
@@ -108,7 +122,8 @@ class TrainConfig(BatchConfig):
                 f"beta={self.beta} and kl_penalty_coef={self.kl_penalty_coef} disagree; they are the same "
                 "knob, set only one."
             )
-        if self.max_tokens_per_microbatch is None and self.grad_accumulation_sequences is not None:
+        if self.max_tokens_per_microbatch is None and self.grad_accumulation_sequences is not None \
+                and self.per_device_train_batch_size is not None:
             if self.per_device_train_batch_size > self.grad_accumulation_sequences:
                 raise ConfigError(
                     f"per_device_train_batch_size={self.per_device_train_batch_size} is larger than "

@@ -56,7 +56,8 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
         plan = reference_plan(packed)
     else:
         packed = pack(groups, row_length=cfg.row_length, max_length=trainer.max_length, pad_id=trainer.pad_id)
-        plan = plan_batches(packed, per_device_train_batch_size=cfg.per_device_train_batch_size,
+        plan = plan_batches(packed, per_device_train_batch_size=cfg.rows_per_forward(
+                                trainer.device.type, cfg.grad_accumulation_sequences),
                             max_tokens_per_microbatch=cfg.max_tokens_per_microbatch,
                             grad_accumulation_sequences=cfg.grad_accumulation_sequences)
     if max_steps is not None:
@@ -86,6 +87,7 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
         "padding_fraction": round(packed.stats.padding_fraction, 4),
         "computed_tokens": int(sum(m["computed_tokens"] for m in steps)),
         "trainable_tokens": trainable,
+        "rows_per_forward": max(len(mb.rows) for st in plan.steps for mb in st.micro_batches),
         "forward_passes": plan.num_micro_batches,
         "optimizer_steps": len(plan.steps),
         "seconds": round(seconds, 3),
@@ -106,8 +108,9 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
 def _subprocess(mode: str, args: Any) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "artrl.bench.train_bench", "--mode", mode, "--workload", args.workload,
            "--scale", str(args.scale), "--model", args.model,
-           "--per-device-train-batch-size", str(args.per_device_train_batch_size),
            "--grad-accumulation-sequences", str(args.grad_accumulation_sequences)]
+    if args.per_device_train_batch_size:
+        cmd += ["--per-device-train-batch-size", str(args.per_device_train_batch_size)]
     if args.max_tokens_per_microbatch:
         cmd += ["--max-tokens-per-microbatch", str(args.max_tokens_per_microbatch)]
     if args.device:
@@ -161,7 +164,8 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--workload", required=True, help="workload JSON (shared/workloads/README.md)")
     p.add_argument("--scale", type=float, default=0.125, help="multiply every length by this (default 1/8)")
     p.add_argument("--model", default="artrl/tiny", help="base model name or path")
-    p.add_argument("--per-device-train-batch-size", type=int, default=TrainConfig().per_device_train_batch_size)
+    p.add_argument("--per-device-train-batch-size", type=int, default=None,
+                   help="rows per forward pass (default: TrainConfig's, 2 on a GPU, 1 on a CPU)")
     p.add_argument("--max-tokens-per-microbatch", type=int, default=0, help="token budget (0: use rows)")
     p.add_argument("--grad-accumulation-sequences", type=int,
                    default=TrainConfig().grad_accumulation_sequences, help="rows per optimizer step")

@@ -2,7 +2,7 @@
 
 Defaults (types.TrainConfig): CISPO-style loss, advantages scaled by the group
 std, `grad_accumulation_sequences=8` rows per optimizer step, micro-batches of
-`per_device_train_batch_size=2` rows. The loss of each optimizer step is
+`per_device_train_batch_size` rows (2 on a GPU, 1 on a CPU by default). The loss of each optimizer step is
 normalised over that step's trainable tokens (train/loss.py, train/engine.py).
 """
 
@@ -38,7 +38,8 @@ def prepare_rl(trainer: Trainer, groups: Sequence[TrajectoryGroup], config: Trai
                   share_prompts=config.share_prompts, pad_id=trainer.pad_id)
     if packed.num_rows == 0:
         return PreparedCall("rl", packed, None, None, [], config.max_grad_norm, tok.stats)
-    plan = plan_batches(packed, per_device_train_batch_size=config.per_device_train_batch_size,
+    plan = plan_batches(packed, per_device_train_batch_size=config.rows_per_forward(
+                            trainer.device.type, config.grad_accumulation_sequences),
                         max_tokens_per_microbatch=config.max_tokens_per_microbatch,
                         grad_accumulation_sequences=config.grad_accumulation_sequences)
     return PreparedCall("rl", packed, plan, partial(_rl_loss, config=config),

@@ -75,6 +75,6 @@ def prepare_sft(trainer: Trainer, trajectories: Sequence[Trajectory], config: Tr
     for p, _ in kept:
         step_rows.append(list(range(start, start + p.num_rows)))
         start += p.num_rows
-    plan = plan_batches(packed, per_device_train_batch_size=config.per_device_train_batch_size,
+    plan = plan_batches(packed, per_device_train_batch_size=config.rows_per_forward(trainer.device.type),
                         max_tokens_per_microbatch=config.max_tokens_per_microbatch, step_rows=step_rows)
     return PreparedCall("sft", packed, plan, _sft_loss, [lr for _, lr in kept], config.max_grad_norm, tok.stats)
