@@ -18,7 +18,7 @@ import time
 import torch
 
 from artrl.bench.flops import ModelShape, hardware_peak
-from artrl.train.modeling import load_model
+from artrl.train.modeling import load_model, resolve_device, resolve_dtype
 from artrl.types import InternalModelConfig
 
 
@@ -29,11 +29,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     torch.manual_seed(0)
-    model, tok = load_model(args.model, InternalModelConfig(attn_implementation="sdpa"))
+    cfg = InternalModelConfig(attn_implementation="sdpa")
+    model, tok = load_model(args.model, cfg)
     model.train()
-    device = next(model.parameters()).device
+    device = resolve_device(cfg)
     shape = ModelShape.of(model)
-    peak = hardware_peak(device, torch.float32 if device.type == "cpu" else torch.bfloat16)
+    peak = hardware_peak(device, resolve_dtype(cfg, device))
     for n in args.lengths:
         ids = torch.randint(10, len(tok), (1, n), device=device)
         best = float("inf")

@@ -139,13 +139,16 @@ def main(args: Any) -> int:
         cfg, mcfg = _configs(args)
         print(json.dumps(run_mode(args.mode, args.workload, args.scale, args.model, cfg, mcfg)))
         return 0
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    before = hardware_peak(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    from ..train.modeling import resolve_device, resolve_dtype
+
+    _, mcfg = _configs(args)
+    device = resolve_device(mcfg)
+    dtype = resolve_dtype(mcfg, device)  # the dtype both runs train in
+    before = hardware_peak(device, dtype)
     ref = _subprocess("reference", args)
     ours = _subprocess("ours", args)
-    device = torch.device(ours["device"])
     # measured before and after the runs, the higher one kept: a shared CPU's matmul speed drifts
-    peak = max(before, hardware_peak(device, getattr(torch, ours["dtype"])), key=lambda p: p["measured_matmul_tflops"])
+    peak = max(before, hardware_peak(device, dtype), key=lambda p: p["measured_matmul_tflops"])
     for r in (ours, ref):
         r["mfu"] = round(r["model_flops"] / r["seconds"] / (peak["peak_tflops"] * 1e12), 4)
         r["mfu_dense_flops"] = round(r["model_flops_dense"] / r["seconds"] / (peak["peak_tflops"] * 1e12), 4)
