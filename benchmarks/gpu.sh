@@ -23,17 +23,18 @@ else
   train_args=(--device cuda --gradient-checkpointing --max-tokens-per-microbatch 32768)
   serve_args=(--model random:qwen3-0.6b --device cuda --requests 64 --concurrency 16 --max-tokens 64)
 fi
-# artrl also imports pydantic, openai, fastapi and uvicorn; a GPU image without internet may lack them:
+# artrl also imports the packages in gpu-requirements.txt; a GPU image without internet may lack them:
 # install them from wheels carried along (benchmarks/gpu_wheels.sh makes the folder).
-need=("pydantic>=2.7" "openai>=1.99" "fastapi>=0.115" "uvicorn>=0.30")
-if ! "$py" -c "import pydantic, openai, fastapi, uvicorn" 2>/dev/null; then
+reqs=$here/gpu-requirements.txt
+modules=$(grep -v '^#' "$reqs" | sed 's/[<>=].*//' | paste -sd, -)
+if ! "$py" -c "import $modules" 2>/dev/null; then
   wheels=${GPU_WHEELS:-$here/../.gpu-wheels}
   if [[ ! -d "$wheels" ]]; then
-    echo "gpu.sh: $py lacks pydantic/openai/fastapi/uvicorn and there is no wheel folder $wheels;" \
+    echo "gpu.sh: $py lacks one of $modules and there is no wheel folder $wheels;" \
          "run benchmarks/gpu_wheels.sh where the package registry is reachable and carry .gpu-wheels" >&2
     exit 2
   fi
-  "$py" -m pip install --quiet --no-index --find-links "$wheels" "${need[@]}"
+  "$py" -m pip install --quiet --no-index --find-links "$wheels" -r "$reqs"
 fi
 "$py" - <<'PY' | tee "$out/env.json"
 import json, platform, torch, transformers, peft
