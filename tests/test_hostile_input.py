@@ -523,8 +523,8 @@ def _run_structure(s: dict, tok) -> None:
     seqs = res.sequences
     assert res.stats.sequences == len(seqs) and res.stats.trainable_tokens == sum(x.n_trainable for x in seqs)
     for x in seqs:
-        assert len(x.token_ids) == len(x.assistant_mask) == len(x.logprobs) and x.n_trainable > 0
-        assert all(math.isnan(lp) for lp, m in zip(x.logprobs, x.assistant_mask) if not m)
+        assert len(x.token_ids) == len(x.trainable_mask) == len(x.logprobs) and x.n_trainable > 0
+        assert all(math.isnan(lp) for lp, m in zip(x.logprobs, x.trainable_mask) if not m)
         assert all(math.isnan(lp) or (math.isfinite(lp) and lp <= 1e-3) for lp in x.logprobs)
         assert math.isfinite(x.advantage)
 
@@ -533,9 +533,9 @@ def _run_structure(s: dict, tok) -> None:
     ps = packed.stats
     assert ps.sequences + ps.dropped == len(seqs) and ps.truncated <= ps.sequences
     assert ps.rows == packed.num_rows and ps.real_tokens == int(packed.lengths.sum())
-    assert ps.trainable_tokens == int(packed.assistant_mask.sum()) <= res.stats.trainable_tokens
+    assert ps.trainable_tokens == int(packed.trainable_mask.sum()) <= res.stats.trainable_tokens
     assert all(len(x) <= packed.row_length <= max(s["max_length"], s["row_length"] or 0) for x in packed.sequences)
-    assert bool((packed.weights[~packed.assistant_mask] == 0).all())
+    assert bool((packed.weights[~packed.trainable_mask] == 0).all())
     if packed.num_rows:
         assert int(packed.lengths.max()) <= packed.row_length
 

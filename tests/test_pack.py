@@ -34,7 +34,7 @@ def groups_strategy(draw):
             mask = [False] * p + draw(st.lists(st.booleans(), min_size=c, max_size=c))
             if not any(mask):
                 mask[-1] = True
-            seqs.append(TokenizedSequence(token_ids=prompt + comp, assistant_mask=mask,
+            seqs.append(TokenizedSequence(token_ids=prompt + comp, trainable_mask=mask,
                                           logprobs=[-0.5 if m else math.nan for m in mask],
                                           advantage=float(t) - 1.5, group_index=g, trajectory_index=t))
         groups.append(seqs)
@@ -58,10 +58,10 @@ def check_layout(rows, L):
         assert rows.input_ids[r, all_cols].tolist() == seq.token_ids
         assert rows.position_ids[r, all_cols].tolist() == list(range(len(seq)))
         # the trainable mask matches (a token with nothing before it cannot be trained)
-        expect_mask = list(seq.assistant_mask)
+        expect_mask = list(seq.trainable_mask)
         if not len(prompt_cols):
             expect_mask[0] = False
-        assert rows.assistant_mask[r, all_cols].tolist() == expect_mask
+        assert rows.trainable_mask[r, all_cols].tolist() == expect_mask
         # each completion slot sees exactly its prompt and its own earlier tokens
         for j, q in enumerate(cols.tolist()):
             visible = vis[r, q].nonzero().squeeze(-1).tolist()
@@ -99,7 +99,7 @@ def test_automatic_row_length_fits_everything(groups):
 
 
 def seq(n, trainable_from=1, g=0, t=0):
-    return TokenizedSequence(token_ids=list(range(10, 10 + n)), assistant_mask=[i >= trainable_from for i in range(n)],
+    return TokenizedSequence(token_ids=list(range(10, 10 + n)), trainable_mask=[i >= trainable_from for i in range(n)],
                              logprobs=[-1.0] * n, group_index=g, trajectory_index=t)
 
 
@@ -118,7 +118,7 @@ def test_too_long_policies():
 
 def test_group_prompt_is_stored_once_per_row():
     prompt = list(range(100, 130))
-    groups = [[TokenizedSequence(token_ids=prompt + [t] * 5, assistant_mask=[False] * 30 + [True] * 5,
+    groups = [[TokenizedSequence(token_ids=prompt + [t] * 5, trainable_mask=[False] * 30 + [True] * 5,
                                  logprobs=[-1.0] * 35) for t in range(4)]]
     rows = pack(groups, row_length=64)
     assert rows.num_rows == 1 and int(rows.lengths[0]) == 30 + 4 * 5
@@ -131,7 +131,7 @@ def test_plan_honours_batch_size_token_budget_and_steps():
     plan = plan_batches(rows, per_device_train_batch_size=3, grad_accumulation_sequences=4)
     assert [len(s.rows) for s in plan.steps] == [4, 4, 2]
     assert [[len(mb.rows) for mb in s.micro_batches] for s in plan.steps] == [[3, 1], [3, 1], [2]]
-    assert sum(s.trainable_tokens for s in plan.steps) == int(rows.assistant_mask.sum())
+    assert sum(s.trainable_tokens for s in plan.steps) == int(rows.trainable_mask.sum())
     budget = plan_batches(rows, max_tokens_per_microbatch=90, grad_accumulation_sequences=None)
     assert len(budget.steps) == 1
     assert all(mb.tokens <= 90 for mb in budget.steps[0].micro_batches)

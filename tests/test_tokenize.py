@@ -20,7 +20,7 @@ TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add nu
 def trainable_runs(seq):
     """Contiguous runs of trainable positions -> list of (ids, logprobs)."""
     runs, cur = [], None
-    for i, m in enumerate(seq.assistant_mask):
+    for i, m in enumerate(seq.trainable_mask):
         if m:
             if cur is None:
                 cur = ([], [])
@@ -82,7 +82,7 @@ def test_truncated_choice_keeps_template_end_as_context(tok, make_choice):
     first = seq.first_trainable
     assert seq.token_ids[first:first + len(ids)] == ids
     nxt = first + len(ids)
-    assert seq.token_ids[nxt] == tok.convert_tokens_to_ids("<|im_end|>") and not seq.assistant_mask[nxt]
+    assert seq.token_ids[nxt] == tok.convert_tokens_to_ids("<|im_end|>") and not seq.trainable_mask[nxt]
 
 
 def test_choice_without_token_ids_is_retokenized_and_counted(tok, make_choice):

@@ -11,7 +11,7 @@ from artrl.preprocess.pack import pack
 from artrl.preprocess.plan import plan_batches
 from artrl.preprocess.tokenize import tokenize_groups
 from artrl.train.call import run_call
-from artrl.train.engine import Trainer
+from artrl.train.trainer import Trainer
 from artrl.train.modeling import load_model
 from artrl.train.rl import _rl_loss, prepare_rl
 from artrl.train.sft import prepare_sft
@@ -63,7 +63,7 @@ def test_packed_logprobs_equal_logprobs_alone(trainer, make_choice):
     packed = pack(tok_res.groups, max_length=trainer.max_length)
     assert packed.num_rows < len(packed.sequences)  # several sequences per row, prompts shared
     tb = trainer.forward_tokens(packed.select(range(packed.num_rows)), grad=False)
-    sel = packed.assistant_mask
+    sel = packed.trainable_mask
     b, t = sel.nonzero(as_tuple=True)
     seq_ids = packed.sequence_ids[b, t]
     model = trainer.model
@@ -71,7 +71,7 @@ def test_packed_logprobs_equal_logprobs_alone(trainer, make_choice):
         ids = torch.tensor([seq.token_ids])
         with torch.no_grad():
             logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)  # [seq, vocab]
-        pos = torch.tensor([i for i, m in enumerate(seq.assistant_mask) if m])
+        pos = torch.tensor([i for i, m in enumerate(seq.trainable_mask) if m])
         alone = logp[pos - 1, ids[0, pos]]
         torch.testing.assert_close(tb.logprobs[seq_ids == gid], alone, rtol=0, atol=1e-5)
 
@@ -107,7 +107,7 @@ def test_rl_step_moves_probability_towards_positive_advantage(trainer, make_choi
 
     def seq_logp():
         tb = trainer.forward_tokens(packed.select(range(packed.num_rows)), grad=False)
-        b, t = packed.assistant_mask.nonzero(as_tuple=True)
+        b, t = packed.trainable_mask.nonzero(as_tuple=True)
         ids = packed.sequence_ids[b, t]
         return [float(tb.logprobs[ids == i].sum()) for i in range(len(packed.sequences))]
 
@@ -164,7 +164,7 @@ def test_sft_learning_rate_list_needs_one_value_per_step(trainer):
 def test_non_finite_loss_refuses_the_step(trainer, make_choice):
     groups = rl_groups(make_choice, n_groups=1)
     call = prepare_rl(trainer, groups, TrainConfig(learning_rate=1e-3))
-    call.packed.advantages[call.packed.assistant_mask] = float("nan")
+    call.packed.advantages[call.packed.trainable_mask] = float("nan")
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     steps, avg = run_call(trainer, call, show_progress=False)
     assert avg["skipped_nonfinite_steps"] == len(steps) >= 1

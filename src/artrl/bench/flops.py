@@ -8,7 +8,7 @@ non-embedding parameters of the base model:
 * attention:            12 * layers * heads * head_dim * visible_keys
                         (QK^T and AV, 2 FLOPs per multiply-add, x3 for forward and backward;
                         visible_keys = the token's position + 1: its prompt and its own prefix)
-* LM head, trainable tokens only (our engine computes no other logits):
+* LM head, trainable tokens only (our trainer computes no other logits):
                         4 * hidden * vocab LoRA-aware (no weight gradient), 6 * hidden * vocab dense
 
 Padding and recomputation (activation checkpointing of the LM-head chunks) are
@@ -65,7 +65,7 @@ def packed_counts(packed: Any, rows: list[int] | None = None) -> tuple[int, int,
     idx = torch.as_tensor(rows if rows is not None else list(range(packed.num_rows)), dtype=torch.long)
     real = packed.segment_ids[idx] >= 0
     keys = int((packed.position_ids[idx][real] + 1).sum())
-    return int(real.sum()), int(packed.assistant_mask[idx].sum()), keys
+    return int(real.sum()), int(packed.trainable_mask[idx].sum()), keys
 
 
 def measured_matmul_flops(device: torch.device, dtype: torch.dtype, n: int | None = None,

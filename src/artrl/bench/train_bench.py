@@ -7,7 +7,7 @@
   of `per_device_train_batch_size` rows (or a token budget), rows trimmed to
   their used length, `grad_accumulation_sequences` rows per optimizer step.
 
-Both run the same engine and loss on the same synthetic data (workload lengths
+Both run the same trainer and loss on the same synthetic data (workload lengths
 scaled by `--scale`, random token ids), each in a fresh subprocess so its peak
 memory (max RSS on CPU, max allocated on GPU) is its own. One warm-up
 micro-batch runs before timing. Prints one JSON line.
@@ -42,7 +42,7 @@ def _peak_memory_mb(device: torch.device) -> float:
 
 def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: TrainConfig,
              model_cfg: InternalModelConfig, max_steps: int | None = None) -> dict[str, Any]:
-    from ..train.engine import Trainer
+    from ..train.trainer import Trainer
     from ..train.modeling import load_model
     from ..train.rl import _rl_loss
     from functools import partial

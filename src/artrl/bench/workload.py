@@ -55,7 +55,7 @@ def workload_groups(data: dict[str, Any], *, scale: float = 1.0, vocab_size: int
             c = scaled(c, scale)
             comp = [rng.randrange(10, vocab_size) for _ in range(c)]
             seqs.append(TokenizedSequence(
-                token_ids=prompt + comp, assistant_mask=[False] * p + [True] * c,
+                token_ids=prompt + comp, trainable_mask=[False] * p + [True] * c,
                 logprobs=[math.nan] * p + [-rng.uniform(0.1, 3.0) for _ in range(c)],
                 advantage=rng.choice([-1.0, 1.0]) * rng.uniform(0.2, 1.5), group_index=gi, trajectory_index=ti))
         groups.append(seqs)

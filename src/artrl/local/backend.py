@@ -120,7 +120,7 @@ class LocalBackend:
 
     def _load(self, model: "TrainableModel") -> None:
         from ..serve import TransformersEngine
-        from ..train.engine import Trainer
+        from ..train.trainer import Trainer
         from ..train.modeling import load_model
 
         with self._lock:

@@ -125,10 +125,10 @@ class PackStats:
 
 
 def _truncate(seq: TokenizedSequence, n: int) -> TokenizedSequence | None:
-    if not any(seq.assistant_mask[:n]):
+    if not any(seq.trainable_mask[:n]):
         return None
     return TokenizedSequence(
-        token_ids=seq.token_ids[:n], assistant_mask=seq.assistant_mask[:n], logprobs=seq.logprobs[:n],
+        token_ids=seq.token_ids[:n], trainable_mask=seq.trainable_mask[:n], logprobs=seq.logprobs[:n],
         advantage=seq.advantage, weight=seq.weight, group_index=seq.group_index,
         trajectory_index=seq.trajectory_index, history_index=seq.history_index,
     )
@@ -172,13 +172,13 @@ Placement = tuple[int, int]
 
 
 @dataclass
-class _Row:
+class _OpenRow:
     free: int
     units: set[int] = field(default_factory=set)
     items: list[Placement] = field(default_factory=list)
 
 
-def _place(row: _Row, u: int, k: int, cost: int) -> None:
+def _place(row: _OpenRow, u: int, k: int, cost: int) -> None:
     row.free -= cost
     row.units.add(u)
     row.items.append((u, k))
@@ -186,7 +186,7 @@ def _place(row: _Row, u: int, k: int, cost: int) -> None:
 
 def _assign_items(units: Sequence[Unit], L: int) -> list[list[Placement]]:
     """Best fit decreasing over completions, preferring rows that hold the group's prompt."""
-    rows: list[_Row] = []
+    rows: list[_OpenRow] = []
     order = sorted(range(len(units)), key=lambda u: -(units[u].p + sum(len(s) - units[u].p for s in units[u].sequences)))
     for u in order:
         unit = units[u]
@@ -204,7 +204,7 @@ def _assign_items(units: Sequence[Unit], L: int) -> list[list[Placement]]:
                 if r.free >= unit.p + c and (best is None or r.free < best.free):
                     best = r
             if best is None:
-                best = _Row(free=L)
+                best = _OpenRow(free=L)
                 rows.append(best)
             _place(best, u, k, unit.p + c)
     return [r.items for r in rows]
@@ -214,7 +214,7 @@ def _assign_groups(units: Sequence[Unit], L: int) -> list[list[Placement]]:
     """Whole groups, largest first: a group's remainder goes to the best-fitting row that takes
     it whole; otherwise it fills a fresh row (largest completions first, then any that still fit)
     and the rest spills over."""
-    rows: list[_Row] = []
+    rows: list[_OpenRow] = []
     order = sorted(range(len(units)), key=lambda u: -(units[u].p + sum(len(s) - units[u].p for s in units[u].sequences)))
     for u in order:
         unit = units[u]
@@ -235,7 +235,7 @@ def _assign_groups(units: Sequence[Unit], L: int) -> list[list[Placement]]:
             # fill the row with the most room (or a new one) with what fits
             target = max(rows, key=lambda r: r.free, default=None)
             if target is None or target.free < unit.p + unit.completion_length(remaining[-1]):
-                target = _Row(free=L)
+                target = _OpenRow(free=L)
                 rows.append(target)
             cost = unit.p
             rest = []
@@ -252,14 +252,14 @@ def _assign_groups(units: Sequence[Unit], L: int) -> list[list[Placement]]:
 
 def _assign_in_order(units: Sequence[Unit], L: int) -> list[list[Placement]]:
     """The reference layout: sequences in group order, a new row when the next does not fit."""
-    rows: list[_Row] = []
-    cur: _Row | None = None
+    rows: list[_OpenRow] = []
+    cur: _OpenRow | None = None
     for u, unit in enumerate(units):
         for k in range(len(unit.sequences)):
             c = unit.completion_length(k)
             cost = c if cur is not None and u in cur.units else unit.p + c
             if cur is None or cur.free < cost:
-                cur = _Row(free=L)
+                cur = _OpenRow(free=L)
                 rows.append(cur)
                 cost = unit.p + c
             _place(cur, u, k, cost)
@@ -286,7 +286,7 @@ def _best_assignment(units: Sequence[Unit], L: int) -> list[list[Placement]]:
 
 
 # The per-slot [rows, row_length] tensors of PackedRows, in field order.
-ROW_TENSORS = ("input_ids", "position_ids", "segment_ids", "parent_ids", "prev_index", "assistant_mask", "logprobs",
+ROW_TENSORS = ("input_ids", "position_ids", "segment_ids", "parent_ids", "prev_index", "trainable_mask", "logprobs",
                "advantages", "weights", "sequence_ids")
 
 
@@ -299,7 +299,7 @@ class PackedRows:
     segment_ids      node id within the row (-1 for padding)
     parent_ids       node id whose tokens a slot may also see (its group's prompt; itself otherwise)
     prev_index       slot whose hidden state predicts this slot's token (-1 if none)
-    assistant_mask   True on trainable tokens
+    trainable_mask   True on trainable tokens
     logprobs         sampled logprob (nan where unknown)
     advantages       advantage of the slot's sequence
     weights          per-token loss weight (0 off the trainable tokens)
@@ -312,7 +312,7 @@ class PackedRows:
     segment_ids: torch.Tensor
     parent_ids: torch.Tensor
     prev_index: torch.Tensor
-    assistant_mask: torch.Tensor
+    trainable_mask: torch.Tensor
     logprobs: torch.Tensor
     advantages: torch.Tensor
     weights: torch.Tensor
@@ -350,7 +350,7 @@ def _materialize(
     segment_ids = torch.full((R, L), -1, dtype=torch.long)
     parent_ids = torch.full((R, L), -1, dtype=torch.long)
     prev_index = torch.full((R, L), -1, dtype=torch.long)
-    assistant_mask = torch.zeros((R, L), dtype=torch.bool)
+    trainable_mask = torch.zeros((R, L), dtype=torch.bool)
     logprobs = torch.full((R, L), math.nan, dtype=torch.float32)
     advantages = torch.zeros((R, L), dtype=torch.float32)
     weights = torch.zeros((R, L), dtype=torch.float32)
@@ -395,10 +395,10 @@ def _materialize(
                 parent_ids[r, sl] = node
                 prev[0] = -1
             prev_index[r, sl] = prev
-            mask = torch.tensor(seq.assistant_mask[unit.p:], dtype=torch.bool)
+            mask = torch.tensor(seq.trainable_mask[unit.p:], dtype=torch.bool)
             if not unit.p:
                 mask[0] = False  # nothing precedes the first token, it cannot be predicted
-            assistant_mask[r, sl] = mask
+            trainable_mask[r, sl] = mask
             logprobs[r, sl] = torch.tensor(seq.logprobs[unit.p:], dtype=torch.float32)
             advantages[r, sl] = seq.advantage
             weights[r, sl] = mask.float() * seq.weight
@@ -410,9 +410,9 @@ def _materialize(
     stats.row_length = L
     stats.computed_tokens = R * L
     stats.real_tokens = int(lengths.sum())
-    stats.trainable_tokens = int(assistant_mask.sum())
+    stats.trainable_tokens = int(trainable_mask.sum())
     stats.sequences = len(sequences)
-    return PackedRows(input_ids, position_ids, segment_ids, parent_ids, prev_index, assistant_mask, logprobs,
+    return PackedRows(input_ids, position_ids, segment_ids, parent_ids, prev_index, trainable_mask, logprobs,
                       advantages, weights, sequence_ids, lengths, sequences, stats)
 
 

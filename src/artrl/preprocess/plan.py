@@ -97,7 +97,7 @@ def _micro_batches(packed: PackedRows, rows: Sequence[int], per_device: int,
 def _step(packed: PackedRows, rows: Sequence[int], per_device: int, max_tokens: int | None,
           trim: bool) -> OptimizerStep:
     rows = list(rows)
-    mask = packed.assistant_mask[rows]
+    mask = packed.trainable_mask[rows]
     seqs = packed.sequence_ids[rows]
     return OptimizerStep(
         micro_batches=_micro_batches(packed, rows, per_device, max_tokens, trim),

@@ -51,7 +51,7 @@ class TokenizedSequence:
     """One conversation as tokens. Lists are aligned index by index."""
 
     token_ids: list[int]
-    assistant_mask: list[bool]  # True on trainable (sampled) tokens
+    trainable_mask: list[bool]  # True on trainable (sampled) tokens
     logprobs: list[float]  # sampled logprob of each token; nan where unknown or not trainable
     advantage: float = 0.0
     weight: float = 1.0
@@ -64,14 +64,14 @@ class TokenizedSequence:
 
     @property
     def first_trainable(self) -> int:
-        for i, m in enumerate(self.assistant_mask):
+        for i, m in enumerate(self.trainable_mask):
             if m:
                 return i
         return len(self.token_ids)
 
     @property
     def n_trainable(self) -> int:
-        return sum(self.assistant_mask)
+        return sum(self.trainable_mask)
 
     @property
     def positions(self) -> list[int]:
@@ -190,7 +190,7 @@ def tokenize_history(
     stats = stats if stats is not None else TokenizeStats()
     if not messages_and_choices:
         # nothing to render (templates refuse an empty conversation) and nothing to train
-        return TokenizedSequence(token_ids=[], assistant_mask=[], logprobs=[])
+        return TokenizedSequence(token_ids=[], trainable_mask=[], logprobs=[])
     eot = end_of_turn_ids(tokenizer)
     template_messages: list[dict[str, Any]] = []
     # (kind, payload) per placeholder: ("ids", (ids, logprobs)) or ("render", None)
@@ -273,7 +273,7 @@ def tokenize_history(
                 else:
                     stats.turns_missing_logprobs += 1
             logprobs += turn_lps + [math.nan] * (len(after) - end)
-    return TokenizedSequence(token_ids=token_ids, assistant_mask=mask, logprobs=logprobs)
+    return TokenizedSequence(token_ids=token_ids, trainable_mask=mask, logprobs=logprobs)
 
 
 def group_advantages(rewards: Sequence[float], scale: bool) -> list[float]:

@@ -70,7 +70,7 @@ class _Pending:
 
 
 @dataclass
-class _Row:
+class _DecodeRow:
     """One sequence being sampled: request `pending`, sample number `sample`."""
 
     pending: _Pending
@@ -277,13 +277,13 @@ class TransformersEngine(InferenceEngine):
         if not live:
             return
         device = next(self._model.parameters()).device
-        by_adapter: dict[str | None, list[_Row]] = collections.defaultdict(list)
+        by_adapter: dict[str | None, list[_DecodeRow]] = collections.defaultdict(list)
         for pending in live:
             request = pending.request
             stop_ids = frozenset(request.stop_token_ids) | self._eos_ids
             for sample in range(request.n):
                 generator = row_generator(device, request.seed, sample)
-                by_adapter[request.adapter].append(_Row(pending, sample, generator, stop_ids))
+                by_adapter[request.adapter].append(_DecodeRow(pending, sample, generator, stop_ids))
 
         results: dict[int, list[GenerationResult | None]] = {
             id(p): [None] * p.request.n for p in live
@@ -323,7 +323,7 @@ class TransformersEngine(InferenceEngine):
 
     # ------------------------------------------------------------------ decoding
 
-    def _decode(self, rows: list[_Row], device: torch.device) -> None:
+    def _decode(self, rows: list[_DecodeRow], device: torch.device) -> None:
         """Sample every row to completion, filling its token_ids / logprobs / finish_reason."""
         batch = len(rows)
         prompts = [row.request.prompt_ids for row in rows]
@@ -394,7 +394,7 @@ class TransformersEngine(InferenceEngine):
             logits = out.logits[:, -1, :].float()  # [batch, vocab]
             next_position = next_position + 1
 
-    def _completes_stop_string(self, row: _Row) -> bool:
+    def _completes_stop_string(self, row: _DecodeRow) -> bool:
         stops = row.request.stop_strings
         if not stops:
             return False

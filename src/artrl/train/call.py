@@ -17,7 +17,7 @@ from typing import Any
 from ..preprocess.pack import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..preprocess.tokenize import TokenizeStats
-from .engine import LossFn, Trainer
+from .trainer import LossFn, Trainer
 
 log = logging.getLogger(__name__)
 

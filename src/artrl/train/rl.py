@@ -3,7 +3,7 @@
 Defaults (types.TrainConfig): CISPO-style loss, advantages scaled by the group
 std, `grad_accumulation_sequences=8` rows per optimizer step, micro-batches of
 `per_device_train_batch_size` rows (2 on a GPU, 1 on a CPU by default). The loss of each optimizer step is
-normalised over that step's trainable tokens (train/loss.py, train/engine.py).
+normalised over that step's trainable tokens (train/loss.py, train/trainer.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ..preprocess.tokenize import tokenize_groups
 from ..trajectories import TrajectoryGroup
 from ..types import TrainConfig
 from .call import PreparedCall
-from .engine import TokenBatch, Trainer
+from .trainer import TokenBatch, Trainer
 from .loss import LossTerms, policy_loss
 
 

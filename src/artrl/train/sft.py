@@ -20,7 +20,7 @@ from ..preprocess.tokenize import tokenize_sft
 from ..trajectories import Trajectory
 from ..types import TrainSFTConfig
 from .call import PreparedCall
-from .engine import TokenBatch, Trainer
+from .trainer import TokenBatch, Trainer
 from .loss import LossTerms, sft_loss
 
 

@@ -1,4 +1,4 @@
-"""The training engine: runs a batch plan on a peft model, one optimizer step at a time.
+"""The trainer: runs a batch plan on a peft model, one optimizer step at a time.
 
 For each optimizer step of the plan: every micro-batch (rows trimmed to their
 longest row) goes through ONE forward and backward pass with the packed
@@ -93,7 +93,7 @@ class Trainer:
         else:
             mask = attention_mask_for(self.attn_implementation, mb.segment_ids.to(dev), mb.parent_ids.to(dev),
                                       self.dtype)
-        sel = mb.assistant_mask  # [rows, width]
+        sel = mb.trainable_mask  # [rows, width]
         b_idx, t_idx = sel.nonzero(as_tuple=True)  # [n], [n]
         prev = mb.prev_index[b_idx, t_idx]  # [n]
         ctx = torch.enable_grad() if grad else torch.no_grad()

@@ -7,7 +7,7 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from .errors import TrajectoryError
+from ..errors import TrajectoryError
 
 log = logging.getLogger(__name__)
 
