@@ -19,6 +19,7 @@ def _json(capsys: pytest.CaptureFixture[str]) -> dict:
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # two subprocesses, each loading a model and training a call
 def test_bench_train_reports_consistent_figures(capsys):
     assert main(["bench", "train", "--workload", WORKLOAD, "--scale", "0.02", "--device", "cpu",
                  "--per-device-train-batch-size", "1"]) == 0
@@ -26,7 +27,7 @@ def test_bench_train_reports_consistent_figures(capsys):
     ours, ref = out["ours"], out["reference"]
     assert ours["trainable_tokens"] == ref["trainable_tokens"] > 0  # the same work, two layouts
     assert ref["optimizer_steps"] == ref["forward_passes"] == ref["rows"]  # one row per step
-    assert ours["forward_passes"] == ours["rows"] and ours["optimizer_steps"] < ref["optimizer_steps"]
+    assert ours["forward_passes"] == ours["rows"] and ours["optimizer_steps"] == 1  # the call's groups, one step
     assert ours["computed_tokens"] == ours["real_tokens"]  # our rows are trimmed to what they hold
     assert ref["computed_tokens"] == ref["rows"] * ref["row_length"]  # the reference pays for its padding
     assert out["computed_tokens_ratio"] == round(ref["computed_tokens"] / ours["computed_tokens"], 3) > 1

@@ -4,16 +4,18 @@
 the fields ART has (`learning_rate`, `beta`, `batch_size`) and add the knobs
 ART hides or ignores. The batching knobs live here and nowhere else:
 
+* An optimizer step is defined by data: `groups_per_step` groups (RL) or
+  `batch_size` trajectories (SFT). Each step's data is then packed into rows.
 * `per_device_train_batch_size` rows go through one forward/backward pass (by
   default 2 on a GPU, 1 on a CPU), or, when `max_tokens_per_microbatch` is set,
   as many rows as fit that many tokens.
-* `grad_accumulation_sequences` rows make one optimizer step (RL). For SFT,
-  `batch_size` trajectories make one optimizer step.
+* `grad_accumulation_sequences`, when set, makes a step of that many packed rows
+  instead (the packing-dependent meaning of ART's row-per-step trainer).
 
 The loss of an optimizer step is normalised over that step's trainable tokens,
-so the micro-batch size changes speed and memory, never the math
-(docs/batching.md). All cross-field checks are in `check()` methods, called by
-the trainer before any work starts.
+so row length, prompt sharing and micro-batch size change speed and memory,
+never the math (docs/batching.md). All cross-field checks are in `check()`
+methods, called by the trainer before any work starts.
 """
 
 from __future__ import annotations
@@ -63,7 +65,6 @@ class BatchConfig(_Config):
         "'truncate' it to fit (counted), or raise an 'error'.")
     share_prompts: bool = pydantic.Field(
         True, description="Store a group's common prompt once per row (prefix-sharing attention).")
-    seed: int = pydantic.Field(0, description="Seed for the order of optimizer steps' rows.")
 
     def rows_per_forward(self, device_type: str, step_rows: int | None = None) -> int:
         """per_device_train_batch_size, or its device default (never more than a step's rows)."""
@@ -89,7 +90,22 @@ class BatchConfig(_Config):
             )
 
 
-class TrainConfig(BatchConfig):
+class OptimizerConfig(_Config):
+    """AdamW settings of a train call (ART's trainer_args names), applied to every optimizer step of it."""
+
+    adam_beta1: float = pydantic.Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    adam_beta2: float = pydantic.Field(0.99, ge=0, lt=1, description="AdamW beta2.")
+    adam_epsilon: float = pydantic.Field(1e-8, gt=0, description="AdamW epsilon.")
+    weight_decay: float = pydantic.Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    max_grad_norm: float | None = pydantic.Field(1.0, gt=0, description="Gradient clipping (None: off).")
+
+    def optimizer_settings(self) -> dict[str, Any]:
+        """The param-group entries a torch AdamW reads each step."""
+        return {"betas": (self.adam_beta1, self.adam_beta2), "eps": self.adam_epsilon,
+                "weight_decay": self.weight_decay}
+
+
+class TrainConfig(BatchConfig, OptimizerConfig):
     """One RL train call (`model.train(groups, config=TrainConfig(...))`)."""
 
     learning_rate: float = pydantic.Field(5e-6, gt=0, description="AdamW learning rate for this call.")
@@ -108,9 +124,13 @@ class TrainConfig(BatchConfig):
     allow_training_without_logprobs: bool = pydantic.Field(
         False, description="Train sampled turns that carry no logprobs as on-policy (ratio 1). "
         "Off by default: such data usually means the rollout forgot logprobs=True.")
+    groups_per_step: int | None = pydantic.Field(
+        None, ge=1, description="Trajectory groups per optimizer step, in the order given; None (the default) "
+        "trains the whole call in one step. Steps are cut before packing, so the layout never changes them.")
     grad_accumulation_sequences: int | None = pydantic.Field(
-        8, ge=1, description="Rows per optimizer step; None puts all rows of the call in one step.")
-    max_grad_norm: float | None = pydantic.Field(1.0, gt=0, description="Gradient clipping (None: off).")
+        None, ge=1, description="If set, packed rows per optimizer step instead of groups_per_step: the "
+        "number of steps then depends on how the call was packed (row_length, share_prompts), as in a "
+        "row-per-step trainer. Leave None unless you want that.")
 
     def kl_coef(self) -> float:
         return self.kl_penalty_coef if self.kl_penalty_coef is not None else self.beta
@@ -122,6 +142,11 @@ class TrainConfig(BatchConfig):
                 f"beta={self.beta} and kl_penalty_coef={self.kl_penalty_coef} disagree; they are the same "
                 "knob, set only one."
             )
+        if self.groups_per_step is not None and self.grad_accumulation_sequences is not None:
+            raise ConfigError(
+                f"groups_per_step={self.groups_per_step} and grad_accumulation_sequences="
+                f"{self.grad_accumulation_sequences} both define optimizer steps; set one (groups_per_step "
+                "keeps the steps independent of packing).")
         if self.max_tokens_per_microbatch is None and self.grad_accumulation_sequences is not None \
                 and self.per_device_train_batch_size is not None:
             if self.per_device_train_batch_size > self.grad_accumulation_sequences:
@@ -137,7 +162,7 @@ class TrainConfig(BatchConfig):
 SFT_AUTO_BATCH_SIZE = 8
 
 
-class TrainSFTConfig(BatchConfig):
+class TrainSFTConfig(BatchConfig, OptimizerConfig):
     """One SFT train call (`model.train_sft(trajectories, config=TrainSFTConfig(...))`)."""
 
     learning_rate: float | list[float] = pydantic.Field(
@@ -146,8 +171,9 @@ class TrainSFTConfig(BatchConfig):
     batch_size: int | Literal["auto"] = pydantic.Field(
         "auto", description=f"Trajectories per optimizer step; 'auto' = {SFT_AUTO_BATCH_SIZE} "
         "(or all of them when fewer).")
-    max_grad_norm: float | None = pydantic.Field(1.0, gt=0, description="Gradient clipping (None: off).")
     shuffle: bool = pydantic.Field(False, description="Shuffle trajectories (with `seed`) before batching.")
+    seed: int = pydantic.Field(0, description="Seed of the shuffle (mixed with the model's optimizer step count, "
+                               "so every call shuffles differently and reproducibly).")
 
     def resolved_batch_size(self, n_trajectories: int) -> int:
         if self.batch_size == "auto":
@@ -198,8 +224,9 @@ class InternalModelConfig(_Config):
         "auto", description="Weights dtype: 'auto' = float32 on CPU, bfloat16 on GPU.")
     device: str | None = pydantic.Field(None, description="'cpu', 'cuda', 'cuda:1'...; None: cuda if available.")
     attn_implementation: str | None = pydantic.Field(
-        None, description="None: 'sdpa' (dense boolean prefix mask) on CPU, 'flex_attention' "
-        "(block-sparse) on GPU. 'eager' uses an additive float mask.")
+        None, description="None: 'artrl_tree' (per-node SDPA calls following the packed tree, "
+        "train/tree_attention.py) on CPU, 'flex_attention' (block-sparse) on GPU. 'sdpa' uses a dense boolean "
+        "prefix mask, 'eager' an additive float mask.")
     gradient_checkpointing: bool = pydantic.Field(False, description="Recompute activations in backward.")
     trust_remote_code: bool = pydantic.Field(False, description="Allow model code from the checkpoint.")
     max_length: int | None = pydantic.Field(

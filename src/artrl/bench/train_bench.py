@@ -3,9 +3,11 @@
 * reference: the ART layout (row length = ceil(longest / G) * G with G = 2048
   scaled like the lengths, sequences in group order), one full-length row per
   forward pass, one optimizer step per row.
-* ours: the prefix-sharing packer with the automatic row length, micro-batches
-  of `per_device_train_batch_size` rows (or a token budget), rows trimmed to
-  their used length, `grad_accumulation_sequences` rows per optimizer step.
+* ours: the RL build path of a train call (preprocess/build.py through
+  train/rl.py's `build_rl`): optimizer steps of `groups_per_step` groups (all
+  of them by default), each packed with the prefix-sharing packer at the
+  automatic row length, micro-batches of `per_device_train_batch_size` rows (or
+  a token budget), rows trimmed to their used length.
 
 Both run the same trainer and loss on the same synthetic data (workload lengths
 scaled by `--scale`, random token ids), each in a fresh subprocess so its peak
@@ -24,8 +26,8 @@ from typing import Any
 
 import torch
 
-from ..preprocess.pack import pack, pack_reference
-from ..preprocess.plan import plan_batches, reference_plan
+from ..preprocess.pack import pack_reference
+from ..preprocess.plan import reference_plan
 from ..types import InternalModelConfig, TrainConfig
 from .pack_bench import REFERENCE_MULTIPLE
 from .flops import ModelShape, hardware_peak, packed_counts
@@ -42,10 +44,9 @@ def _peak_memory_mb(device: torch.device) -> float:
 
 def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: TrainConfig,
              model_cfg: InternalModelConfig, max_steps: int | None = None) -> dict[str, Any]:
-    from ..train.trainer import Trainer
     from ..train.modeling import load_model
-    from ..train.rl import _rl_loss
-    from functools import partial
+    from ..train.rl import build_rl, rl_loss_fn
+    from ..train.trainer import Trainer
 
     torch.manual_seed(0)
     model, tok = load_model(model_name, model_cfg)
@@ -55,14 +56,13 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
         packed = pack_reference(groups, multiple=scaled(REFERENCE_MULTIPLE, scale), pad_id=trainer.pad_id)
         plan = reference_plan(packed)
     else:
-        packed = pack(groups, row_length=cfg.row_length, max_length=trainer.max_length, pad_id=trainer.pad_id)
-        plan = plan_batches(packed, per_device_train_batch_size=cfg.rows_per_forward(
-                                trainer.device.type, cfg.grad_accumulation_sequences),
-                            max_tokens_per_microbatch=cfg.max_tokens_per_microbatch,
-                            grad_accumulation_sequences=cfg.grad_accumulation_sequences)
+        built = build_rl(groups, cfg, max_length=trainer.max_length, pad_id=trainer.pad_id,
+                         device_type=trainer.device.type)
+        assert built.packed is not None and built.plan is not None
+        packed, plan = built.packed, built.plan
     if max_steps is not None:
         plan.steps = plan.steps[:max_steps]
-    loss_fn = partial(_rl_loss, config=cfg)
+    loss_fn = rl_loss_fn(cfg)
     # warm-up: one micro-batch forward/backward, not timed, gradients dropped
     warm = plan.steps[0]
     trainer.accumulate(packed, type(warm)(warm.micro_batches[:1], warm.trainable_tokens, warm.sequences), loss_fn)
@@ -71,8 +71,8 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    steps = list(trainer.run(packed, plan, loss_fn, [cfg.learning_rate] * len(plan.steps),
-                             max_grad_norm=cfg.max_grad_norm, show_progress=False))
+    steps = list(trainer.run(packed, plan, loss_fn, [cfg.learning_rate] * len(plan.steps), optimizer=cfg,
+                             show_progress=False))
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
@@ -107,8 +107,11 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
 
 def _subprocess(mode: str, args: Any) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "artrl.bench.train_bench", "--mode", mode, "--workload", args.workload,
-           "--scale", str(args.scale), "--model", args.model,
-           "--grad-accumulation-sequences", str(args.grad_accumulation_sequences)]
+           "--scale", str(args.scale), "--model", args.model]
+    if args.groups_per_step:
+        cmd += ["--groups-per-step", str(args.groups_per_step)]
+    if args.grad_accumulation_sequences:
+        cmd += ["--grad-accumulation-sequences", str(args.grad_accumulation_sequences)]
     if args.per_device_train_batch_size:
         cmd += ["--per-device-train-batch-size", str(args.per_device_train_batch_size)]
     if args.max_tokens_per_microbatch:
@@ -129,7 +132,8 @@ def _subprocess(mode: str, args: Any) -> dict[str, Any]:
 def _configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
     cfg = TrainConfig(learning_rate=1e-5, per_device_train_batch_size=args.per_device_train_batch_size,
                       max_tokens_per_microbatch=args.max_tokens_per_microbatch or None,
-                      grad_accumulation_sequences=args.grad_accumulation_sequences)
+                      groups_per_step=args.groups_per_step or None,
+                      grad_accumulation_sequences=args.grad_accumulation_sequences or None)
     return cfg, InternalModelConfig(device=args.device, gradient_checkpointing=args.gradient_checkpointing,
                                     attn_implementation=args.attn_implementation or None)
 
@@ -170,8 +174,10 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--per-device-train-batch-size", type=int, default=None,
                    help="rows per forward pass (default: TrainConfig's, 2 on a GPU, 1 on a CPU)")
     p.add_argument("--max-tokens-per-microbatch", type=int, default=0, help="token budget (0: use rows)")
-    p.add_argument("--grad-accumulation-sequences", type=int,
-                   default=TrainConfig().grad_accumulation_sequences, help="rows per optimizer step")
+    p.add_argument("--groups-per-step", type=int, default=None,
+                   help="groups per optimizer step (default: TrainConfig's, all groups of the call in one step)")
+    p.add_argument("--grad-accumulation-sequences", type=int, default=None,
+                   help="packed rows per optimizer step instead (packing-dependent; default: unset)")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
     p.add_argument("--attn-implementation", default=None,

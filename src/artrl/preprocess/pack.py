@@ -15,8 +15,9 @@ first; a completion goes to the row that already holds its group's prompt and
 has the least room left that still fits it; only if none fits does it open its
 prompt in the best-fitting other row, or a new row. A second strategy places
 whole groups (prompt once, completions filling the row, the rest spilling into
-the next) and the better of the two layouts (fewer rows, then less padding) is
-kept. `choose_row_length` picks the row length when the user sets none: the
+the next) and the better of the two layouts is kept: fewer rows, and between
+layouts with as many rows (hence as much padding), the one whose emptiest row is
+fullest, so the leftover room sits in one row. `choose_row_length` picks the row length when the user sets none: the
 shortest multiple of 128 that is at least the longest sequence and whose
 computed tokens (rows x row length) are within 1% of the least over all
 candidate lengths up to the bound (the model's maximum length, capped at
@@ -278,6 +279,7 @@ def _used(units: Sequence[Unit], row: list[Placement]) -> int:
 
 
 def _best_assignment(units: Sequence[Unit], L: int) -> list[list[Placement]]:
+    """The better of the two strategies: fewer rows, then the fuller emptiest row (see module docstring)."""
     candidates = [_assign_items(units, L), _assign_groups(units, L)]
     return min(candidates, key=lambda rows: (len(rows), -min((_used(units, r) for r in rows), default=0)))
 
@@ -288,6 +290,11 @@ def _best_assignment(units: Sequence[Unit], L: int) -> list[list[Placement]]:
 # The per-slot [rows, row_length] tensors of PackedRows, in field order.
 ROW_TENSORS = ("input_ids", "position_ids", "segment_ids", "parent_ids", "prev_index", "trainable_mask", "logprobs",
                "advantages", "weights", "sequence_ids")
+
+# One node of a row's tree, as slot ranges: (start, end, prompt_start, prompt_end). A completion's prompt is
+# its group's shared prompt node; a prompt node, or a sequence without a shared prompt, has
+# prompt_start == prompt_end == start. The attention of train/tree_attention.py runs one call per node.
+Node = tuple[int, int, int, int]
 
 
 @dataclass
@@ -305,6 +312,21 @@ class PackedRows:
     weights          per-token loss weight (0 off the trainable tokens)
     sequence_ids     global index of the slot's sequence (-1 for prompts and padding)
     lengths          [rows] used slots per row
+    nodes            per row, its nodes in slot order (the same tree as segment_ids / parent_ids, kept
+                     as ranges so attention never rebuilds it from the per-slot ids)
+
+    A worked row (row_length 12): a group prompt P = [p0 p1 p2] shared by completions A = [a0 a1] and
+    B = [b0 b1 b2], then 4 slots of padding:
+
+        slot          0   1   2   3   4   5   6   7   8   9  10  11
+        input_ids     p0  p1  p2  a0  a1  b0  b1  b2  .   .   .   .
+        position_ids  0   1   2   3   4   3   4   5   0   0   0   0
+        segment_ids   0   0   0   1   1   2   2   2  -1  -1  -1  -1
+        parent_ids    0   0   0   0   0   0   0   0  -1  -1  -1  -1
+        prev_index   -1   0   1   2   3   2   5   6  -1  -1  -1  -1
+        nodes         (0, 3, 0, 0), (3, 5, 0, 3), (5, 8, 0, 3)
+
+    b0 is predicted from p2's hidden state (prev_index 2), and b sees P and itself, never A.
     """
 
     input_ids: torch.Tensor
@@ -320,6 +342,7 @@ class PackedRows:
     lengths: torch.Tensor
     sequences: list[TokenizedSequence]
     stats: PackStats
+    nodes: list[list[Node]] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:
@@ -331,14 +354,38 @@ class PackedRows:
 
     def select(self, rows: Sequence[int], width: int | None = None) -> "PackedRows":
         """A sub-batch of rows, `width` columns wide (default: trimmed to the longest selected row)."""
-        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        rows = list(rows)
+        idx = torch.as_tensor(rows, dtype=torch.long)
         if width is None:
             width = int(self.lengths[idx].max()) if len(idx) else self.row_length
-        tensors = {
-            name: getattr(self, name)[idx, :width]
-            for name in ROW_TENSORS
-        }
-        return PackedRows(**tensors, lengths=self.lengths[idx], sequences=self.sequences, stats=self.stats)
+        if len(idx) and width < int(self.lengths[idx].max()):
+            raise ValueError(f"width {width} cuts into used slots (longest selected row: "
+                             f"{int(self.lengths[idx].max())})")
+        tensors = {name: getattr(self, name)[idx, :width] for name in ROW_TENSORS}
+        return PackedRows(**tensors, lengths=self.lengths[idx], sequences=self.sequences, stats=self.stats,
+                          nodes=[self.nodes[r] for r in rows])
+
+
+def concat_packed(parts: Sequence[PackedRows]) -> PackedRows:
+    """Stack packed rows of equal row length (e.g. one part per optimizer step); sequence ids are renumbered."""
+    lengths = {p.row_length for p in parts}
+    if len(lengths) != 1:
+        raise ValueError(f"cannot stack rows of different lengths {sorted(lengths)}")
+    tensors = {n: torch.cat([getattr(p, n) for p in parts]) for n in ROW_TENSORS if n != "sequence_ids"}
+    seq_ids, sequences, offset = [], [], 0
+    for p in parts:
+        s = p.sequence_ids.clone()
+        s[s >= 0] += offset
+        seq_ids.append(s)
+        sequences += p.sequences
+        offset += len(p.sequences)
+    stats = PackStats(row_length=parts[0].row_length)
+    for p in parts:
+        for k in ("rows", "computed_tokens", "real_tokens", "unique_tokens", "trainable_tokens", "sequences",
+                  "dropped", "truncated"):
+            setattr(stats, k, getattr(stats, k) + getattr(p.stats, k))
+    return PackedRows(**tensors, sequence_ids=torch.cat(seq_ids), lengths=torch.cat([p.lengths for p in parts]),
+                      sequences=sequences, stats=stats, nodes=[n for p in parts for n in p.nodes])
 
 
 def _materialize(
@@ -357,6 +404,7 @@ def _materialize(
     sequence_ids = torch.full((R, L), -1, dtype=torch.long)
     lengths = torch.zeros(R, dtype=torch.long)
     sequences: list[TokenizedSequence] = []
+    nodes: list[list[Node]] = []
     for r, row in enumerate(assignment):
         # keep a group's completions right after its prompt: order placements by unit
         first_seen: dict[int, int] = {}
@@ -366,6 +414,8 @@ def _materialize(
         pos = 0
         node = 0
         prompt_node: dict[int, tuple[int, int]] = {}  # unit -> (node id, last slot)
+        row_nodes: list[Node] = []
+        prompt_span: dict[int, tuple[int, int]] = {}  # unit -> (first slot, end slot) of its prompt
         for u, k in row:
             unit = units[u]
             seq = unit.sequences[k]
@@ -378,6 +428,8 @@ def _materialize(
                 parent_ids[r, sl] = node
                 prev_index[r, pos + 1:pos + n] = torch.arange(pos, pos + n - 1)
                 prompt_node[u] = (node, pos + n - 1)
+                prompt_span[u] = (pos, pos + n)
+                row_nodes.append((pos, pos + n, pos, pos))
                 node += 1
                 pos += n
             n = len(seq) - unit.p
@@ -403,9 +455,12 @@ def _materialize(
             advantages[r, sl] = seq.advantage
             weights[r, sl] = mask.float() * seq.weight
             sequence_ids[r, sl] = gid
+            ps, pe = prompt_span[u] if unit.p else (pos, pos)
+            row_nodes.append((pos, pos + n, ps, pe))
             node += 1
             pos += n
         lengths[r] = pos
+        nodes.append(row_nodes)
     stats.rows = R
     stats.row_length = L
     stats.computed_tokens = R * L
@@ -413,7 +468,7 @@ def _materialize(
     stats.trainable_tokens = int(trainable_mask.sum())
     stats.sequences = len(sequences)
     return PackedRows(input_ids, position_ids, segment_ids, parent_ids, prev_index, trainable_mask, logprobs,
-                      advantages, weights, sequence_ids, lengths, sequences, stats)
+                      advantages, weights, sequence_ids, lengths, sequences, stats, nodes)
 
 
 def _unique_tokens(units: Sequence[Unit]) -> int:

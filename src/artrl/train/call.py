@@ -1,11 +1,11 @@
-"""A prepared train call: what will run (rows, plan, learning rates) and the line that says so.
+"""A prepared train call: what will run (steps, rows, plan, learning rates) and the line that says so.
 
-`prepare_rl` / `prepare_sft` (rl.py, sft.py) build one; `run_call` executes it
-on a Trainer and returns per-step metrics plus call-level figures. Every call
-logs one summary line, e.g.
+`prepare_rl` / `prepare_sft` (rl.py, sft.py) build one through the shared build
+path (preprocess/build.py); `run_call` executes it on a Trainer and returns
+per-step metrics plus call-level figures. Every call logs one summary line, e.g.
 
-    Packed 118 trajectories into 57 rows of 6144 tokens (2.1% padding); 29 micro-batches of <=2 rows;
-    15 optimizer steps
+    RL: packed 120 sequences of 120 trajectories into 14 rows of 3072 tokens (2.7% padding);
+    7 micro-batches of <=2 rows; 2 optimizer steps of 8 groups
 """
 
 from __future__ import annotations
@@ -14,57 +14,72 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..preprocess.build import BuiltCall
 from ..preprocess.pack import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..preprocess.tokenize import TokenizeStats
+from ..types import OptimizerConfig
 from .trainer import LossFn, Trainer
 
 log = logging.getLogger(__name__)
+
+# Per-step metrics that add up over a call (the rest are averaged over its steps).
+SUMMED_METRICS = ("trainable_tokens", "computed_tokens", "micro_batches", "rows", "step_seconds",
+                  "skipped_nonfinite_steps")
 
 
 @dataclass
 class PreparedCall:
     kind: str  # "rl" or "sft"
-    packed: PackedRows | None
-    plan: BatchPlan | None
+    built: BuiltCall
     loss_fn: LossFn | None
     learning_rates: list[float]
-    max_grad_norm: float | None
+    optimizer: OptimizerConfig
     tokenize_stats: TokenizeStats
+    unit_name: str = "groups"  # what a step is made of: "groups" (RL) or "trajectories" (SFT)
     need_ref: bool = False
     notes: list[str] = field(default_factory=list)
 
     @property
+    def packed(self) -> PackedRows | None:
+        return self.built.packed
+
+    @property
+    def plan(self) -> BatchPlan | None:
+        return self.built.plan
+
+    @property
     def empty(self) -> bool:
-        return self.plan is None or not self.plan.steps
+        return self.built.empty
 
     def summary(self) -> str:
         t = self.tokenize_stats
-        s = self.packed.stats if self.packed is not None else None
+        s = self.built.stats
         counts = [
             (t.groups_skipped_zero_advantage, "zero-advantage groups skipped"),
             (t.groups_skipped_empty, "empty groups skipped"),
             (t.trajectories_without_trainable_tokens, "trajectories without trainable turns"),
-            (s.dropped if s else 0, "too long, dropped"),
-            (s.truncated if s else 0, "truncated"),
+            (s.dropped, "too long, dropped"),
+            (s.truncated, "truncated"),
             (t.retokenized_turns, "turns re-tokenized (no token ids)"),
         ]
         skipped = [f"{n} {label}" for n, label in counts if n]
         extra = f" [{'; '.join(skipped)}]" if skipped else ""
         if self.empty or self.packed is None or self.plan is None:
             return f"{self.kind.upper()}: nothing to train on {t.trajectories} trajectories{extra}"
-        assert s is not None
+        units = sorted({len(u) for u in self.built.step_units})
+        per_step = f"{units[0]}" if len(units) == 1 else f"{units[0]}-{units[-1]}"
         return (f"{self.kind.upper()}: packed {s.sequences} sequences of {t.trajectories} trajectories into {s.rows} "
-                f"rows of {s.row_length} "
-                f"tokens ({100 * s.padding_fraction:.1f}% padding); {self.plan.describe()}{extra}")
+                f"rows of {s.row_length} tokens ({100 * s.padding_fraction:.1f}% padding); "
+                f"{self.plan.describe()} of {per_step} {self.unit_name}{extra}")
 
     def figures(self) -> dict[str, float]:
         out = {f"data/{k}": v for k, v in self.tokenize_stats.as_metrics().items()}
+        s = self.built.stats
+        out.update({"data/dropped": float(s.dropped), "data/truncated": float(s.truncated)})
         if self.packed is not None:
-            s = self.packed.stats
             out.update({"data/rows": float(s.rows), "data/row_length": float(s.row_length),
-                        "data/padding_fraction": s.padding_fraction, "data/dropped": float(s.dropped),
-                        "data/truncated": float(s.truncated)})
+                        "data/padding_fraction": s.padding_fraction})
         if self.plan is not None:
             out.update({"data/micro_batches": float(self.plan.num_micro_batches),
                         "data/optimizer_steps": float(len(self.plan.steps))})
@@ -79,16 +94,24 @@ def run_call(trainer: Trainer, call: PreparedCall, *, show_progress: bool = True
     if not call.empty:
         assert call.packed is not None and call.plan is not None and call.loss_fn is not None
         steps = list(trainer.run(call.packed, call.plan, call.loss_fn, call.learning_rates,
-                                 max_grad_norm=call.max_grad_norm, need_ref=call.need_ref,
+                                 optimizer=call.optimizer, need_ref=call.need_ref,
                                  desc=desc or call.kind, show_progress=show_progress))
-    avg: dict[str, float] = {}
+    return steps, summarize(steps, call.figures())
+
+
+def summarize(steps: list[dict[str, float]], figures: dict[str, float]) -> dict[str, float]:
+    """Per-call metrics from per-step ones: counts add up, `*_max` keys take the max, the rest average."""
+    out: dict[str, float] = {}
     if steps:
         for key in steps[0]:
             vals = [m[key] for m in steps if key in m]
-            summed = key in ("trainable_tokens", "computed_tokens", "micro_batches", "rows", "step_seconds",
-                             "skipped_nonfinite_steps")
-            avg[key] = sum(vals) if summed else sum(vals) / len(vals)
-        seconds = avg.get("step_seconds", 0.0)
-        avg["tokens_per_second"] = avg["trainable_tokens"] / seconds if seconds else 0.0
-    avg.update(call.figures())
-    return steps, avg
+            if key in SUMMED_METRICS:
+                out[key] = sum(vals)
+            elif key.endswith("_max"):
+                out[key] = max(vals)
+            else:
+                out[key] = sum(vals) / len(vals)
+        seconds = out.get("step_seconds", 0.0)
+        out["tokens_per_second"] = out["trainable_tokens"] / seconds if seconds else 0.0
+    out.update(figures)
+    return out

@@ -1,9 +1,10 @@
-"""RL train call: groups -> tokenize -> pack -> plan -> policy-gradient steps.
+"""RL train call: groups -> tokenize -> steps of groups -> packed rows -> policy-gradient steps.
 
 Defaults (types.TrainConfig): CISPO-style loss, advantages scaled by the group
-std, `grad_accumulation_sequences=8` rows per optimizer step, micro-batches of
-`per_device_train_batch_size` rows (2 on a GPU, 1 on a CPU by default). The loss of each optimizer step is
-normalised over that step's trainable tokens (train/loss.py, train/trainer.py).
+std, the whole call in one optimizer step (`groups_per_step=None`), micro-batches
+of `per_device_train_batch_size` rows (2 on a GPU, 1 on a CPU by default). The
+loss of each optimizer step is normalised over that step's trainable tokens
+(train/loss.py, train/trainer.py).
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-from ..preprocess.pack import pack
-from ..preprocess.plan import plan_batches
+from ..preprocess.build import BuiltCall, build_call
 from ..preprocess.tokenize import tokenize_groups
 from ..trajectories import TrajectoryGroup
 from ..types import TrainConfig
 from .call import PreparedCall
-from .trainer import TokenBatch, Trainer
 from .loss import LossTerms, policy_loss
+from .trainer import TokenBatch, Trainer
 
 
 def _rl_loss(tb: TokenBatch, *, config: TrainConfig) -> LossTerms:
@@ -27,21 +27,28 @@ def _rl_loss(tb: TokenBatch, *, config: TrainConfig) -> LossTerms:
                        beta=config.kl_coef(), ref=tb.ref_logprobs)
 
 
+def rl_loss_fn(config: TrainConfig):
+    """The loss a TrainConfig asks for, as the trainer calls it (one TokenBatch -> LossTerms)."""
+    return partial(_rl_loss, config=config)
+
+
+def build_rl(groups: Sequence[Sequence], config: TrainConfig, *, max_length: int, pad_id: int,
+             device_type: str) -> BuiltCall:
+    """Tokenized groups -> steps -> rows -> micro-batches, as config says (also used by `artrl bench train`)."""
+    return build_call(
+        groups, units_per_step=config.groups_per_step, rows_per_step=config.grad_accumulation_sequences,
+        row_length=config.row_length, max_length=min(max_length, config.max_row_length or max_length),
+        on_too_long=config.on_too_long, share_prompts=config.share_prompts, pad_id=pad_id,
+        rows_per_forward=config.rows_per_forward(device_type, config.grad_accumulation_sequences),
+        max_tokens_per_microbatch=config.max_tokens_per_microbatch)
+
+
 def prepare_rl(trainer: Trainer, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> PreparedCall:
     config.check()
     tok = tokenize_groups(groups, trainer.tokenizer, scale_rewards=config.scale_rewards,
                           allow_training_without_logprobs=config.allow_training_without_logprobs)
-    if not tok.groups:
-        return PreparedCall("rl", None, None, None, [], config.max_grad_norm, tok.stats)
-    max_len = min(trainer.max_length, config.max_row_length or trainer.max_length)
-    packed = pack(tok.groups, row_length=config.row_length, max_length=max_len, on_too_long=config.on_too_long,
-                  share_prompts=config.share_prompts, pad_id=trainer.pad_id)
-    if packed.num_rows == 0:
-        return PreparedCall("rl", packed, None, None, [], config.max_grad_norm, tok.stats)
-    plan = plan_batches(packed, per_device_train_batch_size=config.rows_per_forward(
-                            trainer.device.type, config.grad_accumulation_sequences),
-                        max_tokens_per_microbatch=config.max_tokens_per_microbatch,
-                        grad_accumulation_sequences=config.grad_accumulation_sequences)
-    return PreparedCall("rl", packed, plan, partial(_rl_loss, config=config),
-                        [config.learning_rate] * len(plan.steps), config.max_grad_norm, tok.stats,
-                        need_ref=config.kl_coef() > 0)
+    built = build_rl(tok.groups, config, max_length=trainer.max_length, pad_id=trainer.pad_id,
+                     device_type=trainer.device.type) if tok.groups else BuiltCall(None, None)
+    n_steps = len(built.plan.steps) if built.plan is not None else 0
+    return PreparedCall("rl", built, rl_loss_fn(config), [config.learning_rate] * n_steps, config, tok.stats,
+                        unit_name="groups", need_ref=config.kl_coef() > 0)

@@ -8,10 +8,13 @@ causal). Cost is sum over completions of |c| * (|prompt| + |c|), so long rows
 holding a whole group cost no more attention than the group's sequences run
 one by one, and no seq x seq mask is ever built.
 
-It is registered with transformers as the attention implementation
-"artrl_tree". A forward call that passes `artrl_tree=TreeLayout(...)` uses it;
-any other call (generation with a KV cache, a plain forward) falls through to
-transformers' own SDPA path, so one model object serves training and inference.
+It is made known to transformers as the attention implementation "artrl_tree"
+by `register()`, which the model loader (train/modeling.py) calls when it picks
+this implementation; importing this module changes no global state. A forward
+call that passes `artrl_tree=TreeLayout(...)` uses it; any other call
+(generation with a KV cache, a plain forward) falls through to transformers' own
+SDPA path, so one model object serves training and inference. The layout comes
+from the packer (`PackedRows.nodes`), so nothing here walks the per-slot ids.
 """
 
 from __future__ import annotations
@@ -22,10 +25,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-TREE_ATTENTION = "artrl_tree"
+from ..preprocess.pack import Node
 
-# One node: (start, end, prompt_start, prompt_end); prompt_start == prompt_end for a node without prompt.
-Node = tuple[int, int, int, int]
+TREE_ATTENTION = "artrl_tree"
 
 
 @dataclass
@@ -34,7 +36,10 @@ class TreeLayout:
 
     @classmethod
     def from_ids(cls, segment_ids: torch.Tensor, parent_ids: torch.Tensor) -> "TreeLayout":
-        """Nodes are contiguous runs of one segment id; padding (-1) is skipped."""
+        """The same layout derived from per-slot ids (contiguous runs of one segment id; padding -1 skipped).
+
+        The trainer uses the packer's `nodes`; this derivation is the independent check of them.
+        """
         seg = segment_ids.cpu().tolist()
         par = parent_ids.cpu().tolist()
         rows: list[list[Node]] = []
@@ -104,6 +109,3 @@ def register() -> None:
 
     AttentionInterface.register(TREE_ATTENTION, tree_attention_forward)
     AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)
-
-
-register()
