@@ -36,11 +36,15 @@ USER = {"role": "user", "content": "Pick a colour."}
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
 
 
-def assert_clear(info: pytest.ExceptionInfo, *fragments: str) -> None:
-    """An artrl error, naming the item and the fix, with no chained traceback behind it."""
+def assert_clear(info: pytest.ExceptionInfo, *fragments: str, cause: bool = False) -> None:
+    """An artrl error naming the item and the fix. Its chain: none, or (cause=True) the original error of a
+    file that could not be read, kept as `__cause__` (never an error of our own behind it)."""
     err = info.value
     assert isinstance(err, ArtrlError), type(err)
-    assert err.__cause__ is None and (err.__context__ is None or err.__suppress_context__), "chained traceback"
+    if cause:
+        assert err.__cause__ is None or not isinstance(err.__cause__, ArtrlError), "chained artrl error"
+    else:
+        assert err.__cause__ is None and (err.__context__ is None or err.__suppress_context__), "chained traceback"
     for fragment in fragments:
         assert re.search(fragment, str(err)), f"{fragment!r} not in: {err}"
 
@@ -363,7 +367,7 @@ def test_corrupted_checkpoint_is_refused(trained_run, tmp_path, what):
     with pytest.raises(CheckpointError) as info:
         _register_copy(trained_run, tmp_path / "run", _corrupt(what, sentinel))
     assert_clear(info, re.escape(str(Path("checkpoints") / "0001")), "Delete that directory to resume from the "
-                 "previous checkpoint")
+                 "previous checkpoint", cause=True)
     assert not sentinel.exists(), "loading a checkpoint ran code from it"
 
 

@@ -364,7 +364,8 @@ def _reseed(seed: int) -> None:
 @pytest.mark.parametrize("kinds", [("sft", "sft", "sft"), ("rl", "rl", "rl"), ("sft", "rl", "sft", "rl")],
                          ids=["sft", "rl", "sft-then-rl"])
 def test_resume_reproduces_the_uninterrupted_next_step(tmp_path, make_choice, kinds):
-    """Optimizer moments, RNG (LoRA dropout draws from it), step and schedule position are restored."""
+    """Optimizer moments, the trainer's RNG (LoRA dropout draws from it), step and schedule position are
+    restored; the process-wide RNGs play no part (reseeded differently before the resumed step)."""
     groups = _rl_groups(make_choice)
     k = len(kinds) - 1
     internal = {"lora_dropout": 0.1}
@@ -398,12 +399,13 @@ def test_resume_reproduces_the_uninterrupted_next_step(tmp_path, make_choice, ki
             torch.testing.assert_close(got[name], want[name], rtol=1e-6, atol=1e-8, msg=name)
 
         if kinds[k] == "sft":
-            # the check has teeth: without the restored RNG, the dropout masks (and the loss) differ
+            # the check has teeth: with another trainer RNG state, the dropout masks (and the loss) differ
             _reseed(0)
             model, backend = await _register(tmp_path / "resumed-again", **internal)
             for kind in kinds[:k]:
                 await _step(model, kind, groups)
-            _reseed(999)
+            trainer = backend._runs["m"].trainer
+            trainer.set_rng_state(trainer._seeded_rng_state(999))
             other = await _step(model, kinds[k], groups)
             backend.close()
             assert other.metrics["train/loss"] != pytest.approx(a["train/loss"], rel=1e-6, abs=1e-7)

@@ -251,7 +251,7 @@ def test_the_server_binds_to_loopback_by_default():
     import inspect
 
     from artrl.local import LocalBackend
-    from artrl.serve.standalone import add_arguments
+    from artrl.local.standalone import add_arguments
 
     assert inspect.signature(start_server).parameters["host"].default == "127.0.0.1"
     assert LocalBackend()._host == "127.0.0.1"
@@ -266,7 +266,7 @@ def test_the_server_binds_to_loopback_by_default():
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3"])
 def test_binding_off_loopback_requires_an_api_key(engine, host):
     from artrl.local import LocalBackend
-    from artrl.serve.standalone import add_arguments, build_app
+    from artrl.local.standalone import add_arguments, build_app
 
     with pytest.raises(ConfigError, match="API key"):
         start_server(create_app(ServedModels("m", engine)), host=host)

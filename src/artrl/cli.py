@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     add_demo_args(demo)
 
     sv = sub.add_parser("serve", help="the OpenAI-compatible inference server alone")
-    from .serve.standalone import add_arguments as add_serve_args
+    from .local.standalone import add_arguments as add_serve_args
 
     add_serve_args(sv)
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             from .demo import main as run
             return run(args)
         if args.command == "serve":
-            from .serve.standalone import main as run
+            from .local.standalone import main as run
             return run(args)
         if args.command == "bench" and args.bench == "pack":
             from .bench.pack_bench import main as run

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 def _adapter_and_run(checkpoint: str | None) -> tuple[Path | None, Path | None]:
-    from ..local import storage
+    from . import storage
 
     if checkpoint is None:
         return None, None
@@ -34,13 +34,13 @@ def _adapter_and_run(checkpoint: str | None) -> tuple[Path | None, Path | None]:
 
 
 def build_app(args: Any) -> Any:
-    from ..local import storage
+    from ..serve.background import is_loopback
+    from ..serve.models import ServedModels
+    from ..serve.server import create_app
+    from ..serve.transformers_engine import TransformersEngine
     from ..train.modeling import load_base_model
     from ..types import InternalModelConfig
-    from .background import is_loopback
-    from .models import ServedModels
-    from .server import create_app
-    from .transformers_engine import TransformersEngine
+    from . import storage
 
     if not is_loopback(args.host) and not args.api_key:
         raise ConfigError(f"--host {args.host} is not a loopback address; set --api-key so that only clients "

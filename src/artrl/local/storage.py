@@ -8,8 +8,8 @@ Layout (written down once, here):
         checkpoints/0003/               one directory per step
             adapter_model.safetensors   LoRA weights (peft format)
             adapter_config.json
-            optimizer.pt                AdamW state
-            trainer_state.json          step, optimizer steps, RNG state, base model
+            optimizer.pt                AdamW state and the trainer's own RNG state
+            trainer_state.json          step, optimizer steps, base model, the step's history line
             COMPLETE                    written last; a directory without it is not a checkpoint
         trajectories/<split>/0003.jsonl trajectories logged at a step
 

@@ -235,7 +235,9 @@ class TransformersEngine(InferenceEngine):
 
     def _worker_loop(self) -> None:
         if self.num_threads:
-            torch.set_num_threads(self.num_threads)  # thread-local: the trainer keeps its own count
+            # Set from this worker thread: OpenMP keeps the count per thread, so the trainer's thread keeps
+            # its own (checked by test_decode_threads_leave_the_caller_alone).
+            torch.set_num_threads(self.num_threads)
         carry: collections.deque[_Pending | None] = collections.deque()
         while True:
             first = carry.popleft() if carry else self._queue.get()

@@ -2,14 +2,20 @@
 
 For each optimizer step of the plan: every micro-batch (rows trimmed to their
 longest row) goes through ONE forward and backward pass with the packed
-prefix-sharing attention mask; the micro-batch's loss sum is divided by the
-whole step's total token weight before backward, so the accumulated gradient is
-the step's token-mean gradient whatever the micro-batch size. Then gradients are
+prefix-sharing attention; the micro-batch's loss sum is divided by the whole
+step's total token weight before backward, so the accumulated gradient is the
+step's token-mean gradient whatever the micro-batch size. Then gradients are
 clipped, checked for NaN/inf (a non-finite loss or gradient refuses the step,
-which is counted and logged), and AdamW steps. Metrics are yielded per step.
+which is counted and logged), and AdamW steps with the call's optimizer
+settings. Metrics are yielded per step.
 
 The model is shared with the inference engine: `model_lock` is held for the
 whole of a train call so generation and training take turns on one device.
+
+Randomness (e.g. LoRA dropout) comes from the trainer's own generator state,
+seeded from the model config and saved in checkpoints: a train call runs inside
+`torch.random.fork_rng` with that state, so the caller's process-wide RNGs are
+exactly as they were afterwards, and two models never share a stream.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from tqdm.auto import tqdm
 
 from ..preprocess.pack import PackedRows
 from ..preprocess.plan import BatchPlan
-from ..types import InternalModelConfig
+from ..types import InternalModelConfig, OptimizerConfig
 from .attention import attention_mask_for
 from .logprobs import token_logprobs
 from .loss import LossTerms
@@ -75,10 +81,45 @@ class Trainer:
         self.softcap = getattr(inner.config, "final_logit_softcapping", None)
         self.max_length = model_max_length(inner, self.cfg)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, betas=(0.9, 0.99), weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, **OptimizerConfig().optimizer_settings())
         self.model_lock = model_lock or threading.RLock()
         self.optimizer_steps = 0
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._rng = self._seeded_rng_state(self.cfg.seed)
+
+    # ------------------------------------------------------------------ randomness
+    def _seeded_rng_state(self, seed: int) -> dict[str, torch.Tensor | None]:
+        cpu = torch.Generator().manual_seed(seed).get_state()
+        cuda = None
+        if self.device.type == "cuda":
+            cuda = torch.Generator(device=self.device).manual_seed(seed).get_state()
+        return {"cpu": cpu, "cuda": cuda}
+
+    def rng_state(self) -> dict[str, torch.Tensor | None]:
+        """The trainer's own generator states (what a checkpoint saves)."""
+        return {k: v.clone() if v is not None else None for k, v in self._rng.items()}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        """Restore `rng_state()` output; a CUDA state is kept only when training on CUDA."""
+        cpu = state.get("cpu")
+        if not isinstance(cpu, torch.Tensor) or cpu.dtype != torch.uint8:
+            raise ValueError("the saved trainer RNG state has no CPU generator state")
+        cuda = state.get("cuda") if self.device.type == "cuda" else None
+        self._rng = {"cpu": cpu.clone(), "cuda": cuda.clone() if isinstance(cuda, torch.Tensor) else None}
+
+    @contextlib.contextmanager
+    def _own_rng(self) -> Iterator[None]:
+        """Run with the trainer's generator states; the caller's are restored on exit."""
+        cuda = self.device.type == "cuda"
+        with torch.random.fork_rng(devices=[self.device] if cuda else []):
+            torch.set_rng_state(self._rng["cpu"])
+            if cuda and self._rng["cuda"] is not None:
+                torch.cuda.set_rng_state(self._rng["cuda"], self.device)
+            try:
+                yield
+            finally:
+                self._rng = {"cpu": torch.get_rng_state(),
+                             "cuda": torch.cuda.get_rng_state(self.device) if cuda else None}
 
     # ------------------------------------------------------------------ forward
     def forward_tokens(self, mb: PackedRows, *, grad: bool = True, adapter: bool = True) -> TokenBatch:
@@ -89,7 +130,7 @@ class Trainer:
         if self.attn_implementation == TREE_ATTENTION:
             # a 4-D placeholder makes transformers skip building a seq x seq mask; the layout rules instead
             mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev)
-            extra[TREE_ATTENTION] = TreeLayout.from_ids(mb.segment_ids, mb.parent_ids)
+            extra[TREE_ATTENTION] = TreeLayout(mb.nodes)
         else:
             mask = attention_mask_for(self.attn_implementation, mb.segment_ids.to(dev), mb.parent_ids.to(dev),
                                       self.dtype)
@@ -116,17 +157,18 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
     def run(self, packed: PackedRows, plan: BatchPlan, loss_fn: LossFn, learning_rates: list[float], *,
-            max_grad_norm: float | None = 1.0, need_ref: bool = False, desc: str = "train",
+            optimizer: OptimizerConfig | None = None, need_ref: bool = False, desc: str = "train",
             show_progress: bool = True) -> Iterator[dict[str, float]]:
         """Run every optimizer step of `plan`; yields one metrics dict per step."""
         if len(learning_rates) != len(plan.steps):
             raise ValueError(f"{len(learning_rates)} learning rates for {len(plan.steps)} steps")
-        self.model.train()
+        optimizer = optimizer or OptimizerConfig()
         bar = tqdm(total=plan.num_micro_batches, desc=desc, unit="mb", disable=not show_progress, leave=False)
         try:
-            with self.model_lock:
+            with self.model_lock, self._own_rng():
+                self.model.train()
                 for step, lr in zip(plan.steps, learning_rates):
-                    yield self._step(packed, step, loss_fn, lr, max_grad_norm, need_ref, bar)
+                    yield self._step(packed, step, loss_fn, lr, optimizer, need_ref, bar)
         finally:
             bar.close()
             self.model.eval()
@@ -160,11 +202,14 @@ class Trainer:
                 bar.update(1)
         return totals
 
-    def _step(self, packed: PackedRows, step: Any, loss_fn: LossFn, lr: float, max_grad_norm: float | None,
+    def _step(self, packed: PackedRows, step: Any, loss_fn: LossFn, lr: float, optimizer: OptimizerConfig,
               need_ref: bool, bar: tqdm) -> dict[str, float]:
         t0 = time.perf_counter()
+        settings = optimizer.optimizer_settings()
+        max_grad_norm = optimizer.max_grad_norm
         for g in self.optimizer.param_groups:
             g["lr"] = lr
+            g.update(settings)
         self.optimizer.zero_grad(set_to_none=True)
         totals = self.accumulate(packed, step, loss_fn, need_ref=need_ref, bar=bar)
         computed = int(totals["computed"])

@@ -1,0 +1,138 @@
+"""Saving and restoring a trainer's checkpoint in the run directory.
+
+A checkpoint (layout in storage.py) holds the LoRA adapter in peft's format,
+the AdamW state and the trainer's own RNG state (`optimizer.pt`), and
+`trainer_state.json` (step, optimizer steps, base model, the step's history
+line). It is written through `storage.write_checkpoint`, so a reader sees a
+whole checkpoint or none.
+
+Restoring tells two kinds of failure apart:
+
+* the files are unreadable or do not fit this model (truncated safetensors,
+  garbage pickles, JSON that does not parse, adapter tensors of other shapes):
+  a `CheckpointError` that names the directory and says that deleting it
+  resumes from the previous checkpoint, with the original error as its cause;
+* anything else (e.g. a library API change, a bug) propagates unchanged: it is
+  not the checkpoint's fault, and no one should delete data over it.
+
+Older checkpoints that stored the process-wide RNG states (`torch_rng`) are
+read too: their CPU state becomes the trainer's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError
+from . import storage
+
+log = logging.getLogger(__name__)
+
+# keys of optimizer.pt
+OPTIMIZER_KEY = "optimizer"
+TRAINER_RNG_KEY = "trainer_rng"
+LEGACY_TORCH_RNG_KEY = "torch_rng"
+
+DELETE_ADVICE = "Delete that directory to resume from the previous checkpoint."
+
+
+@dataclass
+class Restored:
+    step: int
+    optimizer_steps: int
+    history_record: dict[str, Any] | None
+
+
+def save(trainer: Any, run: Path, step: int, base_model: str, history_record: dict[str, Any] | None) -> Path:
+    """Write checkpoint `step` of `trainer` (adapter, optimizer, RNG, trainer state) atomically."""
+
+    def write(tmp: Path) -> None:
+        trainer.model.save_pretrained(str(tmp), selected_adapters=["default"])
+        torch.save({OPTIMIZER_KEY: trainer.optimizer.state_dict(), TRAINER_RNG_KEY: trainer.rng_state()},
+                   tmp / storage.OPTIMIZER_FILE)
+        with open(tmp / storage.TRAINER_STATE_FILE, "w") as fh:
+            json.dump({"step": step, "optimizer_steps": trainer.optimizer_steps, "base_model": base_model,
+                       "history_record": history_record}, fh)
+
+    with trainer.model_lock:
+        return storage.write_checkpoint(run, step, write, {"base_model": base_model})
+
+
+def _unreadable(path: Path, what: str, error: BaseException) -> CheckpointError:
+    return CheckpointError(f"checkpoint {path} is corrupted or incomplete: {what} cannot be read "
+                           f"({type(error).__name__}: {str(error)[:300]}). {DELETE_ADVICE}")
+
+
+def _read_files(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    """(adapter weights, optimizer.pt contents, trainer_state.json) or a CheckpointError naming the file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    adapter = path / storage.ADAPTER_WEIGHTS_FILE
+    try:
+        weights = load_file(str(adapter))
+    except (OSError, SafetensorError) as e:
+        raise _unreadable(path, storage.ADAPTER_WEIGHTS_FILE, e) from e
+    try:
+        # weights_only: a checkpoint directory is data, never code (no arbitrary unpickling)
+        opt = torch.load(path / storage.OPTIMIZER_FILE, weights_only=True)
+    except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as e:
+        raise _unreadable(path, storage.OPTIMIZER_FILE, e) from e
+    if not isinstance(opt, dict) or OPTIMIZER_KEY not in opt or not ({TRAINER_RNG_KEY, LEGACY_TORCH_RNG_KEY} & set(opt)):
+        raise _unreadable(path, storage.OPTIMIZER_FILE, ValueError("it lacks the optimizer or RNG state"))
+    try:
+        state = json.loads((path / storage.TRAINER_STATE_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise _unreadable(path, storage.TRAINER_STATE_FILE, e) from e
+    if not isinstance(state, dict):
+        raise _unreadable(path, storage.TRAINER_STATE_FILE, ValueError("it is not a JSON object"))
+    return weights, opt, state
+
+
+def restore(trainer: Any, run: Path, step: int, base_model: str) -> Restored:
+    """Load checkpoint `step` into `trainer`; see the module docstring for the errors."""
+    from peft import set_peft_model_state_dict
+
+    path = storage.checkpoint_dir(run, step)
+    marker = storage.read_marker(path)
+    if marker.get("base_model") != base_model:
+        raise CheckpointError(
+            f"checkpoint {path} was trained from base model {marker.get('base_model')!r}, but this run uses "
+            f"{base_model!r}. Register with the original base model, or use a new model name.")
+    weights, opt, state = _read_files(path)
+    with trainer.model_lock:
+        try:
+            result = set_peft_model_state_dict(trainer.model, weights, adapter_name="default")
+        except RuntimeError as e:  # torch's "size mismatch for ..." when copying tensors of other shapes
+            raise CheckpointError(
+                f"checkpoint {path} has adapter weights that do not fit this model ({str(e)[:300]}): was it "
+                f"trained with another LoRA configuration, or is its adapter file damaged? {DELETE_ADVICE}") from e
+    unexpected = getattr(result, "unexpected_keys", []) or []
+    missing = [k for k in getattr(result, "missing_keys", []) or [] if ".lora_" in k and ".default." in k]
+    if unexpected or missing:
+        bad = unexpected or missing
+        raise CheckpointError(
+            f"checkpoint {path} has adapter weights that do not match this model ({len(unexpected)} "
+            f"unexpected, {len(missing)} missing, e.g. {bad[0]!r}): was it trained with another LoRA "
+            f"configuration, or is its adapter file damaged? {DELETE_ADVICE}")
+    with trainer.model_lock:
+        try:
+            trainer.optimizer.load_state_dict(opt[OPTIMIZER_KEY])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint {path} has optimizer state that does not fit this model ({e}); "
+                                  f"was it trained with another LoRA configuration? {DELETE_ADVICE}") from e
+    rng = opt.get(TRAINER_RNG_KEY) or {"cpu": opt.get(LEGACY_TORCH_RNG_KEY)}
+    try:
+        trainer.set_rng_state(rng)
+    except (ValueError, AttributeError) as e:
+        raise _unreadable(path, f"the RNG state in {storage.OPTIMIZER_FILE}", e) from e
+    log.info("resumed from checkpoint %s", path)
+    return Restored(step=step, optimizer_steps=int(state.get("optimizer_steps", 0)),
+                    history_record=state.get("history_record"))

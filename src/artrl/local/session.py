@@ -1,0 +1,188 @@
+"""A training session: one registered trainable model on this machine.
+
+It owns the weights (a peft model loaded once), the trainer, the inference
+engine that serves the same weights, the run directory and the step counter:
+
+* `TrainingSession.open` loads the base model with a fresh LoRA adapter, checks
+  the run directory belongs to this base model, removes what an interrupted
+  write left behind, and resumes from the latest complete checkpoint (or writes
+  checkpoint 0).
+* `train` runs one RL or SFT call under the model lock (so inference waits),
+  advances the step, writes the checkpoint with the step's history line inside
+  it, then appends that line to history.jsonl. A crash between the two loses
+  nothing: `open` re-appends the line from the checkpoint.
+* `delete_checkpoints` keeps the latest and the best checkpoint.
+
+It knows nothing of HTTP or of ART's calling conventions: the server and the
+ART-facing facade are local/backend.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError, NonFiniteError
+from ..types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
+from . import checkpoint, storage
+
+log = logging.getLogger(__name__)
+
+
+class TrainingSession:
+    """See the module docstring. Build with `TrainingSession.open(...)`."""
+
+    def __init__(self, name: str, run: Path, base_model: str, cfg: InternalModelConfig, trainer: Any,
+                 engine: Any) -> None:
+        self.name = name
+        self.run = run
+        self.base_model = base_model
+        self.cfg = cfg
+        self.trainer = trainer
+        self.engine = engine
+        self.step = 0
+        self.history_record: dict[str, Any] | None = None  # the latest checkpoint's own history line
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(cls, run: Path, *, name: str, project: str, base_model: str,
+             cfg: InternalModelConfig) -> "TrainingSession":
+        from ..serve import TransformersEngine
+        from ..train.modeling import load_model
+        from ..train.trainer import Trainer
+
+        run.mkdir(parents=True, exist_ok=True)
+        _check_run_owner(run, base_model)
+        storage.write_json_atomic(run / storage.MODEL_FILE, {"name": name, "project": project,
+                                                             "base_model": base_model, "config": cfg.model_dump()})
+        removed = storage.clean_temporaries(run)
+        if removed:
+            log.warning("removed %d temporary files or checkpoint directories left by an interrupted write", removed)
+        peft_model, tok = load_model(base_model, cfg)
+        on_cpu = next(peft_model.parameters()).device.type == "cpu"
+        engine = TransformersEngine(peft_model, tok, max_batch_size=cfg.inference_max_batch_size,
+                                    max_model_len=cfg.max_length,
+                                    num_threads=cfg.inference_cpu_threads if on_cpu else None)
+        trainer = Trainer(peft_model, tok, cfg, model_lock=engine.model_lock)
+        session = cls(name, run, base_model, cfg, trainer, engine)
+        latest = storage.latest_checkpoint(run)
+        if latest is None:
+            session.save()
+        else:
+            restored = checkpoint.restore(trainer, run, latest, base_model)
+            trainer.optimizer_steps = restored.optimizer_steps
+            session.step, session.history_record = restored.step, restored.history_record
+        session._recover_history()
+        return session
+
+    def _recover_history(self) -> None:
+        """Re-append the latest checkpoint's history line if a crash kept it out of history.jsonl."""
+        record = self.history_record
+        if not record:
+            return
+        path = self.run / storage.HISTORY_FILE
+        have = any(r.get("step") == record.get("step") and r.get("split") == record.get("split") and "kind" in r
+                   for r in storage.read_jsonl(path))
+        if not have:
+            storage.append_jsonl(path, record)
+            log.warning("history.jsonl lacked the train record of step %s (a crash after the checkpoint was "
+                        "written); restored it from the checkpoint", record.get("step"))
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, history_record: dict[str, Any] | None = None) -> Path:
+        return checkpoint.save(self.trainer, self.run, self.step, self.base_model, history_record)
+
+    def checkpoint_path(self, step: int) -> str | None:
+        path = storage.checkpoint_dir(self.run, step)
+        return str(path) if storage.is_complete(path) else None
+
+    def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
+        """Delete every checkpoint but the latest, the one in use, and the best by `best_checkpoint_metric`."""
+        steps = storage.list_checkpoints(self.run)
+        if len(steps) <= 1:
+            return []
+        keep = {steps[-1]}
+        if self.step in steps:
+            keep.add(self.step)  # the weights this process runs on, whatever newer directories appeared
+        scores: dict[int, float] = {}
+        for rec in storage.read_jsonl(self.run / storage.HISTORY_FILE):
+            v = rec.get(best_checkpoint_metric)
+            if isinstance(v, (int, float)) and math.isfinite(v) and rec.get("step") in steps:
+                scores[int(rec["step"])] = float(v)
+        if scores:
+            keep.add(max(scores, key=lambda s: (scores[s], s)))
+        else:
+            log.warning("no logged step has %r (log it with model.log(..., split='val')); keeping only the latest "
+                        "checkpoint %d", best_checkpoint_metric, steps[-1])
+        deleted = [s for s in steps if s not in keep]
+        for s in deleted:
+            storage.delete_checkpoint(self.run, s)
+        if deleted:
+            log.info("deleted checkpoints %s of %s; kept %s", deleted, self.name, sorted(keep))
+        return deleted
+
+    # ------------------------------------------------------------------ training
+    def train(self, kind: str, data: list[Any], cfg: TrainConfig | TrainSFTConfig, *,
+              show_progress: bool = True) -> TrainResult:
+        """One RL ("rl", data = groups) or SFT ("sft", data = trajectories) call; see the module docstring."""
+        from ..train.call import run_call
+        from ..train.rl import prepare_rl
+        from ..train.sft import prepare_sft
+
+        trainer = self.trainer
+        with trainer.model_lock:
+            call = prepare_rl(trainer, data, cfg) if kind == "rl" else prepare_sft(trainer, data, cfg)
+            steps, summary = run_call(trainer, call, show_progress=show_progress, desc=f"{kind} step {self.step + 1}")
+            if call.empty:
+                log.warning("%s: %s; the step did not advance", self.name, call.summary())
+                return TrainResult(step=self.step, metrics=summary, checkpoint_path=None)
+            if steps and int(summary.get("skipped_nonfinite_steps", 0)) == len(steps):
+                raise NonFiniteError(
+                    f"{self.name}: all {len(steps)} optimizer steps of this {kind} call had a non-finite loss or "
+                    f"gradient and were refused; the step did not advance (still {self.step}) and no checkpoint "
+                    "was written. Usual causes: a diverged adapter (NaN/inf weights) or too high a learning rate; "
+                    "lower learning_rate, or resume from an earlier checkpoint (delete the later ones).")
+            self.step += 1
+            metrics = metric_names(summary)
+            record = {"step": self.step, "split": "train", "kind": kind, **finite(metrics)}
+            path = self.save(record)
+        if metrics.get("train/skipped_nonfinite_steps"):
+            log.error("%s step %d: %d of %d optimizer steps had a non-finite loss or gradient and were refused "
+                      "(train/skipped_nonfinite_steps); the weights did not take them", self.name, self.step,
+                      int(metrics["train/skipped_nonfinite_steps"]), len(steps))
+        storage.append_jsonl(self.run / storage.HISTORY_FILE, record)
+        return TrainResult(step=self.step, metrics=metrics, checkpoint_path=str(path))
+
+
+def metric_names(summary: dict[str, float]) -> dict[str, float]:
+    """A call's figures as history keys: `train/<metric>`, data figures keep their `data/` prefix."""
+    return {k if k.startswith("data/") else f"train/{k}": v for k, v in summary.items()}
+
+
+def finite(d: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in d.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+def _check_run_owner(run: Path, base_model: str) -> None:
+    """Refuse a run directory that records another base model (or cannot say which)."""
+    meta_path = run / storage.MODEL_FILE
+    if not meta_path.exists():
+        return
+    try:
+        meta = json.loads(meta_path.read_text())
+        if not isinstance(meta, dict):
+            raise ValueError(f"expected a JSON object, got {type(meta).__name__}")
+    except (OSError, ValueError) as e:
+        raise CheckpointError(
+            f"{meta_path} is unreadable ({type(e).__name__}: {e}); it records the run's base model. "
+            f"Restore it, or delete the run directory {run} to start over.") from e
+    if meta.get("base_model") != base_model:
+        raise CheckpointError(
+            f"run directory {run} belongs to base model {meta.get('base_model')!r}, not "
+            f"{base_model!r}. Use another model name or project, or delete the directory.")
