@@ -389,12 +389,19 @@ def test_model_lock_holds_inference_back(client: openai.OpenAI, engine: Transfor
         client.chat.completions.create(model="m", messages=user("wait"), max_tokens=2)
         done.set()
 
+    served = engine.batches_served
     with engine.model_lock:
         thread = threading.Thread(target=request)
         thread.start()
-        assert not done.wait(0.5)
+        # the request must really be waiting in the engine (not merely slow to arrive) while the lock is held
+        deadline = time.monotonic() + 60
+        while engine.pending_requests < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.pending_requests >= 1, "the request never reached the engine"
+        assert not done.wait(0.2)
+        assert engine.batches_served == served and engine.pending_requests >= 1
     thread.join(30)
-    assert done.is_set()
+    assert done.is_set() and engine.batches_served == served + 1
 
 
 @pytest.mark.parametrize(

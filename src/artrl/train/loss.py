@@ -28,8 +28,8 @@ ratio 1 (on-policy); the tokenizer lets them through only when the user allows.
 
 What we simplify: no value function, no per-token advantages (all tokens of a
 sequence share A_i), no length normalisation inside a sequence. The returned
-values are sums of w_t * l_t; rl.py divides by the optimizer step's total
-weight, never per micro-batch, so the gradient does not depend on how the
+values are sums of w_t * l_t; the trainer (train/trainer.py, `accumulate`)
+divides them by the optimizer step's total weight, never per micro-batch, so the gradient does not depend on how the
 step's rows are split into forward passes.
 """
 
@@ -72,8 +72,8 @@ def policy_loss(
     if kind == "gspo":
         # mean log-ratio per sequence, broadcast back to its tokens
         uniq, inv = torch.unique(sequence_ids, return_inverse=True)
-        counts = torch.zeros(len(uniq), device=new.device).index_add_(0, inv, torch.ones_like(new))  # [seqs]
-        seq_lr = torch.zeros(len(uniq), device=new.device).index_add_(0, inv, log_ratio.detach()) / counts
+        counts = new.new_zeros(len(uniq)).index_add_(0, inv, torch.ones_like(new))  # [seqs]
+        seq_lr = new.new_zeros(len(uniq)).index_add_(0, inv, log_ratio.detach()) / counts  # [seqs]
         ratio = torch.exp(seq_lr[inv] + new - new.detach())  # [n], value = sequence ratio
     else:
         ratio = torch.exp(log_ratio)  # [n]

@@ -4,8 +4,9 @@
 any other name is a Hugging Face model id or a local path, loaded with
 `AutoModelForCausalLM` (weights must be present locally or reachable).
 
-Defaults: float32 on CPU, bfloat16 on GPU; SDPA attention with a boolean
-prefix mask on CPU, flex_attention (block-sparse) on GPU; LoRA r=8, alpha=16 on
+Defaults: float32 on CPU, bfloat16 on GPU; tree attention ("artrl_tree": one
+SDPA call per packed node, train/tree_attention.py) on CPU, flex_attention
+(block-sparse) on GPU; LoRA r=8, alpha=16 on
 the attention and MLP projections of Llama/Qwen/Mistral-style models, peft's
 "all-linear" elsewhere. `trust_remote_code` stays off unless asked for.
 """
