@@ -1,8 +1,8 @@
 """Rows -> micro-batches -> optimizer steps: a plain object that says what will run.
 
-* An optimizer step takes `grad_accumulation_sequences` consecutive rows (RL;
-  None = all rows in one step), or explicit row groups (SFT: the rows packed
-  from one batch of `batch_size` trajectories).
+* An optimizer step takes explicit row groups (the rows packed from one step's
+  data: preprocess/build.py), or `grad_accumulation_sequences` consecutive rows
+  (None = all rows in one step).
 * Within a step, a micro-batch (one forward/backward pass) takes
   `per_device_train_batch_size` rows, or, when `max_tokens_per_microbatch` is
   set, as many rows as fit that many token slots (rows x the width of the
@@ -64,8 +64,9 @@ class BatchPlan:
         return max((len(mb.rows) for s in self.steps for mb in s.micro_batches), default=0)
 
     def describe(self) -> str:
+        n = len(self.steps)
         return (f"{self.num_micro_batches} micro-batches of <={self.max_rows_per_micro_batch} rows; "
-                f"{len(self.steps)} optimizer steps")
+                f"{n} optimizer step{'' if n == 1 else 's'}")
 
 
 def _micro_batches(packed: PackedRows, rows: Sequence[int], per_device: int,
