@@ -29,7 +29,7 @@ import torch
 
 from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..trajectories import Trajectory, TrajectoryGroup, revalidate
-from ..types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
+from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainResult, TrainSFTConfig
 from . import storage
 
 if TYPE_CHECKING:
@@ -354,7 +354,7 @@ class LocalBackend:
                                       desc=f"{kind} step {state.step + 1}")
             if call.empty:
                 log.warning("%s: %s; the step did not advance", model.name, call.summary())
-                return TrainResult(step=state.step, metrics=summary, checkpoint_path=None)
+                return LocalTrainResult(step=state.step, metrics=summary, checkpoint_path=None)
             if steps and int(summary.get("skipped_nonfinite_steps", 0)) == len(steps):
                 raise NonFiniteError(
                     f"{model.name}: all {len(steps)} optimizer steps of this {kind} call had a non-finite loss or "
@@ -370,7 +370,7 @@ class LocalBackend:
                       "(train/skipped_nonfinite_steps); the weights did not take them", model.name, state.step,
                       int(metrics["train/skipped_nonfinite_steps"]), len(steps))
         storage.append_jsonl(state.run / storage.HISTORY_FILE, record)
-        return TrainResult(step=state.step, metrics=metrics, checkpoint_path=str(path))
+        return LocalTrainResult(step=state.step, metrics=metrics, checkpoint_path=str(path))
 
 
 def _merge(config: Any, extra: dict[str, Any]) -> Any:
