@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import json
 import logging
 import math
@@ -476,6 +477,12 @@ class PendingGroup:
     def __await__(self):
         return self._collect().__await__()
 
+    def close(self) -> None:
+        """Close the rollout coroutines of a group that will never be awaited (e.g. a skipped batch)."""
+        for item in self._items:
+            if inspect.iscoroutine(item):
+                item.close()
+
     async def _collect(self) -> TrajectoryGroup:
         context = get_gather_context()
         results: list[Trajectory | None] = [None] * len(self._items)
@@ -492,6 +499,8 @@ class PendingGroup:
         try:
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.exception()  # retrieved now, even if a failure below stops the loop
                 for task in sorted(done, key=index.__getitem__):
                     try:
                         trajectory = task.result()
