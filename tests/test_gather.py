@@ -119,7 +119,7 @@ def test_after_each_replaces_drops_and_expands_groups():
 def test_a_plain_function_as_after_each_and_a_wrong_return_type():
     kept = run(art.gather_trajectory_groups([group(ok())], after_each=lambda g: g))
     assert len(kept) == 1
-    with pytest.raises(GatherError, match="after_each returned str for group 0"):
+    with pytest.raises(GatherError, match="group 0 came back as a str"):
         run(art.gather_trajectory_groups([group(ok())], after_each=lambda g: "oops"))
 
 
@@ -252,3 +252,21 @@ def test_stopping_a_batch_iteration_early_cancels_the_groups_still_running():
 
     run(main())
     assert len(cancelled) == 2
+
+
+def test_the_gather_building_blocks_serve_scripts_that_gather_their_own_way():
+    """ART's tic_tac_toe_self_play example gathers tuples of trajectories with these (art.gather names)."""
+    from artrl.gather import GatherContext, set_gather_context, wrap_group_awaitable
+
+    async def pair():
+        return await ok(1.0), await ok(0.0)
+
+    async def main():
+        context = GatherContext(pbar=None, max_exceptions=0)
+        with set_gather_context(context):
+            tuples = await asyncio.gather(*(wrap_group_awaitable(pair()) for _ in range(3)))
+        return context, tuples
+
+    context, tuples = run(main())
+    assert [[t.reward for t in pair_] for pair_ in tuples] == [[1.0, 0.0]] * 3
+    assert context.metric_sums["reward"] == 3.0 and context.metric_divisors["reward"] == 6

@@ -108,8 +108,9 @@ async def gather_trajectory_groups(
             continue
         for group in result if isinstance(result, list) else [result]:
             if not isinstance(group, TrajectoryGroup):
-                raise GatherError(f"after_each returned {type(group).__name__} for group {i}; return the group, "
-                                  "a replacement TrajectoryGroup, a list of them, or None to drop it.")
+                raise GatherError(f"group {i} came back as a {type(group).__name__}, not a TrajectoryGroup; a "
+                                  "group awaitable must give a TrajectoryGroup, and after_each must return it, a "
+                                  "replacement, a list of groups, or None to drop it.")
             out.append(group)
     if context.exceptions:
         log.warning("%d of %d rollouts raised (within max_exceptions=%s); they are kept in their groups' "
@@ -149,7 +150,10 @@ def _expected_rollouts(g: Any) -> int:
 
 
 async def wrap_group_awaitable(awaitable: Awaitable[TrajectoryGroup] | TrajectoryGroup) -> TrajectoryGroup | None:
-    """Await one group under the open gather context; a failing custom group counts as one failure."""
+    """Await one group under the open gather context; a failing custom group counts as one failure.
+
+    As in ART, an awaitable that gives a list or tuple of trajectories is reported and returned as it is.
+    """
     context = get_gather_context()
     if isinstance(awaitable, TrajectoryGroup):  # already built: report its trajectories
         _report(context, awaitable)
@@ -158,7 +162,9 @@ async def wrap_group_awaitable(awaitable: Awaitable[TrajectoryGroup] | Trajector
         return await awaitable
     try:
         group = await awaitable
-        if not isinstance(group, TrajectoryGroup):
+        # ART's rule: anything iterable of trajectories is reported (some scripts gather tuples of them)
+        if not isinstance(group, TrajectoryGroup) and not (
+                isinstance(group, (list, tuple)) and all(isinstance(t, Trajectory) for t in group)):
             raise TypeError(f"a group awaitable returned {type(group).__name__}, expected a TrajectoryGroup")
     except Exception as e:  # noqa: BLE001 - counted against max_exceptions, raised past it
         if context.record_exception(e):
