@@ -57,7 +57,7 @@ async def trajectory_group_batches(
     try:
         while unstarted or pending:
             if context.pbar is None:
-                context.pbar = tqdm.tqdm(desc=pbar_desc, total=batch_size)
+                context.pbar = tqdm.tqdm(desc=pbar_desc, total=batch_size, disable=pbar_desc is None)
             while unstarted and len(pending) < batch_size * max_concurrent_batches:
                 pending.add(asyncio.create_task(wrap_group_awaitable(unstarted.pop()), context=task_context))
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)

@@ -69,7 +69,7 @@ async def gather_trajectory_groups(
 
     Args:
         groups: awaitables of `TrajectoryGroup` (e.g. `TrajectoryGroup(rollout() for _ in range(8))`).
-        pbar_desc: description of the progress bar.
+        pbar_desc: description of the progress bar; None hides it (ART shows one without a description).
         pbar_total_completion_tokens: deprecated in ART; accepted with a notice.
         max_exceptions: failed rollouts tolerated: a count, or a fraction of all rollouts when
             below 1. One more raises that rollout's exception and cancels the rest.
@@ -96,7 +96,7 @@ async def gather_trajectory_groups(
 
     with set_gather_context(context):
         tasks = [asyncio.ensure_future(forward(g)) for g in awaitables]
-        context.pbar = tqdm.tqdm(desc=pbar_desc, total=context.total)
+        context.pbar = tqdm.tqdm(desc=pbar_desc, total=context.total, disable=pbar_desc is None)
         try:
             results = await asyncio.gather(*tasks)
         finally:
@@ -132,7 +132,8 @@ async def gather_trajectories(
     """
     warn_deprecated_completion_tokens(pbar_total_completion_tokens)
     awaitables = list(trajectories)
-    context = GatherContext(pbar=tqdm.tqdm(desc=pbar_desc, total=len(awaitables)), max_exceptions=max_exceptions,
+    context = GatherContext(pbar=tqdm.tqdm(desc=pbar_desc, total=len(awaitables), disable=pbar_desc is None),
+                            max_exceptions=max_exceptions,
                             total=len(awaitables))
     with set_gather_context(context):
         tasks = [asyncio.ensure_future(wrap_trajectories_awaitable(t)) for t in awaitables]
