@@ -207,19 +207,27 @@ def test_gather_trajectories_returns_results_in_place():
         run(art.gather_trajectories([ok(), fails()]))
 
 
-def test_trajectory_group_batches_yields_finished_groups_in_batches():
+def test_trajectory_group_batches_yields_finished_groups_while_others_run():
+    finished: list[int] = []
+
+    async def rollout(i: int):
+        await asyncio.sleep(0.001 * (i % 3))
+        finished.append(i)
+        return await ok(float(i))
+
     async def main():
         batches = []
-        groups = [group(ok(float(i), delay=0.001 * (8 - i)), metadata={"i": i}) for i in range(7)]
-        async for batch in art.trajectory_group_batches(groups, batch_size=3, max_concurrent_batches=1,
-                                                        skip_batches=0):
-            batches.append([g.metadata["i"] for g in batch])
+        groups = [group(rollout(i), metadata={"i": i}) for i in range(7)]
+        async for batch in art.trajectory_group_batches(groups, batch_size=3, max_concurrent_batches=1):
+            ids = [g.metadata["i"] for g in batch]
+            assert set(ids) <= set(finished)  # only finished groups are handed out
+            batches.append((ids, len(finished)))
         return batches
 
     batches = run(main())
-    assert [len(b) for b in batches] == [3, 3, 1]
-    assert sorted(i for b in batches for i in b) == list(range(7))
-    assert batches[0] == sorted(batches[0]) or set(batches[0]) <= {0, 1, 2}  # only the first 3 were started
+    assert [len(ids) for ids, _ in batches] == [3, 3, 1]
+    assert sorted(i for ids, _ in batches for i in ids) == list(range(7))
+    assert batches[0][1] < 7  # the first batch came while later groups had not finished (at most 3 run at once)
 
 
 def test_trajectory_group_batches_skips_batches_and_keeps_its_budget_for_every_batch():
