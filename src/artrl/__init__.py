@@ -1,23 +1,35 @@
 """artrl: train LLM agents from experience.
 
-`import artrl as art` runs an OpenPipe ART training loop unchanged; see README.md.
+`import artrl as art` runs an OpenPipe ART training loop unchanged; see README.md and
+docs/art-compatibility.md (every ART name and its status here).
 """
 
-from . import dev, schedules
+from . import dev, schedules, utils
+from .auto_trajectory import auto_trajectory, capture_auto_trajectory
+from .backend import Backend
+from .batches import trajectory_group_batches
 from .errors import (ArtrlError, CheckpointError, ConfigError, NonFiniteError, PackingError,
                      TrajectoryError)
-from .gather import GatherError, gather_trajectory_groups
+from .gather import GatherError, gather_trajectories, gather_trajectory_groups
 from .local import LocalBackend
 from .model import Model, TrainableModel
+from .serverless import ServerlessBackend
 from .trajectories import History, Trajectory, TrajectoryGroup
-from .types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
-from .utils import choice_from_completion
+from .types import (InternalModelConfig, LocalTrainResult, Messages, MessagesAndChoices, ServerlessTrainResult,
+                    Tools, TrainConfig, TrainResult, TrainSFTConfig)
+from .utils import choice_from_completion, retry
+from .yield_trajectory import capture_yielded_trajectory, yield_trajectory
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # ART's names (art/__init__.py)
+    "dev", "auto_trajectory", "capture_auto_trajectory", "gather_trajectories", "gather_trajectory_groups",
+    "trajectory_group_batches", "Backend", "LocalBackend", "LocalTrainResult", "ServerlessBackend",
+    "ServerlessTrainResult", "Messages", "MessagesAndChoices", "Tools", "Model", "TrainableModel", "retry",
+    "TrainSFTConfig", "TrainConfig", "TrainResult", "Trajectory", "TrajectoryGroup", "capture_yielded_trajectory",
+    "yield_trajectory",
+    # artrl's own
     "ArtrlError", "CheckpointError", "ConfigError", "GatherError", "History", "InternalModelConfig",
-    "LocalBackend", "Model", "NonFiniteError", "PackingError", "TrainConfig", "TrainResult", "TrainSFTConfig",
-    "TrainableModel", "Trajectory", "TrajectoryError", "TrajectoryGroup", "choice_from_completion", "dev",
-    "gather_trajectory_groups", "schedules",
+    "NonFiniteError", "PackingError", "TrajectoryError", "choice_from_completion", "schedules", "utils",
 ]

@@ -1,41 +1,53 @@
-"""The user-facing data model: `Trajectory`, `History`, `TrajectoryGroup`.
+"""The user-facing data model: `Trajectory`, `History`, `TrajectoryGroup` (ART's, field for field).
 
-Names and fields follow OpenPipe ART, so ART rollout code runs unchanged:
+Names, fields, defaults and methods follow OpenPipe ART, so ART rollout code runs unchanged:
 
 * A `Trajectory` is one episode: `messages_and_choices` (OpenAI chat message
   dicts, and OpenAI `Choice` objects for the turns the policy sampled), a
-  scalar `reward`, free-form `metrics` / `metadata` / `logs`, the `tools` the
-  agent was offered, and `additional_histories` (other conversations that
-  belong to the same episode, e.g. a sub-agent's).
+  scalar `reward` (0.0 until set), free-form `metrics` / `metadata` / `logs`,
+  the `tools` the agent was offered, `additional_histories` (other
+  conversations of the same episode, e.g. a sub-agent's) and the policy
+  versions it was sampled with.
 * A `TrajectoryGroup` holds the trajectories that answer the same prompt; RL
   advantages are computed relative to the group. Built from awaitables
-  (`TrajectoryGroup(rollout() for _ in range(8))`) it is itself awaitable, and
-  `gather_trajectory_groups` runs many such groups concurrently.
+  (`TrajectoryGroup(rollout() for _ in range(8))`) it is itself awaitable: the
+  rollouts run concurrently, report to the open gather (gather_context.py), and
+  failures land in `exceptions` (ART's `PydanticException`: type, message, traceback).
 
-What we add to ART's model: validation at construction. A NaN/inf reward, an
-unknown role, non-string content, a malformed tool call or an empty group is
-refused with a `TrajectoryError` that names the field (and, inside a group,
-the trajectory's index), instead of surfacing later as a deep traceback or as
-silent training on garbage.
+Construction is lenient, as in ART: a rollout builds an empty `Trajectory()` first,
+then appends choices and sets the reward. What protects training is checked where
+the data is used: `revalidate` runs before a trajectory is logged or tokenized and
+refuses a NaN/inf reward, an unknown role, non-string content or a malformed tool
+call with a `TrajectoryError` that names the group, the trajectory and the field.
+Construction still refuses what pydantic cannot read (e.g. `reward="high"`) and a
+group member that is not a trajectory, with the same clear errors.
 """
 
 from __future__ import annotations
 
+import asyncio
+import copy
+import inspect
 import json
+import logging
 import math
 import time
-from collections.abc import Awaitable, Iterable
-from typing import Any, Union
+import traceback
+from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
 
 import pydantic
 from openai.types.chat.chat_completion import Choice
 
 from .errors import TrajectoryError
+from .gather_context import GatherContext, cancel_and_wait, get_gather_context, record_metrics
+from .types import Message, MessageOrChoice, Messages, MessagesAndChoices, Tools
 
-Message = dict[str, Any]
-MessageOrChoice = Union[Message, Choice]
-MessagesAndChoices = list[MessageOrChoice]
-Tools = list[dict[str, Any]]
+log = logging.getLogger(__name__)
+
+MetadataValue = float | int | str | bool | None
 
 VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
@@ -160,53 +172,76 @@ def message_of(item: MessageOrChoice) -> Message:
 # --------------------------------------------------------------------------- models
 
 
+class PydanticException(pydantic.BaseModel):
+    """A failed rollout's exception kept as data (ART's `PydanticException`)."""
+
+    type: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def from_exception(cls, error: BaseException) -> "PydanticException":
+        return cls(type=str(type(error)), message=str(error),
+                   traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)))
+
+
+def get_messages(messages_and_choices: MessagesAndChoices) -> Messages:
+    """The chat messages of a conversation, as ART gives them to a chat template.
+
+    A Choice becomes its assistant message (`content` "" when absent, `tool_calls` when
+    present); a message whose `content` is None gets "".
+    """
+    messages: Messages = []
+    for item in messages_and_choices:
+        if isinstance(item, Choice):
+            message: dict[str, Any] = {"role": "assistant", "content": item.message.content or ""}
+            if item.message.tool_calls:
+                message["tool_calls"] = [call.model_dump(mode="json") for call in item.message.tool_calls]
+            messages.append(message)  # type: ignore[arg-type]
+        else:
+            message = dict(item)
+            if message.get("content") is None:
+                message["content"] = ""
+            messages.append(message)  # type: ignore[arg-type]
+    return messages
+
+
 class History(pydantic.BaseModel):
     """Another conversation that belongs to the same episode (ART's `History`)."""
-
-    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
 
     messages_and_choices: MessagesAndChoices
     tools: Tools | None = None
 
     def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except pydantic.ValidationError as e:
-            raise TrajectoryError(f"History is malformed: {e}") from None
-        self.messages_and_choices = _check_messages(self.messages_and_choices, "History.messages_and_choices")
-        _check_tools(self.tools, "History.tools")
+        _construct(super().__init__, type(self), data)
 
-    def messages(self) -> list[Message]:
-        return [message_of(m) for m in self.messages_and_choices]
+    def messages(self) -> Messages:
+        return get_messages(self.messages_and_choices)
 
 
 class Trajectory(pydantic.BaseModel):
     """One episode of an agent: what it saw, what it sampled, and its reward."""
 
-    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
-
-    messages_and_choices: MessagesAndChoices
+    messages_and_choices: MessagesAndChoices = []
     tools: Tools | None = None
     additional_histories: list[History] = []
-    reward: float
+    reward: float = 0.0
+    initial_policy_version: int | None = None
+    final_policy_version: int | None = None
     metrics: dict[str, float | int | bool] = {}
-    metadata: dict[str, Any] = {}
+    metadata: dict[str, MetadataValue] = {}
     logs: list[str] = []
-    start_time: float = pydantic.Field(default_factory=time.time)
+    start_time: datetime = pydantic.Field(default_factory=datetime.now, exclude=True)
 
     def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except pydantic.ValidationError as e:
-            fields = ", ".join(".".join(str(p) for p in err["loc"]) for err in e.errors())
-            raise TrajectoryError(f"Trajectory is malformed (fields: {fields}): {e}") from None
-        self.validate_fields()
+        _construct(super().__init__, type(self), data)
 
     def validate_fields(self) -> None:
-        """(Re)check every field; raises TrajectoryError naming the first bad one.
+        """Check every field before the trajectory is used; raises TrajectoryError naming the first bad one.
 
-        Called at construction and again by the trainer before tokenizing, because ART-style
-        rollouts build a Trajectory first and then append choices and set the reward.
+        Called by `revalidate` (before logging and tokenizing), not at construction:
+        ART-style rollouts build a Trajectory first and then append choices and set the reward.
+        Dict-shaped choices become `Choice` objects and message objects become dicts here.
         """
         reward = self.reward
         if isinstance(reward, bool) or not isinstance(reward, (int, float)):
@@ -235,47 +270,71 @@ class Trajectory(pydantic.BaseModel):
             h.messages_and_choices = _check_messages(h.messages_and_choices, f"{where}.messages_and_choices")
             _check_tools(h.tools, f"{where}.tools")
 
-    # ART conveniences ---------------------------------------------------
-    def messages(self) -> list[Message]:
-        return [message_of(m) for m in self.messages_and_choices]
-
+    # ART's methods -----------------------------------------------------
     def log(self, message: str) -> None:
         self.logs.append(message)
 
     def finish(self) -> "Trajectory":
-        self.metrics.setdefault("duration", time.time() - self.start_time)
+        """Set `metrics["duration"]` to the seconds since `start_time`."""
+        self.metrics["duration"] = (datetime.now() - self.start_time).total_seconds()
         return self
 
-    def histories(self) -> list[History]:
-        """The main conversation followed by the additional histories."""
-        return [History(messages_and_choices=self.messages_and_choices, tools=self.tools), *self.additional_histories]
+    @asynccontextmanager
+    async def track_duration(self, metric_name: str) -> AsyncGenerator[None, None]:
+        """Add the seconds spent inside the block to `metrics[f"{metric_name}_duration"]`."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            key = f"{metric_name}_duration"
+            self.metrics[key] = self.metrics.get(key, 0.0) + time.monotonic() - start
+
+    def __str__(self) -> str:
+        return f"Trajectory(reward={self.reward}, metrics={self.metrics}, metadata={self.metadata})"
+
+    def messages(self) -> Messages:
+        return get_messages(self.messages_and_choices)
 
     def for_logging(self) -> dict[str, Any]:
-        """A JSON-serialisable dict (Choices become dicts) for trajectory logs."""
-
-        def dump(items: MessagesAndChoices) -> list[dict[str, Any]]:
-            return [i.model_dump(mode="json") if isinstance(i, Choice) else i for i in items]
-
+        """A plain dict for console or file logs; each message says whether it was sampled (`trainable`)."""
+        messages = []
+        for item in self.messages_and_choices:
+            if isinstance(item, Choice):
+                messages.append({**item.message.to_dict(), "trainable": True})
+            else:
+                message = item.model_dump(exclude_none=True) if isinstance(item, pydantic.BaseModel) else dict(item)
+                messages.append({**message, "trainable": False})
         return {
             "reward": self.reward,
+            "initial_policy_version": self.initial_policy_version,
+            "final_policy_version": self.final_policy_version,
             "metrics": self.metrics,
-            "metadata": _jsonable(self.metadata),
-            "messages_and_choices": dump(self.messages_and_choices),
+            "metadata": self.metadata,
+            "messages": messages,
             "tools": self.tools,
-            "additional_histories": [
-                {"messages_and_choices": dump(h.messages_and_choices), "tools": h.tools}
-                for h in self.additional_histories
-            ],
             "logs": self.logs,
         }
 
 
-def revalidate(traj: Any, where: str) -> None:
-    """Check a trajectory again before it is logged or trained on; errors start with `where`.
+_warned_unknown_fields: set[tuple[str, str]] = set()
 
-    Construction-time validation is not enough: ART-style rollouts create the Trajectory
-    first, then append the sampled choices and set the reward.
-    """
+
+def _construct(init: Any, cls: type[pydantic.BaseModel], data: dict[str, Any]) -> None:
+    """pydantic's __init__ with our error type; unknown fields are ignored as in ART, with one notice each."""
+    for name in sorted(set(data) - set(cls.model_fields)):
+        if (cls.__name__, name) not in _warned_unknown_fields:
+            _warned_unknown_fields.add((cls.__name__, name))
+            log.warning("%s has no field %r; it is ignored (as in ART). Known fields: %s", cls.__name__, name,
+                        ", ".join(cls.model_fields))
+    try:
+        init(**data)
+    except pydantic.ValidationError as e:
+        fields = ", ".join(".".join(str(p) for p in err["loc"]) for err in e.errors())
+        raise TrajectoryError(f"{cls.__name__} is malformed (fields: {fields}): {e}") from None
+
+
+def revalidate(traj: Any, where: str) -> None:
+    """Check a trajectory before it is logged or trained on; errors start with `where`."""
     if not isinstance(traj, Trajectory):
         raise TrajectoryError(f"{where} has type {type(traj).__name__}; expected a Trajectory.")
     try:
@@ -284,74 +343,186 @@ def revalidate(traj: Any, where: str) -> None:
         raise TrajectoryError(f"{where}: {e}") from None
 
 
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return repr(value)
+# --------------------------------------------------------------------------- groups
 
 
 class TrajectoryGroup(pydantic.BaseModel):
     """Trajectories that answer the same prompt; advantages are relative to the group.
 
-    `TrajectoryGroup(iterable_of_trajectories)` builds a group at once.
-    `TrajectoryGroup(iterable_of_awaitables)` returns an awaitable that runs the
-    rollouts concurrently and collects failures into `exceptions` (counted and
-    reported by `gather_trajectory_groups`).
+    `TrajectoryGroup(trajectories)` builds a group at once; exceptions among the
+    items (failed rollouts) go to `exceptions`. A group may be empty: training
+    skips it and counts it (`data/groups_skipped_empty`).
+    `TrajectoryGroup(awaitables)` returns an awaitable that runs the rollouts
+    concurrently (inside `gather_trajectory_groups`: under its concurrency limit
+    and exception budget) and gives the group, trajectories in the order given.
+    `copy.copy` copies the lists and dicts (not the trajectories); `copy.deepcopy`
+    copies everything.
     """
 
-    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
-
     trajectories: list[Trajectory]
-    exceptions: list[str] = []
+    exceptions: list[PydanticException] = []
+    metadata: dict[str, MetadataValue] = {}
+    metrics: dict[str, float | int | bool] = {}
+    logs: list[str] = []
 
-    def __new__(cls, trajectories: Any = None, *, exceptions: list[Any] | None = None, **_: Any):  # type: ignore[misc]
+    _built: bool = pydantic.PrivateAttr(default=False)
+
+    def __new__(cls, trajectories: Iterable[Any] | None = None, *, exceptions: Iterable[Any] = (),
+                metadata: dict[str, MetadataValue] | None = None, metrics: dict[str, float | int | bool] | None = None,
+                logs: list[str] | None = None) -> Any:
         items = list(trajectories) if trajectories is not None else []
-        if items and any(isinstance(t, Awaitable) and not isinstance(t, Trajectory) for t in items):
-            from .gather import collect_group
+        if any(_is_pending(item) for item in items):
+            return PendingGroup(cls, items, list(exceptions), metadata, metrics, logs)
+        group = super().__new__(cls)
+        group._build(items, list(exceptions), metadata, metrics, logs)
+        return group
 
-            return collect_group(items, list(exceptions or []))
-        obj = super().__new__(cls)
-        obj._pending_items = items  # consumed by __init__ (a generator can only be read once)
-        return obj
+    def __init__(self, trajectories: Iterable[Any] | None = None, *, exceptions: Iterable[Any] = (),
+                 metadata: dict[str, MetadataValue] | None = None, metrics: dict[str, float | int | bool] | None = None,
+                 logs: list[str] | None = None) -> None:
+        # __new__ has built the group already: it had to read `trajectories` (maybe a generator,
+        # readable once) to see whether they are awaitables.
+        if not self._built:
+            self._build(list(trajectories or []), list(exceptions), metadata, metrics, logs)
 
-    def __init__(self, trajectories: Any = None, *, exceptions: list[Any] | None = None, **_: Any) -> None:
-        items = self.__dict__.pop("_pending_items", None)
-        if items is None:
-            items = list(trajectories) if trajectories is not None else []
-        excs = [_format_exception(e) for e in (exceptions or [])]
-        trajs: list[Trajectory] = []
-        for i, t in enumerate(items):
-            if isinstance(t, BaseException):
-                excs.append(_format_exception(t))
-            elif isinstance(t, Trajectory):
-                trajs.append(t)
-            elif isinstance(t, dict):
+    def _build(self, items: list[Any], exceptions: list[Any], metadata: dict[str, Any] | None,
+               metrics: dict[str, Any] | None, logs: list[str] | None) -> None:
+        trajectories: list[Trajectory] = []
+        failures: list[PydanticException] = []
+        for i, item in enumerate(items):
+            if isinstance(item, Trajectory):
+                trajectories.append(item)
+            elif isinstance(item, BaseException):
+                failures.append(PydanticException.from_exception(item))
+            elif isinstance(item, dict):
                 try:
-                    trajs.append(Trajectory(**t))
+                    trajectories.append(Trajectory(**item))
                 except TrajectoryError as e:
                     raise TrajectoryError(f"TrajectoryGroup.trajectories[{i}]: {e}") from None
             else:
-                raise TrajectoryError(
-                    f"TrajectoryGroup.trajectories[{i}] has type {type(t).__name__}; expected a Trajectory."
-                )
-        if not trajs and not excs:
-            raise TrajectoryError(
-                "TrajectoryGroup.trajectories is empty; a group needs at least one trajectory "
-                "(or the exceptions of its failed rollouts)."
-            )
-        super().__init__(trajectories=trajs, exceptions=excs)
+                raise TrajectoryError(f"TrajectoryGroup.trajectories[{i}] has type {type(item).__name__}; expected "
+                                      "a Trajectory (or the exception of a failed rollout).")
+        failures += [_exception_record(e, i) for i, e in enumerate(exceptions)]
+        try:
+            super().__init__(trajectories=trajectories, exceptions=failures,
+                             metadata=metadata if metadata is not None else {},
+                             metrics=metrics if metrics is not None else {}, logs=logs if logs is not None else [])
+        except pydantic.ValidationError as e:
+            fields = ", ".join(".".join(str(p) for p in err["loc"]) for err in e.errors())
+            raise TrajectoryError(f"TrajectoryGroup is malformed (fields: {fields}): {e}") from None
+        self._built = True
+
+    def log(self, message: str) -> None:
+        self.logs.append(message)
+
+    def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
+        return iter(self.trajectories)
 
     def __len__(self) -> int:
         return len(self.trajectories)
 
-    def __iter__(self):  # type: ignore[override]
-        return iter(self.trajectories)
+    def __copy__(self) -> "TrajectoryGroup":
+        """New lists and dicts holding the same trajectories and exceptions (ART's copy)."""
+        group = type(self)(self.trajectories[:], metadata=self.metadata.copy(), metrics=self.metrics.copy(),
+                           logs=self.logs[:])
+        group.exceptions = self.exceptions[:]
+        return group
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> "TrajectoryGroup":
+        memo = {} if memo is None else memo
+        if id(self) in memo:
+            return memo[id(self)]
+        group = type(self)([])
+        memo[id(self)] = group  # before copying the members, so a cycle back to the group resolves
+        group.trajectories = copy.deepcopy(self.trajectories, memo)
+        group.exceptions = copy.deepcopy(self.exceptions, memo)
+        group.metadata = copy.deepcopy(self.metadata, memo)
+        group.metrics = copy.deepcopy(self.metrics, memo)
+        group.logs = copy.deepcopy(self.logs, memo)
+        return group
 
 
-def _format_exception(e: Any) -> str:
-    if isinstance(e, BaseException):
-        return f"{type(e).__name__}: {e}"
-    return str(e)
+def _exception_record(error: Any, index: int) -> PydanticException:
+    if isinstance(error, PydanticException):
+        return error
+    if isinstance(error, BaseException):
+        return PydanticException.from_exception(error)
+    if isinstance(error, dict):
+        try:
+            return PydanticException.model_validate(error)
+        except pydantic.ValidationError as e:
+            raise TrajectoryError(f"TrajectoryGroup.exceptions[{index}] is malformed: {e}") from None
+    raise TrajectoryError(f"TrajectoryGroup.exceptions[{index}] has type {type(error).__name__}; expected an "
+                          "exception (or a PydanticException).")
 
+
+def _is_pending(item: Any) -> bool:
+    return isinstance(item, Awaitable) and not isinstance(item, (Trajectory, BaseException))
+
+
+class PendingGroup:
+    """What `TrajectoryGroup(awaitables)` returns: await it for the group.
+
+    `_num_trajectories` tells the gather's progress bar how many rollouts to expect (ART's name).
+    """
+
+    def __init__(self, cls: type[TrajectoryGroup], items: list[Any], exceptions: list[Any],
+                 metadata: dict[str, Any] | None, metrics: dict[str, Any] | None, logs: list[str] | None) -> None:
+        self._cls = cls
+        self._items = items
+        self._exceptions = exceptions
+        self._fields = {"metadata": metadata, "metrics": metrics, "logs": logs}
+        self._num_trajectories = len(items)
+
+    def __await__(self):
+        return self._collect().__await__()
+
+    def close(self) -> None:
+        """Close the rollout coroutines of a group that will never be awaited (e.g. a skipped batch)."""
+        for item in self._items:
+            if inspect.iscoroutine(item):
+                item.close()
+
+    async def _collect(self) -> TrajectoryGroup:
+        context = get_gather_context()
+        results: list[Trajectory | None] = [None] * len(self._items)
+        exceptions = list(self._exceptions)
+        index: dict[asyncio.Future[Any], int] = {}
+        for i, item in enumerate(self._items):
+            if _is_pending(item):
+                index[asyncio.ensure_future(_run_rollout(item, context))] = i
+            elif isinstance(item, BaseException):
+                exceptions.append(item)
+            else:
+                results[i] = item
+        pending = set(index)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.exception()  # retrieved now, even if a failure below stops the loop
+                for task in sorted(done, key=index.__getitem__):
+                    try:
+                        trajectory = task.result()
+                        if not isinstance(trajectory, Trajectory):
+                            raise TypeError(f"rollout {index[task]} returned {type(trajectory).__name__}; a rollout "
+                                            "must return a Trajectory")
+                    except Exception as e:  # noqa: BLE001 - kept in the group and counted against max_exceptions
+                        log.debug("rollout %d failed", index[task], exc_info=True)
+                        exceptions.append(e)
+                        if context.record_exception(e):
+                            raise
+                        continue
+                    results[index[task]] = trajectory
+                    record_metrics(context, trajectory)
+                    context.update_pbar(n=1)
+        finally:
+            await cancel_and_wait(pending)
+        return self._cls([t for t in results if t is not None], exceptions=exceptions, **self._fields)
+
+
+async def _run_rollout(rollout: Awaitable[Any], context: GatherContext) -> Any:
+    if context.semaphore is None:
+        return await rollout
+    async with context.semaphore:
+        return await rollout

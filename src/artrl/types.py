@@ -20,11 +20,23 @@ methods, called by the trainer before any work starts.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Union
 
 import pydantic
+from openai.types.chat.chat_completion import Choice
+from openai.types.chat.chat_completion_message_param import ChatCompletionMessageParam
+from openai.types.chat.chat_completion_tool_param import ChatCompletionToolParam
 
 from .errors import ConfigError
+
+# ART's message types (art.types). A message is an OpenAI chat message dict, kept as given
+# (pydantic does not validate it; `revalidate` checks it before it is logged or trained on).
+Message = Annotated[ChatCompletionMessageParam, pydantic.SkipValidation]
+MessageOrChoice = Union[Message, Choice]
+Messages = list[Message]
+MessagesAndChoices = list[MessageOrChoice]
+Tools = list[ChatCompletionToolParam]
 
 TooLongPolicy = Literal["drop", "truncate", "error"]
 
@@ -195,17 +207,41 @@ class TrainSFTConfig(BatchConfig, OptimizerConfig):
         else:
             rates = [lr] * n_steps
         for i, r in enumerate(rates):
-            if not (r > 0 and r < float("inf")):
-                raise ConfigError(f"TrainSFTConfig.learning_rate[{i}]={r}; learning rates must be > 0.")
+            # 0 is allowed: ART's linear schedules (art.utils.sft.create_lr_schedule) end at min_lr=0.
+            if not 0 <= r < float("inf"):
+                raise ConfigError(f"TrainSFTConfig.learning_rate[{i}]={r}; learning rates must be finite and >= 0.")
         return rates
 
 
-class TrainResult(pydantic.BaseModel):
-    """What `backend.train(...)` returns (newer ART API)."""
+@dataclass
+class TrainResult:
+    """What `backend.train(...)` returns (ART's `art.TrainResult`).
+
+    Attributes:
+        step: the model's step after this call.
+        metrics: the call's aggregated metrics (loss, gradient norm, data counts...).
+    """
 
     step: int
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LocalTrainResult(TrainResult):
+    """What `LocalBackend.train(...)` returns (ART's `art.LocalTrainResult`).
+
+    Attributes:
+        checkpoint_path: the checkpoint directory this call wrote, or None when it wrote none.
+    """
+
     checkpoint_path: str | None = None
+
+
+@dataclass
+class ServerlessTrainResult(TrainResult):
+    """ART's result type of `ServerlessBackend.train` (that backend is not available here; see serverless.py)."""
+
+    artifact_name: str | None = None
 
 
 class InternalModelConfig(_Config):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..trajectories import Trajectory, TrajectoryGroup, revalidate
-from ..types import TrainConfig, TrainResult, TrainSFTConfig
+from ..types import LocalTrainResult, TrainConfig, TrainSFTConfig
 from . import storage
 from .session import TrainingSession
 
@@ -167,22 +167,22 @@ class LocalBackend:
 
     # ------------------------------------------------------------------ training
     async def train(self, model: "TrainableModel", trajectory_groups: Iterable[TrajectoryGroup], *,
-                    config: TrainConfig | None = None, **kwargs: Any) -> TrainResult:
+                    config: TrainConfig | None = None, **kwargs: Any) -> LocalTrainResult:
         """One RL train call; extra keyword arguments are TrainConfig fields (e.g. learning_rate=1e-5)."""
         cfg = _merge(config or TrainConfig(), kwargs)
         groups = list(trajectory_groups)
         return await asyncio.to_thread(self._train_sync, model, "rl", groups, cfg)
 
     async def _train_model(self, model: "TrainableModel", trajectory_groups: Iterable[TrajectoryGroup],
-                           config: TrainConfig, dev_config: dict[str, Any] | None = None) -> TrainResult:
+                           config: TrainConfig, dev_config: dict[str, Any] | None = None) -> LocalTrainResult:
         return await self.train(model, trajectory_groups, config=_merge(config, dev_config or {}))
 
     async def _train_sft(self, model: "TrainableModel", trajectories: Iterable[Trajectory],
-                         config: TrainSFTConfig, dev_config: dict[str, Any] | None = None) -> TrainResult:
+                         config: TrainSFTConfig, dev_config: dict[str, Any] | None = None) -> LocalTrainResult:
         cfg = _merge(config, dev_config or {})
         return await asyncio.to_thread(self._train_sync, model, "sft", list(trajectories), cfg)
 
-    def _train_sync(self, model: "TrainableModel", kind: str, data: list[Any], cfg: Any) -> TrainResult:
+    def _train_sync(self, model: "TrainableModel", kind: str, data: list[Any], cfg: Any) -> LocalTrainResult:
         return self._state(model).train(kind, data, cfg, show_progress=self.show_progress)
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, NonFiniteError
-from ..types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
+from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
 from . import checkpoint, storage
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ class TrainingSession:
 
     # ------------------------------------------------------------------ training
     def train(self, kind: str, data: list[Any], cfg: TrainConfig | TrainSFTConfig, *,
-              show_progress: bool = True) -> TrainResult:
+              show_progress: bool = True) -> LocalTrainResult:
         """One RL ("rl", data = groups) or SFT ("sft", data = trajectories) call; see the module docstring."""
         from ..train.call import run_call
         from ..train.rl import prepare_rl
@@ -141,7 +141,7 @@ class TrainingSession:
             steps, summary = run_call(trainer, call, show_progress=show_progress, desc=f"{kind} step {self.step + 1}")
             if call.empty:
                 log.warning("%s: %s; the step did not advance", self.name, call.summary())
-                return TrainResult(step=self.step, metrics=summary, checkpoint_path=None)
+                return LocalTrainResult(step=self.step, metrics=summary, checkpoint_path=None)
             if steps and int(summary.get("skipped_nonfinite_steps", 0)) == len(steps):
                 raise NonFiniteError(
                     f"{self.name}: all {len(steps)} optimizer steps of this {kind} call had a non-finite loss or "
@@ -157,7 +157,7 @@ class TrainingSession:
                       "(train/skipped_nonfinite_steps); the weights did not take them", self.name, self.step,
                       int(metrics["train/skipped_nonfinite_steps"]), len(steps))
         storage.append_jsonl(self.run / storage.HISTORY_FILE, record)
-        return TrainResult(step=self.step, metrics=metrics, checkpoint_path=str(path))
+        return LocalTrainResult(step=self.step, metrics=metrics, checkpoint_path=str(path))
 
 
 def metric_names(summary: dict[str, float]) -> dict[str, float]:

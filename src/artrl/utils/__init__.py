@@ -1,4 +1,9 @@
-"""Small helpers for rollout code."""
+"""Helpers for rollout and training scripts: ART's `art.utils`, plus `choice_from_completion`.
+
+ART's names: `retry`, `iterate_dataset`, `limit_concurrency`, `strip_logprobs`,
+`get_model_step`, `format_message`, `log_http_errors`, and the SFT helpers in
+`artrl.utils.sft`.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,19 @@ from typing import Any
 from openai.types.chat.chat_completion import Choice
 
 from ..errors import TrajectoryError
+from . import sft
+from .format_message import format_message
+from .get_model_step import get_model_step
+from .iterate_dataset import DatasetBatch, iterate_dataset
+from .limit_concurrency import limit_concurrency
+from .log_http_errors import log_http_errors
+from .retry import retry
+from .strip_logprobs import strip_logprobs
+
+__all__ = [
+    "DatasetBatch", "choice_from_completion", "format_message", "get_model_step", "iterate_dataset",
+    "limit_concurrency", "log_http_errors", "retry", "sft", "strip_logprobs",
+]
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,145 @@
+"""What rollouts report into while they are gathered: progress, running metrics, the exception budget.
+
+`gather_trajectory_groups`, `gather_trajectories` and `trajectory_group_batches` each
+open a `GatherContext`; a `TrajectoryGroup` awaited inside one reports every finished
+rollout to it (ART's `art.gather.GatherContext`, same fields and rules):
+
+* the progress bar advances by one per rollout and shows the running mean of
+  `reward`, of every trajectory metric and the count of `exceptions`
+  (at most `max_metrics` of them);
+* a rollout that raised is counted; once the count exceeds `max_exceptions`
+  (a number, or a fraction of all rollouts when below 1) the rollout's own
+  exception is raised, with a note saying how many failed and what to change.
+
+What we add: `semaphore` (the `max_concurrency` limit of `gather_trajectory_groups`), and
+a fresh context for a group awaited outside any gather (ART shares one module-wide
+context whose sums never reset); there, as in ART, the first failed rollout raises.
+
+This module sits below `trajectories.py` (it knows trajectories only by their fields),
+so `trajectories -> gather_context` and `gather -> trajectories` point one way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai.types.chat.chat_completion import Choice
+from tqdm import auto as tqdm
+
+
+@dataclass
+class GatherContext:
+    """Progress bar, metric sums and exception budget shared by the rollouts of one gather."""
+
+    pbar: tqdm.tqdm | None = None
+    metric_sums: Counter[str] = field(default_factory=Counter)
+    metric_divisors: Counter[str] = field(default_factory=Counter)
+    max_metrics: int | None = None
+    max_exceptions: int | float = 0
+    increment_pbar: bool = True
+    total: int | None = None  # rollouts expected: the base of a fractional max_exceptions
+    semaphore: asyncio.Semaphore | None = None
+
+    def update_pbar(self, n: int) -> None:
+        """Advance the bar by `n` rollouts and show the running means (reward, metrics, exceptions)."""
+        if self.pbar is None:
+            return
+        if self.increment_pbar:
+            self.pbar.update(n)
+        names = list(self.metric_sums)
+        if self.max_metrics is not None:
+            names = names[: self.max_metrics]
+        postfix = {name: self.metric_sums[name] / max(1, self.metric_divisors[name]) for name in names}
+        if "completion_tokens" in postfix:  # last, as in ART
+            postfix["completion_tokens"] = postfix.pop("completion_tokens")
+        self.pbar.set_postfix(postfix)
+
+    @property
+    def exceptions(self) -> int:
+        return int(self.metric_sums["exceptions"])
+
+    def too_many_exceptions(self) -> bool:
+        """True once the failed rollouts exceed `max_exceptions` (a count, or a fraction of `total` below 1)."""
+        total = self.total if self.total is not None else (self.pbar.total if self.pbar is not None else None)
+        if 0 < self.max_exceptions < 1 and total:
+            if self.exceptions / total <= self.max_exceptions:
+                return False
+        return self.exceptions > self.max_exceptions
+
+    def record_exception(self, error: BaseException) -> bool:
+        """Count a failed rollout; returns True (and adds a note to `error`) when the budget is exceeded."""
+        self.metric_sums["exceptions"] += 1
+        self.update_pbar(n=0)
+        if not self.too_many_exceptions():
+            return False
+        of = f" of {self.total}" if self.total else ""
+        error.add_note(
+            f"{self.exceptions}{of} rollouts raised, more than max_exceptions={self.max_exceptions} allows (0 "
+            "when a group is awaited outside gather_trajectory_groups); the unfinished rollouts were cancelled. "
+            "Fix the rollout, or pass a higher max_exceptions to gather_trajectory_groups to train on the groups "
+            "that succeeded (each failure is then kept in its group's `exceptions`)."
+        )
+        return True
+
+    def reset(self) -> None:
+        """Start a new batch: a new bar and new sums (the exception budget stays)."""
+        self.pbar = None
+        self.metric_sums = Counter()
+        self.metric_divisors = Counter()
+
+
+def record_metrics(context: GatherContext, trajectory: Any) -> None:
+    """Add a finished trajectory's reward and metrics to the running means.
+
+    As ART does, a trajectory whose sampled turns carry logprobs gets
+    `metrics["completion_tokens"]`: the mean number of sampled tokens per turn.
+    """
+    logprobs = [item.logprobs for item in trajectory.messages_and_choices
+                if isinstance(item, Choice) and item.logprobs]
+    if logprobs:
+        trajectory.metrics["completion_tokens"] = sum(len(lp.content or lp.refusal or []) for lp in logprobs) / len(
+            logprobs)
+    context.metric_sums["reward"] += trajectory.reward
+    context.metric_divisors["reward"] += 1
+    context.metric_sums.update(trajectory.metrics)
+    context.metric_divisors.update(trajectory.metrics.keys())
+
+
+_CONTEXT: contextvars.ContextVar[GatherContext | None] = contextvars.ContextVar("artrl_gather_context", default=None)
+
+
+@contextlib.contextmanager
+def set_gather_context(context: GatherContext) -> Iterator[None]:
+    token = _CONTEXT.set(context)
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def context_with(context: GatherContext) -> contextvars.Context:
+    """A copy of the current contextvars context in which `context` is the open gather (for create_task)."""
+    ctx = contextvars.copy_context()
+    ctx.run(_CONTEXT.set, context)
+    return ctx
+
+
+def get_gather_context() -> GatherContext:
+    """The open gather's context, or a fresh one (no bar, no exception allowed) outside any gather."""
+    context = _CONTEXT.get()
+    return context if context is not None else GatherContext()
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancel the unfinished tasks (after a failure past the budget) and wait until they stopped."""
+    unfinished = [t for t in tasks if not t.done()]
+    for t in unfinished:
+        t.cancel()
+    if unfinished:
+        await asyncio.gather(*unfinished, return_exceptions=True)
