@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_serve_args(sv)
 
-    bench = sub.add_parser("bench", help="benchmarks (one JSON line each)")
+    bench = sub.add_parser("bench", help="benchmarks (pack/train/serve print one JSON line; learn a table)")
     bsub = bench.add_subparsers(dest="bench", required=True)
     bp = bsub.add_parser("pack", help="packing: our layout vs the reference (ART) layout")
     bp.add_argument("--workload", required=True, help=DEFAULT_WORKLOAD_HELP)
