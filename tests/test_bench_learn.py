@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from artrl.bench.learn_bench import LearnSettings, Sample, grpo_step, run_learn_bench
-from artrl.bench.learn_results import aggregate, run_scores, window
+from artrl.bench.learn_results import aggregate, format_table, run_scores, window
 from artrl.bench.learn_tasks import TASKS, Prompt, WarmUp, no_digit, prompt_schedule, vowel_share
 from artrl.cli import main
 from artrl.errors import ConfigError
@@ -40,7 +40,7 @@ def _check_consistent(doc: dict, *, steps: int, prompts: int, samples: int) -> N
         rewards = [s["reward"] for s in r["steps"]]
         assert r["first"] == pytest.approx(statistics.fmean(rewards[:w]))
         assert r["last"] == pytest.approx(statistics.fmean(rewards[-w:]))
-        assert r["gain"] == pytest.approx(r["last"] - r["first"])
+        assert r["gain"] == pytest.approx(r["last"] - r["first"]) and r["failed"] is None
     # the table follows from the runs
     assert len(doc["table"]) == len({(r["task"], r["lr"], r["arm"]) for r in runs})
     for row in doc["table"]:
@@ -49,6 +49,7 @@ def _check_consistent(doc: dict, *, steps: int, prompts: int, samples: int) -> N
         assert row["mean"] == pytest.approx(statistics.fmean(gains))
         assert (row["min"], row["max"]) == (min(gains), max(gains))
         assert row["std"] == (pytest.approx(statistics.stdev(gains)) if len(gains) > 1 else None)
+        assert row["failed"] == 0
     for p in doc["paired"]:
         by = {(r["arm"], r["seed"]): r["gain"] for r in runs if (r["task"], r["lr"]) == (p["task"], p["lr"])}
         diffs = [by["artrl", s] - by["yardstick", s] for (arm, s) in by if arm == "artrl" and ("yardstick", s) in by]
@@ -144,6 +145,23 @@ def test_aggregate_pairs_only_seeds_both_arms_finished():
     assert run_scores([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0])["gain"] == pytest.approx(4.0)  # (4+5+6)/3 - (0+1+2)/3
 
 
+def test_aggregate_counts_diverged_runs_without_averaging_them():
+    def run(arm, seed, gain, failed=None):
+        return {"task": "t", "lr": 0.03, "arm": arm, "seed": seed, "gain": gain, "first": 0.0 if gain is not None
+                else None, "last": gain, "failed": failed}
+
+    runs = [run("artrl", 0, 0.2), run("artrl", 1, None, "NonFiniteError ..."), run("yardstick", 0, 0.1),
+            run("yardstick", 1, 0.3)]
+    table, paired = aggregate(runs)
+    ours = next(r for r in table if r["arm"] == "artrl")
+    assert (ours["seeds"], ours["failed"], ours["mean"]) == (1, 1, pytest.approx(0.2))
+    assert paired[0]["seeds"] == 1 and paired[0]["mean"] == pytest.approx(0.1)  # seed 1 has no artrl gain
+    table, paired = aggregate([run("artrl", 0, None, "diverged")])
+    assert table[0]["seeds"] == 0 and table[0]["mean"] is None and paired == []
+    row = format_table(table, paired).splitlines()[1].split()
+    assert row[3:5] == ["0", "-"] and row[-1] == "1"  # no seeds, no gain, one failed run
+
+
 def test_yardstick_step_moves_towards_the_better_reply(tiny_path):
     from artrl.train.modeling import load_model
     from artrl.types import InternalModelConfig
@@ -166,6 +184,12 @@ def test_yardstick_step_moves_towards_the_better_reply(tiny_path):
     metrics = grpo_step(model, opt, [group], pad_id=tok.pad_token_id)
     assert metrics["tokens"] == len(good) + len(bad) and metrics["grad_norm"] > 0
     assert logp(good) > before[0] and logp(bad) < before[1]
+    # a non-finite loss is refused before the optimizer moves anything
+    weights = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+    broken = [Sample(prompt, None, prompt_ids, good, math.inf), Sample(prompt, None, prompt_ids, bad, 0.0)]
+    with pytest.raises(FloatingPointError, match="not finite"):
+        grpo_step(model, opt, [broken], pad_id=tok.pad_token_id)
+    assert all(torch.equal(a, b) for a, b in zip(weights, [p for p in model.parameters() if p.requires_grad]))
 
 
 def test_colours_runs_from_a_warmed_up_model(tmp_path):

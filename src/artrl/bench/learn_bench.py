@@ -148,6 +148,11 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, groups: list[list[Sa
     loss.backward()
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)
+        model.eval()
+        raise FloatingPointError(f"the yardstick's loss ({float(loss.detach())}) or gradient norm ({float(grad_norm)}) is "
+                                 "not finite; the step was not taken")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     model.eval()
@@ -258,35 +263,46 @@ def _digest(groups: list[list[Sample]]) -> str:
 async def run_arm(arm_name: str, task: LearnTask, base_model: str, lr: float, seed: int,
                   schedule: list[list[Prompt]], *, samples: int, extra: dict[str, Any],
                   show_progress: bool = True) -> dict[str, Any]:
-    """One run: len(schedule) steps of one arm; returns its record (per-step rewards, scores)."""
+    """One run: len(schedule) steps of one arm; returns its record (per-step rewards, scores).
+
+    A non-finite update (artrl's NonFiniteError, the yardstick's FloatingPointError) ends
+    the run; it is recorded with `failed` set and no scores, and counted, not averaged.
+    """
     started = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="artrl-bench-learn-"))
     arm = ARM_CLASSES[arm_name](base_model, seed, lr, extra, workdir)
     steps: list[dict[str, Any]] = []
+    failed: str | None = None
+    desc = f"{task.name} lr={lr:g} seed={seed} {arm_name}"
     try:
         client, model_name = await arm.start()
-        bar = tqdm(total=len(schedule), desc=f"{task.name} lr={lr:g} seed={seed} {arm_name}", unit="step",
-                   leave=False, disable=not show_progress)
-        for i, prompts in enumerate(schedule):
-            groups = await sample_step(client, model_name, task, prompts, samples=samples, seed=seed, step=i)
-            rewards = [s.reward for g in groups for s in g]
-            record: dict[str, Any] = {"prompts": [p.key for p in prompts], "rewards": rewards,
-                                      "reward": sum(rewards) / len(rewards), "digest": _digest(groups)}
-            if i + 1 < len(schedule):
-                record["update"] = await arm.update(groups)
-            steps.append(record)
-            bar.set_postfix(reward=f"{record['reward']:.3f}", refresh=False)
-            bar.update(1)
-        bar.close()
+        with tqdm(total=len(schedule), desc=desc, unit="step", leave=False, disable=not show_progress) as bar:
+            for i, prompts in enumerate(schedule):
+                groups = await sample_step(client, model_name, task, prompts, samples=samples, seed=seed, step=i)
+                rewards = [s.reward for g in groups for s in g]
+                record: dict[str, Any] = {"prompts": [p.key for p in prompts], "rewards": rewards,
+                                          "reward": sum(rewards) / len(rewards), "digest": _digest(groups)}
+                steps.append(record)
+                bar.set_postfix(reward=f"{record['reward']:.3f}", refresh=False)
+                bar.update(1)
+                if i + 1 == len(schedule):
+                    break
+                try:
+                    record["update"] = await arm.update(groups)
+                except FloatingPointError as e:  # NonFiniteError is one
+                    failed = f"{type(e).__name__} in the update after step {i}: {e}"
+                    log.error("%s: %s; the run stops and is counted as failed", desc, failed)
+                    break
     finally:
         arm.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    scores = run_scores([s["reward"] for s in steps])
-    log.info("%s lr=%g seed=%d %s: reward %.3f -> %.3f (gain %+.3f)", task.name, lr, seed, arm_name,
-             scores["first"], scores["last"], scores["gain"])
+    scores: dict[str, Any] = {"first": None, "last": None, "gain": None}
+    if failed is None:
+        scores = run_scores([s["reward"] for s in steps])
+        log.info("%s: reward %.3f -> %.3f (gain %+.3f)", desc, scores["first"], scores["last"], scores["gain"])
     return {"task": task.name, "lr": lr, "seed": seed, "arm": arm_name, "base_model": base_model,
             "reward_shape": task.reward_shape, "max_tokens": task.max_tokens, "steps": steps,
-            **scores, "seconds": time.perf_counter() - started}
+            **scores, "failed": failed, "seconds": time.perf_counter() - started}
 
 
 # ---------------------------------------------------------------- the sweep

@@ -7,7 +7,7 @@ Layout of the file (`--out`):
                "steps": [{"prompts": [keys], "rewards": [per sample, prompt-major],
                           "reward": mean, "digest": sha1 of the sampled token ids,
                           "update": {...}}, ...],   # "update": what the train step after it reported
-               "first", "last", "gain", "seconds"}, ...],
+               "first", "last", "gain", "failed", "seconds"}, ...],  # failed: why a run diverged, or null
      "table": [...aggregates by (task, lr, arm)...],
      "paired": [...artrl minus yardstick, seed by seed, by (task, lr)...]}
 
@@ -52,6 +52,8 @@ def run_key(task: str, lr: float, seed: int, arm: str) -> tuple[str, str, int, s
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"seeds": 0, "mean": None, "std": None, "min": None, "max": None}
     return {"seeds": len(values), "mean": statistics.fmean(values),
             "std": statistics.stdev(values) if len(values) > 1 else None,
             "min": min(values), "max": max(values)}
@@ -60,24 +62,27 @@ def _spread(values: list[float]) -> dict[str, Any]:
 def aggregate(runs: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(table, paired): gain statistics per (task, lr, arm), and per (task, lr) of artrl minus yardstick.
 
-    `std` is the sample standard deviation over seeds (None with one seed). `paired` uses
-    only seeds that both arms finished: the same seed means the same initial adapter, the
-    same prompts and the same first samples, so the difference is less noisy than the gains.
+    `seeds` counts finished runs, `failed` the runs that diverged (a non-finite update;
+    no gain, left out of the statistics). `std` is the sample standard deviation over
+    seeds (None with one seed). `paired` uses only seeds that both arms finished: the
+    same seed means the same initial adapter, the same prompts and the same first
+    samples, so the difference is less noisy than the gains.
     """
     by_key: dict[tuple[str, float, str], dict[int, dict[str, Any]]] = {}
     for r in runs:
         by_key.setdefault((r["task"], float(r["lr"]), r["arm"]), {})[int(r["seed"])] = r
     table = []
     for (task, lr, arm), seeds in sorted(by_key.items()):
-        gains = [seeds[s]["gain"] for s in sorted(seeds)]
-        row = {"task": task, "lr": lr, "arm": arm, **_spread(gains)}
-        row["mean_first"] = statistics.fmean(seeds[s]["first"] for s in seeds)
-        row["mean_last"] = statistics.fmean(seeds[s]["last"] for s in seeds)
+        ok = [seeds[s] for s in sorted(seeds) if not seeds[s].get("failed")]
+        row = {"task": task, "lr": lr, "arm": arm, **_spread([r["gain"] for r in ok]),
+               "failed": len(seeds) - len(ok)}
+        row["mean_first"] = statistics.fmean(r["first"] for r in ok) if ok else None
+        row["mean_last"] = statistics.fmean(r["last"] for r in ok) if ok else None
         table.append(row)
     paired = []
     for task, lr in sorted({(t, lr) for t, lr, _ in by_key}):
         ours, ref = by_key.get((task, lr, "artrl"), {}), by_key.get((task, lr, "yardstick"), {})
-        both = sorted(set(ours) & set(ref))
+        both = sorted(s for s in set(ours) & set(ref) if not ours[s].get("failed") and not ref[s].get("failed"))
         if both:
             diffs = [ours[s]["gain"] - ref[s]["gain"] for s in both]
             paired.append({"task": task, "lr": lr, **_spread(diffs)})
@@ -93,11 +98,11 @@ def _fmt(x: float | None, signed: bool = True) -> str:
 def format_table(table: list[dict[str, Any]], paired: list[dict[str, Any]]) -> str:
     """The table `artrl bench learn` prints: gain per (task, lr, arm), then artrl minus yardstick."""
     lines = [f"{'task':<9} {'lr':>8} {'arm':<10} {'seeds':>5} {'gain':>7} {'std':>6} {'min..max':>15} "
-             f"{'first':>6} {'last':>6}"]
+             f"{'first':>6} {'last':>6} {'failed':>6}"]
     for r in table:
         lines.append(f"{r['task']:<9} {r['lr']:>8.0e} {r['arm']:<10} {r['seeds']:>5} {_fmt(r['mean']):>7} "
                      f"{_fmt(r['std'], False):>6} {_fmt(r['min']) + '..' + _fmt(r['max']):>15} "
-                     f"{r['mean_first']:>6.3f} {r['mean_last']:>6.3f}")
+                     f"{_fmt(r['mean_first'], False):>6} {_fmt(r['mean_last'], False):>6} {r['failed']:>6}")
     if paired:
         lines += ["", "artrl gain minus yardstick gain, seed by seed:",
                   f"{'task':<9} {'lr':>8} {'seeds':>5} {'diff':>7} {'std':>6} {'min..max':>15}"]
