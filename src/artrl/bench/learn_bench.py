@@ -14,14 +14,16 @@ policy, grades them, and updates the policy on those groups:
   Everything but the learning rate is TrainConfig's default unless `--config
   k=v` says otherwise (so the benchmark measures what a user gets).
 * **yardstick**: `grpo_step` below, the textbook on-policy GRPO update in a few
-  lines, written to match TRL's GRPOTrainer defaults: group-relative advantages
-  `(r - mean) / (std + 1e-4)` (sample std), the policy gradient `-A * logp` of
-  every sampled token, averaged over all sampled tokens of the batch (zero-
-  advantage groups included), gradient norm clipped at 1.0, then ONE AdamW step
-  (betas 0.9/0.999, eps 1e-8, no weight decay). With one update per batch the
-  importance ratio is 1, so PPO's clipping never acts and is left out. It
-  shares with artrl only what must be equal: the model loading (`load_model`,
-  hence the same weights, LoRA config and adapter init) and the sampling.
+  lines, with the settings a TRL GRPOTrainer user gets by default:
+  group-relative advantages `(r - mean) / (std + 1e-4)` (sample std), the
+  policy gradient `-A * logp` of every sampled token averaged over all sampled
+  tokens of the batch (zero-advantage groups included; TRL's token-level
+  "bnpo"/"dapo" normalisation), gradient norm clipped at 1.0, then ONE AdamW
+  step (transformers' defaults: betas 0.9/0.999, eps 1e-8, no weight decay).
+  With one update per batch the importance ratio is 1, so PPO's clipping never
+  acts and is left out. It shares with artrl only what must be equal: the model
+  loading (`load_model`, hence the same weights, LoRA config and adapter init)
+  and the sampling.
 
 **Sampling, identical for both arms.** Each arm's policy is served by artrl's
 OpenAI-compatible server (`serve/`) over a `TransformersEngine` built with the
@@ -362,7 +364,8 @@ async def run_learn_bench(settings: LearnSettings, out: Path, *, show_progress: 
     shared = settings.shared()
     results = ResultsFile(out, shared)
     done = results.done()
-    todo = [(t, lr, seed, arm) for t in settings.tasks for seed in range(settings.seeds) for lr in settings.lrs
+    # seeds outermost, so a sweep stopped early has every task and learning rate at the same seeds
+    todo = [(t, lr, seed, arm) for seed in range(settings.seeds) for t in settings.tasks for lr in settings.lrs
             for arm in settings.arms if run_key(t, lr, seed, arm) not in done]
     if len(todo) < len(settings.tasks) * len(settings.lrs) * settings.seeds * len(settings.arms):
         log.info("%s: resuming, %d runs already done, %d to go", out, len(results.runs), len(todo))
@@ -370,12 +373,13 @@ async def run_learn_bench(settings: LearnSettings, out: Path, *, show_progress: 
     bar = tqdm(total=len(todo), desc="bench learn", unit="run", disable=not show_progress)
     for task_name, lr, seed, arm in todo:
         task = get_task(task_name)
-        if task_name not in base_models:
-            base_models[task_name] = str(await warm_up_colours(settings.model, out.parent / f"{out.stem}.models",
-                                                              settings.warm_up)) \
-                if task.warm_up else settings.model
+        if task_name not in base_models and task.warm_up:
+            models_dir = out.resolve().parent / f"{out.stem}.models"  # absolute: a relative path reads as a hub id
+            warmed = await warm_up_colours(settings.model, models_dir, settings.warm_up)
+            base_models[task_name] = str(warmed)
         schedule = prompt_schedule(task, seed, settings.steps, settings.prompts)
-        results.add(await run_arm(arm, task, base_models[task_name], lr, seed, schedule, samples=settings.samples,
+        base = base_models.get(task_name, settings.model)
+        results.add(await run_arm(arm, task, base, lr, seed, schedule, samples=settings.samples,
                                   extra=dict(settings.config), show_progress=show_progress))
         bar.update(1)
     bar.close()
