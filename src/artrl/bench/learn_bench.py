@@ -83,7 +83,7 @@ _NOISY_LOGGERS: Final = ("httpx", "httpcore", "openai", "uvicorn", "uvicorn.acce
 
 @dataclass
 class Sample:
-    """One sampled reply: the prompt, the server's choice, the token ids it was sampled from and as, its reward."""
+    """One sampled reply: its prompt, the server's choice, the prompt's and the reply's token ids, its reward."""
 
     prompt: Prompt
     choice: Any
