@@ -5,6 +5,7 @@
     artrl bench pack  --workload F  packing against the reference layout
     artrl bench train --workload F  train-step throughput against the reference trainer
     artrl bench serve               inference throughput, concurrent vs sequential
+    artrl bench learn               learning per rollout: artrl's train step vs a plain GRPO step
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_serve_args(sv)
 
-    bench = sub.add_parser("bench", help="benchmarks (one JSON line each)")
+    bench = sub.add_parser("bench", help="benchmarks (pack/train/serve print one JSON line; learn a table)")
     bsub = bench.add_subparsers(dest="bench", required=True)
     bp = bsub.add_parser("pack", help="packing: our layout vs the reference (ART) layout")
     bp.add_argument("--workload", required=True, help=DEFAULT_WORKLOAD_HELP)
@@ -48,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     from .bench.serve_bench import add_arguments as add_serve_bench_args
 
     add_serve_bench_args(bs)
+    bl = bsub.add_parser("learn", help="learning per rollout: artrl vs a plain GRPO step, tasks x lrs x seeds")
+    from .bench.learn_bench import add_arguments as add_learn_args
+
+    add_learn_args(bl)
     return p
 
 
@@ -72,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             return run(args)
         if args.command == "bench" and args.bench == "train":
             from .bench.train_bench import main as run
+            return run(args)
+        if args.command == "bench" and args.bench == "learn":
+            from .bench.learn_bench import main as run
             return run(args)
     except ArtrlError as e:
         print(f"artrl: error: {e}", file=sys.stderr)
