@@ -20,7 +20,7 @@ import logging
 import math
 import random
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import CheckpointError, ConfigError, NonFiniteError
-from ..trajectories import Trajectory, TrajectoryGroup, revalidate
+from ..metrics_taxonomy import trainer_metrics
+from ..trajectories import Trajectory, TrajectoryGroup
 from ..types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
-from . import storage
+from . import history, storage
 
 if TYPE_CHECKING:
     from ..model import Model, TrainableModel
@@ -261,17 +262,8 @@ class LocalBackend:
         log.info("resumed %s from checkpoint %s", state.model_name, path)
 
     def _recover_history(self, state: _Run) -> None:
-        """Re-append the latest checkpoint's history line if a crash kept it out of history.jsonl."""
-        record = state.history_record
-        if not record:
-            return
-        path = state.run / storage.HISTORY_FILE
-        have = any(r.get("step") == record.get("step") and r.get("split") == record.get("split") and "kind" in r
-                   for r in storage.read_jsonl(path))
-        if not have:
-            storage.append_jsonl(path, record)
-            log.warning("history.jsonl lacked the train record of step %s (a crash after the checkpoint was "
-                        "written); restored it from the checkpoint", record.get("step"))
+        """Re-append the latest checkpoint's train row if a crash kept it out of history.jsonl."""
+        history.restore_train_row(state.run, state.history_record)
 
     async def _get_step(self, model: "Model") -> int:
         return self._state(model).step
@@ -303,27 +295,6 @@ class LocalBackend:
         if deleted:
             log.info("deleted checkpoints %s of %s; kept %s", deleted, model.name, sorted(keep))
         return deleted
-
-    # ------------------------------------------------------------------ history
-    async def _log(self, model: "Model", trajectories: Sequence[Trajectory | TrajectoryGroup] | None,
-                   split: str, metrics: dict[str, float] | None, step: int | None) -> dict[str, float]:
-        state = self._runs.get(model.name)
-        run = state.run if state else storage.run_dir(self._path, model.project, model.name)
-        step = step if step is not None else (state.step if state else 0)
-        _check_loggable(trajectories or [], metrics or {})
-        record = log_record(trajectories or [], split, metrics or {})
-        await asyncio.to_thread(self._write_log, run, split, step, record, trajectories or [])
-        return record
-
-    @staticmethod
-    def _write_log(run: Path, split: str, step: int, record: dict[str, float],
-                   trajectories: Sequence[Trajectory | TrajectoryGroup]) -> None:
-        storage.append_jsonl(run / storage.HISTORY_FILE, {"step": step, "split": split, **record})
-        trajs = [t for t in _flatten(trajectories)]
-        if trajs:
-            path = run / storage.TRAJECTORIES_DIR / split / f"{storage.step_dir_name(step)}.jsonl"
-            for t in trajs:
-                storage.append_jsonl(path, storage.json_safe(t.for_logging()))
 
     # ------------------------------------------------------------------ training
     async def train(self, model: "TrainableModel", trajectory_groups: Iterable[TrajectoryGroup], *,
@@ -362,14 +333,13 @@ class LocalBackend:
                     "was written. Usual causes: a diverged adapter (NaN/inf weights) or too high a learning rate; "
                     "lower learning_rate, or resume from an earlier checkpoint (delete the later ones).")
             state.step += 1
-            metrics = {f"train/{k}" if not k.startswith("data/") else k: v for k, v in summary.items()}
+            metrics = trainer_metrics(summary, kind)
             record = {"step": state.step, "split": "train", "kind": kind, **_finite(metrics)}
             path = self._save(state, record)
         if metrics.get("train/skipped_nonfinite_steps"):
             log.error("%s step %d: %d of %d optimizer steps had a non-finite loss or gradient and were refused "
                       "(train/skipped_nonfinite_steps); the weights did not take them", model.name, state.step,
                       int(metrics["train/skipped_nonfinite_steps"]), len(steps))
-        storage.append_jsonl(state.run / storage.HISTORY_FILE, record)
         return TrainResult(step=state.step, metrics=metrics, checkpoint_path=str(path))
 
 
@@ -383,53 +353,5 @@ def _merge(config: Any, extra: dict[str, Any]) -> Any:
     return type(config)(**{**config.model_dump(), **extra})
 
 
-def _check_loggable(items: Sequence[Trajectory | TrajectoryGroup], metrics: dict[str, Any]) -> None:
-    """Refuse what cannot be logged before anything is written (names the group and trajectory)."""
-    for i, it in enumerate(items):
-        if isinstance(it, TrajectoryGroup):
-            for ti, t in enumerate(it.trajectories):
-                revalidate(t, f"group {i}, trajectory {ti}")
-        elif isinstance(it, Trajectory):
-            revalidate(it, f"trajectories[{i}]")
-    for k, v in metrics.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError(f"model.log metrics[{k!r}] is {v!r:.80}; logged metrics must be numbers.")
-
-
 def _finite(d: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in d.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-
-
-def _flatten(items: Sequence[Trajectory | TrajectoryGroup]) -> list[Trajectory]:
-    out: list[Trajectory] = []
-    for it in items:
-        if isinstance(it, TrajectoryGroup):
-            out += it.trajectories
-        elif isinstance(it, Trajectory):
-            out.append(it)
-        else:
-            raise ConfigError(f"model.log got {type(it).__name__}; pass Trajectory or TrajectoryGroup objects")
-    return out
-
-
-def log_record(trajectories: Sequence[Trajectory | TrajectoryGroup], split: str,
-               metrics: dict[str, float]) -> dict[str, float]:
-    """Averaged metrics of logged trajectories, keys prefixed with the split (e.g. 'val/reward')."""
-    trajs = _flatten(trajectories)
-    out: dict[str, float] = {}
-    if trajs:
-        rewards = [t.reward for t in trajs]
-        mean = sum(rewards) / len(rewards)
-        out[f"{split}/reward"] = mean
-        out[f"{split}/reward_std_dev"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-        out[f"{split}/trajectories"] = float(len(trajs))
-        keys = sorted({k for t in trajs for k in t.metrics})
-        for k in keys:
-            vals = [float(t.metrics[k]) for t in trajs if k in t.metrics]
-            out[f"{split}/{k}"] = sum(vals) / len(vals)
-    groups = [g for g in trajectories if isinstance(g, TrajectoryGroup)]
-    if groups:
-        out[f"{split}/exceptions"] = float(sum(len(g.exceptions) for g in groups))
-    for k, v in metrics.items():
-        out[k if "/" in k else f"{split}/{k}"] = float(v)
-    return _finite(out)
