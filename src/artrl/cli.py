@@ -2,6 +2,7 @@
 
     artrl demo                      SFT warm-up then RL on the tiny model (CPU, minutes)
     artrl serve --model NAME        the OpenAI-compatible server alone
+    artrl runs show RUN_DIR         a run's rewards and losses per step: a table and a PNG
     artrl bench pack  --workload F  packing against the reference layout
     artrl bench train --workload F  train-step throughput against the reference trainer
     artrl bench serve               inference throughput, concurrent vs sequential
@@ -33,6 +34,11 @@ def _parser() -> argparse.ArgumentParser:
 
     add_serve_args(sv)
 
+    runs = sub.add_parser("runs", help="look at runs (history.jsonl)")
+    from .runs import add_arguments as add_runs_args
+
+    add_runs_args(runs)
+
     bench = sub.add_parser("bench", help="benchmarks (one JSON line each)")
     bsub = bench.add_subparsers(dest="bench", required=True)
     bp = bsub.add_parser("pack", help="packing: our layout vs the reference (ART) layout")
@@ -63,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             return run(args)
         if args.command == "serve":
             from .serve.standalone import main as run
+            return run(args)
+        if args.command == "runs":
+            from .runs import main as run
             return run(args)
         if args.command == "bench" and args.bench == "pack":
             from .bench.pack_bench import main as run
