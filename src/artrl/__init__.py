@@ -3,7 +3,7 @@
 `import artrl as art` runs an OpenPipe ART training loop unchanged; see README.md.
 """
 
-from . import dev, schedules
+from . import dev, rewards, schedules
 from .errors import (ArtrlError, CheckpointError, ConfigError, NonFiniteError, PackingError,
                      TrajectoryError)
 from .gather import GatherError, gather_trajectory_groups
@@ -19,5 +19,5 @@ __all__ = [
     "ArtrlError", "CheckpointError", "ConfigError", "GatherError", "History", "InternalModelConfig",
     "LocalBackend", "Model", "NonFiniteError", "PackingError", "TrainConfig", "TrainResult", "TrainSFTConfig",
     "TrainableModel", "Trajectory", "TrajectoryError", "TrajectoryGroup", "choice_from_completion", "dev",
-    "gather_trajectory_groups", "schedules",
+    "gather_trajectory_groups", "rewards", "schedules",
 ]
