@@ -246,14 +246,17 @@ def _make_group(trajectories: list[Trajectory], fields: dict[str, Any]) -> Traje
         _warned_group_fields = True
         log.warning("this TrajectoryGroup class has no %s field(s); the logged group %s are not restored",
                     "/".join(lost), "/".join(lost))
+    exceptions = _exceptions(fields["exceptions"])
     try:
         group = TrajectoryGroup(trajectories, **extra)
-    except ValueError as e:  # a class that refuses groups without trajectories
-        log.warning("a logged group with no trajectories (%d exceptions) could not be rebuilt (%s); skipped",
-                    len(fields["exceptions"]), e)
-        return None
-    if fields["exceptions"]:
-        group.exceptions = _exceptions(fields["exceptions"])
+    except ValueError as e:  # a class that wants the failures of a group without trajectories up front
+        if not exceptions:
+            log.warning("a logged group with no trajectories and no exceptions could not be rebuilt (%s); "
+                        "skipped", e)
+            return None
+        group = TrajectoryGroup(trajectories, exceptions=exceptions, **extra)
+    if exceptions:
+        group.exceptions = exceptions
     return group
 
 
