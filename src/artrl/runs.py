@@ -105,7 +105,7 @@ def plot_run(table: list[StepRow], path: str | Path, title: str | None = None) -
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), dpi=120, sharex=True,
                                       gridspec_kw={"height_ratios": [3, 2]})
     try:
-        series = [("train_reward", top, ".", "train reward (rollouts of the step)"),
+        series = [("train_reward", top, ".", "train reward (rollouts that trained the step)"),
                   ("val_reward", top, "o", "validation reward"), ("loss", bottom, ".", "loss/train")]
         for attr, ax, marker, label in series:
             points = [(r.step, getattr(r, attr)) for r in table if getattr(r, attr) is not None]
@@ -120,6 +120,9 @@ def plot_run(table: list[StepRow], path: str | Path, title: str | None = None) -
         top.set_ylabel("mean reward")
         bottom.set_ylabel("loss")
         bottom.set_xlabel("step")
+        from matplotlib.ticker import MaxNLocator
+
+        bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
