@@ -26,9 +26,11 @@ instead of replacing it.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -130,6 +132,7 @@ class RunHistory:
         self._state_loaded = False
         self._last_train_step: int | None = None
         self._last_train_log = time.monotonic()
+        self._write_lock = threading.Lock()  # one writer at a time: a step's Parquet file is read, then rewritten
 
     # builder views and state ------------------------------------------------
     def builder_for(self, split: str) -> MetricsBuilder:
@@ -190,14 +193,23 @@ class RunHistory:
         averages: dict[str, float] = {}
         if groups is not None:
             averages = self._group_averages(groups, split, set(metrics))
-            self.write_trajectories(groups, split, step)
+            # file writes run in a worker thread, so rollouts sharing the event loop are not held up
+            await asyncio.to_thread(self.write_trajectories, groups, split, step)
         averages.update(self._route(metrics, split))
         flushed = await self.builder_for(split).flush()
         merged = {**averages, **flushed}
         if not merged and groups is None:
             return {}
-        row = self.write_row(merged, split, step, extra)
-        self._save_state()
+        row = await asyncio.to_thread(self._write_row_and_state, merged, split, step, extra)
+        if self.trackers is not None:  # on the caller's thread: W&B keeps its run on the thread that started it
+            self.trackers.log(row, step)
+        return row
+
+    def _write_row_and_state(self, metrics: dict[str, float], split: str, step: int,
+                             extra: dict[str, Any] | None) -> dict[str, Any]:
+        row = self.write_row(metrics, split, step, extra)
+        with self._write_lock:
+            self._save_state()
         return row
 
     def _group_averages(self, groups: list[TrajectoryGroup], split: str, given: set[str]) -> dict[str, float]:
@@ -233,12 +245,13 @@ class RunHistory:
         from ..utils.trajectory_logging import append_trajectory_groups_parquet
 
         path = storage.trajectory_log_path(self.run, split, step)
-        append_trajectory_groups_parquet(groups, path)
+        with self._write_lock:
+            append_trajectory_groups_parquet(groups, path)
         return path
 
     def write_row(self, metrics: dict[str, float], split: str, step: int,
                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Append one history row (ART's keys, then ours) and send it to the trackers."""
+        """Append one history row (ART's keys, then ours)."""
         row: dict[str, Any] = prefix_metrics(metrics, split)
         row["training_step"] = step
         row["time/wall_clock_sec"] = time.time() - self.started
@@ -246,8 +259,6 @@ class RunHistory:
         row.update({"step": step, "split": split, "recorded_at": datetime.datetime.now().isoformat()})
         row.update(extra or {})
         storage.append_jsonl(self.run / storage.HISTORY_FILE, storage.json_safe(row))
-        if self.trackers is not None:
-            self.trackers.log(row, step)
         return row
 
 
