@@ -40,7 +40,7 @@ KILL_DRIVER = textwrap.dedent('''
     import asyncio, json, os, random, select, signal, statistics, sys, time, traceback
 
     import artrl as art
-    import artrl.local.backend, artrl.serve, artrl.train.call, artrl.train.engine, artrl.train.modeling  # noqa
+    import artrl.local.backend, artrl.serve, artrl.train.call, artrl.train.trainer, artrl.train.modeling  # noqa
     import artrl.train.rl, artrl.train.sft, peft, transformers  # noqa
     from transformers import Qwen3ForCausalLM  # noqa: load the lazy module before forking
     from artrl.local import storage
