@@ -201,7 +201,7 @@ class RunHistory:
         if not merged and groups is None:
             return {}
         row = await asyncio.to_thread(self._write_row_and_state, merged, split, step, extra)
-        if self.trackers is not None:  # on the caller's thread: W&B keeps its run on the thread that started it
+        if self.trackers is not None:  # fed on the caller's thread, one row after another, in order
             self.trackers.log(row, step)
         return row
 
