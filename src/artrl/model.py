@@ -184,7 +184,7 @@ class Model(pydantic.BaseModel):
             if self._history is not None and self._history.trackers is not None:
                 self._history.trackers.close()
             trackers = Trackers(self.report_metrics, project=self.project, name=self.name, run=run,
-                                config=self._tracking_config())
+                                config=self._tracking_config(), user_config=self._wandb_config)
             self._history = RunHistory(run, trackers=trackers)
         return self._history
 
@@ -215,15 +215,15 @@ class Model(pydantic.BaseModel):
                 if k in out and isinstance(out[k], dict) and isinstance(v, dict):
                     out[k] = merge(out[k], v, where)
                 elif k in out and out[k] != v:
-                    raise ValueError(f"W&B config is immutable once set; conflicting value for {where!r}: "
-                                     f"{out[k]!r} then {v!r}")
+                    raise ValueError(f"W&B config is immutable once set. Conflicting value for {where!r}: "
+                                     f"{out[k]!r}, then {v!r}.")
                 else:
                     out[k] = v
             return out
 
         self._wandb_config = merge(self._wandb_config, config)
         if self._history is not None and self._history.trackers is not None:
-            self._history.trackers.update_config(config)
+            self._history.trackers.update_config(self._wandb_config)
 
     def _get_wandb_run(self) -> Any:
         """The W&B run this model reports to (started on first use), or None."""

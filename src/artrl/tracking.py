@@ -71,10 +71,12 @@ class _Tracker:
 class WandbTracker(_Tracker):
     label = "W&B"
 
-    def __init__(self, project: str, name: str, config: dict[str, Any]) -> None:
+    def __init__(self, project: str, name: str, config: dict[str, Any], user_config: dict[str, Any]) -> None:
         super().__init__()
         self.project, self.name, self.config = project, name, dict(config)
+        self.user_config = dict(user_config)
         self.run: Any = None
+        self.defined: set[str] = set()
         if "WANDB_API_KEY" not in os.environ and os.environ.get("WANDB_MODE", "").lower() not in _OFFLINE_MODES:
             self.off = True
             log.warning("W&B: report_metrics asks for wandb but WANDB_API_KEY is not set; set it, or set "
@@ -87,10 +89,13 @@ class WandbTracker(_Tracker):
 
                 self.run = wandb.init(project=self.project, name=self.name, id=_safe_id(self.name),
                                       config=self.config or None, resume="allow")
-                self.run.define_metric("training_step")
-                self.run.define_metric("time/wall_clock_sec")
+                wandb.define_metric("training_step")
+                wandb.define_metric("time/wall_clock_sec")
                 for section in _WANDB_SECTIONS:
-                    self.run.define_metric(f"{section}/*", step_metric="training_step")
+                    wandb.define_metric(f"{section}/*", step_metric="training_step")
+                self.defined = {"training_step", "time/wall_clock_sec"}
+                if self.user_config:
+                    self.run.config.update(self.user_config)
             except Exception as e:
                 self._failed("starting the run", e, fatal=True)
         return self.run
@@ -101,15 +106,22 @@ class WandbTracker(_Tracker):
         if run is None:
             return
         try:
+            import wandb
+
+            for key in row:
+                if key.startswith("costs/") and key not in self.defined:  # nested cost keys, as ART defines them
+                    wandb.define_metric(key, step_metric="training_step")
+                    self.defined.add(key)
             run.log({k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
         except Exception as e:
             self._failed("logging a row", e, fatal=False)
 
-    def update_config(self, config: dict[str, Any]) -> None:
-        self.config.update(config)
+    def update_config(self, user_config: dict[str, Any]) -> None:
+        self.user_config = dict(user_config)
+        self.config.update(user_config)
         if self.run is not None:
             try:
-                self.run.config.update(config, allow_val_change=False)
+                self.run.config.update(self.user_config)
             except Exception as e:
                 self._failed("updating the config", e, fatal=False)
 
@@ -172,14 +184,14 @@ class Trackers:
     """The trackers a model reports to; `log` never raises."""
 
     def __init__(self, report_metrics: list[str] | None, *, project: str, name: str, run: Path,
-                 config: dict[str, Any]) -> None:
+                 config: dict[str, Any], user_config: dict[str, Any] | None = None) -> None:
         self.items: list[_Tracker] = []
         for unknown in sorted(set(report_metrics or []) - set(KNOWN)):
             if unknown not in _warned_unknown:
                 _warned_unknown.add(unknown)
                 log.warning("report_metrics entry %r has no effect here; known trackers: %s", unknown, list(KNOWN))
         if wandb_requested(report_metrics):
-            self.items.append(WandbTracker(project, name, config))
+            self.items.append(WandbTracker(project, name, config, user_config or {}))
         if report_metrics and "tensorboard" in report_metrics:
             self.items.append(TensorBoardTracker(run / TENSORBOARD_DIR, config))
 
@@ -188,10 +200,11 @@ class Trackers:
             if not t.off:
                 t.log(row, step)
 
-    def update_config(self, config: dict[str, Any]) -> None:
+    def update_config(self, user_config: dict[str, Any]) -> None:
+        """The user's whole (merged) config, as `Model.update_wandb_config` keeps it."""
         for t in self.items:
             if not t.off:
-                t.update_config(config)
+                t.update_config(user_config)
 
     def wandb_run(self) -> Any:
         for t in self.items:
