@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 import artrl as art
 from artrl.local import storage
 from artrl.utils import trajectory_logging as tl
-from artrl.utils.trajectory_migration import migrate_jsonl_to_parquet, migrate_model_dir, migrate_trajectories_dir
+from artrl.utils.trajectory_migration import (migrate_jsonl_to_parquet, migrate_model_dir, migrate_trajectories_dir,
+                                             read_trajectory_groups_jsonl)
 
 HAS_GROUP_FIELDS = "metadata" in art.TrajectoryGroup.model_fields
 
@@ -165,6 +166,9 @@ def test_our_earlier_jsonl_logs_and_arts_migrate_to_parquet(tmp_path):
     arts = run / "trajectories" / "train" / "0001.jsonl"
     arts.parent.mkdir(parents=True)
     arts.write_text(json.dumps({"trajectories": [t.for_logging(), t.for_logging()]}) + "\n")
+    unmigrated = read_trajectory_groups_jsonl(ours)  # old logs stay readable as they are
+    assert [[t.reward for t in g.trajectories] for g in unmigrated] == [[0.75], [0.75]]
+    assert [len(g.trajectories) for g in read_trajectory_groups_jsonl(arts)] == [2]
     result = migrate_model_dir(run)
     assert (result.files_migrated, result.errors) == (2, [])
     assert not ours.exists() and not arts.exists()

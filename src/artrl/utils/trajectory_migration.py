@@ -102,6 +102,15 @@ def deserialize_trajectory_groups(serialized: str) -> list[TrajectoryGroup]:
     return [dict_to_trajectory_group(g) for g in loaded]
 
 
+def read_trajectory_groups_jsonl(path: Path | str) -> list[TrajectoryGroup]:
+    """The groups of a JSONL trajectory log of either layout, without migrating it.
+
+    A torn last line is skipped with a warning; a trajectory whose reward is not finite
+    (our old logs spelled it "nan") cannot be a Trajectory and is refused with its line's error.
+    """
+    return [dict_to_trajectory_group(g) for g in _group_dicts(Path(path))]
+
+
 # --------------------------------------------------------------------------- migration
 
 
