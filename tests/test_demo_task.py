@@ -119,7 +119,8 @@ def test_quick_demo_end_to_end(tmp_path):
     val_steps = [r["step"] for r in records if r["split"] == "val" and "val/reward" in r]
     # step 0 untrained, 1 after SFT, then every RL step (val_every=1); once: the second run started afresh
     assert val_steps == list(range(cfg.rl_steps + 2))
-    assert [s for s, _ in result.train_rewards] == list(range(1, cfg.rl_steps + 1))
+    # a train row is written at the step the RL call produced: steps 2.. (step 1 is the SFT call's)
+    assert [s for s, _ in result.train_rewards] == list(range(2, cfg.rl_steps + 2))
     assert result.val_before == records[0]["val/reward"]
     assert 0.0 <= result.val_after_rl <= 1.0
     assert max(int(p.name) for p in (run / storage.CHECKPOINTS_DIR).iterdir() if p.name.isdigit()) \

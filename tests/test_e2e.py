@@ -57,7 +57,7 @@ def test_register_rollout_train_serve_resume(tmp_path):
         result = await model.train(groups, config=art.TrainConfig(learning_rate=5e-3))
         assert result.step == 1 and await model.get_step() == 1
         assert storage.is_complete(storage.checkpoint_dir(run, 1))
-        assert result.metrics["train/trainable_tokens"] > 0 and result.metrics["data/rows"] >= 1
+        assert result.metrics["data/step_trainer_tokens"] > 0 and result.metrics["data/rows"] >= 1
 
         after = await client.chat.completions.create(model=model.get_inference_name(), messages=probe,
                                                      max_tokens=4, temperature=0, logprobs=True)
@@ -76,8 +76,12 @@ def test_register_rollout_train_serve_resume(tmp_path):
         backend.close()
 
         hist = history(run)
-        assert [(h["step"], h["split"]) for h in hist] == [(0, "train"), (1, "train"), (2, "train"), (2, "val")]
-        assert "train/loss" in hist[1] and "val/reward" in hist[3]
+        # one train row per step (rl, then sft), written at the step the call produced, as ART does
+        assert [(h["step"], h["split"], h.get("kind")) for h in hist] == [(1, "train", "rl"), (2, "train", "sft"),
+                                                                         (2, "val", None)]
+        assert hist[0]["train/reward"] == pytest.approx(sum(t.reward for g in groups for t in g) / 8)
+        assert "loss/train" in hist[0] and "loss/train" in hist[1] and "val/reward" in hist[2]
+        assert hist[0]["data/step_num_groups_submitted"] == 2
 
         model2 = art.TrainableModel(name="agent-001", project="e2e", base_model="artrl/tiny")
         backend2 = art.LocalBackend(path=str(tmp_path), show_progress=False)

@@ -53,8 +53,23 @@ KILL_DRIVER = textwrap.dedent('''
 
 
     def temporaries():
-        roots = [RUN, RUN / storage.CHECKPOINTS_DIR]
+        logs = RUN / storage.TRAJECTORIES_DIR
+        roots = [RUN, RUN / storage.CHECKPOINTS_DIR, *(logs.iterdir() if logs.is_dir() else [])]
         return sum(1 for r in roots if r.is_dir() for p in r.iterdir() if p.name.startswith(storage.TMP_PREFIX))
+
+
+    def unreadable_trajectory_logs():
+        import pyarrow.parquet as pq
+
+        bad = 0
+        for p in (RUN / storage.TRAJECTORIES_DIR).rglob("*" + storage.TRAJECTORY_LOG_SUFFIX):
+            if p.name.startswith(storage.TMP_PREFIX):
+                continue
+            try:
+                pq.read_table(p)
+            except Exception:
+                bad += 1
+        return bad
 
 
     def child(wfd, trial, final):
@@ -81,10 +96,9 @@ KILL_DRIVER = textwrap.dedent('''
             step = await model.get_step()
             records, torn = storage.scan_jsonl(RUN / storage.HISTORY_FILE)
             train_steps = sorted(r["step"] for r in records if r.get("split") == "train" and "kind" in r)
-            traj_files = list((RUN / storage.TRAJECTORIES_DIR).rglob("*.jsonl"))
-            traj_torn = sum(len(storage.scan_jsonl(p)[1]) for p in traj_files)
+            traj_bad = unreadable_trajectory_logs()
             say(ev="resumed", step=step, expected=expected, tmp_before=tmp_before, tmp_after=temporaries(),
-                torn_history_lines=len(torn), train_steps=train_steps, traj_torn_lines=traj_torn,
+                torn_history_lines=len(torn), train_steps=train_steps, unreadable_trajectory_logs=traj_bad,
                 checkpoints=storage.list_checkpoints(RUN))
             if final:
                 backend.close()
@@ -206,6 +220,7 @@ def test_sigkill_during_checkpoint_writes_never_loses_more_than_the_step_in_prog
         # it resumed at the latest complete checkpoint on disk, and every leftover temporary is gone
         assert r["step"] == (r["expected"] or 0), t
         assert r["tmp_after"] == 0 and r["checkpoints"][-1] == r["step"], t
+        assert r["unreadable_trajectory_logs"] == 0, t
         # exactly one train record per completed step; torn lines are counted, never read as data
         assert r["train_steps"] == list(range(1, r["step"] + 1)), t
         if previous is not None and previous["entered"] is not None:
@@ -230,8 +245,8 @@ def test_sigkill_during_checkpoint_writes_never_loses_more_than_the_step_in_prog
 
 def test_a_torn_last_line_is_skipped_at_every_cut_and_the_next_append_starts_clean(tmp_path, caplog):
     path = tmp_path / storage.HISTORY_FILE
-    good = [{"step": 1, "split": "train", "train/loss": 1.25}, {"step": 2, "split": "val", "val/reward": 0.5}]
-    last = json.dumps({"step": 3, "split": "train", "kind": "sft", "train/loss": 0.75}, sort_keys=True)
+    good = [{"step": 1, "split": "train", "loss/train": 1.25}, {"step": 2, "split": "val", "val/reward": 0.5}]
+    last = json.dumps({"step": 3, "split": "train", "kind": "sft", "loss/train": 0.75}, sort_keys=True)
     for cut in range(1, len(last)):  # every way a crash can tear the last append
         path.unlink(missing_ok=True)
         for rec in good:
@@ -291,15 +306,24 @@ def test_a_lost_history_line_is_restored_from_the_checkpoint_on_resume(tmp_path)
     async def main():
         model, backend = await _register(tmp_path)
         await model.train_sft(SFT_DATA[:2], config=art.TrainSFTConfig(learning_rate=1e-3))
-        await model.train_sft(SFT_DATA[:2], config=art.TrainSFTConfig(learning_rate=1e-3))
+        result = await model.train_sft(SFT_DATA[:2], config=art.TrainSFTConfig(learning_rate=1e-3))
         backend.close()
         history = storage.run_dir(tmp_path, "p", "m") / storage.HISTORY_FILE
         lines = history.read_text().splitlines()
+        assert [json.loads(x)["step"] for x in lines] == [1, 2]  # one train row per step
         # as if killed after checkpoint 2 was renamed into place, before its history line was appended
         history.write_text("\n".join(lines[:-1]) + "\n")
         model, backend = await _register(tmp_path)
         assert await model.get_step() == 2
-        assert [json.loads(x) for x in history.read_text().splitlines()] == [json.loads(x) for x in lines]
+        rows = [json.loads(x) for x in history.read_text().splitlines()]
+        assert rows[0] == json.loads(lines[0])
+        # the restored row is the checkpoint's: the trainer's metrics of that step (no wall clock, no totals)
+        assert (rows[1]["step"], rows[1]["split"], rows[1]["kind"]) == (2, "train", "sft")
+        assert rows[1]["loss/train"] == result.metrics["loss/train"]
+        assert {k: v for k, v in rows[1].items() if k not in ("step", "split", "kind")} == result.metrics
+        backend.close()
+        model, backend = await _register(tmp_path)  # nothing more to restore
+        assert len(history.read_text().splitlines()) == 2
         backend.close()
 
     asyncio.run(main())
@@ -391,9 +415,9 @@ def test_resume_reproduces_the_uninterrupted_next_step(tmp_path, make_choice, ki
 
         a, b = straight[k].metrics, resumed.metrics
         assert resumed.step == straight[k].step == k + 1
-        assert b["train/learning_rate"] == a["train/learning_rate"]
-        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-6, abs=1e-7)
-        assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=1e-5)
+        assert b["loss/learning_rate"] == a["loss/learning_rate"]
+        assert b["loss/train"] == pytest.approx(a["loss/train"], rel=1e-6, abs=1e-7)
+        assert b["loss/grad_norm"] == pytest.approx(a["loss/grad_norm"], rel=1e-5)
         assert got.keys() == want.keys()
         for name in want:
             torch.testing.assert_close(got[name], want[name], rtol=1e-6, atol=1e-8, msg=name)
@@ -408,6 +432,6 @@ def test_resume_reproduces_the_uninterrupted_next_step(tmp_path, make_choice, ki
             trainer.set_rng_state(trainer._seeded_rng_state(999))
             other = await _step(model, kinds[k], groups)
             backend.close()
-            assert other.metrics["train/loss"] != pytest.approx(a["train/loss"], rel=1e-6, abs=1e-7)
+            assert other.metrics["loss/train"] != pytest.approx(a["loss/train"], rel=1e-6, abs=1e-7)
 
     asyncio.run(main())

@@ -131,7 +131,7 @@ def test_the_same_groups_give_the_same_update_whatever_the_layout(tmp_path, make
     updates, results = {}, {}
     for name, layout in LAYOUTS.items():
         updates[name], results[name] = _update(tmp_path / name.replace("=", "-"), groups, **steps, **layout)
-    n_steps = {r.metrics["data/optimizer_steps"] for r in results.values()}
+    n_steps = {r.metrics["data/step_num_gradient_steps"] for r in results.values()}
     assert n_steps == ({1.0} if not steps else {3.0})
     rows = {r.metrics["data/rows"] for r in results.values()}
     assert len(rows) > 1, "the layouts should really differ"

@@ -4,7 +4,7 @@
 docs/art-compatibility.md (every ART name and its status here).
 """
 
-from . import dev, schedules, utils
+from . import dev, rewards, schedules, utils
 from .auto_trajectory import auto_trajectory, capture_auto_trajectory
 from .backend import Backend
 from .batches import trajectory_group_batches
@@ -31,5 +31,5 @@ __all__ = [
     "yield_trajectory",
     # artrl's own
     "ArtrlError", "CheckpointError", "ConfigError", "GatherError", "History", "InternalModelConfig",
-    "NonFiniteError", "PackingError", "TrajectoryError", "choice_from_completion", "schedules", "utils",
+    "NonFiniteError", "PackingError", "TrajectoryError", "choice_from_completion", "rewards", "schedules", "utils",
 ]

@@ -9,6 +9,8 @@ complete new one, never empty or half-written files under the final name.
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -35,3 +37,26 @@ def fsync_tree(path: str | os.PathLike[str]) -> None:
             with open(Path(root) / name, "rb") as fh:
                 os.fsync(fh.fileno())
         fsync_dir(root)
+
+
+def write_atomic(path: str | os.PathLike[str], write: Callable[[Path], None], *, prefix: str = ".tmp-") -> None:
+    """Publish a file whole or not at all: `write(tmp)` fills a temporary file beside `path`,
+    which is fsynced and renamed over `path` (then the directory entry is flushed).
+
+    A crash leaves the previous `path` (or none) plus, at worst, a `prefix`-named temporary
+    that a reader never mistakes for the file (run storage removes them on register).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

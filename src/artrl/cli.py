@@ -2,6 +2,7 @@
 
     artrl demo                      SFT warm-up then RL on the tiny model (CPU, minutes)
     artrl serve --model NAME        the OpenAI-compatible server alone
+    artrl runs show RUN_DIR         a run's rewards and losses per step: a table and a PNG
     artrl bench pack  --workload F  packing against the reference layout
     artrl bench train --workload F  train-step throughput against the reference trainer
     artrl bench serve               inference throughput, concurrent vs sequential
@@ -33,6 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     from .local.standalone import add_arguments as add_serve_args
 
     add_serve_args(sv)
+
+    runs = sub.add_parser("runs", help="look at runs (history.jsonl)")
+    from .runs import add_arguments as add_runs_args
+
+    add_runs_args(runs)
 
     bench = sub.add_parser("bench", help="benchmarks (pack/train/serve print one JSON line; learn a table)")
     bsub = bench.add_subparsers(dest="bench", required=True)
@@ -68,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             return run(args)
         if args.command == "serve":
             from .local.standalone import main as run
+            return run(args)
+        if args.command == "runs":
+            from .runs import main as run
             return run(args)
         if args.command == "bench" and args.bench == "pack":
             from .bench.pack_bench import main as run

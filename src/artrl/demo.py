@@ -7,8 +7,10 @@ steps (8 rollouts per question through the local OpenAI-compatible server,
 `delete_checkpoints`, `train`), and plot train and validation reward per step.
 
 Steps: 0 is the untrained model, 1 the model after the SFT call, 2.. one per RL
-call. Train reward at step s is the mean reward of the rollouts sampled with the
-weights of step s; validation reward at step s is measured with those weights.
+call. Train reward at step s is the mean reward of the rollouts that trained
+step s (sampled with the weights of step s-1: ART logs a train call's groups at
+the step it produces); validation reward at step s is measured with the weights
+of step s. The plot is `artrl runs show`'s (runs.py).
 
 Choices, and what they simplify:
 
@@ -49,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import schedules
+from . import runs, schedules
 from .errors import ConfigError
 from .gather import gather_trajectory_groups
 from .local import LocalBackend, storage
@@ -179,42 +181,9 @@ def _sft_data(cfg: DemoConfig, rng: random.Random) -> list[Trajectory]:
 
 
 def _read_rewards(run: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    train, val = [], []
-    for rec in storage.read_jsonl(run / storage.HISTORY_FILE):
-        if rec.get("split") == "train" and "train/reward" in rec:
-            train.append((int(rec["step"]), float(rec["train/reward"])))
-        elif rec.get("split") == "val" and "val/reward" in rec:
-            val.append((int(rec["step"]), float(rec["val/reward"])))
-    return train, val
-
-
-def plot_rewards(train: list[tuple[int, float]], val: list[tuple[int, float]], path: Path, title: str) -> Path:
-    """Train reward per RL step and validation reward where measured, as a PNG (matplotlib, Agg)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    try:
-        if train:
-            ax.plot(*zip(*train), marker=".", label="train reward (RL rollouts)")
-        if val:
-            ax.plot(*zip(*val), marker="o", label="validation reward (held-out phrasings)")
-        ax.axvspan(0, 1, color="0.9", zorder=0)
-        ax.annotate("SFT", xy=(0.5, 0.96), xycoords=("data", "axes fraction"), ha="center", va="top", color="0.4")
-        ax.set_xlabel("step (0: untrained, 1: after SFT, then one per RL step)")
-        ax.set_ylabel("mean reward")
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path)
-    finally:
-        plt.close(fig)
-    return path
+    table = runs.step_table(runs.load_history(run))
+    return ([(r.step, r.train_reward) for r in table if r.train_reward is not None],
+            [(r.step, r.val_reward) for r in table if r.val_reward is not None])
 
 
 async def run_demo(path: str | Path = "./.art", *, rl_steps: int | None = None, seed: int | None = None,
@@ -280,8 +249,8 @@ async def run_demo(path: str | Path = "./.art", *, rl_steps: int | None = None, 
         backend.close()
 
     train_rewards, val_rewards = _read_rewards(run)
-    plot_path = plot_rewards(train_rewards, val_rewards, run / PLOT_FILE,
-                             f"artrl demo: colour quiz, tiny model, seed {cfg.seed}")
+    plot_path = runs.plot_run(runs.step_table(runs.load_history(run)), run / PLOT_FILE,
+                              f"artrl demo: colour quiz, tiny model, seed {cfg.seed}")
     by_step = dict(val_rewards)
     return DemoResult(run_dir=run, plot_path=plot_path, val_before=by_step[0], val_after_sft=by_step[1],
                       val_after_rl=val_rewards[-1][1], seconds=time.perf_counter() - started,

@@ -10,17 +10,29 @@ Names and methods follow ART so an ART loop runs unchanged:
 Model-level settings (LoRA, dtype, device, attention, inference batch size)
 go in `_internal_config=art.InternalModelConfig(...)`; per-call settings
 (learning rate, batching, loss) in `TrainConfig` / `TrainSFTConfig`.
+
+A model logs by itself, as in ART: `model.log(...)` writes under
+`base_path/<project>/models/<name>/` (local/history.py) whether or not it is
+registered, and a prompted model (`art.Model(name="openai/gpt-4o", ...)`)
+logs its evaluations the same way. `report_metrics` mirrors every history row
+to W&B or TensorBoard (tracking.py).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+import warnings
+from collections.abc import Iterable
+from contextvars import Token
+from pathlib import Path
 from typing import Any
 
 import pydantic
 
 from .errors import ConfigError
+from .local import storage
+from .local.history import RunHistory, check_loggable, normalize_trajectory_groups
+from .metrics import MetricsBuilder
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
 
@@ -28,7 +40,11 @@ log = logging.getLogger(__name__)
 
 
 class Model(pydantic.BaseModel):
-    """A model that serves inference (ART's `Model`); `TrainableModel` can also train."""
+    """A model that serves inference (ART's `Model`); `TrainableModel` can also train.
+
+    A prompted model is any OpenAI-compatible endpoint:
+    `Model(name="openai/gpt-4o", project="p", inference_base_url=..., inference_api_key=...)`.
+    """
 
     model_config = pydantic.ConfigDict(arbitrary_types_allowed=True, extra="allow")
 
@@ -36,26 +52,53 @@ class Model(pydantic.BaseModel):
     project: str
     entity: str | None = None
     id: str | None = None
+    run_id: str | None = None
     config: Any = None
     trainable: bool = False
     inference_api_key: str | None = None
     inference_base_url: str | None = None
     inference_model_name: str | None = None
+    base_path: str = pydantic.Field(".art", description="Root of the run directories "
+                                    "(`<base_path>/<project>/models/<name>/`); `register` sets it to the backend's.")
+    report_metrics: list[str] | None = pydantic.Field(
+        None, description="Trackers that mirror every history row: 'wandb', 'tensorboard'. None: W&B when "
+        "WANDB_API_KEY is set (ART's default); []: none.")
 
     _backend: Any = pydantic.PrivateAttr(default=None)
     _client: Any = pydantic.PrivateAttr(default=None)
+    _history: Any = pydantic.PrivateAttr(default=None)
+    _wandb_config: dict[str, Any] = pydantic.PrivateAttr(default_factory=dict)
 
-    @pydantic.field_validator("name", "project")
+    @pydantic.field_validator("project")
+    @classmethod
+    def _valid_project(cls, v: str) -> str:
+        if not v or "/" in v or "\\" in v or v in (".", ".."):
+            raise ValueError(f"project {v!r} is not a valid name: use a non-empty name without '/'")
+        return v
+
+    @pydantic.field_validator("name")
     @classmethod
     def _valid_name(cls, v: str) -> str:
-        if not v or "/" in v or "@" in v or v in (".", ".."):
-            raise ValueError(f"{v!r} is not a valid name: use a non-empty name without '/' or '@'")
+        parts = v.split("/") if v else [""]
+        if any(p in ("", ".", "..") for p in parts) or "\\" in v:
+            raise ValueError(f"model name {v!r} is not valid: use a non-empty name whose '/'-separated parts "
+                             "are not empty, '.' or '..' (e.g. 'agent-001' or 'openai/gpt-4o')")
         return v
 
     async def register(self, backend: Any) -> None:
-        """Attach to a backend: loads/serves the model and resumes from its latest checkpoint."""
+        """Attach to a backend: loads/serves the model and resumes from its latest checkpoint.
+
+        The model then logs where the backend keeps its runs (`base_path`), and JSONL trajectory
+        logs of earlier versions in its run directory are migrated to Parquet.
+        """
+        from .utils.trajectory_migration import auto_migrate_on_register
+
+        path = getattr(backend, "path", None)
+        if path is not None:
+            self.base_path = str(path)
         self._backend = backend
         await backend.register(self)
+        auto_migrate_on_register(self._run_dir())
 
     def backend(self) -> Any:
         if self._backend is None:
@@ -71,7 +114,11 @@ class Model(pydantic.BaseModel):
         from openai import AsyncOpenAI
 
         if self.inference_base_url is None:
-            raise ConfigError(f"model {self.name!r} has no inference server yet; call `await model.register(backend)`")
+            if self.trainable:
+                raise ConfigError(f"model {self.name!r} has no inference server yet; call "
+                                  "`await model.register(backend)`")
+            raise ConfigError(f"prompted model {self.name!r} needs inference_base_url (and inference_api_key) "
+                              "to make an OpenAI client")
         key = (self.inference_base_url, self.inference_api_key)
         if not kwargs and self._client is not None and self._client[0] == key:
             return self._client[1]
@@ -81,18 +128,147 @@ class Model(pydantic.BaseModel):
             self._client = (key, client)
         return client
 
+    def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
+        """Parameters for `litellm.completion` (ART's): model name (`hosted_vllm/` for trainable models),
+        base_url, api_key, temperature 1. `step` names a checkpoint (`name@step`)."""
+        name = self.get_inference_name(step)
+        return {"model": f"hosted_vllm/{name}" if self.trainable else name, "base_url": self.inference_base_url,
+                "api_key": self.inference_api_key, "temperature": 1}
+
     def get_inference_name(self, step: int | None = None) -> str:
-        """`name` (latest weights) or `name@step` (the checkpoint of that step)."""
+        """The name to send to the inference endpoint: the backend's choice where it has one (ART's
+        `_model_inference_name`), else `inference_model_name or name`, with `@step` for a checkpoint."""
+        backend_name = getattr(self._backend, "_model_inference_name", None)
+        if callable(backend_name):
+            return backend_name(self, step=step)
         base = self.inference_model_name or self.name
         return base if step is None else f"{base}@{step}"
 
     async def get_step(self) -> int:
+        """The latest training step; 0 for a prompted model."""
+        if not self.trainable:
+            return 0
         return await self.backend()._get_step(self)
 
-    async def log(self, trajectories: Sequence[Trajectory | TrajectoryGroup] | None = None, split: str = "val",
-                  *, metrics: dict[str, float] | None = None, step: int | None = None) -> dict[str, float]:
-        """Record averaged metrics (e.g. 'val/reward') in history.jsonl and the trajectories in the run dir."""
-        return await self.backend()._log(self, trajectories, split, metrics, step)
+    # ------------------------------------------------------------------ run directory and state
+    def _run_dir(self) -> Path:
+        return storage.run_dir(self.base_path, self.project, self.name)
+
+    def _get_output_dir(self) -> str:
+        return str(self._run_dir())
+
+    def overwrite_state(self, state: dict[str, Any]) -> None:
+        """Replace `state.json` in the run directory (atomically). Prefer `merge_state`."""
+        storage.write_json_atomic(self._run_dir() / storage.STATE_FILE, state)
+
+    def write_state(self, state: dict[str, Any]) -> None:
+        """Deprecated in ART: use `overwrite_state()` or `merge_state()`."""
+        warnings.warn("write_state() is deprecated. Use overwrite_state() or merge_state() instead.",
+                      DeprecationWarning, stacklevel=2)
+        self.overwrite_state(state)
+
+    def merge_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Deep-merge `state` into `state.json` and return the result."""
+        return storage.merge_state(self._run_dir(), state)
+
+    def read_state(self) -> dict[str, Any] | None:
+        """`state.json` of the run directory, or None."""
+        return storage.read_state(self._run_dir())
+
+    # ------------------------------------------------------------------ logging and tracking
+    def _run_history(self) -> RunHistory:
+        run = self._run_dir()
+        if self._history is None or self._history.run != run:
+            from .tracking import Trackers
+
+            if self._history is not None and self._history.trackers is not None:
+                self._history.trackers.close()
+            trackers = Trackers(self.report_metrics, project=self.project, name=self.name, run=run,
+                                config=self._tracking_config(), user_config=self._wandb_config)
+            self._history = RunHistory(run, trackers=trackers)
+        return self._history
+
+    def _tracking_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {"model": self.name, "project": self.project, "trainable": self.trainable}
+        if getattr(self, "base_model", None):
+            config["base_model"] = self.base_model
+        internal = getattr(self, "_internal_config", None)
+        if internal is not None:
+            config["internal_config"] = internal.model_dump(mode="json")
+        if self.config is not None:
+            dump = getattr(self.config, "model_dump", None)
+            config["config"] = dump(mode="json") if callable(dump) else self.config
+        return {**config, **self._wandb_config}
+
+    def update_wandb_config(self, config: dict[str, Any]) -> None:
+        """Merge `config` into the tracked run's config (W&B's run config; TensorBoard's 'config' text).
+
+        A key already set to another value is refused (W&B run configs are immutable, as in ART).
+        """
+        if not isinstance(config, dict):
+            raise TypeError(f"config must be a dict[str, Any], got {type(config).__name__}")
+
+        def merge(old: dict[str, Any], new: dict[str, Any], path: str = "") -> dict[str, Any]:
+            out = dict(old)
+            for k, v in new.items():
+                where = f"{path}.{k}" if path else k
+                if k in out and isinstance(out[k], dict) and isinstance(v, dict):
+                    out[k] = merge(out[k], v, where)
+                elif k in out and out[k] != v:
+                    raise ValueError(f"W&B config is immutable once set. Conflicting value for {where!r}: "
+                                     f"{out[k]!r}, then {v!r}.")
+                else:
+                    out[k] = v
+            return out
+
+        self._wandb_config = merge(self._wandb_config, config)
+        if self._history is not None and self._history.trackers is not None:
+            self._history.trackers.update_config(self._wandb_config)
+
+    def _get_wandb_run(self) -> Any:
+        """The W&B run this model reports to (started on first use), or None."""
+        return self._run_history().trackers.wandb_run()
+
+    def finish_tracking(self) -> None:
+        """Finish the W&B run and close the TensorBoard log (they also close at interpreter exit)."""
+        if self._history is not None and self._history.trackers is not None:
+            self._history.trackers.close()
+
+    def metrics_builder(self, cost_context: str | None = None) -> MetricsBuilder:
+        """The model's metrics builder (ART's): metrics added to it land in the next history row."""
+        history = self._run_history()
+        history.load_state()
+        return history.builder if cost_context is None else history.builder.for_cost_context(cost_context)
+
+    def activate_metrics_context(self, cost_context: str) -> Token[MetricsBuilder]:
+        """Make this model's builder the active one (RULER records its judge's cost there)."""
+        return self.metrics_builder(cost_context).activate()
+
+    async def _current_step(self) -> int:
+        if not self.trainable:
+            return 0
+        if self._backend is not None:
+            return await self.get_step()
+        return storage.latest_checkpoint(self._run_dir()) or 0  # not registered: the run's latest checkpoint
+
+    async def log(self, trajectories: Iterable[Trajectory | BaseException] | Iterable[TrajectoryGroup] | None = None,
+                  split: str = "val", *, metrics: dict[str, float] | None = None,
+                  step: int | None = None) -> dict[str, Any]:
+        """Log trajectories and/or metrics: one history row, and the groups as `trajectories/<split>/NNNN.parquet`.
+
+        `trajectories`: TrajectoryGroups, or Trajectories (exceptions among them are counted) logged
+        as one group; any iterable, read once. `step` defaults to the current step (0 for a
+        prompted model; the latest checkpoint on disk for a trainable model not yet registered).
+        Works without a backend. Returns the row written ({} when there was nothing to log).
+        """
+        return await self._log(trajectories, split, metrics, step)
+
+    async def _log(self, trajectories: Any, split: str, metrics: dict[str, float] | None, step: int | None,
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        groups = None if trajectories is None else normalize_trajectory_groups(trajectories)
+        if step is None:
+            step = await self._current_step()
+        return await self._run_history().log(groups, split, metrics, step, extra=extra, backend=self._backend)
 
 
 class TrainableModel(Model):
@@ -112,9 +288,21 @@ class TrainableModel(Model):
     def internal_config(self) -> InternalModelConfig:
         return self._internal_config or InternalModelConfig()
 
+    @pydantic.field_validator("name")
+    @classmethod
+    def _served_name(cls, v: str) -> str:
+        if "/" in v or "@" in v:
+            raise ValueError(f"trainable model name {v!r} may not contain '/' or '@': it is served as "
+                             "'<name>' and '<name>@<step>' and names the run directory. Use e.g. 'agent-001'.")
+        return v
+
     async def train(self, trajectory_groups: Iterable[TrajectoryGroup], config: TrainConfig | None = None,
                     _config: dict[str, Any] | None = None, verbose: bool = False) -> TrainResult:
-        """One RL step: logs the groups as split 'train', trains, checkpoints, serves the new weights."""
+        """One RL step: trains, checkpoints, serves the new weights, then logs ONE 'train' row.
+
+        As in ART, the row is written at the new step: the groups' averages (`train/reward`, ...),
+        the trainer's metrics (`loss/train`, ...) and the groups as `trajectories/train/NNNN.parquet`.
+        """
         del verbose
         groups = list(trajectory_groups)
         for i, g in enumerate(groups):
@@ -123,15 +311,28 @@ class TrainableModel(Model):
                                   "Did you forget to await gather_trajectory_groups?")
         config = config or TrainConfig()
         config.check()  # refuse a bad config before anything is written
-        await self.log(groups, split="train")
+        check_loggable(groups, {})
+        before = await self.get_step()
         result = await self.backend()._train_model(self, groups, config, _config or {})
+        await self._log_train_row(groups, result, before, "rl")
         return result
 
     async def train_sft(self, trajectories: Iterable[Trajectory], config: TrainSFTConfig | None = None,
                         _config: dict[str, Any] | None = None, verbose: bool = False) -> TrainResult:
-        """Supervised fine-tuning on every assistant turn of the trajectories."""
+        """Supervised fine-tuning on every assistant turn of the trajectories; logs one 'train' row."""
         del verbose
-        return await self.backend()._train_sft(self, list(trajectories), config or TrainSFTConfig(), _config or {})
+        before = await self.get_step()
+        result = await self.backend()._train_sft(self, list(trajectories), config or TrainSFTConfig(), _config or {})
+        await self._log_train_row(None, result, before, "sft")
+        return result
+
+    async def _log_train_row(self, groups: list[TrajectoryGroup] | None, result: TrainResult, before: int,
+                             kind: str) -> None:
+        if result.step == before:
+            log.warning("%s: the %s call did not advance the step (still %d), so it writes no train row",
+                        self.name, kind.upper(), before)
+            return
+        await self._log(groups, "train", result.metrics, result.step, extra={"kind": kind})
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
         """Keep the latest checkpoint and the best one by `best_checkpoint_metric`; delete the rest."""

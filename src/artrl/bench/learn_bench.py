@@ -163,9 +163,9 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, groups: list[list[Sa
 
 # ---------------------------------------------------------------- the two arms
 
-_ARTRL_METRICS: Final = {"optimizer_steps": "data/optimizer_steps", "loss": "train/loss",
-                         "grad_norm": "train/grad_norm", "mean_ratio": "train/mean_ratio",
-                         "clip_fraction": "train/clip_fraction", "tokens": "train/trainable_tokens",
+_ARTRL_METRICS: Final = {"optimizer_steps": "data/step_num_gradient_steps", "loss": "loss/train",
+                         "grad_norm": "loss/grad_norm", "mean_ratio": "train/mean_ratio",
+                         "clip_fraction": "train/clip_fraction", "tokens": "data/step_trainer_tokens",
                          "groups_skipped": "data/groups_skipped_zero_advantage"}
 
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..trajectories import Trajectory, TrajectoryGroup, revalidate
+from ..trajectories import Trajectory, TrajectoryGroup
 from ..types import LocalTrainResult, TrainConfig, TrainSFTConfig
 from . import storage
 from .session import TrainingSession
@@ -144,27 +143,6 @@ class LocalBackend:
         session = self._state(model)
         return await asyncio.to_thread(session.delete_checkpoints, best_checkpoint_metric)
 
-    # ------------------------------------------------------------------ history
-    async def _log(self, model: "Model", trajectories: Sequence[Trajectory | TrajectoryGroup] | None,
-                   split: str, metrics: dict[str, float] | None, step: int | None) -> dict[str, float]:
-        state = self._runs.get(model.name)
-        run = state.run if state else storage.run_dir(self._path, model.project, model.name)
-        step = step if step is not None else (state.step if state else 0)
-        _check_loggable(trajectories or [], metrics or {})
-        record = log_record(trajectories or [], split, metrics or {})
-        await asyncio.to_thread(self._write_log, run, split, step, record, trajectories or [])
-        return record
-
-    @staticmethod
-    def _write_log(run: Path, split: str, step: int, record: dict[str, float],
-                   trajectories: Sequence[Trajectory | TrajectoryGroup]) -> None:
-        storage.append_jsonl(run / storage.HISTORY_FILE, {"step": step, "split": split, **record})
-        trajs = [t for t in _flatten(trajectories)]
-        if trajs:
-            path = run / storage.TRAJECTORIES_DIR / split / f"{storage.step_dir_name(step)}.jsonl"
-            for t in trajs:
-                storage.append_jsonl(path, storage.json_safe(t.for_logging()))
-
     # ------------------------------------------------------------------ training
     async def train(self, model: "TrainableModel", trajectory_groups: Iterable[TrajectoryGroup], *,
                     config: TrainConfig | None = None, **kwargs: Any) -> LocalTrainResult:
@@ -194,55 +172,3 @@ def _merge(config: Any, extra: dict[str, Any]) -> Any:
     if unknown:
         raise ConfigError(f"unknown {type(config).__name__} fields {unknown}; known fields: {sorted(allowed)}")
     return type(config)(**{**config.model_dump(), **extra})
-
-
-def _check_loggable(items: Sequence[Trajectory | TrajectoryGroup], metrics: dict[str, Any]) -> None:
-    """Refuse what cannot be logged before anything is written (names the group and trajectory)."""
-    for i, it in enumerate(items):
-        if isinstance(it, TrajectoryGroup):
-            for ti, t in enumerate(it.trajectories):
-                revalidate(t, f"group {i}, trajectory {ti}")
-        elif isinstance(it, Trajectory):
-            revalidate(it, f"trajectories[{i}]")
-    for k, v in metrics.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError(f"model.log metrics[{k!r}] is {v!r:.80}; logged metrics must be numbers.")
-
-
-def _finite(d: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in d.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-
-
-def _flatten(items: Sequence[Trajectory | TrajectoryGroup]) -> list[Trajectory]:
-    out: list[Trajectory] = []
-    for it in items:
-        if isinstance(it, TrajectoryGroup):
-            out += it.trajectories
-        elif isinstance(it, Trajectory):
-            out.append(it)
-        else:
-            raise ConfigError(f"model.log got {type(it).__name__}; pass Trajectory or TrajectoryGroup objects")
-    return out
-
-
-def log_record(trajectories: Sequence[Trajectory | TrajectoryGroup], split: str,
-               metrics: dict[str, float]) -> dict[str, float]:
-    """Averaged metrics of logged trajectories, keys prefixed with the split (e.g. 'val/reward')."""
-    trajs = _flatten(trajectories)
-    out: dict[str, float] = {}
-    if trajs:
-        rewards = [t.reward for t in trajs]
-        mean = sum(rewards) / len(rewards)
-        out[f"{split}/reward"] = mean
-        out[f"{split}/reward_std_dev"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-        out[f"{split}/trajectories"] = float(len(trajs))
-        keys = sorted({k for t in trajs for k in t.metrics})
-        for k in keys:
-            vals = [float(t.metrics[k]) for t in trajs if k in t.metrics]
-            out[f"{split}/{k}"] = sum(vals) / len(vals)
-    groups = [g for g in trajectories if isinstance(g, TrajectoryGroup)]
-    if groups:
-        out[f"{split}/exceptions"] = float(sum(len(g.exceptions) for g in groups))
-    for k, v in metrics.items():
-        out[k if "/" in k else f"{split}/{k}"] = float(v)
-    return _finite(out)

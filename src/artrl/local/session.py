@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, NonFiniteError
+from ..metrics_taxonomy import trainer_metrics
 from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
-from . import checkpoint, storage
+from . import checkpoint, history, storage
 
 log = logging.getLogger(__name__)
 
@@ -79,17 +80,8 @@ class TrainingSession:
         return session
 
     def _recover_history(self) -> None:
-        """Re-append the latest checkpoint's history line if a crash kept it out of history.jsonl."""
-        record = self.history_record
-        if not record:
-            return
-        path = self.run / storage.HISTORY_FILE
-        have = any(r.get("step") == record.get("step") and r.get("split") == record.get("split") and "kind" in r
-                   for r in storage.read_jsonl(path))
-        if not have:
-            storage.append_jsonl(path, record)
-            log.warning("history.jsonl lacked the train record of step %s (a crash after the checkpoint was "
-                        "written); restored it from the checkpoint", record.get("step"))
+        """Re-append the latest checkpoint's train row if a crash kept it out of history.jsonl."""
+        history.restore_train_row(self.run, self.history_record)
 
     def close(self) -> None:
         self.engine.close()
@@ -149,20 +141,16 @@ class TrainingSession:
                     "was written. Usual causes: a diverged adapter (NaN/inf weights) or too high a learning rate; "
                     "lower learning_rate, or resume from an earlier checkpoint (delete the later ones).")
             self.step += 1
-            metrics = metric_names(summary)
+            metrics = trainer_metrics(summary, kind)
             record = {"step": self.step, "split": "train", "kind": kind, **finite(metrics)}
             path = self.save(record)
         if metrics.get("train/skipped_nonfinite_steps"):
             log.error("%s step %d: %d of %d optimizer steps had a non-finite loss or gradient and were refused "
                       "(train/skipped_nonfinite_steps); the weights did not take them", self.name, self.step,
                       int(metrics["train/skipped_nonfinite_steps"]), len(steps))
-        storage.append_jsonl(self.run / storage.HISTORY_FILE, record)
+        # the history row is written by model.train / train_sft (local/history.py), as in ART; the checkpoint
+        # carries `record` so a crash before that write loses nothing (_recover_history)
         return LocalTrainResult(step=self.step, metrics=metrics, checkpoint_path=str(path))
-
-
-def metric_names(summary: dict[str, float]) -> dict[str, float]:
-    """A call's figures as history keys: `train/<metric>`, data figures keep their `data/` prefix."""
-    return {k if k.startswith("data/") else f"train/{k}": v for k, v in summary.items()}
 
 
 def finite(d: dict[str, float]) -> dict[str, float]:

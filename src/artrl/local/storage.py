@@ -4,19 +4,21 @@ Layout (written down once, here):
 
     <path>/<project>/models/<name>/
         model.json                      base model and settings of the run
-        history.jsonl                   one JSON line per logged (step, split)
+        history.jsonl                   one JSON line per log call (history.py says what a row holds)
+        state.json                      Model.read_state()/merge_state() and the metrics' running totals
         checkpoints/0003/               one directory per step
             adapter_model.safetensors   LoRA weights (peft format)
             adapter_config.json
             optimizer.pt                AdamW state and the trainer's own RNG state
             trainer_state.json          step, optimizer steps, base model, the step's history line
             COMPLETE                    written last; a directory without it is not a checkpoint
-        trajectories/<split>/0003.jsonl trajectories logged at a step
+        trajectories/<split>/0003.parquet  trajectory groups logged at a step, in ART's Parquet format
+                                        (utils/trajectory_logging.py); earlier .jsonl logs are migrated
 
 Crash safety: a checkpoint is written into `checkpoints/.tmp-*`, every file is
 fsynced, the COMPLETE marker goes in last, and the directory is renamed into
 place (atomic on POSIX), so a reader sees a whole checkpoint or none.
-JSON files are written to a temporary file and renamed. JSONL lines are
+JSON and Parquet files are written to a temporary file, fsynced and renamed. JSONL lines are
 appended with one write and fsynced; a torn last line (a crash mid-append) is
 skipped with a warning when read, never parsed as data.
 """
@@ -44,6 +46,8 @@ MODEL_FILE = "model.json"
 HISTORY_FILE = "history.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 TRAJECTORIES_DIR = "trajectories"
+TRAJECTORY_LOG_SUFFIX = ".parquet"
+STATE_FILE = "state.json"
 COMPLETE_MARKER = "COMPLETE"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
@@ -58,6 +62,41 @@ def run_dir(path: str | Path, project: str, name: str) -> Path:
 
 def step_dir_name(step: int) -> str:
     return f"{step:04d}"
+
+
+def trajectory_log_path(run: Path, split: str, step: int) -> Path:
+    """`trajectories/<split>/NNNN.parquet` of a run directory."""
+    if not split or "/" in split or split in (".", ".."):
+        raise ValueError(f"split {split!r} cannot name a directory; use a plain name such as 'val'")
+    return Path(run) / TRAJECTORIES_DIR / split / f"{step_dir_name(step)}{TRAJECTORY_LOG_SUFFIX}"
+
+
+def read_state(run: Path) -> dict[str, Any] | None:
+    """The run's state.json (None when absent); an unreadable file is an error that names it."""
+    path = Path(run) / STATE_FILE
+    if not path.exists():
+        return None
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is unreadable ({e}); restore it or delete it to start its state afresh") from e
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a JSON object; delete it to start afresh")
+    return state
+
+
+def merge_state(run: Path, updates: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge `updates` into state.json (atomically rewritten); returns the merged state."""
+
+    def merge(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+        out = dict(base)
+        for k, v in new.items():
+            out[k] = merge(out[k], v) if isinstance(out.get(k), dict) and isinstance(v, dict) else v
+        return out
+
+    merged = merge(read_state(run) or {}, updates)
+    write_json_atomic(Path(run) / STATE_FILE, merged)
+    return merged
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -207,9 +246,11 @@ def read_marker(path: Path) -> dict[str, Any]:
 
 
 def clean_temporaries(run: Path) -> int:
-    """Remove what a crash left mid-write: `.tmp-*` checkpoint directories and `.tmp-*` JSON files."""
+    """Remove what a crash left mid-write: `.tmp-*` checkpoint directories, JSON and trajectory log files."""
     n = 0
-    for root in (run / CHECKPOINTS_DIR, run):
+    logs = run / TRAJECTORIES_DIR
+    splits = [p for p in logs.iterdir() if p.is_dir()] if logs.is_dir() else []
+    for root in (run / CHECKPOINTS_DIR, run, *splits):
         if not root.is_dir():
             continue
         for p in root.iterdir():

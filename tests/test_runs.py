@@ -1,0 +1,59 @@
+"""`artrl runs show` on a real small run: the table's steps, rewards and losses, and the PNG."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+import artrl as art
+from artrl.cli import main as cli
+from artrl.errors import ConfigError
+from artrl.local import storage
+from artrl.runs import show, step_table
+
+
+def test_runs_show_on_a_real_small_run(tmp_path, make_choice, capsys):
+    def val(reward: float) -> art.Trajectory:
+        return art.Trajectory(messages_and_choices=[{"role": "user", "content": "Say red."},
+                                                    {"role": "assistant", "content": "red"}], reward=reward)
+
+    async def main():
+        model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny")
+        backend = art.LocalBackend(path=str(tmp_path), show_progress=False)
+        await model.register(backend)
+        try:
+            await model.log([val(0.25), val(0.75)], split="val")
+            await model.train_sft([val(0.0)] * 4, config=art.TrainSFTConfig(learning_rate=1e-3))
+            prompt = [{"role": "user", "content": "Pick a colour."}]
+            groups = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=prompt + [make_choice(w)], reward=r)
+                                           for w, r in (("red", 1.0), ("blue", 0.0))])]
+            rl = await model.train(groups, config=art.TrainConfig(learning_rate=1e-3))
+            await model.log([val(1.0)], split="val")
+            return rl
+        finally:
+            backend.close()
+
+    rl = asyncio.run(main())
+    run = storage.run_dir(tmp_path, "p", "m")
+    table = step_table([json.loads(x) for x in (run / storage.HISTORY_FILE).read_text().splitlines()])
+    assert [(r.step, r.kind, r.train_reward, r.val_reward) for r in table] == [
+        (0, None, None, 0.5), (1, "sft", None, None), (2, "rl", 0.5, 1.0)]
+    assert table[2].loss == rl.metrics["loss/train"] and table[1].loss is not None
+
+    assert cli(["runs", "show", str(run), "--plot", str(tmp_path / "run.png")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["step", "kind", "train", "reward", "val", "reward", "loss", "val", "trajectories"]
+    assert out[1].split() == ["0", "-", "-", "0.500", "-", "2"]
+    assert out[3].split()[:4] == ["2", "rl", "0.500", "1.000"] and out[3].split()[4] == f"{rl.metrics['loss/train']:.4f}"
+    assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text, png = show(run)
+    assert png == run / "history.png" and png.read_bytes()[:4] == b"\x89PNG" and text.splitlines()[1:] == out[1:4]
+
+
+def test_runs_show_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="has no history.jsonl"):
+        show(tmp_path)
+    assert cli(["runs", "show", str(tmp_path)]) == 2
+    assert "pass a run directory" in capsys.readouterr().err
