@@ -32,13 +32,19 @@ def trainable_runs(seq):
     return runs
 
 
+def one(seqs):
+    """The single sequence a conversation without a split tokenizes into."""
+    assert len(seqs) == 1, [len(x) for x in seqs]
+    return seqs[0]
+
+
 def choice_ids_lps(choice):
     return choice.model_extra["token_ids"], [lp.logprob for lp in choice.logprobs.content]
 
 
 def test_single_turn_mask_covers_exactly_the_sampled_tokens(tok, make_choice):
     c = make_choice("The answer is 4.")
-    seq = tokenize_history([SYSTEM, {"role": "user", "content": "2+2?"}, c], None, tok)
+    seq = one(tokenize_history([SYSTEM, {"role": "user", "content": "2+2?"}, c], None, tok))
     ids, lps = choice_ids_lps(c)
     assert trainable_runs(seq) == [(ids, lps)]
     # the prompt before the sampled tokens is exactly the server's rendered generation prompt
@@ -53,7 +59,7 @@ def test_single_turn_mask_covers_exactly_the_sampled_tokens(tok, make_choice):
 def test_multi_turn_each_choice_aligned(tok, make_choice):
     c1, c2 = make_choice("First reply."), make_choice("Second reply, longer than the first.")
     msgs = [SYSTEM, {"role": "user", "content": "a"}, c1, {"role": "user", "content": "b"}, c2]
-    seq = tokenize_history(msgs, None, tok)
+    seq = one(tokenize_history(msgs, None, tok))
     assert trainable_runs(seq) == [choice_ids_lps(c1), choice_ids_lps(c2)]
     # the template's own <|im_end|> after a sampled turn is not duplicated
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -68,7 +74,7 @@ def test_tool_call_trajectory(tok, make_choice):
     c2 = make_choice("2 + 3 = 5")
     msgs = [SYSTEM, {"role": "user", "content": "add 2 and 3"}, c1,
             {"role": "tool", "tool_call_id": "call_1", "content": "5"}, c2]
-    seq = tokenize_history(msgs, TOOLS, tok)
+    seq = one(tokenize_history(msgs, TOOLS, tok))
     assert trainable_runs(seq) == [choice_ids_lps(c1), choice_ids_lps(c2)]
     text = tok.decode(seq.token_ids)
     assert '"name": "add"' in text and "<tool_response>\n5\n</tool_response>" in text
@@ -77,7 +83,7 @@ def test_tool_call_trajectory(tok, make_choice):
 
 def test_truncated_choice_keeps_template_end_as_context(tok, make_choice):
     c = make_choice("cut off in the mid", end=False)
-    seq = tokenize_history([{"role": "user", "content": "x"}, c, {"role": "user", "content": "y"}], None, tok)
+    seq = one(tokenize_history([{"role": "user", "content": "x"}, c, {"role": "user", "content": "y"}], None, tok))
     ids, _ = choice_ids_lps(c)
     first = seq.first_trainable
     assert seq.token_ids[first:first + len(ids)] == ids
@@ -97,15 +103,16 @@ def test_choice_without_token_ids_is_retokenized_and_counted(tok, make_choice):
     assert run_lps == [lp.logprob for lp in c.logprobs.content]  # counts agree, so logprobs kept
 
 
-def test_missing_logprobs_refused_unless_allowed(tok, make_choice):
+def test_missing_logprobs_train_on_policy_and_are_counted_unless_required(tok, make_choice):
     c = make_choice("no logprobs", logprobs=False)
     g = TrajectoryGroup([Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, c], reward=r)
                          for r in (0.0, 1.0)])
-    with pytest.raises(TrajectoryError, match="group 0, trajectory 0: a sampled turn carries no logprobs"):
-        tokenize_groups([g], tok)
-    res = tokenize_groups([g], tok, allow_training_without_logprobs=True)
+    res = tokenize_groups([g], tok)
     assert res.stats.turns_missing_logprobs == 2
-    assert all(math.isnan(x) for x in res.sequences[0].logprobs)
+    (ids, lps), = trainable_runs(res.sequences[0])
+    assert ids == c.model_extra["token_ids"] and all(math.isnan(x) for x in lps)  # nan: ratio 1 in the loss
+    with pytest.raises(TrajectoryError, match="group 0, trajectory 0: a sampled turn carries no logprobs"):
+        tokenize_groups([g], tok, require_logprobs=True)
 
 
 def test_misaligned_logprobs_refused(tok, make_choice):

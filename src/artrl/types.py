@@ -106,8 +106,13 @@ class TrainConfig(BatchConfig):
     scale_rewards: bool = pydantic.Field(
         True, description="Divide group-relative advantages by the group's reward std.")
     allow_training_without_logprobs: bool = pydantic.Field(
-        False, description="Train sampled turns that carry no logprobs as on-policy (ratio 1). "
-        "Off by default: such data usually means the rollout forgot logprobs=True.")
+        False, description="ART's meaning: also train the plain assistant message dicts of RL trajectories, "
+        "as on-policy (importance ratio 1). Sampled turns (Choices) without logprobs train as on-policy "
+        "whatever this says, unless require_logprobs.")
+    require_logprobs: bool = pydantic.Field(
+        False, description="Refuse a sampled turn that carries no logprobs (TrajectoryError naming the "
+        "trajectory) instead of training it as on-policy (counted as data/turns_missing_logprobs). Our "
+        "server returns logprobs on every choice; turn this on to catch rollouts from servers that do not.")
     grad_accumulation_sequences: int | None = pydantic.Field(
         8, ge=1, description="Rows per optimizer step; None puts all rows of the call in one step.")
     max_grad_norm: float | None = pydantic.Field(1.0, gt=0, description="Gradient clipping (None: off).")
@@ -117,6 +122,11 @@ class TrainConfig(BatchConfig):
 
     def check(self) -> None:
         super().check()
+        if self.require_logprobs and self.allow_training_without_logprobs:
+            raise ConfigError(
+                "require_logprobs=True refuses turns without logprobs, and allow_training_without_logprobs=True "
+                "trains assistant dicts (which have none) as on-policy; set only one of them."
+            )
         if self.kl_penalty_coef is not None and self.beta and self.kl_penalty_coef != self.beta:
             raise ConfigError(
                 f"beta={self.beta} and kl_penalty_coef={self.kl_penalty_coef} disagree; they are the same "

@@ -47,7 +47,10 @@ class PreparedCall:
             (t.trajectories_without_trainable_tokens, "trajectories without trainable turns"),
             (s.dropped if s else 0, "too long, dropped"),
             (s.truncated if s else 0, "truncated"),
+            (t.turns_missing_logprobs, "turns without logprobs trained on-policy"),
+            (t.rendered_turns if self.kind == "rl" else 0, "turns rendered from text (no token record)"),
             (t.retokenized_turns, "turns re-tokenized (no token ids)"),
+            (t.record_splits, "record splits (prompt not extending the previous turn)"),
         ]
         skipped = [f"{n} {label}" for n, label in counts if n]
         extra = f" [{'; '.join(skipped)}]" if skipped else ""
@@ -86,8 +89,11 @@ def run_call(trainer: Trainer, call: PreparedCall, *, show_progress: bool = True
         for key in steps[0]:
             vals = [m[key] for m in steps if key in m]
             summed = key in ("trainable_tokens", "computed_tokens", "micro_batches", "rows", "step_seconds",
-                             "skipped_nonfinite_steps")
-            avg[key] = sum(vals) if summed else sum(vals) / len(vals)
+                             "skipped_nonfinite_steps", "sampled_logprob_tokens")
+            if key.endswith("_max"):
+                avg[key] = max(vals)
+            else:
+                avg[key] = sum(vals) if summed else sum(vals) / len(vals)
         seconds = avg.get("step_seconds", 0.0)
         avg["tokens_per_second"] = avg["trainable_tokens"] / seconds if seconds else 0.0
     avg.update(call.figures())

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
+from ..chat_format import end_of_turn_ids
 from ..preprocess.pack import pack
 from ..preprocess.plan import plan_batches
 from ..preprocess.tokenize import tokenize_groups
@@ -30,7 +31,9 @@ def _rl_loss(tb: TokenBatch, *, config: TrainConfig) -> LossTerms:
 def prepare_rl(trainer: Trainer, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> PreparedCall:
     config.check()
     tok = tokenize_groups(groups, trainer.tokenizer, scale_rewards=config.scale_rewards,
-                          allow_training_without_logprobs=config.allow_training_without_logprobs)
+                          allow_training_without_logprobs=config.allow_training_without_logprobs,
+                          require_logprobs=config.require_logprobs,
+                          end_ids=end_of_turn_ids(trainer.tokenizer, trainer.model))
     if not tok.groups:
         return PreparedCall("rl", None, None, None, [], config.max_grad_norm, tok.stats)
     max_len = min(trainer.max_length, config.max_row_length or trainer.max_length)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..chat_format import end_of_turn_ids
 from ..preprocess.pack import ROW_TENSORS, PackedRows, PackStats, choose_row_length, pack
 from ..preprocess.plan import plan_batches
 from ..preprocess.tokenize import tokenize_sft
@@ -53,7 +54,7 @@ def prepare_sft(trainer: Trainer, trajectories: Sequence[Trajectory], config: Tr
     if config.shuffle:
         # a different order every call, reproducible from the seed and the restored optimizer step count
         random.Random(config.seed * 1_000_003 + trainer.optimizer_steps).shuffle(trajectories)
-    tok = tokenize_sft(trajectories, trainer.tokenizer)
+    tok = tokenize_sft(trajectories, trainer.tokenizer, end_ids=end_of_turn_ids(trainer.tokenizer, trainer.model))
     if not tok.groups:
         return PreparedCall("sft", None, None, None, [], config.max_grad_norm, tok.stats)
     bs = config.resolved_batch_size(len(tok.groups))
