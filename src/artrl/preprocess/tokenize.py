@@ -14,8 +14,10 @@ Each sampled turn is trained on the server's token record (docs/token-record.md)
    rewrote an earlier turn, e.g. Qwen3 dropping old `<think>` blocks, or the
    caller edited the history) starts a new sequence, so every sampled turn keeps
    exactly the context it was sampled from. Splits are counted
-   (`record_splits`), with the context tokens they repeat
-   (`repeated_context_tokens`); the packer stores a group's common prompt once.
+   (`record_splits`), with the context they hold again
+   (`repeated_context_tokens`: per split, the shorter of the new prompt and the
+   sequence before it, an upper bound); the packer stores a group's common
+   prompt once.
 3. **The fallback: rendering.** Trainable turns without a record (SFT data,
    choices from a server that returns no prompt ids, and, with
    `allow_training_without_logprobs`, plain assistant dicts in RL data) are
@@ -112,7 +114,7 @@ class TokenizeStats:
     trajectories_without_trainable_tokens: int = 0
     record_turns: int = 0  # sampled turns trained on the server's token record
     record_splits: int = 0  # record turns whose prompt did not extend the previous turn's: a new sequence
-    repeated_context_tokens: int = 0  # context tokens those new sequences share with the one before
+    repeated_context_tokens: int = 0  # context those new sequences hold again (<= the sequence before each)
     rendered_turns: int = 0  # trainable turns without a record, trained on a rendering of the conversation
     retokenized_turns: int = 0  # ... of which the completion text itself was re-tokenized (no sampled ids)
     turns_missing_logprobs: int = 0  # sampled turns without logprobs, trained as on-policy
@@ -185,15 +187,6 @@ def _check_ids(ids: Any, where: str, what: str, upper: int | None) -> list[int]:
     return ids
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _trainable(item: Any, train_on: str, train_dicts: bool) -> bool:
     if isinstance(item, Choice):
         return True
@@ -248,7 +241,7 @@ def tokenize_history(
             continue
         if chain is not None:
             stats.record_splits += 1
-            stats.repeated_context_tokens += _common_prefix(chain.token_ids, prompt)
+            stats.repeated_context_tokens += min(len(prompt), len(chain))  # computed again (an upper bound)
             sequences.append(chain)
         chain = TokenizedSequence(token_ids=[], trainable_mask=[], logprobs=[])
         _extend(chain, prompt, ids, lps)
