@@ -163,3 +163,36 @@ def test_tool_calling_rollouts_train_on_exactly_their_record(tmp_path):
             del backend
 
     asyncio.run(main())
+
+
+def test_the_measure_is_a_max_over_the_first_optimizer_steps_micro_batches(tiny_path, make_choice):
+    import torch
+
+    from artrl.train.call import run_call
+    from artrl.train.modeling import load_model
+    from artrl.train.rl import prepare_rl
+    from artrl.train.trainer import Trainer
+
+    model, tok = load_model(str(tiny_path), art.InternalModelConfig(seed=0))
+    trainer = Trainer(model, tok)
+    # make_choice's logprobs are random, so every token has its own large delta
+    groups = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[
+        {"role": "user", "content": f"q{g}"}, make_choice("an answer" + " and some more words" * (t + g + 4))], reward=float(t))
+        for t in range(3)]) for g in range(2)]
+    call = prepare_rl(trainer, groups, art.TrainConfig(learning_rate=MEASURE_ONLY, per_device_train_batch_size=1,
+                                                       grad_accumulation_sequences=2, row_length=64))
+    first = call.plan.steps[0]
+    assert len(first.micro_batches) == 2 and len(call.plan.steps) >= 2
+    per_micro_batch = []
+    for mb in first.micro_batches:
+        tb = trainer.forward_tokens(call.packed.select(mb.rows, mb.width), grad=False)
+        per_micro_batch.append((tb.logprobs - tb.old_logprobs).abs())  # every token carries a sampled logprob
+    steps, summary = run_call(trainer, call, show_progress=False)
+    every = torch.cat(per_micro_batch)
+    assert steps[0]["sampled_logprob_delta_max"] == pytest.approx(float(every.max()), abs=1e-5)
+    assert steps[0]["sampled_logprob_delta_mean"] == pytest.approx(float(every.mean()), abs=1e-5)
+    assert steps[0]["sampled_logprob_tokens"] == every.numel()
+    assert all("sampled_logprob_delta_max" not in s for s in steps[1:])  # later steps ran updated weights
+    maxima = [float(d.max()) for d in per_micro_batch]
+    assert summary["sampled_logprob_delta_max"] == steps[0]["sampled_logprob_delta_max"] == pytest.approx(
+        max(maxima), abs=1e-5) and min(maxima) < max(maxima)  # a max, not an average of micro-batch maxima
