@@ -257,6 +257,31 @@ def test_server_prompt_keeps_the_template_where_it_rewrites_a_turn(tokenizers):
     assert "hmm" not in tok.decode(p2) and p2[:len(p1) + len(ids)] != p1 + ids  # a new sequence for turn 2
 
 
+def test_server_prompt_reuses_the_turns_the_template_keeps_and_renders_the_ones_it_rewrites(tokenizers):
+    # Qwen3, a user question then a tool loop: the first answer's <think> is dropped (before the last user
+    # message), the tool-calling turn after it keeps its <think>: that turn's ids are reused, the first's not
+    tok = tokenizers["qwen3"]
+    ends = family_end_ids("qwen3", tok)
+    recent = RecentCompletions()
+    first, second = "<think>\nhmm\n</think>\n\nHello", "<think>\nadd them\n</think>\n\n" + CALL
+    messages = [{"role": "user", "content": "Hi"}]
+    p1 = render_prompt(tok, messages, recent=recent, end_ids=ends)
+    spelled = [tok.convert_tokens_to_ids(c) for c in "Hello"]  # an unusual spelling, so reuse would show
+    s1 = sampled(tok, "<think>\nhmm\n</think>\n\n", None) + spelled + sampled(tok, "", "<|im_end|>")
+    recent.add({"role": "assistant", "content": first}, p1, s1, first, s1[-1])
+    messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "Now add 1 and 2."}]
+    p2 = render_prompt(tok, messages, TOOLS, recent=recent, end_ids=ends)
+    s2 = sampled(tok, second, "<|im_end|>")
+    call = {"role": "assistant", "content": "<think>\nadd them\n</think>", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]}
+    recent.add(call, p2, s2, second, s2[-1])
+    messages += [template_message(call), {"role": "tool", "tool_call_id": "c1", "content": "3"}]
+    p3 = render_prompt(tok, messages, TOOLS, recent=recent, end_ids=ends)
+    assert tok.decode(p3) == tok.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    assert p3[:len(p2) + len(s2)] == p2 + s2  # turn 3 extends turn 2's record
+    assert "hmm" not in tok.decode(p3) and not any(p3[i:i + 5] == spelled for i in range(len(p3)))
+
+
 def test_an_extra_generation_config_eos_stops_the_turn_and_the_record_stays_exact(tokenizers):
     # Qwen2.5's generation_config adds <|endoftext|>: sampling stops there, while the template closes turns
     # with <|im_end|>. The server strips it from the text; the trainer trains it; the next prompt is the

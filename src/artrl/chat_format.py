@@ -336,13 +336,18 @@ class RecentCompletions:
         return len(self._items)
 
 
+Fits = list[list[tuple[SampledCompletion, int]] | None]
+
+
 def _fitting(text: str, pieces: list[str], options: list[list[SampledCompletion]], end_text: dict[int, str],
-             ) -> list[list[tuple[SampledCompletion, int]]] | None:
+             ) -> Fits | None:
     """For each placeholder, the completions whose text fills its slot so the pieces rebuild `text`.
 
     Returns, per placeholder, (completion, characters of the next piece it stands for) pairs:
     a completion that ended with the same end-of-turn token the template writes next stands
-    for that token too. None if some placeholder has no such completion.
+    for that token too. A placeholder no completion fills (the template rewrote that turn) gets
+    None, and the walk resumes where the next piece is found. None if the pieces do not rebuild
+    `text` at all.
     """
     if not text.startswith(pieces[0]):
         return None
@@ -364,10 +369,15 @@ def _fitting(text: str, pieces: list[str], options: list[list[SampledCompletion]
                 skip = len(tail)
             fits.append((e, skip))
             after = pos + len(e.text) + len(nxt)
-        if not fits:
+        if fits:
+            out.append(fits)
+            pos = after
+            continue
+        found = text.find(nxt, pos) if nxt else -1
+        if found < 0:
             return None
-        out.append(fits)
-        pos = after
+        out.append(None)
+        pos = found + len(nxt)
     return out if pos == len(text) else None
 
 
@@ -383,7 +393,7 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[
         return encode(tokenizer, text)
     end_text = {e: tokenizer.decode([e], skip_special_tokens=False) for e in end_ids}
 
-    def attempt(indices: list[int]) -> tuple[list[str], list[list[tuple[SampledCompletion, int]]]] | None:
+    def attempt(indices: list[int]) -> tuple[list[str], Fits] | None:
         ph = [({"role": "assistant", "content": PLACEHOLDER.format(i)} if i in indices else m)
               for i, m in enumerate(messages)]
         try:
@@ -396,17 +406,23 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[
         fits = _fitting(text, pieces, [candidates[i] for i in indices], end_text)
         return (pieces, fits) if fits is not None else None
 
+    # All at once; then without the turns the template rewrote (the first walk names them); then,
+    # if a template renders a turn differently when another one is a placeholder, one at a time.
     order = sorted(candidates)
     found = attempt(order)
-    if found is None:  # some turn is rewritten by the template: keep the ones that are not
-        order = [i for i in order if attempt([i]) is not None]
+    if found is not None and None in found[1]:
+        order = [i for i, fit in zip(order, found[1]) if fit is not None]
         found = attempt(order) if order else None
-    if found is None:
+    if found is None or None in found[1]:
+        order = [i for i in sorted(candidates) if (one := attempt([i])) is not None and None not in one[1]]
+        found = attempt(order) if order else None
+    if found is None or None in found[1]:
         return encode(tokenizer, text)
     pieces, fits = found
     ids = encode(tokenizer, pieces[0])
     skip = 0
     for k, options in enumerate(fits):
+        assert options is not None
         if k:
             ids += encode(tokenizer, pieces[k][skip:])
         here = hash(tuple(ids))
