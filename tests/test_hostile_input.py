@@ -470,6 +470,8 @@ def _message(draw, tok, hostile: bool):
                 {"token": "t", "logprob": v, "bytes": None, "top_logprobs": []} for v in values]}}
     if not hostile or draw(st.booleans()):
         data["token_ids"] = ids
+    elif draw(st.booleans()):
+        data["token_ids"] = draw(st.sampled_from(["not ids", [1.5], [-2], [True], None]))
     record = draw(st.sampled_from(["none", "prompt"] + (["empty", "negative", "out_of_vocab", "text"] if hostile
                                                           else [])))
     if record != "none":  # the server's record of the prompt this turn was sampled from

@@ -136,12 +136,12 @@ class TokenizeResult:
         return [s for g in self.groups for s in g]
 
 
-def sampled_token_ids(choice: Choice) -> list[int] | None:
-    """The ids the server sampled for a Choice, if it returned them."""
+def sampled_token_ids(choice: Choice) -> Any:
+    """The ids the server sampled for a Choice, if it returned them (unchecked: see `_check_ids`)."""
     extra = choice.model_extra or {}
     ids = extra.get("token_ids")
     if ids is not None:
-        return [int(i) for i in ids]
+        return ids
     content = choice.logprobs.content if choice.logprobs is not None else None
     if content and all(lp.token.startswith("token_id:") for lp in content):
         try:
@@ -177,12 +177,14 @@ def _record(choice: Choice) -> tuple[Any, list[int]] | None:
 
 
 def _check_ids(ids: Any, where: str, what: str, upper: int | None) -> list[int]:
+    """`ids` as a list of token ids; a TrajectoryError naming the entry otherwise."""
     if not isinstance(ids, list) or not ids:
         raise TrajectoryError(f"{where}: {what} must be a non-empty list of token ids, got {ids!r:.120}.")
     for i, t in enumerate(ids):
         if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (upper is not None and t >= upper):
+            bound = f"0 <= id < {upper}" if upper is not None else "an integer >= 0"
             raise TrajectoryError(
-                f"{where}: {what}[{i}] is {t!r:.40}, not a token id of this tokenizer (0 <= id < {upper}). "
+                f"{where}: {what}[{i}] is {t!r:.40}, not a token id of this tokenizer ({bound}). "
                 "The record must be the one the server returned for this model; record the choice unchanged.")
     return ids
 
