@@ -307,19 +307,21 @@ def _cut_at_stop(tokenizer: Any, result: GenerationResult, text: str, stops: lis
     )
 
 
-def _token_text(tokenizer: Any, token_id: int, as_ids: bool) -> str:
-    return f"token_id:{token_id}" if as_ids else tokenizer.decode([token_id])
+def _token_texts(tokenizer: Any, token_ids: list[int], as_ids: bool) -> list[str]:
+    """Each token's text (one batched decode), or "token_id:<id>" (vLLM's return_tokens_as_token_ids)."""
+    if as_ids:
+        return [f"token_id:{t}" for t in token_ids]
+    return tokenizer.batch_decode([[t] for t in token_ids]) if token_ids else []
 
 
 def _logprobs_json(tokenizer: Any, result: GenerationResult, as_ids: bool) -> dict[str, Any]:
+    tokens = _token_texts(tokenizer, result.token_ids, as_ids)
+    tops = result.top_logprobs or [[] for _ in result.token_ids]
     content = []
-    for i, (token_id, logprob) in enumerate(zip(result.token_ids, result.logprobs)):
-        token = _token_text(tokenizer, token_id, as_ids)
-        top = []
-        for top_id, top_logprob in (result.top_logprobs or [[]] * len(result.token_ids))[i]:
-            top_token = _token_text(tokenizer, top_id, as_ids)
-            top.append({"token": top_token, "logprob": top_logprob, "bytes": list(top_token.encode())})
-        content.append({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": top})
+    for token, logprob, top in zip(tokens, result.logprobs, tops):
+        top_tokens = _token_texts(tokenizer, [t for t, _ in top], as_ids)
+        entries = [{"token": text, "logprob": lp, "bytes": list(text.encode())} for text, (_, lp) in zip(top_tokens, top)]
+        content.append({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": entries})
     return {"content": content}
 
 
