@@ -108,7 +108,8 @@ def measure(name: str, tok: Any, ends: frozenset[int], turn_end: str, shape: str
     packed = pack([[s for g in group for s in g[0]]], max_length=1_000_000).stats
     one_seq = 4 * whole  # the group's conversations as one sequence each (nothing shared)
     label = f"{name} {shape}" + (" +think" if think else "") + (" +tools" if tools else "")
-    return (f"{label:34s} turns {stats.record_turns}  sequences {len(seqs)}  repeated context {stats.repeated_context_tokens:5d}"
+    return (f"{label:34s} turns {stats.record_turns}  sequences {len(seqs)}  "
+            f"repeated context {stats.repeated_context_tokens:5d}"
             f"  one sequence {whole:5d} tokens  packed group {packed.real_tokens:6d} / {one_seq:6d} unshared")
 
 
