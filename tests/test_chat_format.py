@@ -32,13 +32,13 @@ import artrl as art
 from artrl.chat_format import (
     RecentCompletions,
     end_of_turn_ids,
+    message_of,
     render_prompt,
     template_message,
 )
 from artrl.errors import TrajectoryError
 from artrl.preprocess.tokenize import TokenizeStats, tokenize_history, tokenize_sft
 from artrl.serve import GenerationRequest, GenerationResult, InferenceEngine, ServedModels, create_app
-from artrl.serve.engine import InvalidRequestError
 from artrl.serve.transformers_engine import TransformersEngine
 from chat_families import FAMILIES, family_tokenizer, generation_config
 
@@ -351,7 +351,7 @@ def run_conversation(name: str, tok: Any, c: dict[str, Any]) -> tuple[list[Any],
                else None, "none": None}[turn["end"]]
         ids = sampled(tok, text, end)
         engine.next = (ids, [-0.5 - 0.01 * i for i in range(len(ids))])
-        messages = [m if isinstance(m, dict) else json.loads(json.dumps(art.chat_format.message_of(m)))
+        messages = [m if isinstance(m, dict) else json.loads(json.dumps(message_of(m)))
                     for m in history]
         body = {"model": "m", "messages": messages, **({"tools": TOOLS} if c["tools"] else {})}
         response = client.post("/v1/chat/completions", json=body)
@@ -411,4 +411,4 @@ def test_a_request_the_template_cannot_render_is_a_400(tokenizers):
     response = client.post("/v1/chat/completions", json={"model": "m", "messages": [
         {"role": "system", "content": "s"}, {"role": "user", "content": "u"}]})
     assert response.status_code == 400 and "System role not supported" in response.json()["error"]["message"]
-    assert InvalidRequestError  # the server's own error type for refused requests
+    assert engine.prompts == []
