@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import json
 import threading
+from array import array
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -281,12 +282,12 @@ def split_at_placeholders(text: str, indices: Sequence[int]) -> list[str] | None
     return pieces
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=True)
 class SampledCompletion:
     """One completion the server returned: the prompt it came from, its ids, and their text."""
 
     prompt_hash: int
-    token_ids: tuple[int, ...]
+    token_ids: array  # array("i"): 4 bytes per id, a tenth of a list of Python ints
     text: str  # decoded ids without a final end-of-turn id
     end_id: int | None  # the final end-of-turn id, if the completion ended with one
 
@@ -310,7 +311,7 @@ class RecentCompletions:
 
     def add(self, message: Message, prompt_ids: Sequence[int], completion: Sequence[int], text: str,
             end_id: int | None) -> None:
-        entry = SampledCompletion(hash(tuple(prompt_ids)), tuple(completion), text, end_id)
+        entry = SampledCompletion(hash(tuple(prompt_ids)), array("i", completion), text, end_id)
         key = message_key(message)
         with self._lock:
             entries = self._items.pop(key, [])

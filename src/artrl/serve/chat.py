@@ -29,7 +29,7 @@ from artrl.errors import TrajectoryError
 from artrl.serve.engine import InvalidRequestError
 
 DEFAULT_RECORD_CACHE_TOKENS = 4_000_000
-"""Sampled token ids the server keeps per tokenizer to spell earlier turns of later prompts (~16-32 MB)."""
+"""Sampled token ids the server keeps per tokenizer to spell earlier turns of later prompts (~16 MB of ids)."""
 
 
 def request_messages(messages: Any) -> list[Message]:
