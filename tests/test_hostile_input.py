@@ -149,15 +149,19 @@ def test_trajectory_without_assistant_turn_is_skipped_and_counted(live, make_cho
 # --------------------------------------------------------------------------- logprobs and turns
 
 
-def test_missing_logprobs_are_refused_unless_allowed(live, make_choice):
+def test_missing_logprobs_train_on_policy_unless_required(live, make_choice):
     group = art.TrajectoryGroup([traj(make_choice("blue", logprobs=False), reward=1.0),
                                  traj(make_choice("red", logprobs=False), reward=0.0)])
-    with pytest.raises(TrajectoryError) as info:
-        rl(live, [group])
-    assert_clear(info, "group 0, trajectory 0: a sampled turn carries no logprobs", "logprobs=True",
-                 "allow_training_without_logprobs")
-    result = rl(live, [group], allow_training_without_logprobs=True)
+    result = rl(live, [group])
     assert result.metrics["data/turns_missing_logprobs"] == 2 and result.checkpoint_path
+    assert "train/sampled_logprob_delta_max" not in result.metrics  # nothing sampled to compare with
+    with pytest.raises(TrajectoryError) as info:
+        rl(live, [group], require_logprobs=True)
+    assert_clear(info, "group 0, trajectory 0: a sampled turn carries no logprobs", "require_logprobs",
+                 "logprobs=True")
+    with pytest.raises(ConfigError) as info:
+        rl(live, [group], require_logprobs=True, allow_training_without_logprobs=True)
+    assert_clear(info, "require_logprobs=True", "allow_training_without_logprobs=True", "set only one")
 
 
 def _edit_logprobs(choice: Choice, how: str) -> Choice:
@@ -467,6 +471,15 @@ def _message(draw, tok, hostile: bool):
                 {"token": "t", "logprob": v, "bytes": None, "top_logprobs": []} for v in values]}}
     if not hostile or draw(st.booleans()):
         data["token_ids"] = ids
+    elif draw(st.booleans()):
+        data["token_ids"] = draw(st.sampled_from(["not ids", [1.5], [-2], [True], None]))
+    record = draw(st.sampled_from(["none", "prompt"] + (["empty", "negative", "out_of_vocab", "text"] if hostile
+                                                          else [])))
+    if record != "none":  # the server's record of the prompt this turn was sampled from
+        data["prompt_token_ids"] = {"prompt": tok("<|im_start|>user\n" + text + "<|im_end|>\n<|im_start|>assistant\n",
+                                                  add_special_tokens=False).input_ids,
+                                    "empty": [], "negative": [1, -3], "out_of_vocab": [1, len(tok) + 5],
+                                    "text": "not ids"}[record]
     return Choice.model_validate(data)
 
 
@@ -496,8 +509,10 @@ def _structure(draw, tok):
     }
 
 
-def _has_choice(t: art.Trajectory) -> bool:
-    return any(isinstance(m, Choice) for h in [t, *t.additional_histories] for m in h.messages_and_choices)
+def _has_trainable(t: art.Trajectory, dicts_too: bool) -> bool:
+    """A Choice; with allow_training_without_logprobs (ART's meaning), an assistant dict as well."""
+    return any(isinstance(m, Choice) or (dicts_too and m.get("role") == "assistant")
+               for h in [t, *t.additional_histories] for m in h.messages_and_choices)
 
 
 def _run_structure(s: dict, tok) -> None:
@@ -519,7 +534,7 @@ def _run_structure(s: dict, tok) -> None:
             a == 0 for a in group_advantages([t.reward for t in g.trajectories], s["scale"]))]
         assert st_.groups_skipped_zero_advantage == len(zero)
         expected_groups = sum(1 for g in groups if g.trajectories and not any(g is z for z in zero)
-                              and any(_has_choice(t) for t in g.trajectories))
+                              and any(_has_trainable(t, s["allow_missing"]) for t in g.trajectories))
     assert len(res.groups) == expected_groups
     seqs = res.sequences
     assert res.stats.sequences == len(seqs) and res.stats.trainable_tokens == sum(x.n_trainable for x in seqs)

@@ -21,6 +21,8 @@ refuses a NaN/inf reward, an unknown role, non-string content or a malformed too
 call with a `TrajectoryError` that names the group, the trajectory and the field.
 Construction still refuses what pydantic cannot read (e.g. `reward="high"`) and a
 group member that is not a trajectory, with the same clear errors.
+The rules for messages, roles and tool calls live in `chat_format.py`, shared
+with the tokenizer and the inference server.
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ from typing import Any
 import pydantic
 from openai.types.chat.chat_completion import Choice
 
+# The validation rules are chat_format's; the old private names stay importable from here.
+from .chat_format import VALID_ROLES, message_of  # noqa: F401
+from .chat_format import check_content as _check_content  # noqa: F401
+from .chat_format import check_item as _check_item  # noqa: F401
+from .chat_format import check_messages as _check_messages
+from .chat_format import check_tool_calls as _check_tool_calls  # noqa: F401
+from .chat_format import check_tools as _check_tools
 from .errors import TrajectoryError
 from .gather_context import GatherContext, cancel_and_wait, get_gather_context, record_metrics
 from .types import Message, MessageOrChoice, Messages, MessagesAndChoices, Tools
@@ -48,126 +57,6 @@ from .types import Message, MessageOrChoice, Messages, MessagesAndChoices, Tools
 log = logging.getLogger(__name__)
 
 MetadataValue = float | int | str | bool | None
-
-VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def _check_content(content: Any, where: str, role: str, has_tool_calls: bool) -> None:
-    if content is None:
-        if role == "assistant" and has_tool_calls:
-            return
-        if role == "assistant":
-            return  # an empty assistant turn renders as empty text
-        raise TrajectoryError(f"{where}.content is None; a {role!r} message needs string content.")
-    if isinstance(content, str):
-        return
-    if isinstance(content, list):
-        for k, part in enumerate(content):
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                raise TrajectoryError(
-                    f"{where}.content[{k}] is {part!r}; only text parts "
-                    "({'type': 'text', 'text': str}) are supported."
-                )
-        return
-    raise TrajectoryError(
-        f"{where}.content has type {type(content).__name__} ({content!r:.80}); "
-        "content must be a string or a list of text parts."
-    )
-
-
-def _check_tool_calls(tool_calls: Any, where: str) -> None:
-    if tool_calls is None:
-        return
-    if not isinstance(tool_calls, list):
-        raise TrajectoryError(f"{where}.tool_calls must be a list, got {type(tool_calls).__name__}.")
-    for k, call in enumerate(tool_calls):
-        at = f"{where}.tool_calls[{k}]"
-        if hasattr(call, "model_dump"):
-            call = call.model_dump()
-        if not isinstance(call, dict):
-            raise TrajectoryError(f"{at} must be a dict, got {type(call).__name__}.")
-        fn = call.get("function")
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn.get("name"):
-            raise TrajectoryError(f"{at}.function.name is missing or not a non-empty string: {call!r:.200}.")
-        args = fn.get("arguments")
-        if isinstance(args, dict):
-            continue
-        if not isinstance(args, str):
-            raise TrajectoryError(f"{at}.function.arguments must be a JSON string, got {type(args).__name__}.")
-        try:
-            parsed = json.loads(args)
-        except json.JSONDecodeError as e:
-            raise TrajectoryError(
-                f"{at}.function.arguments is not valid JSON ({e.msg} at char {e.pos}): {args!r:.200}. "
-                "Fix the arguments, or record the turn as plain assistant content."
-            ) from None
-        if not isinstance(parsed, dict):
-            raise TrajectoryError(f"{at}.function.arguments must encode a JSON object, got {args!r:.200}.")
-
-
-def _check_item(item: Any, where: str) -> MessageOrChoice:
-    """Validate one entry of messages_and_choices; returns it (dict-shaped choices become Choice)."""
-    if isinstance(item, Choice):
-        msg = item.message
-        if msg.role != "assistant":
-            raise TrajectoryError(f"{where} is a Choice whose message.role is {msg.role!r}; expected 'assistant'.")
-        _check_tool_calls([tc.model_dump() for tc in msg.tool_calls or []], f"{where}.message")
-        return item
-    if isinstance(item, pydantic.BaseModel):
-        # e.g. an openai ChatCompletionMessage passed instead of a dict
-        item = item.model_dump(exclude_none=True)
-    if not isinstance(item, dict):
-        raise TrajectoryError(
-            f"{where} has type {type(item).__name__}; expected an OpenAI chat message dict or a Choice."
-        )
-    if "message" in item and "finish_reason" in item and "role" not in item:
-        try:
-            return _check_item(Choice.model_validate(item), where)
-        except pydantic.ValidationError as e:
-            raise TrajectoryError(f"{where} looks like a Choice but is malformed: {e}") from None
-    role = item.get("role")
-    if role not in VALID_ROLES:
-        raise TrajectoryError(f"{where}.role is {role!r}; expected one of {sorted(VALID_ROLES)}.")
-    has_tool_calls = bool(item.get("tool_calls"))
-    if has_tool_calls and role != "assistant":
-        raise TrajectoryError(f"{where} has tool_calls but role {role!r}; only assistant messages call tools.")
-    _check_content(item.get("content"), where, role, has_tool_calls)
-    _check_tool_calls(item.get("tool_calls"), where)
-    return item
-
-
-def _check_tools(tools: Any, where: str) -> None:
-    if tools is None:
-        return
-    if not isinstance(tools, list):
-        raise TrajectoryError(f"{where} must be a list of tool schemas, got {type(tools).__name__}.")
-    for k, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            raise TrajectoryError(f"{where}[{k}] must be a dict, got {type(tool).__name__}.")
-        fn = tool.get("function", tool)
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise TrajectoryError(f"{where}[{k}] has no function name: {tool!r:.200}.")
-
-
-def _check_messages(items: Any, where: str) -> MessagesAndChoices:
-    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
-        raise TrajectoryError(f"{where} must be a list of messages and choices, got {type(items).__name__}.")
-    return [_check_item(item, f"{where}[{i}]") for i, item in enumerate(items)]
-
-
-def message_of(item: MessageOrChoice) -> Message:
-    """The chat message dict for an entry (a Choice becomes its assistant message)."""
-    if isinstance(item, Choice):
-        m = item.message
-        out: Message = {"role": "assistant", "content": m.content}
-        if m.tool_calls:
-            out["tool_calls"] = [tc.model_dump() for tc in m.tool_calls]
-        return out
-    return item
-
 
 # --------------------------------------------------------------------------- models
 

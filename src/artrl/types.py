@@ -134,8 +134,13 @@ class TrainConfig(BatchConfig, OptimizerConfig):
     scale_rewards: bool = pydantic.Field(
         True, description="Divide group-relative advantages by the group's reward std.")
     allow_training_without_logprobs: bool = pydantic.Field(
-        False, description="Train sampled turns that carry no logprobs as on-policy (ratio 1). "
-        "Off by default: such data usually means the rollout forgot logprobs=True.")
+        False, description="ART's meaning: also train the plain assistant message dicts of RL trajectories, "
+        "as on-policy (importance ratio 1). Sampled turns (Choices) without logprobs train as on-policy "
+        "whatever this says, unless require_logprobs.")
+    require_logprobs: bool = pydantic.Field(
+        False, description="Refuse a sampled turn that carries no logprobs (TrajectoryError naming the "
+        "trajectory) instead of training it as on-policy (counted as data/turns_missing_logprobs). Our "
+        "server returns logprobs on every choice; turn this on to catch rollouts from servers that do not.")
     groups_per_step: int | None = pydantic.Field(
         None, ge=1, description="Trajectory groups per optimizer step, in the order given; None (the default) "
         "trains the whole call in one step. Steps are cut before packing, so the layout never changes them.")
@@ -149,6 +154,11 @@ class TrainConfig(BatchConfig, OptimizerConfig):
 
     def check(self) -> None:
         super().check()
+        if self.require_logprobs and self.allow_training_without_logprobs:
+            raise ConfigError(
+                "require_logprobs=True refuses turns without logprobs, and allow_training_without_logprobs=True "
+                "trains assistant dicts (which have none) as on-policy; set only one of them."
+            )
         if self.kl_penalty_coef is not None and self.beta and self.kl_penalty_coef != self.beta:
             raise ConfigError(
                 f"beta={self.beta} and kl_penalty_coef={self.kl_penalty_coef} disagree; they are the same "

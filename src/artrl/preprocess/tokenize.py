@@ -1,49 +1,69 @@
 """Trajectories -> token ids, trainable mask, sampled logprobs, advantages.
 
-How a conversation becomes tokens (and why it lines up with sampling):
+Each sampled turn is trained on the server's token record (docs/token-record.md):
 
-1. Every trainable assistant turn is replaced by a unique placeholder string and
-   the whole conversation (tools included) is rendered with the tokenizer's chat
-   template to text.
-2. The text is split at the placeholders; each piece of template text is
-   tokenized on its own, exactly as the inference server tokenized the rendered
-   prompt that ended at the generation prompt (`<|im_start|>assistant\\n`).
-3. Each placeholder becomes the turn's tokens:
-   * a `Choice` that carries the ids the server sampled (`choice.token_ids`, or
-     vLLM-style `token_id:N` logprob tokens) contributes those ids verbatim,
-     with its logprobs aligned one to one: tokens in, tokens out. The template's
-     own end-of-turn token right after it is dropped when the sampled ids
-     already end with one (the model stopped there).
-   * a `Choice` without ids falls back to re-tokenising its message (counted in
-     `retokenized_turns`); its logprobs are used only if the counts agree.
-   * a plain assistant dict (SFT) is rendered by the template itself; its tokens
-     up to and including the end-of-turn token are trainable.
+1. **The record.** A `Choice` from our server carries `prompt_token_ids` (the
+   exact prompt it was sampled from) and `token_ids` (the ids it sampled, a final
+   end-of-turn id included), with logprobs aligned one to one. Such a turn's
+   context is those prompt ids and its trainable tokens are those sampled ids:
+   tokens in, tokens out, nothing re-rendered.
+2. **One sequence per chain.** The turns of one conversation are visited in
+   order; a turn whose prompt starts with the sequence built so far (the previous
+   turn's prompt + sampled ids) extends it: the new prompt tokens become context
+   and its sampled ids trainable. A turn whose prompt does not (the chat template
+   rewrote an earlier turn, e.g. Qwen3 dropping old `<think>` blocks, or the
+   caller edited the history) starts a new sequence, so every sampled turn keeps
+   exactly the context it was sampled from. Splits are counted
+   (`record_splits`), with the context they hold again
+   (`repeated_context_tokens`: per split, the shorter of the new prompt and the
+   sequence before it, an upper bound); the packer stores a group's common
+   prompt once.
+3. **The fallback: rendering.** Trainable turns without a record (SFT data,
+   choices from a server that returns no prompt ids, and, with
+   `allow_training_without_logprobs`, plain assistant dicts in RL data) are
+   trained on one rendering of the conversation: every such turn is replaced by
+   a placeholder, the conversation is rendered with the chat template, the text
+   between placeholders is tokenized piece by piece, and each placeholder becomes
+   the turn's tokens: the sampled ids when the choice has them (a template
+   end-of-turn token right after ids that end with one is dropped), else the
+   template's rendering of the message through its end-of-turn token
+   (`retokenized_turns`). These turns are counted (`rendered_turns`) in the
+   call's metrics and summary line.
 
-Which turns are trainable: for RL, the sampled turns (Choices); for SFT, every
-assistant turn. Advantages are group-relative: reward minus the group mean,
+Which turns are trainable: for RL, the sampled turns (Choices), plus assistant
+dicts when `allow_training_without_logprobs` (ART's meaning: such turns train as
+on-policy); for SFT, every assistant turn. A sampled turn without logprobs trains
+as on-policy (importance ratio 1, `turns_missing_logprobs`) unless
+`require_logprobs`. Advantages are group-relative: reward minus the group mean,
 divided by the group std when `scale_rewards`; a group whose advantages are all
 zero teaches nothing and is skipped and counted.
 
-Everything here is plain Python over lists, independent of any model.
+Everything here is plain Python over lists, independent of any model. The chat
+format itself (validation, normalisation, end-of-turn ids) is `chat_format.py`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from openai.types.chat.chat_completion import Choice
 
+from ..chat_format import (
+    PLACEHOLDER,
+    encode,
+    end_of_turn_ids,
+    render_text,
+    split_at_placeholders,
+    template_message,
+)
 from ..errors import TrajectoryError
-from ..trajectories import History, Trajectory, TrajectoryGroup, message_of, revalidate
+from ..trajectories import History, Trajectory, TrajectoryGroup, revalidate
 
 log = logging.getLogger(__name__)
-
-_PLACEHOLDER = "@@ARTRL_TURN_{}@@"
-_END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
 
 
 @dataclass
@@ -92,8 +112,12 @@ class TokenizeStats:
     groups_skipped_zero_advantage: int = 0
     groups_skipped_empty: int = 0
     trajectories_without_trainable_tokens: int = 0
-    retokenized_turns: int = 0
-    turns_missing_logprobs: int = 0
+    record_turns: int = 0  # sampled turns trained on the server's token record
+    record_splits: int = 0  # record turns whose prompt did not extend the previous turn's: a new sequence
+    repeated_context_tokens: int = 0  # context those new sequences hold again (<= the sequence before each)
+    rendered_turns: int = 0  # trainable turns without a record, trained on a rendering of the conversation
+    retokenized_turns: int = 0  # ... of which the completion text itself was re-tokenized (no sampled ids)
+    turns_missing_logprobs: int = 0  # sampled turns without logprobs, trained as on-policy
     rollout_exceptions: int = 0
 
     def as_metrics(self) -> dict[str, float]:
@@ -112,38 +136,12 @@ class TokenizeResult:
         return [s for g in self.groups for s in g]
 
 
-def end_of_turn_ids(tokenizer: Any) -> set[int]:
-    """Token ids that end an assistant turn for this tokenizer (eos and known chat end tokens)."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    vocab = tokenizer.get_vocab()
-    for tok in _END_OF_TURN_TOKENS:
-        if tok in vocab:
-            ids.add(int(vocab[tok]))
-    return ids
-
-
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    if not text:
-        return []
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def _flatten_content(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content)
-
-
-def sampled_token_ids(choice: Choice) -> list[int] | None:
-    """The ids the server sampled for a Choice, if it returned them."""
+def sampled_token_ids(choice: Choice) -> Any:
+    """The ids the server sampled for a Choice, if it returned them (unchecked: see `_check_ids`)."""
     extra = choice.model_extra or {}
     ids = extra.get("token_ids")
     if ids is not None:
-        return [int(i) for i in ids]
+        return ids
     content = choice.logprobs.content if choice.logprobs is not None else None
     if content and all(lp.token.startswith("token_id:") for lp in content):
         try:
@@ -171,43 +169,117 @@ def _choice_logprobs(choice: Choice, n_tokens: int, where: str) -> list[float] |
     return values
 
 
+def _record(choice: Choice) -> tuple[Any, list[int]] | None:
+    """(prompt ids, sampled ids) the server recorded for a choice, or None without a complete record."""
+    prompt = (choice.model_extra or {}).get("prompt_token_ids")
+    ids = sampled_token_ids(choice)
+    return (prompt, ids) if prompt is not None and ids is not None else None
+
+
+def _check_ids(ids: Any, where: str, what: str, upper: int | None) -> list[int]:
+    """`ids` as a list of token ids; a TrajectoryError naming the entry otherwise."""
+    if not isinstance(ids, list) or not ids:
+        raise TrajectoryError(f"{where}: {what} must be a non-empty list of token ids, got {ids!r:.120}.")
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (upper is not None and t >= upper):
+            bound = f"0 <= id < {upper}" if upper is not None else "an integer >= 0"
+            raise TrajectoryError(
+                f"{where}: {what}[{i}] is {t!r:.40}, not a token id of this tokenizer ({bound}). "
+                "The record must be the one the server returned for this model; record the choice unchanged.")
+    return ids
+
+
+def _trainable(item: Any, train_on: str, train_dicts: bool) -> bool:
+    if isinstance(item, Choice):
+        return True
+    if item.get("role") != "assistant":
+        return False
+    return train_on == "assistant" or train_dicts
+
+
 def tokenize_history(
     messages_and_choices: Sequence[Any],
     tools: list[dict[str, Any]] | None,
     tokenizer: Any,
     *,
     train_on: Literal["sampled", "assistant"] = "sampled",
+    train_dicts: bool = False,
+    end_ids: Collection[int] | None = None,
     where: str = "trajectory",
     stats: TokenizeStats | None = None,
-) -> TokenizedSequence:
-    """Tokenize one conversation.
+) -> list[TokenizedSequence]:
+    """Tokenize one conversation into the sequences its trainable turns are trained on (module docstring).
 
     Args:
-        train_on: "sampled" marks only Choice turns trainable (RL); "assistant"
-            marks every assistant turn (SFT).
+        train_on: "sampled" makes the Choice turns trainable (RL); "assistant" every assistant turn (SFT).
+        train_dicts: with train_on="sampled", also train plain assistant dicts, as on-policy.
+        end_ids: ids that end a turn (`chat_format.end_of_turn_ids` of the model; default: the tokenizer's).
         where: a name for error messages, e.g. "group 2, trajectory 5".
     """
     stats = stats if stats is not None else TokenizeStats()
-    if not messages_and_choices:
-        # nothing to render (templates refuse an empty conversation) and nothing to train
-        return TokenizedSequence(token_ids=[], trainable_mask=[], logprobs=[])
-    eot = end_of_turn_ids(tokenizer)
-    template_messages: list[dict[str, Any]] = []
-    # (kind, payload) per placeholder: ("ids", (ids, logprobs)) or ("render", None)
-    turns: list[tuple[str, Any]] = []
+    eot = frozenset(end_ids) if end_ids is not None else end_of_turn_ids(tokenizer)
+    sequences: list[TokenizedSequence] = []
+    chain: TokenizedSequence | None = None
+    rendered: list[int] = []
     for i, item in enumerate(messages_and_choices):
-        msg = message_of(item)
-        trainable = isinstance(item, Choice) if train_on == "sampled" else msg.get("role") == "assistant"
-        if not trainable:
-            template_messages.append(msg if isinstance(msg.get("content"), (str, type(None))) else
-                                     {**msg, "content": _flatten_content(msg.get("content"))})
+        if not _trainable(item, train_on, train_dicts):
             continue
-        ph = _PLACEHOLDER.format(len(turns))
+        record = _record(item) if isinstance(item, Choice) else None
+        if record is None:
+            rendered.append(i)
+            continue
+        at = f"{where}: messages_and_choices[{i}]"
+        prompt = _check_ids(record[0], at, "prompt_token_ids", len(tokenizer))
+        if not record[1]:
+            raise TrajectoryError(f"{at} is a Choice with no sampled tokens.")
+        ids = _check_ids(record[1], at, "token_ids", None)
+        lps = _choice_logprobs(item, len(ids), at)
+        if lps is None:
+            stats.turns_missing_logprobs += 1
+            lps = [math.nan] * len(ids)
+        stats.record_turns += 1
+        if chain is not None and len(prompt) >= len(chain) and prompt[:len(chain)] == chain.token_ids:
+            _extend(chain, prompt[len(chain):], ids, lps)
+            continue
+        if chain is not None:
+            stats.record_splits += 1
+            stats.repeated_context_tokens += min(len(prompt), len(chain))  # computed again (an upper bound)
+            sequences.append(chain)
+        chain = TokenizedSequence(token_ids=[], trainable_mask=[], logprobs=[])
+        _extend(chain, prompt, ids, lps)
+    if chain is not None:
+        sequences.append(chain)
+    if rendered:
+        sequences.append(_render(messages_and_choices, set(rendered), tools, tokenizer, eot, where, stats,
+                                 sampled=train_on == "sampled"))
+    return sequences
+
+
+def _extend(seq: TokenizedSequence, context: Sequence[int], sampled: Sequence[int], logprobs: Sequence[float]) -> None:
+    seq.token_ids += [*context, *sampled]
+    seq.trainable_mask += [False] * len(context) + [True] * len(sampled)
+    seq.logprobs += [math.nan] * len(context) + list(logprobs)
+
+
+def _render(items: Sequence[Any], trainable: set[int], tools: list[dict[str, Any]] | None, tokenizer: Any,
+            eot: frozenset[int], where: str, stats: TokenizeStats, sampled: bool) -> TokenizedSequence:
+    """The fallback: one rendering of the conversation, trainable turns at placeholders (module docstring, 3)."""
+    template_messages: list[dict[str, Any]] = []
+    # per placeholder: ("ids", (ids, logprobs)) for sampled ids, ("render", choice or None) for text
+    turns: list[tuple[str, Any]] = []
+    for i, item in enumerate(items):
+        msg = template_message(item)
+        if i not in trainable:
+            template_messages.append(msg)
+            continue
+        ph = PLACEHOLDER.format(len(turns))
+        stats.rendered_turns += 1
         ids = sampled_token_ids(item) if isinstance(item, Choice) else None
         if ids is not None:
+            at = f"{where}: messages_and_choices[{i}]"
             if not ids:
-                raise TrajectoryError(f"{where}: messages_and_choices[{i}] is a Choice with no sampled tokens.")
-            lps = _choice_logprobs(item, len(ids), f"{where}: messages_and_choices[{i}]")
+                raise TrajectoryError(f"{at} is a Choice with no sampled tokens.")
+            lps = _choice_logprobs(item, len(_check_ids(ids, at, "token_ids", None)), at)
             if lps is None:
                 stats.turns_missing_logprobs += 1
             template_messages.append({"role": "assistant", "content": ph})
@@ -215,46 +287,31 @@ def tokenize_history(
         else:
             if isinstance(item, Choice):
                 stats.retokenized_turns += 1
-            entry: dict[str, Any] = {"role": "assistant", "content": ph + _flatten_content(msg.get("content"))}
-            if msg.get("tool_calls"):
-                entry["tool_calls"] = msg["tool_calls"]
-            template_messages.append(entry)
-            turns.append(("render", item if isinstance(item, Choice) else None))
+            template_messages.append({**msg, "content": ph + msg["content"]})
+            turns.append(("render", item))
 
-    try:
-        text = tokenizer.apply_chat_template(template_messages, tools=tools or None, tokenize=False)
-    except Exception as e:  # template errors come in many types (jinja, TypeError, ...)
-        hint = " (the chat template may not support tools)" if tools else ""
-        raise TrajectoryError(f"{where}: the chat template could not render the conversation{hint}: "
-                              f"{type(e).__name__}: {e}") from None
-    pieces: list[str] = []
-    rest = text
-    for k in range(len(turns)):
-        ph = _PLACEHOLDER.format(k)
-        if rest.count(ph) != 1:
-            raise TrajectoryError(
-                f"{where}: the chat template rendered assistant turn {k} {rest.count(ph)} times; artrl needs "
-                "templates that render each assistant message's content once and unchanged."
-            )
-        before, rest = rest.split(ph, 1)
-        pieces.append(before)
-    pieces.append(rest)
+    text = render_text(tokenizer, template_messages, tools, add_generation_prompt=False, where=where)
+    pieces = split_at_placeholders(text, range(len(turns)))
+    if pieces is None:
+        counts = [text.count(PLACEHOLDER.format(k)) for k in range(len(turns))]
+        k = next(k for k, c in enumerate(counts) if c != 1)
+        raise TrajectoryError(
+            f"{where}: the chat template rendered assistant turn {k} {counts[k]} times; artrl needs "
+            "templates that render each assistant message's content once and unchanged."
+        )
 
-    token_ids: list[int] = _encode(tokenizer, pieces[0])
+    token_ids: list[int] = encode(tokenizer, pieces[0])
     mask: list[bool] = [False] * len(token_ids)
     logprobs: list[float] = [math.nan] * len(token_ids)
     for k, (kind, payload) in enumerate(turns):
-        after = _encode(tokenizer, pieces[k + 1])
+        after = encode(tokenizer, pieces[k + 1])
         if kind == "ids":
             ids, lps = payload
             token_ids += ids
             mask += [True] * len(ids)
             logprobs += lps if lps is not None else [math.nan] * len(ids)
-            if ids[-1] in eot:
-                # the template closes the turn itself; the model already sampled the end token
-                cut = next((j for j, t in enumerate(after) if t in eot), None)
-                if cut is not None:
-                    after = after[cut + 1:]
+            if ids[-1] in eot and after and after[0] in eot:
+                after = after[1:]  # the model closed the turn itself; the template's end token is not repeated
             token_ids += after
             mask += [False] * len(after)
             logprobs += [math.nan] * len(after)
@@ -264,7 +321,7 @@ def tokenize_history(
             mask += [True] * end + [False] * (len(after) - end)
             turn_lps = [math.nan] * end
             choice = payload
-            if choice is not None:
+            if isinstance(choice, Choice):
                 values = None
                 if choice.logprobs is not None and choice.logprobs.content is not None:
                     values = [lp.logprob for lp in choice.logprobs.content]
@@ -272,6 +329,8 @@ def tokenize_history(
                     turn_lps = values
                 else:
                     stats.turns_missing_logprobs += 1
+            elif sampled:
+                stats.turns_missing_logprobs += 1  # an assistant dict trained as on-policy (RL)
             logprobs += turn_lps + [math.nan] * (len(after) - end)
     return TokenizedSequence(token_ids=token_ids, trainable_mask=mask, logprobs=logprobs)
 
@@ -289,18 +348,18 @@ def group_advantages(rewards: Sequence[float], scale: bool) -> list[float]:
 
 def _tokenize_trajectory(
     traj: Trajectory, tokenizer: Any, train_on: Literal["sampled", "assistant"], gi: int, ti: int,
-    advantage: float, stats: TokenizeStats,
+    advantage: float, stats: TokenizeStats, train_dicts: bool, end_ids: Collection[int] | None,
 ) -> list[TokenizedSequence]:
     out = []
     histories: list[History | Trajectory] = [traj, *traj.additional_histories]
     for hi, h in enumerate(histories):
         where = f"group {gi}, trajectory {ti}" + (f", additional_histories[{hi - 1}]" if hi else "")
-        seq = tokenize_history(h.messages_and_choices, h.tools, tokenizer, train_on=train_on, where=where,
-                               stats=stats)
-        seq.group_index, seq.trajectory_index, seq.history_index = gi, ti, hi
-        seq.advantage = advantage
-        if seq.n_trainable:
-            out.append(seq)
+        for seq in tokenize_history(h.messages_and_choices, h.tools, tokenizer, train_on=train_on,
+                                    train_dicts=train_dicts, end_ids=end_ids, where=where, stats=stats):
+            seq.group_index, seq.trajectory_index, seq.history_index = gi, ti, hi
+            seq.advantage = advantage
+            if seq.n_trainable:
+                out.append(seq)
     return out
 
 
@@ -310,8 +369,17 @@ def tokenize_groups(
     *,
     scale_rewards: bool = True,
     allow_training_without_logprobs: bool = False,
+    require_logprobs: bool = False,
+    end_ids: Collection[int] | None = None,
 ) -> TokenizeResult:
-    """Tokenize RL groups: sampled turns trainable, group-relative advantages."""
+    """Tokenize RL groups: sampled turns trainable, group-relative advantages.
+
+    Args:
+        allow_training_without_logprobs: ART's meaning: plain assistant dicts are trained too,
+            as on-policy (sampled turns without logprobs always are, unless require_logprobs).
+        require_logprobs: refuse a sampled turn without logprobs (TrajectoryError naming it).
+        end_ids: ids that end a turn (`chat_format.end_of_turn_ids(tokenizer, model)`, as the engine stops on).
+    """
     stats = TokenizeStats()
     result = TokenizeResult(groups=[], stats=stats)
     for gi, group in enumerate(groups):
@@ -333,32 +401,40 @@ def tokenize_groups(
         seqs: list[TokenizedSequence] = []
         for ti, (traj, adv) in enumerate(zip(trajs, advantages)):
             before = stats.turns_missing_logprobs
-            got = _tokenize_trajectory(traj, tokenizer, "sampled", gi, ti, adv, stats)
-            if stats.turns_missing_logprobs > before and not allow_training_without_logprobs:
+            got = _tokenize_trajectory(traj, tokenizer, "sampled", gi, ti, adv, stats,
+                                       train_dicts=allow_training_without_logprobs, end_ids=end_ids)
+            if stats.turns_missing_logprobs > before and require_logprobs:
                 raise TrajectoryError(
-                    f"group {gi}, trajectory {ti}: a sampled turn carries no logprobs. Request "
-                    "logprobs=True from the server, or set TrainConfig(allow_training_without_logprobs="
-                    "True) to train such turns as on-policy (importance ratio 1)."
+                    f"group {gi}, trajectory {ti}: a sampled turn carries no logprobs, and "
+                    "TrainConfig(require_logprobs=True) refuses such turns. Record the choices our server "
+                    "returns (they always carry logprobs), request logprobs=True from another server, or "
+                    "leave require_logprobs off to train such turns as on-policy (importance ratio 1)."
                 )
             if not got:
                 stats.trajectories_without_trainable_tokens += 1
-                log.warning("group %d, trajectory %d has no sampled (Choice) turn; skipped", gi, ti)
+                log.warning("group %d, trajectory %d has no trainable turn (no Choice%s); skipped", gi, ti,
+                            ", no assistant message" if allow_training_without_logprobs else "")
             seqs += got
         if seqs:
             result.groups.append(seqs)
     stats.sequences = len(result.sequences)
     stats.trainable_tokens = sum(s.n_trainable for s in result.sequences)
+    if stats.turns_missing_logprobs:
+        log.info("%d sampled turns carry no logprobs; trained as on-policy (importance ratio 1)",
+                 stats.turns_missing_logprobs)
     return result
 
 
-def tokenize_sft(trajectories: Sequence[Trajectory], tokenizer: Any) -> TokenizeResult:
+def tokenize_sft(trajectories: Sequence[Trajectory], tokenizer: Any, *,
+                 end_ids: Collection[int] | None = None) -> TokenizeResult:
     """Tokenize SFT data: every assistant turn trainable; each trajectory its own group."""
     stats = TokenizeStats()
     result = TokenizeResult(groups=[], stats=stats)
     for ti, traj in enumerate(trajectories):
         revalidate(traj, f"trajectories[{ti}]")
         stats.trajectories += 1
-        got = _tokenize_trajectory(traj, tokenizer, "assistant", ti, 0, 0.0, stats)
+        got = _tokenize_trajectory(traj, tokenizer, "assistant", ti, 0, 0.0, stats, train_dicts=True,
+                                   end_ids=end_ids)
         if not got:
             stats.trajectories_without_trainable_tokens += 1
             log.warning("trajectory %d has no assistant turn; skipped", ti)

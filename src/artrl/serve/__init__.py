@@ -3,7 +3,7 @@
     engine.py               GenerationRequest / GenerationResult / InferenceEngine
     transformers_engine.py  TransformersEngine, the default (CPU or GPU) engine
     sampling.py             per-row temperature / top-p / seeded sampling
-    chat.py                 OpenAI messages -> prompt token ids
+    chat.py                 request messages -> prompt ids (chat_format rules), the record cache
     tool_calls.py           <tool_call> blocks -> OpenAI tool_calls
     models.py               ServedModels: "name" and "name@step" -> (engine, adapter)
     server.py               create_app: the FastAPI app

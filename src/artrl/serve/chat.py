@@ -1,98 +1,76 @@
-"""OpenAI chat messages -> prompt token ids, the way the trainer will see them.
+"""The server's side of the chat format: request messages in, prompt ids and the token record out.
 
-The prompt is `tokenizer.apply_chat_template(messages, tools=tools,
-add_generation_prompt=True, tokenize=False)` tokenized with
-`add_special_tokens=False`: rendering to text first and tokenizing the text is
-also how the trainer tokenizes a trajectory, so the ids match.
+The rules (roles, content, tool calls, rendering, end-of-turn ids, stops) are
+`artrl.chat_format`'s, shared with the data model and the trainer; this module
+only applies them to HTTP requests and responses:
 
-Messages are checked (roles, content types, tool call shape) and otherwise passed
-to the template as given, because the trainer (`preprocess/tokenize.py`) renders
-the same history unchanged and the two must produce the same prompt tokens. The
-one rewrite both sides make: content given as a list of `{"type": "text"}` parts
-is concatenated into one string (this server is text only). In particular tool
-call `arguments` stay the JSON string the OpenAI API carries; templates written
-for dicts (`arguments | tojson` without an `is string` check) would render them
-quoted, on both sides alike.
+* `request_messages` checks a request's `messages` with the same validation as
+  trajectories (a failure is an `InvalidRequestError`, answered with 400) and
+  normalises them for the template;
+* `PromptBuilder` renders prompts and remembers, per tokenizer, the completions
+  it returned (`chat_format.RecentCompletions`), so that an assistant message
+  this server produced is spelled in a later prompt with the ids it sampled;
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any
 
+from artrl.chat_format import (
+    Message,
+    RecentCompletions,
+    check_item,
+    render_prompt,
+    template_message,
+)
+from artrl.errors import TrajectoryError
 from artrl.serve.engine import InvalidRequestError
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
+DEFAULT_RECORD_CACHE_TOKENS = 4_000_000
+"""Sampled token ids the server keeps per tokenizer to spell earlier turns of later prompts (~16 MB of ids)."""
 
 
-def _content_text(content: Any, where: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise InvalidRequestError(
-                    f"{where}.content[{j}] must be a text part {{'type': 'text', 'text': '...'}} "
-                    f"(this server is text only), got {part!r:.200}"
-                )
-            texts.append(part["text"])
-        return "".join(texts)
-    raise InvalidRequestError(
-        f"{where}.content must be a string or a list of text parts, got {type(content).__name__}"
-    )
-
-
-def _check_tool_call(call: Any, where: str) -> None:
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise InvalidRequestError(
-            f"{where} must look like {{'id': ..., 'type': 'function', "
-            f"'function': {{'name': str, 'arguments': str}}}}, got {call!r:.200}"
-        )
-    if not isinstance(function.get("arguments", ""), (str, dict)):
-        raise InvalidRequestError(
-            f"{where}.function.arguments must be a JSON string, got {function['arguments']!r:.200}"
-        )
-
-
-def normalise_messages(messages: Any) -> list[dict[str, Any]]:
-    """Check OpenAI chat `messages`; return copies with list content joined (see module docstring)."""
+def request_messages(messages: Any) -> list[Message]:
+    """Check OpenAI chat `messages` and normalise them for the chat template."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequestError("messages must be a non-empty list")
     out = []
     for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise InvalidRequestError(f"{where} must be an object, got {type(message).__name__}")
-        role = message.get("role")
-        if role not in ROLES:
-            raise InvalidRequestError(f"{where}.role must be one of {list(ROLES)}, got {role!r}")
-        normalised = dict(message)
-        tool_calls = message.get("tool_calls")
-        if tool_calls is not None and role != "assistant":
-            raise InvalidRequestError(f"{where}: only assistant messages may have tool_calls (role is {role!r})")
-        if "content" not in message and not tool_calls:
-            raise InvalidRequestError(f"{where} has no content")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str):
-            normalised["content"] = _content_text(content, where)
-        if tool_calls is not None:
-            if not isinstance(tool_calls, list):
-                raise InvalidRequestError(f"{where}.tool_calls must be a list")
-            for j, call in enumerate(tool_calls):
-                _check_tool_call(call, f"{where}.tool_calls[{j}]")
-        out.append(normalised)
+        if not isinstance(message, dict) or "role" not in message:
+            raise InvalidRequestError(f"messages[{i}] must be a message object with a role, got {message!r:.200}")
+        try:
+            out.append(template_message(check_item(message, f"messages[{i}]")))
+        except TrajectoryError as error:
+            raise InvalidRequestError(str(error)) from error
     return out
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-    """Token ids of the chat prompt (normalised `messages`, optional OpenAI `tools`)."""
-    try:
-        text = tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=True, tokenize=False
-        )
-    except Exception as error:  # jinja's TemplateError, raise_exception(...) in templates, bad values
-        raise InvalidRequestError(f"The chat template could not render these messages: {error}") from error
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
+class PromptBuilder:
+    """Renders prompts; remembers the completions returned, one cache per tokenizer."""
+
+    def __init__(self, max_tokens: int = DEFAULT_RECORD_CACHE_TOKENS) -> None:
+        self.max_tokens = max_tokens
+        self._caches: weakref.WeakKeyDictionary[Any, RecentCompletions] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def cache(self, tokenizer: Any) -> RecentCompletions:
+        with self._lock:
+            cache = self._caches.get(tokenizer)
+            if cache is None:
+                cache = self._caches[tokenizer] = RecentCompletions(self.max_tokens)
+            return cache
+
+    def prompt_ids(self, tokenizer: Any, messages: list[Message], tools: list[dict[str, Any]] | None,
+                   end_ids: frozenset[int]) -> list[int]:
+        """Token ids of the prompt (generation prompt included); a template failure is an InvalidRequestError."""
+        try:
+            return render_prompt(tokenizer, messages, tools, recent=self.cache(tokenizer), end_ids=end_ids)
+        except TrajectoryError as error:
+            raise InvalidRequestError(str(error)) from error
+
+    def remember(self, tokenizer: Any, message: Message, prompt_ids: list[int], token_ids: list[int], text: str,
+                 end_id: int | None) -> None:
+        """Keep a returned completion: `message` as the client will send it back, `text` its ids' text."""
+        self.cache(tokenizer).add(message, prompt_ids, token_ids, text, end_id)

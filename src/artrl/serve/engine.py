@@ -25,6 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from artrl.chat_format import end_of_turn_ids
 from artrl.errors import ArtrlError
 
 FinishReason = Literal["stop", "length"]
@@ -38,7 +39,7 @@ class InvalidRequestError(ArtrlError, ValueError):
 class GenerationRequest:
     """One prompt to sample `n` continuations of.
 
-    `stop_token_ids` end a sequence (the engine always adds the tokenizer's eos).
+    `stop_token_ids` end a sequence (the engine always adds its `end_of_turn_ids`).
     `stop_strings` end a sequence once its decoded text contains one of them; the
     token that completes the string is the last one returned. `adapter` names a LoRA
     adapter loaded with `InferenceEngine.load_adapter`; None means the live weights.
@@ -93,6 +94,11 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def tokenizer(self) -> Any:
         """The Hugging Face tokenizer whose ids the engine reads and writes."""
+
+    @property
+    def end_of_turn_ids(self) -> frozenset[int]:
+        """Ids that end a completion: `chat_format.end_of_turn_ids`, the same the trainer closes a turn on."""
+        return end_of_turn_ids(self.tokenizer)
 
     @abc.abstractmethod
     def load_adapter(self, name: str, path: str) -> None:

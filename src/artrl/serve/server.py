@@ -2,10 +2,16 @@
 
 Compared with OpenAI's API (and vLLM's server), this one:
 
-1. adds what training needs to every response: each choice carries `token_ids`
-   (the sampled ids, a final eos included) and the response carries
-   `prompt_token_ids`, so nobody re-tokenises sampled text; logprobs are the raw
-   model logprobs (see `serve/engine.py`);
+1. adds what training needs to every response (the token record,
+   docs/token-record.md): each choice carries `prompt_token_ids` (the exact
+   prompt it was sampled from) and `token_ids` (the sampled ids, a final
+   end-of-turn id included), and logprobs on every choice whether or not the
+   request asked (as ART's server does; `top_logprobs` only when asked); the
+   response carries `prompt_token_ids` too. Logprobs are the raw model logprobs
+   (see `serve/engine.py`). A later prompt spells an assistant message this
+   server returned with the ids it sampled, where the chat template renders that
+   message unchanged (`chat_format.render_prompt`), so the turns of a multi-turn
+   rollout extend one another's record;
 2. supports no streaming (`stream: true` -> 400) and only text content;
 3. stop strings cut the text at the first stop string; the token ids (and
    logprobs) end with the token that completed it;
@@ -31,7 +37,6 @@ import hmac
 import logging
 import time
 import uuid
-from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,9 +46,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from artrl.chat_format import completion_text, cut_at_stop
 from artrl.errors import CheckpointError
 from artrl.serve.background import ServerHandle, start_server
-from artrl.serve.chat import normalise_messages, render_prompt
+from artrl.serve.chat import DEFAULT_RECORD_CACHE_TOKENS, PromptBuilder, request_messages
 from artrl.serve.engine import GenerationRequest, GenerationResult, InvalidRequestError
 from artrl.serve.models import ModelNotFoundError, ServedModels
 from artrl.serve.tool_calls import parse_tool_calls
@@ -289,37 +295,33 @@ async def _generate_unless_disconnected(engine: Any, request: GenerationRequest,
 
 def _cut_at_stop(tokenizer: Any, result: GenerationResult, text: str, stops: list[str]) -> tuple[str, GenerationResult]:
     """Cut `text` before the first stop string and the tokens after the one that completed it."""
-    hits = [text.find(s) for s in stops if s in text]
-    if not hits:
+    cut = cut_at_stop(tokenizer, result.token_ids, text, stops)
+    if cut is None:
         return text, result
-    ids = result.token_ids
-    # Fewest tokens whose text contains a stop string (the engine normally stopped right there).
-    def contains_stop(k: int) -> bool:
-        return any(s in tokenizer.decode(ids[:k]) for s in stops)
-
-    keep = bisect_left(range(1, len(ids) + 1), True, key=contains_stop) + 1
-    cut = GenerationResult(
-        token_ids=ids[:keep],
+    text, keep = cut
+    return text, GenerationResult(
+        token_ids=result.token_ids[:keep],
         logprobs=result.logprobs[:keep],
         top_logprobs=result.top_logprobs[:keep] if result.top_logprobs is not None else None,
         finish_reason="stop",
     )
-    return text[: min(hits)], cut
 
 
-def _token_text(tokenizer: Any, token_id: int, as_ids: bool) -> str:
-    return f"token_id:{token_id}" if as_ids else tokenizer.decode([token_id])
+def _token_texts(tokenizer: Any, token_ids: list[int], as_ids: bool) -> list[str]:
+    """Each token's text (one batched decode), or "token_id:<id>" (vLLM's return_tokens_as_token_ids)."""
+    if as_ids:
+        return [f"token_id:{t}" for t in token_ids]
+    return tokenizer.batch_decode([[t] for t in token_ids]) if token_ids else []
 
 
 def _logprobs_json(tokenizer: Any, result: GenerationResult, as_ids: bool) -> dict[str, Any]:
+    tokens = _token_texts(tokenizer, result.token_ids, as_ids)
+    tops = result.top_logprobs or [[] for _ in result.token_ids]
     content = []
-    for i, (token_id, logprob) in enumerate(zip(result.token_ids, result.logprobs)):
-        token = _token_text(tokenizer, token_id, as_ids)
-        top = []
-        for top_id, top_logprob in (result.top_logprobs or [[]] * len(result.token_ids))[i]:
-            top_token = _token_text(tokenizer, top_id, as_ids)
-            top.append({"token": top_token, "logprob": top_logprob, "bytes": list(top_token.encode())})
-        content.append({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": top})
+    for token, logprob, top in zip(tokens, result.logprobs, tops):
+        top_tokens = _token_texts(tokenizer, [t for t, _ in top], as_ids)
+        entries = [{"token": text, "logprob": lp, "bytes": list(text.encode())} for text, (_, lp) in zip(top_tokens, top)]
+        content.append({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": entries})
     return {"content": content}
 
 
@@ -330,11 +332,11 @@ def _choice_json(
     tokenizer: Any,
     stops: list[str],
     parse_tools: bool,
+    end_ids: frozenset[int],
+    prompt_ids: list[int],
+    prompts: PromptBuilder,
 ) -> dict[str, Any]:
-    ids = result.token_ids
-    special = set(tokenizer.all_special_ids)
-    text_ids = ids[:-1] if result.finish_reason == "stop" and ids and ids[-1] in special else ids
-    text = tokenizer.decode(text_ids, skip_special_tokens=False)
+    text, _ = completion_text(tokenizer, result.token_ids, end_ids)
     text, result = _cut_at_stop(tokenizer, result, text, stops)
     content: str | None = text
     tool_calls: list[dict[str, Any]] = []
@@ -342,12 +344,15 @@ def _choice_json(
         content, tool_calls = parse_tool_calls(text)
     finish_reason = "tool_calls" if tool_calls and result.finish_reason == "stop" else result.finish_reason
     message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": tool_calls or None}
+    sampled_text, end_id = completion_text(tokenizer, result.token_ids, end_ids)
+    prompts.remember(tokenizer, message, prompt_ids, result.token_ids, sampled_text, end_id)
     return {
         "index": index,
         "message": message,
         "finish_reason": finish_reason,
-        "logprobs": _logprobs_json(tokenizer, result, bool(body.return_tokens_as_token_ids)) if body.logprobs else None,
+        "logprobs": _logprobs_json(tokenizer, result, bool(body.return_tokens_as_token_ids)),
         "token_ids": result.token_ids,
+        "prompt_token_ids": prompt_ids,
     }
 
 
@@ -358,19 +363,23 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     api_key: str | None = None,
+    record_cache_tokens: int = DEFAULT_RECORD_CACHE_TOKENS,
 ) -> fastapi.FastAPI:
     """The FastAPI app serving `resolver`'s models.
 
     max_n: most choices one request may ask for; max_body_bytes: larger request
     bodies get 413; default_max_tokens: completion budget when the request sets none
     (capped by what the context leaves); api_key: when set, every route (health
-    included) requires `Authorization: Bearer <api_key>`.
+    included) requires `Authorization: Bearer <api_key>`; record_cache_tokens: sampled
+    ids kept per tokenizer to spell earlier turns of later prompts with the ids the
+    model sampled (module docstring, point 1).
     """
     app = fastapi.FastAPI(title="artrl inference server")
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
     if api_key:
         app.add_middleware(_ApiKey, api_key=api_key)
     app.state.api_key = api_key
+    prompts = PromptBuilder(record_cache_tokens)
     warned_fields: set[str] = set()
 
     @app.exception_handler(APIError)
@@ -427,13 +436,14 @@ def create_app(
         tokenizer = engine.tokenizer
         _check_tool_choice(body)
         try:
-            messages = normalise_messages(body.messages)
+            messages = request_messages(body.messages)
         except InvalidRequestError as error:
             raise APIError(400, str(error), param="messages") from error
         _precheck(body, messages, tokenizer, engine.max_model_len, max_n)
+        end_ids = engine.end_of_turn_ids
         try:
             tools = body.tools if body.tool_choice != "none" else None
-            prompt_ids = render_prompt(tokenizer, messages, tools)
+            prompt_ids = prompts.prompt_ids(tokenizer, messages, tools, end_ids)
         except InvalidRequestError as error:
             raise APIError(400, str(error), param="messages") from error
         request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, max_n, default_max_tokens)
@@ -442,7 +452,7 @@ def create_app(
         except InvalidRequestError as error:
             raise APIError(400, str(error)) from error
         choices = [
-            _choice_json(i, result, body, tokenizer, request.stop_strings, parse_tools=bool(tools))
+            _choice_json(i, result, body, tokenizer, request.stop_strings, bool(tools), end_ids, prompt_ids, prompts)
             for i, result in enumerate(results)
         ]
         completion_tokens = sum(len(choice["token_ids"]) for choice in choices)

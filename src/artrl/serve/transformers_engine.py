@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from artrl.chat_format import end_of_turn_ids
 from artrl.serve.adapters import load_frozen_adapter, serving
 from artrl.serve.engine import (
     GenerationRequest,
@@ -112,7 +113,8 @@ class TransformersEngine(InferenceEngine):
             max_model_len = getattr(config, "max_position_embeddings", None) or 2048
         self._max_model_len = int(max_model_len)
         self._vocab_size = model.get_input_embeddings().num_embeddings
-        self._eos_ids = _eos_token_ids(model, tokenizer)
+        # what ends a turn is chat_format's: the same ids the trainer closes a turn on
+        self._eos_ids = end_of_turn_ids(tokenizer, model)
         pad = tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else min(self._eos_ids, default=0)
         self._cache_kwarg = _cache_kwarg_name(model)
@@ -145,6 +147,11 @@ class TransformersEngine(InferenceEngine):
     @property
     def model(self) -> Any:
         return self._model
+
+    @property
+    def end_of_turn_ids(self) -> frozenset[int]:
+        """The ids sampling stops on (tokenizer eos, the model's generation-config eos, chat end tokens)."""
+        return self._eos_ids
 
     @property
     def pending_requests(self) -> int:
@@ -403,20 +410,6 @@ class TransformersEngine(InferenceEngine):
         window = _STOP_WINDOW_TOKENS_PER_CHAR * max(len(s) for s in stops) + 1
         tail = self._tokenizer.decode(row.token_ids[-window:], skip_special_tokens=False)
         return any(s and s in tail for s in stops)
-
-
-def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-    """The tokenizer's eos plus the model's generation-config eos ids (an int or a list)."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    generation_config = getattr(model, "generation_config", None)
-    extra = getattr(generation_config, "eos_token_id", None)
-    if isinstance(extra, int):
-        ids.add(extra)
-    elif extra is not None:
-        ids.update(int(t) for t in extra)
-    return frozenset(ids)
 
 
 def _cache_kwarg_name(model: Any) -> str:

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 # Per-step metrics that add up over a call (the rest are averaged over its steps).
 SUMMED_METRICS = ("trainable_tokens", "computed_tokens", "micro_batches", "rows", "step_seconds",
-                  "skipped_nonfinite_steps")
+                  "skipped_nonfinite_steps", "sampled_logprob_tokens")
 
 
 @dataclass
@@ -61,7 +61,10 @@ class PreparedCall:
             (t.trajectories_without_trainable_tokens, "trajectories without trainable turns"),
             (s.dropped, "too long, dropped"),
             (s.truncated, "truncated"),
+            (t.turns_missing_logprobs, "turns without logprobs trained on-policy"),
+            (t.rendered_turns if self.kind == "rl" else 0, "turns rendered from text (no token record)"),
             (t.retokenized_turns, "turns re-tokenized (no token ids)"),
+            (t.record_splits, "record splits (prompt not extending the previous turn)"),
         ]
         skipped = [f"{n} {label}" for n, label in counts if n]
         extra = f" [{'; '.join(skipped)}]" if skipped else ""

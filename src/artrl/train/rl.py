@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
+from ..chat_format import end_of_turn_ids
 from ..preprocess.build import BuiltCall, build_call
 from ..preprocess.tokenize import tokenize_groups
 from ..trajectories import TrajectoryGroup
@@ -46,7 +47,9 @@ def build_rl(groups: Sequence[Sequence], config: TrainConfig, *, max_length: int
 def prepare_rl(trainer: Trainer, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> PreparedCall:
     config.check()
     tok = tokenize_groups(groups, trainer.tokenizer, scale_rewards=config.scale_rewards,
-                          allow_training_without_logprobs=config.allow_training_without_logprobs)
+                          allow_training_without_logprobs=config.allow_training_without_logprobs,
+                          require_logprobs=config.require_logprobs,
+                          end_ids=end_of_turn_ids(trainer.tokenizer, trainer.model))
     built = build_rl(tok.groups, config, max_length=trainer.max_length, pad_id=trainer.pad_id,
                      device_type=trainer.device.type) if tok.groups else BuiltCall(None, None)
     n_steps = len(built.plan.steps) if built.plan is not None else 0

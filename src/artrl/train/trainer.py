@@ -9,6 +9,12 @@ clipped, checked for NaN/inf (a non-finite loss or gradient refuses the step,
 which is counted and logged), and AdamW steps with the call's optimizer
 settings. Metrics are yielded per step.
 
+The forward passes before a call's first optimizer step run the weights that
+sampled the data (when it came from the current policy), so they also measure
+the token record (docs/token-record.md): `sampled_logprob_delta_mean` / `_max`
+are the mean and max |trainer logprob - sampled logprob| over the trainable
+tokens that carry a sampled logprob; they appear on the first step only.
+
 The model is shared with the inference engine: `model_lock` is held for the
 whole of a train call so generation and training take turns on one device.
 
@@ -58,6 +64,19 @@ class TokenBatch:
 
 
 LossFn = Callable[[TokenBatch], LossTerms]
+
+SAMPLED_DELTA_KEYS = ("sampled_logprob_delta_mean", "sampled_logprob_delta_max", "sampled_logprob_tokens")
+
+
+def _add_sampled_delta(totals: dict[str, float], tb: TokenBatch) -> None:
+    """Add |trainer - sampled| logprob over the micro-batch's tokens that carry a sampled logprob."""
+    with torch.no_grad():
+        known = ~torch.isnan(tb.old_logprobs)  # [n]
+        delta = (tb.logprobs.detach().float() - tb.old_logprobs.float())[known].abs()  # [known]
+    if delta.numel():
+        totals["delta_sum"] += float(delta.sum())
+        totals["delta_max"] = max(totals["delta_max"], float(delta.max()))
+        totals["delta_tokens"] += float(delta.numel())
 
 
 def _unwrap(model: Any) -> Any:
@@ -167,8 +186,12 @@ class Trainer:
         try:
             with self.model_lock, self._own_rng():
                 self.model.train()
-                for step, lr in zip(plan.steps, learning_rates):
-                    yield self._step(packed, step, loss_fn, lr, optimizer, need_ref, bar)
+                for index, (step, lr) in enumerate(zip(plan.steps, learning_rates)):
+                    metrics = self._step(packed, step, loss_fn, lr, optimizer, need_ref, bar)
+                    if index:  # later passes run updated weights: they no longer measure the record
+                        for key in SAMPLED_DELTA_KEYS:
+                            metrics.pop(key, None)
+                    yield metrics
         finally:
             bar.close()
             self.model.eval()
@@ -181,11 +204,13 @@ class Trainer:
         micro-batches is the step's token-mean loss however the rows are split.
         """
         denom = float(packed.weights[step.rows].sum())
-        totals = dict(loss=0.0, policy=0.0, kl=0.0, entropy=0.0, clipped=0.0, ratio=0.0, weight=0.0, computed=0.0)
+        totals = dict(loss=0.0, policy=0.0, kl=0.0, entropy=0.0, clipped=0.0, ratio=0.0, weight=0.0, computed=0.0,
+                      delta_sum=0.0, delta_max=0.0, delta_tokens=0.0)
         for mb in step.micro_batches:
             sub = packed.select(mb.rows, mb.width)
             totals["computed"] += sub.input_ids.numel()
             tb = self.forward_tokens(sub)
+            _add_sampled_delta(totals, tb)
             if need_ref:
                 tb.ref_logprobs = self.forward_tokens(sub, grad=False, adapter=False).logprobs
             terms = loss_fn(tb)
@@ -242,5 +267,9 @@ class Trainer:
         }
         if need_ref:
             metrics["kl"] = totals["kl"] / w
+        if totals["delta_tokens"]:
+            metrics["sampled_logprob_delta_mean"] = totals["delta_sum"] / totals["delta_tokens"]
+            metrics["sampled_logprob_delta_max"] = totals["delta_max"]
+            metrics["sampled_logprob_tokens"] = totals["delta_tokens"]
         bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
         return metrics

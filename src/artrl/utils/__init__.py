@@ -31,19 +31,27 @@ log = logging.getLogger(__name__)
 
 
 def choice_from_completion(completion: Any, index: int = 0) -> Choice:
-    """The Choice to append to `messages_and_choices`, with its logprobs and sampled token ids.
+    """The Choice to append to `messages_and_choices`, with its token record and logprobs.
 
-    Our server returns `token_ids` on every choice (vLLM: `return_token_ids`); they ride
-    along as an extra field, so training uses exactly the sampled ids. A choice without
-    logprobs is refused here, where the fix (`logprobs=True` in the request) is obvious.
+    Our server puts the record on every choice: `prompt_token_ids` (the exact prompt it
+    was sampled from) and `token_ids` (the sampled ids), next to the logprobs; they ride
+    along as extra fields, so `completion.choices[0]` appended directly works the same.
+    A server that returns the prompt ids only once per response (vLLM's
+    `return_token_ids`) has them copied onto the choice here. A choice without ids or
+    logprobs is still accepted: training renders its context from the text, and a turn
+    without logprobs trains as on-policy; both are counted in the train call's metrics
+    (docs/token-record.md).
     """
     choices = getattr(completion, "choices", None)
     if not choices or index >= len(choices):
         raise TrajectoryError(f"the completion has no choice {index}: {completion!r:.200}")
     choice = choices[index]
+    extra = choice.model_extra if choice.model_extra is not None else {}
+    prompt_ids = (getattr(completion, "model_extra", None) or {}).get("prompt_token_ids")
+    if extra.get("prompt_token_ids") is None and prompt_ids is not None:
+        extra["prompt_token_ids"] = list(prompt_ids)
+    if extra.get("token_ids") is None or extra.get("prompt_token_ids") is None:
+        log.debug("choice %d has no complete token record; training will render its context from the text", index)
     if choice.logprobs is None or choice.logprobs.content is None:
-        raise TrajectoryError("the choice carries no logprobs; request them with logprobs=True so the sampled "
-                              "turn can be trained")
-    if (choice.model_extra or {}).get("token_ids") is None:
-        log.debug("choice has no token_ids; training will re-tokenise its text")
+        log.debug("choice %d has no logprobs; training will treat it as on-policy", index)
     return choice
