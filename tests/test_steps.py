@@ -125,7 +125,7 @@ def _update(path, groups, **config) -> dict[str, torch.Tensor]:
     return asyncio.run(main())
 
 
-@pytest.mark.parametrize("steps", [{}, {"groups_per_step": 2}], ids=["one-step", "groups_per_step=2"])
+@pytest.mark.parametrize("steps", [{}, {"groups_per_optimizer_step": 2}], ids=["one-step", "groups_per_optimizer_step=2"])
 def test_the_same_groups_give_the_same_update_whatever_the_layout(tmp_path, make_choice, steps):
     groups = _groups_api(make_choice)
     updates, results = {}, {}

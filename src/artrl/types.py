@@ -4,7 +4,7 @@
 the fields ART has (`learning_rate`, `beta`, `batch_size`) and add the knobs
 ART hides or ignores. The batching knobs live here and nowhere else:
 
-* An optimizer step is defined by data: `groups_per_step` groups (RL) or
+* An optimizer step is defined by data: `groups_per_optimizer_step` groups (RL) or
   `batch_size` trajectories (SFT). Each step's data is then packed into rows.
 * `per_device_train_batch_size` rows go through one forward/backward pass (by
   default 2 on a GPU, 1 on a CPU), or, when `max_tokens_per_microbatch` is set,
@@ -141,11 +141,11 @@ class TrainConfig(BatchConfig, OptimizerConfig):
         False, description="Refuse a sampled turn that carries no logprobs (TrajectoryError naming the "
         "trajectory) instead of training it as on-policy (counted as data/turns_missing_logprobs). Our "
         "server returns logprobs on every choice; turn this on to catch rollouts from servers that do not.")
-    groups_per_step: int | None = pydantic.Field(
+    groups_per_optimizer_step: int | None = pydantic.Field(
         None, ge=1, description="Trajectory groups per optimizer step, in the order given; None (the default) "
         "trains the whole call in one step. Steps are cut before packing, so the layout never changes them.")
     grad_accumulation_sequences: int | None = pydantic.Field(
-        None, ge=1, description="If set, packed rows per optimizer step instead of groups_per_step: the "
+        None, ge=1, description="If set, packed rows per optimizer step instead of groups_per_optimizer_step: the "
         "number of steps then depends on how the call was packed (row_length, share_prompts), as in a "
         "row-per-step trainer. Leave None unless you want that.")
 
@@ -164,10 +164,10 @@ class TrainConfig(BatchConfig, OptimizerConfig):
                 f"beta={self.beta} and kl_penalty_coef={self.kl_penalty_coef} disagree; they are the same "
                 "knob, set only one."
             )
-        if self.groups_per_step is not None and self.grad_accumulation_sequences is not None:
+        if self.groups_per_optimizer_step is not None and self.grad_accumulation_sequences is not None:
             raise ConfigError(
-                f"groups_per_step={self.groups_per_step} and grad_accumulation_sequences="
-                f"{self.grad_accumulation_sequences} both define optimizer steps; set one (groups_per_step "
+                f"groups_per_optimizer_step={self.groups_per_optimizer_step} and grad_accumulation_sequences="
+                f"{self.grad_accumulation_sequences} both define optimizer steps; set one (groups_per_optimizer_step "
                 "keeps the steps independent of packing).")
         if self.max_tokens_per_microbatch is None and self.grad_accumulation_sequences is not None \
                 and self.per_device_train_batch_size is not None:

@@ -4,7 +4,7 @@
   scaled like the lengths, sequences in group order), one full-length row per
   forward pass, one optimizer step per row.
 * ours: the RL build path of a train call (preprocess/build.py through
-  train/rl.py's `build_rl`): optimizer steps of `groups_per_step` groups (all
+  train/rl.py's `build_rl`): optimizer steps of `groups_per_optimizer_step` groups (all
   of them by default), each packed with the prefix-sharing packer at the
   automatic row length, micro-batches of `per_device_train_batch_size` rows (or
   a token budget), rows trimmed to their used length.
@@ -108,8 +108,8 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
 def _subprocess(mode: str, args: Any) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "artrl.bench.train_bench", "--mode", mode, "--workload", args.workload,
            "--scale", str(args.scale), "--model", args.model]
-    if args.groups_per_step:
-        cmd += ["--groups-per-step", str(args.groups_per_step)]
+    if args.groups_per_optimizer_step:
+        cmd += ["--groups-per-optimizer-step", str(args.groups_per_optimizer_step)]
     if args.grad_accumulation_sequences:
         cmd += ["--grad-accumulation-sequences", str(args.grad_accumulation_sequences)]
     if args.per_device_train_batch_size:
@@ -132,7 +132,7 @@ def _subprocess(mode: str, args: Any) -> dict[str, Any]:
 def _configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
     cfg = TrainConfig(learning_rate=1e-5, per_device_train_batch_size=args.per_device_train_batch_size,
                       max_tokens_per_microbatch=args.max_tokens_per_microbatch or None,
-                      groups_per_step=args.groups_per_step or None,
+                      groups_per_optimizer_step=args.groups_per_optimizer_step or None,
                       grad_accumulation_sequences=args.grad_accumulation_sequences or None)
     return cfg, InternalModelConfig(device=args.device, gradient_checkpointing=args.gradient_checkpointing,
                                     attn_implementation=args.attn_implementation or None)
@@ -174,7 +174,7 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--per-device-train-batch-size", type=int, default=None,
                    help="rows per forward pass (default: TrainConfig's, 2 on a GPU, 1 on a CPU)")
     p.add_argument("--max-tokens-per-microbatch", type=int, default=0, help="token budget (0: use rows)")
-    p.add_argument("--groups-per-step", type=int, default=None,
+    p.add_argument("--groups-per-optimizer-step", type=int, default=None,
                    help="groups per optimizer step (default: TrainConfig's, all groups of the call in one step)")
     p.add_argument("--grad-accumulation-sequences", type=int, default=None,
                    help="packed rows per optimizer step instead (packing-dependent; default: unset)")

@@ -1,7 +1,7 @@
 """RL train call: groups -> tokenize -> steps of groups -> packed rows -> policy-gradient steps.
 
 Defaults (types.TrainConfig): CISPO-style loss, advantages scaled by the group
-std, the whole call in one optimizer step (`groups_per_step=None`), micro-batches
+std, the whole call in one optimizer step (`groups_per_optimizer_step=None`), micro-batches
 of `per_device_train_batch_size` rows (2 on a GPU, 1 on a CPU by default). The
 loss of each optimizer step is normalised over that step's trainable tokens
 (train/loss.py, train/trainer.py).
@@ -37,7 +37,7 @@ def build_rl(groups: Sequence[Sequence], config: TrainConfig, *, max_length: int
              device_type: str) -> BuiltCall:
     """Tokenized groups -> steps -> rows -> micro-batches, as config says (also used by `artrl bench train`)."""
     return build_call(
-        groups, units_per_step=config.groups_per_step, rows_per_step=config.grad_accumulation_sequences,
+        groups, units_per_step=config.groups_per_optimizer_step, rows_per_step=config.grad_accumulation_sequences,
         row_length=config.row_length, max_length=min(max_length, config.max_row_length or max_length),
         on_too_long=config.on_too_long, share_prompts=config.share_prompts, pad_id=pad_id,
         rows_per_forward=config.rows_per_forward(device_type, config.grad_accumulation_sequences),
