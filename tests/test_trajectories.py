@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import math
 from datetime import datetime
 
 import pytest
@@ -14,7 +13,7 @@ from openai.types.chat.chat_completion import Choice
 
 import artrl.trajectories as T
 from artrl.errors import ArtrlError, TrajectoryError
-from artrl.preprocess.tokenize import tokenize_groups, tokenize_sft
+from artrl.preprocess.tokenize import tokenize_sft
 
 USER = {"role": "user", "content": "hi"}
 
@@ -23,11 +22,6 @@ def traj(**kw):
     kw.setdefault("messages_and_choices", [USER, {"role": "assistant", "content": "hello"}])
     kw.setdefault("reward", 1.0)
     return T.Trajectory(**kw)
-
-
-def refused(t: T.Trajectory, match: str) -> None:
-    with pytest.raises(TrajectoryError, match=match):
-        T.revalidate(t, "trajectories[0]")
 
 
 # --------------------------------------------------------------------------- ART's fields and defaults
@@ -96,41 +90,7 @@ def test_what_pydantic_cannot_read_is_refused_at_construction():
 
 
 # --------------------------------------------------------------------------- checks where the data is used
-
-
-@pytest.mark.parametrize("reward", [math.nan, math.inf, -math.inf])
-def test_non_finite_reward_is_refused_when_used(reward):
-    t = traj(reward=reward)  # accepted at construction, as in ART
-    refused(t, r"trajectories\[0\]: Trajectory\.reward is (nan|inf|-inf)")
-
-
-def test_unknown_role_names_the_index():
-    refused(traj(messages_and_choices=[USER, {"role": "robot", "content": "beep"}]),
-            r"messages_and_choices\[1\]\.role is 'robot'")
-
-
-def test_non_string_content():
-    refused(traj(messages_and_choices=[{"role": "user", "content": 42}]),
-            r"messages_and_choices\[0\]\.content has type int")
-
-
-def test_tool_call_with_invalid_json_arguments():
-    bad = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}
-    refused(traj(messages_and_choices=[USER, bad]), r"tool_calls\[0\]\.function\.arguments is not valid JSON")
-
-
-def test_tool_call_without_name():
-    bad = {"role": "assistant", "tool_calls": [{"type": "function", "function": {"arguments": "{}"}}]}
-    refused(traj(messages_and_choices=[USER, bad]), "function.name")
-
-
-def test_a_bad_trajectory_in_a_group_is_named_when_the_group_is_tokenized(tok, make_choice):
-    good = [traj(messages_and_choices=[USER, make_choice("a")], reward=r) for r in (0.0, 1.0)]
-    late = traj(messages_and_choices=[USER, make_choice("b")])
-    late.reward = math.nan  # set after construction, as rollouts do
-    with pytest.raises(TrajectoryError, match=r"group 1, trajectory 2: Trajectory\.reward is nan"):
-        tokenize_groups([T.TrajectoryGroup(good), T.TrajectoryGroup([*good, late])], tok)
+# (each refusal is tested end to end in test_hostile_input.py; test_chat_format.py has the rules)
 
 
 def test_valid_tool_call_and_choice_dict_are_accepted(make_choice):
