@@ -44,7 +44,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from artrl.errors import CheckpointError
 from artrl.serve.background import ServerHandle, start_server
 from artrl.serve.chat import normalise_messages, render_prompt
-from artrl.serve.engine import GenerationRequest, GenerationResult, InvalidRequestError
+from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult, InvalidRequestError
 from artrl.serve.models import ModelNotFoundError, ServedModels
 from artrl.serve.tool_calls import parse_tool_calls
 
@@ -441,6 +441,8 @@ def create_app(
             results = await _generate_unless_disconnected(engine, request, http)
         except InvalidRequestError as error:
             raise APIError(400, str(error)) from error
+        except EngineClosedError as error:  # the program is exiting or the backend was closed
+            raise APIError(503, str(error), code="engine_closed", type="server_error") from error
         choices = [
             _choice_json(i, result, body, tokenizer, request.stop_strings, parse_tools=bool(tools))
             for i, result in enumerate(results)
