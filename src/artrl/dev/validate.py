@@ -41,8 +41,8 @@ def validate_dedicated_config(config: Mapping[str, Any]) -> None:
     if list(trainer) != list(range(len(trainer))):
         raise ValueError(f"trainer_gpu_ids={list(trainer)} must be contiguous starting from 0, e.g. [0, 1]")
     if (config.get("init_args") or {}).get("fast_inference"):
-        raise ValueError("init_args.fast_inference=True is incompatible with dedicated mode (inference runs in its "
-                         "own process there); remove it")
+        raise ValueError("fast_inference is incompatible with dedicated mode (init_args.fast_inference=True; "
+                         "inference runs in its own process there); remove it")
     if (config.get("engine_args") or {}).get("enable_sleep_mode"):
-        raise ValueError("engine_args.enable_sleep_mode=True is incompatible with dedicated mode (inference has "
-                         "its own GPU, nothing needs to sleep); remove it")
+        raise ValueError("enable_sleep_mode is incompatible with dedicated mode (engine_args.enable_sleep_mode=True; "
+                         "inference has its own GPU, nothing needs to sleep); remove it")
