@@ -175,3 +175,24 @@ def test_base_model_is_served_under_its_own_name_with_the_adapter_off(tmp_path, 
     assert sampled == pytest.approx(expected, abs=1e-4)
     live_lp = [t.logprob for t in live.choices[0].logprobs.content]
     assert live_lp[:1] != pytest.approx(sampled[:1], abs=1e-4)  # the live name serves the trained adapter
+
+
+def test_openai_server_config_sets_the_key_and_notices_the_rest(tmp_path, caplog):
+    async def main():
+        backend = art.LocalBackend(path=str(tmp_path), show_progress=False)
+        model = tiny_model()
+        with caplog.at_level(logging.WARNING, logger="artrl.notices"):
+            base_url, api_key = await backend._prepare_backend_for_training(
+                model, {"server_args": {"api_key": "secret", "tool_call_parser": "hermes"},
+                        "engine_args": {"enforce_eager": True}, "log_file": "/tmp/x.log"})
+        unauthorised = server_answers(base_url)  # /health needs the key now
+        ok = await model.openai_client().models.list()
+        backend.close()
+        return api_key, unauthorised, [m.id for m in ok.data]
+
+    notices.forget()
+    api_key, unauthorised, names = asyncio.run(main())
+    assert api_key == "secret" and not unauthorised and "m" in names
+    noticed = [r.getMessage() for r in caplog.records if r.name == "artrl.notices"]
+    assert len(noticed) == 3 and any("tool_call_parser" in m for m in noticed)
+    assert any("enforce_eager" in m for m in noticed) and any("log_file" in m for m in noticed)
