@@ -52,5 +52,6 @@ def get_openai_server_config(model_name: str, base_model: str, log_file: str, lo
                                    "tool_call_parser": "hermes", **config.get("server_args", {})}
     engine_args: dict[str, Any] = {"model": base_model, "served_model_name": base_model if lora_path else model_name,
                                    "generation_config": "vllm", **config.get("engine_args", {})}
-    return OpenAIServerConfig(log_file=config.get("log_file", log_file), server_args=server_args,  # type: ignore[typeddict-item]
-                              engine_args=engine_args)  # type: ignore[typeddict-item]
+    result: dict[str, Any] = {"log_file": config.get("log_file", log_file), "server_args": server_args,
+                              "engine_args": engine_args}
+    return OpenAIServerConfig(**result)  # type: ignore[typeddict-item]

@@ -9,6 +9,14 @@ clipped, checked for NaN/inf (a non-finite loss or gradient refuses the step,
 which is counted and logged), and AdamW steps with the call's optimizer
 settings. Metrics are yielded per step.
 
+What a step computes besides the policy's logprobs is a call's `StepOptions`:
+reference logprobs (base model with the adapter off, or a checkpoint loaded as
+a frozen adapter) for a KL term or ART's KL-penalised advantages, whose mean KL
+is taken over the whole optimizer step in a first no-grad pass; ART's
+`precalculate_logprobs` (the old logprobs recomputed once before the first
+step, the sampled ones kept for truncated importance sampling); the LM-head
+chunk size.
+
 The model is shared with the inference engine: `model_lock` is held for the
 whole of a train call so generation and training take turns on one device.
 
