@@ -1,8 +1,12 @@
 """Typed configuration of a train call, and its result.
 
 `TrainConfig` (RL) and `TrainSFTConfig` (SFT) keep ART's names and defaults for
-the fields ART has (`learning_rate`, `beta`, `batch_size`) and add the knobs
-ART hides or ignores. The batching knobs live here and nowhere else:
+the fields ART has (`learning_rate`, `batch_size`, and every keyword of ART's
+`LocalBackend.train` / key of `art.dev.TrainConfig`: `ppo`, `epsilon`,
+`kl_penalty_coef`, `advantage_balance`, ...; docs/art-compatibility-backend.md)
+and add the knobs ART hides or ignores (`beta`, `loss`, batching).
+`InternalModelConfig` takes ART's nested model config too (dev/model.py).
+The batching knobs live here and nowhere else:
 
 * An optimizer step is defined by data: `groups_per_step` groups (RL) or
   `batch_size` trajectories (SFT). Each step's data is then packed into rows.
