@@ -125,12 +125,27 @@ def test_all_equal_rewards_group_is_skipped_and_counted(live, make_choice, good)
     assert result.metrics["data/groups_skipped_zero_advantage"] == 1 and result.metrics["data/sequences"] == 2
 
 
-def test_a_call_with_nothing_to_train_does_not_advance_the_step(live, make_choice):
+def test_a_call_with_nothing_to_train_advances_the_step_with_the_same_weights(live, make_choice, caplog):
+    """ART's step semantics: the loop's step keeps moving; the checkpoint holds the unchanged weights."""
     step = asyncio.run(live.get_step())
-    result = rl(live, [art.TrajectoryGroup([traj(make_choice("blue"), reward=1.0)]),
-                       art.TrajectoryGroup([traj(make_choice("red"), reward=0.0), traj(make_choice("red"))])])
-    assert result.step == step and result.checkpoint_path is None
+    trainer = live.backend()._runs["m"].trainer
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    with caplog.at_level("WARNING", logger="artrl.local.session"):
+        result = rl(live, [art.TrajectoryGroup([traj(make_choice("blue"), reward=1.0)]),
+                           art.TrajectoryGroup([traj(make_choice("red"), reward=0.0), traj(make_choice("red"))])])
+    assert result.step == step + 1 == asyncio.run(live.get_step())
+    assert result.checkpoint_path is not None and storage.is_complete(Path(result.checkpoint_path))
     assert result.metrics["data/groups_skipped_zero_advantage"] == 2
+    assert "train/loss" not in result.metrics and "loss/train" not in result.metrics  # no optimizer step ran
+    assert "nothing was trained" in caplog.text
+    for n, p in trainer.model.named_parameters():
+        if p.requires_grad:
+            assert torch.equal(p.detach(), before[n]), n
+    from safetensors.torch import load_file
+    saved = load_file(str(Path(result.checkpoint_path) / storage.ADAPTER_WEIGHTS_FILE))
+    previous = load_file(str(storage.checkpoint_dir(Path(result.checkpoint_path).parents[1], step)
+                             / storage.ADAPTER_WEIGHTS_FILE))
+    assert saved.keys() == previous.keys() and all(torch.equal(saved[k], previous[k]) for k in saved)
 
 
 @pytest.mark.parametrize("kind", ["rl", "sft", "sft_no_messages"])
@@ -380,14 +395,14 @@ def test_corrupted_checkpoint_is_refused(trained_run, tmp_path, what):
      "per_device_train_batch_size=4 is larger than grad_accumulation_sequences=2.*Lower"),
     ("rl", dict(max_tokens_per_microbatch=64, row_length=128), "no row fits a micro-batch; raise"),
     ("rl", dict(row_length=128, max_row_length=64), "row_length=128 exceeds max_row_length=64"),
-    ("rl", dict(beta=0.1, kl_penalty_coef=0.2), "same knob, set only one"),
+    ("rl", dict(ppo=True, loss="cispo"), "ppo=True and loss='cispo' contradict"),
     ("rl", dict(row_length=4096), "row_length=4096 exceeds the model's maximum length 128; lower"),
     ("rl", dict(per_device_train_batch_size=0), "per_device_train_batch_size"),
     ("rl", dict(learning_rate=-1.0), "learning_rate"),
     ("rl", dict(batch_sise=8), "batch_sise"),
     ("sft", dict(learning_rate=[1e-3, 1e-3, 1e-3], batch_size=1), "has 3 values but this call makes 2"),
     ("sft", dict(batch_size=0), r"batch_size=0; it must be >= 1 or 'auto'"),
-], ids=["micro_over_step", "token_budget_under_row", "row_over_max_row", "beta_vs_kl_coef", "row_over_model",
+], ids=["micro_over_step", "token_budget_under_row", "row_over_max_row", "ppo_vs_cispo", "row_over_model",
         "zero_micro_batch", "negative_lr", "unknown_field", "lr_list_length", "zero_sft_batch"])
 def test_contradictory_or_invalid_batch_settings(live, make_choice, good, kind, config, fragment):
     step = asyncio.run(live.get_step())

@@ -123,7 +123,7 @@ class FakeBackend:
     async def _get_step(self, model) -> int:
         return self.step
 
-    async def _train_model(self, model, groups, config, dev):
+    async def _train_model(self, model, groups, config, dev, verbose=False):
         self.step += self.advance
         return art.TrainResult(step=self.step, metrics={"loss/train": 0.25, "data/step_num_gradient_steps": 2.0,
                                                          "data/step_trainer_tokens": 40.0,

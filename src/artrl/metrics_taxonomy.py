@@ -12,7 +12,7 @@ docs/observability.md lists every key.
 | grad_norm                       | loss/grad_norm                     |
 | learning_rate                   | loss/learning_rate                 |
 | entropy                         | loss/entropy                       |
-| kl (against the base model)     | loss/kl_policy_ref                 |
+| kl_policy_ref (mean new - ref)  | loss/kl_policy_ref                 |
 | trainable_tokens                | data/step_trainer_tokens           |
 | step_seconds (summed)           | time/step_trainer_s                |
 | optimizer steps                 | data/step_num_gradient_steps       |
@@ -34,7 +34,7 @@ TRAINER_TO_ART = {
     "grad_norm": "loss/grad_norm",
     "learning_rate": "loss/learning_rate",
     "entropy": "loss/entropy",
-    "kl": "loss/kl_policy_ref",
+    "kl_policy_ref": "loss/kl_policy_ref",  # ART: mean (new - reference) logprob; our beta term stays train/kl
     "trainable_tokens": "data/step_trainer_tokens",
     "step_seconds": "time/step_trainer_s",
     "data/optimizer_steps": TRAIN_GRADIENT_STEPS_KEY,

@@ -193,8 +193,9 @@ class Model(pydantic.BaseModel):
         if getattr(self, "base_model", None):
             config["base_model"] = self.base_model
         internal = getattr(self, "_internal_config", None)
-        if internal is not None:
-            config["internal_config"] = internal.model_dump(mode="json")
+        if internal is not None:  # ours, or a plain dict set the way ART's own tests do
+            dump_internal = getattr(internal, "model_dump", None)
+            config["internal_config"] = dump_internal(mode="json") if callable(dump_internal) else internal
         if self.config is not None:
             dump = getattr(self.config, "model_dump", None)
             config["config"] = dump(mode="json") if callable(dump) else self.config
@@ -268,7 +269,8 @@ class Model(pydantic.BaseModel):
         groups = None if trajectories is None else normalize_trajectory_groups(trajectories)
         if step is None:
             step = await self._current_step()
-        return await self._run_history().log(groups, split, metrics, step, extra=extra, backend=self._backend)
+        return await self._run_history().log(groups, split, metrics, step, extra=extra, backend=self._backend,
+                                                 model=self)
 
 
 class TrainableModel(Model):
@@ -303,7 +305,6 @@ class TrainableModel(Model):
         As in ART, the row is written at the new step: the groups' averages (`train/reward`, ...),
         the trainer's metrics (`loss/train`, ...) and the groups as `trajectories/train/NNNN.parquet`.
         """
-        del verbose
         groups = list(trajectory_groups)
         for i, g in enumerate(groups):
             if not isinstance(g, TrajectoryGroup):
@@ -313,16 +314,16 @@ class TrainableModel(Model):
         config.check()  # refuse a bad config before anything is written
         check_loggable(groups, {})
         before = await self.get_step()
-        result = await self.backend()._train_model(self, groups, config, _config or {})
+        result = await self.backend()._train_model(self, groups, config, _config or {}, verbose)
         await self._log_train_row(groups, result, before, "rl")
         return result
 
     async def train_sft(self, trajectories: Iterable[Trajectory], config: TrainSFTConfig | None = None,
                         _config: dict[str, Any] | None = None, verbose: bool = False) -> TrainResult:
         """Supervised fine-tuning on every assistant turn of the trajectories; logs one 'train' row."""
-        del verbose
         before = await self.get_step()
-        result = await self.backend()._train_sft(self, list(trajectories), config or TrainSFTConfig(), _config or {})
+        result = await self.backend()._train_sft(self, list(trajectories), config or TrainSFTConfig(), _config or {},
+                                                 verbose)
         await self._log_train_row(None, result, before, "sft")
         return result
 

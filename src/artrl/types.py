@@ -1,8 +1,12 @@
 """Typed configuration of a train call, and its result.
 
 `TrainConfig` (RL) and `TrainSFTConfig` (SFT) keep ART's names and defaults for
-the fields ART has (`learning_rate`, `beta`, `batch_size`) and add the knobs
-ART hides or ignores. The batching knobs live here and nowhere else:
+the fields ART has (`learning_rate`, `batch_size`, and every keyword of ART's
+`LocalBackend.train` / key of `art.dev.TrainConfig`: `ppo`, `epsilon`,
+`kl_penalty_coef`, `advantage_balance`, ...; docs/art-compatibility-backend.md)
+and add the knobs ART hides or ignores (`beta`, `loss`, batching).
+`InternalModelConfig` takes ART's nested model config too (dev/model.py).
+The batching knobs live here and nowhere else:
 
 * An optimizer step is defined by data: `groups_per_optimizer_step` groups (RL) or
   `batch_size` trajectories (SFT). Each step's data is then packed into rows.
@@ -117,22 +121,89 @@ class OptimizerConfig(_Config):
                 "weight_decay": self.weight_decay}
 
 
+# ART options accepted with a notice: they have no effect here (docs/art-compatibility-backend.md).
+NO_EFFECT_TRAIN_OPTIONS = {
+    "scale_learning_rate_by_reward_std_dev": "ART 0.5.17's LocalBackend accepts it but no code path reads it "
+                                             "(its learning-rate scaling by the reward std history was removed).",
+}
+
+ImportanceSamplingLevel = Literal["token", "sequence", "average", "geometric_average"]
+
+# ART's clip defaults, which depend on the loss (art/loss.py): CISPO clips the detached importance weight to
+# [1 - 1.0, 1 + 4.0] = [0, 5]; PPO's surrogate clips the ratio to [0.8, 1.2].
+CISPO_EPSILON, CISPO_EPSILON_HIGH = 1.0, 4.0
+PPO_EPSILON = 0.2
+
+
 class TrainConfig(BatchConfig, OptimizerConfig):
-    """One RL train call (`model.train(groups, config=TrainConfig(...))`)."""
+    """One RL train call (`model.train(groups, config=TrainConfig(...))`, or `backend.train(model, groups, **fields)`).
+
+    The fields after `learning_rate` that ART has (`art.dev.TrainConfig`, `LocalBackend.train`'s keywords) keep
+    ART's meaning and default; docs/art-compatibility-backend.md lists where the result differs and why.
+    """
 
     learning_rate: float = pydantic.Field(5e-6, gt=0, description="AdamW learning rate for this call.")
-    beta: float = pydantic.Field(0.0, ge=0, description="KL penalty coefficient against the base model "
-                                 "(adapter disabled). 0 turns the extra reference forward pass off.")
-    kl_penalty_coef: float | None = pydantic.Field(None, ge=0, description="Alias of beta (ART).")
-    loss: Literal["cispo", "ppo", "gspo"] = pydantic.Field(
-        "cispo", description="Policy loss (train/loss.py): clipped, detached importance weight times "
-        "advantage times logprob ('cispo'), PPO's clipped surrogate ('ppo'), or PPO with "
-        "sequence-level ratios ('gspo').")
-    epsilon: float = pydantic.Field(0.2, gt=0, description="Lower clip: ratio >= 1 - epsilon.")
+    # ----------------------------------------------------------------- policy loss (ART names)
+    ppo: bool = pydantic.Field(
+        False, description="ART: PPO's clipped surrogate instead of CISPO (the default). Same as loss='ppo'.")
+    loss: Literal["cispo", "ppo", "gspo"] | None = pydantic.Field(
+        None, description="Policy loss (train/loss.py): clipped, detached importance weight times advantage times "
+        "logprob ('cispo'), PPO's clipped surrogate ('ppo'), or PPO with a sequence-level ratio value and "
+        "token-level gradient ('gspo', GSPO-token). None: 'ppo' if ppo else 'cispo'.")
+    epsilon: float | None = pydantic.Field(
+        None, gt=0, description="Lower clip: ratio >= 1 - epsilon. None: ART's default for the loss, "
+        f"{CISPO_EPSILON} for CISPO, {PPO_EPSILON} for PPO-shaped losses ('ppo', 'gspo').")
     epsilon_high: float | None = pydantic.Field(
-        0.28, gt=0, description="Upper clip: ratio <= 1 + epsilon_high (None: epsilon).")
+        None, gt=0, description="Upper clip: ratio <= 1 + epsilon_high. None: ART's default, "
+        f"{CISPO_EPSILON_HIGH} for CISPO, epsilon for PPO-shaped losses.")
+    importance_sampling_level: ImportanceSamplingLevel = pydantic.Field(
+        "token", description="ART: the importance ratio of a token is its own ('token'), its sequence's "
+        "exp(mean log-ratio) ('sequence'), the mean of the two ('average') or their geometric mean "
+        "('geometric_average').")
+    max_negative_advantage_importance_sampling_weight: float | None = pydantic.Field(
+        None, ge=0, description="ART: cap every token's importance ratio at this value (ART applies it to all "
+        "tokens, whatever the advantage's sign). None or 0: off.")
+    mask_prob_ratio: bool = pydantic.Field(
+        False, description="ART: a ratio outside (1 - epsilon, 1 + epsilon_high) becomes 0 before clipping.")
+    kimi_k2_tau: float | None = pydantic.Field(
+        None, description="ART (Kimi K2): per-token advantage -= tau * (new - sampled logprob), detached. "
+        "None or 0: off.")
+    truncated_importance_sampling: float | None = pydantic.Field(
+        None, gt=0, description="ART: multiply each token's loss by the detached importance ratio capped at "
+        "this value; with precalculate_logprobs the ratio is trainer / sampler (the sampler mismatch).")
+    precalculate_logprobs: bool = pydantic.Field(
+        False, description="ART: before the first step, recompute the logprobs of every trainable token with "
+        "the current weights and use them as the old logprobs (the sampled ones are kept for "
+        "truncated_importance_sampling). One extra no-grad forward over the call.")
+    # ----------------------------------------------------------------- advantages (ART names)
     scale_rewards: bool = pydantic.Field(
         True, description="Divide group-relative advantages by the group's reward std.")
+    advantage_balance: float = pydantic.Field(
+        0.0, ge=-1, le=1, description="ART: > 0 scales negative advantages by (1 - balance), < 0 scales positive "
+        "ones by (1 + balance); the call's mean |advantage| per token is then restored (1: positives only, "
+        "-1: negatives only).")
+    kl_penalty_coef: float = pydantic.Field(
+        0.0, ge=0, description="ART: KL-penalised advantages. Each trainable token's advantage gets "
+        "coef * (mean_kl - kl_t) with kl_t = new - reference logprob (detached) and mean_kl its mean over the "
+        "optimizer step: tokens that drift more from the reference get less advantage. Needs a reference "
+        "forward pass per micro-batch. Not a loss term (that is `beta`).")
+    kl_penalty_reference_step: int | None = pydantic.Field(
+        None, ge=0, description="ART: the reference of kl_penalty_coef (and beta) is this checkpoint of the model "
+        "(None: the base model, adapter off).")
+    kl_ref_adapter_path: str | None = pydantic.Field(
+        None, description="ART: the reference is the LoRA adapter saved in this directory (overrides "
+        "kl_penalty_reference_step).")
+    beta: float = pydantic.Field(
+        0.0, ge=0, description="artrl: a KL loss term beta * k3(reference, new) per token (train/loss.py), against "
+        "the base model or the reference named above. 0 turns it off. ART's kl_penalty_coef adjusts "
+        "advantages instead.")
+    # ----------------------------------------------------------------- learning rate (ART names)
+    num_trajectories_learning_rate_multiplier_power: float = pydantic.Field(
+        0.0, description="ART: each optimizer step's learning rate is multiplied by (sequences in the step) ** "
+        "power. 0: off.")
+    scale_learning_rate_by_reward_std_dev: bool = pydantic.Field(
+        False, description="ART 0.5.17 accepts it and no code path reads it; no effect here either (one notice).")
+    # ----------------------------------------------------------------- data and engine
     allow_training_without_logprobs: bool = pydantic.Field(
         False, description="ART's meaning: also train the plain assistant message dicts of RL trajectories, "
         "as on-policy (importance ratio 1). Sampled turns (Choices) without logprobs train as on-policy "
@@ -141,6 +212,12 @@ class TrainConfig(BatchConfig, OptimizerConfig):
         False, description="Refuse a sampled turn that carries no logprobs (TrajectoryError naming the "
         "trajectory) instead of training it as on-policy (counted as data/turns_missing_logprobs). Our "
         "server returns logprobs on every choice; turn this on to catch rollouts from servers that do not.")
+    logprob_calculation_chunk_size: int | None = pydantic.Field(
+        None, ge=1, description="ART: tokens per LM-head chunk when computing logprobs (memory only, never the "
+        "math). None: the model's logprob_chunk_size (1024, as ART).")
+    plot_tensors: bool = pydantic.Field(
+        False, description="ART: draw the call's packed rows (token ids, logprobs, segments, mask, advantages, "
+        "weights) as heatmaps into the model's run directory (packed_tensors_plot_<ms>.png).")
     groups_per_optimizer_step: int | None = pydantic.Field(
         None, ge=1, description="Trajectory groups per optimizer step, in the order given; None (the default) "
         "trains the whole call in one step. Steps are cut before packing, so the layout never changes them.")
@@ -149,8 +226,34 @@ class TrainConfig(BatchConfig, OptimizerConfig):
         "number of steps then depends on how the call was packed (row_length, share_prompts), as in a "
         "row-per-step trainer. Leave None unless you want that.")
 
-    def kl_coef(self) -> float:
-        return self.kl_penalty_coef if self.kl_penalty_coef is not None else self.beta
+    def resolved_loss(self) -> Literal["cispo", "ppo", "gspo"]:
+        """The policy loss: `loss` if set, else 'ppo' when ppo, else 'cispo'."""
+        if self.loss is not None:
+            return self.loss
+        return "ppo" if self.ppo else "cispo"
+
+    def clip_bounds(self) -> tuple[float, float]:
+        """(epsilon, epsilon_high) with ART's loss-dependent defaults filled in."""
+        if self.resolved_loss() == "cispo":
+            eps = self.epsilon if self.epsilon is not None else CISPO_EPSILON
+            high = self.epsilon_high if self.epsilon_high is not None else CISPO_EPSILON_HIGH
+        else:
+            eps = self.epsilon if self.epsilon is not None else PPO_EPSILON
+            high = self.epsilon_high if self.epsilon_high is not None else eps
+        return eps, high
+
+    def notice_ignored(self) -> None:
+        """Log once per process each option set on this config that has no effect here (and why)."""
+        from .notices import notice_once
+
+        for name, why in NO_EFFECT_TRAIN_OPTIONS.items():
+            if name in self.model_fields_set:
+                notice_once(f"TrainConfig.{name}", f"TrainConfig {name}={getattr(self, name)!r} has no effect in "
+                            f"artrl: {why}")
+
+    def needs_reference(self) -> bool:
+        """Whether a train step needs reference logprobs (a KL term or KL-penalised advantages)."""
+        return self.beta > 0 or self.kl_penalty_coef > 0
 
     def check(self) -> None:
         super().check()
@@ -159,11 +262,14 @@ class TrainConfig(BatchConfig, OptimizerConfig):
                 "require_logprobs=True refuses turns without logprobs, and allow_training_without_logprobs=True "
                 "trains assistant dicts (which have none) as on-policy; set only one of them."
             )
-        if self.kl_penalty_coef is not None and self.beta and self.kl_penalty_coef != self.beta:
+        if self.ppo and self.loss == "cispo":
+            raise ConfigError("ppo=True and loss='cispo' contradict each other; ppo=True is loss='ppo' (or set "
+                              "loss='gspo'). Set only one of them.")
+        if self.loss == "gspo" and self.importance_sampling_level != "token":
             raise ConfigError(
-                f"beta={self.beta} and kl_penalty_coef={self.kl_penalty_coef} disagree; they are the same "
-                "knob, set only one."
-            )
+                f"loss='gspo' already uses a sequence-level ratio; importance_sampling_level="
+                f"{self.importance_sampling_level!r} would apply a second one. Use loss='gspo' alone, or "
+                f"ppo=True with importance_sampling_level={self.importance_sampling_level!r} (ART's GSPO).")
         if self.groups_per_optimizer_step is not None and self.grad_accumulation_sequences is not None:
             raise ConfigError(
                 f"groups_per_optimizer_step={self.groups_per_optimizer_step} and grad_accumulation_sequences="
@@ -181,7 +287,8 @@ class TrainConfig(BatchConfig, OptimizerConfig):
                 )
 
 
-SFT_AUTO_BATCH_SIZE = 8
+# ART (art/local/backend.py `_train_sft`): batch_size="auto" is 2 trajectories per optimizer step.
+SFT_AUTO_BATCH_SIZE = 2
 
 
 class TrainSFTConfig(BatchConfig, OptimizerConfig):
@@ -284,3 +391,44 @@ class InternalModelConfig(_Config):
         "One thread decodes a batch fastest on small CPU machines: multi-threaded ops on tiny decode steps "
         "cost more in synchronisation than they save (docs/performance.md).")
     seed: int = pydantic.Field(0, description="Seed for adapter initialisation.")
+    use_rslora: bool = pydantic.Field(False, description="Rank-stabilised LoRA: scale = alpha / sqrt(r) (peft).")
+    inference_max_length: int | None = pydantic.Field(
+        None, ge=16, description="Longest prompt + completion the inference engine serves (ART: "
+        "engine_args.max_model_len); None: max_length, else the model's maximum.")
+    # Defaults of every train call that does not set the field itself (ART sets them model-wide in
+    # `trainer_args`); None: the call config's own default.
+    per_device_train_batch_size: int | None = pydantic.Field(
+        None, ge=1, description="Default rows per forward pass of train calls (ART: trainer_args."
+        "per_device_train_batch_size).")
+    grad_accumulation_sequences: int | None = pydantic.Field(
+        None, ge=1, description="Default packed rows per optimizer step of RL calls (ART: trainer_args."
+        "gradient_accumulation_steps, rows per step); None: groups define steps.")
+    adam_beta1: float | None = pydantic.Field(None, ge=0, lt=1, description="Default AdamW beta1 of train calls.")
+    adam_beta2: float | None = pydantic.Field(None, ge=0, lt=1, description="Default AdamW beta2 of train calls.")
+    adam_epsilon: float | None = pydantic.Field(None, gt=0, description="Default AdamW epsilon of train calls.")
+    weight_decay: float | None = pydantic.Field(None, ge=0, description="Default AdamW weight decay of train calls.")
+    max_grad_norm: float | None = pydantic.Field(None, gt=0, description="Default gradient clipping of train calls.")
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _accept_art_shape(cls, data: Any) -> Any:
+        """ART's nested shape (init_args, engine_args, peft_args, trainer_args, ...) -> our flat fields."""
+        if isinstance(data, dict):
+            from .dev.model import flatten_internal_config
+
+            return flatten_internal_config(data)
+        return data
+
+    def call_defaults(self, call: "TrainConfig | TrainSFTConfig") -> "TrainConfig | TrainSFTConfig":
+        """`call` with this model's defaults filled in where the call did not set the field itself."""
+        fill = {name: getattr(self, name) for name in CALL_DEFAULT_FIELDS
+                if getattr(self, name) is not None and name in type(call).model_fields
+                and name not in call.model_fields_set}
+        if not fill:
+            return call
+        data = {name: getattr(call, name) for name in call.model_fields_set}
+        return type(call)(**data, **fill)
+
+
+CALL_DEFAULT_FIELDS = ("per_device_train_batch_size", "grad_accumulation_sequences", "adam_beta1", "adam_beta2",
+                       "adam_epsilon", "weight_decay", "max_grad_norm")

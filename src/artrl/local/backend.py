@@ -10,6 +10,14 @@ stay reachable as `name@step`.
 
 Train calls run in a worker thread so the event loop (and the server's own
 thread) stay responsive; the user-facing API is async like ART's.
+
+ART's calling conventions, kept: `LocalBackend(in_process=..., path=None,
+gpu_cost_per_hour_usd=...)`; `backend.train(model, groups, **kwargs)` takes
+every keyword of ART's `LocalBackend.train` (each a `TrainConfig` field, plus
+`save_checkpoint` and `verbose`); `close()` works both awaited (ART) and called
+plainly, and the backend is a context manager both with `with` and
+`async with`. The base model is served under its own name (`base_model`) next
+to `name` and `name@step`, with the adapter switched off.
 """
 
 from __future__ import annotations
@@ -22,8 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..notices import notice_once
 from ..trajectories import Trajectory, TrajectoryGroup
-from ..types import LocalTrainResult, TrainConfig, TrainSFTConfig
+from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
 from . import storage
 from .session import TrainingSession
 
@@ -33,18 +42,42 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# ART's automatic `costs/gpu` price table (per GPU and hour, by device name); unknown devices get none.
+GPU_HOURLY_PRICES_USD = {"H200": 3.0}
+DEFAULT_PATH = "./.art"  # ART: <git root of the art package>/.art, i.e. ./.art for an installed package
+
+
+class _Done:
+    """What `close()` returns: already done, and awaitable so ART's `await backend.close()` works."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Any:
+        return
+        yield  # makes this a generator: awaiting it finishes at once
+
+    def __repr__(self) -> str:
+        return "<LocalBackend closed>"
+
+
 class LocalBackend:
     """Runs training and inference for registered models on this machine.
 
     Args:
-        path: root of the run directories (`<path>/<project>/models/<name>/`).
+        in_process: ART runs its model service in a child process unless this is True; artrl always runs
+            in this process (one copy of the weights for training and serving), so either value is accepted
+            (False with a notice).
+        path: root of the run directories (`<path>/<project>/models/<name>/`); None: "./.art" (ART's default).
+        gpu_cost_per_hour_usd: per-GPU hourly price behind `automatic_gpu_cost_per_hour_usd` (ART's automatic
+            `costs/gpu` metric); None: detected from the GPU name (H200: $3), none on CPU or unknown GPUs.
         host, port: where the inference server listens (loopback and a free port by default).
             Any non-loopback host requires `api_key`.
         api_key: when set, every server route requires `Authorization: Bearer <api_key>`.
         show_progress: tqdm bars during training.
     """
 
-    def __init__(self, *, path: str = "./.art", host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, *, in_process: bool | None = None, path: str | None = None,
+                 gpu_cost_per_hour_usd: float | None = None, host: str = "127.0.0.1", port: int = 0,
                  api_key: str | None = None, show_progress: bool = True) -> None:
         from ..serve.background import is_loopback
 
@@ -53,7 +86,15 @@ class LocalBackend:
                 f"LocalBackend(host={host!r}) would serve the model to every machine that can reach {host!r} "
                 "without authentication; pass api_key=... (checked on every route), or keep the default "
                 "host='127.0.0.1'.")
-        self._path = Path(path)
+        if in_process is False:
+            notice_once("LocalBackend.in_process", "LocalBackend(in_process=False): artrl trains and serves in this "
+                        "process (one copy of the weights); there is no child process to move the model to.")
+        if gpu_cost_per_hour_usd is not None and not (gpu_cost_per_hour_usd >= 0):
+            raise ConfigError(f"LocalBackend(gpu_cost_per_hour_usd={gpu_cost_per_hour_usd}); give a price >= 0 in "
+                              "US dollars per GPU and hour, or None to detect it.")
+        self._in_process = True
+        self._path = Path(path if path is not None else DEFAULT_PATH)
+        self._gpu_cost_per_hour_usd = float(gpu_cost_per_hour_usd) if gpu_cost_per_hour_usd is not None else None
         self._host = host
         self._port = port
         self._api_key = api_key
@@ -84,6 +125,57 @@ class LocalBackend:
             model.inference_api_key = self._api_key or "artrl-local"
             model.inference_model_name = model.name
 
+    async def _prepare_backend_for_training(self, model: "TrainableModel",
+                                            config: dict[str, Any] | None = None) -> tuple[str, str]:
+        """ART's hook behind `model.register(backend, _openai_client_config=...)`: (base_url, api_key).
+
+        `server_args.host` / `port` / `api_key` apply when the server is not running yet; every other key of
+        ART's `OpenAIServerConfig` is noticed once (artrl's one server serves every model).
+        """
+        self._apply_server_config(config or {})
+        await self.register(model)
+        return self.base_url, self._api_key or "artrl-local"
+
+    def _apply_server_config(self, config: dict[str, Any]) -> None:
+        server_args = dict(config.get("server_args") or {})
+        for key in ("host", "port", "api_key"):
+            if key not in server_args or server_args[key] is None:
+                continue
+            value = server_args.pop(key)
+            if self._server is not None:
+                if value != getattr(self, f"_{key}") and not (key == "port" and self._port == 0):
+                    notice_once(f"server_args.{key}.running", f"_openai_client_config server_args.{key}={value!r} "
+                                f"has no effect: the backend's server already runs on {self._server.base_url}.")
+                continue
+            setattr(self, f"_{key}", value)
+        for key, value in server_args.items():
+            notice_once(f"server_args.{key}", f"_openai_client_config server_args.{key}={value!r:.80} has no effect in "
+                        "artrl: it configures ART's vLLM server; artrl's server always returns token ids and "
+                        "logprobs and parses tool calls itself.")
+        for key, value in (config.get("engine_args") or {}).items():
+            notice_once(f"openai_server.engine_args.{key}", f"_openai_client_config engine_args.{key}={value!r:.80} "
+                        "has no effect in artrl: it is a vLLM engine argument (model-level settings go in "
+                        "_internal_config).")
+        if "log_file" in config:
+            notice_once("openai_server.log_file", "_openai_client_config log_file has no effect in artrl: the "
+                        "server logs through Python logging (logger 'artrl.serve').")
+
+    # ------------------------------------------------------------------ costs (ART's automatic train metrics)
+    def supports_automatic_train_step_metrics(self) -> bool:
+        return True
+
+    def automatic_gpu_cost_per_hour_usd(self, model: "Model") -> float | None:
+        """Dollars per hour of the GPUs this model runs on (ART: behind the automatic `costs/gpu` metric)."""
+        session = self._runs.get(model.name)
+        if session is None or session.trainer.device.type != "cuda":
+            return None  # not registered here, or on a CPU: no GPU to pay for (as in ART)
+        if self._gpu_cost_per_hour_usd is not None:
+            return self._gpu_cost_per_hour_usd  # one device trains and serves
+        import torch
+
+        name = torch.cuda.get_device_name(session.trainer.device).upper()
+        return next((price for gpu, price in GPU_HOURLY_PRICES_USD.items() if gpu in name), None)
+
     def _ensure_server(self) -> None:
         if self._server is not None:
             return
@@ -104,20 +196,32 @@ class LocalBackend:
                 return
             session = TrainingSession.open(storage.run_dir(self._path, model.project, model.name), name=model.name,
                                            project=model.project, base_model=model.base_model,
-                                           cfg=model.internal_config())
+                                           cfg=_internal_config(model))
             self._runs[model.name] = session
             self._ensure_server()
             self._served.add(model.name, session.engine)
+            self._served.add_base(model.base_model, session.engine)
             log.info("registered %s/%s (%s) at step %d", model.project, model.name, model.base_model, session.step)
 
-    def close(self) -> None:
-        """Stop the server and release the models."""
+    def close(self) -> _Done:
+        """Stop generation, the server and release the models; works awaited (ART) or called plainly.
+
+        The work is done when `close()` is called, even from async code without `await` (the returned
+        object is then simply dropped); `await backend.close()` waits for nothing more. Idempotent.
+        """
+        for session in self._runs.values():
+            session.close()  # generation in flight fails now, so the server has nothing to wait for
         if self._server is not None:
             self._server.stop()
             self._server = None
-        for session in self._runs.values():
-            session.close()
         self._runs.clear()
+        return _Done()
+
+    def __enter__(self) -> "LocalBackend":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     async def __aenter__(self) -> "LocalBackend":
         return self
@@ -145,30 +249,65 @@ class LocalBackend:
 
     # ------------------------------------------------------------------ training
     async def train(self, model: "TrainableModel", trajectory_groups: Iterable[TrajectoryGroup], *,
-                    config: TrainConfig | None = None, **kwargs: Any) -> LocalTrainResult:
-        """One RL train call; extra keyword arguments are TrainConfig fields (e.g. learning_rate=1e-5)."""
+                    config: TrainConfig | None = None, save_checkpoint: bool = True, verbose: bool = False,
+                    **kwargs: Any) -> LocalTrainResult:
+        """One RL train call (ART's `backend.train`); returns the new step, its metrics and checkpoint.
+
+        Keyword arguments are `TrainConfig` fields, which include every keyword of ART's
+        `LocalBackend.train`: learning_rate, kl_penalty_coef, kl_penalty_reference_step, kl_ref_adapter_path,
+        ppo, epsilon, epsilon_high, advantage_balance, scale_rewards, importance_sampling_level,
+        max_negative_advantage_importance_sampling_weight, mask_prob_ratio, kimi_k2_tau,
+        precalculate_logprobs, allow_training_without_logprobs, plot_tensors, truncated_importance_sampling,
+        scale_learning_rate_by_reward_std_dev, logprob_calculation_chunk_size,
+        num_trajectories_learning_rate_multiplier_power; and artrl's own (groups_per_optimizer_step, beta, batching).
+        `save_checkpoint` and `verbose` mean what they mean in ART (TrainingSession.train). As in ART, the
+        groups are not logged and no history row is written (call `model.log(...)`, as in ART).
+        """
         cfg = _merge(config or TrainConfig(), kwargs)
         groups = list(trajectory_groups)
-        return await asyncio.to_thread(self._train_sync, model, "rl", groups, cfg)
+        return await asyncio.to_thread(self._train_sync, model, "rl", groups, cfg, verbose, save_checkpoint)
 
     async def _train_model(self, model: "TrainableModel", trajectory_groups: Iterable[TrajectoryGroup],
-                           config: TrainConfig, dev_config: dict[str, Any] | None = None) -> LocalTrainResult:
-        return await self.train(model, trajectory_groups, config=_merge(config, dev_config or {}))
+                           config: TrainConfig, dev_config: dict[str, Any] | None = None,
+                           verbose: bool = False) -> LocalTrainResult:
+        """`model.train(groups, config=..., _config=art.dev.TrainConfig(...))`: `_config` keys override `config`."""
+        return await self.train(model, trajectory_groups, config=_merge(config, dev_config or {}), verbose=verbose)
 
     async def _train_sft(self, model: "TrainableModel", trajectories: Iterable[Trajectory],
-                         config: TrainSFTConfig, dev_config: dict[str, Any] | None = None) -> LocalTrainResult:
+                         config: TrainSFTConfig, dev_config: dict[str, Any] | None = None,
+                         verbose: bool = False) -> LocalTrainResult:
         cfg = _merge(config, dev_config or {})
-        return await asyncio.to_thread(self._train_sync, model, "sft", list(trajectories), cfg)
+        return await asyncio.to_thread(self._train_sync, model, "sft", list(trajectories), cfg, verbose, True)
 
-    def _train_sync(self, model: "TrainableModel", kind: str, data: list[Any], cfg: Any) -> LocalTrainResult:
-        return self._state(model).train(kind, data, cfg, show_progress=self.show_progress)
+    def _train_sync(self, model: "TrainableModel", kind: str, data: list[Any], cfg: Any, verbose: bool = False,
+                    save_checkpoint: bool = True) -> LocalTrainResult:
+        return self._state(model).train(kind, data, cfg, show_progress=self.show_progress, verbose=verbose,
+                                        save_checkpoint=save_checkpoint)
+
+
+def _internal_config(model: "TrainableModel") -> InternalModelConfig:
+    """The model's config as artrl's typed one: None, artrl's flat dict, or ART's nested dict (set on the
+    model in any of ART's ways, including `object.__setattr__(model, "_internal_config", {...})`)."""
+    cfg = model.internal_config()
+    if isinstance(cfg, InternalModelConfig):
+        return cfg
+    if cfg is None:
+        return InternalModelConfig()
+    if isinstance(cfg, dict):
+        return InternalModelConfig(**cfg)
+    raise ConfigError(f"model {model.name!r} has _internal_config of type {type(cfg).__name__}; pass an "
+                      "artrl.InternalModelConfig or a dict (artrl's flat keys or ART's art.dev.InternalModelConfig).")
 
 
 def _merge(config: Any, extra: dict[str, Any]) -> Any:
+    """`config` with `extra` fields on top; which fields were set explicitly is kept (model-level defaults and
+    notices depend on it)."""
     if not extra:
         return config
     allowed = set(type(config).model_fields)
     unknown = sorted(set(extra) - allowed)
     if unknown:
         raise ConfigError(f"unknown {type(config).__name__} fields {unknown}; known fields: {sorted(allowed)}")
-    return type(config)(**{**config.model_dump(), **extra})
+    explicit = {name: getattr(config, name) for name in config.model_fields_set}
+    return type(config)(**{**explicit, **extra})
+

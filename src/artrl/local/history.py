@@ -167,7 +167,7 @@ class RunHistory:
                 rest[key] = float(value)
         return rest
 
-    def _automatic(self, backend: Any, split: str, step: int, given: set[str]) -> dict[str, float]:
+    def _automatic(self, backend: Any, model: Any, split: str, step: int, given: set[str]) -> dict[str, float]:
         """ART's automatic train-row metrics (`time/step_wall_s`, `costs/gpu`) where the backend offers them."""
         supports = getattr(backend, "supports_automatic_train_step_metrics", None)
         if split != "train" or not callable(supports) or not supports() or self._last_train_step == step:
@@ -176,18 +176,19 @@ class RunHistory:
         wall, self._last_train_log, self._last_train_step = max(0.0, now - self._last_train_log), now, step
         out = {} if "time/step_wall_s" in given else {"time/step_wall_s": wall}
         price = getattr(backend, "automatic_gpu_cost_per_hour_usd", None)
-        rate = price() if callable(price) and "costs/gpu" not in given else None
+        rate = price(model) if callable(price) and model is not None and "costs/gpu" not in given else None
         if rate is not None:
             out["costs/gpu"] = wall * float(rate) / 3600.0
         return out
 
     # logging ------------------------------------------------------------------
     async def log(self, groups: list[TrajectoryGroup] | None, split: str, metrics: dict[str, float] | None,
-                  step: int, *, extra: dict[str, Any] | None = None, backend: Any = None) -> dict[str, Any]:
+                  step: int, *, extra: dict[str, Any] | None = None, backend: Any = None,
+                  model: Any = None) -> dict[str, Any]:
         """Write the step's trajectory log (if any groups) and one history row; returns the row."""
         metrics = dict(metrics or {})
         check_loggable(groups or [], metrics)
-        automatic = self._automatic(backend, split, step, set(metrics))
+        automatic = self._automatic(backend, model, split, step, set(metrics))
         if automatic:
             self._route(automatic, split)
         averages: dict[str, float] = {}

@@ -10,7 +10,10 @@ engine that serves the same weights, the run directory and the step counter:
 * `train` runs one RL or SFT call under the model lock (so inference waits),
   advances the step, writes the checkpoint with the step's history line inside
   it, then appends that line to history.jsonl. A crash between the two loses
-  nothing: `open` re-appends the line from the checkpoint.
+  nothing: `open` re-appends the line from the checkpoint. A call with nothing
+  to train on advances the step too (ART's semantics: the loop's step keeps
+  moving), with the unchanged weights; only a call whose every optimizer step
+  was non-finite leaves the step where it was.
 * `delete_checkpoints` keeps the latest and the best checkpoint.
 
 It knows nothing of HTTP or of ART's calling conventions: the server and the
@@ -19,14 +22,16 @@ ART-facing facade are local/backend.py's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError, NonFiniteError
+from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..metrics_taxonomy import trainer_metrics
+from ..notices import notice_once
 from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
 from . import checkpoint, history, storage
 
@@ -65,7 +70,7 @@ class TrainingSession:
         peft_model, tok = load_model(base_model, cfg)
         on_cpu = next(peft_model.parameters()).device.type == "cpu"
         engine = TransformersEngine(peft_model, tok, max_batch_size=cfg.inference_max_batch_size,
-                                    max_model_len=cfg.max_length,
+                                    max_model_len=cfg.inference_max_length or cfg.max_length,
                                     num_threads=cfg.inference_cpu_threads if on_cpu else None)
         trainer = Trainer(peft_model, tok, cfg, model_lock=engine.model_lock)
         session = cls(name, run, base_model, cfg, trainer, engine)
@@ -120,20 +125,37 @@ class TrainingSession:
         return deleted
 
     # ------------------------------------------------------------------ training
-    def train(self, kind: str, data: list[Any], cfg: TrainConfig | TrainSFTConfig, *,
-              show_progress: bool = True) -> LocalTrainResult:
-        """One RL ("rl", data = groups) or SFT ("sft", data = trajectories) call; see the module docstring."""
+    def train(self, kind: str, data: list[Any], cfg: TrainConfig | TrainSFTConfig, *, show_progress: bool = True,
+              verbose: bool = False, save_checkpoint: bool = True) -> LocalTrainResult:
+        """One RL ("rl", data = groups) or SFT ("sft", data = trajectories) call; see the module docstring.
+
+        A call with nothing to train on (every group of equal rewards, empty, or dropped) still advances the
+        step and writes a checkpoint of the unchanged weights, as ART does, so a loop's step keeps moving;
+        it logs that nothing was trained and its metrics count what was skipped.
+        `save_checkpoint=False` (ART's keyword) only leaves `checkpoint_path` out of the result, as ART's
+        LocalBackend does: the checkpoint is the step, so it is always written.
+        """
         from ..train.call import run_call
         from ..train.rl import prepare_rl
         from ..train.sft import prepare_sft
 
+        cfg = self.cfg.call_defaults(cfg)
         trainer = self.trainer
         with trainer.model_lock:
-            call = prepare_rl(trainer, data, cfg) if kind == "rl" else prepare_sft(trainer, data, cfg)
-            steps, summary = run_call(trainer, call, show_progress=show_progress, desc=f"{kind} step {self.step + 1}")
-            if call.empty:
-                log.warning("%s: %s; the step did not advance", self.name, call.summary())
-                return LocalTrainResult(step=self.step, metrics=summary, checkpoint_path=None)
+            if kind == "rl":
+                assert isinstance(cfg, TrainConfig)
+                cfg.check()
+                cfg.notice_ignored()
+                call = prepare_rl(trainer, data, cfg, ref_adapter=self._reference_adapter(cfg))
+                if cfg.plot_tensors and call.packed is not None:
+                    from .plot_tensors import plot_packed
+
+                    log.info("plotted the packed tensors of %s step %d to %s", self.name, self.step + 1,
+                             plot_packed(call.packed, self.run))
+            else:
+                call = prepare_sft(trainer, data, cfg)
+            steps, summary = run_call(trainer, call, show_progress=show_progress, desc=f"{kind} step {self.step + 1}",
+                                      verbose=verbose)
             if steps and int(summary.get("skipped_nonfinite_steps", 0)) == len(steps):
                 raise NonFiniteError(
                     f"{self.name}: all {len(steps)} optimizer steps of this {kind} call had a non-finite loss or "
@@ -144,13 +166,53 @@ class TrainingSession:
             metrics = trainer_metrics(summary, kind)
             record = {"step": self.step, "split": "train", "kind": kind, **finite(metrics)}
             path = self.save(record)
+        if call.empty:
+            log.warning("%s step %d: nothing was trained (%s); the step advanced with the same weights, as in ART",
+                        self.name, self.step, call.summary())
         if metrics.get("train/skipped_nonfinite_steps"):
             log.error("%s step %d: %d of %d optimizer steps had a non-finite loss or gradient and were refused "
                       "(train/skipped_nonfinite_steps); the weights did not take them", self.name, self.step,
                       int(metrics["train/skipped_nonfinite_steps"]), len(steps))
         # the history row is written by model.train / train_sft (local/history.py), as in ART; the checkpoint
         # carries `record` so a crash before that write loses nothing (_recover_history)
-        return LocalTrainResult(step=self.step, metrics=metrics, checkpoint_path=str(path))
+        if not save_checkpoint:
+            notice_once("train.save_checkpoint", "backend.train(save_checkpoint=False): the checkpoint is written "
+                        "anyway (the step is its checkpoint, as in ART's LocalBackend); only the result's "
+                        "checkpoint_path is None, as in ART.")
+        return LocalTrainResult(step=self.step, metrics=metrics,
+                                checkpoint_path=str(path) if save_checkpoint else None)
+
+    def _reference_adapter(self, cfg: TrainConfig) -> str | None:
+        """The loaded adapter that kl_ref_adapter_path / kl_penalty_reference_step name (None: the base model)."""
+        named = cfg.kl_ref_adapter_path is not None or cfg.kl_penalty_reference_step is not None
+        if not named:
+            return None
+        if not cfg.needs_reference():
+            notice_once("train.kl_reference_unused", "kl_ref_adapter_path / kl_penalty_reference_step name a KL "
+                        "reference, but neither kl_penalty_coef nor beta is > 0, so no reference is computed "
+                        "(as in ART).")
+            return None
+        if cfg.kl_ref_adapter_path is not None:
+            path, what = Path(cfg.kl_ref_adapter_path), f"kl_ref_adapter_path={cfg.kl_ref_adapter_path!r}"
+        else:
+            step = cfg.kl_penalty_reference_step
+            found = self.checkpoint_path(step) if step is not None else None
+            if found is None:
+                raise ConfigError(
+                    f"kl_penalty_reference_step={step}: {self.name} has no complete checkpoint of that step "
+                    f"(checkpoints: {storage.list_checkpoints(self.run)}); name an existing step, or use "
+                    "kl_ref_adapter_path.")
+            path, what = Path(found), f"kl_penalty_reference_step={step}"
+        name = "kl_ref_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+        if not self.engine.has_adapter(name):
+            try:
+                self.engine.load_adapter(name, str(path))
+            except Exception as e:  # a missing, truncated or mismatched adapter directory
+                raise CheckpointError(f"{what}: the LoRA adapter in {path} cannot be loaded as the KL reference "
+                                      f"({type(e).__name__}: {str(e)[:300]}). Point it at a saved adapter "
+                                      "directory of this base model.") from e
+        return name
+
 
 
 def finite(d: dict[str, float]) -> dict[str, float]:

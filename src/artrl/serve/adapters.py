@@ -4,7 +4,8 @@ The served model is usually the trainer's own `PeftModel`: its active adapter
 ("default") holds the live trained weights, its parameters are in an optimizer,
 and the trainer may have left it in train mode. Serving a checkpoint means
 loading that checkpoint as another named adapter and switching to it for a
-batch. peft's `load_adapter` and `set_adapter` also flip `requires_grad` flags
+batch; serving the base model (`BASE_WEIGHTS`) switches every adapter off with
+peft's `disable_adapter` for the batch. peft's `load_adapter` and `set_adapter` also flip `requires_grad` flags
 (`set_adapter(name)` makes `name` trainable and freezes the others), so every
 switch here snapshots each module's train/eval mode and each parameter's
 `requires_grad` and restores them afterwards. Callers hold the engine's
@@ -17,7 +18,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from artrl.serve.engine import InvalidRequestError
+from artrl.serve.engine import BASE_WEIGHTS, InvalidRequestError
 
 
 @contextlib.contextmanager
@@ -37,11 +38,17 @@ def preserved_training_state(model: Any) -> Iterator[None]:
 
 @contextlib.contextmanager
 def serving(model: Any, adapter: str | None) -> Iterator[None]:
-    """Eval mode, with `adapter` active (None: keep the active one); all restored on exit."""
+    """Eval mode, with `adapter` active (None: keep the active one; BASE_WEIGHTS: every adapter off);
+    all restored on exit."""
     with preserved_training_state(model):
         model.eval()
         if adapter is None:
             yield
+            return
+        if adapter == BASE_WEIGHTS:
+            # peft's own switch; a model without adapters already is its base
+            with model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext():
+                yield
             return
         previous = model.active_adapter
         model.set_adapter(adapter, inference_mode=True)

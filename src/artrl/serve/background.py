@@ -3,7 +3,9 @@
 The training backend embeds the inference server next to the trainer (one process,
 one copy of the weights), so the server gets its own thread and its own event loop
 instead of the caller's. `start_server` binds the socket itself (port 0 picks a
-free port, known before uvicorn starts) and returns once `/health` answers.
+free port, known before uvicorn starts) and returns once `/health` answers. A
+server still running when the interpreter exits is stopped by artrl/shutdown.py,
+after the engines.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import uvicorn
 
+from artrl import shutdown
 from artrl.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -53,6 +56,11 @@ class ServerHandle:
             logger.warning("Server on %s did not stop within %.0fs; forcing exit", self.url, timeout)
             self._server.force_exit = True
             self._thread.join(5.0)
+        shutdown.untrack(self, shutdown.SERVERS)
+
+    def shutdown_at_exit(self) -> None:
+        """Stopped at interpreter exit (artrl/shutdown.py), after the engines have failed what was in flight."""
+        self.stop(timeout=10.0)
 
     def __enter__(self) -> ServerHandle:
         return self
@@ -97,6 +105,7 @@ def start_server(
     )
     thread.start()
     handle = ServerHandle(server, thread, host, port)
+    shutdown.track(handle, shutdown.SERVERS)
     deadline = time.monotonic() + startup_timeout
     while not (server.started and _healthy(host, port, api_key)):
         if not thread.is_alive():

@@ -35,6 +35,14 @@ class InvalidRequestError(ArtrlError, ValueError):
     """A generation request the engine cannot serve (bad parameter, unknown adapter, too long)."""
 
 
+class EngineClosedError(ArtrlError, RuntimeError):
+    """The engine was closed (e.g. the program is exiting) while the request was queued or decoding."""
+
+
+#: `GenerationRequest.adapter` value for the base model's own weights: every LoRA adapter switched off.
+BASE_WEIGHTS = "artrl:base-weights"
+
+
 @dataclass
 class GenerationRequest:
     """One prompt to sample `n` continuations of.
@@ -42,7 +50,8 @@ class GenerationRequest:
     `stop_token_ids` end a sequence (the engine always adds its `end_of_turn_ids`).
     `stop_strings` end a sequence once its decoded text contains one of them; the
     token that completes the string is the last one returned. `adapter` names a LoRA
-    adapter loaded with `InferenceEngine.load_adapter`; None means the live weights.
+    adapter loaded with `InferenceEngine.load_adapter`; None means the live weights,
+    `BASE_WEIGHTS` the base model with every adapter switched off.
     """
 
     prompt_ids: list[int]

@@ -2,7 +2,11 @@
 
 ART's naming, kept here: `name` is the live weights of a served model (whatever the
 trainer last wrote, adapter None), `name@step` is the checkpoint saved at that
-training step, loaded as a named LoRA adapter the first time it is asked for.
+training step, loaded as a named LoRA adapter the first time it is asked for,
+and the base model's own name (e.g. "Qwen/Qwen2.5-7B-Instruct", added with
+`add_base`) is the untrained base weights: the same engine with every adapter
+switched off (`BASE_WEIGHTS`), as ART's vLLM server serves the base model under
+its Hugging Face name. A served model's own name wins over a base name.
 Where a checkpoint lives is the caller's business: `ServedModels` asks the
 `checkpoint_path(name, step)` callback, which returns a directory holding a saved
 peft adapter, or None when there is no such checkpoint (-> 404).
@@ -20,7 +24,7 @@ import threading
 from collections.abc import Callable
 
 from artrl.errors import ArtrlError, CheckpointError
-from artrl.serve.engine import InferenceEngine, InvalidRequestError
+from artrl.serve.engine import BASE_WEIGHTS, InferenceEngine, InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +48,7 @@ class ServedModels:
         checkpoint_path: CheckpointPathFn | None = None,
     ) -> None:
         self._engines: dict[str, InferenceEngine] = {}
+        self._bases: dict[str, InferenceEngine] = {}  # base model name -> an engine holding those base weights
         self._checkpoint_path = checkpoint_path
         self._adapters: dict[tuple[str, int], str] = {}  # (name, step) -> engine adapter name
         self._load_lock = threading.Lock()
@@ -58,14 +63,24 @@ class ServedModels:
             raise ValueError(f"Model name {name!r} must not contain {STEP_SEPARATOR!r} (it separates the step)")
         self._engines[name] = engine
 
+    def add_base(self, base_model: str, engine: InferenceEngine) -> None:
+        """Serve `engine`'s base weights (every adapter off) as `base_model`; the first engine added keeps it."""
+        if base_model in self._engines:
+            logger.warning("a served model is named %r like a base model; that name serves the model's live "
+                           "weights, not the base model", base_model)
+        self._bases.setdefault(base_model, engine)
+
     def remove(self, name: str) -> None:
-        self._engines.pop(name, None)
+        engine = self._engines.pop(name, None)
         self._adapters = {key: value for key, value in self._adapters.items() if key[0] != name}
+        if engine is not None:
+            self._bases = {base: e for base, e in self._bases.items() if e is not engine}
 
     def names(self) -> list[str]:
-        """Served names: every live model, then every checkpoint loaded so far."""
+        """Served names: every live model, every base model, then every checkpoint loaded so far."""
         loaded = [f"{name}{STEP_SEPARATOR}{step}" for name, step in sorted(self._adapters)]
-        return list(self._engines) + loaded
+        bases = [base for base in self._bases if base not in self._engines]
+        return list(self._engines) + bases + loaded
 
     def engines(self) -> list[InferenceEngine]:
         return list(self._engines.values())
@@ -74,6 +89,8 @@ class ServedModels:
         """`(engine, adapter)` for a request's model name; raises ModelNotFoundError."""
         if model in self._engines:
             return self._engines[model], None
+        if model in self._bases:
+            return self._bases[model], BASE_WEIGHTS
         name, sep, step_text = model.rpartition(STEP_SEPARATOR)
         if not sep or name not in self._engines or not step_text.isdigit():
             raise ModelNotFoundError(

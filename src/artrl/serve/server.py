@@ -50,7 +50,7 @@ from artrl.chat_format import completion_text, cut_at_stop
 from artrl.errors import CheckpointError
 from artrl.serve.background import ServerHandle, start_server
 from artrl.serve.chat import DEFAULT_RECORD_CACHE_TOKENS, PromptBuilder, request_messages
-from artrl.serve.engine import GenerationRequest, GenerationResult, InvalidRequestError
+from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult, InvalidRequestError
 from artrl.serve.models import ModelNotFoundError, ServedModels
 from artrl.serve.tool_calls import parse_tool_calls
 
@@ -451,6 +451,8 @@ def create_app(
             results = await _generate_unless_disconnected(engine, request, http)
         except InvalidRequestError as error:
             raise APIError(400, str(error)) from error
+        except EngineClosedError as error:  # the program is exiting or the backend was closed
+            raise APIError(503, str(error), code="engine_closed", type="server_error") from error
         choices = [
             _choice_json(i, result, body, tokenizer, request.stop_strings, bool(tools), end_ids, prompt_ids, prompts)
             for i, result in enumerate(results)

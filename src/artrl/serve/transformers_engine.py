@@ -26,6 +26,10 @@ what it leaves out compared with vLLM:
    does when the HTTP client disconnects) cancels a queued request outright; a
    request already decoding stops taking tokens at the next step, and the batch
    ends as soon as every row is finished or abandoned.
+6. **Closing stops the thread before the interpreter does.** `close()` (also run
+   at interpreter exit, artrl/shutdown.py) fails the batch in flight at its next
+   decode step and every queued request with `EngineClosedError`, then joins the
+   worker, so no daemon thread is inside torch when Python finalises.
 """
 
 from __future__ import annotations
@@ -43,9 +47,12 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from artrl import shutdown
 from artrl.chat_format import end_of_turn_ids
 from artrl.serve.adapters import load_frozen_adapter, serving
 from artrl.serve.engine import (
+    BASE_WEIGHTS,
+    EngineClosedError,
     GenerationRequest,
     GenerationResult,
     InferenceEngine,
@@ -159,7 +166,7 @@ class TransformersEngine(InferenceEngine):
         return self._pending
 
     def has_adapter(self, name: str) -> bool:
-        return name in self._adapters
+        return name in self._adapters or name == BASE_WEIGHTS
 
     def load_adapter(self, name: str, path: str) -> None:
         """Load a saved peft adapter under `name` (frozen; the active adapter stays active)."""
@@ -192,18 +199,38 @@ class TransformersEngine(InferenceEngine):
                 self.requests_abandoned += 1
             raise
 
-    def close(self) -> None:
+    def close(self, timeout: float = 60.0) -> None:
+        """Fail generation in flight and queued, stop and join the decode worker (idempotent)."""
         self._closed = True
-        if self._worker is not None:
+        worker = self._worker
+        if worker is not None:
             self._queue.put(None)
-            self._worker.join(timeout=60)
-            self._worker = None
+            worker.join(timeout=timeout)
+            if worker.is_alive():
+                logger.warning("the decode worker did not stop within %.0fs", timeout)
+            else:
+                self._worker = None
+        self._fail_queued()
+        shutdown.untrack(self, shutdown.ENGINES)
+
+    def shutdown_at_exit(self) -> None:
+        self.close(timeout=30.0)
+
+    def _fail_queued(self) -> None:
+        """Requests that reached the queue after the worker left get an error instead of waiting forever."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None and item.future.set_running_or_notify_cancel():
+                item.future.set_exception(EngineClosedError("the inference engine was closed"))
 
     # ------------------------------------------------------------------ checks
 
     def _validate(self, request: GenerationRequest) -> None:
         if self._closed:
-            raise RuntimeError("TransformersEngine.generate called after close()")
+            raise EngineClosedError("TransformersEngine.generate called after close()")
         problems = []
         if not request.prompt_ids:
             problems.append("prompt_ids is empty")
@@ -225,7 +252,7 @@ class TransformersEngine(InferenceEngine):
                 f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.max_tokens}) "
                 f"exceeds max_model_len {self._max_model_len}; shorten the prompt or lower max_tokens"
             )
-        if request.adapter is not None and request.adapter not in self._adapters:
+        if request.adapter is not None and not self.has_adapter(request.adapter):
             problems.append(f"adapter {request.adapter!r} is not loaded (loaded: {sorted(self._adapters)})")
         if problems:
             raise InvalidRequestError("; ".join(problems))
@@ -239,6 +266,7 @@ class TransformersEngine(InferenceEngine):
                     target=self._worker_loop, name="artrl-transformers-engine", daemon=True
                 )
                 self._worker.start()
+                shutdown.track(self, shutdown.ENGINES)
 
     def _worker_loop(self) -> None:
         if self.num_threads:
@@ -285,6 +313,10 @@ class TransformersEngine(InferenceEngine):
         live = [p for p in batch if p.future.set_running_or_notify_cancel()]
         if not live:
             return
+        if self._closed:
+            for pending in live:
+                pending.future.set_exception(EngineClosedError("the inference engine was closed"))
+            return
         device = next(self._model.parameters()).device
         by_adapter: dict[str | None, list[_DecodeRow]] = collections.defaultdict(list)
         for pending in live:
@@ -304,6 +336,11 @@ class TransformersEngine(InferenceEngine):
                 try:
                     with torch.inference_mode(), serving(self._model, adapter):
                         self._decode(chunk, device)
+                except EngineClosedError as error:
+                    logger.info("%s", error)
+                    for row in chunk:
+                        failed[id(row.pending)] = error
+                    continue
                 except Exception as error:
                     logger.exception("Decoding %d rows (adapter=%r) failed", len(chunk), adapter)
                     for row in chunk:
@@ -364,6 +401,8 @@ class TransformersEngine(InferenceEngine):
         next_position = position_ids[:, -1:] + 1  # [batch, 1]
 
         for step in range(steps):
+            if self._closed:
+                raise EngineClosedError(f"the inference engine was closed while decoding {batch} rows")
             logprobs = logits.log_softmax(dim=-1)  # [batch, vocab]
             tokens = sample_next_tokens(logits, temperature, top_p, generators)  # [batch]
             chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)  # [batch]

@@ -19,7 +19,7 @@ from ..preprocess.pack import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..preprocess.tokenize import TokenizeStats
 from ..types import OptimizerConfig
-from .trainer import LossFn, Trainer
+from .trainer import LossFn, StepOptions, Trainer
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class PreparedCall:
     optimizer: OptimizerConfig
     tokenize_stats: TokenizeStats
     unit_name: str = "groups"  # what a step is made of: "groups" (RL) or "trajectories" (SFT)
-    need_ref: bool = False
+    options: StepOptions = field(default_factory=StepOptions)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -89,16 +89,23 @@ class PreparedCall:
         return out
 
 
-def run_call(trainer: Trainer, call: PreparedCall, *, show_progress: bool = True,
-             desc: str | None = None) -> tuple[list[dict[str, float]], dict[str, float]]:
-    """Execute a prepared call; returns (metrics per optimizer step, averaged metrics + figures)."""
+def run_call(trainer: Trainer, call: PreparedCall, *, show_progress: bool = True, desc: str | None = None,
+             verbose: bool = False) -> tuple[list[dict[str, float]], dict[str, float]]:
+    """Execute a prepared call; returns (metrics per optimizer step, averaged metrics + figures).
+
+    `verbose` (ART's keyword) also logs each optimizer step's metrics at INFO level.
+    """
     log.info("%s", call.summary())
     steps: list[dict[str, float]] = []
     if not call.empty:
         assert call.packed is not None and call.plan is not None and call.loss_fn is not None
-        steps = list(trainer.run(call.packed, call.plan, call.loss_fn, call.learning_rates,
-                                 optimizer=call.optimizer, need_ref=call.need_ref,
-                                 desc=desc or call.kind, show_progress=show_progress))
+        for k, metrics in enumerate(trainer.run(call.packed, call.plan, call.loss_fn, call.learning_rates,
+                                                optimizer=call.optimizer, options=call.options,
+                                                desc=desc or call.kind, show_progress=show_progress)):
+            steps.append(metrics)
+            if verbose:
+                log.info("%s optimizer step %d/%d: %s", call.kind.upper(), k + 1, len(call.plan.steps),
+                         ", ".join(f"{key}={value:.4g}" for key, value in metrics.items()))
     return steps, summarize(steps, call.figures())
 
 

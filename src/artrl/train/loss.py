@@ -19,18 +19,35 @@ group-relative advantage, w_t = its loss weight, r_t = exp(new_t - old_t).
 
       l_t = - min(s_it * A_i, clip(s_it, 1 - eps, 1 + eps_high) * A_i)
 
-* KL penalty (beta > 0) against the base model (adapter off), k3 estimator:
+* KL penalty (beta > 0) against the reference (the base model, adapter off, or a
+  checkpoint), k3 estimator:
 
       l_t += beta * (exp(ref_t - new_t) - (ref_t - new_t) - 1)
+
+ART's options (types.TrainConfig; applied in ART's order):
+
+* importance_sampling_level: r_t is the token's ratio ("token"), its sequence's
+  s_i = exp(mean_t(new_t - old_t)) with the gradient flowing through the mean
+  ("sequence"), (r_t + s_i) / 2 ("average") or sqrt(r_t * s_i) ("geometric_average").
+* max_ratio (ART's max_negative_advantage_importance_sampling_weight): r_t = min(r_t, max).
+* mask_prob_ratio: r_t = 0 outside (1 - eps, 1 + eps_high).
+* kimi_k2_tau: A_t = A_i - tau * sg(new_t - old_t).
+* kl_penalty_coef (ART's KL-penalised advantage, not a loss term): with
+  kl_t = sg(new_t - ref_t) and m = its mean over the optimizer step,
+  A_t += coef * (m - kl_t): a token that drifts further from the reference than
+  the average gets less advantage, one that drifts less gets more (zero-mean).
+* truncated_importance_sampling: l_t *= sg(min(q_t, c)), q_t = exp(old_t - original_t)
+  when the old logprobs were recomputed by the trainer (precalculate_logprobs;
+  original = the sampled ones), else q_t = r_t.
 
 Tokens without a sampled logprob (old_t = nan) use old_t = sg(new_t), i.e.
 ratio 1 (on-policy); the tokenizer lets them through only when the user allows.
 
-What we simplify: no value function, no per-token advantages (all tokens of a
-sequence share A_i), no length normalisation inside a sequence. The returned
-values are sums of w_t * l_t; the trainer (train/trainer.py, `accumulate`)
-divides them by the optimizer step's total weight, never per micro-batch, so the gradient does not depend on how the
-step's rows are split into forward passes.
+What we simplify: no value function, no length normalisation inside a sequence.
+The returned values are sums of w_t * l_t; the trainer (train/trainer.py,
+`accumulate`) divides them by the optimizer step's total weight, never per
+micro-batch, so the gradient does not depend on how the step's rows are split
+into forward passes.
 """
 
 from __future__ import annotations
@@ -49,6 +66,15 @@ class LossTerms:
     entropy_sum: float
     clipped_tokens: float
     ratio_sum: float
+    kl_ref_sum: float = 0.0  # sum of w_t * (new_t - ref_t): ART's kl_policy_ref once divided by weight_sum
+
+
+def sequence_mean(values: torch.Tensor, sequence_ids: torch.Tensor) -> torch.Tensor:
+    """Each token's sequence mean of `values` ([n] -> [n]); the gradient flows through the mean."""
+    uniq, inv = torch.unique(sequence_ids, return_inverse=True)
+    counts = values.new_zeros(len(uniq)).index_add_(0, inv, torch.ones_like(values))  # [seqs]
+    sums = values.new_zeros(len(uniq)).index_add(0, inv, values)  # [seqs]
+    return (sums / counts)[inv]  # [n]
 
 
 def policy_loss(
@@ -64,26 +90,69 @@ def policy_loss(
     epsilon_high: float | None = None,
     beta: float = 0.0,
     ref: torch.Tensor | None = None,
+    importance_sampling_level: str = "token",
+    max_ratio: float | None = None,
+    mask_prob_ratio: bool = False,
+    kimi_k2_tau: float | None = None,
+    kl_penalty_coef: float = 0.0,
+    kl_mean: float | None = None,
+    truncated_importance_sampling: float | None = None,
+    original: torch.Tensor | None = None,
 ) -> LossTerms:
-    """All inputs are [n] over the micro-batch's trainable tokens."""
+    """All tensors are [n] over the micro-batch's trainable tokens; see the module docstring.
+
+    `kl_mean` is the mean of sg(new - ref) over the optimizer step (None: over these tokens);
+    `original` holds the sampled logprobs when `old` was recomputed (precalculate_logprobs).
+    """
     eps_high = epsilon if epsilon_high is None else epsilon_high
     old = torch.where(torch.isnan(old), new.detach(), old)  # [n]
     log_ratio = new - old  # [n]
     if kind == "gspo":
-        # mean log-ratio per sequence, broadcast back to its tokens
-        uniq, inv = torch.unique(sequence_ids, return_inverse=True)
-        counts = new.new_zeros(len(uniq)).index_add_(0, inv, torch.ones_like(new))  # [seqs]
-        seq_lr = new.new_zeros(len(uniq)).index_add_(0, inv, log_ratio.detach()) / counts  # [seqs]
-        ratio = torch.exp(seq_lr[inv] + new - new.detach())  # [n], value = sequence ratio
+        # sequence ratio value, token-level gradient: sg(s_i) * exp(new_t - sg(new_t))
+        seq_lr = sequence_mean(log_ratio.detach(), sequence_ids)  # [n]
+        ratio = torch.exp(seq_lr + new - new.detach())  # [n], value = sequence ratio
     else:
         ratio = torch.exp(log_ratio)  # [n]
+        if importance_sampling_level != "token":
+            seq_ratio = torch.exp(sequence_mean(log_ratio, sequence_ids))  # [n]
+            if importance_sampling_level == "sequence":
+                ratio = seq_ratio
+            elif importance_sampling_level == "average":
+                ratio = (ratio + seq_ratio) / 2
+            elif importance_sampling_level == "geometric_average":
+                ratio = ratio.sqrt() * seq_ratio.sqrt()
+            else:
+                raise ValueError(f"unknown importance_sampling_level {importance_sampling_level!r}; expected "
+                                 "'token', 'sequence', 'average' or 'geometric_average'")
+    if max_ratio:
+        ratio = torch.clamp(ratio, max=max_ratio)
+    if mask_prob_ratio:
+        inside = (ratio > 1 - epsilon) & (ratio < 1 + eps_high)  # [n]
+        ratio = torch.where(inside, ratio, torch.zeros_like(ratio))
+    adv = advantages  # [n]
+    if kimi_k2_tau:
+        adv = adv - kimi_k2_tau * log_ratio.detach()
+    kl_ref = torch.zeros_like(new)
+    if ref is not None:
+        kl_ref = (new - ref).detach()  # [n]
+    if kl_penalty_coef > 0 and ref is not None:
+        mean = kl_mean if kl_mean is not None else float(kl_ref[weights > 0].mean()) if bool((weights > 0).any()) \
+            else 0.0
+        adv = adv + kl_penalty_coef * (mean - kl_ref)
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + eps_high)
     if kind == "cispo":
-        per_token = -clipped.detach() * advantages * new
+        per_token = -clipped.detach() * adv * new
     elif kind in ("ppo", "gspo"):
-        per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+        per_token = -torch.minimum(ratio * adv, clipped * adv)
     else:
         raise ValueError(f"unknown loss {kind!r}; expected 'cispo', 'ppo' or 'gspo'")
+    if truncated_importance_sampling:
+        if original is not None:
+            sampled = torch.where(torch.isnan(original), new.detach(), original)  # [n]
+            q = torch.exp(old - sampled)  # [n], trainer / sampler
+        else:
+            q = ratio
+        per_token = per_token * torch.clamp(q, max=truncated_importance_sampling).detach()
     kl = torch.zeros_like(new)
     if beta > 0 and ref is not None:
         d = ref - new
@@ -97,6 +166,7 @@ def policy_loss(
         entropy_sum=float((weights * entropy).sum().detach()),
         clipped_tokens=float(((ratio.detach() != clipped.detach()) & (weights > 0)).sum()),
         ratio_sum=float((weights * ratio.detach()).sum()),
+        kl_ref_sum=float((weights * kl_ref).sum()),
     )
 
 

@@ -142,7 +142,7 @@ def add_lora(model: Any, cfg: InternalModelConfig | None = None) -> Any:
     cfg = cfg or InternalModelConfig()
     targets = cfg.target_modules if cfg.target_modules is not None else default_target_modules(model)
     lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=targets, task_type="CAUSAL_LM", bias="none")
+                      target_modules=targets, task_type="CAUSAL_LM", bias="none", use_rslora=cfg.use_rslora)
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(cfg.seed)

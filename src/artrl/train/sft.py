@@ -1,7 +1,7 @@
 """SFT train call: trajectories -> tokenize (all assistant turns trainable) -> steps -> rows.
 
-`batch_size` trajectories make one optimizer step ('auto' = 8, or all when
-fewer); each step's trajectories are packed into rows of their own (a row never
+`batch_size` trajectories make one optimizer step ('auto' = 2 as in ART, or all
+when fewer); each step's trajectories are packed into rows of their own (a row never
 mixes two steps), all at one row length chosen over the whole call unless set
 (preprocess/build.py). `learning_rate` is one value or one per step
 (artrl.schedules builds constant / linear / cosine lists).

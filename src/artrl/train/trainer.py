@@ -15,6 +15,14 @@ the token record (docs/token-record.md): `sampled_logprob_delta_mean` / `_max`
 are the mean and max |trainer logprob - sampled logprob| over the trainable
 tokens that carry a sampled logprob; they appear on the first step only.
 
+What a step computes besides the policy's logprobs is a call's `StepOptions`:
+reference logprobs (base model with the adapter off, or a checkpoint loaded as
+a frozen adapter) for a KL term or ART's KL-penalised advantages, whose mean KL
+is taken over the whole optimizer step in a first no-grad pass; ART's
+`precalculate_logprobs` (the old logprobs recomputed once before the first
+step, the sampled ones kept for truncated importance sampling); the LM-head
+chunk size.
+
 The model is shared with the inference engine: `model_lock` is held for the
 whole of a train call so generation and training take turns on one device.
 
@@ -27,6 +35,7 @@ exactly as they were afterwards, and two models never share a stream.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -61,6 +70,8 @@ class TokenBatch:
     weights: torch.Tensor
     sequence_ids: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
+    original_logprobs: torch.Tensor | None = None  # sampled logprobs when old_logprobs were recomputed
+    kl_mean: float | None = None  # mean of (new - ref) over the optimizer step, when the loss asks for it
 
 
 LossFn = Callable[[TokenBatch], LossTerms]
@@ -69,14 +80,39 @@ SAMPLED_DELTA_KEYS = ("sampled_logprob_delta_mean", "sampled_logprob_delta_max",
 
 
 def _add_sampled_delta(totals: dict[str, float], tb: TokenBatch) -> None:
-    """Add |trainer - sampled| logprob over the micro-batch's tokens that carry a sampled logprob."""
+    """Add |trainer - sampled| logprob over the micro-batch's tokens that carry a sampled logprob.
+
+    With precalculate_logprobs the old logprobs were recomputed by the trainer itself; the sampled ones are
+    then `original_logprobs`, and the record is measured against those.
+    """
+    sampled = tb.original_logprobs if tb.original_logprobs is not None else tb.old_logprobs  # [n]
     with torch.no_grad():
-        known = ~torch.isnan(tb.old_logprobs)  # [n]
-        delta = (tb.logprobs.detach().float() - tb.old_logprobs.float())[known].abs()  # [known]
+        known = ~torch.isnan(sampled)  # [n]
+        delta = (tb.logprobs.detach().float() - sampled.float())[known].abs()  # [known]
     if delta.numel():
         totals["delta_sum"] += float(delta.sum())
         totals["delta_max"] = max(totals["delta_max"], float(delta.max()))
         totals["delta_tokens"] += float(delta.numel())
+
+
+@dataclass
+class StepOptions:
+    """What a call's optimizer steps compute besides the policy's own logprobs.
+
+    need_ref: reference logprobs per token (a KL term or KL-penalised advantages); from the base model
+        (adapter off) or, when `ref_adapter` names a loaded peft adapter, from that adapter.
+    kl_step_mean: first pass over each step without gradients for the mean of (new - ref) over the whole
+        optimizer step (ART's kl_penalty_coef), so the result does not depend on the micro-batch layout.
+    chunk_size: tokens per LM-head chunk (None: the model config's logprob_chunk_size).
+    precalculate_logprobs: before the first step, recompute the old logprobs of every trainable token with
+        the current weights; the sampled ones reach the loss as `original_logprobs`.
+    """
+
+    need_ref: bool = False
+    ref_adapter: str | None = None
+    kl_step_mean: bool = False
+    chunk_size: int | None = None
+    precalculate_logprobs: bool = False
 
 
 def _unwrap(model: Any) -> Any:
@@ -141,8 +177,24 @@ class Trainer:
                              "cuda": torch.cuda.get_rng_state(self.device) if cuda else None}
 
     # ------------------------------------------------------------------ forward
-    def forward_tokens(self, mb: PackedRows, *, grad: bool = True, adapter: bool = True) -> TokenBatch:
-        """One forward pass over a micro-batch; returns its trainable tokens' logprobs."""
+    @contextlib.contextmanager
+    def _reference(self, adapter: str | None) -> Iterator[None]:
+        """The reference weights: the base model (adapter None: LoRA off) or the loaded peft adapter `adapter`."""
+        if adapter is None:
+            with self.model.disable_adapter() if hasattr(self.model, "disable_adapter") else contextlib.nullcontext():
+                yield
+            return
+        from ..serve.adapters import serving
+
+        with serving(self.model, adapter):  # eval mode, adapter switched; modes and requires_grad restored
+            yield
+
+    def forward_tokens(self, mb: PackedRows, *, grad: bool = True, adapter: bool = True,
+                       ref_adapter: str | None = None, chunk_size: int | None = None) -> TokenBatch:
+        """One forward pass over a micro-batch; returns its trainable tokens' logprobs.
+
+        `adapter=False` computes reference logprobs: the base model, or the adapter `ref_adapter`.
+        """
         dev = self.device
         input_ids = mb.input_ids.to(dev)  # [rows, width]
         extra: dict[str, Any] = {}
@@ -157,14 +209,13 @@ class Trainer:
         b_idx, t_idx = sel.nonzero(as_tuple=True)  # [n], [n]
         prev = mb.prev_index[b_idx, t_idx]  # [n]
         ctx = torch.enable_grad() if grad else torch.no_grad()
-        adapter_ctx = self.model.disable_adapter() if not adapter and hasattr(self.model, "disable_adapter") \
-            else contextlib.nullcontext()
+        adapter_ctx = self._reference(ref_adapter) if not adapter else contextlib.nullcontext()
         with ctx, adapter_ctx:
             hidden = self.backbone(input_ids=input_ids, attention_mask=mask,
                                    position_ids=mb.position_ids.to(dev), use_cache=False, **extra).last_hidden_state
             h = hidden[b_idx.to(dev), prev.to(dev)]  # [n, hidden]
             targets = input_ids[b_idx.to(dev), t_idx.to(dev)]  # [n]
-            logp, ent = token_logprobs(h, self.lm_head, targets, chunk_size=self.cfg.logprob_chunk_size,
+            logp, ent = token_logprobs(h, self.lm_head, targets, chunk_size=chunk_size or self.cfg.logprob_chunk_size,
                                        softcap=self.softcap)
         return TokenBatch(
             logprobs=logp, entropy=ent.detach(),
@@ -176,18 +227,23 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
     def run(self, packed: PackedRows, plan: BatchPlan, loss_fn: LossFn, learning_rates: list[float], *,
-            optimizer: OptimizerConfig | None = None, need_ref: bool = False, desc: str = "train",
-            show_progress: bool = True) -> Iterator[dict[str, float]]:
+            optimizer: OptimizerConfig | None = None, need_ref: bool = False, options: StepOptions | None = None,
+            desc: str = "train", show_progress: bool = True) -> Iterator[dict[str, float]]:
         """Run every optimizer step of `plan`; yields one metrics dict per step."""
         if len(learning_rates) != len(plan.steps):
             raise ValueError(f"{len(learning_rates)} learning rates for {len(plan.steps)} steps")
         optimizer = optimizer or OptimizerConfig()
+        opts = options or StepOptions(need_ref=need_ref)
         bar = tqdm(total=plan.num_micro_batches, desc=desc, unit="mb", disable=not show_progress, leave=False)
         try:
             with self.model_lock, self._own_rng():
                 self.model.train()
+                original = None
+                if opts.precalculate_logprobs:
+                    original = packed.logprobs
+                    packed = self.recompute_logprobs(packed, plan, chunk_size=opts.chunk_size)
                 for index, (step, lr) in enumerate(zip(plan.steps, learning_rates)):
-                    metrics = self._step(packed, step, loss_fn, lr, optimizer, need_ref, bar)
+                    metrics = self._step(packed, step, loss_fn, lr, optimizer, opts, bar, original)
                     if index:  # later passes run updated weights: they no longer measure the record
                         for key in SAMPLED_DELTA_KEYS:
                             metrics.pop(key, None)
@@ -196,23 +252,49 @@ class Trainer:
             bar.close()
             self.model.eval()
 
+    def recompute_logprobs(self, packed: PackedRows, plan: BatchPlan, *, chunk_size: int | None = None) -> PackedRows:
+        """`packed` with the logprobs of its trainable tokens recomputed by the current weights (no gradient)."""
+        logprobs = packed.logprobs.clone()  # [rows, row_length]
+        for step in plan.steps:
+            for mb in step.micro_batches:
+                sub = packed.select(mb.rows, mb.width)
+                new = self.forward_tokens(sub, grad=False, chunk_size=chunk_size).logprobs.to(logprobs.dtype).cpu()
+                block = logprobs[mb.rows, :mb.width]  # [mb rows, width] (a copy)
+                block[sub.trainable_mask] = new
+                logprobs[mb.rows, :mb.width] = block
+        return dataclasses.replace(packed, logprobs=logprobs)
+
     def accumulate(self, packed: PackedRows, step: Any, loss_fn: LossFn, *, need_ref: bool = False,
-                   bar: tqdm | None = None) -> dict[str, float]:
+                   bar: tqdm | None = None, options: StepOptions | None = None,
+                   original_logprobs: torch.Tensor | None = None) -> dict[str, float]:
         """Forward/backward every micro-batch of one optimizer step; gradients accumulate in .grad.
 
         Each micro-batch's loss sum is divided by the step's total weight, so the sum over
         micro-batches is the step's token-mean loss however the rows are split.
+        `original_logprobs` ([rows, row_length]) are the sampled logprobs when `packed.logprobs` were recomputed.
         """
+        opts = options or StepOptions(need_ref=need_ref)
         denom = float(packed.weights[step.rows].sum())
         totals = dict(loss=0.0, policy=0.0, kl=0.0, entropy=0.0, clipped=0.0, ratio=0.0, weight=0.0, computed=0.0,
-                      delta_sum=0.0, delta_max=0.0, delta_tokens=0.0)
-        for mb in step.micro_batches:
+                      kl_ref=0.0, delta_sum=0.0, delta_max=0.0, delta_tokens=0.0)
+        refs: dict[int, torch.Tensor] = {}
+        kl_mean = None
+        if opts.need_ref and opts.kl_step_mean:
+            kl_mean = self._step_kl_mean(packed, step, opts, refs)
+        for i, mb in enumerate(step.micro_batches):
             sub = packed.select(mb.rows, mb.width)
             totals["computed"] += sub.input_ids.numel()
-            tb = self.forward_tokens(sub)
+            tb = self.forward_tokens(sub, chunk_size=opts.chunk_size)
+            if opts.need_ref:
+                tb.ref_logprobs = refs.pop(i, None)
+                if tb.ref_logprobs is None:
+                    tb.ref_logprobs = self.forward_tokens(sub, grad=False, adapter=False, ref_adapter=opts.ref_adapter,
+                                                          chunk_size=opts.chunk_size).logprobs
+            tb.kl_mean = kl_mean
+            if original_logprobs is not None:
+                rows = torch.as_tensor(mb.rows, dtype=torch.long)
+                tb.original_logprobs = original_logprobs[rows, :mb.width][sub.trainable_mask].to(tb.logprobs.device)
             _add_sampled_delta(totals, tb)
-            if need_ref:
-                tb.ref_logprobs = self.forward_tokens(sub, grad=False, adapter=False).logprobs
             terms = loss_fn(tb)
             if denom > 0 and terms.weight_sum > 0:
                 (terms.loss_sum / denom).backward()
@@ -223,12 +305,27 @@ class Trainer:
             totals["clipped"] += terms.clipped_tokens
             totals["ratio"] += terms.ratio_sum
             totals["weight"] += terms.weight_sum
+            totals["kl_ref"] += terms.kl_ref_sum
             if bar is not None:
                 bar.update(1)
         return totals
 
+    def _step_kl_mean(self, packed: PackedRows, step: Any, opts: StepOptions, refs: dict[int, torch.Tensor]) -> float:
+        """Mean of (new - ref) over the step's trainable tokens, before any gradient; keeps the ref logprobs."""
+        total, count = 0.0, 0
+        for i, mb in enumerate(step.micro_batches):
+            sub = packed.select(mb.rows, mb.width)
+            cur = self.forward_tokens(sub, grad=False, chunk_size=opts.chunk_size)
+            ref = self.forward_tokens(sub, grad=False, adapter=False, ref_adapter=opts.ref_adapter,
+                                      chunk_size=opts.chunk_size).logprobs
+            refs[i] = ref
+            live = cur.weights > 0  # [n]
+            total += float((cur.logprobs - ref)[live].sum())
+            count += int(live.sum())
+        return total / count if count else 0.0
+
     def _step(self, packed: PackedRows, step: Any, loss_fn: LossFn, lr: float, optimizer: OptimizerConfig,
-              need_ref: bool, bar: tqdm) -> dict[str, float]:
+              opts: StepOptions, bar: tqdm, original: torch.Tensor | None = None) -> dict[str, float]:
         t0 = time.perf_counter()
         settings = optimizer.optimizer_settings()
         max_grad_norm = optimizer.max_grad_norm
@@ -236,7 +333,7 @@ class Trainer:
             g["lr"] = lr
             g.update(settings)
         self.optimizer.zero_grad(set_to_none=True)
-        totals = self.accumulate(packed, step, loss_fn, need_ref=need_ref, bar=bar)
+        totals = self.accumulate(packed, step, loss_fn, bar=bar, options=opts, original_logprobs=original)
         computed = int(totals["computed"])
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm or float("inf"))
         finite = math.isfinite(totals["loss"]) and bool(torch.isfinite(grad_norm))
@@ -265,8 +362,9 @@ class Trainer:
             "step_seconds": seconds,
             "skipped_nonfinite_steps": 0.0 if finite else 1.0,
         }
-        if need_ref:
+        if opts.need_ref:
             metrics["kl"] = totals["kl"] / w
+            metrics["kl_policy_ref"] = totals["kl_ref"] / w
         if totals["delta_tokens"]:
             metrics["sampled_logprob_delta_mean"] = totals["delta_sum"] / totals["delta_tokens"]
             metrics["sampled_logprob_delta_max"] = totals["delta_max"]

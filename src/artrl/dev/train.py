@@ -1,13 +1,18 @@
-"""ART's `art.dev` names: advanced per-call options and the model-level config."""
+"""`art.dev.TrainConfig` / `art.dev.TrainSFTConfig`: extra per-call options as a plain dict.
+
+In ART these are TypedDicts passed as `model.train(..., _config=...)`. Here they
+return a dict whose keys are checked against artrl's `TrainConfig` /
+`TrainSFTConfig` fields, which include every key ART's `dev.TrainConfig` has
+(`advantage_balance`, `importance_sampling_level`, `ppo`, `precalculate_logprobs`,
+...). A misspelt key is refused here, where the typo is, not at train time.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .errors import ConfigError
-from .types import InternalModelConfig, TrainConfig as _TrainConfig, TrainSFTConfig as _TrainSFTConfig
-
-__all__ = ["InternalModelConfig", "TrainConfig", "TrainSFTConfig"]
+from ..errors import ConfigError
+from ..types import TrainConfig as _TrainConfig, TrainSFTConfig as _TrainSFTConfig
 
 
 def _options(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,266 @@
+"""ART's nested model configuration (`art.dev.InternalModelConfig` and its parts) mapped onto artrl's.
+
+ART configures a trainable model with a nested dict: `init_args` (Unsloth's
+model loading), `engine_args` (vLLM), `peft_args` (the LoRA adapter),
+`trainer_args` (Hugging Face's Trainer), GPU ids and Tinker settings. artrl has
+one flat, typed `InternalModelConfig` (types.py). `flatten_internal_config`
+turns either shape (or a mix) into the flat one:
+
+    section / key                                   -> artrl field
+    init_args.max_seq_length, peft_args.max_seq_length -> max_length
+    init_args.dtype                                 -> dtype ("bf16" -> "bfloat16", None -> "auto", ...)
+    init_args/peft_args.use_gradient_checkpointing,
+    trainer_args.gradient_checkpointing             -> gradient_checkpointing
+    init_args/peft_args.random_state                -> seed
+    init_args/engine_args.trust_remote_code         -> trust_remote_code
+    peft_args.r / lora_alpha / lora_dropout /
+    target_modules / use_rslora                     -> lora_rank / lora_alpha / lora_dropout /
+                                                       target_modules / use_rslora
+    engine_args.max_num_seqs                        -> inference_max_batch_size
+    engine_args.max_model_len                       -> inference_max_length
+    trainer_args.per_device_train_batch_size        -> per_device_train_batch_size (call default)
+    trainer_args.gradient_accumulation_steps        -> grad_accumulation_sequences (rows per step, call default)
+    trainer_args.adam_beta1 / adam_beta2 /
+    adam_epsilon / weight_decay / max_grad_norm     -> the same names (call defaults)
+
+Every other key is accepted and logged once per process (notices.py) with the
+reason it has no effect: Unsloth's quantised loading (`load_in_4bit`), vLLM's
+memory and scheduling knobs (`gpu_memory_utilization`, `enforce_eager`), the
+Hugging Face Trainer's own loop (`lr_scheduler_type`, `logging_steps`), GPU
+splits and Tinker. When two keys give one field different values, the first
+in the order flat key, init_args, peft_args, trainer_args, engine_args wins,
+with a notice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from typing_extensions import Required, TypedDict
+
+from ..notices import notice_once
+from .engine import EngineArgs
+
+
+class InitArgs(TypedDict, total=False):
+    """How ART loads the base model (Unsloth's FastLanguageModel); any key is accepted."""
+
+    model_name: str
+    max_seq_length: int
+    dtype: str | None
+    load_in_4bit: bool
+    load_in_8bit: bool
+    full_finetuning: bool
+    trust_remote_code: bool
+    use_gradient_checkpointing: str | bool
+    random_state: int
+    fast_inference: bool
+    gpu_memory_utilization: float
+    max_lora_rank: int
+    enable_prefix_caching: bool
+
+
+class PeftArgs(TypedDict, total=False):
+    """The LoRA adapter; any key is accepted."""
+
+    r: int
+    target_modules: list[str]
+    lora_alpha: int
+    lora_dropout: float
+    bias: str
+    use_gradient_checkpointing: str | bool
+    random_state: int
+    max_seq_length: int
+    use_rslora: bool
+    modules_to_save: list[str] | None
+    layers_to_transform: list[int] | None
+
+
+class TrainerArgs(TypedDict, total=False):
+    """Hugging Face TrainingArguments as ART passes them; the mapped keys are typed, any key is accepted."""
+
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    learning_rate: float
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_epsilon: float
+    max_grad_norm: float
+    gradient_checkpointing: bool
+    lr_scheduler_type: str
+    optim: str
+    seed: int
+    output_dir: str | None
+    logging_steps: float
+    report_to: str | list[str] | None
+
+
+class TinkerTrainingClientArgs(TypedDict, total=False):
+    rank: int
+    seed: int | None
+    train_mlp: bool
+    train_attn: bool
+    train_unembed: bool
+    user_metadata: dict[str, str] | None
+
+
+class TinkerArgs(TypedDict, total=False):
+    renderer_name: Required[str]
+    training_client_args: TinkerTrainingClientArgs
+
+
+class TinkerNativeArgs(TypedDict, total=False):
+    renderer_name: Required[str]
+    training_client_args: TinkerTrainingClientArgs
+
+
+class InternalModelConfig(TypedDict, total=False):
+    """ART's nested model config; artrl's flat keys (types.InternalModelConfig's fields) may be mixed in.
+
+    At run time this is a plain dict; `TrainableModel(_internal_config=...)` turns it into the typed
+    `artrl.InternalModelConfig` through `flatten_internal_config`.
+    """
+
+    init_args: InitArgs
+    engine_args: EngineArgs
+    peft_args: PeftArgs
+    trainer_args: TrainerArgs
+    tinker_args: TinkerArgs | None
+    tinker_native_args: TinkerNativeArgs | None
+    trainer_gpu_ids: list[int]
+    inference_gpu_ids: list[int]
+    # artrl's own flat names
+    lora_rank: int
+    lora_alpha: float
+    lora_dropout: float
+    target_modules: list[str] | str | None
+    dtype: str
+    device: str | None
+    attn_implementation: str | None
+    gradient_checkpointing: bool
+    trust_remote_code: bool
+    max_length: int | None
+    logprob_chunk_size: int
+    inference_max_batch_size: int
+    inference_cpu_threads: int | None
+    seed: int
+
+
+NESTED_SECTIONS = ("init_args", "peft_args", "trainer_args", "engine_args")  # precedence after flat keys
+
+_DTYPES = {None: "auto", "auto": "auto", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
+           "fp16": "float16", "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}
+
+
+def _dtype(value: Any) -> Any:
+    name = str(value).removeprefix("torch.") if value is not None else None
+    return _DTYPES.get(name, value)  # anything else reaches the field's own check (a clear ConfigError)
+
+
+def _checkpointing(value: Any) -> bool:
+    return bool(value) and value != "false"  # ART passes True or "unsloth"
+
+
+Converter = Callable[[Any], Any]
+_SAME: Converter = lambda v: v  # noqa: E731
+
+# section -> ART key -> (artrl field, converter)
+MAPPED: dict[str, dict[str, tuple[str, Converter]]] = {
+    "init_args": {"max_seq_length": ("max_length", _SAME), "dtype": ("dtype", _dtype),
+                  "trust_remote_code": ("trust_remote_code", _SAME),
+                  "use_gradient_checkpointing": ("gradient_checkpointing", _checkpointing),
+                  "random_state": ("seed", _SAME)},
+    "peft_args": {"r": ("lora_rank", _SAME), "lora_alpha": ("lora_alpha", _SAME),
+                  "lora_dropout": ("lora_dropout", _SAME), "target_modules": ("target_modules", _SAME),
+                  "use_rslora": ("use_rslora", _SAME), "random_state": ("seed", _SAME),
+                  "max_seq_length": ("max_length", _SAME),
+                  "use_gradient_checkpointing": ("gradient_checkpointing", _checkpointing)},
+    "trainer_args": {"per_device_train_batch_size": ("per_device_train_batch_size", _SAME),
+                     "gradient_accumulation_steps": ("grad_accumulation_sequences", _SAME),
+                     "adam_beta1": ("adam_beta1", _SAME), "adam_beta2": ("adam_beta2", _SAME),
+                     "adam_epsilon": ("adam_epsilon", _SAME), "weight_decay": ("weight_decay", _SAME),
+                     "max_grad_norm": ("max_grad_norm", _SAME),
+                     "gradient_checkpointing": ("gradient_checkpointing", _checkpointing)},
+    "engine_args": {"max_num_seqs": ("inference_max_batch_size", _SAME),
+                    "max_model_len": ("inference_max_length", _SAME),
+                    "trust_remote_code": ("trust_remote_code", _SAME)},
+}
+
+# Why a key has no effect: per key where it says more than its section's reason.
+_SECTION_REASON = {
+    "init_args": "it configures Unsloth's model loading; artrl loads the base model with transformers",
+    "peft_args": "it is an Unsloth/peft option artrl does not expose",
+    "trainer_args": "it configures Hugging Face's Trainer; artrl runs its own loop (train/trainer.py): "
+                    "per-call settings go in TrainConfig",
+    "engine_args": "it is a vLLM engine argument; artrl's transformers engine has no such setting",
+}
+_KEY_REASON = {
+    ("init_args", "load_in_4bit"): "artrl loads weights in `dtype` (no bitsandbytes quantisation); ART "
+                                   "loads 4-bit weights by default",
+    ("init_args", "load_in_8bit"): "artrl loads weights in `dtype` (no bitsandbytes quantisation)",
+    ("init_args", "full_finetuning"): "artrl trains a LoRA adapter only",
+    ("init_args", "model_name"): "the weights are `base_model` (and the run's latest checkpoint)",
+    ("init_args", "fast_inference"): "it starts Unsloth's embedded vLLM; artrl serves with its own engine",
+    ("init_args", "gpu_memory_utilization"): "it sizes Unsloth's embedded vLLM; artrl serves with its own engine",
+    ("engine_args", "gpu_memory_utilization"): "the transformers engine allocates its cache per batch, so there "
+                                               "is no pool to size; inference_max_batch_size bounds it",
+    ("engine_args", "dtype"): "training and inference share one copy of the weights; `dtype` "
+                              "(init_args.dtype) decides it",
+    ("engine_args", "enable_sleep_mode"): "training and inference share one copy of the weights, so nothing "
+                                          "is put to sleep",
+    ("trainer_args", "learning_rate"): "each train call's learning_rate decides (as in ART, which overwrites it "
+                                       "per call)",
+    ("trainer_args", "beta"): "ART's loss does not read TRL's beta either; use TrainConfig.beta (a KL loss "
+                              "term) or kl_penalty_coef (KL-penalised advantages)",
+}
+_TOP_REASON = {
+    "trainer_gpu_ids": "artrl trains and serves one copy of the weights on one device; choose it with "
+                       "device='cuda:N'",
+    "inference_gpu_ids": "artrl trains and serves one copy of the weights on one device; choose it with "
+                         "device='cuda:N'",
+    "tinker_args": "the Tinker back end is not part of artrl; training runs locally",
+    "tinker_native_args": "the Tinker back end is not part of artrl; training runs locally",
+}
+
+
+def _notice(where: str, value: Any, reason: str) -> None:
+    notice_once(f"internal_config.{where}", f"_internal_config {where}={value!r:.80} has no effect in artrl: "
+                f"{reason}.")
+
+
+def flatten_internal_config(data: Mapping[str, Any]) -> dict[str, Any]:
+    """ART's nested `InternalModelConfig` (or artrl's flat one, or a mix) -> artrl's flat fields.
+
+    Flat keys pass through unchanged (the typed config checks them); see the module docstring for the table.
+    """
+    out = {k: v for k, v in data.items() if k not in NESTED_SECTIONS and k not in _TOP_REASON}
+    source = {k: k for k in out}
+    for key, reason in _TOP_REASON.items():
+        value = data.get(key)
+        if value is not None:
+            _notice(key, value, reason)
+    for section in NESTED_SECTIONS:
+        args = data.get(section)
+        if args is None:
+            continue
+        if not isinstance(args, Mapping):
+            # leave it to the typed config to refuse (it names the field)
+            out[section] = args
+            continue
+        for key, value in args.items():
+            mapped = MAPPED[section].get(key)
+            if mapped is None:
+                _notice(f"{section}.{key}", value, _KEY_REASON.get((section, key), _SECTION_REASON[section]))
+                continue
+            field, convert = mapped
+            value = convert(value)
+            if field in out:
+                if out[field] != value:
+                    notice_once(f"internal_config.conflict.{section}.{key}",
+                                f"_internal_config {section}.{key}={value!r} and {source[field]}={out[field]!r} both "
+                                f"set {field}; using {out[field]!r}.")
+                continue
+            out[field], source[field] = value, f"{section}.{key}"
+    return out

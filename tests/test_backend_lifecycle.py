@@ -1,0 +1,198 @@
+"""LocalBackend's ART lifecycle (constructor, close awaited or not, with / async with) and the served names."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import artrl as art
+from artrl import notices
+from artrl.serve import GenerationRequest, TransformersEngine
+from artrl.serve.engine import EngineClosedError
+from artrl.train.modeling import load_base_model, load_model
+from artrl.types import InternalModelConfig
+
+PROBE = [{"role": "user", "content": "Name a colour."}]
+
+
+def tiny_model(name: str = "m") -> art.TrainableModel:
+    return art.TrainableModel(name=name, project="p", base_model="artrl/tiny",
+                              _internal_config=art.InternalModelConfig(max_length=128))
+
+
+def server_answers(base_url: str) -> bool:
+    host, port = base_url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
+    try:
+        conn = http.client.HTTPConnection(host, int(port), timeout=2)
+        conn.request("GET", "/health")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------- constructor
+
+def test_arts_constructor_arguments(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    notices.forget("LocalBackend.in_process")
+    with caplog.at_level(logging.WARNING, logger="artrl.notices"):
+        backend = art.LocalBackend(in_process=False, path=None, gpu_cost_per_hour_usd=2.5)
+        art.LocalBackend(in_process=False)
+    assert sum("in_process=False" in r.getMessage() for r in caplog.records) == 1
+    assert backend.path == Path(".art")  # ART's default: ./.art
+    assert art.LocalBackend(in_process=True, path=str(tmp_path / "x")).path == tmp_path / "x"
+    model = tiny_model()
+    asyncio.run(model.register(backend))
+    try:
+        assert (tmp_path / ".art" / "p" / "models" / "m").is_dir()
+        assert backend.supports_automatic_train_step_metrics()
+        # ART: no GPU cost on a CPU, whatever the price
+        assert backend.automatic_gpu_cost_per_hour_usd(model) is None
+    finally:
+        backend.close()
+    with pytest.raises(art.ConfigError, match="gpu_cost_per_hour_usd=-1"):
+        art.LocalBackend(gpu_cost_per_hour_usd=-1)
+
+
+# --------------------------------------------------------------------------- close
+
+def test_close_awaited_in_async_code(tmp_path):
+    async def main():
+        backend = art.LocalBackend(path=str(tmp_path), show_progress=False)
+        model = tiny_model()
+        await model.register(backend)
+        url = backend.base_url
+        assert server_answers(url)
+        await backend.close()
+        assert not server_answers(url)
+        await backend.close()  # idempotent
+
+    asyncio.run(main())
+
+
+def test_close_called_plainly_from_sync_and_async_code(tmp_path):
+    backend = art.LocalBackend(path=str(tmp_path / "a"), show_progress=False)
+    asyncio.run(tiny_model().register(backend))
+    url = backend.base_url
+    backend.close()  # sync code: does the work, nothing to await
+    assert not server_answers(url)
+
+    async def main():
+        other = art.LocalBackend(path=str(tmp_path / "b"), show_progress=False)
+        await tiny_model().register(other)
+        other_url = other.base_url
+        other.close()  # not awaited: still done
+        return other_url
+
+    assert not server_answers(asyncio.run(main()))
+
+
+def test_with_and_async_with(tmp_path):
+    with art.LocalBackend(path=str(tmp_path / "a"), show_progress=False) as backend:
+        asyncio.run(tiny_model().register(backend))
+        url = backend.base_url
+        assert server_answers(url)
+    assert not server_answers(url)
+
+    async def main():
+        async with art.LocalBackend(path=str(tmp_path / "b"), show_progress=False) as inner:
+            await tiny_model().register(inner)
+            inner_url = inner.base_url
+            assert server_answers(inner_url)
+        return inner_url
+
+    assert not server_answers(asyncio.run(main()))
+
+
+def test_closing_the_engine_fails_generation_in_flight_and_joins_the_worker(tiny_path):
+    model, tok = load_model(str(tiny_path), InternalModelConfig(seed=0))
+    engine = TransformersEngine(model, tok, max_model_len=4096)
+    prompt = tok("hello", add_special_tokens=False).input_ids
+    steps_seen = threading.Event()
+    hook = model.register_forward_hook(lambda *args: steps_seen.set())
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            asyncio.run(engine.generate(GenerationRequest(prompt_ids=prompt, max_tokens=3000, temperature=1.0,
+                                                          stop_token_ids=[])))
+            outcome["result"] = "finished"
+        except EngineClosedError as error:
+            outcome["result"] = error
+
+    caller = threading.Thread(target=run)
+    caller.start()
+    assert steps_seen.wait(30)  # decoding has started
+    started = time.monotonic()
+    engine.close()
+    caller.join(30)
+    hook.remove()
+    assert isinstance(outcome.get("result"), EngineClosedError), outcome
+    assert engine._worker is None and engine.decode_steps < 3000
+    assert time.monotonic() - started < 30
+    with pytest.raises(EngineClosedError):
+        asyncio.run(engine.generate(GenerationRequest(prompt_ids=prompt, max_tokens=2)))
+
+
+# --------------------------------------------------------------------------- served names
+
+def test_base_model_is_served_under_its_own_name_with_the_adapter_off(tmp_path, tiny_path, make_choice):
+    async def main():
+        backend = art.LocalBackend(path=str(tmp_path), show_progress=False)
+        model = tiny_model()
+        await model.register(backend)
+        user = {"role": "user", "content": "Pick a colour."}
+        groups = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[user, make_choice(c)], reward=r)
+                                       for c, r in (("blue", 1.0), ("red", 0.0))])]
+        await backend.train(model, groups, learning_rate=5e-2)  # the live adapter now differs from the base
+        client = model.openai_client()
+        names = [m.id for m in (await client.models.list()).data]
+        kwargs = dict(messages=PROBE, max_tokens=6, temperature=0, logprobs=True)
+        base = await client.chat.completions.create(model="artrl/tiny", **kwargs)
+        live = await client.chat.completions.create(model=model.get_inference_name(), **kwargs)
+        backend.close()
+        return names, base, live
+
+    names, base, live = asyncio.run(main())
+    assert names[:2] == ["m", "artrl/tiny"]
+    choice = base.choices[0]
+    sampled = [t.logprob for t in choice.logprobs.content]
+    ids = choice.model_extra["token_ids"]
+    # the base model's own logprobs of the same tokens, computed without any adapter
+    reference, _ = load_base_model(str(tiny_path), InternalModelConfig())
+    full = torch.tensor([base.model_extra["prompt_token_ids"] + ids])
+    with torch.no_grad():
+        logits = reference(input_ids=full).logits[0, :-1].float().log_softmax(-1)
+    start = len(base.model_extra["prompt_token_ids"]) - 1
+    expected = logits[start:start + len(ids)].gather(-1, torch.tensor(ids)[:, None]).squeeze(-1).tolist()
+    assert sampled == pytest.approx(expected, abs=1e-4)
+    live_lp = [t.logprob for t in live.choices[0].logprobs.content]
+    assert live_lp[:1] != pytest.approx(sampled[:1], abs=1e-4)  # the live name serves the trained adapter
+
+
+def test_openai_server_config_sets_the_key_and_notices_the_rest(tmp_path, caplog):
+    async def main():
+        backend = art.LocalBackend(path=str(tmp_path), show_progress=False)
+        model = tiny_model()
+        with caplog.at_level(logging.WARNING, logger="artrl.notices"):
+            base_url, api_key = await backend._prepare_backend_for_training(
+                model, {"server_args": {"api_key": "secret", "tool_call_parser": "hermes"},
+                        "engine_args": {"enforce_eager": True}, "log_file": "/tmp/x.log"})
+        unauthorised = server_answers(base_url)  # /health needs the key now
+        ok = await model.openai_client().models.list()
+        backend.close()
+        return api_key, unauthorised, [m.id for m in ok.data]
+
+    notices.forget()
+    api_key, unauthorised, names = asyncio.run(main())
+    assert api_key == "secret" and not unauthorised and "m" in names
+    noticed = [r.getMessage() for r in caplog.records if r.name == "artrl.notices"]
+    assert len(noticed) == 3 and any("tool_call_parser" in m for m in noticed)
+    assert any("enforce_eager" in m for m in noticed) and any("log_file" in m for m in noticed)

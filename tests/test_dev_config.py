@@ -1,0 +1,178 @@
+"""`art.dev`: ART's nested InternalModelConfig mapped onto artrl's, every key accepted, one notice per ignored key."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import artrl as art
+from artrl import notices
+from artrl.errors import ConfigError
+from artrl.types import TrainConfig
+
+NOTICES = "artrl.notices"
+
+# every key of ART 0.5.17's art.dev.TrainConfig
+ART_DEV_TRAIN_KEYS = {
+    "advantage_balance": 0.2, "allow_training_without_logprobs": True, "epsilon": 0.3, "epsilon_high": 0.5,
+    "importance_sampling_level": "sequence", "kimi_k2_tau": 0.1, "kl_penalty_coef": 0.1, "kl_ref_adapter_path": "/x",
+    "logprob_calculation_chunk_size": 512, "mask_prob_ratio": True,
+    "max_negative_advantage_importance_sampling_weight": 2.0, "num_trajectories_learning_rate_multiplier_power": 0.5,
+    "plot_tensors": True, "ppo": True, "precalculate_logprobs": True, "scale_learning_rate_by_reward_std_dev": True,
+    "scale_rewards": False, "truncated_importance_sampling": 2.0,
+}
+
+
+@pytest.fixture(autouse=True)
+def fresh_notices():
+    notices.forget()
+    yield
+    notices.forget()
+
+
+def notice_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == NOTICES]
+
+
+def test_every_art_dev_train_key_is_a_train_config_field():
+    options = art.dev.TrainConfig(**ART_DEV_TRAIN_KEYS)
+    config = TrainConfig(**options)
+    for key, value in ART_DEV_TRAIN_KEYS.items():
+        assert getattr(config, key) == value, key
+    with pytest.raises(ConfigError, match="unknown TrainConfig options \\['advantage_balanse'\\]"):
+        art.dev.TrainConfig(advantage_balanse=0.1)
+
+
+def test_nested_config_maps_onto_flat_fields(caplog):
+    nested = art.dev.InternalModelConfig(
+        init_args=art.dev.InitArgs(max_seq_length=512, dtype="bf16", trust_remote_code=True,
+                                   use_gradient_checkpointing="unsloth", random_state=7),
+        peft_args=art.dev.PeftArgs(r=4, lora_alpha=32, lora_dropout=0.05, target_modules=["q_proj", "v_proj"],
+                                   use_rslora=True),
+        trainer_args=art.dev.TrainerArgs(per_device_train_batch_size=3, gradient_accumulation_steps=4,
+                                         adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6, weight_decay=0.1,
+                                         max_grad_norm=0.5),
+        engine_args=art.dev.EngineArgs(max_num_seqs=6, max_model_len=1024),
+    )
+    assert isinstance(nested, dict)  # a TypedDict, as in ART
+    with caplog.at_level(logging.WARNING, logger=NOTICES):
+        cfg = art.InternalModelConfig(**nested)
+    assert (cfg.max_length, cfg.dtype, cfg.trust_remote_code, cfg.gradient_checkpointing, cfg.seed) == \
+        (512, "bfloat16", True, True, 7)
+    assert (cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.target_modules, cfg.use_rslora) == \
+        (4, 32, 0.05, ["q_proj", "v_proj"], True)
+    assert (cfg.per_device_train_batch_size, cfg.grad_accumulation_sequences, cfg.adam_beta1, cfg.adam_beta2,
+            cfg.adam_epsilon, cfg.weight_decay, cfg.max_grad_norm) == (3, 4, 0.8, 0.95, 1e-6, 0.1, 0.5)
+    assert (cfg.inference_max_batch_size, cfg.inference_max_length) == (6, 1024)
+    assert notice_lines(caplog) == []  # everything given here has a meaning
+
+
+@pytest.mark.parametrize(("section", "key", "value", "why"), [
+    ("init_args", "load_in_4bit", True, "no bitsandbytes quantisation"),
+    ("init_args", "fast_inference", True, "Unsloth's embedded vLLM"),
+    ("engine_args", "gpu_memory_utilization", 0.8, "no pool to size"),
+    ("engine_args", "enforce_eager", True, "vLLM engine argument"),
+    ("engine_args", "enable_sleep_mode", True, "nothing is put to sleep"),
+    ("trainer_args", "lr_scheduler_type", "constant", "Hugging Face's Trainer"),
+    ("trainer_args", "learning_rate", 1e-5, "each train call's learning_rate"),
+    ("peft_args", "loftq_config", {}, "Unsloth/peft option"),
+])
+def test_ignored_nested_keys_are_noticed_once_each(caplog, section, key, value, why):
+    with caplog.at_level(logging.WARNING, logger=NOTICES):
+        for _ in range(3):
+            cfg = art.InternalModelConfig(**{section: {key: value}})
+    lines = notice_lines(caplog)
+    assert len(lines) == 1, lines
+    assert f"{section}.{key}" in lines[0] and why in lines[0] and "no effect" in lines[0]
+    assert cfg == art.InternalModelConfig()  # nothing else changed
+
+
+@pytest.mark.parametrize("key", ["trainer_gpu_ids", "inference_gpu_ids", "tinker_args", "tinker_native_args"])
+def test_top_level_art_keys_are_noticed(caplog, key):
+    value = [0] if key.endswith("gpu_ids") else {"renderer_name": "x"}
+    with caplog.at_level(logging.WARNING, logger=NOTICES):
+        art.InternalModelConfig(**{key: value})
+        art.InternalModelConfig(**{key: value})
+    assert len(notice_lines(caplog)) == 1 and key in notice_lines(caplog)[0]
+
+
+def test_flat_keys_win_over_nested_ones_with_a_notice(caplog):
+    with caplog.at_level(logging.WARNING, logger=NOTICES):
+        cfg = art.InternalModelConfig(max_length=256, init_args={"max_seq_length": 512},
+                                      peft_args={"max_seq_length": 1024})
+    assert cfg.max_length == 256
+    assert len(notice_lines(caplog)) == 2 and all("using 256" in line for line in notice_lines(caplog))
+
+
+def test_bad_values_in_art_keys_get_the_fields_error():
+    with pytest.raises(ConfigError, match="lora_rank"):
+        art.InternalModelConfig(peft_args={"r": 0})
+    with pytest.raises(ConfigError, match="dtype"):
+        art.InternalModelConfig(init_args={"dtype": "int3"})
+
+
+def test_trainable_model_accepts_both_shapes():
+    nested = art.TrainableModel(name="a", project="p", base_model="artrl/tiny",
+                                _internal_config={"peft_args": {"r": 2}, "init_args": {"max_seq_length": 64}})
+    flat = art.TrainableModel(name="b", project="p", base_model="artrl/tiny",
+                              _internal_config=art.InternalModelConfig(lora_rank=2, max_length=64))
+    assert nested.internal_config() == flat.internal_config()
+
+
+def test_backend_reads_a_raw_dict_set_after_construction():
+    """ART's own test sets `object.__setattr__(model, "_internal_config", {...})`."""
+    from artrl.local.backend import _internal_config
+
+    model = art.TrainableModel(name="a", project="p", base_model="artrl/tiny")
+    object.__setattr__(model, "_internal_config", {"init_args": {"max_seq_length": 96}})
+    assert _internal_config(model).max_length == 96
+
+
+def test_model_level_trainer_args_are_call_defaults_a_call_can_override():
+    cfg = art.InternalModelConfig(trainer_args={"weight_decay": 0.1, "max_grad_norm": 0.5,
+                                                "per_device_train_batch_size": 3})
+    call = cfg.call_defaults(TrainConfig(learning_rate=1e-4, max_grad_norm=2.0))
+    assert (call.weight_decay, call.max_grad_norm, call.per_device_train_batch_size, call.learning_rate) == \
+        (0.1, 2.0, 3, 1e-4)
+    sft = cfg.call_defaults(art.TrainSFTConfig())
+    assert (sft.weight_decay, sft.per_device_train_batch_size) == (0.1, 3)
+    assert art.InternalModelConfig().call_defaults(TrainConfig()) == TrainConfig()
+
+
+# --------------------------------------------------------------------------- ART's validation helpers
+
+@pytest.mark.parametrize(("config", "error"), [
+    ({}, None),
+    ({"init_args": {"model_name": "x"}}, None),
+    ({"trainer_gpu_ids": [0], "inference_gpu_ids": [1]}, None),
+    ({"trainer_gpu_ids": [0, 1], "inference_gpu_ids": [2]}, None),
+    ({"trainer_gpu_ids": [0], "inference_gpu_ids": [1], "init_args": {"fast_inference": False}}, None),
+    ({"trainer_gpu_ids": [0]}, "must both be set or both unset"),
+    ({"inference_gpu_ids": [1]}, "must both be set or both unset"),
+    ({"trainer_gpu_ids": [], "inference_gpu_ids": [1]}, "trainer_gpu_ids must be non-empty"),
+    ({"trainer_gpu_ids": [0], "inference_gpu_ids": []}, "inference_gpu_ids must be non-empty"),
+    ({"trainer_gpu_ids": [0, 1], "inference_gpu_ids": [1]}, "must not overlap"),
+    ({"trainer_gpu_ids": [0], "inference_gpu_ids": [1, 2]}, "Multi-GPU inference not yet supported"),
+    ({"trainer_gpu_ids": [1], "inference_gpu_ids": [0]}, "must start at GPU 0"),
+    ({"trainer_gpu_ids": [0, 2], "inference_gpu_ids": [1]}, "must be contiguous starting from 0"),
+    ({"trainer_gpu_ids": [0], "inference_gpu_ids": [1], "init_args": {"fast_inference": True}},
+     "fast_inference is incompatible with dedicated"),
+    ({"trainer_gpu_ids": [0], "inference_gpu_ids": [1], "engine_args": {"enable_sleep_mode": True}},
+     "enable_sleep_mode is incompatible with dedicated"),
+])
+def test_dedicated_config_validation(config, error):
+    assert art.dev.is_dedicated_mode(config) == ("trainer_gpu_ids" in config and "inference_gpu_ids" in config)
+    if error is None:
+        art.dev.validate_dedicated_config(config)
+    else:
+        with pytest.raises(ValueError, match=error):
+            art.dev.validate_dedicated_config(config)
+
+
+def test_openai_server_config_is_built_as_in_art():
+    cfg = art.dev.get_openai_server_config("m", "artrl/tiny", "/tmp/log", lora_path="/runs/m/checkpoints/0003",
+                                           config={"server_args": {"port": 9000}})
+    assert cfg["server_args"]["port"] == 9000 and cfg["server_args"]["api_key"] == "default"
+    assert cfg["server_args"]["lora_modules"] == ['{"name": "m@3", "path": "/runs/m/checkpoints/0003"}']
+    assert cfg["engine_args"]["served_model_name"] == "artrl/tiny" and cfg["log_file"] == "/tmp/log"
