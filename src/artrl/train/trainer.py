@@ -42,7 +42,7 @@ from ..preprocess.pack import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..types import InternalModelConfig, OptimizerConfig
 from .attention import attention_mask_for
-from .logprobs import token_logprobs
+from .logprobs import TokenLogprobModel
 from .loss import LossTerms
 from .modeling import model_max_length
 from .tree_attention import TREE_ATTENTION, TreeLayout
@@ -87,7 +87,10 @@ class Trainer:
     """Owns the peft model's training state: optimizer, step counter, the model lock."""
 
     def __init__(self, model: Any, tokenizer: Any, cfg: InternalModelConfig | None = None,
-                 model_lock: threading.RLock | None = None) -> None:
+                 model_lock: threading.RLock | None = None,
+                 wrap: Callable[[TokenLogprobModel], Any] | None = None) -> None:
+        """`wrap`, if given, is applied to the forward module before the optimizer takes its parameters
+        (distributed/sharding.py shards it with FSDP2 there)."""
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = cfg or InternalModelConfig()
@@ -99,6 +102,10 @@ class Trainer:
         self.attn_implementation = inner.config._attn_implementation
         self.softcap = getattr(inner.config, "final_logit_softcapping", None)
         self.max_length = model_max_length(inner, self.cfg)
+        self.token_model = TokenLogprobModel(self.backbone, self.lm_head, chunk_size=self.cfg.logprob_chunk_size,
+                                             softcap=self.softcap)
+        if wrap is not None:
+            wrap(self.token_model)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, **OptimizerConfig().optimizer_settings())
         self.model_lock = model_lock or threading.RLock()
@@ -160,12 +167,9 @@ class Trainer:
         adapter_ctx = self.model.disable_adapter() if not adapter and hasattr(self.model, "disable_adapter") \
             else contextlib.nullcontext()
         with ctx, adapter_ctx:
-            hidden = self.backbone(input_ids=input_ids, attention_mask=mask,
-                                   position_ids=mb.position_ids.to(dev), use_cache=False, **extra).last_hidden_state
-            h = hidden[b_idx.to(dev), prev.to(dev)]  # [n, hidden]
             targets = input_ids[b_idx.to(dev), t_idx.to(dev)]  # [n]
-            logp, ent = token_logprobs(h, self.lm_head, targets, chunk_size=self.cfg.logprob_chunk_size,
-                                       softcap=self.softcap)
+            logp, ent = self.token_model(input_ids, mask, mb.position_ids.to(dev), b_idx.to(dev), prev.to(dev),
+                                         targets, **extra)
         return TokenBatch(
             logprobs=logp, entropy=ent.detach(),
             old_logprobs=mb.logprobs[b_idx, t_idx].to(dev),

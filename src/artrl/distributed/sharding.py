@@ -1,0 +1,146 @@
+"""FSDP2-sharded training on one rank of a data-parallel group: the model wrap and the train step.
+
+The wrap (`shard`): `torch.distributed.fsdp.fully_shard` on every decoder layer
+(the classes transformers lists in `_no_split_modules`), then on the trainer's
+`TokenLogprobModel` (embeddings, final norm, LM head; a tied LM head stays one
+parameter) as the root. Each rank holds 1/world of every weight, LoRA adapter
+and AdamW moments included; a layer's full weights exist only while it runs.
+Two settings differ from FSDP2's defaults:
+
+* gradients are SUMMED across ranks (`set_gradient_divide_factor(1.0)` with
+  `set_force_sum_reduction_for_comms(True)`: a plain SUM, which gloo supports,
+  where the default averages). Each rank divides its micro-batches' loss sums by the
+  whole step's trainable weight, so the sum over ranks is the step's gradient,
+  the same as in one process;
+* a parameter that a pass did not reach is reduce-scattered as zeros
+  (`set_reduce_scatter_unused_params(True)`), so the collectives of all ranks
+  line up whatever their data.
+
+The step (`ShardedTrainer.accumulate`): this rank's share of the step's rows
+(balance.py), then zero-weight padding passes until every rank has run the
+same number, then the loss figures summed over ranks, so every rank takes the
+same decision about a non-finite step. Clipping sees the global gradient norm
+(the gradients are DTensors); AdamW steps each rank's shard.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from tqdm.auto import tqdm
+
+from ..preprocess.pack import PackedRows
+from ..preprocess.plan import BatchPlan
+from ..types import InternalModelConfig
+from ..train.logprobs import TokenLogprobModel
+from ..train.trainer import LossFn, Trainer
+from .balance import padding_batch, split_step
+
+log = logging.getLogger(__name__)
+
+_TOTALS = ("loss", "policy", "kl", "entropy", "clipped", "ratio", "weight", "computed")
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a transformers model (the classes it names in `_no_split_modules`)."""
+    names: set[str] = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"found no decoder layers to shard in {type(model).__name__} (looked for {sorted(names)})")
+    return layers
+
+
+def shard(token_model: TokenLogprobModel) -> None:
+    """fully_shard every decoder layer, then the forward module as the root (in place)."""
+    for layer in decoder_layers(token_model.backbone):
+        fully_shard(layer)
+    fully_shard(token_model)
+    root: Any = token_model
+    assert isinstance(root, FSDPModule)
+    for m in root.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)  # sum, not mean: the loss is already normalised by the whole step
+            m.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM), nothing to divide
+    root.set_reduce_scatter_unused_params(True, recurse=True)
+
+
+class ShardedTrainer(Trainer):
+    """A Trainer whose model is FSDP2-sharded over the default process group; one per rank.
+
+    `rank_tokens` / `rank_padding` count every rank's computed tokens and padding passes since
+    `reset_balance()` (the split is deterministic, so each rank knows all of them): the balance
+    that train calls and `artrl bench train --workers N` report.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, cfg: InternalModelConfig | None = None) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("ShardedTrainer needs torch.distributed initialised (init_process_group) first")
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        super().__init__(model, tokenizer, cfg, wrap=shard)
+        self._plan: BatchPlan | None = None
+        self.rank_tokens = [0] * self.world_size
+        self.rank_padding = [0] * self.world_size
+
+    def run(self, packed: PackedRows, plan: BatchPlan, loss_fn: LossFn, learning_rates: list[float], *,
+            max_grad_norm: float | None = 1.0, need_ref: bool = False, desc: str = "train",
+            show_progress: bool = True) -> Iterator[dict[str, float]]:
+        self._plan = plan
+        show = show_progress and self.rank == 0
+        try:
+            yield from super().run(packed, plan, loss_fn, learning_rates, max_grad_norm=max_grad_norm,
+                                   need_ref=need_ref, desc=desc, show_progress=show)
+        finally:
+            self._plan = None
+
+    def accumulate(self, packed: PackedRows, step: Any, loss_fn: LossFn, *, need_ref: bool = False,
+                   bar: tqdm | None = None) -> dict[str, float]:
+        """This rank's passes of one optimizer step, then the step's figures summed over all ranks."""
+        if self._plan is None:
+            raise RuntimeError("ShardedTrainer.accumulate runs inside run(), which knows the plan")
+        shares = split_step(packed, self._plan, step, self.world_size)
+        mine = shares[self.rank]
+        denom = float(packed.weights[step.rows].sum())  # the WHOLE step's weight, the same on every rank
+        totals = dict.fromkeys(_TOTALS, 0.0)
+        passes = [(mb, True) for mb in mine.micro_batches]
+        passes += [(padding_batch(packed, self._plan, step), False)] * mine.padding
+        for mb, real in passes:
+            sub = packed.select(mb.rows, mb.width)
+            tb = self.forward_tokens(sub)
+            if need_ref:  # padding passes too: the reference forward is a collective as well
+                tb.ref_logprobs = self.forward_tokens(sub, grad=False, adapter=False).logprobs
+            terms = loss_fn(tb)
+            if not real:
+                (terms.loss_sum * 0.0).backward()  # every rank runs every pass's collectives
+                continue
+            # always backward, even with nothing to learn in it: a skipped backward skips a reduce-scatter
+            (terms.loss_sum / denom if denom > 0 else terms.loss_sum * 0.0).backward()
+            totals["computed"] += sub.input_ids.numel()
+            totals["loss"] += float(terms.loss_sum.detach()) / max(denom, 1e-12)
+            totals["policy"] += terms.policy_sum
+            totals["kl"] += terms.kl_sum
+            totals["entropy"] += terms.entropy_sum
+            totals["clipped"] += terms.clipped_tokens
+            totals["ratio"] += terms.ratio_sum
+            totals["weight"] += terms.weight_sum
+        if bar is not None:
+            bar.update(len(step.micro_batches))
+        for k, s in enumerate(shares):
+            self.rank_tokens[k] += s.computed_tokens
+            self.rank_padding[k] += s.padding
+        # float64 on the CPU (gloo) or this rank's GPU (NCCL); every rank gets the same sums
+        packed_totals = torch.tensor([totals[k] for k in _TOTALS], dtype=torch.float64,
+                                     device=self.device if self.device.type == "cuda" else "cpu")
+        dist.all_reduce(packed_totals)
+        return dict(zip(_TOTALS, packed_totals.tolist()))
+
+    def reset_balance(self) -> None:
+        self.rank_tokens = [0] * self.world_size
+        self.rank_padding = [0] * self.world_size
