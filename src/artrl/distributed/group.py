@@ -79,7 +79,7 @@ class WorkerGroup:
             raise ConfigError(f"cannot host the workers' rendezvous store at {host}:{port} ({e}); choose a free "
                               "port of an address of this machine in rendezvous_endpoint.") from e
         self.endpoint = f"{host}:{self._root.port}"
-        self.rdzv_id = re.sub(r"[^A-Za-z0-9_-]", "-", name)[:64]
+        self.name = re.sub(r"[^A-Za-z0-9_-]", "-", name)[:64]
         self.generation = 0
         self.world_size = 0
         self.workers: list[dict[str, Any]] = []  # ready/<rank> of every rank: pid, host, device
@@ -88,6 +88,11 @@ class WorkerGroup:
         self._n = 0
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def rdzv_id(self) -> str:
+        """The rendezvous id of the current generation (torchrun closes a rendezvous when its group ends)."""
+        return f"{self.name}-g{self.generation}"
+
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None and self.world_size > 0
