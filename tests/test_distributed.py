@@ -44,7 +44,7 @@ DEVICE = os.environ.get("ARTRL_TEST_DEVICE", "cpu")
 
 def _packed(lengths: list[int]):
     """One row per sequence, of the given used lengths."""
-    from artrl.train.sft import concat_packed
+    from artrl.preprocess.pack import concat_packed
 
     rows = [pack([[TokenizedSequence(token_ids=list(range(10, 10 + n)), trainable_mask=[False] + [True] * (n - 1),
                                      logprobs=[float("nan")] + [-1.0] * (n - 1), advantage=1.0, group_index=i,
@@ -163,7 +163,7 @@ async def _call(model, k, groups):
     reference pass."""
     if k % 2 == 0:
         return await model.train(groups, config=art.TrainConfig(learning_rate=2e-2, row_length=64, beta=0.05,
-                                                                grad_accumulation_sequences=5))
+                                                                groups_per_step=2))
     return await model.train_sft(SFT, config=art.TrainSFTConfig(learning_rate=2e-2, batch_size=3, row_length=32))
 
 
@@ -201,9 +201,14 @@ def _skip_without_devices(n: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(make_choice, tmp_path_factory):
+def groups(make_choice):
+    """One set of RL groups for every run of this module (make_choice draws new logprobs each time)."""
+    return _rl_groups(make_choice)
+
+
+@pytest.fixture(scope="module")
+def reference(groups, tmp_path_factory):
     """Adapters of one process after checkpoint 0 and each of the 4 calls."""
-    groups = _rl_groups(make_choice)
 
     async def main():
         model, backend = await _register(tmp_path_factory.mktemp("one-process"))
@@ -222,10 +227,8 @@ def _train_records(run: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_two_workers_train_like_one_process_survive_a_killed_worker_and_resume_in_one(tmp_path, make_choice,
-                                                                                     reference):
+def test_two_workers_train_like_one_process_survive_a_killed_worker_and_resume_in_one(tmp_path, groups, reference):
     _skip_without_devices(2)
-    groups = _rl_groups(make_choice)
     run = storage.run_dir(tmp_path, "p", "m")
 
     async def main():
@@ -237,6 +240,7 @@ def test_two_workers_train_like_one_process_survive_a_killed_worker_and_resume_i
             assert result.step == k + 1
             assert result.metrics["train/workers"] == 2
             assert result.metrics["train/computed_tokens_rank0"] > 0 and result.metrics["train/computed_tokens_rank1"] > 0
+            assert result.metrics["train/padding_passes"] >= 1  # a step with an odd number of rows
             _assert_same_update(_adapter(backend), reference[k + 1], reference[k])
 
         # SIGKILL rank 1 in the middle of the third call
@@ -266,7 +270,7 @@ def test_two_workers_train_like_one_process_survive_a_killed_worker_and_resume_i
 
         # checkpoint 3, written by rank 0, resumes in one process
         model, backend = await _register(tmp_path)
-        assert backend._runs["m"].workers is None and await model.get_step() == 3
+        assert type(backend._runs["m"]).__name__ == "TrainingSession" and await model.get_step() == 3
         await _call(model, 3, groups)
         _assert_same_update(_adapter(backend), reference[4], reference[3])
         backend.close()
@@ -276,9 +280,8 @@ def test_two_workers_train_like_one_process_survive_a_killed_worker_and_resume_i
 
 
 @pytest.mark.slow
-def test_a_run_of_one_process_resumes_on_two_workers(tmp_path, make_choice, reference):
+def test_a_run_of_one_process_resumes_on_two_workers(tmp_path, groups, reference):
     _skip_without_devices(2)
-    groups = _rl_groups(make_choice)
 
     async def main():
         model, backend = await _register(tmp_path)
@@ -300,10 +303,9 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_a_second_machine_joins_through_torchrun(tmp_path, make_choice, reference):
+def test_a_second_machine_joins_through_torchrun(tmp_path, groups, reference):
     """Two 'machines' of one worker each; the second is started as docs/distributed.md says, with torchrun."""
     _skip_without_devices(2)
-    groups = _rl_groups(make_choice)
     endpoint = f"127.0.0.1:{_free_port()}"
     run = storage.run_dir(tmp_path, "p", "m")
 

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from ..preprocess.pack import PackedRows
 from ..preprocess.plan import BatchPlan
-from ..types import InternalModelConfig
+from ..types import InternalModelConfig, OptimizerConfig
 from ..train.logprobs import TokenLogprobModel
 from ..train.trainer import LossFn, Trainer
 from .balance import padding_batch, split_step
@@ -89,14 +89,31 @@ class ShardedTrainer(Trainer):
         self.rank_tokens = [0] * self.world_size
         self.rank_padding = [0] * self.world_size
 
+    @classmethod
+    def from_trainer(cls, plain: Trainer, where: str = "the restored checkpoint") -> "ShardedTrainer":
+        """Shard the model of an unsharded trainer (restored from a checkpoint, local/checkpoint.py); its
+        optimizer state, optimizer step count and RNG state carry over (distributed/checkpoint.py)."""
+        from .checkpoint import load_full_optimizer_state, rank_rng_seed
+
+        full = plain.optimizer.state_dict()
+        rng = plain.rng_state()
+        sharded = cls(plain.model, plain.tokenizer, plain.cfg)
+        load_full_optimizer_state(sharded, full, where)
+        sharded.optimizer_steps = plain.optimizer_steps
+        if sharded.rank == 0:
+            sharded.set_rng_state(rng)
+        else:
+            sharded.set_rng_state(sharded._seeded_rng_state(rank_rng_seed(rng, sharded.rank)))
+        return sharded
+
     def run(self, packed: PackedRows, plan: BatchPlan, loss_fn: LossFn, learning_rates: list[float], *,
-            max_grad_norm: float | None = 1.0, need_ref: bool = False, desc: str = "train",
+            optimizer: OptimizerConfig | None = None, need_ref: bool = False, desc: str = "train",
             show_progress: bool = True) -> Iterator[dict[str, float]]:
         self._plan = plan
         show = show_progress and self.rank == 0
         try:
-            yield from super().run(packed, plan, loss_fn, learning_rates, max_grad_norm=max_grad_norm,
-                                   need_ref=need_ref, desc=desc, show_progress=show)
+            yield from super().run(packed, plan, loss_fn, learning_rates, optimizer=optimizer, need_ref=need_ref,
+                                   desc=desc, show_progress=show)
         finally:
             self._plan = None
 

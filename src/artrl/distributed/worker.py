@@ -75,7 +75,9 @@ class Worker:
         self.step = 0
 
     def start(self) -> None:
+        from ..local import checkpoint as local_checkpoint
         from ..train.modeling import load_model, resolve_name
+        from ..train.trainer import Trainer
         from .sharding import ShardedTrainer
 
         # before the process group exists: transformers writes nothing on ranks > 0 once it does, so a first
@@ -90,14 +92,11 @@ class Worker:
         if latest is None:
             raise CheckpointError(f"{self.run} has no complete checkpoint; the driver writes checkpoint 0 before it "
                                   "starts the workers. Is --run-dir the run directory of a registered model?")
-        path = storage.checkpoint_dir(self.run, latest)
-        weights, saved, trainer_state = checkpoint.read(path)
         model, tok = load_model(self.base_model, self.cfg)
-        checkpoint.load_adapter(model, weights, path)
-        self.trainer = ShardedTrainer(model, tok, self.cfg)
-        checkpoint.load_optimizer(self.trainer, saved["optimizer"], path)
-        checkpoint.restore_rng(saved, self.rank)
-        self.trainer.optimizer_steps = int(trainer_state.get("optimizer_steps", 0))
+        plain = Trainer(model, tok, self.cfg)
+        restored = local_checkpoint.restore(plain, self.run, latest, self.base_model)
+        plain.optimizer_steps = restored.optimizer_steps
+        self.trainer = ShardedTrainer.from_trainer(plain, str(storage.checkpoint_dir(self.run, latest)))
         self.step = latest
         protocol.put(self.store, protocol.READY.format(rank=self.rank), {
             "rank": self.rank, "world_size": dist.get_world_size(), "pid": os.getpid(),
@@ -114,6 +113,7 @@ class Worker:
             n += 1
 
     def call(self, n: int, msg: dict[str, Any]) -> None:
+        from ..local import checkpoint as local_checkpoint
         from ..train.call import run_call
         from ..train.rl import prepare_rl
         from ..train.sft import prepare_sft
@@ -147,10 +147,8 @@ class Worker:
             return
         adapter, optimizer = checkpoint.gather(self.trainer)
         if self.rank == 0:
-            trainer_state = {"step": commit["step"], "optimizer_steps": self.trainer.optimizer_steps,
-                             "base_model": self.base_model, "history_record": commit["record"]}
-            path = checkpoint.write(self.run, commit["step"], self.trainer, adapter, optimizer, trainer_state,
-                                    {"base_model": self.base_model})
+            path = local_checkpoint.save(self.trainer, self.run, commit["step"], self.base_model, commit["record"],
+                                         adapter_state=adapter, optimizer_state=optimizer)
             protocol.put(self.store, protocol.DONE.format(n=n), {"path": str(path)})
         self.step = commit["step"]
 

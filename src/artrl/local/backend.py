@@ -10,6 +10,10 @@ stay reachable as `name@step`.
 
 Train calls run in a worker thread so the event loop (and the server's own
 thread) stay responsive; the user-facing API is async like ART's.
+
+With training workers (`InternalModelConfig.num_workers > 1`, `trainer_gpu_ids`
+or `num_nodes > 1`) the session is a `distributed.session.WorkerSession`: this
+process serves, torch.distributed workers train (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -102,9 +106,15 @@ class LocalBackend:
         with self._lock:
             if model.name in self._runs:
                 return
-            session = TrainingSession.open(storage.run_dir(self._path, model.project, model.name), name=model.name,
-                                           project=model.project, base_model=model.base_model,
-                                           cfg=model.internal_config())
+            cfg = model.internal_config()
+            cfg.check()
+            session_type = TrainingSession
+            if cfg.distributed:  # training in worker processes (docs/distributed.md)
+                from ..distributed.session import WorkerSession
+
+                session_type = WorkerSession
+            session = session_type.open(storage.run_dir(self._path, model.project, model.name), name=model.name,
+                                        project=model.project, base_model=model.base_model, cfg=cfg)
             self._runs[model.name] = session
             self._ensure_server()
             self._served.add(model.name, session.engine)
