@@ -345,3 +345,23 @@ def test_remote_command_names_the_store_and_run_directory(tmp_path):
         assert json.loads(json.dumps(group.command()))[-1] == str(tmp_path)
     finally:
         group.close()
+
+
+@pytest.mark.slow  # a one-process run and a 2-worker torchrun, each loading the model and training a call
+def test_bench_train_workers_reports_balance_and_efficiency(capsys):
+    from artrl.cli import main
+
+    _skip_without_devices(2)
+    assert main(["bench", "train", "--workload", str(WORKLOAD), "--scale", "0.02", "--device", DEVICE,
+                 "--workers", "2"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    one, many = out["one_worker"], out["distributed"]
+    assert many["workers"] == out["workers"] == 2
+    assert many["trainable_tokens"] == one["trainable_tokens"] > 0  # the same call
+    assert sum(out["rank_computed_tokens"]) == many["computed_tokens"] == one["computed_tokens"]
+    assert min(out["rank_computed_tokens"]) > 0
+    tokens = out["rank_computed_tokens"]
+    assert out["computed_tokens_imbalance"] == round(max(tokens) / (sum(tokens) / 2) - 1, 4)
+    assert out["speedup"] == round(many["trainable_tokens_per_s"] / one["trainable_tokens_per_s"], 3)
+    assert out["scaling_efficiency"] == pytest.approx(out["speedup"] / 2, abs=1e-3)
+    assert many["skipped_nonfinite_steps"] == one["skipped_nonfinite_steps"] == 0
