@@ -91,11 +91,13 @@ def test_split_is_greedy_longest_first_by_computed_tokens():
 
 @pytest.mark.parametrize("scale", [1.0, 0.125])
 def test_seed_like_workload_is_balanced_within_10_percent_on_two_ranks(scale):
+    """The RL build path with its defaults (one step of all groups), as a train call packs it."""
     from artrl.bench.workload import load_workload, workload_groups
+    from artrl.train.rl import build_rl
 
     groups = workload_groups(load_workload(WORKLOAD), scale=scale, vocab_size=2000)
-    packed = pack(groups, row_length=None, max_length=40960)
-    plan = plan_batches(packed, per_device_train_batch_size=1, grad_accumulation_sequences=8)
+    built = build_rl(groups, art.TrainConfig(), max_length=40960, pad_id=0, device_type="cpu")
+    packed, plan = built.packed, built.plan
     tokens = [0, 0]
     for step in plan.steps:
         for k, s in enumerate(split_step(packed, plan, step, 2)):
