@@ -229,7 +229,8 @@ def _train_records(run: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_two_workers_train_like_one_process_survive_a_killed_worker_and_resume_in_one(tmp_path, groups, reference):
+def test_two_workers_train_like_one_process_survive_a_killed_worker_and_resume_in_one(tmp_path, groups, reference,
+                                                                                     make_choice):
     _skip_without_devices(2)
     run = storage.run_dir(tmp_path, "p", "m")
 
@@ -267,6 +268,18 @@ def test_two_workers_train_like_one_process_survive_a_killed_worker_and_resume_i
         reply = await client.chat.completions.create(model=model.name, max_tokens=4,
                                                      messages=[{"role": "user", "content": "Colour 1?"}])
         assert reply.choices[0].message.content is not None
+
+        # refused data raises what one process raises, and the group lives on; an empty call does not advance
+        no_logprobs = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[
+            {"role": "user", "content": "Colour?"}, make_choice(f"blue {t}", logprobs=False)], reward=float(t))
+            for t in range(2)])]
+        with pytest.raises(art.TrajectoryError, match="logprobs.*refused by training worker rank"):
+            await model.train(no_logprobs)
+        same_reward = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[
+            {"role": "user", "content": "Colour?"}, make_choice(f"red {t}")], reward=1.0) for t in range(2)])]
+        empty = await model.train(same_reward)
+        assert empty.step == 3 and empty.checkpoint_path is None and group.generation == 2
+        assert storage.list_checkpoints(run) == [0, 1, 2, 3]
         backend.close()
         assert group._proc is None  # the workers have exited
 

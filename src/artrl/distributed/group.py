@@ -86,6 +86,7 @@ class WorkerGroup:
         self._store: Any = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._n = 0
+        self._uncommitted: int | None = None  # a call the workers ran and await a commit for
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -117,6 +118,7 @@ class WorkerGroup:
         self._reap()
         self.generation += 1
         self._n = 0
+        self._uncommitted = None
         self.world_size = 0
         self.workers = []
         self._root.set(protocol.GENERATION, str(self.generation))
@@ -180,6 +182,8 @@ class WorkerGroup:
         """Run one train call on the workers; nothing is written until `commit`."""
         if not self.running:
             raise WorkerError("the training workers are not running; call start() first")
+        if self._uncommitted is not None:  # the caller never decided about the last call: keep nothing of it
+            self.commit(None)
         n = self._n
         self._n += 1
         payload = self.dir / protocol.PAYLOAD_FILE.format(generation=self.generation, n=n)
@@ -196,13 +200,17 @@ class WorkerGroup:
             if key != protocol.TRAINED.format(n=n):
                 raise self._refusal(protocol.get(self._store, key), key)
             msg = protocol.get(self._store, key)
+            self._uncommitted = n
             return Trained(steps=msg["steps"], summary=msg["summary"], line=msg["line"])
         finally:
             payload.unlink(missing_ok=True)
 
     def commit(self, step: int | None, record: dict[str, Any] | None = None) -> Path | None:
         """Have rank 0 write checkpoint `step` of the last call (None: write nothing); returns its path."""
-        n = self._n - 1
+        n = self._uncommitted
+        if n is None:
+            raise WorkerError("no train call of the workers awaits a commit")
+        self._uncommitted = None
         protocol.put(self._store, protocol.COMMIT.format(n=n),
                      {"write": step is not None, "step": step, "record": record})
         if step is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ class WorkerSession(TrainingSession):
     """See the module docstring. Build with `WorkerSession.open(...)`; `close()` stops the workers."""
 
     workers: WorkerGroup
+    _calls: threading.Lock
 
     @classmethod
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
@@ -50,6 +52,7 @@ class WorkerSession(TrainingSession):
         session = super().open(run, name=name, project=project, base_model=base_model, cfg=cfg)
         assert isinstance(session, WorkerSession)
         session.workers = WorkerGroup(run, cfg, name=f"{project}-{name}")
+        session._calls = threading.Lock()
         try:
             session.workers.start()
         except BaseException:
@@ -73,7 +76,10 @@ class WorkerSession(TrainingSession):
     # ------------------------------------------------------------------ one call
     @contextlib.contextmanager
     def _training(self) -> Iterator[None]:
-        yield  # the served weights change only in _serve, under the engine's lock
+        # one call at a time on the workers; the served weights change only in _serve, under the engine's lock,
+        # so inference goes on meanwhile
+        with self._calls:
+            yield
 
     def _run_call(self, kind: str, data: list[Any], cfg: TrainConfig | TrainSFTConfig,
                   show_progress: bool) -> CallOutcome:
