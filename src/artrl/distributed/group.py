@@ -13,8 +13,9 @@ dies (killed, out of memory, a Python error, a collective timing out after
 `collective_timeout_s`), torchrun stops the other local workers and exits, and
 the driver raises `WorkerError` naming the rank and how it ended (launch.py's
 report). The group is then dead; `start()` begins a new generation from the
-latest complete checkpoint. A dead worker on another machine ends the group
-the same way: the local ranks' next collective fails within the timeout.
+latest complete checkpoint, with a rendezvous id of its own (torchrun closes
+a rendezvous when its group ends). A dead worker on another machine ends the
+group the same way: the local ranks' next collective fails within the timeout.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ machines, the same module joins through torchrun (docs/distributed.md):
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
         --rdzv-id ID --rdzv-conf is_host=false -m artrl.distributed.worker --control HOST:PORT --run-dir DIR
 
+(the driver logs this command with the generation's rendezvous id, e.g. `project-name-g1`).
+
 A worker: reads the run's base model and settings from the run directory,
 initialises the process group (NCCL on a GPU, gloo on the CPU, with the
 configured collective timeout), loads the model with the latest complete
