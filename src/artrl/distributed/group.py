@@ -74,8 +74,8 @@ class WorkerGroup:
         self.dir.mkdir(parents=True, exist_ok=True)
         host, port = protocol.parse_endpoint(cfg.rendezvous_endpoint or "127.0.0.1:0")
         try:
-            self._root = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                                       timeout=protocol.STORE_TIMEOUT)
+            self._root: Any = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                                            timeout=protocol.STORE_TIMEOUT)
         except (RuntimeError, OSError) as e:
             raise ConfigError(f"cannot host the workers' rendezvous store at {host}:{port} ({e}); choose a free "
                               "port of an address of this machine in rendezvous_endpoint.") from e
@@ -116,6 +116,8 @@ class WorkerGroup:
         """Start a new generation of workers; returns when every rank is ready (or raises WorkerError)."""
         if self.running:
             return
+        if self._root is None:
+            raise WorkerError("this worker group was closed; register the model again to start new workers")
         self._reap()
         self.generation += 1
         self._n = 0
@@ -153,6 +155,12 @@ class WorkerGroup:
                                                          for w in self.workers))
 
     def close(self) -> None:
+        """Stop the workers and release the store's port; the group cannot start again."""
+        self.stop()
+        self._store = None
+        self._root = None
+
+    def stop(self) -> None:
         """Ask the workers to leave, then stop the launcher (terminating it if it does not exit in time)."""
         if self._proc is not None and self._proc.poll() is None:
             if self._store is not None:
@@ -175,7 +183,7 @@ class WorkerGroup:
 
     def _reap(self) -> None:
         if self._proc is not None:
-            self.close()
+            self.stop()
         self._failure_file().unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ calls
