@@ -165,7 +165,7 @@ async def _call(model, k, groups):
     reference pass."""
     if k % 2 == 0:
         return await model.train(groups, config=art.TrainConfig(learning_rate=2e-2, row_length=64, beta=0.05,
-                                                                groups_per_step=2))
+                                                                groups_per_optimizer_step=2))
     return await model.train_sft(SFT, config=art.TrainSFTConfig(learning_rate=2e-2, batch_size=3, row_length=32))
 
 
@@ -274,7 +274,7 @@ def test_two_workers_train_like_one_process_survive_a_killed_worker_and_resume_i
             {"role": "user", "content": "Colour?"}, make_choice(f"blue {t}", logprobs=False)], reward=float(t))
             for t in range(2)])]
         with pytest.raises(art.TrajectoryError, match="logprobs.*refused by training worker rank"):
-            await model.train(no_logprobs)
+            await model.train(no_logprobs, config=art.TrainConfig(require_logprobs=True))
         same_reward = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[
             {"role": "user", "content": "Colour?"}, make_choice(f"red {t}")], reward=1.0) for t in range(2)])]
         empty = await model.train(same_reward)

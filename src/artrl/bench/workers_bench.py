@@ -107,7 +107,7 @@ def run_rank(args: Any) -> dict[str, Any] | None:
 
 def _forwarded(args: Any) -> list[str]:
     out = ["--workload", args.workload, "--scale", str(args.scale), "--model", args.model]
-    for flag, value in (("--groups-per-step", args.groups_per_step),
+    for flag, value in (("--groups-per-optimizer-step", args.groups_per_optimizer_step),
                         ("--grad-accumulation-sequences", args.grad_accumulation_sequences),
                         ("--per-device-train-batch-size", args.per_device_train_batch_size),
                         ("--max-tokens-per-microbatch", args.max_tokens_per_microbatch),
