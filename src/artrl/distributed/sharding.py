@@ -38,12 +38,21 @@ from ..preprocess.pack import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..types import InternalModelConfig, OptimizerConfig
 from ..train.logprobs import TokenLogprobModel
-from ..train.trainer import LossFn, Trainer
+from ..train.trainer import LossFn, Trainer, new_totals
 from .balance import padding_batch, split_step
 
 log = logging.getLogger(__name__)
 
-_TOTALS = ("loss", "policy", "kl", "entropy", "clipped", "ratio", "weight", "computed")
+
+def _combine(totals: dict[str, float], device: torch.device) -> dict[str, float]:
+    """A step's figures over all ranks: sums, and maxima for the `*_max` keys; every rank gets the same."""
+    keys = sorted(totals)
+    on = device if device.type == "cuda" else torch.device("cpu")  # NCCL wants the GPU, gloo the CPU
+    sums = torch.tensor([0.0 if k.endswith("_max") else totals[k] for k in keys], dtype=torch.float64, device=on)
+    maxima = torch.tensor([totals[k] if k.endswith("_max") else 0.0 for k in keys], dtype=torch.float64, device=on)
+    dist.all_reduce(sums)
+    dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
+    return {k: (m if k.endswith("_max") else v) for k, v, m in zip(keys, sums.tolist(), maxima.tolist())}
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -119,44 +128,27 @@ class ShardedTrainer(Trainer):
 
     def accumulate(self, packed: PackedRows, step: Any, loss_fn: LossFn, *, need_ref: bool = False,
                    bar: tqdm | None = None) -> dict[str, float]:
-        """This rank's passes of one optimizer step, then the step's figures summed over all ranks."""
+        """This rank's passes of one optimizer step, then the step's figures combined over all ranks."""
         if self._plan is None:
             raise RuntimeError("ShardedTrainer.accumulate runs inside run(), which knows the plan")
         shares = split_step(packed, self._plan, step, self.world_size)
         mine = shares[self.rank]
         denom = float(packed.weights[step.rows].sum())  # the WHOLE step's weight, the same on every rank
-        totals = dict.fromkeys(_TOTALS, 0.0)
-        passes = [(mb, True) for mb in mine.micro_batches]
-        passes += [(padding_batch(packed, self._plan, step), False)] * mine.padding
-        for mb, real in passes:
-            sub = packed.select(mb.rows, mb.width)
-            tb = self.forward_tokens(sub)
-            if need_ref:  # padding passes too: the reference forward is a collective as well
-                tb.ref_logprobs = self.forward_tokens(sub, grad=False, adapter=False).logprobs
-            terms = loss_fn(tb)
-            if not real:
-                (terms.loss_sum * 0.0).backward()  # every rank runs every pass's collectives
-                continue
-            # always backward, even with nothing to learn in it: a skipped backward skips a reduce-scatter
-            (terms.loss_sum / denom if denom > 0 else terms.loss_sum * 0.0).backward()
-            totals["computed"] += sub.input_ids.numel()
-            totals["loss"] += float(terms.loss_sum.detach()) / max(denom, 1e-12)
-            totals["policy"] += terms.policy_sum
-            totals["kl"] += terms.kl_sum
-            totals["entropy"] += terms.entropy_sum
-            totals["clipped"] += terms.clipped_tokens
-            totals["ratio"] += terms.ratio_sum
-            totals["weight"] += terms.weight_sum
+        totals = new_totals()
+        for mb in mine.micro_batches:
+            # every backward runs, even with nothing to learn in it: a skipped backward skips a reduce-scatter
+            self.micro_step(packed, mb, loss_fn, denom, totals, need_ref=need_ref, always_backward=True)
+        if mine.padding:
+            pad = padding_batch(packed, self._plan, step)
+            for _ in range(mine.padding):  # zero-weight passes (the reference forward too): every collective runs
+                self.micro_step(packed, pad, loss_fn, denom, new_totals(), need_ref=need_ref, always_backward=True,
+                                scale=0.0)
         if bar is not None:
             bar.update(len(step.micro_batches))
         for k, s in enumerate(shares):
             self.rank_tokens[k] += s.computed_tokens
             self.rank_padding[k] += s.padding
-        # float64 on the CPU (gloo) or this rank's GPU (NCCL); every rank gets the same sums
-        packed_totals = torch.tensor([totals[k] for k in _TOTALS], dtype=torch.float64,
-                                     device=self.device if self.device.type == "cuda" else "cpu")
-        dist.all_reduce(packed_totals)
-        return dict(zip(_TOTALS, packed_totals.tolist()))
+        return _combine(totals, self.device)
 
     def reset_balance(self) -> None:
         self.rank_tokens = [0] * self.world_size

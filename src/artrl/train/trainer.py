@@ -68,6 +68,12 @@ LossFn = Callable[[TokenBatch], LossTerms]
 SAMPLED_DELTA_KEYS = ("sampled_logprob_delta_mean", "sampled_logprob_delta_max", "sampled_logprob_tokens")
 
 
+def new_totals() -> dict[str, float]:
+    """An optimizer step's running figures (sums, except `delta_max`, a maximum)."""
+    return dict(loss=0.0, policy=0.0, kl=0.0, entropy=0.0, clipped=0.0, ratio=0.0, weight=0.0, computed=0.0,
+                delta_sum=0.0, delta_max=0.0, delta_tokens=0.0)
+
+
 def _add_sampled_delta(totals: dict[str, float], tb: TokenBatch) -> None:
     """Add |trainer - sampled| logprob over the micro-batch's tokens that carry a sampled logprob."""
     with torch.no_grad():
@@ -208,28 +214,39 @@ class Trainer:
         micro-batches is the step's token-mean loss however the rows are split.
         """
         denom = float(packed.weights[step.rows].sum())
-        totals = dict(loss=0.0, policy=0.0, kl=0.0, entropy=0.0, clipped=0.0, ratio=0.0, weight=0.0, computed=0.0,
-                      delta_sum=0.0, delta_max=0.0, delta_tokens=0.0)
+        totals = new_totals()
         for mb in step.micro_batches:
-            sub = packed.select(mb.rows, mb.width)
-            totals["computed"] += sub.input_ids.numel()
-            tb = self.forward_tokens(sub)
-            _add_sampled_delta(totals, tb)
-            if need_ref:
-                tb.ref_logprobs = self.forward_tokens(sub, grad=False, adapter=False).logprobs
-            terms = loss_fn(tb)
-            if denom > 0 and terms.weight_sum > 0:
-                (terms.loss_sum / denom).backward()
-            totals["loss"] += float(terms.loss_sum.detach()) / max(denom, 1e-12)
-            totals["policy"] += terms.policy_sum
-            totals["kl"] += terms.kl_sum
-            totals["entropy"] += terms.entropy_sum
-            totals["clipped"] += terms.clipped_tokens
-            totals["ratio"] += terms.ratio_sum
-            totals["weight"] += terms.weight_sum
+            self.micro_step(packed, mb, loss_fn, denom, totals, need_ref=need_ref)
             if bar is not None:
                 bar.update(1)
         return totals
+
+    def micro_step(self, packed: PackedRows, mb: Any, loss_fn: LossFn, denom: float, totals: dict[str, float], *,
+                   need_ref: bool = False, always_backward: bool = False, scale: float = 1.0) -> None:
+        """One forward/backward pass over micro-batch `mb` (rows of `packed`); adds its figures to `totals`.
+
+        The loss sum is divided by `denom`, the whole optimizer step's weight, and multiplied by `scale`.
+        A pass with nothing to learn skips backward unless `always_backward` (a sharded model's ranks must
+        all run every backward: distributed/sharding.py, which also runs zero-`scale` padding passes).
+        """
+        sub = packed.select(mb.rows, mb.width)
+        totals["computed"] += sub.input_ids.numel()
+        tb = self.forward_tokens(sub)
+        _add_sampled_delta(totals, tb)
+        if need_ref:
+            tb.ref_logprobs = self.forward_tokens(sub, grad=False, adapter=False).logprobs
+        terms = loss_fn(tb)
+        if denom > 0 and terms.weight_sum > 0:
+            (terms.loss_sum / denom if scale == 1.0 else terms.loss_sum / denom * scale).backward()
+        elif always_backward:
+            (terms.loss_sum * 0.0).backward()
+        totals["loss"] += float(terms.loss_sum.detach()) / max(denom, 1e-12)
+        totals["policy"] += terms.policy_sum
+        totals["kl"] += terms.kl_sum
+        totals["entropy"] += terms.entropy_sum
+        totals["clipped"] += terms.clipped_tokens
+        totals["ratio"] += terms.ratio_sum
+        totals["weight"] += terms.weight_sum
 
     def _step(self, packed: PackedRows, step: Any, loss_fn: LossFn, lr: float, optimizer: OptimizerConfig,
               need_ref: bool, bar: tqdm) -> dict[str, float]:
