@@ -2,7 +2,8 @@
 # Download, on a machine with package-registry access, the wheels that a GPU machine without
 # internet lacks for `benchmarks/gpu.sh`: artrl imports the packages in gpu-requirements.txt,
 # which an image holding only PyTorch, transformers and peft may not have. gpu.sh installs them
-# from this folder (pip --no-index) when they are missing there.
+# from this folder (pip --no-index) when they are missing there, and the test packages of
+# gpu-test-requirements.txt for the distributed tests it runs.
 #
 #   benchmarks/gpu_wheels.sh [DIR]   default DIR: .gpu-wheels (git-ignored; carry it to the GPU machine)
 #
@@ -15,7 +16,8 @@ py=${PYTHON:-python3}
 for v in ${PYTHON_VERSIONS:-3.11 3.12}; do
   "$py" -m pip download --quiet --dest "$dir" --only-binary=:all: --python-version "$v" \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-    -r "$here/gpu-requirements.txt" 2> >(grep -v "is ignored: it is neither" >&2)
+    -r "$here/gpu-requirements.txt" -r "$here/gpu-test-requirements.txt" \
+    2> >(grep -v "is ignored: it is neither" >&2)
 done
 ls "$dir" | wc -l | xargs echo "wheels in $dir:"
 du -sh "$dir"

@@ -5,6 +5,7 @@
     artrl runs show RUN_DIR         a run's rewards and losses per step: a table and a PNG
     artrl bench pack  --workload F  packing against the reference layout
     artrl bench train --workload F  train-step throughput against the reference trainer
+    artrl bench train --workload F --workers N   N data-parallel workers against one
     artrl bench serve               inference throughput, concurrent vs sequential
     artrl bench learn               learning per rollout: artrl's train step vs a plain GRPO step
 """

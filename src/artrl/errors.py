@@ -34,3 +34,12 @@ class NonFiniteError(ArtrlError, FloatingPointError):
     A call where only some steps were non-finite refuses those steps, counts them
     (`train/skipped_nonfinite_steps`) and logs an error instead of raising.
     """
+
+
+class WorkerError(ArtrlError, RuntimeError):
+    """A training worker process died or failed (killed, out of memory, a collective timed out).
+
+    The message names the rank, how it ended, and what the train call left behind:
+    no checkpoint of the failed step; the next train call restarts the workers from
+    the latest complete checkpoint.
+    """

@@ -299,6 +299,12 @@ def _build_into(directory: pathlib.Path, name: str = TINY_MODEL_NAME) -> None:
     model = build_tiny_model(tokenizer, shape)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    if not (directory / "config.json").is_file() or not any(directory.glob("*.safetensors")):
+        # transformers' save_pretrained writes nothing on ranks > 0 once torch.distributed is initialised
+        raise CheckpointError(
+            f"building {name}: transformers wrote no model files into {directory} (it writes only on rank 0 of an "
+            "initialised torch.distributed process group). Build it before init_process_group, e.g. call "
+            "artrl.tiny.tiny_model_path() first.")
     fsync_tree(directory)
     marker = {"version": version, "fingerprint": build_fingerprint(name)}
     (directory / BUILD_MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")

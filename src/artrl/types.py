@@ -409,6 +409,62 @@ class InternalModelConfig(_Config):
     weight_decay: float | None = pydantic.Field(None, ge=0, description="Default AdamW weight decay of train calls.")
     max_grad_norm: float | None = pydantic.Field(None, gt=0, description="Default gradient clipping of train calls.")
 
+    # ---- training workers (docs/distributed.md)
+    num_workers: int = pydantic.Field(
+        1, ge=1, description="Training worker processes on this machine, one per device, in one torch.distributed "
+        "group (FSDP2-sharded model, NCCL on GPUs, gloo on CPU). 1 (the default) trains in the serving process. "
+        "With trainer_gpu_ids, it is their number.")
+    trainer_gpu_ids: list[int] | None = pydantic.Field(
+        None, description="ART's name: the GPUs of the training workers, one worker each (this machine's "
+        "CUDA device indices). Training then runs in worker processes, even on one GPU.")
+    inference_gpu_ids: list[int] | None = pydantic.Field(
+        None, description="ART's name: the GPU that holds the inference server's model (exactly one). None: "
+        "`device`, or cuda:0.")
+    num_nodes: int = pydantic.Field(
+        1, ge=1, description="Machines in the training group. This one starts its `num_workers`; the others "
+        "join with torchrun at `rendezvous_endpoint` (docs/distributed.md).")
+    rendezvous_endpoint: str | None = pydantic.Field(
+        None, description="HOST:PORT where this process hosts the c10d rendezvous and control store that the "
+        "workers join. None: 127.0.0.1 and a free port (this machine only). Required when num_nodes > 1, with "
+        "an address the other machines reach.")
+    collective_timeout_s: float = pydantic.Field(
+        600.0, gt=0, description="Seconds a collective operation waits for the other ranks before the group "
+        "fails with an error (init_process_group's timeout): a dead worker never hangs the others.")
+
+    @property
+    def distributed(self) -> bool:
+        """Whether training runs in worker processes (docs/distributed.md) rather than in this one."""
+        return self.num_workers > 1 or self.trainer_gpu_ids is not None or self.num_nodes > 1
+
+    def check(self) -> None:
+        """Cross-field checks of the worker settings (called when a model is registered)."""
+        t, i = self.trainer_gpu_ids, self.inference_gpu_ids
+        if t is not None:
+            if not t or len(set(t)) != len(t) or min(t) < 0:
+                raise ConfigError(f"trainer_gpu_ids={t}; give distinct CUDA device indices, one per worker.")
+            if self.num_workers not in (1, len(t)):
+                raise ConfigError(f"num_workers={self.num_workers} but trainer_gpu_ids={t} names {len(t)} GPUs; "
+                                  "set only trainer_gpu_ids (one worker per GPU).")
+        if i is not None:
+            if len(i) != 1:
+                raise ConfigError(f"inference_gpu_ids={i}; the inference server uses exactly one GPU, e.g. [{len(t or [])}].")
+            if t is not None and set(i) & set(t):
+                raise ConfigError(f"trainer_gpu_ids={t} and inference_gpu_ids={i} overlap; give the server a GPU "
+                                  "of its own, or drop inference_gpu_ids to share one.")
+        if self.num_nodes > 1 and not self.rendezvous_endpoint:
+            raise ConfigError(f"num_nodes={self.num_nodes} needs rendezvous_endpoint='HOST:PORT' with an address of "
+                              "this machine that the other machines reach (docs/distributed.md).")
+        if self.rendezvous_endpoint is not None:
+            host, sep, port = self.rendezvous_endpoint.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"rendezvous_endpoint={self.rendezvous_endpoint!r}; expected HOST:PORT, e.g. "
+                                  "'10.0.0.5:29400'.")
+
+    @property
+    def workers_here(self) -> int:
+        """Worker processes this machine starts."""
+        return len(self.trainer_gpu_ids) if self.trainer_gpu_ids is not None else self.num_workers
+
     @pydantic.model_validator(mode="before")
     @classmethod
     def _accept_art_shape(cls, data: Any) -> Any:

@@ -13,6 +13,9 @@ Both run the same trainer and loss on the same synthetic data (workload lengths
 scaled by `--scale`, random token ids), each in a fresh subprocess so its peak
 memory (max RSS on CPU, max allocated on GPU) is its own. One warm-up
 micro-batch runs before timing. Prints one JSON line.
+
+With `--workers N` it compares N data-parallel workers with one instead
+(bench/workers_bench.py).
 """
 
 from __future__ import annotations
@@ -139,6 +142,10 @@ def _configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
 
 
 def main(args: Any) -> int:
+    if getattr(args, "workers", 1) > 1 and not getattr(args, "mode", None):
+        from .workers_bench import main as workers_main
+
+        return workers_main(args)  # N data-parallel workers against one (bench/workers_bench.py)
     if getattr(args, "mode", None):
         cfg, mcfg = _configs(args)
         print(json.dumps(run_mode(args.mode, args.workload, args.scale, args.model, cfg, mcfg)))
@@ -182,6 +189,9 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
     p.add_argument("--attn-implementation", default=None,
                    help="artrl_tree / sdpa / eager / flex_attention (default: flex_attention on GPU, artrl_tree on CPU)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="N >= 2: train the call on N data-parallel workers (torch.distributed, FSDP2) and report "
+                   "tokens/s against one worker, the scaling efficiency and each rank's computed tokens")
     p.add_argument("--mode", choices=["reference", "ours"], default=None, help=argparse_hidden())
 
 

@@ -216,10 +216,6 @@ _KEY_REASON = {
                               "term) or kl_penalty_coef (KL-penalised advantages)",
 }
 _TOP_REASON = {
-    "trainer_gpu_ids": "artrl trains and serves one copy of the weights on one device; choose it with "
-                       "device='cuda:N'",
-    "inference_gpu_ids": "artrl trains and serves one copy of the weights on one device; choose it with "
-                         "device='cuda:N'",
     "tinker_args": "the Tinker back end is not part of artrl; training runs locally",
     "tinker_native_args": "the Tinker back end is not part of artrl; training runs locally",
 }

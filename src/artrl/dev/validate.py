@@ -1,10 +1,10 @@
 """ART's checks of a dedicated-GPU configuration (`art.dev.is_dedicated_mode`, `validate_dedicated_config`).
 
 ART's "dedicated mode" trains on `trainer_gpu_ids` and serves with vLLM on
-`inference_gpu_ids`. artrl keeps one copy of the weights on one device for both
-(the keys are accepted with a notice, dev/model.py), but ART scripts call these
-checks on their own configs, so they behave as ART's: pure functions over the
-nested dict that raise ValueError on an inconsistent configuration.
+`inference_gpu_ids`. artrl honours both keys (training workers on the trainer
+GPUs, the server on the inference GPU: docs/distributed.md); ART scripts also
+call these checks on their own configs, so they behave as ART's: pure functions
+over the nested dict that raise ValueError on an inconsistent configuration.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ every keyword of ART's `LocalBackend.train` (each a `TrainConfig` field, plus
 plainly, and the backend is a context manager both with `with` and
 `async with`. The base model is served under its own name (`base_model`) next
 to `name` and `name@step`, with the adapter switched off.
+
+With training workers (`InternalModelConfig.num_workers > 1`, `trainer_gpu_ids`
+or `num_nodes > 1`) the session is a `distributed.session.WorkerSession`: this
+process serves, torch.distributed workers train (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -194,9 +198,15 @@ class LocalBackend:
         with self._lock:
             if model.name in self._runs:
                 return
-            session = TrainingSession.open(storage.run_dir(self._path, model.project, model.name), name=model.name,
-                                           project=model.project, base_model=model.base_model,
-                                           cfg=_internal_config(model))
+            cfg = _internal_config(model)
+            cfg.check()
+            session_type = TrainingSession
+            if cfg.distributed:  # training in worker processes (docs/distributed.md)
+                from ..distributed.session import WorkerSession
+
+                session_type = WorkerSession
+            session = session_type.open(storage.run_dir(self._path, model.project, model.name), name=model.name,
+                                        project=model.project, base_model=model.base_model, cfg=cfg)
             self._runs[model.name] = session
             self._ensure_server()
             self._served.add(model.name, session.engine)

@@ -50,13 +50,20 @@ class Restored:
     history_record: dict[str, Any] | None
 
 
-def save(trainer: Any, run: Path, step: int, base_model: str, history_record: dict[str, Any] | None) -> Path:
-    """Write checkpoint `step` of `trainer` (adapter, optimizer, RNG, trainer state) atomically."""
+def save(trainer: Any, run: Path, step: int, base_model: str, history_record: dict[str, Any] | None, *,
+         adapter_state: dict[str, torch.Tensor] | None = None, optimizer_state: dict[str, Any] | None = None) -> Path:
+    """Write checkpoint `step` of `trainer` (adapter, optimizer, RNG, trainer state) atomically.
+
+    `adapter_state` (the model's parameter names -> tensors) and `optimizer_state` (as
+    `Optimizer.state_dict()` keys it) replace what the trainer's model and optimizer hold: a sharded
+    trainer passes the full tensors it gathered from every rank (distributed/checkpoint.py).
+    """
+    adapter = {} if adapter_state is None else {"state_dict": adapter_state}
 
     def write(tmp: Path) -> None:
-        trainer.model.save_pretrained(str(tmp), selected_adapters=["default"])
-        torch.save({OPTIMIZER_KEY: trainer.optimizer.state_dict(), TRAINER_RNG_KEY: trainer.rng_state()},
-                   tmp / storage.OPTIMIZER_FILE)
+        trainer.model.save_pretrained(str(tmp), selected_adapters=["default"], **adapter)
+        optimizer = trainer.optimizer.state_dict() if optimizer_state is None else optimizer_state
+        torch.save({OPTIMIZER_KEY: optimizer, TRAINER_RNG_KEY: trainer.rng_state()}, tmp / storage.OPTIMIZER_FILE)
         with open(tmp / storage.TRAINER_STATE_FILE, "w") as fh:
             json.dump({"step": step, "optimizer_steps": trainer.optimizer_steps, "base_model": base_model,
                        "history_record": history_record}, fh)

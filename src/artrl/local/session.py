@@ -16,16 +16,25 @@ engine that serves the same weights, the run directory and the step counter:
   was non-finite leaves the step where it was.
 * `delete_checkpoints` keeps the latest and the best checkpoint.
 
+With training workers (distributed/session.py) the same session keeps the
+weights for serving only; its subclass runs the calls elsewhere and loads each
+new checkpoint's adapter. `train` is written once for both: the call runs
+(`_run_call`), the step is refused or advanced by the same rules, and the
+checkpoint is written (`_write`) or the call's result dropped (`_discard`).
+
 It knows nothing of HTTP or of ART's calling conventions: the server and the
 ART-facing facade are local/backend.py's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +45,16 @@ from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFT
 from . import checkpoint, history, storage
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class CallOutcome:
+    """What a train call did before anything was written."""
+
+    empty: bool  # nothing to train on: the step advances with the same weights (ART)
+    line: str  # the call's summary line
+    steps: list[dict[str, float]]  # metrics per optimizer step
+    summary: dict[str, float]  # the call's metrics and data figures
 
 
 class TrainingSession:
@@ -57,7 +76,6 @@ class TrainingSession:
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
              cfg: InternalModelConfig) -> "TrainingSession":
         from ..serve import TransformersEngine
-        from ..train.modeling import load_model
         from ..train.trainer import Trainer
 
         run.mkdir(parents=True, exist_ok=True)
@@ -67,7 +85,7 @@ class TrainingSession:
         removed = storage.clean_temporaries(run)
         if removed:
             log.warning("removed %d temporary files or checkpoint directories left by an interrupted write", removed)
-        peft_model, tok = load_model(base_model, cfg)
+        peft_model, tok = cls._load_weights(base_model, cfg)
         on_cpu = next(peft_model.parameters()).device.type == "cpu"
         engine = TransformersEngine(peft_model, tok, max_batch_size=cfg.inference_max_batch_size,
                                     max_model_len=cfg.inference_max_length or cfg.max_length,
@@ -83,6 +101,13 @@ class TrainingSession:
             session.step, session.history_record = restored.step, restored.history_record
         session._recover_history()
         return session
+
+    @classmethod
+    def _load_weights(cls, base_model: str, cfg: InternalModelConfig) -> tuple[Any, Any]:
+        """(peft model, tokenizer) this session trains and serves."""
+        from ..train.modeling import load_model
+
+        return load_model(base_model, cfg)
 
     def _recover_history(self) -> None:
         """Re-append the latest checkpoint's train row if a crash kept it out of history.jsonl."""
@@ -135,44 +160,31 @@ class TrainingSession:
         `save_checkpoint=False` (ART's keyword) only leaves `checkpoint_path` out of the result, as ART's
         LocalBackend does: the checkpoint is the step, so it is always written.
         """
-        from ..train.call import run_call
-        from ..train.rl import prepare_rl
-        from ..train.sft import prepare_sft
-
         cfg = self.cfg.call_defaults(cfg)
-        trainer = self.trainer
-        with trainer.model_lock:
-            if kind == "rl":
-                assert isinstance(cfg, TrainConfig)
-                cfg.check()
-                cfg.notice_ignored()
-                call = prepare_rl(trainer, data, cfg, ref_adapter=self._reference_adapter(cfg))
-                if cfg.plot_tensors and call.packed is not None:
-                    from .plot_tensors import plot_packed
-
-                    log.info("plotted the packed tensors of %s step %d to %s", self.name, self.step + 1,
-                             plot_packed(call.packed, self.run))
-            else:
-                call = prepare_sft(trainer, data, cfg)
-            steps, summary = run_call(trainer, call, show_progress=show_progress, desc=f"{kind} step {self.step + 1}",
-                                      verbose=verbose)
-            if steps and int(summary.get("skipped_nonfinite_steps", 0)) == len(steps):
+        if isinstance(cfg, TrainConfig):
+            cfg.check()
+            cfg.notice_ignored()
+        with self._training():
+            out = self._run_call(kind, data, cfg, show_progress, verbose)
+            if out.steps and int(out.summary.get("skipped_nonfinite_steps", 0)) == len(out.steps):
+                self._discard()
                 raise NonFiniteError(
-                    f"{self.name}: all {len(steps)} optimizer steps of this {kind} call had a non-finite loss or "
-                    f"gradient and were refused; the step did not advance (still {self.step}) and no checkpoint "
+                    f"{self.name}: all {len(out.steps)} optimizer steps of this {kind} call had a non-finite loss "
+                    f"or gradient and were refused; the step did not advance (still {self.step}) and no checkpoint "
                     "was written. Usual causes: a diverged adapter (NaN/inf weights) or too high a learning rate; "
                     "lower learning_rate, or resume from an earlier checkpoint (delete the later ones).")
-            self.step += 1
-            metrics = trainer_metrics(summary, kind)
-            record = {"step": self.step, "split": "train", "kind": kind, **finite(metrics)}
-            path = self.save(record)
-        if call.empty:
+            step = self.step + 1
+            metrics = trainer_metrics(out.summary, kind)
+            record = {"step": step, "split": "train", "kind": kind, **finite(metrics)}
+            path = self._write(step, record)
+            self.step, self.history_record = step, record
+        if out.empty:
             log.warning("%s step %d: nothing was trained (%s); the step advanced with the same weights, as in ART",
-                        self.name, self.step, call.summary())
+                        self.name, self.step, out.line)
         if metrics.get("train/skipped_nonfinite_steps"):
             log.error("%s step %d: %d of %d optimizer steps had a non-finite loss or gradient and were refused "
                       "(train/skipped_nonfinite_steps); the weights did not take them", self.name, self.step,
-                      int(metrics["train/skipped_nonfinite_steps"]), len(steps))
+                      int(metrics["train/skipped_nonfinite_steps"]), len(out.steps))
         # the history row is written by model.train / train_sft (local/history.py), as in ART; the checkpoint
         # carries `record` so a crash before that write loses nothing (_recover_history)
         if not save_checkpoint:
@@ -181,6 +193,40 @@ class TrainingSession:
                         "checkpoint_path is None, as in ART.")
         return LocalTrainResult(step=self.step, metrics=metrics,
                                 checkpoint_path=str(path) if save_checkpoint else None)
+
+    @contextlib.contextmanager
+    def _training(self) -> Iterator[None]:
+        """Held for a whole call: here the model lock, so inference waits while the shared weights change."""
+        with self.trainer.model_lock:
+            yield
+
+    def _run_call(self, kind: str, data: list[Any], cfg: TrainConfig | TrainSFTConfig, show_progress: bool,
+                  verbose: bool = False) -> CallOutcome:
+        from ..train.call import run_call
+        from ..train.rl import prepare_rl
+        from ..train.sft import prepare_sft
+
+        trainer = self.trainer
+        if kind == "rl":
+            assert isinstance(cfg, TrainConfig)
+            call = prepare_rl(trainer, data, cfg, ref_adapter=self._reference_adapter(cfg))
+            if cfg.plot_tensors and call.packed is not None:
+                from .plot_tensors import plot_packed
+
+                log.info("plotted the packed tensors of %s step %d to %s", self.name, self.step + 1,
+                         plot_packed(call.packed, self.run))
+        else:
+            call = prepare_sft(trainer, data, cfg)
+        steps, summary = run_call(trainer, call, show_progress=show_progress, desc=f"{kind} step {self.step + 1}",
+                                  verbose=verbose)
+        return CallOutcome(call.empty, call.summary(), steps, summary)
+
+    def _discard(self) -> None:
+        """The call's result is not kept (nothing to do here: a refused step changed no weights)."""
+
+    def _write(self, step: int, record: dict[str, Any]) -> Path:
+        """Checkpoint `step`, with its history line inside."""
+        return checkpoint.save(self.trainer, self.run, step, self.base_model, record)
 
     def _reference_adapter(self, cfg: TrainConfig) -> str | None:
         """The loaded adapter that kl_ref_adapter_path / kl_penalty_reference_step name (None: the base model)."""

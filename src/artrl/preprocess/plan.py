@@ -50,6 +50,16 @@ class OptimizerStep:
 class BatchPlan:
     steps: list[OptimizerStep] = field(default_factory=list)
     row_length: int = 0
+    # the rule that cut the steps' rows into micro-batches (`micro_batches` applies it to other rows)
+    per_device_train_batch_size: int = 1
+    max_tokens_per_microbatch: int | None = None
+    trim_padding: bool = True
+
+    def micro_batches(self, packed: PackedRows, rows: Sequence[int]) -> list[MicroBatch]:
+        """`rows`, in this order, cut into micro-batches by this plan's rule (distributed/balance.py cuts
+        each rank's share of a step with it)."""
+        return _micro_batches(packed, rows, self.per_device_train_batch_size, self.max_tokens_per_microbatch,
+                              self.trim_padding)
 
     @property
     def num_micro_batches(self) -> int:
@@ -131,7 +141,8 @@ def plan_batches(
         if k < 1:
             raise ConfigError(f"grad_accumulation_sequences={k}; it must be >= 1.")
         step_rows = [list(range(i, min(i + k, n))) for i in range(0, n, k)]
-    plan = BatchPlan(row_length=packed.row_length)
+    plan = BatchPlan(row_length=packed.row_length, per_device_train_batch_size=per_device_train_batch_size,
+                     max_tokens_per_microbatch=max_tokens_per_microbatch, trim_padding=trim_padding)
     for rows in step_rows:
         if rows:
             plan.steps.append(_step(packed, rows, per_device_train_batch_size, max_tokens_per_microbatch,

@@ -56,3 +56,31 @@ def token_logprobs(
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, empty
     return torch.cat(logps), torch.cat(ents)
+
+
+class TokenLogprobModel(torch.nn.Module):
+    """The model's part of a train forward pass as one module: backbone, then the LM head on chosen slots.
+
+    Holding backbone and head under one parent lets a wrapper that works per module call
+    (FSDP2's `fully_shard`, distributed/sharding.py) see the whole pass, tied embeddings included.
+    """
+
+    def __init__(self, backbone: torch.nn.Module, lm_head: torch.nn.Module, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 softcap: float | None = None) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.lm_head = lm_head
+        self.chunk_size = chunk_size
+        self.softcap = softcap
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: object, position_ids: torch.Tensor,
+                rows: torch.Tensor, prev: torch.Tensor, targets: torch.Tensor, *, chunk_size: int | None = None,
+                **extra: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids, position_ids: [rows, width]; rows, prev, targets: [n] -> (logprobs [n], entropy [n]).
+
+        `chunk_size`: tokens per LM-head chunk for this pass (None: the module's own)."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               use_cache=False, **extra).last_hidden_state  # [rows, width, hidden]
+        h = hidden[rows, prev]  # [n, hidden]
+        return token_logprobs(h, self.lm_head, targets, chunk_size=chunk_size or self.chunk_size,
+                              softcap=self.softcap)

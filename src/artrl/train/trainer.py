@@ -51,7 +51,7 @@ from ..preprocess.pack import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..types import InternalModelConfig, OptimizerConfig
 from .attention import attention_mask_for
-from .logprobs import token_logprobs
+from .logprobs import TokenLogprobModel
 from .loss import LossTerms
 from .modeling import model_max_length
 from .tree_attention import TREE_ATTENTION, TreeLayout
@@ -77,6 +77,12 @@ class TokenBatch:
 LossFn = Callable[[TokenBatch], LossTerms]
 
 SAMPLED_DELTA_KEYS = ("sampled_logprob_delta_mean", "sampled_logprob_delta_max", "sampled_logprob_tokens")
+
+
+def new_totals() -> dict[str, float]:
+    """An optimizer step's running figures (sums, except `delta_max`, a maximum)."""
+    return dict(loss=0.0, policy=0.0, kl=0.0, entropy=0.0, clipped=0.0, ratio=0.0, weight=0.0, computed=0.0,
+                kl_ref=0.0, delta_sum=0.0, delta_max=0.0, delta_tokens=0.0)
 
 
 def _add_sampled_delta(totals: dict[str, float], tb: TokenBatch) -> None:
@@ -123,7 +129,10 @@ class Trainer:
     """Owns the peft model's training state: optimizer, step counter, the model lock."""
 
     def __init__(self, model: Any, tokenizer: Any, cfg: InternalModelConfig | None = None,
-                 model_lock: threading.RLock | None = None) -> None:
+                 model_lock: threading.RLock | None = None,
+                 wrap: Callable[[TokenLogprobModel], Any] | None = None) -> None:
+        """`wrap`, if given, is applied to the forward module before the optimizer takes its parameters
+        (distributed/sharding.py shards it with FSDP2 there)."""
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = cfg or InternalModelConfig()
@@ -135,6 +144,10 @@ class Trainer:
         self.attn_implementation = inner.config._attn_implementation
         self.softcap = getattr(inner.config, "final_logit_softcapping", None)
         self.max_length = model_max_length(inner, self.cfg)
+        self.token_model = TokenLogprobModel(self.backbone, self.lm_head, chunk_size=self.cfg.logprob_chunk_size,
+                                             softcap=self.softcap)
+        if wrap is not None:
+            wrap(self.token_model)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, **OptimizerConfig().optimizer_settings())
         self.model_lock = model_lock or threading.RLock()
@@ -211,12 +224,9 @@ class Trainer:
         ctx = torch.enable_grad() if grad else torch.no_grad()
         adapter_ctx = self._reference(ref_adapter) if not adapter else contextlib.nullcontext()
         with ctx, adapter_ctx:
-            hidden = self.backbone(input_ids=input_ids, attention_mask=mask,
-                                   position_ids=mb.position_ids.to(dev), use_cache=False, **extra).last_hidden_state
-            h = hidden[b_idx.to(dev), prev.to(dev)]  # [n, hidden]
             targets = input_ids[b_idx.to(dev), t_idx.to(dev)]  # [n]
-            logp, ent = token_logprobs(h, self.lm_head, targets, chunk_size=chunk_size or self.cfg.logprob_chunk_size,
-                                       softcap=self.softcap)
+            logp, ent = self.token_model(input_ids, mask, mb.position_ids.to(dev), b_idx.to(dev), prev.to(dev),
+                                         targets, chunk_size=chunk_size or self.cfg.logprob_chunk_size, **extra)
         return TokenBatch(
             logprobs=logp, entropy=ent.detach(),
             old_logprobs=mb.logprobs[b_idx, t_idx].to(dev),
@@ -275,54 +285,76 @@ class Trainer:
         """
         opts = options or StepOptions(need_ref=need_ref)
         denom = float(packed.weights[step.rows].sum())
-        totals = dict(loss=0.0, policy=0.0, kl=0.0, entropy=0.0, clipped=0.0, ratio=0.0, weight=0.0, computed=0.0,
-                      kl_ref=0.0, delta_sum=0.0, delta_max=0.0, delta_tokens=0.0)
+        totals = new_totals()
         refs: dict[int, torch.Tensor] = {}
         kl_mean = None
         if opts.need_ref and opts.kl_step_mean:
-            kl_mean = self._step_kl_mean(packed, step, opts, refs)
+            total, count = self.kl_sums(packed, step.micro_batches, opts, refs)
+            kl_mean = total / count if count else 0.0
         for i, mb in enumerate(step.micro_batches):
-            sub = packed.select(mb.rows, mb.width)
-            totals["computed"] += sub.input_ids.numel()
-            tb = self.forward_tokens(sub, chunk_size=opts.chunk_size)
-            if opts.need_ref:
-                tb.ref_logprobs = refs.pop(i, None)
-                if tb.ref_logprobs is None:
-                    tb.ref_logprobs = self.forward_tokens(sub, grad=False, adapter=False, ref_adapter=opts.ref_adapter,
-                                                          chunk_size=opts.chunk_size).logprobs
-            tb.kl_mean = kl_mean
-            if original_logprobs is not None:
-                rows = torch.as_tensor(mb.rows, dtype=torch.long)
-                tb.original_logprobs = original_logprobs[rows, :mb.width][sub.trainable_mask].to(tb.logprobs.device)
-            _add_sampled_delta(totals, tb)
-            terms = loss_fn(tb)
-            if denom > 0 and terms.weight_sum > 0:
-                (terms.loss_sum / denom).backward()
-            totals["loss"] += float(terms.loss_sum.detach()) / max(denom, 1e-12)
-            totals["policy"] += terms.policy_sum
-            totals["kl"] += terms.kl_sum
-            totals["entropy"] += terms.entropy_sum
-            totals["clipped"] += terms.clipped_tokens
-            totals["ratio"] += terms.ratio_sum
-            totals["weight"] += terms.weight_sum
-            totals["kl_ref"] += terms.kl_ref_sum
+            self.micro_step(packed, mb, loss_fn, denom, totals, opts=opts, ref=refs.pop(i, None), kl_mean=kl_mean,
+                            original_logprobs=original_logprobs)
             if bar is not None:
                 bar.update(1)
         return totals
 
-    def _step_kl_mean(self, packed: PackedRows, step: Any, opts: StepOptions, refs: dict[int, torch.Tensor]) -> float:
-        """Mean of (new - ref) over the step's trainable tokens, before any gradient; keeps the ref logprobs."""
+    def kl_sums(self, packed: PackedRows, micro_batches: list[Any], opts: StepOptions,
+                refs: dict[int, torch.Tensor] | None = None) -> tuple[float, int]:
+        """Sum and count of (new - ref) over the micro-batches' trainable tokens, without gradients.
+
+        The reference logprobs are kept in `refs` (by micro-batch index) for the passes that follow.
+        """
         total, count = 0.0, 0
-        for i, mb in enumerate(step.micro_batches):
+        for i, mb in enumerate(micro_batches):
             sub = packed.select(mb.rows, mb.width)
             cur = self.forward_tokens(sub, grad=False, chunk_size=opts.chunk_size)
             ref = self.forward_tokens(sub, grad=False, adapter=False, ref_adapter=opts.ref_adapter,
                                       chunk_size=opts.chunk_size).logprobs
-            refs[i] = ref
+            if refs is not None:
+                refs[i] = ref
             live = cur.weights > 0  # [n]
             total += float((cur.logprobs - ref)[live].sum())
             count += int(live.sum())
-        return total / count if count else 0.0
+        return total, count
+
+    def micro_step(self, packed: PackedRows, mb: Any, loss_fn: LossFn, denom: float, totals: dict[str, float], *,
+                   opts: StepOptions | None = None, need_ref: bool = False, ref: torch.Tensor | None = None,
+                   kl_mean: float | None = None, original_logprobs: torch.Tensor | None = None,
+                   always_backward: bool = False, scale: float = 1.0) -> None:
+        """One forward/backward pass over micro-batch `mb` (rows of `packed`); adds its figures to `totals`.
+
+        The loss sum is divided by `denom`, the whole optimizer step's weight, and multiplied by `scale`.
+        `ref`: the pass's reference logprobs when a KL first pass already computed them (else computed here);
+        `kl_mean`: the step's mean (new - ref) for ART's KL-penalised advantages; `original_logprobs`
+        ([rows, row_length]): the sampled logprobs when `packed.logprobs` were recomputed.
+        A pass with nothing to learn skips backward unless `always_backward` (a sharded model's ranks must
+        all run every backward: distributed/sharding.py, which also runs zero-`scale` padding passes).
+        """
+        opts = opts or StepOptions(need_ref=need_ref)
+        sub = packed.select(mb.rows, mb.width)
+        totals["computed"] += sub.input_ids.numel()
+        tb = self.forward_tokens(sub, chunk_size=opts.chunk_size)
+        if opts.need_ref:
+            tb.ref_logprobs = ref if ref is not None else self.forward_tokens(
+                sub, grad=False, adapter=False, ref_adapter=opts.ref_adapter, chunk_size=opts.chunk_size).logprobs
+        tb.kl_mean = kl_mean
+        if original_logprobs is not None:
+            rows = torch.as_tensor(mb.rows, dtype=torch.long)
+            tb.original_logprobs = original_logprobs[rows, :mb.width][sub.trainable_mask].to(tb.logprobs.device)
+        _add_sampled_delta(totals, tb)
+        terms = loss_fn(tb)
+        if denom > 0 and terms.weight_sum > 0:
+            (terms.loss_sum / denom if scale == 1.0 else terms.loss_sum / denom * scale).backward()
+        elif always_backward:
+            (terms.loss_sum * 0.0).backward()
+        totals["loss"] += float(terms.loss_sum.detach()) / max(denom, 1e-12)
+        totals["policy"] += terms.policy_sum
+        totals["kl"] += terms.kl_sum
+        totals["entropy"] += terms.entropy_sum
+        totals["clipped"] += terms.clipped_tokens
+        totals["ratio"] += terms.ratio_sum
+        totals["weight"] += terms.weight_sum
+        totals["kl_ref"] += terms.kl_ref_sum
 
     def _step(self, packed: PackedRows, step: Any, loss_fn: LossFn, lr: float, optimizer: OptimizerConfig,
               opts: StepOptions, bar: tqdm, original: torch.Tensor | None = None) -> dict[str, float]:

@@ -1,0 +1,132 @@
+"""A training session whose train calls run on a group of worker processes (docs/distributed.md).
+
+The same session as local/session.py (run directory, step counter, checkpoints,
+the served weights), with three differences:
+
+* its model is loaded for serving only, on `inference_gpu_ids[0]` when given;
+  inference keeps answering during a train call (no model lock is held: the
+  workers train their own sharded copy), and the served adapter is swapped
+  under the engine's lock once the call's checkpoint is complete;
+* a call goes to the `WorkerGroup` (distributed/group.py): the workers train,
+  the session decides as in one process (empty call, all steps non-finite), and
+  rank 0 writes the checkpoint;
+* a failed group (`WorkerError`) is restarted by the next call, from the latest
+  complete checkpoint: what a killed writer left is removed first, and a
+  checkpoint that was completed but never confirmed is adopted (served, and its
+  history line recovered).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..local import checkpoint, storage
+from ..local.session import CallOutcome, TrainingSession
+from ..notices import notice_once
+from ..types import InternalModelConfig, TrainConfig, TrainSFTConfig
+from .group import WorkerGroup
+
+log = logging.getLogger(__name__)
+
+
+def serving_config(cfg: InternalModelConfig) -> InternalModelConfig:
+    """The served model's settings: `inference_gpu_ids` names its GPU."""
+    if cfg.inference_gpu_ids:
+        return cfg.model_copy(update={"device": f"cuda:{cfg.inference_gpu_ids[0]}"})
+    return cfg
+
+
+class WorkerSession(TrainingSession):
+    """See the module docstring. Build with `WorkerSession.open(...)`; `close()` stops the workers."""
+
+    workers: WorkerGroup
+    _calls: threading.Lock
+
+    @classmethod
+    def open(cls, run: Path, *, name: str, project: str, base_model: str,
+             cfg: InternalModelConfig) -> "WorkerSession":
+        session = super().open(run, name=name, project=project, base_model=base_model, cfg=cfg)
+        assert isinstance(session, WorkerSession)
+        session.workers = WorkerGroup(run, cfg, name=f"{project}-{name}")
+        session._calls = threading.Lock()
+        try:
+            session.workers.start()
+        except BaseException:
+            session.workers.close()
+            session.engine.close()
+            raise
+        return session
+
+    @classmethod
+    def _load_weights(cls, base_model: str, cfg: InternalModelConfig) -> tuple[Any, Any]:
+        from ..train.modeling import load_model
+
+        return load_model(base_model, serving_config(cfg))
+
+    def close(self) -> None:
+        try:
+            self.workers.close()
+        finally:
+            super().close()
+
+    # ------------------------------------------------------------------ one call
+    @contextlib.contextmanager
+    def _training(self) -> Iterator[None]:
+        # one call at a time on the workers; the served weights change only in _serve, under the engine's lock,
+        # so inference goes on meanwhile
+        with self._calls:
+            yield
+
+    def _run_call(self, kind: str, data: list[Any], cfg: TrainConfig | TrainSFTConfig, show_progress: bool,
+                  verbose: bool = False) -> CallOutcome:
+        if isinstance(cfg, TrainConfig) and cfg.needs_reference() and (
+                cfg.kl_ref_adapter_path is not None or cfg.kl_penalty_reference_step is not None):
+            raise ConfigError(
+                "kl_ref_adapter_path / kl_penalty_reference_step (a checkpoint as the KL reference) is not "
+                "supported with training workers yet; the workers use the base model (adapter off) as the "
+                "reference. Drop the option, or train in one process (num_workers=1).")
+        if isinstance(cfg, TrainConfig) and cfg.plot_tensors:
+            notice_once("workers.plot_tensors", "plot_tensors has no effect with training workers (the packed "
+                        "rows live in the worker processes); train in one process to plot them.")
+        if not self.workers.running:
+            self._restart_workers()
+        trained = self.workers.train(kind, data, cfg, desc=f"{kind} step {self.step + 1}", progress=show_progress)
+        log.info("%s", trained.line)
+        return CallOutcome(trained.empty, trained.line, trained.steps, trained.summary)
+
+    def _discard(self) -> None:
+        self.workers.commit(None)
+
+    def _write(self, step: int, record: dict[str, Any]) -> Path:
+        path = self.workers.commit(step, record)
+        assert path is not None
+        self._serve(path)
+        return path
+
+    # ------------------------------------------------------------------ helpers
+    def _serve(self, path: Path) -> None:
+        """Load a checkpoint's adapter (written by rank 0) into the served model."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        weights = load_file(str(path / storage.ADAPTER_WEIGHTS_FILE))
+        with self.engine.model_lock:
+            set_peft_model_state_dict(self.trainer.model, weights, adapter_name="default")
+
+    def _restart_workers(self) -> None:
+        """After a failure: drop what a killed writer left, adopt the latest complete checkpoint, start anew."""
+        removed = storage.clean_temporaries(self.run)
+        if removed:
+            log.warning("removed %d temporary files or checkpoint directories left by a failed worker", removed)
+        latest = storage.latest_checkpoint(self.run)
+        if latest is not None and latest != self.step:
+            restored = checkpoint.restore(self.trainer, self.run, latest, self.base_model)
+            self.step, self.history_record = restored.step, restored.history_record
+            self._recover_history()
+        self.workers.start()

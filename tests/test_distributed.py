@@ -1,0 +1,382 @@
+"""Training workers on torch.distributed (docs/distributed.md).
+
+Fast (pure data): the split of a step's rows across ranks (every row once, equal
+passes, the plan's micro-batch rule per rank, balance on the seed-like workload),
+the worker settings' checks, and which failed rank is named the cause.
+
+Slow (worker processes, gloo, the tiny model): 2 workers give the adapter of one
+process after RL and SFT calls (relative to the update, < 1e-4); a SIGKILLed worker
+fails the call with an error naming its rank, leaves no checkpoint, and the next call
+resumes and matches again; a run resumes from 2 workers to 1 process and from 1 to 2;
+a second "machine" joins through torchrun. Set ARTRL_TEST_DEVICE=cuda to run them on
+GPUs (float32; benchmarks/gpu.sh does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import artrl as art
+from artrl.distributed.balance import padding_batch, split_step
+from artrl.distributed.group import _cause_order
+from artrl.local import storage
+from artrl.preprocess.pack import pack
+from artrl.preprocess.plan import plan_batches
+from artrl.preprocess.tokenize import TokenizedSequence
+
+WORKLOAD = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "seed-like.json"
+DEVICE = os.environ.get("ARTRL_TEST_DEVICE", "cpu")
+
+
+# --------------------------------------------------------------------------- the split (pure data)
+
+def _packed(lengths: list[int]):
+    """One row per sequence, of the given used lengths."""
+    from artrl.preprocess.pack import concat_packed
+
+    rows = [pack([[TokenizedSequence(token_ids=list(range(10, 10 + n)), trainable_mask=[False] + [True] * (n - 1),
+                                     logprobs=[float("nan")] + [-1.0] * (n - 1), advantage=1.0, group_index=i,
+                                     trajectory_index=0)]], row_length=max(lengths), max_length=10_000)
+            for i, n in enumerate(lengths)]
+    packed = concat_packed(rows)
+    assert packed.lengths.tolist() == lengths
+    return packed
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(2, 60), min_size=1, max_size=24), world=st.integers(1, 5),
+       per_device=st.integers(1, 3), budget=st.sampled_from([None, 60, 130]))
+def test_split_gives_every_row_once_and_every_rank_the_same_number_of_passes(lengths, world, per_device, budget):
+    packed = _packed(lengths)
+    plan = plan_batches(packed, per_device_train_batch_size=per_device, max_tokens_per_microbatch=budget,
+                        grad_accumulation_sequences=None)
+    step = plan.steps[0]
+    shares = split_step(packed, plan, step, world)
+    assert len(shares) == world
+    assert sorted(r for s in shares for r in s.rows) == sorted(step.rows)
+    assert len({s.passes for s in shares}) == 1  # FSDP: the same number of collectives on every rank
+    assert max(len(s.micro_batches) for s in shares) == shares[0].passes  # no rank pads without need
+    for s in shares:
+        assert [r for mb in s.micro_batches for r in mb.rows] == s.rows
+        assert s.micro_batches == plan.micro_batches(packed, s.rows)  # the plan's own rule, per rank
+        for mb in s.micro_batches:
+            assert mb.width == max(int(packed.lengths[r]) for r in mb.rows)
+            assert len(mb.rows) <= per_device if budget is None else mb.tokens <= budget
+    if budget is None:  # counted in rows, no rank runs more passes than an even deal needs
+        assert shares[0].passes == -(-len(step.rows) // (world * per_device))
+    pad = padding_batch(packed, plan, step)
+    assert pad.rows[0] in step.rows and pad.width == min(int(packed.lengths[r]) for r in step.rows)
+
+
+def test_split_is_greedy_longest_first_by_computed_tokens():
+    packed = _packed([9, 7, 5, 4, 2])  # the worked example of balance.py
+    plan = plan_batches(packed, per_device_train_batch_size=1, grad_accumulation_sequences=None)
+    shares = split_step(packed, plan, plan.steps[0], 2)
+    assert [sorted(int(packed.lengths[r]) for r in s.rows) for s in shares] == [[4, 9], [2, 5, 7]]
+    assert [s.computed_tokens for s in shares] == [13, 14]
+    assert [s.padding for s in shares] == [1, 0]
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.125])
+def test_seed_like_workload_is_balanced_within_10_percent_on_two_ranks(scale):
+    """The RL build path with its defaults (one step of all groups), as a train call packs it."""
+    from artrl.bench.workload import load_workload, workload_groups
+    from artrl.train.rl import build_rl
+
+    groups = workload_groups(load_workload(WORKLOAD), scale=scale, vocab_size=2000)
+    built = build_rl(groups, art.TrainConfig(), max_length=40960, pad_id=0, device_type="cpu")
+    packed, plan = built.packed, built.plan
+    tokens = [0, 0]
+    for step in plan.steps:
+        for k, s in enumerate(split_step(packed, plan, step, 2)):
+            tokens[k] += s.computed_tokens
+    assert sum(tokens) == sum(mb.tokens for s in plan.steps for mb in s.micro_batches)
+    assert max(tokens) / (sum(tokens) / 2) - 1 < 0.10, tokens
+
+
+# --------------------------------------------------------------------------- settings and failures
+
+@pytest.mark.parametrize("kw, fragment", [
+    (dict(trainer_gpu_ids=[0, 0]), "distinct"),
+    (dict(trainer_gpu_ids=[0, 1], num_workers=3), "num_workers=3"),
+    (dict(trainer_gpu_ids=[0], inference_gpu_ids=[0]), "overlap"),
+    (dict(inference_gpu_ids=[1, 2]), "exactly one GPU"),
+    (dict(num_nodes=2), "rendezvous_endpoint"),
+    (dict(rendezvous_endpoint="nohost"), "HOST:PORT"),
+])
+def test_worker_settings_are_checked_with_a_remedy(kw, fragment):
+    with pytest.raises(art.ConfigError, match=fragment):
+        art.InternalModelConfig(**kw).check()
+
+
+def test_worker_settings_say_where_training_runs():
+    assert not art.InternalModelConfig().distributed
+    assert art.InternalModelConfig(num_workers=2).distributed
+    cfg = art.InternalModelConfig(trainer_gpu_ids=[0], inference_gpu_ids=[1])
+    cfg.check()
+    assert cfg.distributed and cfg.workers_here == 1
+
+
+def _failure(rank, signal_name="", exitcode=1, message="", timestamp=100):
+    return {"rank": rank, "signal": signal_name, "exitcode": exitcode, "message": message, "timestamp": timestamp}
+
+
+def test_the_cause_of_a_group_failure_is_the_killed_rank_not_its_stopped_or_disconnected_peers():
+    killed = _failure(1, "SIGKILL", -9)
+    stopped = _failure(0, "SIGTERM", -15)
+    lost_peer = _failure(2, message="RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:1234", timestamp=99)
+    assert min([stopped, lost_peer, killed], key=_cause_order) is killed
+    oom = _failure(3, message="torch.OutOfMemoryError: CUDA out of memory", timestamp=101)
+    assert min([stopped, lost_peer, oom], key=_cause_order) is oom
+
+
+# --------------------------------------------------------------------------- worker processes (slow)
+
+def _rl_groups(make_choice):
+    groups = []
+    for g in range(3):
+        prompt = [{"role": "system", "content": "Answer with a colour."}, {"role": "user", "content": f"Colour {g}?"}]
+        trajs = [art.Trajectory(messages_and_choices=prompt + [make_choice(f"colour {g} {t}" + " blue" * (2 * t))],
+                                reward=float(t % 2) + 0.2 * t) for t in range(4)]
+        groups.append(art.TrajectoryGroup(trajs))
+    return groups
+
+
+SFT = [art.Trajectory(messages_and_choices=[{"role": "user", "content": f"Say {w}."},
+                                            {"role": "assistant", "content": f"{w} and {w}" + " again" * i}],
+                      reward=0.0)
+       for i, w in enumerate(("red", "blue", "green", "pink", "black"))]
+
+
+async def _call(model, k, groups):
+    """Call k of the sequence RL, SFT, RL, SFT: several optimizer steps, odd row counts (padding passes), a KL
+    reference pass."""
+    if k % 2 == 0:
+        return await model.train(groups, config=art.TrainConfig(learning_rate=2e-2, row_length=64, beta=0.05,
+                                                                groups_per_optimizer_step=2))
+    return await model.train_sft(SFT, config=art.TrainSFTConfig(learning_rate=2e-2, batch_size=3, row_length=32))
+
+
+def _config(**kw) -> art.InternalModelConfig:
+    return art.InternalModelConfig(device=DEVICE, dtype="float32", **kw)
+
+
+async def _register(path: Path, **kw):
+    model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny", _internal_config=_config(**kw))
+    backend = art.LocalBackend(path=str(path), show_progress=False)
+    await model.register(backend)
+    return model, backend
+
+
+def _adapter(backend) -> dict[str, torch.Tensor]:
+    """The SERVED model's adapter (the driver's copy, which serves the new weights)."""
+    from peft import get_peft_model_state_dict
+
+    model = backend._runs["m"].trainer.model
+    return {k: v.detach().float().cpu().clone() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def _assert_same_update(got, want, before):
+    """The adapter equals the reference relative to how far training moved it."""
+    assert got.keys() == want.keys()
+    diff = sum(float((got[k] - want[k]).pow(2).sum()) for k in want) ** 0.5
+    moved = sum(float((want[k] - before[k]).pow(2).sum()) for k in want) ** 0.5
+    assert moved > 0
+    assert diff / moved < 1e-4, (diff, moved)
+
+
+def _skip_without_devices(n: int) -> None:
+    if DEVICE.startswith("cuda") and torch.cuda.device_count() < n:
+        pytest.skip(f"needs {n} GPUs, found {torch.cuda.device_count()}")
+
+
+@pytest.fixture(scope="module")
+def groups(make_choice):
+    """One set of RL groups for every run of this module (make_choice draws new logprobs each time)."""
+    return _rl_groups(make_choice)
+
+
+@pytest.fixture(scope="module")
+def reference(groups, tmp_path_factory):
+    """Adapters of one process after checkpoint 0 and each of the 4 calls."""
+
+    async def main():
+        model, backend = await _register(tmp_path_factory.mktemp("one-process"))
+        out = [_adapter(backend)]
+        for k in range(4):
+            await _call(model, k, groups)
+            out.append(_adapter(backend))
+        backend.close()
+        return out
+
+    return asyncio.run(main())
+
+
+def _train_records(run: Path) -> list[int]:
+    return [r["step"] for r in storage.read_jsonl(run / storage.HISTORY_FILE) if r.get("kind")]
+
+
+@pytest.mark.slow
+def test_two_workers_train_like_one_process_survive_a_killed_worker_and_resume_in_one(tmp_path, groups, reference,
+                                                                                     make_choice):
+    _skip_without_devices(2)
+    run = storage.run_dir(tmp_path, "p", "m")
+
+    async def main():
+        model, backend = await _register(tmp_path, num_workers=2)
+        group = backend._runs["m"].workers
+        assert group.world_size == 2
+        for k in range(2):  # an RL call, then an SFT call
+            result = await _call(model, k, groups)
+            assert result.step == k + 1
+            assert result.metrics["train/workers"] == 2
+            assert result.metrics["train/computed_tokens_rank0"] > 0 and result.metrics["train/computed_tokens_rank1"] > 0
+            assert result.metrics["train/padding_passes"] >= 1  # a step with an odd number of rows
+            _assert_same_update(_adapter(backend), reference[k + 1], reference[k])
+
+        # SIGKILL rank 1 in the middle of the third call
+        victim = group.workers[1]["pid"]
+        task = asyncio.create_task(_call(model, 2, groups))
+        while not group._store.check(["call/2"]):
+            await asyncio.sleep(0.01)
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(art.WorkerError, match=r"rank 1 \(pid \d+ .*\) was killed by SIGKILL") as err:
+            await task
+        assert "next train call restarts the workers from the latest complete checkpoint" in str(err.value)
+        assert await model.get_step() == 2
+        assert storage.list_checkpoints(run) == [0, 1, 2]
+        assert not [p for p in (run / storage.CHECKPOINTS_DIR).iterdir() if p.name.startswith(storage.TMP_PREFIX)]
+        _assert_same_update(_adapter(backend), reference[2], reference[1])  # still serving checkpoint 2
+
+        # the next call starts a new group from checkpoint 2 and trains as one process would
+        result = await _call(model, 2, groups)
+        assert result.step == 3 and group.generation == 2
+        _assert_same_update(_adapter(backend), reference[3], reference[2])
+        client = model.openai_client()
+        reply = await client.chat.completions.create(model=model.name, max_tokens=4,
+                                                     messages=[{"role": "user", "content": "Colour 1?"}])
+        assert reply.choices[0].message.content is not None
+
+        # refused data raises what one process raises, and the group lives on; an empty call does not advance
+        no_logprobs = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[
+            {"role": "user", "content": "Colour?"}, make_choice(f"blue {t}", logprobs=False)], reward=float(t))
+            for t in range(2)])]
+        with pytest.raises(art.TrajectoryError, match="logprobs.*refused by training worker rank"):
+            await model.train(no_logprobs, config=art.TrainConfig(require_logprobs=True))
+        same_reward = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[
+            {"role": "user", "content": "Colour?"}, make_choice(f"red {t}")], reward=1.0) for t in range(2)])]
+        empty = await model.train(same_reward)
+        assert empty.step == 3 and empty.checkpoint_path is None and group.generation == 2
+        assert storage.list_checkpoints(run) == [0, 1, 2, 3]
+        backend.close()
+        assert group._proc is None  # the workers have exited
+
+        # checkpoint 3, written by rank 0, resumes in one process
+        model, backend = await _register(tmp_path)
+        assert type(backend._runs["m"]).__name__ == "TrainingSession" and await model.get_step() == 3
+        await _call(model, 3, groups)
+        _assert_same_update(_adapter(backend), reference[4], reference[3])
+        backend.close()
+        assert _train_records(run) == [1, 2, 3, 4]
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_a_run_of_one_process_resumes_on_two_workers(tmp_path, groups, reference):
+    _skip_without_devices(2)
+
+    async def main():
+        model, backend = await _register(tmp_path)
+        await _call(model, 0, groups)
+        backend.close()
+        model, backend = await _register(tmp_path, num_workers=2)
+        assert await model.get_step() == 1
+        await _call(model, 1, groups)
+        _assert_same_update(_adapter(backend), reference[2], reference[1])
+        backend.close()
+
+    asyncio.run(main())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_second_machine_joins_through_torchrun(tmp_path, groups, reference):
+    """Two 'machines' of one worker each; the second is started as docs/distributed.md says, with torchrun."""
+    _skip_without_devices(2)
+    endpoint = f"127.0.0.1:{_free_port()}"
+    run = storage.run_dir(tmp_path, "p", "m")
+
+    async def main():
+        other = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
+                                  "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "p-m-g1",
+                                  "--rdzv-conf", "is_host=false", "-m", "artrl.distributed.worker",
+                                  "--control", endpoint, "--run-dir", str(run)],
+                                 env={**os.environ, **({"CUDA_VISIBLE_DEVICES": "1"} if DEVICE == "cuda" else {})})
+        try:
+            model, backend = await _register(tmp_path, num_nodes=2, rendezvous_endpoint=endpoint)
+            group = backend._runs["m"].workers
+            assert group.world_size == 2 and {w["rank"] for w in group.workers} == {0, 1}
+            assert "--rdzv-endpoint " + endpoint in group.remote_command()
+            result = await _call(model, 0, groups)
+            assert result.metrics["train/computed_tokens_rank1"] > 0
+            _assert_same_update(_adapter(backend), reference[1], reference[0])
+            backend.close()
+            assert other.wait(60) == 0  # the joined machine's torchrun ends cleanly with the run
+        finally:
+            if other.poll() is None:
+                other.kill()
+                other.wait()
+
+    asyncio.run(main())
+
+
+def test_remote_command_names_the_store_and_run_directory(tmp_path):
+    from artrl.distributed.group import WorkerGroup
+
+    group = WorkerGroup(tmp_path, art.InternalModelConfig(num_workers=2), name="p/m x")
+    try:
+        cmd = group.remote_command()
+        assert group.rdzv_id == "p-m-x-g0"
+        assert f"--rdzv-endpoint {group.endpoint}" in cmd and f"--control {group.endpoint}" in cmd
+        assert f"--run-dir {tmp_path}" in cmd and "is_host=false" in cmd
+        assert json.loads(json.dumps(group.command()))[-1] == str(tmp_path)
+    finally:
+        group.close()
+
+
+@pytest.mark.slow  # a one-process run and a 2-worker torchrun, each loading the model and training a call
+def test_bench_train_workers_reports_balance_and_efficiency(capsys):
+    from artrl.cli import main
+
+    _skip_without_devices(2)
+    assert main(["bench", "train", "--workload", str(WORKLOAD), "--scale", "0.02", "--device", DEVICE,
+                 "--workers", "2"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    one, many = out["one_worker"], out["distributed"]
+    assert many["workers"] == out["workers"] == 2
+    assert many["trainable_tokens"] == one["trainable_tokens"] > 0  # the same call
+    assert sum(out["rank_computed_tokens"]) == many["computed_tokens"] == one["computed_tokens"]
+    assert min(out["rank_computed_tokens"]) > 0
+    tokens = out["rank_computed_tokens"]
+    assert out["computed_tokens_imbalance"] == round(max(tokens) / (sum(tokens) / 2) - 1, 4)
+    assert out["speedup"] == round(many["trainable_tokens_per_s"] / one["trainable_tokens_per_s"], 3)
+    assert out["scaling_efficiency"] == pytest.approx(out["speedup"] / 2, abs=1e-3)
+    assert many["skipped_nonfinite_steps"] == one["skipped_nonfinite_steps"] == 0
