@@ -88,13 +88,20 @@ def test_ignored_nested_keys_are_noticed_once_each(caplog, section, key, value, 
     assert cfg == art.InternalModelConfig()  # nothing else changed
 
 
-@pytest.mark.parametrize("key", ["trainer_gpu_ids", "inference_gpu_ids", "tinker_args", "tinker_native_args"])
+@pytest.mark.parametrize("key", ["tinker_args", "tinker_native_args"])
 def test_top_level_art_keys_are_noticed(caplog, key):
-    value = [0] if key.endswith("gpu_ids") else {"renderer_name": "x"}
     with caplog.at_level(logging.WARNING, logger=NOTICES):
-        art.InternalModelConfig(**{key: value})
-        art.InternalModelConfig(**{key: value})
+        art.InternalModelConfig(**{key: {"renderer_name": "x"}})
+        art.InternalModelConfig(**{key: {"renderer_name": "x"}})
     assert len(notice_lines(caplog)) == 1 and key in notice_lines(caplog)[0]
+
+
+def test_arts_gpu_ids_are_honoured_as_training_workers(caplog):
+    with caplog.at_level(logging.WARNING, logger=NOTICES):
+        cfg = art.InternalModelConfig(trainer_gpu_ids=[0, 1], inference_gpu_ids=[2])
+    assert notice_lines(caplog) == []  # not meaningless here: docs/distributed.md
+    assert cfg.trainer_gpu_ids == [0, 1] and cfg.inference_gpu_ids == [2]
+    assert cfg.distributed and cfg.workers_here == 2
 
 
 def test_flat_keys_win_over_nested_ones_with_a_notice(caplog):

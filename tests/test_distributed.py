@@ -269,7 +269,8 @@ def test_two_workers_train_like_one_process_survive_a_killed_worker_and_resume_i
                                                      messages=[{"role": "user", "content": "Colour 1?"}])
         assert reply.choices[0].message.content is not None
 
-        # refused data raises what one process raises, and the group lives on; an empty call does not advance
+        # refused data raises what one process raises, and the group lives on; an empty call advances the step
+        # with the same weights (ART's semantics), written by rank 0 like any other
         no_logprobs = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[
             {"role": "user", "content": "Colour?"}, make_choice(f"blue {t}", logprobs=False)], reward=float(t))
             for t in range(2)])]
@@ -278,18 +279,19 @@ def test_two_workers_train_like_one_process_survive_a_killed_worker_and_resume_i
         same_reward = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[
             {"role": "user", "content": "Colour?"}, make_choice(f"red {t}")], reward=1.0) for t in range(2)])]
         empty = await model.train(same_reward)
-        assert empty.step == 3 and empty.checkpoint_path is None and group.generation == 2
-        assert storage.list_checkpoints(run) == [0, 1, 2, 3]
+        assert empty.step == 4 and empty.checkpoint_path is not None and group.generation == 2
+        assert storage.list_checkpoints(run) == [0, 1, 2, 3, 4]
+        _assert_same_update(_adapter(backend), reference[3], reference[2])  # nothing was trained
         backend.close()
         assert group._proc is None  # the workers have exited
 
-        # checkpoint 3, written by rank 0, resumes in one process
+        # checkpoint 4, written by rank 0, resumes in one process (optimizer state as after checkpoint 3)
         model, backend = await _register(tmp_path)
-        assert type(backend._runs["m"]).__name__ == "TrainingSession" and await model.get_step() == 3
+        assert type(backend._runs["m"]).__name__ == "TrainingSession" and await model.get_step() == 4
         await _call(model, 3, groups)
         _assert_same_update(_adapter(backend), reference[4], reference[3])
         backend.close()
-        assert _train_records(run) == [1, 2, 3, 4]
+        assert _train_records(run) == [1, 2, 3, 4, 5]
 
     asyncio.run(main())
 
