@@ -30,7 +30,8 @@ from chat_families import FAMILIES, family_tokenizer, generation_config  # noqa:
 from artrl.chat_format import end_of_turn_ids, message_of  # noqa: E402
 from artrl.preprocess.pack import pack  # noqa: E402
 from artrl.preprocess.tokenize import TokenizeStats, tokenize_history  # noqa: E402
-from artrl.serve import GenerationRequest, GenerationResult, InferenceEngine, ServedModels, create_app  # noqa: E402
+from artrl.serve import ServedModels, create_app  # noqa: E402
+from artrl.serve.scripted import ScriptedEngine  # noqa: E402
 from artrl.tiny import build_tiny_tokenizer  # noqa: E402
 
 SYSTEM = "You are a research assistant. Use the search tool to find facts, then answer in one paragraph. " * 3
@@ -42,36 +43,9 @@ RESULT = "Result %d: the harbour opened in 1862; widened 1921 and 1958; 14 berth
 THINK = "<think>\nThe user wants dates. I should check the sources again before answering.\n</think>\n\n"
 
 
-class Scripted(InferenceEngine):
-    def __init__(self, tokenizer: Any, end_ids: frozenset[int]) -> None:
-        super().__init__()
-        self._tokenizer, self._end_ids, self.next = tokenizer, end_ids, ([], [])
-
-    async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
-        return [GenerationResult(list(self.next[0]), list(self.next[1]), None, "stop")]
-
-    @property
-    def end_of_turn_ids(self) -> frozenset[int]:
-        return self._end_ids
-
-    @property
-    def max_model_len(self) -> int:
-        return 1_000_000
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    def load_adapter(self, name: str, path: str) -> None:
-        raise NotImplementedError
-
-    def has_adapter(self, name: str) -> bool:
-        return False
-
-
 def play(tok: Any, ends: frozenset[int], turn_end: str, shape: str, tools: bool, think: bool) -> list[Any]:
     """One conversation: 'agent' = tool calls answered by tool results; 'chat' = user follow-ups."""
-    engine = Scripted(tok, ends)
+    engine = ScriptedEngine(tok, ends, max_model_len=1_000_000)
     client = TestClient(create_app(ServedModels("m", engine)))
     history: list[Any] = [{"role": "system", "content": SYSTEM}] if shape != "chat-nosystem" else []
     history.append({"role": "user", "content": "When was the harbour built, and when was it widened?"})

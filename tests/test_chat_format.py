@@ -39,7 +39,8 @@ from artrl.chat_format import (
 )
 from artrl.errors import TrajectoryError
 from artrl.preprocess.tokenize import TokenizeStats, tokenize_history, tokenize_sft
-from artrl.serve import GenerationRequest, GenerationResult, InferenceEngine, ServedModels, create_app
+from artrl.serve import GenerationRequest, ServedModels, create_app
+from artrl.serve.scripted import ScriptedEngine
 from artrl.serve.transformers_engine import TransformersEngine
 from chat_families import FAMILIES, family_tokenizer, generation_config
 
@@ -62,40 +63,6 @@ def turn_end(name: str) -> str:
 
 
 # --------------------------------------------------------------------------- validation and normalisation
-
-
-class ScriptedEngine(InferenceEngine):
-    """Returns the completion the test set in `next` (ids + logprobs); remembers each prompt."""
-
-    def __init__(self, tokenizer: Any, end_ids: frozenset[int]) -> None:
-        super().__init__()
-        self._tokenizer, self._end_ids = tokenizer, end_ids
-        self.next: tuple[list[int], list[float]] = ([], [])
-        self.prompts: list[list[int]] = []
-
-    async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
-        self.prompts.append(list(request.prompt_ids))
-        ids, lps = self.next
-        finish = "stop" if ids and ids[-1] in self._end_ids else "length"
-        return [GenerationResult(list(ids), list(lps), None, finish) for _ in range(request.n)]
-
-    @property
-    def end_of_turn_ids(self) -> frozenset[int]:
-        return self._end_ids
-
-    @property
-    def max_model_len(self) -> int:
-        return 100_000
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    def load_adapter(self, name: str, path: str) -> None:
-        raise NotImplementedError
-
-    def has_adapter(self, name: str) -> bool:
-        return False
 
 
 def serve(tokenizer: Any, end_ids: frozenset[int]) -> tuple[TestClient, ScriptedEngine]:

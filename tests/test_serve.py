@@ -28,8 +28,6 @@ from peft import LoraConfig, PeftModel, get_peft_model
 
 from artrl.serve import (
     GenerationRequest,
-    GenerationResult,
-    InferenceEngine,
     InvalidRequestError,
     ServedModels,
     ServerHandle,
@@ -38,6 +36,7 @@ from artrl.serve import (
     parse_tool_calls,
     start_server,
 )
+from artrl.serve.scripted import ScriptedEngine
 from artrl.tiny import load_tiny
 
 TOLERANCE = 1e-4
@@ -87,32 +86,6 @@ def checkpoint(cache_dir: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
     return path, PeftModel.from_pretrained(reference_base, path).eval()
 
 
-class ScriptedEngine(InferenceEngine):
-    """Returns a fixed completion (text + eos); logprobs are placeholders."""
-
-    def __init__(self, tokenizer: Any, text: str) -> None:
-        super().__init__()
-        self._tokenizer = tokenizer
-        self.ids = tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-
-    async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
-        return [GenerationResult(list(self.ids), [-1.0] * len(self.ids), None, "stop") for _ in range(request.n)]
-
-    @property
-    def max_model_len(self) -> int:
-        return 8192
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    def load_adapter(self, name: str, path: str) -> None:
-        raise NotImplementedError
-
-    def has_adapter(self, name: str) -> bool:
-        return False
-
-
 SCRIPTED_TEXT = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
@@ -135,7 +108,7 @@ def server(
     (corrupt / "adapter_model.safetensors").write_bytes((path / "adapter_model.safetensors").read_bytes()[:100])
     paths = {1: str(path), 3: str(corrupt)}
     models = ServedModels("m", engine, checkpoint_path=lambda name, step: paths.get(step))
-    models.add("scripted", ScriptedEngine(live[1], SCRIPTED_TEXT))
+    models.add("scripted", ScriptedEngine.from_text(live[1], SCRIPTED_TEXT, max_model_len=8192))
     handle = start_server(create_app(models))
     yield handle
     handle.stop()
