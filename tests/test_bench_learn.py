@@ -21,7 +21,6 @@ from artrl.bench.learn_bench import LearnSettings, Sample, grpo_step, run_learn_
 from artrl.bench.learn_results import aggregate, format_table, run_scores, window
 from artrl.bench.learn_tasks import TASKS, Prompt, WarmUp, no_digit, prompt_schedule, vowel_share
 from artrl.cli import main
-from artrl.errors import ConfigError
 
 TINY_ARGS = ["--tasks", "vowels", "--lrs", "1e-2", "--seeds", "1", "--steps", "3", "--prompts", "2",
              "--samples", "4"]

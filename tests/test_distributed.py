@@ -44,7 +44,7 @@ DEVICE = os.environ.get("ARTRL_TEST_DEVICE", "cpu")
 
 def _packed(lengths: list[int]):
     """One row per sequence, of the given used lengths."""
-    from artrl.preprocess.pack import concat_packed
+    from artrl.preprocess.rows import concat_packed
 
     rows = [pack([[TokenizedSequence(token_ids=list(range(10, 10 + n)), trainable_mask=[False] + [True] * (n - 1),
                                      logprobs=[float("nan")] + [-1.0] * (n - 1), advantage=1.0, group_index=i,

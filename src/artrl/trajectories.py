@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
-import json
 import logging
 import math
 import time
@@ -43,16 +42,10 @@ from typing import Any
 import pydantic
 from openai.types.chat.chat_completion import Choice
 
-# The validation rules are chat_format's; the old private names stay importable from here.
-from .chat_format import VALID_ROLES, message_of  # noqa: F401
-from .chat_format import check_content as _check_content  # noqa: F401
-from .chat_format import check_item as _check_item  # noqa: F401
-from .chat_format import check_messages as _check_messages
-from .chat_format import check_tool_calls as _check_tool_calls  # noqa: F401
-from .chat_format import check_tools as _check_tools
+from .chat_format import check_messages, check_tools
 from .errors import TrajectoryError
 from .gather_context import GatherContext, cancel_and_wait, get_gather_context, record_metrics
-from .types import Message, MessageOrChoice, Messages, MessagesAndChoices, Tools
+from .types import Messages, MessagesAndChoices, Tools
 
 log = logging.getLogger(__name__)
 
@@ -149,15 +142,15 @@ class Trajectory(pydantic.BaseModel):
                                       "(put other values in metadata).")
             if isinstance(value, float) and not math.isfinite(value):
                 raise TrajectoryError(f"Trajectory.metrics[{key!r}] is {value}; metrics must be finite.")
-        self.messages_and_choices = _check_messages(self.messages_and_choices, "Trajectory.messages_and_choices")
-        _check_tools(self.tools, "Trajectory.tools")
+        self.messages_and_choices = check_messages(self.messages_and_choices, "Trajectory.messages_and_choices")
+        check_tools(self.tools, "Trajectory.tools")
         for k, h in enumerate(self.additional_histories):
             if not isinstance(h, History):
                 raise TrajectoryError(f"Trajectory.additional_histories[{k}] has type {type(h).__name__}; "
                                       "expected a History.")
             where = f"Trajectory.additional_histories[{k}]"
-            h.messages_and_choices = _check_messages(h.messages_and_choices, f"{where}.messages_and_choices")
-            _check_tools(h.tools, f"{where}.tools")
+            h.messages_and_choices = check_messages(h.messages_and_choices, f"{where}.messages_and_choices")
+            check_tools(h.tools, f"{where}.tools")
 
     # ART's methods -----------------------------------------------------
     def log(self, message: str) -> None:

@@ -11,7 +11,8 @@ import json
 import time
 from typing import Any
 
-from ..preprocess.pack import PackedRows, pack, pack_reference
+from ..preprocess.pack import pack, pack_reference
+from ..preprocess.rows import PackedRows
 from .workload import load_workload, scaled, workload_groups
 
 REFERENCE_MULTIPLE = 2048  # ART rounds its row length up to a multiple of this

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..preprocess.pack import PackedRows
+from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan, MicroBatch, OptimizerStep
 
 

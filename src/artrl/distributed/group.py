@@ -37,7 +37,6 @@ import torch.distributed as dist
 
 from .. import errors
 from ..errors import ArtrlError, ConfigError, WorkerError
-from ..local import storage
 from ..types import InternalModelConfig
 from . import protocol
 from .launch import FAILURE_FILE_ENV

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from tqdm.auto import tqdm
 
-from ..preprocess.pack import PackedRows
+from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..types import InternalModelConfig, OptimizerConfig
 from ..train.logprobs import TokenLogprobModel

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from .._fs import fsync_dir
-from ..preprocess.pack import PackedRows
+from ..preprocess.rows import PackedRows
 from .storage import TMP_PREFIX
 
 PLOT_FILE = "packed_tensors_plot_{stamp}.png"

@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from .pack import PackedRows, PackStats, choose_row_length, concat_packed, enforce_length, pack
+from .pack import choose_row_length, enforce_length, pack
+from .rows import PackedRows, PackStats, concat_packed
 from .plan import BatchPlan, plan_batches
 from .tokenize import TokenizedSequence
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from .pack import PackedRows
+from .rows import PackedRows
 
 
 @dataclass

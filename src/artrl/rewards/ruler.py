@@ -41,7 +41,8 @@ from typing import Any
 import pydantic
 
 from ..errors import ArtrlError
-from ..trajectories import Trajectory, TrajectoryGroup, message_of
+from ..chat_format import message_of
+from ..trajectories import Trajectory, TrajectoryGroup
 from .judge import resolve
 
 log = logging.getLogger(__name__)

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..preprocess.build import BuiltCall
-from ..preprocess.pack import PackedRows
+from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..preprocess.tokenize import TokenizeStats
 from ..types import OptimizerConfig

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..preprocess.pack import PackedRows
+from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..types import InternalModelConfig, OptimizerConfig
 from .attention import attention_mask_for

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..preprocess.pack import Node
+from ..preprocess.rows import Node
 
 TREE_ATTENTION = "artrl_tree"
 
