@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from artrl.chat_format import end_of_turn_ids
+from artrl import adapter_switch
 from artrl.errors import ArtrlError
 
 FinishReason = Literal["stop", "length"]
@@ -39,8 +40,9 @@ class EngineClosedError(ArtrlError, RuntimeError):
     """The engine was closed (e.g. the program is exiting) while the request was queued or decoding."""
 
 
-#: `GenerationRequest.adapter` value for the base model's own weights: every LoRA adapter switched off.
-BASE_WEIGHTS = "artrl:base-weights"
+#: `GenerationRequest.adapter` value for the base model's own weights: every LoRA adapter switched off
+#: (defined with the adapter switching it names, artrl/adapter_switch.py).
+BASE_WEIGHTS = adapter_switch.BASE_WEIGHTS
 
 
 @dataclass

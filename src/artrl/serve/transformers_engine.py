@@ -49,7 +49,8 @@ from transformers import DynamicCache
 
 from artrl import shutdown
 from artrl.chat_format import end_of_turn_ids
-from artrl.serve.adapters import load_frozen_adapter, serving
+from artrl.adapter_switch import serving
+from artrl.serve.adapters import load_frozen_adapter
 from artrl.serve.engine import (
     BASE_WEIGHTS,
     EngineClosedError,

@@ -197,7 +197,7 @@ class Trainer:
             with self.model.disable_adapter() if hasattr(self.model, "disable_adapter") else contextlib.nullcontext():
                 yield
             return
-        from ..serve.adapters import serving
+        from ..adapter_switch import serving
 
         with serving(self.model, adapter):  # eval mode, adapter switched; modes and requires_grad restored
             yield
