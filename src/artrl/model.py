@@ -93,12 +93,15 @@ class Model(pydantic.BaseModel):
         """
         from .utils.trajectory_migration import auto_migrate_on_register
 
+        self._attach(backend)
+        await backend.register(self)
+        auto_migrate_on_register(self._run_dir())
+
+    def _attach(self, backend: Any) -> None:
         path = getattr(backend, "path", None)
         if path is not None:
             self.base_path = str(path)
         self._backend = backend
-        await backend.register(self)
-        auto_migrate_on_register(self._run_dir())
 
     def backend(self) -> Any:
         if self._backend is None:
@@ -289,6 +292,21 @@ class TrainableModel(Model):
 
     def internal_config(self) -> InternalModelConfig:
         return self._internal_config or InternalModelConfig()
+
+    async def register(self, backend: Any, _openai_client_config: dict[str, Any] | None = None) -> None:
+        """Attach to a backend, as `Model.register`; ART's `_openai_client_config` (`art.dev.OpenAIServerConfig`)
+        goes to the backend's `_prepare_backend_for_training` hook, which serves the model with it
+        (LocalBackend: `server_args.host` / `port` / `api_key` apply, other keys are noticed once)."""
+        if _openai_client_config is None:
+            await super().register(backend)
+            return
+        from .utils.trajectory_migration import auto_migrate_on_register
+
+        self._attach(backend)
+        # the hook registers the model and starts serving it, so the server settings apply before it listens
+        self.inference_base_url, self.inference_api_key = await backend._prepare_backend_for_training(
+            self, _openai_client_config)
+        auto_migrate_on_register(self._run_dir())
 
     @pydantic.field_validator("name")
     @classmethod
