@@ -175,6 +175,17 @@ def test_model_fields_and_litellm_params_are_arts(tmp_path):
         art.TrainableModel(name="org/agent", project="p", base_model="artrl/tiny")
 
 
+def test_openai_client_has_arts_timeout_and_is_shared_only_with_the_defaults():
+    model = art.Model(name="openai/gpt-4o", project="p", inference_base_url="http://127.0.0.1:9/v1",
+                      inference_api_key="sk-x")
+    client = model.openai_client()
+    assert model.openai_client() is client  # rollouts may call it per request
+    assert (client.timeout.read, client.timeout.connect) == (1200.0, 5.0)
+    short = model.openai_client(timeout=5.0)
+    assert short is not client and short.timeout == 5.0
+    assert model.openai_client() is client  # a client made with the caller's options is not the shared one
+
+
 def test_state_is_kept_in_the_run_directory_and_merged(tmp_path):
     model = art.Model(name="m", project="p", base_path=str(tmp_path))
     assert model.read_state() is None

@@ -38,6 +38,9 @@ from .types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
 
 log = logging.getLogger(__name__)
 
+OPENAI_CLIENT_TIMEOUT_S = 1200.0
+"""Request timeout of `Model.openai_client()` (ART's: 1200 s, 5 s to connect)."""
+
 
 class Model(pydantic.BaseModel):
     """A model that serves inference (ART's `Model`); `TrainableModel` can also train.
@@ -114,7 +117,7 @@ class Model(pydantic.BaseModel):
         The same client (and its connection pool) is returned on every call without kwargs,
         so rollouts may call this per request as ART code does.
         """
-        from openai import AsyncOpenAI
+        from openai import AsyncOpenAI, Timeout
 
         if self.inference_base_url is None:
             if self.trainable:
@@ -125,9 +128,10 @@ class Model(pydantic.BaseModel):
         key = (self.inference_base_url, self.inference_api_key)
         if not kwargs and self._client is not None and self._client[0] == key:
             return self._client[1]
-        kwargs.setdefault("timeout", 600.0)
+        cache = not kwargs  # only the defaults: cache it
+        kwargs.setdefault("timeout", Timeout(OPENAI_CLIENT_TIMEOUT_S, connect=5.0))  # ART's: long rollouts
         client = AsyncOpenAI(base_url=self.inference_base_url, api_key=self.inference_api_key or "artrl", **kwargs)
-        if len(kwargs) == 1:  # only the default timeout: cache it
+        if cache:
             self._client = (key, client)
         return client
 
