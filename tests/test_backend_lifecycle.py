@@ -196,3 +196,24 @@ def test_openai_server_config_sets_the_key_and_notices_the_rest(tmp_path, caplog
     noticed = [r.getMessage() for r in caplog.records if r.name == "artrl.notices"]
     assert len(noticed) == 3 and any("tool_call_parser" in m for m in noticed)
     assert any("enforce_eager" in m for m in noticed) and any("log_file" in m for m in noticed)
+
+
+def test_register_takes_arts_openai_client_config(tmp_path, caplog):
+    """ART's `model.register(backend, _openai_client_config=...)`: the config reaches the server before it starts."""
+    async def main():
+        backend = art.LocalBackend(path=str(tmp_path), show_progress=False)
+        model = tiny_model()
+        with caplog.at_level(logging.WARNING, logger="artrl.notices"):
+            await model.register(backend, _openai_client_config={"server_args": {"api_key": "k2"},
+                                                                 "engine_args": {"enforce_eager": True}})
+        open_to_all = server_answers(model.inference_base_url)
+        names = [m.id for m in (await model.openai_client().models.list()).data]
+        step = await model.get_step()
+        backend.close()
+        return model, open_to_all, names, step
+
+    notices.forget()
+    model, open_to_all, names, step = asyncio.run(main())
+    assert model.inference_api_key == "k2" and not open_to_all  # /health needs the key
+    assert "m" in names and step == 0 and model.base_path == str(tmp_path)
+    assert [r.getMessage() for r in caplog.records if "enforce_eager" in r.getMessage()]

@@ -44,6 +44,14 @@ def test_every_art_dev_train_key_is_a_train_config_field():
         art.dev.TrainConfig(advantage_balanse=0.1)
 
 
+def test_dev_configs_take_a_mapping_like_arts_typeddicts():
+    assert art.dev.TrainConfig({"ppo": True}, epsilon=0.3) == {"ppo": True, "epsilon": 0.3}
+    assert art.dev.TrainConfig({"epsilon": 0.1}, epsilon=0.3) == {"epsilon": 0.3}  # keywords win, as dict(m, **kw)
+    assert art.dev.TrainSFTConfig({}) == {}
+    with pytest.raises(ConfigError, match="advantage_balanse"):
+        art.dev.TrainConfig({"advantage_balanse": 0.1})
+
+
 def test_nested_config_maps_onto_flat_fields(caplog):
     nested = art.dev.InternalModelConfig(
         init_args=art.dev.InitArgs(max_seq_length=512, dtype="bf16", trust_remote_code=True,

@@ -108,9 +108,10 @@ def test_delete_checkpoints_keeps_latest_and_best(tmp_path):
         run = storage.run_dir(tmp_path, "p", "m")
         sft = [art.Trajectory(messages_and_choices=[{"role": "user", "content": "q"},
                                                     {"role": "assistant", "content": "a"}], reward=0.0)]
-        for val in [0.1, 0.9, 0.3]:
+        for vals in [[0.1], [0.9, 0.1], [0.3]]:  # steps 1, 2, 3; step 2 logs two rows (mean 0.5, as ART)
             await model.train_sft(sft, config=art.TrainSFTConfig(learning_rate=1e-4))
-            await model.log(metrics={"reward": val}, split="val")
+            for val in vals:
+                await model.log(metrics={"reward": val}, split="val")
         assert storage.list_checkpoints(run) == [0, 1, 2, 3]
         deleted = await model.delete_checkpoints()
         assert deleted == [0, 1] and storage.list_checkpoints(run) == [2, 3]

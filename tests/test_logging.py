@@ -175,6 +175,17 @@ def test_model_fields_and_litellm_params_are_arts(tmp_path):
         art.TrainableModel(name="org/agent", project="p", base_model="artrl/tiny")
 
 
+def test_openai_client_has_arts_timeout_and_is_shared_only_with_the_defaults():
+    model = art.Model(name="openai/gpt-4o", project="p", inference_base_url="http://127.0.0.1:9/v1",
+                      inference_api_key="sk-x")
+    client = model.openai_client()
+    assert model.openai_client() is client  # rollouts may call it per request
+    assert (client.timeout.read, client.timeout.connect) == (1200.0, 5.0)
+    short = model.openai_client(timeout=5.0)
+    assert short is not client and short.timeout == 5.0
+    assert model.openai_client() is client  # a client made with the caller's options is not the shared one
+
+
 def test_state_is_kept_in_the_run_directory_and_merged(tmp_path):
     model = art.Model(name="m", project="p", base_path=str(tmp_path))
     assert model.read_state() is None
@@ -193,3 +204,38 @@ def test_an_active_model_builder_receives_metrics_for_the_next_row(tmp_path):
         token.var.reset(token)
     row = asyncio.run(model.log([traj(1.0)], split="val"))
     assert row["costs/eval/judge/ruler"] == 0.01 and row["costs/cum/all"] == 0.01
+
+
+def test_response_costs_are_priced_from_openai_or_anthropic_usage_as_art_prices_them():
+    builder = MetricsBuilder(cost_context="eval")
+    builder.register_model_pricing("anthropic/judge", prompt_per_million=5.0, completion_per_million=7.0,
+                                   cache_creation_per_million=6.0, cache_read_per_million=0.5)
+    builder.register_model_pricing("openai/judge", prompt_per_million=2.0, completion_per_million=8.0,
+                                   cached_prompt_per_million=0.5)
+    anthropic = {"usage": {"input_tokens": 40, "output_tokens": 60, "cache_creation_input_tokens": 100,
+                           "cache_read_input_tokens": 1000}}
+    cost = builder.add_response_cost("judge/a", anthropic, provider="anthropic", model_name="anthropic/judge")
+    assert cost == pytest.approx((40 * 5 + 100 * 6 + 1000 * 0.5 + 60 * 7) / 1e6)
+    openai_usage = {"usage": {"prompt_tokens": 300, "completion_tokens": 20,
+                              "prompt_tokens_details": {"cached_tokens": 100}}}
+    cost = builder.add_response_cost("judge/o", openai_usage, provider="openai", model_name="openai/judge")
+    assert cost == pytest.approx((200 * 2 + 100 * 0.5 + 20 * 8) / 1e6)
+    # a price passed with the call overrides the registered one; unset cache prices are the prompt price
+    cost = builder.add_response_cost("judge/o", openai_usage, provider="openai", model_name="openai/judge",
+                                     completion_price_per_million=10.0)
+    assert cost == pytest.approx((200 * 2 + 100 * 0.5 + 20 * 10) / 1e6)
+    builder.register_model_pricing("plain", prompt_per_million=1.0, completion_per_million=1.0)
+    assert builder.add_response_cost("j", anthropic, provider="anthropic", model_name="plain") == \
+        pytest.approx((40 + 100 + 1000 + 60) / 1e6)
+    with pytest.raises(ValueError, match="register_model_pricing"):
+        builder.add_response_cost("j", openai_usage, provider="openai", model_name="unpriced")
+
+
+def test_averaging_train_samples_refuses_a_changing_gradient_step_count_in_arts_words():
+    from artrl.metrics_taxonomy import TRAIN_GRADIENT_STEPS_KEY, average_metric_samples
+
+    avg = average_metric_samples([{"loss/train": 1.0, TRAIN_GRADIENT_STEPS_KEY: 2.0},
+                                  {"loss/train": 0.5, TRAIN_GRADIENT_STEPS_KEY: 2.0}])
+    assert avg == {"loss/train": 0.75, TRAIN_GRADIENT_STEPS_KEY: 2.0}
+    with pytest.raises(ValueError, match="must be invariant across samples"):
+        average_metric_samples([{TRAIN_GRADIENT_STEPS_KEY: 2.0}, {TRAIN_GRADIENT_STEPS_KEY: 3.0}])

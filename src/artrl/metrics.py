@@ -9,16 +9,22 @@ namespace (`data/cum/trainer_tokens`). Costs roll up to their parents
 `costs/all`). `Model.log` owns one builder per model; code that makes priced
 calls (the RULER judge) finds it with `MetricsBuilder.get_active()`.
 
-What we leave out of ART's builder: its built-in price tables. A response's
-cost is taken from the response itself (`usage.cost`, as OpenRouter reports
-it) or from prices registered with `register_model_pricing`; otherwise
-`add_response_cost` raises ValueError, which callers that may meet unpriced
-models (RULER) treat as "no cost recorded".
+What we leave out of ART's builder: its built-in price tables and custom cost
+extractors. A response's cost is taken from the response itself (`usage.cost`,
+as OpenRouter reports it) or from prices registered with
+`register_model_pricing` (or passed to the call), applied to the usage the
+response reports: OpenAI's (`prompt_tokens`, `completion_tokens`, cached
+prompt tokens) or Anthropic's (`input_tokens`, `output_tokens`, cache writes
+and reads), as ART prices them. Where neither gives a cost, `add_response_cost`
+raises ValueError (ART raises for a model without prices too, and returns None
+for a response without usage), which callers that may meet unpriced models
+(RULER) treat as "no cost recorded".
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from contextlib import contextmanager
@@ -59,6 +65,8 @@ class TokenPricing:
     prompt_per_million: float
     completion_per_million: float
     cached_prompt_per_million: float | None = None
+    cache_creation_per_million: float | None = None
+    cache_read_per_million: float | None = None
 
 
 @dataclass
@@ -136,38 +144,50 @@ class MetricsBuilder:
             self.add_metric(key, time.monotonic() - started)
 
     def register_model_pricing(self, model_name: str, *, prompt_per_million: float, completion_per_million: float,
-                               cached_prompt_per_million: float | None = None, **_: Any) -> None:
+                               cached_prompt_per_million: float | None = None,
+                               cache_creation_per_million: float | None = None,
+                               cache_read_per_million: float | None = None) -> None:
+        """USD per million tokens for `model_name`; unset cache prices are the prompt price (as ART)."""
         if not model_name:
             raise ValueError("model_name must be non-empty")
         self._shared.pricing[model_name.strip().lower()] = TokenPricing(
-            float(prompt_per_million), float(completion_per_million),
-            None if cached_prompt_per_million is None else float(cached_prompt_per_million))
+            float(prompt_per_million), float(completion_per_million), _price(cached_prompt_per_million),
+            _price(cache_creation_per_million), _price(cache_read_per_million))
 
     def add_response_cost(self, source: str, response: Any, *, provider: str | None = None, model_name: str,
                           prompt_price_per_million: float | None = None,
-                          completion_price_per_million: float | None = None, **_: Any) -> float | None:
+                          completion_price_per_million: float | None = None,
+                          cached_prompt_price_per_million: float | None = None,
+                          cache_creation_price_per_million: float | None = None,
+                          cache_read_price_per_million: float | None = None) -> float | None:
         """Record `costs/<context>/<source>` for one API response; returns the cost in USD.
 
-        The cost comes from the response (`usage.cost`) or from prices (passed here, or registered
-        for `model_name` or its part after the provider). Raises ValueError when neither is known.
+        The cost comes from the response (`usage.cost`) or from prices: those passed here on top of
+        those registered for `model_name` (or its part after the provider). `provider` "anthropic"
+        reads Anthropic's usage fields, anything else OpenAI's (either is read when the other is
+        absent). Raises ValueError when no cost can be computed.
         """
-        del provider
         source = source.strip("/")
         if not source:
             raise ValueError("source must be non-empty, e.g. 'judge/ruler'")
-        cost = response_cost(response, self._pricing_for(model_name, prompt_price_per_million,
-                                                         completion_price_per_million))
+        given = (prompt_price_per_million, completion_price_per_million, cached_prompt_price_per_million,
+                 cache_creation_price_per_million, cache_read_price_per_million)
+        cost = response_cost(response, self._pricing_for(model_name, given), provider=provider)
         if cost is None:
             raise ValueError(f"no cost for a response of {model_name!r}: the response carries no usage.cost and "
                              "no prices are known; call register_model_pricing(...) to record its cost")
         self.add_cost(f"{self.cost_context}/{source}", cost)
         return cost
 
-    def _pricing_for(self, model_name: str, prompt: float | None, completion: float | None) -> TokenPricing | None:
-        if prompt is not None and completion is not None:
-            return TokenPricing(prompt, completion)
+    def _pricing_for(self, model_name: str, given: tuple[float | None, ...]) -> TokenPricing | None:
         name = model_name.strip().lower()
-        return self._shared.pricing.get(name) or self._shared.pricing.get(name.split("/", 1)[-1])
+        base = self._shared.pricing.get(name) or self._shared.pricing.get(name.split("/", 1)[-1])
+        if base is None:
+            if given[0] is None or given[1] is None:
+                return None
+            base = TokenPricing(float(given[0]), float(given[1]))
+        mine = dataclasses.astuple(base)
+        return TokenPricing(*(_price(g) if g is not None else b for g, b in zip(given, mine)))
 
     # ------------------------------------------------------------------ flushing
     async def flush(self) -> dict[str, float]:
@@ -269,21 +289,48 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def response_cost(response: Any, pricing: TokenPricing | None) -> float | None:
-    """USD cost of a chat completion: `usage.cost` when the provider reports it, else tokens x `pricing`."""
+def _price(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def response_cost(response: Any, pricing: TokenPricing | None, *, provider: str | None = None) -> float | None:
+    """USD cost of a chat completion: `usage.cost` when the provider reports it, else tokens x `pricing`.
+
+    Usage fields: OpenAI's (`prompt_tokens` of which `prompt_tokens_details.cached_tokens` are cached,
+    `completion_tokens`) or Anthropic's (`input_tokens`, `cache_creation_input_tokens`,
+    `cache_read_input_tokens`, `output_tokens`); `provider="anthropic"` tries Anthropic's first.
+    A cache price that is not set is the prompt price.
+    """
     usage = _field(response, "usage")
     direct = _number(_field(usage, "cost"))
     if direct is not None:
         return direct
     if pricing is None:
         return None
-    prompt = _number(_field(usage, "prompt_tokens"))
-    completion = _number(_field(usage, "completion_tokens"))
-    if prompt is None or completion is None:
+    readers = (_anthropic_cost, _openai_cost)
+    if (provider or "").strip().lower() != "anthropic":
+        readers = readers[::-1]
+    return next((c for c in (read(usage, pricing) for read in readers) if c is not None), None)
+
+
+def _openai_cost(usage: Any, p: TokenPricing) -> float | None:
+    prompt, completion = _number(_field(usage, "prompt_tokens")), _number(_field(usage, "completion_tokens"))
+    if prompt is None and completion is None:
         return None
-    cached = _number(_field(_field(usage, "prompt_tokens_details"), "cached_tokens")) or 0.0
-    cached_price = pricing.cached_prompt_per_million
-    if cached_price is None:
-        cached, cached_price = 0.0, 0.0
-    return ((prompt - cached) * pricing.prompt_per_million + cached * cached_price
-            + completion * pricing.completion_per_million) / 1e6
+    prompt = prompt or 0.0
+    cached = min(_number(_field(_field(usage, "prompt_tokens_details"), "cached_tokens")) or 0.0, prompt)
+    cached_price = p.prompt_per_million if p.cached_prompt_per_million is None else p.cached_prompt_per_million
+    return ((prompt - cached) * p.prompt_per_million + cached * cached_price
+            + (completion or 0.0) * p.completion_per_million) / 1e6
+
+
+def _anthropic_cost(usage: Any, p: TokenPricing) -> float | None:
+    counts = [_number(_field(usage, k)) for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens",
+                                                   "cache_read_input_tokens")]
+    if all(c is None for c in counts):
+        return None
+    inp, out, written, read = (c or 0.0 for c in counts)
+    write_price = p.prompt_per_million if p.cache_creation_per_million is None else p.cache_creation_per_million
+    read_price = p.prompt_per_million if p.cache_read_per_million is None else p.cache_read_per_million
+    return (inp * p.prompt_per_million + written * write_price + read * read_price
+            + out * p.completion_per_million) / 1e6

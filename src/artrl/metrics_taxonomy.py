@@ -53,8 +53,9 @@ def average_metric_samples(metric_samples: Iterable[dict[str, float]]) -> dict[s
             value = float(value)
             if key in _INVARIANT_KEYS:
                 if key in invariant and invariant[key] != value:
-                    raise ValueError(f"metric {key!r} must be the same in every sample, got {invariant[key]} "
-                                     f"and {value}")
+                    # ART's wording ("must be invariant across samples"), so code matching it keeps working
+                    raise ValueError(f"Metric {key!r} must be invariant across samples (the same in every sample), "
+                                     f"got {invariant[key]} and {value}.")
                 invariant[key] = value
             totals[key] = totals.get(key, 0.0) + value
             counts[key] = counts.get(key, 0) + 1

@@ -38,6 +38,9 @@ from .types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
 
 log = logging.getLogger(__name__)
 
+OPENAI_CLIENT_TIMEOUT_S = 1200.0
+"""Request timeout of `Model.openai_client()` (ART's: 1200 s, 5 s to connect)."""
+
 
 class Model(pydantic.BaseModel):
     """A model that serves inference (ART's `Model`); `TrainableModel` can also train.
@@ -93,12 +96,15 @@ class Model(pydantic.BaseModel):
         """
         from .utils.trajectory_migration import auto_migrate_on_register
 
+        self._attach(backend)
+        await backend.register(self)
+        auto_migrate_on_register(self._run_dir())
+
+    def _attach(self, backend: Any) -> None:
         path = getattr(backend, "path", None)
         if path is not None:
             self.base_path = str(path)
         self._backend = backend
-        await backend.register(self)
-        auto_migrate_on_register(self._run_dir())
 
     def backend(self) -> Any:
         if self._backend is None:
@@ -111,7 +117,7 @@ class Model(pydantic.BaseModel):
         The same client (and its connection pool) is returned on every call without kwargs,
         so rollouts may call this per request as ART code does.
         """
-        from openai import AsyncOpenAI
+        from openai import AsyncOpenAI, Timeout
 
         if self.inference_base_url is None:
             if self.trainable:
@@ -122,9 +128,10 @@ class Model(pydantic.BaseModel):
         key = (self.inference_base_url, self.inference_api_key)
         if not kwargs and self._client is not None and self._client[0] == key:
             return self._client[1]
-        kwargs.setdefault("timeout", 600.0)
+        cache = not kwargs  # only the defaults: cache it
+        kwargs.setdefault("timeout", Timeout(OPENAI_CLIENT_TIMEOUT_S, connect=5.0))  # ART's: long rollouts
         client = AsyncOpenAI(base_url=self.inference_base_url, api_key=self.inference_api_key or "artrl", **kwargs)
-        if len(kwargs) == 1:  # only the default timeout: cache it
+        if cache:
             self._client = (key, client)
         return client
 
@@ -289,6 +296,21 @@ class TrainableModel(Model):
 
     def internal_config(self) -> InternalModelConfig:
         return self._internal_config or InternalModelConfig()
+
+    async def register(self, backend: Any, _openai_client_config: dict[str, Any] | None = None) -> None:
+        """Attach to a backend, as `Model.register`; ART's `_openai_client_config` (`art.dev.OpenAIServerConfig`)
+        goes to the backend's `_prepare_backend_for_training` hook, which serves the model with it
+        (LocalBackend: `server_args.host` / `port` / `api_key` apply, other keys are noticed once)."""
+        if _openai_client_config is None:
+            await super().register(backend)
+            return
+        from .utils.trajectory_migration import auto_migrate_on_register
+
+        self._attach(backend)
+        # the hook registers the model and starts serving it, so the server settings apply before it listens
+        self.inference_base_url, self.inference_api_key = await backend._prepare_backend_for_training(
+            self, _openai_client_config)
+        auto_migrate_on_register(self._run_dir())
 
     @pydantic.field_validator("name")
     @classmethod

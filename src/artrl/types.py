@@ -3,7 +3,7 @@
 `TrainConfig` (RL) and `TrainSFTConfig` (SFT) keep ART's names and defaults for
 the fields ART has (`learning_rate`, `batch_size`, and every keyword of ART's
 `LocalBackend.train` / key of `art.dev.TrainConfig`: `ppo`, `epsilon`,
-`kl_penalty_coef`, `advantage_balance`, ...; docs/art-compatibility-backend.md)
+`kl_penalty_coef`, `advantage_balance`, ...; docs/art-compatibility.md)
 and add the knobs ART hides or ignores (`beta`, `loss`, batching).
 `InternalModelConfig` takes ART's nested model config too (dev/model.py).
 The batching knobs live here and nowhere else:
@@ -121,7 +121,7 @@ class OptimizerConfig(_Config):
                 "weight_decay": self.weight_decay}
 
 
-# ART options accepted with a notice: they have no effect here (docs/art-compatibility-backend.md).
+# ART options accepted with a notice: they have no effect here (docs/art-compatibility.md).
 NO_EFFECT_TRAIN_OPTIONS = {
     "scale_learning_rate_by_reward_std_dev": "ART 0.5.17's LocalBackend accepts it but no code path reads it "
                                              "(its learning-rate scaling by the reward std history was removed).",
@@ -139,7 +139,7 @@ class TrainConfig(BatchConfig, OptimizerConfig):
     """One RL train call (`model.train(groups, config=TrainConfig(...))`, or `backend.train(model, groups, **fields)`).
 
     The fields after `learning_rate` that ART has (`art.dev.TrainConfig`, `LocalBackend.train`'s keywords) keep
-    ART's meaning and default; docs/art-compatibility-backend.md lists where the result differs and why.
+    ART's meaning and default; docs/art-compatibility.md lists where the result differs and why.
     """
 
     learning_rate: float = pydantic.Field(5e-6, gt=0, description="AdamW learning rate for this call.")

@@ -132,11 +132,12 @@ class TrainingSession:
         keep = {steps[-1]}
         if self.step in steps:
             keep.add(self.step)  # the weights this process runs on, whatever newer directories appeared
-        scores: dict[int, float] = {}
+        logged: dict[int, list[float]] = {}
         for rec in storage.read_jsonl(self.run / storage.HISTORY_FILE):
             v = rec.get(best_checkpoint_metric)
             if isinstance(v, (int, float)) and math.isfinite(v) and rec.get("step") in steps:
-                scores[int(rec["step"])] = float(v)
+                logged.setdefault(int(rec["step"]), []).append(float(v))
+        scores = {s: sum(vs) / len(vs) for s, vs in logged.items()}  # ART: the mean of a step's rows
         if scores:
             keep.add(max(scores, key=lambda s: (scores[s], s)))
         else:

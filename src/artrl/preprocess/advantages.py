@@ -16,7 +16,7 @@ scaled [+1, -0.5] (mean |A| 0.75 against 1.0 before), factor 4/3, result
 
 ART also divides every call's advantages by their token mean |A| even when
 b = 0; artrl keeps the group-relative values as they are
-(docs/art-compatibility-backend.md).
+(docs/art-compatibility.md).
 """
 
 from __future__ import annotations
