@@ -217,3 +217,50 @@ def test_register_takes_arts_openai_client_config(tmp_path, caplog):
     assert model.inference_api_key == "k2" and not open_to_all  # /health needs the key
     assert "m" in names and step == 0 and model.base_path == str(tmp_path)
     assert [r.getMessage() for r in caplog.records if "enforce_eager" in r.getMessage()]
+
+
+def test_local_backend_is_an_art_backend_with_its_hooks(tmp_path):
+    """ART's Backend protocol: _model_inference_name and _delete_checkpoint_files (the latest always stays)."""
+    from artrl.local import storage
+
+    async def main():
+        backend = art.LocalBackend(path=str(tmp_path), show_progress=False)
+        assert isinstance(backend, art.Backend)
+        model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny")
+        await model.register(backend)
+        data = [art.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"},
+                                                     {"role": "assistant", "content": "hello"}])]
+        for _ in range(3):
+            await model.train_sft(data, config=art.TrainSFTConfig(learning_rate=1e-4))
+        run = storage.run_dir(tmp_path, "p", "m")
+        assert model.get_inference_name() == "m" and model.get_inference_name(step=2) == "m@2"
+        await backend._delete_checkpoint_files(model, [1])
+        assert storage.list_checkpoints(run) == [1, 3]  # 1 kept as asked, 3 because it is the latest
+        await backend.close()
+
+    asyncio.run(main())
+
+
+def test_delete_checkpoints_through_an_art_style_backend(tmp_path):
+    """A backend that implements only ART's `_delete_checkpoint_files` gets ART's call from the model."""
+    calls = []
+
+    class ArtStyle(art.Backend):
+        async def register(self, model):
+            pass
+
+        async def _get_step(self, model):
+            return 5
+
+        async def _delete_checkpoint_files(self, model, steps_to_keep):
+            calls.append(steps_to_keep)
+
+    async def main():
+        model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny", base_path=str(tmp_path))
+        await model.log(metrics={"val/reward": 0.9}, step=2)
+        await model.log(metrics={"val/reward": 0.1}, step=4)
+        model._backend = ArtStyle()
+        await model.delete_checkpoints()
+
+    asyncio.run(main())
+    assert calls == [[5, 2]]

@@ -31,7 +31,7 @@ import pydantic
 
 from .errors import ConfigError
 from .local import storage
-from .local.history import RunHistory, check_loggable, normalize_trajectory_groups
+from .local.history import RunHistory, best_logged_step, check_loggable, normalize_trajectory_groups
 from .metrics import MetricsBuilder
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
@@ -358,5 +358,19 @@ class TrainableModel(Model):
         await self._log(groups, "train", result.metrics, result.step, extra={"kind": kind})
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
-        """Keep the latest checkpoint and the best one by `best_checkpoint_metric`; delete the rest."""
-        return await self.backend()._delete_checkpoints(self, best_checkpoint_metric)
+        """Keep the latest checkpoint and the best one by `best_checkpoint_metric`; delete the rest.
+
+        The best step is the one whose logged rows have the highest mean of the metric (ART's rule). Returns
+        the deleted steps (ART returns None). A backend without artrl's `_delete_checkpoints` gets ART's
+        call: `_delete_checkpoint_files(model, [latest, best])`.
+        """
+        backend = self.backend()
+        own = getattr(backend, "_delete_checkpoints", None)
+        if callable(own):
+            return await own(self, best_checkpoint_metric)
+        keep = [await self.get_step()]
+        best = best_logged_step(self._run_dir(), best_checkpoint_metric)
+        if best is not None:
+            keep.append(best)
+        await backend._delete_checkpoint_files(self, keep)
+        return []

@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..backend import Backend
 from ..errors import ConfigError
 from ..notices import notice_once
 from ..trajectories import Trajectory, TrajectoryGroup
@@ -64,7 +65,7 @@ class _Done:
         return "<LocalBackend closed>"
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     """Runs training and inference for registered models on this machine.
 
     Args:
@@ -247,6 +248,20 @@ class LocalBackend:
                               "call `await model.register(backend)` first") from None
 
     # ------------------------------------------------------------------ checkpoints
+    def _model_inference_name(self, model: "Model", step: int | None = None) -> str:
+        """`name` (the live weights: the latest step's) or `name@step` (that checkpoint).
+
+        ART's LocalBackend answers `name@<latest step>` when no step is given. Both names are served here;
+        `name` is returned because it is the same weights without loading the latest checkpoint a second
+        time as its own adapter (docs/art-compatibility.md)."""
+        base = model.inference_model_name or model.name
+        return base if step is None else f"{base}@{step}"
+
+    async def _delete_checkpoint_files(self, model: "TrainableModel", steps_to_keep: list[int]) -> None:
+        """ART's hook: delete the model's checkpoints except `steps_to_keep` (the latest always stays)."""
+        session = self._state(model)
+        await asyncio.to_thread(session.delete_checkpoint_files, list(steps_to_keep))
+
     async def _get_step(self, model: "Model") -> int:
         return self._state(model).step
 

@@ -280,3 +280,21 @@ def restore_train_row(run: Path, record: dict[str, Any] | None) -> bool:
     log.warning("history.jsonl lacked the train row of step %s (a crash after the checkpoint was written); "
                 "restored the trainer's metrics from the checkpoint", record.get("step"))
     return True
+
+
+def best_logged_step(run: Path, metric: str, steps: Iterable[int] | None = None) -> int | None:
+    """The step whose history rows have the highest mean of `metric` (ART's rule), among `steps` if given.
+
+    Ties go to the later step; None when no row has a finite value of the metric.
+    """
+    allowed = set(steps) if steps is not None else None
+    logged: dict[int, list[float]] = {}
+    for rec in storage.read_jsonl(run / storage.HISTORY_FILE):
+        value, step = rec.get(metric), rec.get("step")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+                and isinstance(step, int) and (allowed is None or step in allowed):
+            logged.setdefault(step, []).append(float(value))
+    if not logged:
+        return None
+    means = {s: sum(vs) / len(vs) for s, vs in logged.items()}
+    return max(means, key=lambda s: (means[s], s))

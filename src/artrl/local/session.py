@@ -132,22 +132,26 @@ class TrainingSession:
         keep = {steps[-1]}
         if self.step in steps:
             keep.add(self.step)  # the weights this process runs on, whatever newer directories appeared
-        logged: dict[int, list[float]] = {}
-        for rec in storage.read_jsonl(self.run / storage.HISTORY_FILE):
-            v = rec.get(best_checkpoint_metric)
-            if isinstance(v, (int, float)) and math.isfinite(v) and rec.get("step") in steps:
-                logged.setdefault(int(rec["step"]), []).append(float(v))
-        scores = {s: sum(vs) / len(vs) for s, vs in logged.items()}  # ART: the mean of a step's rows
-        if scores:
-            keep.add(max(scores, key=lambda s: (scores[s], s)))
+        best = history.best_logged_step(self.run, best_checkpoint_metric, steps)
+        if best is not None:
+            keep.add(best)
         else:
             log.warning("no logged step has %r (log it with model.log(..., split='val')); keeping only the latest "
                         "checkpoint %d", best_checkpoint_metric, steps[-1])
+        return self.delete_checkpoint_files(sorted(keep))
+
+    def delete_checkpoint_files(self, steps_to_keep: list[int]) -> list[int]:
+        """Delete every complete checkpoint not in `steps_to_keep` (ART's `_delete_checkpoint_files`).
+
+        The latest checkpoint and the one this process runs on are kept whatever the list says: they are
+        what a restart and the server resume from."""
+        steps = storage.list_checkpoints(self.run)
+        keep = set(steps_to_keep) | ({steps[-1]} if steps else set()) | {self.step}
         deleted = [s for s in steps if s not in keep]
         for s in deleted:
             storage.delete_checkpoint(self.run, s)
         if deleted:
-            log.info("deleted checkpoints %s of %s; kept %s", deleted, self.name, sorted(keep))
+            log.info("deleted checkpoints %s of %s; kept %s", deleted, self.name, sorted(keep & set(steps)))
         return deleted
 
     # ------------------------------------------------------------------ training
