@@ -1,6 +1,7 @@
 """Run OpenPipe ART's own example training programs on artrl, from an ART source tree.
 
     python benchmarks/art_examples.py /path/to/ART [--only NAME ...] [--timeout S] [--out results.json]
+                                      [--workdir DIR] [--base-model NAME_OR_PATH]
 
 For each example below, the runner takes its code from the ART tree given (a
 notebook's code cells in order, with shell and magic lines such as `!pip ...`
@@ -48,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -333,8 +334,11 @@ class Prepared:
     edits: list[dict[str, Any]]
 
 
-def prepare(example: Example, art_root: Path, scratch: Path) -> Prepared:
-    """Copy the example and its helpers from `art_root` to `scratch` (same relative layout), with edits applied."""
+def prepare(example: Example, art_root: Path, scratch: Path, base_model: str = TINY) -> Prepared:
+    """Copy the example and its helpers from `art_root` to `scratch` (same relative layout), with edits applied.
+
+    `base_model` replaces "artrl/tiny" in the base-model edits (any model name or local path artrl can load).
+    """
     art_root = Path(art_root)
     main = art_root / example.main
     if not main.is_file():
@@ -342,8 +346,10 @@ def prepare(example: Example, art_root: Path, scratch: Path) -> Prepared:
     if scratch.exists():
         shutil.rmtree(scratch)
     scratch.mkdir(parents=True)
+    edits = [replace(e, replacement=e.replacement.replace(TINY, base_model)) if e.kind == "model" else e
+             for e in example.edits]
     by_file: dict[str, list[Edit]] = {}
-    for edit in example.edits:
+    for edit in edits:
         by_file.setdefault(edit.file or example.main, []).append(edit)
     unknown = set(by_file) - {example.main, *example.helpers}
     if unknown:
@@ -376,7 +382,7 @@ def prepare(example: Example, art_root: Path, scratch: Path) -> Prepared:
         command = [sys.executable, "-u", str(launcher), str(code)]
     else:
         command = [sys.executable, "-u", str(code)]
-    return Prepared(command, code.parent, renamed, [asdict(e) for e in example.edits])
+    return Prepared(command, code.parent, renamed, [asdict(e) for e in edits])
 
 
 # ---------------------------------------------------------------------------------------------- running and checking
@@ -454,13 +460,13 @@ class Result:
     edits: list[dict[str, Any]] = field(default_factory=list)
 
 
-def run_example(example: Example, art_root: Path, workdir: Path, timeout: float) -> Result:
-    """Prepare, run and check one example."""
+def run_example(example: Example, art_root: Path, workdir: Path, timeout: float, base_model: str = TINY) -> Result:
+    """Prepare, run and check one example (in a fresh scratch directory, so its loop starts at step 0)."""
     if example.skip:
         return Result(example.name, "skip", expected_steps=example.steps, error=example.skip)
     scratch = Path(workdir) / example.name
     try:
-        prepared = prepare(example, art_root, scratch)
+        prepared = prepare(example, art_root, scratch, base_model)
     except EditError as e:
         return Result(example.name, "edit-error", expected_steps=example.steps, error=str(e))
     log_path = scratch / LOG_FILE
@@ -515,6 +521,11 @@ def art_version(art_root: Path) -> str:
 def machine() -> str:
     desc = f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs"
     try:
+        cpu = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), flags=re.MULTILINE)
+        desc += f" ({cpu.group(1).strip()})" if cpu else ""
+    except OSError:
+        pass
+    try:
         import torch
 
         if torch.cuda.is_available():
@@ -543,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600, help="seconds per example before it is killed")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     p.add_argument("--workdir", type=Path, help="scratch directory (default: a new temporary directory, kept)")
+    p.add_argument("--base-model", default=TINY, help="the base model the examples train (a model name or local "
+                   "path artrl can load without the network)")
     args = p.parse_args(argv)
     examples = list(EXAMPLES)
     if args.only:
@@ -551,14 +564,16 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown example(s) {unknown}; known: {[e.name for e in EXAMPLES]}")
         examples = [e for e in EXAMPLES if e.name in args.only]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="art-examples-"))
-    print(f"ART {art_version(args.art_root)} at {args.art_root}; scratch and logs in {workdir}", flush=True)
+    print(f"ART {art_version(args.art_root)} at {args.art_root}, base model {args.base_model}; scratch and logs in "
+          f"{workdir}", flush=True)
     started = time.monotonic()
     results = []
     for example in examples:
         print(f"-- {example.name} ...", flush=True)
-        results.append(run_example(example, args.art_root, workdir, args.timeout))
+        results.append(run_example(example, args.art_root, workdir, args.timeout, args.base_model))
         r = results[-1]
-        print(f"   {r.result}: step {r.steps}/{r.expected_steps}, {r.seconds:.0f} s {r.error}", flush=True)
+        print(f"   {r.result}: step {r.steps}/{r.expected_steps}, {r.groups_trained}/{r.groups_logged} groups with a "
+              f"reward spread, {r.seconds:.0f} s {r.error}", flush=True)
     total = time.monotonic() - started
     print(table(results))
     passed = sum(r.result == "pass" for r in results)
@@ -567,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
           f"on {machine()}")
     if args.out:
         report = {"art_root": str(args.art_root), "art_version": art_version(args.art_root),
+                  "base_model": args.base_model,
                   "date": datetime.date.today().isoformat(), "machine": machine(), "total_seconds": round(total, 1),
                   "command": " ".join([Path(sys.executable).name, *sys.argv]),
                   "examples": [asdict(r) for r in results]}

@@ -177,6 +177,9 @@ def test_prepare_writes_the_edited_example_with_its_helpers(art_tree, tmp_path):
     nb = runner.prepare(NOTEBOOK_EXAMPLE, art_tree, tmp_path / "scratch" / "nb")
     assert Path(nb.command[-2]).name == runner.NOTEBOOK_LAUNCHER and nb.command[-1].endswith("toy-notebook.py")
     assert (art_tree / "examples" / "toy" / "train.py").read_text() == SCRIPT  # the ART tree is untouched
+    other = runner.prepare(SCRIPT_EXAMPLE, art_tree, tmp_path / "scratch" / "other", base_model="/models/qwen-0.5b")
+    assert 'base_model="/models/qwen-0.5b"' in Path(other.command[-1]).read_text()
+    assert [e["replacement"] for e in other.edits if e["kind"] == "model"] == ['"/models/qwen-0.5b"']
 
 
 def test_prepare_refuses_what_does_not_fit(art_tree, tmp_path):
