@@ -339,7 +339,7 @@ def prepare(example: Example, art_root: Path, scratch: Path, base_model: str = T
 
     `base_model` replaces "artrl/tiny" in the base-model edits (any model name or local path artrl can load).
     """
-    art_root = Path(art_root)
+    art_root, scratch = Path(art_root).resolve(), Path(scratch).resolve()  # the run's cwd is not ours
     main = art_root / example.main
     if not main.is_file():
         raise EditError(f"{example.name}: {main} does not exist; is {art_root} the root of ART's source tree?")

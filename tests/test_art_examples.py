@@ -182,6 +182,12 @@ def test_prepare_writes_the_edited_example_with_its_helpers(art_tree, tmp_path):
     assert [e["replacement"] for e in other.edits if e["kind"] == "model"] == ['"/models/qwen-0.5b"']
 
 
+def test_relative_paths_are_resolved_before_the_run_changes_directory(art_tree, tmp_path, monkeypatch):
+    monkeypatch.chdir(art_tree.parent)
+    prepared = runner.prepare(NOTEBOOK_EXAMPLE, Path("ART"), Path("scratch-rel"))
+    assert prepared.cwd.is_absolute() and all(Path(part).is_absolute() for part in prepared.command[-2:])
+
+
 def test_prepare_refuses_what_does_not_fit(art_tree, tmp_path):
     missing = Example(name="m", main="examples/nope.py")
     with pytest.raises(runner.EditError, match="nope.py does not exist; is .* the root of ART's source tree"):
