@@ -346,7 +346,8 @@ def prepare(example: Example, art_root: Path, scratch: Path, base_model: str = T
     if scratch.exists():
         shutil.rmtree(scratch)
     scratch.mkdir(parents=True)
-    edits = [replace(e, replacement=e.replacement.replace(TINY, base_model)) if e.kind == "model" else e
+    model_text = base_model.replace("\\", "\\\\")  # a replacement string: a backslash in a path stays one
+    edits = [replace(e, replacement=e.replacement.replace(TINY, model_text)) if e.kind == "model" else e
              for e in example.edits]
     by_file: dict[str, list[Edit]] = {}
     for edit in edits:
