@@ -17,7 +17,9 @@ every keyword of ART's `LocalBackend.train` (each a `TrainConfig` field, plus
 `save_checkpoint` and `verbose`); `close()` works both awaited (ART) and called
 plainly, and the backend is a context manager both with `with` and
 `async with`. The base model is served under its own name (`base_model`) next
-to `name` and `name@step`, with the adapter switched off.
+to `name` and `name@step`, with the adapter switched off. ART's S3 backups
+(`_experimental_pull_from_s3`, `_experimental_push_to_s3`) raise a ConfigError
+that names the run directory to sync instead.
 
 With training workers (`InternalModelConfig.num_workers > 1`, `trainer_gpu_ids`
 or `num_nodes > 1`) the session is a `distributed.session.WorkerSession`: this
@@ -272,6 +274,15 @@ class LocalBackend(Backend):
         session = self._state(model)
         return await asyncio.to_thread(session.delete_checkpoints, best_checkpoint_metric)
 
+    # ------------------------------------------------------------------ S3 backups (ART's, not available)
+    async def _experimental_pull_from_s3(self, model: "Model", **kwargs: Any) -> None:
+        """ART syncs a run directory from S3 with the aws CLI; here: a ConfigError saying what to do instead."""
+        raise _no_s3("_experimental_pull_from_s3", self._path, model, kwargs)
+
+    async def _experimental_push_to_s3(self, model: "Model", **kwargs: Any) -> None:
+        """ART syncs a run directory to S3 with the aws CLI; here: a ConfigError saying what to do instead."""
+        raise _no_s3("_experimental_push_to_s3", self._path, model, kwargs)
+
     # ------------------------------------------------------------------ training
     async def train(self, model: "TrainableModel", trajectory_groups: Iterable[TrajectoryGroup], *,
                     config: TrainConfig | None = None, save_checkpoint: bool = True, verbose: bool = False,
@@ -308,6 +319,14 @@ class LocalBackend(Backend):
                     save_checkpoint: bool = True) -> LocalTrainResult:
         return self._state(model).train(kind, data, cfg, show_progress=self.show_progress, verbose=verbose,
                                         save_checkpoint=save_checkpoint)
+
+
+def _no_s3(method: str, path: Path, model: "Model", kwargs: dict[str, Any]) -> ConfigError:
+    bucket = kwargs.get("s3_bucket") or "$BACKUP_BUCKET"
+    return ConfigError(
+        f"backend.{method}(...) (ART: sync the run directory with s3://{bucket} through the aws CLI) is not "
+        f"available in artrl. Remove the call, or sync {storage.run_dir(path, model.project, model.name)} "
+        "yourself (e.g. `aws s3 sync`); a run resumes from the latest complete checkpoint found there.")
 
 
 def _internal_config(model: "TrainableModel") -> InternalModelConfig:
