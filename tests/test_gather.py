@@ -27,6 +27,19 @@ async def fails(message: str = "rollout broke", delay: float = 0.0) -> art.Traje
     raise RuntimeError(message)
 
 
+def slow_rollout(cancelled: list[int]):
+    """A rollout that takes 30 s unless cancelled; each cancellation is recorded in `cancelled`."""
+
+    async def slow():
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(1)
+            raise
+
+    return slow
+
+
 def run(coro):
     return asyncio.run(coro)
 
@@ -46,14 +59,8 @@ def test_failures_within_max_exceptions_are_kept_in_their_groups():
 
 
 def test_one_failure_past_max_exceptions_raises_it_and_cancels_the_rest():
-    cancelled = []
-
-    async def slow():
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.append(1)
-            raise
+    cancelled: list[int] = []
+    slow = slow_rollout(cancelled)
 
     async def main():
         with pytest.raises(RuntimeError, match="rollout broke") as info:
@@ -243,14 +250,8 @@ def test_trajectory_group_batches_skips_batches_and_keeps_its_budget_for_every_b
 
 
 def test_stopping_a_batch_iteration_early_cancels_the_groups_still_running():
-    cancelled = []
-
-    async def slow():
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.append(1)
-            raise
+    cancelled: list[int] = []
+    slow = slow_rollout(cancelled)
 
     async def main():
         batches = art.trajectory_group_batches([group(ok()), group(slow()), group(slow())], batch_size=1)
