@@ -173,13 +173,6 @@ def test_non_finite_loss_refuses_the_step(trainer, make_choice):
             assert torch.equal(p, before[n])
 
 
-@pytest.mark.parametrize("loss", ["ppo", "gspo"])
-def test_other_losses_and_kl_run(trainer, make_choice, loss):
-    steps, avg = run_call(trainer, prepare_rl(trainer, rl_groups(make_choice), TrainConfig(
-        learning_rate=1e-3, loss=loss, beta=0.1)), show_progress=False)
-    assert steps and math.isfinite(avg["loss"]) and "kl" in avg and avg["kl"] >= 0
-
-
 @pytest.mark.parametrize("impl", ["sdpa", "eager", pytest.param("flex_attention", marks=pytest.mark.slow)])
 def test_attention_implementations_agree_with_tree_attention(tiny_path, make_choice, impl):
     """The dense boolean mask, the additive float mask and the flex BlockMask (the GPU path,
