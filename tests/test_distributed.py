@@ -55,7 +55,7 @@ def _packed(lengths: list[int]):
     return packed
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(lengths=st.lists(st.integers(2, 60), min_size=1, max_size=24), world=st.integers(1, 5),
        per_device=st.integers(1, 3), budget=st.sampled_from([None, 60, 130]))
 def test_split_gives_every_row_once_and_every_rank_the_same_number_of_passes(lengths, world, per_device, budget):

@@ -489,7 +489,7 @@ def test_parse_tool_calls_crafted_text() -> None:
     assert parse_tool_calls("<tool_call>\n{\"name\": \"f\"") == ("<tool_call>\n{\"name\": \"f\"", [])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     before=st.text().filter(lambda s: "<tool_call>" not in s),
     name=st.text(min_size=1),

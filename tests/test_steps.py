@@ -48,7 +48,7 @@ def _step_sequences(built) -> list[list[tuple[int, int]]]:
     return out
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(shape=group_shapes, per_step=st.one_of(st.none(), st.integers(1, 4)), row_length=st.sampled_from([None, 96, 128]),
        share=st.booleans(), rows_per_forward=st.integers(1, 3))
 def test_steps_hold_the_same_data_whatever_the_layout(shape, per_step, row_length, share, rows_per_forward):
