@@ -69,6 +69,7 @@ class Spec:
     precalculate: bool = False  # old logprobs := the policy's own, the sampled ones kept as `original`
     ref: str | None = None  # "base" (adapter off) or a checkpoint directory
     adam: dict[str, Any] = field(default_factory=lambda: dict(ADAM))
+    trained: tuple[int, ...] = (0, 1)  # the trajectories whose turn is trained
 
 
 def spec(loss: dict[str, Any] | None = None, **kw: Any) -> Spec:
@@ -132,9 +133,10 @@ class Oracle:
     def expect(self, checkpoint: str, batch: tuple, s: Spec) -> dict[str, Any]:
         """Loss figures, gradient norm and the adapter after one AdamW step, for spec `s`."""
         prompt, sampled, lps = batch
+        sampled, lps = [sampled[i] for i in s.trained], [lps[i] for i in s.trained]
         self.load(checkpoint)
         self.model.zero_grad(set_to_none=True)
-        adv = s.advantages or (0.5 / (0.5 + 1e-6), -0.5 / (0.5 + 1e-6))
+        adv = [(s.advantages or (0.5 / (0.5 + 1e-6), -0.5 / (0.5 + 1e-6)))[i] for i in s.trained]
         ref = None
         if s.ref is not None:  # first: a reference checkpoint is swapped in and out of the same weights
             with torch.no_grad():
@@ -143,7 +145,7 @@ class Oracle:
         n = [len(ids) for ids in sampled]
         seq = torch.tensor([i for i, k in enumerate(n) for _ in range(k)])  # [n]
         advantages = torch.tensor([adv[i] for i in seq.tolist()])  # [n]
-        sampled_lp = torch.tensor([x for lp in lps for x in lp])  # [n]
+        sampled_lp = torch.tensor([x for lp in lps for x in lp])  # [n], nan: no sampled logprob (on-policy)
         old, original = (new.detach(), sampled_lp) if s.precalculate else (sampled_lp, None)
         terms = policy_loss(new, old, advantages, torch.ones_like(new), seq, torch.zeros_like(new), ref=ref,
                             original=original, **s.loss)
@@ -196,11 +198,14 @@ class Live:
     def step(self) -> int:
         return max(self.checkpoints)
 
-    def groups(self, batch: tuple) -> list[art.TrajectoryGroup]:
+    def groups(self, batch: tuple, dict_answer: bool = False) -> list[art.TrajectoryGroup]:
+        """The batch as trajectories; `dict_answer`: the second one's answer is a plain assistant message."""
         prompt, sampled, lps = batch
-        return [art.TrajectoryGroup([
-            art.Trajectory(messages_and_choices=[*USER, _choice(ids, prompt, lp, self.oracle.tok)], reward=r)
-            for ids, lp, r in zip(sampled, lps, REWARDS)])]
+        turns = [_choice(ids, prompt, lp, self.oracle.tok) for ids, lp in zip(sampled, lps)]
+        if dict_answer:
+            turns[1] = {"role": "assistant", "content": ANSWERS[1]}
+        return [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[*USER, turn], reward=r)
+                                     for turn, r in zip(turns, REWARDS)])]
 
     def train(self, groups: list[art.TrajectoryGroup], **kwargs: Any) -> art.LocalTrainResult:
         result = asyncio.run(self.backend.train(self.model, groups, **{"learning_rate": LR, **kwargs}))
@@ -249,22 +254,26 @@ def _separation(want: dict[str, Any], other: dict[str, Any], before: dict[str, t
     return max(*figures, _update_distance(other["adapter"], want["adapter"], before) / UPDATE_RTOL)
 
 
-def check_call(live: Live, call: dict[str, Any], want: Spec, without: dict[str, Spec]) -> art.LocalTrainResult:
+def check_call(live: Live, call: dict[str, Any], want: Spec, without: dict[str, Spec], *,
+               dict_answer: bool = False) -> art.LocalTrainResult:
     """Train one call with keywords `call` on the hand-made batch and compare it with the expectation `want`.
 
     `without` names, for each keyword under test, what the call would compute if that keyword were dropped on
     the way; each must be far (BITES tolerances) from `want`, so this check fails for a call that drops it.
+    `dict_answer`: the second trajectory answers with an assistant message instead of a sampled turn.
     """
     start = live.checkpoints[live.step]
     with one_thread():
         batch = live.oracle.batch(start)
+        if dict_answer:  # no sampled logprobs: trained, if at all, as on-policy
+            batch = (batch[0], batch[1], [batch[2][0], [math.nan] * len(batch[1][1])])
         before = live.oracle.adapter()
         expected = live.oracle.expect(start, batch, want)
         for option, spec_without in without.items():
             other = live.oracle.expect(start, batch, spec_without)
             assert _separation(expected, other, before) > BITES, f"{option} does not change this batch's update"
-    result = live.train(live.groups(batch), **call)
-    assert result.metrics["data/step_trainer_tokens"] == sum(len(d) for d in LOG_RATIOS)
+    result = live.train(live.groups(batch, dict_answer), **call)
+    assert result.metrics["data/step_trainer_tokens"] == sum(len(LOG_RATIOS[i]) for i in want.trained)
     for name in FIGURES + (REF_FIGURES if want.ref else ()):
         assert metric(result, name) == pytest.approx(expected[name], rel=RTOL, abs=1e-6), name
     written = load_peft_weights(result.checkpoint_path)
@@ -354,8 +363,11 @@ def test_kl_penalty_changes_the_update_and_beta_is_a_separate_knob(live):
     """ART's kl_penalty_coef shifts each token's advantage by coef * (step mean KL - token KL) against the base
     model; it adds no loss term (`kl` stays 0, `kl_policy_ref` reports the drift). `beta` is artrl's k3 loss
     term, a knob of its own; kl_penalty_reference_step and kl_ref_adapter_path name the reference checkpoint."""
-    result = check_call(live, {"kl_penalty_coef": 2.0}, spec(dict(kl_penalty_coef=2.0), ref="base"),
+    # one row per trajectory, one row per forward pass: the KL mean is the optimizer step's, not a pass's
+    layout = {"row_length": 32, "share_prompts": False, "per_device_train_batch_size": 1}
+    result = check_call(live, {"kl_penalty_coef": 2.0, **layout}, spec(dict(kl_penalty_coef=2.0), ref="base"),
                         {"kl_penalty_coef": spec()})
+    assert result.metrics["train/micro_batches"] == 2
     assert metric(result, "kl") == 0.0 and metric(result, "kl_policy_ref") > 1e-3
     both = dict(kl_penalty_coef=2.0, beta=0.5)
     ref = live.step - 1  # the checkpoint before the current one: the adapter has moved since
@@ -369,3 +381,11 @@ def test_kl_penalty_changes_the_update_and_beta_is_a_separate_knob(live):
     check_call(live, {**both, "kl_ref_adapter_path": path, "kl_penalty_reference_step": live.step},
                spec(both, ref=path),
                {"kl_ref_adapter_path": spec(both, ref=live.checkpoints[live.step])})
+
+
+def test_allow_training_without_logprobs_trains_an_assistant_message_on_policy(live):
+    """ART's meaning: a plain assistant message of an RL trajectory is trained too, with ratio 1 (its template
+    rendering: the same ids as the sampled turn it replaces); without the option only the sampled turn trains."""
+    result = check_call(live, {"allow_training_without_logprobs": True}, spec(), {
+        "allow_training_without_logprobs": spec(trained=(0,))}, dict_answer=True)
+    assert result.metrics["data/rendered_turns"] == 1
