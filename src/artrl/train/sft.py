@@ -12,7 +12,6 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from ..chat_format import end_of_turn_ids
 from ..preprocess.build import BuiltCall, build_call, split_units
 from ..preprocess.tokenize import tokenize_sft
 from ..trajectories import Trajectory
@@ -32,7 +31,7 @@ def prepare_sft(trainer: Trainer, trajectories: Sequence[Trajectory], config: Tr
     if config.shuffle:
         # a different order every call, reproducible from the seed and the restored optimizer step count
         random.Random(config.seed * 1_000_003 + trainer.optimizer_steps).shuffle(trajectories)
-    tok = tokenize_sft(trajectories, trainer.tokenizer, end_ids=end_of_turn_ids(trainer.tokenizer, trainer.model))
+    tok = tokenize_sft(trajectories, trainer.tokenizer, end_ids=trainer.end_ids)
     if not tok.groups:
         return PreparedCall("sft", BuiltCall(None, None), _sft_loss, [], config, tok.stats, unit_name="trajectories")
     bs = config.resolved_batch_size(len(tok.groups))
