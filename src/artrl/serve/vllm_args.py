@@ -9,7 +9,10 @@ sources, in order of precedence:
    `model` / `tokenizer` (the base model's directory). Setting one of these in `engine_args` to
    another value is a `ConfigError`; `served_model_name` and any argument vLLM does not know are
    accepted with a notice (the server names the models; ART's arguments that vLLM dropped).
-2. **ART's `engine_args`** (`InternalModelConfig.engine_args`): every other vLLM argument, as given.
+2. **ART's `engine_args`** (`InternalModelConfig.engine_args`): every other vLLM argument, as given;
+   `max_num_seqs`, `max_model_len` and `trust_remote_code` come through the artrl fields they set
+   (`inference_max_batch_size`, `inference_max_length`, `trust_remote_code`), so that where the two
+   disagree the built-in engine and vLLM follow the same one.
 3. **artrl's defaults**: `dtype` (float32 on CPU, bfloat16 on GPU, as the trainer), `max_model_len`,
    `seed`, `trust_remote_code`, `max_lora_rank` (the adapter's rank rounded up to a rank vLLM
    supports), `max_loras=4` (live weights, checkpoints and a KL reference in one batch),
@@ -50,16 +53,21 @@ def lora_rank_slot(rank: int) -> int:
                       f"lower lora_rank, or use inference_engine='builtin'.")
 
 
-def engine_arguments(*, model_path: str, device_type: str, dtype: str, max_model_len: int, lora_rank: int,
+#: engine_args keys that reach vLLM through the artrl field they set (dev/model.py's MAPPED).
+THROUGH_FIELDS = ("max_num_seqs", "max_model_len", "trust_remote_code")
+
+
+def engine_arguments(*, model_path: str, device_type: str, dtype: str, max_model_len: int | None, lora_rank: int,
                      seed: int, trust_remote_code: bool, max_num_seqs: int | None,
                      engine_args: Mapping[str, Any], known: Iterable[str]) -> dict[str, Any]:
     """Keyword arguments of `vllm.AsyncEngineArgs` (see the module docstring).
 
     `known`: the argument names vLLM's `AsyncEngineArgs` takes; `max_num_seqs`: sequences per batch when
-    the model config sets one (None: vLLM's default); `device_type`: "cpu" or "cuda".
+    the model config sets one (None: vLLM's default); `max_model_len` None: the model's own maximum;
+    `device_type`: "cpu" or "cuda".
     """
     known = set(known)
-    given = dict(engine_args)
+    given = {key: value for key, value in engine_args.items() if key not in THROUGH_FIELDS}
     for key in ("model", "tokenizer"):
         value = given.pop(key, None)
         if value is not None and str(value) != model_path:
@@ -89,10 +97,12 @@ def engine_arguments(*, model_path: str, device_type: str, dtype: str, max_model
         raise ConfigError(f"engine_args.max_lora_rank={given['max_lora_rank']} is below lora_rank={lora_rank}: "
                           f"vLLM could not load the trained adapter. Raise it to at least {rank}, or drop it.")
     args: dict[str, Any] = {
-        "dtype": dtype, "max_model_len": max_model_len, "seed": seed, "trust_remote_code": trust_remote_code,
+        "dtype": dtype, "seed": seed, "trust_remote_code": trust_remote_code,
         "max_lora_rank": rank, "max_loras": DEFAULT_MAX_LORAS, "generation_config": "vllm",
         "disable_log_stats": True,
     }
+    if max_model_len is not None:
+        args["max_model_len"] = max_model_len
     if max_num_seqs is not None:
         args["max_num_seqs"] = max_num_seqs
     if on_gpu:

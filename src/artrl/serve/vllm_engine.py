@@ -93,16 +93,21 @@ class EngineStartError(ArtrlError, RuntimeError):
 
 
 class VLLMEngine(InferenceEngine):
-    """Serve a model with vLLM; see the module docstring. `engine_args`: `vllm.AsyncEngineArgs` keywords
-    (serve/vllm_args.py builds them from a model config); `end_of_turn_ids`: the ids every completion stops
-    on, the same set the trainer closes turns on."""
+    """Serve a model with vLLM; see the module docstring.
 
-    def __init__(self, engine_args: dict[str, Any], tokenizer: Any, *, end_of_turn_ids: frozenset[int],
-                 sleep_mode: bool | None = None) -> None:
-        super().__init__()
+    tokenizer, end_ids: the trainer's (the session computes `end_ids` once); cfg: the model's
+    `InternalModelConfig` (device, dtype, context length, LoRA rank, seed, `engine_args`); base_model_path:
+    the directory of the base model's weights, which vLLM loads itself. `engine_args` replaces the vLLM engine
+    arguments built from `cfg` (serve/vllm_args.py) altogether.
+    """
+
+    def __init__(self, *, tokenizer: Any, end_ids: frozenset[int], cfg: Any = None, base_model_path: str,
+                 engine_args: dict[str, Any] | None = None) -> None:
         self._tokenizer = tokenizer
-        self._end_ids = frozenset(int(t) for t in end_of_turn_ids)
-        self._sleep_mode = bool(engine_args.get("enable_sleep_mode")) if sleep_mode is None else sleep_mode
+        self._end_ids = frozenset(int(t) for t in end_ids)
+        if engine_args is None:
+            engine_args = vllm_engine_arguments(cfg, base_model_path)
+        self._sleep_mode = bool(engine_args.get("enable_sleep_mode"))
         self._closed = False
         self._lora_ids = itertools.count(1)
         self._named: dict[str, Any] = {}  # adapter name -> LoRARequest
@@ -292,7 +297,8 @@ class VLLMEngine(InferenceEngine):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._llm.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+        llm, self._llm = self._llm, None
+        llm.shutdown(timeout=SHUTDOWN_TIMEOUT_S)  # its processes exit; dropped here, not at interpreter exit
 
     # ------------------------------------------------------------------ helpers
 
@@ -314,29 +320,7 @@ class VLLMEngine(InferenceEngine):
 
     def _check(self, request: GenerationRequest) -> None:
         self._refuse_if_closed()
-        problems = []
-        if not request.prompt_ids:
-            problems.append("prompt_ids is empty")
-        elif not all(0 <= t < self._vocab_size for t in request.prompt_ids):
-            bad = next(t for t in request.prompt_ids if not 0 <= t < self._vocab_size)
-            problems.append(f"prompt token id {bad} is outside the vocabulary [0, {self._vocab_size})")
-        if request.n < 1:
-            problems.append(f"n must be >= 1, got {request.n}")
-        if request.max_tokens < 1:
-            problems.append(f"max_tokens must be >= 1, got {request.max_tokens}")
-        if request.temperature < 0:
-            problems.append(f"temperature must be >= 0, got {request.temperature}")
-        if not 0 < request.top_p <= 1:
-            problems.append(f"top_p must be in (0, 1], got {request.top_p}")
-        if request.top_logprobs < 0:
-            problems.append(f"top_logprobs must be >= 0, got {request.top_logprobs}")
-        if len(request.prompt_ids) + request.max_tokens > self._max_model_len:
-            problems.append(f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.max_tokens}) exceeds "
-                            f"max_model_len {self._max_model_len}; shorten the prompt or lower max_tokens")
-        if request.adapter is not None and not self.has_adapter(request.adapter):
-            problems.append(f"adapter {request.adapter!r} is not loaded (loaded: {sorted(self._named)})")
-        if problems:
-            raise InvalidRequestError("; ".join(problems))
+        self.check(request)
 
 
 class _KindGate:
@@ -387,6 +371,25 @@ class _KindGate:
             waiter.set_result(None)
 
 
+def vllm_engine_arguments(cfg: Any, base_model_path: str) -> dict[str, Any]:
+    """`vllm.AsyncEngineArgs` keywords for a model config (serve/vllm_args.py)."""
+    import dataclasses
+
+    from vllm import AsyncEngineArgs
+
+    from artrl.serve.vllm_args import engine_arguments
+    from artrl.train.modeling import resolve_device, resolve_dtype
+
+    device = resolve_device(cfg)
+    dtype = str(resolve_dtype(cfg, device)).removeprefix("torch.")
+    explicit = "inference_max_batch_size" in cfg.model_fields_set
+    return engine_arguments(model_path=str(base_model_path), device_type=device.type, dtype=dtype,
+                            max_model_len=cfg.inference_max_length or cfg.max_length, lora_rank=cfg.lora_rank,
+                            seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
+                            max_num_seqs=cfg.inference_max_batch_size if explicit else None,
+                            engine_args=cfg.engine_args, known=[f.name for f in dataclasses.fields(AsyncEngineArgs)])
+
+
 async def _start_llm(engine_args: dict[str, Any]) -> Any:
     """Build vLLM's AsyncLLM on the engine loop (its output handler is a task of the loop it starts on)."""
     from vllm import AsyncEngineArgs
@@ -404,7 +407,7 @@ def _sampling_params(request: GenerationRequest, end_ids: frozenset[int]) -> Any
         max_tokens=request.max_tokens,
         temperature=request.temperature,
         top_p=request.top_p,
-        seed=request.seed,
+        seed=_spread(request.seed),
         stop_token_ids=sorted(end_ids | set(request.stop_token_ids)),
         ignore_eos=True,  # stop on exactly the ids above
         stop=list(request.stop_strings) or None,
@@ -415,6 +418,12 @@ def _sampling_params(request: GenerationRequest, end_ids: frozenset[int]) -> Any
         output_kind=RequestOutputKind.FINAL_ONLY,
         # constrained decoding: structured_outputs=vllm.sampling_params.StructuredOutputsParams(...) here
     )
+
+
+def _spread(seed: int | None) -> int | None:
+    """The seed handed to vLLM, which seeds sample i of a request with `seed + i`: spread out, so that sample 1
+    of seed s is not sample 0 of seed s + 1 (a request's n samples and nearby seeds stay independent)."""
+    return None if seed is None else (seed * 0x9E3779B97F4A7C15) % (2**62)
 
 
 def _result(output: Any, top_k: int, closed: bool) -> GenerationResult:
