@@ -17,11 +17,12 @@ token record and the trainer do not know it from the built-in engine. What it do
 
 2. **The caller's process is left as it was** (DESIGN.md 5). vLLM seeds the RNGs of the
    process that runs its model; here that is the engine-core process, never the caller's
-   (the torch, `random` and numpy states are unchanged, tests/test_vllm_engine.py). Starting
-   the engine sets environment variables in the calling process (the CPU build sets
-   `LD_PRELOAD`, `VLLM_WORKER_MULTIPROC_METHOD=spawn` and others, which every later
-   subprocess of the program would inherit); they are restored as soon as the engine-core
-   process has started with them, and so is torch's thread count.
+   (the torch, `random` and numpy states are unchanged, tests/test_vllm_engine.py). Importing
+   vLLM and starting its engine set environment variables in the calling process (the CPU
+   build sets `LD_PRELOAD`, `LD_LIBRARY_PATH`, `VLLM_WORKER_MULTIPROC_METHOD=spawn` and
+   others, which every later subprocess of the program would inherit); they are restored as
+   soon as the engine-core process has started with them (vLLM's processes set their own
+   again when they import it), and so is torch's thread count.
 3. **Raw logprobs, tokens in and out.** vLLM runs with `logprobs_mode="raw_logprobs"` (the
    log-softmax of the logits before temperature and top-p, serve/engine.py) and is given
    token ids (`TokensPrompt`); every result carries the sampled ids, a final end-of-turn
@@ -105,8 +106,9 @@ class VLLMEngine(InferenceEngine):
                  engine_args: dict[str, Any] | None = None) -> None:
         self._tokenizer = tokenizer
         self._end_ids = frozenset(int(t) for t in end_ids)
-        if engine_args is None:
-            engine_args = vllm_engine_arguments(cfg, base_model_path)
+        with _process_state_kept():  # importing vLLM sets environment variables too
+            if engine_args is None:
+                engine_args = vllm_engine_arguments(cfg, base_model_path)
         self._sleep_mode = bool(engine_args.get("enable_sleep_mode"))
         self._closed = False
         self._lora_ids = itertools.count(1)
@@ -209,6 +211,7 @@ class VLLMEngine(InferenceEngine):
     async def _generate(self, request: GenerationRequest) -> list[GenerationResult]:
         from vllm.inputs import TokensPrompt
 
+        self._refuse_if_closed()  # handed over while the engine closed
         task = asyncio.current_task()
         assert task is not None
         lora = self._lora_for(request.adapter)  # resolved here, so a later set_live_weights does not change it
@@ -307,11 +310,22 @@ class VLLMEngine(InferenceEngine):
         if threading.current_thread() is self._thread:
             coroutine.close()
             raise RuntimeError("VLLMEngine's blocking methods cannot be called from its own event loop")
+        if self._loop.is_closed():
+            coroutine.close()
+            raise EngineClosedError("VLLMEngine used after close()")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
+        # calls handed to the loop while it stopped run now: they find the engine closed and fail, so that
+        # no caller waits for ever; anything else still pending is cancelled
+        self._loop.run_until_complete(asyncio.sleep(0))
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self._loop.close()
 
     def _refuse_if_closed(self) -> None:
@@ -333,6 +347,8 @@ class _KindGate:
     def __init__(self) -> None:
         self._kind: str | None = None
         self._running = 0
+        #: Requests that had to wait for the other kind's to finish.
+        self.waited = 0
         self._queue: collections.deque[tuple[str, asyncio.Future]] = collections.deque()
 
     @contextlib.asynccontextmanager
@@ -350,6 +366,7 @@ class _KindGate:
             return
         waiter = asyncio.get_running_loop().create_future()
         self._queue.append((kind, waiter))
+        self.waited += 1
         try:
             await waiter
         except asyncio.CancelledError:
