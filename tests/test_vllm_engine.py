@@ -68,15 +68,36 @@ def open_vllm(tiny_path: pathlib.Path, tok: Any, **engine_args: Any) -> Any:
                        base_model_path=str(tiny_path))
 
 
+@dataclasses.dataclass
+class Started:
+    engine: Any
+    before: tuple[Any, ...]  # the caller's RNG states, environment and torch threads before vLLM was imported
+    children: set[int]  # this process's child processes before
+
+
 @pytest.fixture(scope="module")
-def engine(tiny_path: pathlib.Path, tok: Any) -> Any:
+def started(tiny_path: pathlib.Path, tok: Any) -> Any:
+    """One engine for the module (each start costs tens of seconds on a small CPU); the last test closes it."""
+    import psutil
+
+    torch.manual_seed(123)
+    random.seed(123)
+    np.random.seed(123)
+    before = (torch.random.get_rng_state(), random.getstate(), np.random.get_state()[1].copy(),
+              dict(os.environ), torch.get_num_threads())
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
     # One adapter slot (ART's engine_args reach vLLM): a base row batched with LoRA rows would then take the
     # loaded adapter (vLLM's CPU kernels read "no adapter", index -1, as the last slot). With more slots the
     # same happens once every slot holds an adapter, e.g. after a few training steps' live weights.
     opened = open_vllm(tiny_path, tok, max_loras=1)
     assert opened._llm.vllm_config.lora_config.max_loras == 1
-    yield opened
+    yield Started(opened, before, children)
     opened.close()
+
+
+@pytest.fixture
+def engine(started: Started) -> Any:
+    return started.engine
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +113,19 @@ def prompts(tok: Any) -> list[list[int]]:
 
 def lora_ids(engine: Any) -> set[int]:
     return set(engine._call(engine._llm.list_loras()))
+
+
+def test_starting_left_the_callers_process_alone(started: Started, prompts: list[list[int]]) -> None:
+    """The module's first test: nothing else has touched the RNGs since the snapshot."""
+    asyncio.run(started.engine.generate(GenerationRequest(prompts[0], max_tokens=4, seed=5)))
+    rng, state, numpy_state, environ, threads = started.before
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert random.getstate() == state and np.array_equal(np.random.get_state()[1], numpy_state)
+    assert _environ(os.environ) == _environ(environ) and torch.get_num_threads() == threads
+
+
+def _environ(environ: Any) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if k != "PYTEST_CURRENT_TEST"}  # pytest's own, per test phase
 
 
 def test_base_model_requests_among_lora_requests_get_base_model_tokens(
@@ -184,36 +218,33 @@ def test_training_on_cpu_leaves_rollouts_running(engine: Any, prompts: list[list
     assert len(result.token_ids) >= 1
 
 
-def test_starting_leaves_the_callers_process_alone_and_closing_ends_everything(
-        tiny_path: pathlib.Path, tok: Any, prompts: list[list[int]]) -> None:
+def test_seeded_samples_are_independent_across_nearby_seeds(engine: Any, prompts: list[list[int]]) -> None:
+    request = GenerationRequest(prompts[3], n=2, max_tokens=8, seed=40)
+    two = asyncio.run(engine.generate(request))
+    next_seed = asyncio.run(engine.generate(dataclasses.replace(request, n=1, seed=41)))
+    assert two[1].token_ids != next_seed[0].token_ids  # vLLM alone would seed sample 1 of 40 like sample 0 of 41
+
+
+def test_closing_fails_what_is_in_flight_and_ends_vllms_processes(started: Started,
+                                                                   prompts: list[list[int]]) -> None:
+    """The module's last test: it closes the engine."""
     import psutil
 
-    torch.manual_seed(123)
-    random.seed(123)
-    np.random.seed(123)
-    before = (torch.random.get_rng_state(), random.getstate(), np.random.get_state()[1].copy(),
-              dict(os.environ), torch.get_num_threads())
-    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
-    engine = open_vllm(tiny_path, tok)
-    asyncio.run(engine.generate(GenerationRequest(prompts[0], max_tokens=4, seed=5)))
-    assert torch.equal(torch.random.get_rng_state(), before[0])
-    assert random.getstate() == before[1] and np.array_equal(np.random.get_state()[1], before[2])
-    assert dict(os.environ) == before[3] and torch.get_num_threads() == before[4]
+    engine = started.engine
     # vLLM's engine runs in processes of its own (multiprocessing's resource tracker, which the first spawn
     # starts and which lives as long as the program, is Python's, not the engine's)
     vllm_processes = [p for p in psutil.Process().children(recursive=True)
-                      if p.pid not in children_before and "resource_tracker" not in " ".join(p.cmdline())]
+                      if p.pid not in started.children and "resource_tracker" not in " ".join(p.cmdline())]
     assert vllm_processes
-
     outcome: dict[str, BaseException] = {}
-    started = threading.Event()
+    running = threading.Event()
 
-    def caller() -> None:
+    def caller() -> None:  # a server thread with a request in flight
         async def wait_for_it() -> None:
             future = asyncio.ensure_future(engine.generate(GenerationRequest(prompts[0], max_tokens=LONG)))
             while not engine._tasks:
                 await asyncio.sleep(0)
-            started.set()
+            running.set()
             await future
 
         try:
@@ -223,8 +254,12 @@ def test_starting_leaves_the_callers_process_alone_and_closing_ends_everything(
 
     thread = threading.Thread(target=caller)
     thread.start()
-    assert started.wait(timeout=120)
-    engine.close()
+    assert running.wait(timeout=120)
+
+    async def close_from_async_code() -> None:  # as `await backend.close()` in a user's loop does
+        engine.close()
+
+    asyncio.run(close_from_async_code())
     thread.join(timeout=120)
     assert isinstance(outcome.get("error"), EngineClosedError)
     assert not engine._thread.is_alive()
@@ -235,10 +270,3 @@ def test_starting_leaves_the_callers_process_alone_and_closing_ends_everything(
     with pytest.raises(EngineClosedError):
         engine.load_adapter("late", "/nowhere")
     engine.close()  # idempotent
-
-
-def test_seeded_samples_are_independent_across_nearby_seeds(engine: Any, prompts: list[list[int]]) -> None:
-    request = GenerationRequest(prompts[3], n=2, max_tokens=8, seed=40)
-    two = asyncio.run(engine.generate(request))
-    next_seed = asyncio.run(engine.generate(dataclasses.replace(request, n=1, seed=41)))
-    assert two[1].token_ids != next_seed[0].token_ids  # vLLM alone would seed sample 1 of 40 like sample 0 of 41

@@ -221,7 +221,7 @@ class _RecordingLLM:
 def _engine_on(llm: Any, sleep_mode: bool) -> VLLMEngine:
     engine = object.__new__(VLLMEngine)  # everything but vLLM: its loop thread and the stand-in
     engine._loop = asyncio.new_event_loop()
-    engine._thread = threading.Thread(target=engine._loop.run_forever, daemon=True)
+    engine._thread = threading.Thread(target=engine._run_loop, daemon=True)
     engine._thread.start()
     engine._llm, engine._sleep_mode = llm, sleep_mode
     return engine

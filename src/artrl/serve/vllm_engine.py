@@ -123,7 +123,7 @@ class VLLMEngine(InferenceEngine):
         self.requests_aborted = 0
         self.rows_served = 0
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="artrl-vllm-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run_loop, name="artrl-vllm-engine", daemon=True)
         self._thread.start()
         self._gate = _KindGate()
         try:
@@ -182,7 +182,12 @@ class VLLMEngine(InferenceEngine):
 
     async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
         self._check(request)
-        future = asyncio.run_coroutine_threadsafe(self._generate(request), self._loop)
+        coroutine = self._generate(request)
+        try:
+            future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        except RuntimeError as error:  # the loop closed since the check
+            coroutine.close()
+            raise EngineClosedError("VLLMEngine used after close()") from error
         # cancelling this await cancels `future`, which cancels the task on the engine loop: vLLM aborts it
         return await asyncio.wrap_future(future)
 
@@ -310,23 +315,30 @@ class VLLMEngine(InferenceEngine):
         if threading.current_thread() is self._thread:
             coroutine.close()
             raise RuntimeError("VLLMEngine's blocking methods cannot be called from its own event loop")
-        if self._loop.is_closed():
+        try:
+            future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        except RuntimeError as error:  # the loop is closed
             coroutine.close()
-            raise EngineClosedError("VLLMEngine used after close()")
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+            raise EngineClosedError("VLLMEngine used after close()") from error
+        return future.result()
+
+    def _run_loop(self) -> None:
+        """The engine thread: the loop, until `_stop_loop`; then calls handed over while it stopped run (they
+        find the engine closed and fail, so no caller waits for ever), anything still pending is cancelled,
+        and the loop closes."""
+        loop = self._loop
+        loop.run_forever()
+        loop.run_until_complete(asyncio.sleep(0))
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.close()
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
-        # calls handed to the loop while it stopped run now: they find the engine closed and fail, so that
-        # no caller waits for ever; anything else still pending is cancelled
-        self._loop.run_until_complete(asyncio.sleep(0))
-        pending = asyncio.all_tasks(self._loop)
-        for task in pending:
-            task.cancel()
-        if pending:
-            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        self._loop.close()
 
     def _refuse_if_closed(self) -> None:
         if self._closed:
