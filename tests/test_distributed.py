@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 import artrl as art
 from artrl.distributed.balance import padding_batch, split_step
 from artrl.distributed.group import _cause_order
-from artrl.local import storage
+from artrl.run import storage
 from artrl.preprocess.pack import pack
 from artrl.preprocess.plan import plan_batches
 from artrl.preprocess.tokenize import TokenizedSequence

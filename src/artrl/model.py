@@ -12,10 +12,10 @@ go in `_internal_config=art.InternalModelConfig(...)`; per-call settings
 (learning rate, batching, loss) in `TrainConfig` / `TrainSFTConfig`.
 
 A model logs by itself, as in ART: `model.log(...)` writes under
-`base_path/<project>/models/<name>/` (local/history.py) whether or not it is
+`base_path/<project>/models/<name>/` (run/history.py) whether or not it is
 registered, and a prompted model (`art.Model(name="openai/gpt-4o", ...)`)
 logs its evaluations the same way. `report_metrics` mirrors every history row
-to W&B or TensorBoard (tracking.py).
+to W&B or TensorBoard (run/tracking.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Any
 import pydantic
 
 from .errors import ConfigError
-from .local import storage
-from .local.history import RunHistory, best_logged_step, check_loggable, normalize_trajectory_groups
+from .run import storage
+from .run.history import RunHistory, best_logged_step, check_loggable, normalize_trajectory_groups
 from .metrics import MetricsBuilder
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
@@ -186,7 +186,7 @@ class Model(pydantic.BaseModel):
     def _run_history(self) -> RunHistory:
         run = self._run_dir()
         if self._history is None or self._history.run != run:
-            from .tracking import Trackers
+            from .run.tracking import Trackers
 
             if self._history is not None and self._history.trackers is not None:
                 self._history.trackers.close()

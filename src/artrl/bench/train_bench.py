@@ -142,10 +142,7 @@ def _configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
 
 
 def main(args: Any) -> int:
-    if getattr(args, "workers", 1) > 1 and not getattr(args, "mode", None):
-        from .workers_bench import main as workers_main
-
-        return workers_main(args)  # N data-parallel workers against one (bench/workers_bench.py)
+    """Our layout against the reference (`--workers N`: bench/workers_bench.py's main, which the CLI runs)."""
     if getattr(args, "mode", None):
         cfg, mcfg = _configs(args)
         print(json.dumps(run_mode(args.mode, args.workload, args.scale, args.model, cfg, mcfg)))

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..errors import ArtrlError, CheckpointError, ConfigError
-from ..local import storage
+from ..run import storage
 from ..types import InternalModelConfig
 from . import checkpoint, protocol
 
@@ -77,7 +77,7 @@ class Worker:
         self.step = 0
 
     def start(self) -> None:
-        from ..local import checkpoint as local_checkpoint
+        from ..run import checkpoint as local_checkpoint
         from ..train.modeling import load_model, resolve_name
         from ..train.trainer import Trainer
         from .sharding import ShardedTrainer
@@ -115,7 +115,7 @@ class Worker:
             n += 1
 
     def call(self, n: int, msg: dict[str, Any]) -> None:
-        from ..local import checkpoint as local_checkpoint
+        from ..run import checkpoint as local_checkpoint
         from ..train.call import run_call
         from ..train.rl import prepare_rl
         from ..train.sft import prepare_sft

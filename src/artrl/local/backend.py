@@ -22,7 +22,7 @@ to `name` and `name@step`, with the adapter switched off. ART's S3 backups
 that names the run directory to sync instead.
 
 With training workers (`InternalModelConfig.num_workers > 1`, `trainer_gpu_ids`
-or `num_nodes > 1`) the session is a `distributed.session.WorkerSession`: this
+or `num_nodes > 1`) the session is a `local.worker_session.WorkerSession`: this
 process serves, torch.distributed workers train (docs/distributed.md).
 """
 
@@ -40,7 +40,7 @@ from ..errors import ConfigError
 from ..notices import notice_once
 from ..trajectories import Trajectory, TrajectoryGroup
 from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
-from . import storage
+from ..run import storage
 from .session import TrainingSession
 
 if TYPE_CHECKING:
@@ -205,7 +205,7 @@ class LocalBackend(Backend):
             cfg.check()
             session_type = TrainingSession
             if cfg.distributed:  # training in worker processes (docs/distributed.md)
-                from ..distributed.session import WorkerSession
+                from .worker_session import WorkerSession
 
                 session_type = WorkerSession
             session = session_type.open(storage.run_dir(self._path, model.project, model.name), name=model.name,

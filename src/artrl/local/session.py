@@ -19,7 +19,7 @@ model), the run directory and the step counter:
   was non-finite leaves the step where it was.
 * `delete_checkpoints` keeps the latest and the best checkpoint.
 
-With training workers (distributed/session.py) the same session keeps the
+With training workers (worker_session.py) the same session keeps the
 weights for serving only; its subclass runs the calls elsewhere and loads each
 new checkpoint's adapter. `train` is written once for both: the call runs
 (`_run_call`), the step is refused or advanced by the same rules, and the
@@ -45,7 +45,7 @@ from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..metrics_taxonomy import trainer_metrics
 from ..notices import notice_once
 from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
-from . import checkpoint, history, storage
+from ..run import checkpoint, history, storage
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class TrainingSession:
             log.error("%s step %d: %d of %d optimizer steps had a non-finite loss or gradient and were refused "
                       "(train/skipped_nonfinite_steps); the weights did not take them", self.name, self.step,
                       int(metrics["train/skipped_nonfinite_steps"]), len(out.steps))
-        # the history row is written by model.train / train_sft (local/history.py), as in ART; the checkpoint
+        # the history row is written by model.train / train_sft (run/history.py), as in ART; the checkpoint
         # carries `record` so a crash before that write loses nothing (_recover_history)
         if not save_checkpoint:
             notice_once("train.save_checkpoint", "backend.train(save_checkpoint=False): the checkpoint is written "

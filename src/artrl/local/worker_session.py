@@ -1,6 +1,6 @@
 """A training session whose train calls run on a group of worker processes (docs/distributed.md).
 
-The same session as local/session.py (run directory, step counter, checkpoints,
+The same session as session.py (run directory, step counter, checkpoints,
 the served weights), with three differences:
 
 * its model is loaded for serving only, on `inference_gpu_ids[0]` when given;
@@ -26,12 +26,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..distributed.group import WorkerGroup
 from ..errors import ConfigError
-from ..local import checkpoint, storage
-from ..local.session import CallOutcome, TrainingSession
 from ..notices import notice_once
+from ..run import checkpoint, storage
 from ..types import InternalModelConfig, TrainConfig, TrainSFTConfig
-from .group import WorkerGroup
+from .session import CallOutcome, TrainingSession
 
 log = logging.getLogger(__name__)
 
