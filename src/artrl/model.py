@@ -31,7 +31,7 @@ import pydantic
 
 from .errors import ConfigError
 from .run import storage
-from .run.history import RunHistory, best_logged_step, check_loggable, normalize_trajectory_groups
+from .run.history import RunHistory, best_logged_step, normalize_trajectory_groups
 from .metrics import MetricsBuilder
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
@@ -272,12 +272,12 @@ class Model(pydantic.BaseModel):
         return await self._log(trajectories, split, metrics, step)
 
     async def _log(self, trajectories: Any, split: str, metrics: dict[str, float] | None, step: int | None,
-                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                   extra: dict[str, Any] | None = None, validated: bool = False) -> dict[str, Any]:
         groups = None if trajectories is None else normalize_trajectory_groups(trajectories)
         if step is None:
             step = await self._current_step()
         return await self._run_history().log(groups, split, metrics, step, extra=extra, backend=self._backend,
-                                                 model=self)
+                                                 model=self, validated=validated)
 
 
 class TrainableModel(Model):
@@ -332,9 +332,9 @@ class TrainableModel(Model):
             if not isinstance(g, TrajectoryGroup):
                 raise ConfigError(f"trajectory_groups[{i}] is a {type(g).__name__}; expected a TrajectoryGroup. "
                                   "Did you forget to await gather_trajectory_groups?")
+        # the backend builds and checks the config, and validates every trajectory while tokenizing, before
+        # anything is trained or written; the row logged below takes the groups as validated
         config = config or TrainConfig()
-        config.check()  # refuse a bad config before anything is written
-        check_loggable(groups, {})
         before = await self.get_step()
         result = await self.backend()._train_model(self, groups, config, _config or {}, verbose)
         await self._log_train_row(groups, result, before, "rl")
@@ -355,7 +355,7 @@ class TrainableModel(Model):
             log.warning("%s: the %s call did not advance the step (still %d), so it writes no train row",
                         self.name, kind.upper(), before)
             return
-        await self._log(groups, "train", result.metrics, result.step, extra={"kind": kind})
+        await self._log(groups, "train", result.metrics, result.step, extra={"kind": kind}, validated=True)
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
         """Keep the latest checkpoint and the best one by `best_checkpoint_metric`; delete the rest.

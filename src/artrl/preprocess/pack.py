@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import PackingError
+from ..errors import ConfigError, PackingError
 from .rows import Node, PackedRows, PackStats
 from .tokenize import TokenizedSequence
 
@@ -371,6 +371,13 @@ def choose_row_length(groups: Sequence[Sequence[TokenizedSequence]], max_length:
     return next(L for L in candidates if computed[L] <= best * (1 + AUTO_ROW_TOLERANCE))
 
 
+def check_row_length(row_length: int | None, max_length: int) -> None:
+    """The one bound on a fixed row length: the model's maximum (ConfigError)."""
+    if row_length is not None and row_length > max_length:
+        raise ConfigError(f"row_length={row_length} exceeds the model's maximum length {max_length}; lower "
+                          "row_length, or leave it None to choose it automatically.")
+
+
 def pack(
     groups: Sequence[Sequence[TokenizedSequence]],
     *,
@@ -389,9 +396,7 @@ def pack(
     """
     if on_too_long not in ("drop", "truncate", "error"):
         raise PackingError(f"on_too_long={on_too_long!r}; expected 'drop', 'truncate' or 'error'.")
-    if row_length is not None and row_length > max_length:
-        raise PackingError(f"row_length={row_length} exceeds the model's maximum length {max_length}; lower "
-                           "row_length, or leave it None to choose it automatically.")
+    check_row_length(row_length, max_length)
     stats = PackStats()
     limit = row_length if row_length is not None else max_length
     kept = enforce_length(groups, limit, on_too_long, stats)
