@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 def _adapter_and_run(checkpoint: str | None) -> tuple[Path | None, Path | None]:
-    from . import storage
+    from ..run import storage
 
     if checkpoint is None:
         return None, None
@@ -42,7 +42,7 @@ def build_app(args: Any) -> Any:
     from ..train.modeling import (RANDOM_CONFIGS, load_base_model, load_generation_config, load_tokenizer,
                                   resolve_device, resolve_name)
     from ..types import InternalModelConfig
-    from . import storage
+    from ..run import storage
 
     if not is_loopback(args.host) and not args.api_key:
         raise ConfigError(f"--host {args.host} is not a loopback address; set --api-key so that only clients "

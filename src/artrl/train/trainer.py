@@ -68,7 +68,8 @@ class TokenBatch:
 
     logprobs: torch.Tensor  # new logprobs (with grad when training)
     entropy: torch.Tensor
-    old_logprobs: torch.Tensor  # sampled logprobs (nan where unknown)
+    old_logprobs: torch.Tensor  # the behaviour policy's logprobs: sampled ones, or recomputed by the trainer
+    # before the first step under precalculate_logprobs (nan where unknown)
     advantages: torch.Tensor
     weights: torch.Tensor
     sequence_ids: torch.Tensor
@@ -78,6 +79,18 @@ class TokenBatch:
 
 
 LossFn = Callable[[TokenBatch], LossTerms]
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What preparing a call needs to know of the trainer that will run it (`Trainer.build_context()`)."""
+
+    tokenizer: Any
+    end_ids: frozenset[int]  # ids that close an assistant turn (the inference engine stops on the same)
+    max_length: int  # the longest row the model takes
+    pad_id: int
+    device_type: str  # "cpu" or "cuda": the default per_device_train_batch_size depends on it
+    optimizer_steps: int  # optimizer steps taken so far (the SFT shuffle's seed mixes it in)
 
 SAMPLED_DELTA_KEYS = ("sampled_logprob_delta_mean", "sampled_logprob_delta_max", "sampled_logprob_tokens")
 
@@ -162,6 +175,11 @@ class Trainer:
         self.optimizer_steps = 0
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._rng = self._seeded_rng_state(self.cfg.seed)
+
+    def build_context(self) -> "BuildContext":
+        """What preparing a call for this trainer needs to know of it."""
+        return BuildContext(tokenizer=self.tokenizer, end_ids=self.end_ids, max_length=self.max_length,
+                            pad_id=self.pad_id, device_type=self.device.type, optimizer_steps=self.optimizer_steps)
 
     # ------------------------------------------------------------------ randomness
     def _seeded_rng_state(self, seed: int) -> dict[str, torch.Tensor | None]:
