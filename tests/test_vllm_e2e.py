@@ -20,7 +20,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 import artrl as art
-from artrl.local import storage
+from artrl.run import storage
 
 from test_token_record import CALL, SYSTEM, TOOLS, check_record, rank_rewards, rollout as tool_rollout
 

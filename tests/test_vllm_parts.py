@@ -103,6 +103,15 @@ def test_arguments_without_effect_are_noticed_once(caplog: pytest.LogCaptureFixt
     assert args["model"] == "/models/tiny" and "disable_log_requests" not in args and "enable_sleep_mode" not in args
 
 
+def test_device_and_dtype_follow_the_trainers_rule() -> None:
+    from artrl.serve.vllm_args import device_and_dtype
+
+    assert device_and_dtype(None, "auto", cuda_available=False) == ("cpu", "float32")
+    assert device_and_dtype(None, "auto", cuda_available=True) == ("cuda", "bfloat16")
+    assert device_and_dtype("cuda:1", "float16", cuda_available=True) == ("cuda", "float16")
+    assert device_and_dtype("cpu", "auto", cuda_available=True) == ("cpu", "float32")
+
+
 def test_lora_ranks_round_up_to_what_vllm_serves() -> None:
     assert [lora_rank_slot(r) for r in (1, 2, 8, 9, 16, 300, 512)] == [1, 8, 8, 16, 16, 320, 512]
     with pytest.raises(ConfigError, match="above the largest LoRA rank"):

@@ -44,6 +44,15 @@ CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 GPU_MEMORY_SHARE = {True: 0.79, False: 0.55}  # ART's get_model_config, by enable_sleep_mode
 
 
+def device_and_dtype(device: str | None, dtype: str, cuda_available: bool) -> tuple[str, str]:
+    """(device type, dtype name) vLLM runs with for a model config's `device` and `dtype`: the trainer's rule
+    (train/modeling.py: cuda when available; "auto" = bfloat16 on a GPU, float32 on CPU)."""
+    device_type = device.split(":")[0] if device else ("cuda" if cuda_available else "cpu")
+    if dtype == "auto":
+        dtype = "bfloat16" if device_type == "cuda" else "float32"
+    return device_type, dtype
+
+
 def lora_rank_slot(rank: int) -> int:
     """The smallest `max_lora_rank` vLLM accepts that holds an adapter of rank `rank`."""
     for slot in LORA_RANKS:

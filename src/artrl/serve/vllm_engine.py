@@ -406,13 +406,11 @@ def vllm_engine_arguments(cfg: Any, base_model_path: str) -> dict[str, Any]:
 
     from vllm import AsyncEngineArgs
 
-    from artrl.serve.vllm_args import engine_arguments
-    from artrl.train.modeling import resolve_device, resolve_dtype
+    from artrl.serve.vllm_args import device_and_dtype, engine_arguments
 
-    device = resolve_device(cfg)
-    dtype = str(resolve_dtype(cfg, device)).removeprefix("torch.")
+    device_type, dtype = device_and_dtype(cfg.device, cfg.dtype, torch.cuda.is_available())
     explicit = "inference_max_batch_size" in cfg.model_fields_set
-    return engine_arguments(model_path=str(base_model_path), device_type=device.type, dtype=dtype,
+    return engine_arguments(model_path=str(base_model_path), device_type=device_type, dtype=dtype,
                             max_model_len=cfg.inference_max_length or cfg.max_length, lora_rank=cfg.lora_rank,
                             seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
                             max_num_seqs=cfg.inference_max_batch_size if explicit else None,
