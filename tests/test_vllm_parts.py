@@ -282,3 +282,14 @@ def test_seeds_are_spread_so_nearby_seeds_do_not_share_samples() -> None:
     assert all(0 <= s < 2**62 for s in spread)
     # vLLM seeds sample i with seed + i: no request's first 32 samples meet another's
     assert all(abs(a - b) >= 32 for i, a in enumerate(spread) for b in spread[i + 1:])
+
+
+def test_a_failed_start_says_that_the_main_script_needs_its_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from artrl.serve.vllm_engine import _start_failure
+
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", "/home/me/train.py", raising=False)
+    message = _start_failure(RuntimeError("Engine core initialization failed"))
+    assert "Engine core initialization failed" in message and "/home/me/train.py" in message
+    assert 'if __name__ == "__main__":' in message
