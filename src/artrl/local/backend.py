@@ -29,6 +29,7 @@ process serves, torch.distributed workers train (docs/distributed.md).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 from collections.abc import Iterable
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..backend import Backend
+from ..backend_hooks import backend_train_result
 from ..errors import ConfigError
 from ..notices import notice_once
 from ..trajectories import Trajectory, TrajectoryGroup
@@ -298,9 +300,16 @@ class LocalBackend(Backend):
         num_trajectories_learning_rate_multiplier_power; and artrl's own (groups_per_optimizer_step, beta, batching).
         `save_checkpoint` and `verbose` mean what they mean in ART (TrainingSession.train). As in ART, the
         groups are not logged and no history row is written (call `model.log(...)`, as in ART).
+        When `_train_model` is replaced by an async generator of per-step metrics (ART's hook protocol, on the
+        instance or in a subclass), this iterates it as ART's `LocalBackend.train` does (backend_hooks.py).
         """
         cfg = _merge(config or TrainConfig(), kwargs)
         groups = list(trajectory_groups)
+        if inspect.isasyncgenfunction(self._train_model):  # replaced by a hook on ART's protocol (backend_hooks.py)
+            run = storage.run_dir(self._path, model.project, model.name)
+            return await backend_train_result(self, model, groups, cfg, dict(kwargs), verbose,
+                                              (lambda step: storage.checkpoint_dir(run, step))
+                                              if save_checkpoint else None)
         return await asyncio.to_thread(self._train_sync, model, "rl", groups, cfg, verbose, save_checkpoint)
 
     async def _train_model(self, model: "TrainableModel", trajectory_groups: Iterable[TrajectoryGroup],
