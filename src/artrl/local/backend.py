@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -317,16 +317,17 @@ class LocalBackend(Backend):
         return await self._train(model, "sft", list(trajectories), config, dev_config or {}, verbose=verbose,
                                  history_row=True)
 
-    async def _train(self, model: "TrainableModel", kind: str, data: list[Any], config: TrainConfig | TrainSFTConfig,
-                     overrides: dict[str, Any], *, verbose: bool, history_row: bool,
-                     save_checkpoint: bool = True) -> LocalTrainResult:
-        """Every train call enters here: its config is built and checked once (`InternalModelConfig.call_config`),
-        then the session runs it in a worker thread. `history_row`: the caller writes the step's history row
-        (model.train / train_sft), so the checkpoint carries that row's trainer part for a crash in between."""
+    def _train(self, model: "TrainableModel", kind: str, data: list[Any], config: TrainConfig | TrainSFTConfig,
+               overrides: dict[str, Any], *, verbose: bool, history_row: bool,
+               save_checkpoint: bool = True) -> Awaitable[LocalTrainResult]:
+        """Every train call enters here: its config is built and checked once (`InternalModelConfig.call_config`,
+        raising before anything runs), then the returned awaitable runs the session's call in a worker thread.
+        `history_row`: the caller writes the step's history row (model.train / train_sft), so the checkpoint
+        carries that row's trainer part for a crash in between."""
         session = self._state(model)
         cfg = session.cfg.call_config(config, overrides)
-        return await asyncio.to_thread(session.train, kind, data, cfg, show_progress=self.show_progress,
-                                       verbose=verbose, save_checkpoint=save_checkpoint, history_row=history_row)
+        return asyncio.to_thread(session.train, kind, data, cfg, show_progress=self.show_progress, verbose=verbose,
+                                 save_checkpoint=save_checkpoint, history_row=history_row)
 
 
 def _no_s3(method: str, path: Path, model: "Model", kwargs: dict[str, Any]) -> ConfigError:
