@@ -413,7 +413,7 @@ class RunDir:
 
 def inspect_runs(cwd: Path) -> list[RunDir]:
     """Every model run directory under `<cwd>/.art/<project>/models/<name>/`, read from disk."""
-    from artrl.local import storage
+    from artrl.run import storage
 
     runs = []
     for run in sorted((Path(cwd) / RUN_ROOT).glob(f"*/{storage.MODELS_DIR}/*")):

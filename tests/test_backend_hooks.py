@@ -10,7 +10,7 @@ import logging
 import pytest
 
 import artrl as art
-from artrl.local import storage
+from artrl.run import storage
 from artrl.metrics_taxonomy import TRAIN_GRADIENT_STEPS_KEY
 
 

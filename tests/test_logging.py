@@ -11,7 +11,7 @@ import pytest
 
 import artrl as art
 from artrl.errors import ConfigError, TrajectoryError
-from artrl.local import storage
+from artrl.run import storage
 from artrl.metrics import MetricsBuilder
 from artrl.utils.trajectory_logging import read_trajectory_groups_parquet
 

@@ -54,6 +54,7 @@ import json
 import logging
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,16 +224,16 @@ class YardstickArm:
     async def start(self) -> tuple[Any, str]:
         from openai import AsyncOpenAI
 
-        from ..serve import ServedModels, TransformersEngine, create_app, start_server
+        from ..chat_format import end_of_turn_ids
+        from ..serve import ServedModels, create_app, start_server
+        from ..serve.factory import open_engine
         from ..train.modeling import load_model
 
         cfg = self.internal
         self.model, tok = await asyncio.to_thread(load_model, self.base_model, cfg)
-        on_cpu = next(self.model.parameters()).device.type == "cpu"
-        # built as LocalBackend builds its engine, so both arms sample alike
-        self.engine = TransformersEngine(self.model, tok, max_batch_size=cfg.inference_max_batch_size,
-                                         max_model_len=cfg.max_length,
-                                         num_threads=cfg.inference_cpu_threads if on_cpu else None)
+        # opened as LocalBackend opens its built-in engine (sharing the stepped model), so both arms sample alike
+        self.engine = open_engine("builtin", tokenizer=tok, end_ids=end_of_turn_ids(tok, self.model), cfg=cfg,
+                                  model=self.model, shares_trainer_weights=True, model_lock=threading.RLock())
         self.server = start_server(create_app(ServedModels("yardstick", self.engine)))
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=self.lr,
                                            betas=YARDSTICK_BETAS, eps=YARDSTICK_EPS,
@@ -242,7 +243,7 @@ class YardstickArm:
 
     async def update(self, groups: list[list[Sample]]) -> dict[str, float]:
         def step() -> dict[str, float]:
-            with self.engine.model_lock:  # the engine never decodes while the weights change
+            with self.engine.training():  # the engine never decodes while the weights change
                 return grpo_step(self.model, self.optimizer, groups, pad_id=self.pad_id)
 
         return await asyncio.to_thread(step)

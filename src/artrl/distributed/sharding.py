@@ -100,7 +100,7 @@ class ShardedTrainer(Trainer):
 
     @classmethod
     def from_trainer(cls, plain: Trainer, where: str = "the restored checkpoint") -> "ShardedTrainer":
-        """Shard the model of an unsharded trainer (restored from a checkpoint, local/checkpoint.py); its
+        """Shard the model of an unsharded trainer (restored from a checkpoint, run/checkpoint.py); its
         optimizer state, optimizer step count and RNG state carry over (distributed/checkpoint.py)."""
         from .checkpoint import load_full_optimizer_state, rank_rng_seed
 
