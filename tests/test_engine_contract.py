@@ -50,6 +50,7 @@ class EngineCase:
     script: Callable[[list[int]], None] | None = None  # a scripted engine: what it answers next
 
 
+# (tiny model directory, end-of-turn ids) -> an engine serving that model, its context MAX_MODEL_LEN tokens
 EngineFactory = Callable[[pathlib.Path, frozenset[int]], EngineCase]
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import pydantic
 
+from .backend_hooks import train_through_hook
 from .errors import ConfigError
 from .run import storage
 from .run.history import RunHistory, best_logged_step, normalize_trajectory_groups
@@ -259,6 +260,15 @@ class Model(pydantic.BaseModel):
             return await self.get_step()
         return storage.latest_checkpoint(self._run_dir()) or 0  # not registered: the run's latest checkpoint
 
+    def _log_metrics(self, metrics: dict[str, float], split: str, step: int) -> dict[str, Any]:
+        """ART's low-level row writer: `metrics` routed by ART's rule (a known section keeps its name, other
+        keys get `<split>/`) into one history row at `step`, mirrored to the trackers; returns the row."""
+        history = self._run_history()
+        row = history.write_row(dict(metrics), split, step)
+        if history.trackers is not None:
+            history.trackers.log(row, step)
+        return row
+
     async def log(self, trajectories: Iterable[Trajectory | BaseException] | Iterable[TrajectoryGroup] | None = None,
                   split: str = "val", *, metrics: dict[str, float] | None = None,
                   step: int | None = None) -> dict[str, Any]:
@@ -326,6 +336,7 @@ class TrainableModel(Model):
 
         As in ART, the row is written at the new step: the groups' averages (`train/reward`, ...),
         the trainer's metrics (`loss/train`, ...) and the groups as `trajectories/train/NNNN.parquet`.
+        The backend's `_train_model` may speak artrl's hook protocol or ART's (backend_hooks.py).
         """
         groups = list(trajectory_groups)
         for i, g in enumerate(groups):
@@ -335,19 +346,16 @@ class TrainableModel(Model):
         # the backend builds and checks the config, and validates every trajectory while tokenizing, before
         # anything is trained or written; the row logged below takes the groups as validated
         config = config or TrainConfig()
-        before = await self.get_step()
-        result = await self.backend()._train_model(self, groups, config, _config or {}, verbose)
-        await self._log_train_row(groups, result, before, "rl")
-        return result
+        return await train_through_hook(self, "rl", groups, config, _config or {}, verbose)
 
     async def train_sft(self, trajectories: Iterable[Trajectory], config: TrainSFTConfig | None = None,
-                        _config: dict[str, Any] | None = None, verbose: bool = False) -> TrainResult:
-        """Supervised fine-tuning on every assistant turn of the trajectories; logs one 'train' row."""
-        before = await self.get_step()
-        result = await self.backend()._train_sft(self, list(trajectories), config or TrainSFTConfig(), _config or {},
-                                                 verbose)
-        await self._log_train_row(None, result, before, "sft")
-        return result
+                        _config: dict[str, Any] | None = None, verbose: bool = False) -> TrainResult | None:
+        """Supervised fine-tuning on every assistant turn of the trajectories; logs one 'train' row.
+
+        None only from a backend on ART's hook protocol whose `_train_sft` yielded nothing (backend_hooks.py).
+        """
+        return await train_through_hook(self, "sft", list(trajectories), config or TrainSFTConfig(), _config or {},
+                                        verbose)
 
     async def _log_train_row(self, groups: list[TrajectoryGroup] | None, result: TrainResult, before: int,
                              kind: str) -> None:

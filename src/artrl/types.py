@@ -503,10 +503,10 @@ class InternalModelConfig(_Config):
             raise ConfigError(f"unknown {kind.__name__} fields {unknown}; known fields: {sorted(kind.model_fields)}")
         data = {name: getattr(call, name) for name in call.model_fields_set}
         data.update(overrides)
-        for name in CALL_DEFAULT_FIELDS:
-            if name in kind.model_fields and name not in data and getattr(self, name) is not None:
-                data[name] = getattr(self, name)
-        checked = kind(**data)  # set fields stay set: the notices and the defaults read model_fields_set
+        defaults = {name: getattr(self, name) for name in CALL_DEFAULT_FIELDS
+                    if name in kind.model_fields and name not in data and getattr(self, name) is not None}
+        # built only when something changes; set fields stay set (the notices read model_fields_set)
+        checked = kind(**data, **defaults) if overrides or defaults else call
         checked.check()
         if isinstance(checked, TrainConfig):
             checked.notice_ignored()

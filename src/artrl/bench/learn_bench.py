@@ -61,9 +61,9 @@ from pathlib import Path
 from typing import Any, Final
 
 import torch
-from tqdm.auto import tqdm
 
 from ..errors import ConfigError
+from ..progress import progress_bar
 from .learn_results import ARMS, ResultsFile, format_table, run_key, run_scores, window
 from .learn_tasks import TASKS, LearnTask, Prompt, WarmUp, get_task, prompt_schedule, warm_up_colours
 
@@ -279,7 +279,7 @@ async def run_arm(arm_name: str, task: LearnTask, base_model: str, lr: float, se
     desc = f"{task.name} lr={lr:g} seed={seed} {arm_name}"
     try:
         client, model_name = await arm.start()
-        with tqdm(total=len(schedule), desc=desc, unit="step", leave=False, disable=not show_progress) as bar:
+        with progress_bar(total=len(schedule), desc=desc, unit="step", leave=False, disable=not show_progress) as bar:
             for i, prompts in enumerate(schedule):
                 groups = await sample_step(client, model_name, task, prompts, samples=samples, seed=seed, step=i)
                 rewards = [s.reward for g in groups for s in g]
@@ -371,7 +371,7 @@ async def run_learn_bench(settings: LearnSettings, out: Path, *, show_progress: 
     if len(todo) < len(settings.tasks) * len(settings.lrs) * settings.seeds * len(settings.arms):
         log.info("%s: resuming, %d runs already done, %d to go", out, len(results.runs), len(todo))
     base_models: dict[str, str] = {}
-    bar = tqdm(total=len(todo), desc="bench learn", unit="run", disable=not show_progress)
+    bar = progress_bar(total=len(todo), desc="bench learn", unit="run", disable=not show_progress)
     for task_name, lr, seed, arm in todo:
         task = get_task(task_name)
         if task_name not in base_models and task.warm_up:

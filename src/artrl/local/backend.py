@@ -29,13 +29,15 @@ process serves, torch.distributed workers train (docs/distributed.md).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..backend import Backend
+from ..backend_hooks import backend_train_result
 from ..errors import ConfigError
 from ..notices import notice_once
 from ..trajectories import Trajectory, TrajectoryGroup
@@ -301,8 +303,17 @@ class LocalBackend(Backend):
         num_trajectories_learning_rate_multiplier_power; and artrl's own (groups_per_optimizer_step, beta, batching).
         `save_checkpoint` and `verbose` mean what they mean in ART (TrainingSession.train). As in ART, the
         groups are not logged and no history row is written (call `model.log(...)`, as in ART).
+        When `_train_model` is replaced by an async generator of per-step metrics (ART's hook protocol, on the
+        instance or in a subclass), this iterates it as ART's `LocalBackend.train` does (backend_hooks.py).
         """
-        return await self._train(model, "rl", list(trajectory_groups), config or TrainConfig(), kwargs,
+        groups = list(trajectory_groups)
+        if inspect.isasyncgenfunction(self._train_model):  # replaced by a hook on ART's protocol (backend_hooks.py)
+            cfg = InternalModelConfig().call_config(config or TrainConfig(), kwargs)
+            run = storage.run_dir(self._path, model.project, model.name)
+            return await backend_train_result(self, model, groups, cfg, dict(kwargs), verbose,
+                                              (lambda step: storage.checkpoint_dir(run, step))
+                                              if save_checkpoint else None)
+        return await self._train(model, "rl", groups, config or TrainConfig(), kwargs,
                                  verbose=verbose, save_checkpoint=save_checkpoint, history_row=False)
 
     async def _train_model(self, model: "TrainableModel", trajectory_groups: Iterable[TrajectoryGroup],
@@ -320,16 +331,17 @@ class LocalBackend(Backend):
         return await self._train(model, "sft", list(trajectories), config, dev_config or {}, verbose=verbose,
                                  history_row=True)
 
-    async def _train(self, model: "TrainableModel", kind: str, data: list[Any], config: TrainConfig | TrainSFTConfig,
-                     overrides: dict[str, Any], *, verbose: bool, history_row: bool,
-                     save_checkpoint: bool = True) -> LocalTrainResult:
-        """Every train call enters here: its config is built and checked once (`InternalModelConfig.call_config`),
-        then the session runs it in a worker thread. `history_row`: the caller writes the step's history row
-        (model.train / train_sft), so the checkpoint carries that row's trainer part for a crash in between."""
+    def _train(self, model: "TrainableModel", kind: str, data: list[Any], config: TrainConfig | TrainSFTConfig,
+               overrides: dict[str, Any], *, verbose: bool, history_row: bool,
+               save_checkpoint: bool = True) -> Awaitable[LocalTrainResult]:
+        """Every train call enters here: its config is built and checked once (`InternalModelConfig.call_config`,
+        raising before anything runs), then the returned awaitable runs the session's call in a worker thread.
+        `history_row`: the caller writes the step's history row (model.train / train_sft), so the checkpoint
+        carries that row's trainer part for a crash in between."""
         session = self._state(model)
         cfg = session.cfg.call_config(config, overrides)
-        return await asyncio.to_thread(session.train, kind, data, cfg, show_progress=self.show_progress,
-                                       verbose=verbose, save_checkpoint=save_checkpoint, history_row=history_row)
+        return asyncio.to_thread(session.train, kind, data, cfg, show_progress=self.show_progress, verbose=verbose,
+                                 save_checkpoint=save_checkpoint, history_row=history_row)
 
 
 def _no_s3(method: str, path: Path, model: "Model", kwargs: dict[str, Any]) -> ConfigError:

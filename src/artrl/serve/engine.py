@@ -194,7 +194,8 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def set_live_weights(self, path: str, step: int) -> None:
         """Serve the peft adapter saved in checkpoint directory `path` (training step `step`) for
-        `adapter=None` from now on. Called by the session right after it completes a checkpoint."""
+        `adapter=None` from now on. Called by the session once when it opens (outside `training()`) and right
+        after each train call's checkpoint is complete, while the session still holds `training()`."""
 
     def training(self) -> contextlib.AbstractContextManager[Any]:
         """Held by the session around a whole train call (default: nothing to do)."""

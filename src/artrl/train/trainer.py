@@ -48,10 +48,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
+from ..progress import ProgressBar, progress_bar
 from ..types import InternalModelConfig, OptimizerConfig
 from .attention import attention_mask_for
 from .logprobs import TokenLogprobModel
@@ -280,7 +280,7 @@ class Trainer:
             raise ValueError(f"{len(learning_rates)} learning rates for {len(plan.steps)} steps")
         optimizer = optimizer or OptimizerConfig()
         opts = options or StepOptions(need_ref=need_ref)
-        bar = tqdm(total=plan.num_micro_batches, desc=desc, unit="mb", disable=not show_progress, leave=False)
+        bar = progress_bar(total=plan.num_micro_batches, desc=desc, unit="mb", disable=not show_progress, leave=False)
         try:
             with self.model_lock, self._own_rng():
                 self.model.train()
@@ -311,7 +311,7 @@ class Trainer:
         return dataclasses.replace(packed, logprobs=logprobs)
 
     def accumulate(self, packed: PackedRows, step: Any, loss_fn: LossFn, *, need_ref: bool = False,
-                   bar: tqdm | None = None, options: StepOptions | None = None,
+                   bar: ProgressBar | None = None, options: StepOptions | None = None,
                    original_logprobs: torch.Tensor | None = None) -> dict[str, float]:
         """Forward/backward every micro-batch of one optimizer step; gradients accumulate in .grad.
 
@@ -393,7 +393,7 @@ class Trainer:
         totals["kl_ref"] += terms.kl_ref_sum
 
     def _step(self, packed: PackedRows, step: Any, loss_fn: LossFn, lr: float, optimizer: OptimizerConfig,
-              opts: StepOptions, bar: tqdm, original: torch.Tensor | None = None) -> dict[str, float]:
+              opts: StepOptions, bar: ProgressBar, original: torch.Tensor | None = None) -> dict[str, float]:
         t0 = time.perf_counter()
         settings = optimizer.optimizer_settings()
         max_grad_norm = optimizer.max_grad_norm
