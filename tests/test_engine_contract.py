@@ -79,7 +79,20 @@ def open_scripted(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCas
     return EngineCase(engine, samples=False, script=script)
 
 
-ENGINE_FACTORIES: dict[str, EngineFactory] = {"builtin": open_builtin, "scripted": open_scripted}
+def open_vllm(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCase:
+    """vLLM (its CPU build here) on the tiny model's directory; runs where vLLM is installed (marker `vllm`)."""
+    from artrl.train.modeling import load_tokenizer
+
+    cfg = InternalModelConfig(inference_max_length=MAX_MODEL_LEN, lora_rank=LORA.r)
+    engine = open_engine("vllm", tokenizer=load_tokenizer(str(tiny_path)), end_ids=end_ids, cfg=cfg,
+                         base_model_path=str(tiny_path))
+    return EngineCase(engine, samples=True)
+
+
+ENGINE_FACTORIES: dict[str, EngineFactory] = {"builtin": open_builtin, "scripted": open_scripted, "vllm": open_vllm}
+#: Engines that need an optional install, with the marker that runs them where it is.
+NEEDS = {"vllm": pytest.mark.vllm}
+ENGINES = [pytest.param(name, marks=NEEDS[name]) if name in NEEDS else name for name in sorted(ENGINE_FACTORIES)]
 
 
 # ---- references, computed without any engine ------------------------------------------
@@ -131,7 +144,7 @@ def _default_end_ids(tok: Any, tiny_path: pathlib.Path) -> frozenset[int]:
     return end_of_turn_ids(tok, _base(tiny_path))
 
 
-@pytest.fixture(scope="module", params=sorted(ENGINE_FACTORIES))
+@pytest.fixture(scope="module", params=ENGINES)
 def case(request: pytest.FixtureRequest, tiny_path: pathlib.Path, tok: Any,
          stop_plan: tuple[list[int], list[int]]) -> Iterator[EngineCase]:
     """One engine per factory; the greedy plan's third token is among its end-of-turn ids."""
@@ -283,8 +296,9 @@ def test_the_base_weights_are_always_servable(case: EngineCase, prompts: list[li
     assert max(abs(a - b) for a, b in zip(result.logprobs, expected)) < TOLERANCE
 
 
+@pytest.mark.parametrize("engine_name", ENGINES)
 def test_live_weights_follow_the_checkpoint(
-        tiny_path: pathlib.Path, tok: Any, tmp_path: pathlib.Path, prompts: list[list[int]],
+        engine_name: str, tiny_path: pathlib.Path, tok: Any, tmp_path: pathlib.Path, prompts: list[list[int]],
         reference_models: dict[str | None, Any]) -> None:
     """After `set_live_weights(path, step)`, `adapter=None` samples from that checkpoint (every sampling engine)."""
     torch.manual_seed(1)
@@ -297,25 +311,25 @@ def test_live_weights_follow_the_checkpoint(
     trained.save_pretrained(path)
     checkpoint = PeftModel.from_pretrained(_base(tiny_path), path).eval()
     ends = _default_end_ids(tok, tiny_path)
-    for name, factory in sorted(ENGINE_FACTORIES.items()):
-        opened = factory(tiny_path, ends)
-        try:
-            if not opened.samples:
-                continue
-            request = GenerationRequest(prompts[2], max_tokens=6, temperature=0.0)
-            (before,) = run(opened.engine, request)
-            assert max(abs(a - b) for a, b in zip(
-                before.logprobs, chosen(raw_logprobs(reference_models[None], prompts[2], before.token_ids),
-                                        before.token_ids))) < TOLERANCE, name
-            opened.engine.set_live_weights(str(path), 1)
-            (after,) = run(opened.engine, request)
-            expected = chosen(raw_logprobs(checkpoint, prompts[2], after.token_ids), after.token_ids)
-            assert max(abs(a - b) for a, b in zip(after.logprobs, expected)) < TOLERANCE, name
-            assert after.token_ids == greedy(checkpoint, prompts[2], len(after.token_ids)), name
-            base = chosen(raw_logprobs(reference_models[None], prompts[2], after.token_ids), after.token_ids)
-            assert max(abs(a - b) for a, b in zip(after.logprobs, base)) > 100 * TOLERANCE, name
-        finally:
-            opened.engine.close()
+    opened = ENGINE_FACTORIES[engine_name](tiny_path, ends)
+    name = engine_name
+    try:
+        if not opened.samples:
+            pytest.skip(f"the {name} engine samples nothing")
+        request = GenerationRequest(prompts[2], max_tokens=6, temperature=0.0)
+        (before,) = run(opened.engine, request)
+        assert max(abs(a - b) for a, b in zip(
+            before.logprobs, chosen(raw_logprobs(reference_models[None], prompts[2], before.token_ids),
+                                    before.token_ids))) < TOLERANCE, name
+        opened.engine.set_live_weights(str(path), 1)
+        (after,) = run(opened.engine, request)
+        expected = chosen(raw_logprobs(checkpoint, prompts[2], after.token_ids), after.token_ids)
+        assert max(abs(a - b) for a, b in zip(after.logprobs, expected)) < TOLERANCE, name
+        assert after.token_ids == greedy(checkpoint, prompts[2], len(after.token_ids)), name
+        base = chosen(raw_logprobs(reference_models[None], prompts[2], after.token_ids), after.token_ids)
+        assert max(abs(a - b) for a, b in zip(after.logprobs, base)) > 100 * TOLERANCE, name
+    finally:
+        opened.engine.close()
 
 
 # ---- the one request check, without an engine -------------------------------------------

