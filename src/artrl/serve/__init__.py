@@ -2,9 +2,10 @@
 
     engine.py               GenerationRequest / GenerationResult / InferenceEngine
     transformers_engine.py  TransformersEngine, the default (CPU or GPU) engine
-    sampling.py             per-row temperature / top-p / seeded sampling
+    sampling.py             per-row temperature / top-p / seeded sampling, grammar masks on logits
+    structured.py           response_format / tool_choice -> grammars (llguidance); vLLM's keywords
     chat.py                 request messages -> prompt ids (chat_format rules), the record cache
-    tool_calls.py           <tool_call> blocks -> OpenAI tool_calls
+    tool_calls.py           <tool_call> blocks -> OpenAI tool_calls; the syntax grammars write
     models.py               ServedModels: "name" and "name@step" -> (engine, adapter)
     server.py               create_app: the FastAPI app
     background.py           start_server / ServerHandle: uvicorn in a thread
