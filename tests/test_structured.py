@@ -198,7 +198,8 @@ def test_a_schema_that_does_not_compile_is_a_clear_error(compiler: GrammarCompil
     with pytest.raises(StructuredOutputError, match="cannot be compiled") as caught:
         compiler.compile(structured_output(fmt, None, None, None, None))
     assert caught.value.param == "response_format"
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": schema}}}}
+    parameters = {"type": "object", "properties": {"a": schema}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
     with pytest.raises(StructuredOutputError, match="'f'") as caught:
         compiler.compile(structured_output(None, [tool], "required", None, HERMES))
     assert caught.value.param == "tool_choice"
@@ -231,16 +232,17 @@ def test_vllm_keywords(tok: Any) -> None:
     fmt = tag["format"]
     assert tag["type"] == "structural_tag" and fmt["type"] == "tags_with_separator"
     assert fmt["at_least_one"] is True and fmt["stop_after_first"] is False and fmt["separator"] == "\n"
-    assert [t["content"] for t in fmt["tags"]] == [{"type": "json_schema", "json_schema": WEATHER["function"]["parameters"]},
-                                                   {"type": "json_schema", "json_schema": NO_PARAMETERS}]
+    assert [t["content"]["json_schema"] for t in fmt["tags"]] == [WEATHER["function"]["parameters"], NO_PARAMETERS]
+    assert {t["content"]["type"] for t in fmt["tags"]} == {"json_schema"}
     # begin + arguments + end is the template's rendering of the call, separator between calls too
     calls = [("get_weather", {"city": "Oslo"}), ("get_time", {})]
     by_name = {t["begin"].split('"name": "')[1].split('"')[0]: t for t in fmt["tags"]}
     written = fmt["separator"].join(by_name[n]["begin"] + json.dumps(a) + by_name[n]["end"] for n, a in calls)
     assert written == rendered_reply(tok, calls)
 
-    named = json.loads(vllm_structured_outputs(structured_output(
-        None, [WEATHER, TIME], {"type": "function", "function": {"name": "get_weather"}}, None, HERMES))["structural_tag"])
+    pick = {"type": "function", "function": {"name": "get_weather"}}
+    named = json.loads(vllm_structured_outputs(structured_output(None, [WEATHER, TIME], pick, None, HERMES))
+                       ["structural_tag"])
     assert named["format"]["stop_after_first"] is True and len(named["format"]["tags"]) == 1
     either = json.loads(vllm_structured_outputs(structured_output(JSON_SCHEMA, [WEATHER], "auto", None, HERMES))
                         ["structural_tag"])["format"]

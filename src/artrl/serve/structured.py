@@ -233,7 +233,8 @@ def lark_grammar(structured: StructuredOutput, added_tokens: Mapping[str, int] |
         lines.append("call: " + " | ".join(f"call_{i}" for i in range(len(structured.tools))))
         for i, tool in enumerate(structured.tools):
             head = syntax.begin + '{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "arguments": '
-            lines.append(f"call_{i}: {_literal(head, added)} {_json(tool.parameters)} {_literal('}' + syntax.end, added)}")
+            tail = _literal("}" + syntax.end, added)
+            lines.append(f"call_{i}: {_literal(head, added)} {_json(tool.parameters)} {tail}")
     return "\n".join(lines) + "\n"
 
 
