@@ -149,6 +149,7 @@ def test_tool_call_grammar_refuses_other_spellings(tok: Any, compiler: GrammarCo
     good = rendered_reply(tok, [("get_weather", {"city": "Paris"})])
     assert accepts(compiler, required, tok(good, add_special_tokens=False).input_ids)
     for bad in [good.replace('": "', '":"'),  # not json.dumps's spacing
+                good.replace('{"city"', '{ "city"'),  # nor is any more whitespace
                 good.replace("get_weather", "get_time"),  # a function not offered
                 good.replace('"Paris"', "7"),  # arguments against the parameters
                 "Sure. " + good,  # text around the calls
