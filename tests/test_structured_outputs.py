@@ -110,7 +110,7 @@ def test_json_schema_cut_by_max_tokens_is_length(client: openai.OpenAI) -> None:
 @pytest.mark.slow
 def test_json_object_replies_parse_as_objects(client: openai.OpenAI) -> None:
     # Any object: the untrained model writes long keys and strings before it samples a closing quote (these ten
-    # take 3 to about 2000 tokens), so this one is slow on a CPU (10 minutes on a busy 2-core one).
+    # take 3 to about 2000 tokens), so this one takes minutes on a CPU.
     reply = client.with_options(timeout=3600).chat.completions.create(
         model="m", messages=ASK, n=10, seed=0, max_tokens=4096, response_format={"type": "json_object"})
     assert [c.finish_reason for c in reply.choices] == ["stop"] * 10
