@@ -9,6 +9,10 @@ import pytest
 
 # Every test session builds (once) its own tiny model under a temporary cache,
 # unless the caller points ARTRL_CACHE_DIR somewhere on purpose.
+# litellm (RULER's judge client when installed) fetches its price map from the network at import unless told
+# to use the one it ships; tests download nothing.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 if "ARTRL_CACHE_DIR" not in os.environ:
     import tempfile
 

@@ -147,12 +147,19 @@ def test_backend_reads_a_raw_dict_set_after_construction():
 def test_model_level_trainer_args_are_call_defaults_a_call_can_override():
     cfg = art.InternalModelConfig(trainer_args={"weight_decay": 0.1, "max_grad_norm": 0.5,
                                                 "per_device_train_batch_size": 3})
-    call = cfg.call_defaults(TrainConfig(learning_rate=1e-4, max_grad_norm=2.0))
+    call = cfg.call_config(TrainConfig(learning_rate=1e-4, max_grad_norm=2.0))
     assert (call.weight_decay, call.max_grad_norm, call.per_device_train_batch_size, call.learning_rate) == \
         (0.1, 2.0, 3, 1e-4)
-    sft = cfg.call_defaults(art.TrainSFTConfig())
+    sft = cfg.call_config(art.TrainSFTConfig())
     assert (sft.weight_decay, sft.per_device_train_batch_size) == (0.1, 3)
-    assert art.InternalModelConfig().call_defaults(TrainConfig()) == TrainConfig()
+    assert art.InternalModelConfig().call_config(TrainConfig()) == TrainConfig()
+    # an override (backend.train's keyword, model.train's _config) beats the call and the model
+    over = cfg.call_config(TrainConfig(max_grad_norm=2.0), {"max_grad_norm": 3.0, "weight_decay": 0.0})
+    assert (over.max_grad_norm, over.weight_decay, over.per_device_train_batch_size) == (3.0, 0.0, 3)
+    with pytest.raises(ConfigError, match="unknown TrainConfig fields"):
+        cfg.call_config(TrainConfig(), {"learning_rat": 1.0})
+    with pytest.raises(ConfigError, match="contradict"):  # checked once, after the merge
+        cfg.call_config(TrainConfig(ppo=True), {"loss": "cispo"})
 
 
 # --------------------------------------------------------------------------- ART's validation helpers

@@ -25,7 +25,7 @@ from openai.types.chat.chat_completion import Choice
 
 import artrl as art
 from artrl.errors import ArtrlError, CheckpointError, ConfigError, PackingError, TrajectoryError
-from artrl.local import storage
+from artrl.run import storage
 from artrl.preprocess.pack import pack
 from artrl.preprocess.plan import plan_batches
 from artrl.preprocess.tokenize import group_advantages, tokenize_groups, tokenize_sft

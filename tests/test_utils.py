@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import artrl as art
-from artrl.local import storage
+from artrl.run import storage
 from artrl.utils import (format_message, get_model_step, iterate_dataset, limit_concurrency, log_http_errors,
                          retry, strip_logprobs)
 

@@ -35,7 +35,7 @@ with a notice.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from typing_extensions import Required, TypedDict
 
@@ -145,6 +145,8 @@ class InternalModelConfig(TypedDict, total=False):
     logprob_chunk_size: int
     inference_max_batch_size: int
     inference_cpu_threads: int | None
+    inference_max_length: int | None
+    inference_engine: Literal["auto", "builtin", "vllm"]
     seed: int
 
 

@@ -37,6 +37,7 @@ Compared with OpenAI's API (and vLLM's server), this one:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hmac
 import logging
@@ -64,7 +65,6 @@ __all__ = ["ServedModels", "ServerHandle", "create_app", "start_server"]
 
 logger = logging.getLogger(__name__)
 
-MAX_TOP_LOGPROBS = 20
 DEFAULT_MAX_N = 32
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 1024
@@ -213,60 +213,46 @@ def _structured(body: ChatCompletionRequest, engine: Any) -> StructuredOutput | 
     return structured
 
 
-def _generation_request(
-    body: ChatCompletionRequest,
-    prompt_ids: list[int],
-    adapter: str | None,
-    max_model_len: int,
-    max_n: int,
-    default_max_tokens: int,
-    structured: StructuredOutput | None = None,
-) -> GenerationRequest:
-    """Check the sampling parameters and turn them into a GenerationRequest."""
-    n = 1 if body.n is None else body.n
-    _check(1 <= n <= max_n, f"n must be between 1 and {max_n}, got {n}", "n")
-    temperature = 1.0 if body.temperature is None else body.temperature
-    _check(0 <= temperature <= 2, f"temperature must be between 0 and 2, got {temperature}", "temperature")
-    top_p = 1.0 if body.top_p is None else body.top_p
-    _check(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}", "top_p")
-    top_logprobs = body.top_logprobs or 0
-    _check(
-        0 <= top_logprobs <= MAX_TOP_LOGPROBS,
-        f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top_logprobs}",
-        "top_logprobs",
-    )
-    room = max_model_len - len(prompt_ids)
-    _check(
-        room >= 1,
-        f"The prompt has {len(prompt_ids)} tokens, which leaves no room to generate within "
-        f"max_model_len={max_model_len}. Shorten the messages.",
-        "messages",
-    )
+def _max_tokens_param(body: ChatCompletionRequest) -> str:
+    return "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+
+
+def _generation_request(body: ChatCompletionRequest, prompt_ids: list[int], adapter: str | None, max_model_len: int,
+                        default_max_tokens: int, structured: StructuredOutput | None = None) -> GenerationRequest:
+    """The request's sampling parameters as a GenerationRequest (checked by the engine: `GenerationRequest.check`)."""
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     if max_tokens is None:
-        max_tokens = min(default_max_tokens, room)
-    _check(max_tokens >= 1, f"{param} must be >= 1, got {max_tokens}", param)
-    _check(
-        max_tokens <= room,
-        f"This model's maximum context length is {max_model_len} tokens; the prompt has {len(prompt_ids)} "
-        f"tokens and {param}={max_tokens} asks for more than the {room} left. Lower {param}.",
-        param,
-    )
+        max_tokens = min(default_max_tokens, max_model_len - len(prompt_ids))
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     return GenerationRequest(
         prompt_ids=prompt_ids,
-        n=n,
+        n=1 if body.n is None else body.n,
         max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
         stop_token_ids=[],
         seed=body.seed,
-        top_logprobs=top_logprobs if body.logprobs else 0,
+        top_logprobs=body.top_logprobs or 0,
         adapter=adapter,
         stop_strings=[s for s in stop if s],
         structured=structured,
     )
+
+
+# GenerationRequest fields -> the chat completion parameter they come from (others keep their name)
+_PARAM_OF_FIELD = {"prompt_ids": "messages", "adapter": "model", "stop_strings": "stop"}
+
+
+def _refused(error: InvalidRequestError, body: ChatCompletionRequest) -> APIError:
+    """The engine's refusal of a request as a 400 naming the first faulty parameter."""
+    if not error.problems:
+        return APIError(400, str(error))
+    field = error.problems[0].field
+    param = _max_tokens_param(body) if field == "max_tokens" else _PARAM_OF_FIELD.get(field, field)
+    message = str(error)
+    if param == "max_completion_tokens":
+        message = message.replace("max_tokens", param)  # the request's own name for the same budget
+    return APIError(400, message, param=param)
 
 
 @functools.lru_cache(maxsize=16)
@@ -277,14 +263,14 @@ def _max_token_chars(tokenizer: Any) -> int:
 
 def _precheck(body: ChatCompletionRequest, messages: list[dict[str, Any]], tokenizer: Any, max_model_len: int,
               max_n: int) -> None:
-    """Refuse what is too big before rendering or tokenizing anything."""
+    """Refuse what is too big before rendering or tokenizing anything (the rest: `GenerationRequest.check`)."""
     n = 1 if body.n is None else body.n
-    _check(1 <= n <= max_n, f"n must be between 1 and {max_n}, got {n}", "n")
+    _check(n <= max_n, f"n must be between 1 and {max_n}, got {n}", "n")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    param = _max_tokens_param(body)
     if max_tokens is not None:
         _check(
-            1 <= max_tokens < max_model_len,
+            max_tokens < max_model_len,
             f"{param}={max_tokens}; it must be between 1 and {max_model_len - 1} (this model's maximum context "
             f"length is {max_model_len} tokens, prompt included). Lower {param}.",
             param,
@@ -476,14 +462,15 @@ def create_app(
             prompt_ids = prompts.prompt_ids(tokenizer, messages, tools, end_ids)
         except InvalidRequestError as error:
             raise APIError(400, str(error), param="messages") from error
-        request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, max_n, default_max_tokens,
-                                      structured)
+        request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, default_max_tokens, structured)
         try:
             results = await _generate_unless_disconnected(engine, request, http)
-        except InvalidRequestError as error:  # a StructuredOutputError names its field
-            raise APIError(400, str(error), param=getattr(error, "param", None)) from error
+        except InvalidRequestError as error:  # a StructuredOutputError's problem names response_format / tool_choice
+            raise _refused(error, body) from error
         except EngineClosedError as error:  # the program is exiting or the backend was closed
             raise APIError(503, str(error), code="engine_closed", type="server_error") from error
+        if not body.logprobs:  # top_logprobs are checked whatever `logprobs` says, and shown only when asked
+            results = [dataclasses.replace(result, top_logprobs=None) for result in results]
         choices = [
             _choice_json(i, result, body, tokenizer, request.stop_strings, bool(tools), end_ids, prompt_ids, prompts)
             for i, result in enumerate(results)

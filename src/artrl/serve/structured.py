@@ -57,7 +57,7 @@ from typing import Any, Literal
 
 import torch
 
-from artrl.serve.engine import InvalidRequestError
+from artrl.serve.engine import InvalidRequestError, RequestProblem
 from artrl.serve.tool_calls import ToolCallSyntax
 
 Kind = Literal["json_object", "json_schema", "tool_calls"]
@@ -72,10 +72,11 @@ DEFAULT_CACHE_SIZE = 64
 
 
 class StructuredOutputError(InvalidRequestError):
-    """A structured-output request that cannot be served; `param` names the request field at fault."""
+    """A structured-output request that cannot be served; `param` names the chat completion field at fault
+    (`response_format`, `tool_choice` or `tools`), and so does its one `RequestProblem`."""
 
     def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
+        super().__init__(message, (RequestProblem(param, message),))
         self.param = param
 
 
