@@ -6,10 +6,11 @@
     transformers_engine.py  TransformersEngine, the built-in (CPU or GPU) engine
     vllm_engine.py          VLLMEngine over vLLM's AsyncLLM (imported by the factory only when asked for)
     vllm_args.py            vLLM's engine arguments from a model config and ART's engine_args (no vLLM import)
-    sampling.py             per-row temperature / top-p / seeded sampling
+    sampling.py             per-row temperature / top-p / seeded sampling, grammar masks on logits
+    structured.py           response_format / tool_choice -> grammars (llguidance); vLLM's keywords
     scripted.py             ScriptedEngine: returns the completion it is told to (tests, record benchmarks)
     chat.py                 request messages -> prompt ids (chat_format rules), the record cache
-    tool_calls.py           <tool_call> blocks -> OpenAI tool_calls
+    tool_calls.py           <tool_call> blocks -> OpenAI tool_calls; the syntax grammars write
     models.py               ServedModels: "name" and "name@step" -> (engine, adapter)
     server.py               create_app: the FastAPI app
     background.py           start_server / ServerHandle: uvicorn in a thread

@@ -9,7 +9,12 @@ and tokenizes prompts, and the engine only samples. What every engine promises
    next-token logits at step i, taken *before* temperature and top-p reshape the
    sampling distribution. It is what a trainer computing `log_softmax(logits)` over
    the same prefix gets, so sampled and trained logprobs line up (importance ratios
-   start at exactly 1 for unchanged weights).
+   start at exactly 1 for unchanged weights). Under a grammar (`request.structured`,
+   serve/structured.py) too: the grammar masks the logits that are *sampled* from, the
+   logprob reported is still the unmasked one, so the sampled-vs-trained delta stays 0
+   and an importance ratio is taken against the unconstrained policy, the one the
+   trainer updates. (The masked distribution's logprob would be this minus the log of
+   the mass the grammar allowed; nobody trains on it.)
 2. **Tokens in, tokens out.** `token_ids` are the sampled ids, including the
    end-of-turn (or stop) token when generation stopped on one, so nobody re-tokenises
    text. A stop string ends a sequence with the token that completed it.
@@ -40,10 +45,13 @@ import abc
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from artrl import adapter_switch
 from artrl.errors import ArtrlError
+
+if TYPE_CHECKING:
+    from artrl.serve.structured import StructuredOutput
 
 FinishReason = Literal["stop", "length"]
 
@@ -89,7 +97,9 @@ class GenerationRequest:
     `stop_strings` end a sequence once its decoded text contains one of them; the
     token that completes the string is the last one returned. `adapter` names a LoRA
     adapter loaded with `InferenceEngine.load_adapter`; None means the live weights,
-    `BASE_WEIGHTS` the base model with every adapter switched off.
+    `BASE_WEIGHTS` the base model with every adapter switched off. `structured` holds
+    every sequence to a JSON schema or to tool calls (serve/structured.py); an engine
+    that cannot enforce it says so (`InferenceEngine.structured_outputs`).
     """
 
     prompt_ids: list[int]
@@ -102,6 +112,7 @@ class GenerationRequest:
     top_logprobs: int = 0
     adapter: str | None = None
     stop_strings: list[str] = field(default_factory=list)
+    structured: StructuredOutput | None = None
 
     def check(self, *, vocab_size: int, max_model_len: int, has_adapter: Callable[[str], bool]) -> None:
         """Raise `InvalidRequestError` listing every problem of this request (the one request check)."""
@@ -158,6 +169,9 @@ class GenerationResult:
 
 class InferenceEngine(abc.ABC):
     """Samples continuations of token-id prompts; see the module docstring for the contract."""
+
+    #: Whether `generate` enforces `GenerationRequest.structured`; the server refuses such requests otherwise.
+    structured_outputs: bool = False
 
     @abc.abstractmethod
     async def generate(self, request: GenerationRequest) -> list[GenerationResult]:

@@ -35,6 +35,15 @@ what it leaves out compared with vLLM:
    at interpreter exit, artrl/shutdown.py) fails the batch in flight at its next
    decode step and every queued request with `EngineClosedError`, then joins the
    worker, so no daemon thread is inside torch when Python finalises.
+7. **Structured outputs by a grammar.** A request with `structured` (a JSON schema or
+   tool calls, serve/structured.py) is compiled into an llguidance grammar when it
+   arrives (once per distinct schema; a schema that does not compile is an
+   `InvalidRequestError` before anything is queued). Each of its rows gets its own
+   matcher: before every step the matcher's token bitmask sets the forbidden logits
+   of that row to -inf, *then* temperature and top-p apply, and the sampled token
+   advances the matcher. Rows without a grammar are not touched, and a batch with no
+   grammar row does no grammar work at all. Logprobs stay the raw, unmasked ones
+   (serve/engine.py, point 1), so the token record trains as it does unconstrained.
 """
 
 from __future__ import annotations
@@ -64,7 +73,8 @@ from artrl.serve.engine import (
     InferenceEngine,
     InvalidRequestError,
 )
-from artrl.serve.sampling import row_generator, sample_next_tokens
+from artrl.serve.sampling import mask_logits, row_generator, sample_next_tokens
+from artrl.serve.structured import CompiledGrammar, GrammarCompiler, RowGrammar, bitmask_words
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +91,7 @@ class _Pending:
     request: GenerationRequest
     future: concurrent.futures.Future
     abandoned: bool = False  # the caller stopped waiting (e.g. the HTTP client disconnected)
+    grammar: CompiledGrammar | None = None  # request.structured, compiled
 
 
 @dataclass
@@ -95,6 +106,7 @@ class _DecodeRow:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str | None = None
+    grammar: RowGrammar | None = None  # this row's grammar state, when the request is structured
 
     @property
     def request(self) -> GenerationRequest:
@@ -108,6 +120,8 @@ class TransformersEngine(InferenceEngine):
     session passes). `shares_trainer_weights`: the model is a trainer's; `model_lock` is then the
     trainer's lock (None: a lock of the engine's own).
     """
+
+    structured_outputs = True
 
     def __init__(
         self,
@@ -144,6 +158,7 @@ class TransformersEngine(InferenceEngine):
         self._adapters: dict[str, str] = {}
         #: The checkpoint `set_live_weights` last made the live weights: (path, step), or None.
         self.live_weights: tuple[str, int] | None = None
+        self._grammars = GrammarCompiler(tokenizer, self._vocab_size, self._eos_ids)
 
         #: Batches run and sequences sampled so far (for logs, metrics and tests).
         self.batches_served = 0
@@ -224,11 +239,15 @@ class TransformersEngine(InferenceEngine):
         if self._closed:
             raise EngineClosedError("TransformersEngine.generate called after close()")
         self.check(request)
+        grammar = None
+        if request.structured is not None:  # compiling a new schema is CPU work: off the event loop
+            grammar = self._grammars.cached(request.structured) or await asyncio.to_thread(
+                self._grammars.compile, request.structured)
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._ensure_worker()
         with self._counter_lock:
             self._pending += 1
-        pending = _Pending(request, future)
+        pending = _Pending(request, future, grammar=grammar)
         self._queue.put(pending)
         try:
             # cancelling this await cancels `future` too while it is still queued
@@ -333,7 +352,8 @@ class TransformersEngine(InferenceEngine):
             stop_ids = frozenset(request.stop_token_ids) | self._eos_ids
             for sample in range(request.n):
                 generator = row_generator(device, request.seed, sample)
-                by_adapter[request.adapter].append(_DecodeRow(pending, sample, generator, stop_ids))
+                grammar = pending.grammar.row() if pending.grammar is not None else None
+                by_adapter[request.adapter].append(_DecodeRow(pending, sample, generator, stop_ids, grammar=grammar))
 
         results: dict[int, list[GenerationResult | None]] = {
             id(p): [None] * p.request.n for p in live
@@ -412,8 +432,10 @@ class TransformersEngine(InferenceEngine):
         for step in range(steps):
             if self._closed:
                 raise EngineClosedError(f"the inference engine was closed while decoding {batch} rows")
-            logprobs = logits.log_softmax(dim=-1)  # [batch, vocab]
-            tokens = sample_next_tokens(logits, temperature, top_p, generators)  # [batch]
+            logprobs = logits.log_softmax(dim=-1)  # [batch, vocab]; raw, whatever a grammar allows
+            constrained = [i for i, row in enumerate(rows) if row.grammar is not None and row.finish_reason is None]
+            allowed = self._grammar_masked(logits, rows, constrained) if constrained else logits  # [batch, vocab]
+            tokens = sample_next_tokens(allowed, temperature, top_p, generators)  # [batch]
             chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)  # [batch]
             tokens_list, chosen_list = tokens.tolist(), chosen.tolist()
             if k > 0:
@@ -432,7 +454,12 @@ class TransformersEngine(InferenceEngine):
                 if row.request.top_logprobs > 0:
                     n_top = row.request.top_logprobs
                     row.top_logprobs.append(list(zip(top_ids_list[i][:n_top], top_values_list[i][:n_top])))
-                if tokens_list[i] in row.stop_ids or self._completes_stop_string(row):
+                if row.grammar is not None and not row.grammar.accept(tokens_list[i]):
+                    # only when the grammar allowed no token of the vocabulary at all
+                    logger.warning("A structured row sampled a token its grammar forbids (%s); ending it.",
+                                   row.grammar.error)
+                    row.finish_reason = "length"
+                elif tokens_list[i] in row.stop_ids or self._completes_stop_string(row):
                     row.finish_reason = "stop"
                 elif len(row.token_ids) >= row.request.max_tokens:
                     row.finish_reason = "length"
@@ -450,6 +477,16 @@ class TransformersEngine(InferenceEngine):
             )
             logits = out.logits[:, -1, :].float()  # [batch, vocab]
             next_position = next_position + 1
+
+    def _grammar_masked(self, logits: torch.Tensor, rows: list[_DecodeRow], constrained: list[int]) -> torch.Tensor:
+        """`logits` with what each constrained row's grammar forbids set to -inf (other rows unchanged)."""
+        bitmask = torch.empty((len(constrained), bitmask_words(self._vocab_size)), dtype=torch.int32)  # [rows, words]
+        for k, i in enumerate(constrained):
+            grammar = rows[i].grammar
+            assert grammar is not None
+            grammar.fill_bitmask(bitmask[k])
+        index = torch.tensor(constrained, dtype=torch.long, device=logits.device)  # [rows]
+        return mask_logits(logits, bitmask, index)
 
     def _completes_stop_string(self, row: _DecodeRow) -> bool:
         stops = row.request.stop_strings
