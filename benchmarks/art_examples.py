@@ -8,9 +8,9 @@ notebook's code cells in order, with shell and magic lines such as `!pip ...`
 and `%...` dropped), applies that example's edits, writes it with its helper
 files into a scratch directory (same layout as in ART, so relative paths to
 data files hold) and runs it in a subprocess: the same Python, offline
-(`HF_HUB_OFFLINE=1`, `WANDB_MODE=disabled`, every proxy variable pointing at a
-closed local port so nothing can reach the internet, loopback excepted), with
-a timeout. A notebook runs as Jupyter runs it: all cells in one event loop,
+(`HF_HUB_OFFLINE=1`, `WANDB_MODE=disabled`, litellm's shipped price map, every
+proxy variable pointing at a closed local port so nothing can reach the
+internet, loopback excepted), with a timeout. A notebook runs as Jupyter runs it: all cells in one event loop,
 top-level `await` allowed.
 
 An example passes when its training loop ran to the end: it exited 0, and
@@ -394,6 +394,7 @@ def offline_env() -> dict[str, str]:
     variable points at a closed local port; loopback, where artrl's server listens, is exempt), keys dropped."""
     env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled",
+               LITELLM_LOCAL_MODEL_COST_MAP="True",  # RULER's judge through litellm: its shipped price map
                PYTHONUNBUFFERED="1", NO_PROXY="localhost,127.0.0.1,::1", no_proxy="localhost,127.0.0.1,::1")
     env.update(dict.fromkeys(PROXY_VARS, CLOSED_PORT_PROXY))
     return env
@@ -412,7 +413,7 @@ class RunDir:
 
 def inspect_runs(cwd: Path) -> list[RunDir]:
     """Every model run directory under `<cwd>/.art/<project>/models/<name>/`, read from disk."""
-    from artrl.local import storage
+    from artrl.run import storage
 
     runs = []
     for run in sorted((Path(cwd) / RUN_ROOT).glob(f"*/{storage.MODELS_DIR}/*")):

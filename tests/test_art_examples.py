@@ -226,6 +226,7 @@ def test_first_error_is_the_exception_line_of_the_last_traceback():
 def test_the_subprocess_environment_is_offline():
     env = runner.offline_env()
     assert env["HF_HUB_OFFLINE"] == "1" and env["WANDB_MODE"] == "disabled"
+    assert env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"  # litellm would fetch its price map at import
     assert env["HTTPS_PROXY"] == runner.CLOSED_PORT_PROXY and "127.0.0.1" in env["NO_PROXY"]
     assert not set(runner.DROPPED_ENV) & set(env)
 

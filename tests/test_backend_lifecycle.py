@@ -232,7 +232,7 @@ def test_register_takes_arts_openai_client_config(tmp_path, caplog):
 
 def test_local_backend_is_an_art_backend_with_its_hooks(tmp_path):
     """ART's Backend protocol: _model_inference_name and _delete_checkpoint_files (the latest always stays)."""
-    from artrl.local import storage
+    from artrl.run import storage
 
     async def main():
         backend = art.LocalBackend(path=str(tmp_path), show_progress=False)

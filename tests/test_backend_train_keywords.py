@@ -17,7 +17,7 @@ import pytest
 import artrl as art
 from artrl import notices
 from artrl.errors import ConfigError
-from artrl.local import storage
+from artrl.run import storage
 from artrl.types import TrainConfig
 
 # ART 0.5.17 LocalBackend.train's keyword arguments (after model, trajectory_groups)

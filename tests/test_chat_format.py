@@ -31,7 +31,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import artrl as art
 from artrl.trajectories import revalidate
 from artrl.chat_format import (
-    RecentCompletions,
     end_of_turn_ids,
     message_of,
     render_prompt,
@@ -40,6 +39,7 @@ from artrl.chat_format import (
 from artrl.errors import TrajectoryError
 from artrl.preprocess.tokenize import TokenizeStats, tokenize_history, tokenize_sft
 from artrl.serve import GenerationRequest, ServedModels, create_app
+from artrl.serve.chat import RecentCompletions
 from artrl.serve.scripted import ScriptedEngine
 from artrl.serve.transformers_engine import TransformersEngine
 from chat_families import FAMILIES, family_tokenizer, generation_config

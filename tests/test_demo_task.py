@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from artrl import demo
 from artrl.errors import ConfigError
-from artrl.local import storage
+from artrl.run import storage
 from artrl.tasks import colours
 
 REWARDS = {0.0, colours.PARTIAL_REWARD, colours.HEDGED_REWARD, 1.0}

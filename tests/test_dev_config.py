@@ -79,9 +79,6 @@ def test_nested_config_maps_onto_flat_fields(caplog):
 @pytest.mark.parametrize(("section", "key", "value", "why"), [
     ("init_args", "load_in_4bit", True, "no bitsandbytes quantisation"),
     ("init_args", "fast_inference", True, "Unsloth's embedded vLLM"),
-    ("engine_args", "gpu_memory_utilization", 0.8, "no pool to size"),
-    ("engine_args", "enforce_eager", True, "vLLM engine argument"),
-    ("engine_args", "enable_sleep_mode", True, "nothing is put to sleep"),
     ("trainer_args", "lr_scheduler_type", "constant", "Hugging Face's Trainer"),
     ("trainer_args", "learning_rate", 1e-5, "each train call's learning_rate"),
     ("peft_args", "loftq_config", {}, "Unsloth/peft option"),
@@ -94,6 +91,29 @@ def test_ignored_nested_keys_are_noticed_once_each(caplog, section, key, value, 
     assert len(lines) == 1, lines
     assert f"{section}.{key}" in lines[0] and why in lines[0] and "no effect" in lines[0]
     assert cfg == art.InternalModelConfig()  # nothing else changed
+
+
+@pytest.mark.parametrize(("key", "value", "why"), [
+    ("gpu_memory_utilization", 0.8, "no pool to size"),
+    ("enforce_eager", True, "vLLM engine argument"),
+    ("enable_sleep_mode", True, "nothing is put to sleep"),
+])
+def test_engine_args_are_kept_for_vllm_and_noticed_once_when_the_builtin_engine_opens(
+        caplog, tiny_path, tok, key, value, why):
+    from artrl.serve.factory import open_engine
+    from artrl.train.modeling import load_model
+
+    with caplog.at_level(logging.WARNING, logger=NOTICES):
+        cfg = art.InternalModelConfig(engine_args={key: value, "max_num_seqs": 3})
+    assert notice_lines(caplog) == []  # the engine is not known yet: vLLM would apply them
+    assert cfg.engine_args == {key: value, "max_num_seqs": 3} and cfg.inference_max_batch_size == 3
+    model, _ = load_model(str(tiny_path), cfg)
+    with caplog.at_level(logging.WARNING, logger=NOTICES):
+        for _ in range(2):
+            open_engine("builtin", tokenizer=tok, end_ids=frozenset({2}), cfg=cfg, model=model).close()
+    lines = notice_lines(caplog)
+    assert len(lines) == 1, lines  # max_num_seqs applies (inference_max_batch_size); the other once
+    assert f"engine_args.{key}" in lines[0] and why in lines[0] and "no effect" in lines[0]
 
 
 @pytest.mark.parametrize("key", ["tinker_args", "tinker_native_args"])
@@ -147,12 +167,19 @@ def test_backend_reads_a_raw_dict_set_after_construction():
 def test_model_level_trainer_args_are_call_defaults_a_call_can_override():
     cfg = art.InternalModelConfig(trainer_args={"weight_decay": 0.1, "max_grad_norm": 0.5,
                                                 "per_device_train_batch_size": 3})
-    call = cfg.call_defaults(TrainConfig(learning_rate=1e-4, max_grad_norm=2.0))
+    call = cfg.call_config(TrainConfig(learning_rate=1e-4, max_grad_norm=2.0))
     assert (call.weight_decay, call.max_grad_norm, call.per_device_train_batch_size, call.learning_rate) == \
         (0.1, 2.0, 3, 1e-4)
-    sft = cfg.call_defaults(art.TrainSFTConfig())
+    sft = cfg.call_config(art.TrainSFTConfig())
     assert (sft.weight_decay, sft.per_device_train_batch_size) == (0.1, 3)
-    assert art.InternalModelConfig().call_defaults(TrainConfig()) == TrainConfig()
+    assert art.InternalModelConfig().call_config(TrainConfig()) == TrainConfig()
+    # an override (backend.train's keyword, model.train's _config) beats the call and the model
+    over = cfg.call_config(TrainConfig(max_grad_norm=2.0), {"max_grad_norm": 3.0, "weight_decay": 0.0})
+    assert (over.max_grad_norm, over.weight_decay, over.per_device_train_batch_size) == (3.0, 0.0, 3)
+    with pytest.raises(ConfigError, match="unknown TrainConfig fields"):
+        cfg.call_config(TrainConfig(), {"learning_rat": 1.0})
+    with pytest.raises(ConfigError, match="contradict"):  # checked once, after the merge
+        cfg.call_config(TrainConfig(ppo=True), {"loss": "cispo"})
 
 
 # --------------------------------------------------------------------------- ART's validation helpers

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 import artrl as art
 from artrl.distributed.balance import padding_batch, split_step
 from artrl.distributed.group import _cause_order
-from artrl.local import storage
+from artrl.run import storage
 from artrl.preprocess.pack import pack
 from artrl.preprocess.plan import plan_batches
 from artrl.preprocess.tokenize import TokenizedSequence
@@ -98,9 +98,12 @@ def test_seed_like_workload_is_balanced_within_10_percent_on_two_ranks(scale):
     """The RL build path with its defaults (one step of all groups), as a train call packs it."""
     from artrl.bench.workload import load_workload, workload_groups
     from artrl.train.rl import build_rl
+    from artrl.train.trainer import BuildContext
 
     groups = workload_groups(load_workload(WORKLOAD), scale=scale, vocab_size=2000)
-    built = build_rl(groups, art.TrainConfig(), max_length=40960, pad_id=0, device_type="cpu")
+    ctx = BuildContext(tokenizer=None, end_ids=frozenset(), max_length=40960, pad_id=0, device_type="cpu",
+                       optimizer_steps=0)
+    built = build_rl(groups, art.TrainConfig(), ctx)
     packed, plan = built.packed, built.plan
     tokens = [0, 0]
     for step in plan.steps:
@@ -305,13 +308,16 @@ def test_two_workers_train_like_one_process_survive_a_killed_worker_and_resume_i
                                                      messages=[{"role": "user", "content": "Colour 1?"}])
         assert reply.choices[0].message.content is not None
 
-        # refused data raises what one process raises, and the group lives on; an empty call advances the step
+        # refused data raises what one process raises (the driver prepares the call), and the group lives on;
+        # an empty call advances the step
         # with the same weights (ART's semantics), written by rank 0 like any other
         no_logprobs = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[
             {"role": "user", "content": "Colour?"}, make_choice(f"blue {t}", logprobs=False)], reward=float(t))
             for t in range(2)])]
-        with pytest.raises(art.TrajectoryError, match="logprobs.*refused by training worker rank"):
+        with pytest.raises(art.TrajectoryError, match="group 0, trajectory 0: a sampled turn carries no logprobs") \
+                as refused:  # by this process, which prepares every call: no worker saw it
             await model.train(no_logprobs, config=art.TrainConfig(require_logprobs=True))
+        assert "training worker" not in str(refused.value) and group.running
         same_reward = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[
             {"role": "user", "content": "Colour?"}, make_choice(f"red {t}")], reward=1.0) for t in range(2)])]
         empty = await model.train(same_reward)

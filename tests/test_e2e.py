@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import artrl as art
-from artrl.local import storage
+from artrl.run import storage
 from artrl.preprocess.pack import pack
 from artrl.preprocess.tokenize import tokenize_groups
 

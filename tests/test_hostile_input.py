@@ -26,11 +26,12 @@ from openai.types.chat.chat_completion import Choice
 
 import artrl as art
 from artrl.errors import ArtrlError, CheckpointError, ConfigError, PackingError, TrajectoryError
-from artrl.local import storage
+from artrl.run import storage
 # the data layer a train call runs, in one place (tokenize, then the build that a call makes of its config)
-from artrl.preprocess.build import build_call
 from artrl.preprocess.tokenize import group_advantages, tokenize_groups, tokenize_sft
+from artrl.train.call import build_batches
 from artrl.train.rl import build_rl
+from artrl.train.trainer import BuildContext
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 MAX_LENGTH = 128  # the model maximum of the served test model
@@ -571,14 +572,12 @@ def _has_trainable(t: art.Trajectory, dicts_too: bool) -> bool:
 
 
 def _build(s: dict, units: list, cfg: Any):
-    """What a train call builds from its tokenized units (train/rl.py, train/sft.py): the one place this file
-    maps a configuration onto the build."""
+    """What a train call builds from its tokenized units (train/rl.py, train/sft.py through build_batches)."""
+    ctx = BuildContext(tokenizer=None, end_ids=frozenset(), max_length=s["max_length"], pad_id=0, device_type="cpu",
+                       optimizer_steps=0)
     if s["sft"]:
-        return build_call(units, units_per_step=cfg.resolved_batch_size(len(units)), row_length=cfg.row_length,
-                          max_length=s["max_length"], on_too_long=cfg.on_too_long, share_prompts=cfg.share_prompts,
-                          pad_id=0, rows_per_forward=cfg.rows_per_forward("cpu"),
-                          max_tokens_per_microbatch=cfg.max_tokens_per_microbatch)
-    return build_rl(units, cfg, max_length=s["max_length"], pad_id=0, device_type="cpu")
+        return build_batches(units, cfg, ctx, units_per_step=cfg.resolved_batch_size(len(units)))
+    return build_rl(units, cfg, ctx)
 
 
 def _run_structure(s: dict, tok) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 import artrl as art
 from artrl.errors import ConfigError, TrajectoryError
-from artrl.local import storage
+from artrl.run import storage
 from artrl.metrics import MetricsBuilder
 from artrl.utils.trajectory_logging import read_trajectory_groups_parquet
 
@@ -229,6 +229,21 @@ def test_response_costs_are_priced_from_openai_or_anthropic_usage_as_art_prices_
         pytest.approx((40 + 100 + 1000 + 60) / 1e6)
     with pytest.raises(ValueError, match="register_model_pricing"):
         builder.add_response_cost("j", openai_usage, provider="openai", model_name="unpriced")
+
+
+def test_a_litellm_proxys_cost_header_is_the_cost_and_litellms_usage_is_read_for_anthropic_judges():
+    from types import SimpleNamespace
+
+    builder = MetricsBuilder(cost_context="eval")
+    proxied = SimpleNamespace(usage={"prompt_tokens": 10}, _hidden_params={
+        "additional_headers": {"llm_provider-x-litellm-response-cost": 0.0042}})
+    assert builder.add_response_cost("judge", proxied, provider="openai", model_name="unpriced") == 0.0042
+    # litellm reports an Anthropic call in OpenAI's fields, with zero Anthropic cache counts beside them
+    builder.register_model_pricing("anthropic/claude", prompt_per_million=3.0, completion_per_million=15.0)
+    litellm_usage = {"usage": {"prompt_tokens": 100, "completion_tokens": 10, "cache_creation_input_tokens": 0,
+                               "cache_read_input_tokens": 0}}
+    assert builder.add_response_cost("judge", litellm_usage, provider="anthropic", model_name="anthropic/claude") \
+        == pytest.approx((100 * 3 + 10 * 15) / 1e6)
 
 
 def test_averaging_train_samples_refuses_a_changing_gradient_step_count_in_arts_words():

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import artrl as art
-from artrl.local import storage
+from artrl.run import storage
 
 # --------------------------------------------------------------------------- the kill test
 
@@ -43,7 +43,7 @@ KILL_DRIVER = textwrap.dedent('''
     import artrl.local.backend, artrl.serve, artrl.train.call, artrl.train.trainer, artrl.train.modeling  # noqa
     import artrl.train.rl, artrl.train.sft, peft, transformers  # noqa
     from transformers import Qwen3ForCausalLM  # noqa: load the lazy module before forking
-    from artrl.local import storage
+    from artrl.run import storage
 
     ROOT, MIN_TRIALS, MIN_IN_WRITE, MAX_TRIALS, SEED = sys.argv[1], *map(int, sys.argv[2:6])
     RUN = storage.run_dir(ROOT, "kill", "m")
@@ -253,7 +253,7 @@ def test_a_torn_last_line_is_skipped_at_every_cut_and_the_next_append_starts_cle
             storage.append_jsonl(path, rec)
         with open(path, "a") as fh:
             fh.write(last[:cut])
-        with caplog.at_level(logging.WARNING, logger="artrl.local.storage"):
+        with caplog.at_level(logging.WARNING, logger="artrl.run.storage"):
             caplog.clear()
             assert storage.read_jsonl(path) == good
         assert "torn or corrupt" in caplog.text
@@ -300,6 +300,30 @@ async def _register(path: Path, **internal) -> tuple[art.TrainableModel, art.Loc
     backend = art.LocalBackend(path=str(path), show_progress=False)
     await model.register(backend)
     return model, backend
+
+
+def test_training_through_backend_train_leaves_no_history_row_after_restarts(tmp_path, make_choice):
+    """backend.train writes no history row (ART's); reopening the run must not add one per restart."""
+    user = {"role": "user", "content": "Pick a colour."}
+    groups = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[user, make_choice(c)], reward=r)
+                                   for c, r in (("blue", 1.0), ("red", 0.0))])]
+
+    async def main():
+        model, backend = await _register(tmp_path)
+        await model.train_sft(SFT_DATA[:2], config=art.TrainSFTConfig(learning_rate=1e-3))  # step 1: one row
+        result = await backend.train(model, groups, learning_rate=1e-4)  # step 2: no row, by design
+        assert result.step == 2
+        backend.close()
+        history = storage.run_dir(tmp_path, "p", "m") / storage.HISTORY_FILE
+        rows = history.read_text().splitlines()
+        for _ in range(2):
+            model, backend = await _register(tmp_path)
+            assert await model.get_step() == 2
+            backend.close()
+        assert history.read_text().splitlines() == rows
+        assert [json.loads(x)["step"] for x in rows] == [1]
+
+    asyncio.run(main())
 
 
 def test_a_lost_history_line_is_restored_from_the_checkpoint_on_resume(tmp_path):

@@ -1,8 +1,13 @@
-"""RULER end to end over HTTP: a scripted judge for parsing and retries, and artrl's own server as the judge."""
+"""RULER end to end over HTTP: a scripted judge for parsing and retries, and artrl's own server as the judge.
+
+The scripted-judge tests run twice: through litellm (`litellm.acompletion`, RULER's route when litellm is
+installed) and through the `openai` client (its route without litellm).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 
@@ -13,6 +18,7 @@ import artrl as art
 from artrl.errors import ConfigError
 from artrl.metrics import MetricsBuilder
 from artrl.rewards import JudgeError, ruler, ruler_score_group
+ruler_module = importlib.import_module("artrl.rewards.ruler")  # the module; `artrl.rewards.ruler` is the function
 from artrl.rewards.judge import resolve
 from artrl.serve.background import HEALTH_PATH, start_server
 
@@ -52,6 +58,17 @@ class ScriptedJudge:
         self.server.stop()
 
 
+@pytest.fixture(params=["litellm", "openai"])
+def route(request, monkeypatch) -> str:
+    """Which client RULER calls its judge with: litellm's acompletion, or (litellm absent) the openai client."""
+    if request.param == "litellm":
+        pytest.importorskip("litellm")
+        assert ruler_module.acompletion is not None
+    else:
+        monkeypatch.setattr(ruler_module, "acompletion", None)
+    return request.param
+
+
 def scores(*values: float, ids=None) -> str:
     ids = ids or [str(i) for i in range(1, len(values) + 1)]
     return json.dumps({"scores": [{"trajectory_id": i, "explanation": f"reason {i}", "score": v}
@@ -68,7 +85,7 @@ def group(*answers: str, rewards=None) -> art.TrajectoryGroup:
                                                reward=r, metrics={"m": 1}) for a, r in zip(answers, rewards)])
 
 
-def test_scores_replace_rewards_and_arts_metrics_are_recorded():
+def test_scores_replace_rewards_and_arts_metrics_are_recorded(route):
     g = group("4", "five", "I don't know", rewards=[1.0, 0.0, 0.5])
     with ScriptedJudge([scores(0.9, 0.1, 0.3)]) as judge:
         out = asyncio.run(ruler_score_group(g, "hosted_vllm/judge", judge.params()))
@@ -85,7 +102,7 @@ def test_scores_replace_rewards_and_arts_metrics_are_recorded():
     assert user["content"].count("careful assistant") == 1 and '<trajectory id="3">' in user["content"]
 
 
-def test_lenient_parsing_fences_think_tags_numeric_and_shuffled_ids():
+def test_lenient_parsing_fences_think_tags_numeric_and_shuffled_ids(route):
     reply = "<think>compare them</think>Here you go:\n```json\n" + scores(0.2, 0.8, ids=[2, 1]) + "\n```"
     with ScriptedJudge([reply]) as judge:
         got = asyncio.run(ruler([g.messages() for g in group("a", "b").trajectories], "judge",
@@ -93,7 +110,7 @@ def test_lenient_parsing_fences_think_tags_numeric_and_shuffled_ids():
     assert [(s.trajectory_id, s.score) for s in got] == [("1", 0.8), ("2", 0.2)]
 
 
-def test_an_unusable_reply_is_retried_with_what_was_wrong(caplog):
+def test_an_unusable_reply_is_retried_with_what_was_wrong(route, caplog):
     with ScriptedJudge(["I think the first one is best.", scores(0.5), scores(0.7, 0.2)]) as judge:
         with caplog.at_level(logging.INFO, logger="artrl.rewards.ruler"):
             out = asyncio.run(ruler_score_group(group("a", "b"), "judge", judge.params()))
@@ -106,7 +123,7 @@ def test_an_unusable_reply_is_retried_with_what_was_wrong(caplog):
     assert "unusable" in caplog.text
 
 
-def test_a_judge_that_never_gives_usable_scores_is_reported_per_group_never_a_zero(caplog):
+def test_a_judge_that_never_gives_usable_scores_is_reported_per_group_never_a_zero(route, caplog):
     with ScriptedJudge(['{"scores": [{"trajectory_id": "1", "score": "high"}]}']) as judge:
         with pytest.raises(JudgeError, match=r"no usable scores for 2 trajectories in 3 attempts") as info:
             asyncio.run(ruler_score_group(group("a", "b"), "judge", judge.params()))
@@ -118,7 +135,7 @@ def test_a_judge_that_never_gives_usable_scores_is_reported_per_group_never_a_ze
     assert "dropped (swallow_exceptions=True)" in caplog.text and len(judge.requests) == 5
 
 
-def test_identical_trajectories_are_judged_once_and_share_the_score():
+def test_identical_trajectories_are_judged_once_and_share_the_score(route):
     with ScriptedJudge([scores(0.6)]) as judge:
         got = asyncio.run(ruler([g.messages() for g in group("same", "same", "same").trajectories], "judge",
                                 judge.params()))
@@ -126,7 +143,7 @@ def test_identical_trajectories_are_judged_once_and_share_the_score():
     assert judge.requests[0]["messages"][1]["content"].count("<trajectory") == 1
 
 
-def test_the_judges_cost_goes_to_the_active_metrics_builder():
+def test_the_judges_cost_goes_to_the_active_metrics_builder(route):
     builder = MetricsBuilder(cost_context="train")
     with ScriptedJudge([scores(0.4, 0.6)], cost=0.002) as judge, builder.activate_context():
         asyncio.run(ruler_score_group(group("a", "b"), "openai/judge", judge.params()))

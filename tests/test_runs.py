@@ -10,7 +10,7 @@ import pytest
 import artrl as art
 from artrl.cli import main as cli
 from artrl.errors import ConfigError
-from artrl.local import storage
+from artrl.run import storage
 from artrl.runs import show, step_table
 
 

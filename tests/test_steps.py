@@ -50,12 +50,12 @@ def _step_sequences(built) -> list[list[tuple[int, int]]]:
 
 @settings(max_examples=40)
 @given(shape=group_shapes, per_step=st.one_of(st.none(), st.integers(1, 4)), row_length=st.sampled_from([None, 96, 128]),
-       share=st.booleans(), rows_per_forward=st.integers(1, 3))
-def test_steps_hold_the_same_data_whatever_the_layout(shape, per_step, row_length, share, rows_per_forward):
+       share=st.booleans(), per_device=st.integers(1, 3))
+def test_steps_hold_the_same_data_whatever_the_layout(shape, per_step, row_length, share, per_device):
     groups = _groups(shape)
     reference = build_call(groups, units_per_step=per_step, max_length=512)
     other = build_call(groups, units_per_step=per_step, row_length=row_length, share_prompts=share,
-                       rows_per_forward=rows_per_forward, max_length=512)
+                       per_device_train_batch_size=per_device, max_length=512)
     assert _step_sequences(other) == _step_sequences(reference)
     want = [sorted((g, t) for g in idx for t in range(len(groups[g]))) for idx in split_units(len(groups), per_step)]
     assert _step_sequences(reference) == want

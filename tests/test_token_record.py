@@ -190,7 +190,7 @@ def test_the_measure_is_a_max_over_the_first_optimizer_steps_micro_batches(tiny_
     groups = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[
         {"role": "user", "content": f"q{g}"}, make_choice("an answer" + " and some more words" * (t + g + 4))], reward=float(t))
         for t in range(3)]) for g in range(2)]
-    call = prepare_rl(trainer, groups, art.TrainConfig(learning_rate=MEASURE_ONLY, per_device_train_batch_size=1,
+    call = prepare_rl(trainer.build_context(), groups, art.TrainConfig(learning_rate=MEASURE_ONLY, per_device_train_batch_size=1,
                                                        grad_accumulation_sequences=2, row_length=64))
     first = call.plan.steps[0]
     assert len(first.micro_batches) == 2 and len(call.plan.steps) >= 2

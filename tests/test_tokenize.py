@@ -58,7 +58,6 @@ def test_single_turn_mask_covers_exactly_the_sampled_tokens(tok, make_choice):
     n = seq.first_trainable
     assert seq.token_ids[:n] == tok(prompt, add_special_tokens=False).input_ids
     assert all(math.isnan(x) for x in seq.logprobs[:n])
-    assert seq.positions == list(range(len(seq)))
 
 
 def test_multi_turn_each_choice_aligned(tok, make_choice):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import artrl as art
-from artrl.local import storage
+from artrl.run import storage
 
 
 def traj(reward: float) -> art.Trajectory:
@@ -100,7 +100,7 @@ def test_a_failing_tracker_is_reported_once_and_logging_goes_on(tmp_path, caplog
     run.mkdir(parents=True)
     (run / "tensorboard").write_text("a file where the log directory should be")
     model = art.Model(name="m", project="p", base_path=str(tmp_path), report_metrics=["tensorboard", "mlflow"])
-    with caplog.at_level("WARNING", logger="artrl.tracking"):
+    with caplog.at_level("WARNING", logger="artrl.run.tracking"):
         for step in range(3):
             asyncio.run(model.log([traj(0.5)], split="val", step=step))
     failures = [r for r in caplog.records if "TensorBoard" in r.getMessage()]
@@ -113,7 +113,7 @@ def test_wandb_without_a_key_or_offline_mode_is_refused_once_without_stopping(tm
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     model = art.Model(name="m", project="p", base_path=str(tmp_path), report_metrics=["wandb"])
-    with caplog.at_level("WARNING", logger="artrl.tracking"):
+    with caplog.at_level("WARNING", logger="artrl.run.tracking"):
         asyncio.run(model.log([traj(0.5)], split="val"))
         asyncio.run(model.log([traj(0.5)], split="val"))
     assert sum("WANDB_API_KEY is not set" in r.getMessage() for r in caplog.records) == 1

@@ -90,7 +90,7 @@ def test_forward_sees_configured_rows_and_token_budget(trainer, make_choice):
         groups = rl_groups(make_choice, n_groups=6)
         cfg = TrainConfig(per_device_train_batch_size=3, grad_accumulation_sequences=None, row_length=128,
                           learning_rate=1e-4)
-        call = prepare_rl(trainer, groups, cfg)
+        call = prepare_rl(trainer.build_context(), groups, cfg)
         run_call(trainer, call, show_progress=False)
         n = call.packed.num_rows
         assert n >= 4
@@ -98,7 +98,7 @@ def test_forward_sees_configured_rows_and_token_budget(trainer, make_choice):
         calls.clear()
         cfg = TrainConfig(max_tokens_per_microbatch=200, grad_accumulation_sequences=None, row_length=128,
                           learning_rate=1e-4)
-        run_call(trainer, prepare_rl(trainer, groups, cfg), show_progress=False)
+        run_call(trainer, prepare_rl(trainer.build_context(), groups, cfg), show_progress=False)
         assert calls and all(r * w <= 200 for r, w in calls)
     finally:
         hook.remove()
@@ -120,7 +120,7 @@ def test_rl_step_moves_probability_towards_positive_advantage(trainer, make_choi
     base_params = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
     lora_params = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     before = seq_logp()
-    run_call(trainer, prepare_rl(trainer, [group], TrainConfig(learning_rate=5e-3)), show_progress=False)
+    run_call(trainer, prepare_rl(trainer.build_context(), [group], TrainConfig(learning_rate=5e-3)), show_progress=False)
     after = seq_logp()
     adv = [s.advantage for s in packed.sequences]
     for a, b0, b1 in zip(adv, before, after):
@@ -140,7 +140,7 @@ def test_sft_learns_a_small_set_and_reproduces_answers(trainer):
                         reward=0.0) for q, a in pairs]
     losses = []
     for _ in range(40):
-        _, avg = run_call(trainer, prepare_sft(trainer, trajs, TrainSFTConfig(learning_rate=1e-2, batch_size=4)),
+        _, avg = run_call(trainer, prepare_sft(trainer.build_context(), trajs, TrainSFTConfig(learning_rate=1e-2, batch_size=4)),
                           show_progress=False)
         losses.append(avg["loss"])
     assert losses[-1] < 0.2 * losses[0]
@@ -161,15 +161,15 @@ def test_sft_learning_rate_list_needs_one_value_per_step(trainer):
     from artrl.errors import ConfigError
 
     with pytest.raises(ConfigError, match="has 2 values but this call makes 3 optimizer steps"):
-        prepare_sft(trainer, trajs, TrainSFTConfig(learning_rate=[1e-3, 1e-3], batch_size=2))
-    call = prepare_sft(trainer, trajs, TrainSFTConfig(learning_rate=[1e-3, 2e-3, 3e-3], batch_size=2))
+        prepare_sft(trainer.build_context(), trajs, TrainSFTConfig(learning_rate=[1e-3, 1e-3], batch_size=2))
+    call = prepare_sft(trainer.build_context(), trajs, TrainSFTConfig(learning_rate=[1e-3, 2e-3, 3e-3], batch_size=2))
     steps, _ = run_call(trainer, call, show_progress=False)
     assert [s["learning_rate"] for s in steps] == [1e-3, 2e-3, 3e-3]
 
 
 def test_non_finite_loss_refuses_the_step(trainer, make_choice):
     groups = rl_groups(make_choice, n_groups=1)
-    call = prepare_rl(trainer, groups, TrainConfig(learning_rate=1e-3))
+    call = prepare_rl(trainer.build_context(), groups, TrainConfig(learning_rate=1e-3))
     call.packed.advantages[call.packed.trainable_mask] = float("nan")
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     steps, avg = run_call(trainer, call, show_progress=False)
@@ -194,17 +194,18 @@ def test_attention_implementations_agree_with_tree_attention(tiny_path, make_cho
     torch.testing.assert_close(out[impl], out["artrl_tree"], rtol=0, atol=2e-5)
 
 
-def test_rows_per_forward_default_follows_the_device(trainer, make_choice):
+def test_per_device_train_batch_size_default_follows_the_device(trainer, make_choice):
     cfg = TrainConfig()
     assert cfg.per_device_train_batch_size is None
-    assert cfg.rows_per_forward("cpu") == 1 and cfg.rows_per_forward("cuda") == 2
-    assert cfg.rows_per_forward("cuda", step_rows=1) == 1  # never more than a step holds
-    assert TrainConfig(per_device_train_batch_size=3).rows_per_forward("cpu") == 3  # an explicit value wins
-    assert TrainSFTConfig().rows_per_forward("cpu") == 1
-    call = prepare_rl(trainer, rl_groups(make_choice, n_groups=3, per_group=4),
+    resolved = cfg.resolved_per_device_train_batch_size
+    assert resolved("cpu") == 1 and resolved("cuda") == 2
+    assert resolved("cuda", rows_per_step=1) == 1  # never more than a step holds
+    assert TrainConfig(per_device_train_batch_size=3).resolved_per_device_train_batch_size("cpu") == 3  # explicit
+    assert TrainSFTConfig().resolved_per_device_train_batch_size("cpu") == 1
+    call = prepare_rl(trainer.build_context(), rl_groups(make_choice, n_groups=3, per_group=4),
                       TrainConfig(learning_rate=1e-3, row_length=64))
     assert trainer.device.type == "cpu" and call.packed.num_rows > 1
     assert call.plan.max_rows_per_micro_batch == 1 and call.plan.num_micro_batches == call.packed.num_rows
-    two = prepare_rl(trainer, rl_groups(make_choice, n_groups=3, per_group=4),
+    two = prepare_rl(trainer.build_context(), rl_groups(make_choice, n_groups=3, per_group=4),
                      TrainConfig(learning_rate=1e-3, row_length=64, per_device_train_batch_size=2))
     assert two.plan.max_rows_per_micro_batch == 2

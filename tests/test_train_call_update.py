@@ -40,8 +40,8 @@ import artrl as art
 from artrl.metrics_taxonomy import TRAINER_TO_ART
 # The internals this file reads, in one place: the loss function (the expectation's arithmetic), and the key of
 # the optimizer state in a checkpoint's optimizer file (the AdamW state the call starts from).
-from artrl.local.checkpoint import OPTIMIZER_KEY
-from artrl.local.storage import OPTIMIZER_FILE
+from artrl.run.checkpoint import OPTIMIZER_KEY
+from artrl.run.storage import OPTIMIZER_FILE
 from artrl.train.loss import policy_loss
 
 USER = [{"role": "system", "content": "Answer with a colour."}, {"role": "user", "content": "Pick a colour."}]

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import artrl as art
-from artrl.local import storage
+from artrl.run import storage
 from artrl.utils import trajectory_logging as tl
 from artrl.utils.trajectory_migration import (migrate_jsonl_to_parquet, migrate_model_dir, migrate_trajectories_dir,
                                              read_trajectory_groups_jsonl, trajectory_to_dict)

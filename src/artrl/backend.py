@@ -9,6 +9,22 @@ instead of returning None. Type annotations written against ART's
 The public methods are `register`, `train` and `close`; the private ones are the
 hooks `Model` / `TrainableModel` call (`_get_step`, `_train_model`, `_train_sft`,
 `_delete_checkpoint_files`, `_prepare_backend_for_training`, `_model_inference_name`).
+
+The train hooks `_train_model(model, groups, config, dev_config, verbose)` and
+`_train_sft(model, trajectories, config, dev_config, verbose)` may speak either of
+two protocols; `Model.train` / `train_sft` tell them apart by what the call returns
+(backend_hooks.py):
+
+* artrl's: `async def` returning a `TrainResult` (`LocalBackend`'s). The model writes
+  one train row at `result.step` with `result.metrics`, none if the step did not advance.
+* ART's: an async generator (any async iterator) yielding one dict of metrics per
+  optimizer step, e.g. `{"loss/train": 0.4, "data/step_num_gradient_steps": 3}`. The
+  model averages them as ART does (each key over the steps reporting it; the gradient
+  step count must be the same in every dict), adds `time/step_trainer_s`, reads the step
+  with `_get_step` and writes one train row there. So a back end written against ART
+  plugs in unchanged. Offering `supports_automatic_train_step_metrics()` and
+  `automatic_gpu_cost_per_hour_usd(model)` adds ART's automatic `time/step_wall_s` and
+  `costs/gpu` to the row, in both protocols.
 """
 
 from __future__ import annotations
@@ -59,8 +75,11 @@ class Backend:
 
     def _train_model(self, model: "TrainableModel", trajectory_groups: list[TrajectoryGroup], config: TrainConfig,
                      dev_config: Any, verbose: bool = False) -> Any:
+        """One RL step: an awaitable TrainResult (artrl's protocol) or an async iterator of per-optimizer-step
+        metric dicts (ART's); see the module docstring."""
         raise self._missing("_train_model")
 
     def _train_sft(self, model: "TrainableModel", trajectories: Iterable[Trajectory], config: TrainSFTConfig,
                    dev_config: Any, verbose: bool = False) -> Any:
+        """One SFT call, in either protocol, as `_train_model`."""
         raise self._missing("_train_sft")

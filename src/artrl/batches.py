@@ -18,10 +18,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Iterable
 
-from tqdm import auto as tqdm
-
 from .gather import warn_deprecated_completion_tokens, wrap_group_awaitable
 from .gather_context import GatherContext, cancel_and_wait, context_with
+from .progress import progress_bar
 from .trajectories import TrajectoryGroup
 
 
@@ -57,7 +56,7 @@ async def trajectory_group_batches(
     try:
         while unstarted or pending:
             if context.pbar is None:
-                context.pbar = tqdm.tqdm(desc=pbar_desc, total=batch_size, disable=pbar_desc is None)
+                context.pbar = progress_bar(desc=pbar_desc, total=batch_size, disable=pbar_desc is None)
             while unstarted and len(pending) < batch_size * max_concurrent_batches:
                 pending.add(asyncio.create_task(wrap_group_awaitable(unstarted.pop()), context=task_context))
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)

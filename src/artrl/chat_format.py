@@ -18,7 +18,7 @@ messages; this module is the one set of rules they share:
 3. **Rendering** (`render_text`) is the tokenizer's own chat template;
    `encode` tokenizes text without adding special tokens (templates write them).
    `render_prompt` renders a prompt with the generation prompt and, given the
-   server's `RecentCompletions`, tokenizes it piecewise so that an assistant
+   completions the server returned (its cache, serve/chat.py), tokenizes it piecewise so that an assistant
    message the server itself produced is spelled with the exact ids it sampled
    (see "Prompts that extend the record" below).
 4. **End of turn** (`end_of_turn_ids`): the tokenizer's eos, the model's
@@ -56,13 +56,11 @@ first piece.
 from __future__ import annotations
 
 import json
-import threading
 from array import array
 from bisect import bisect_left
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pydantic
 from openai.types.chat.chat_completion import Choice
@@ -291,49 +289,15 @@ class SampledCompletion:
     end_id: int | None  # the final end-of-turn id, if the completion ended with one
 
 
-class RecentCompletions:
-    """A bounded cache of recent completions, keyed by the assistant message returned for them.
+class CompletionLookup(Protocol):
+    """Where `render_prompt` finds the completions a server returned for an assistant message (the server's
+    bounded cache, serve/chat.py's `RecentCompletions`)."""
 
-    The server adds every completion it returns; `render_prompt` looks up the assistant
-    messages of a later request here to reuse their sampled ids. Bounded by the number of
-    token ids held (oldest messages go first); a few completions per message are kept (the
-    same text sampled from several prompts), newest first.
-    """
-
-    PER_MESSAGE = 4
-
-    def __init__(self, max_tokens: int = 4_000_000) -> None:
-        self.max_tokens = max_tokens
-        self._items: OrderedDict[Any, list[SampledCompletion]] = OrderedDict()
-        self._tokens = 0
-        self._lock = threading.Lock()
-
-    def add(self, message: Message, prompt_ids: Sequence[int], completion: Sequence[int], text: str,
-            end_id: int | None) -> None:
-        entry = SampledCompletion(hash(tuple(prompt_ids)), array("i", completion), text, end_id)
-        key = message_key(message)
-        with self._lock:
-            entries = self._items.pop(key, [])
-            entries = [entry, *(e for e in entries if e != entry)]
-            for dropped in entries[self.PER_MESSAGE:]:
-                self._tokens -= len(dropped.token_ids)
-            entries = entries[: self.PER_MESSAGE]
-            self._tokens += len(entry.token_ids)
-            self._items[key] = entries
-            while self._tokens > self.max_tokens and len(self._items) > 1:
-                _, old = self._items.popitem(last=False)
-                self._tokens -= sum(len(e.token_ids) for e in old)
+    def __len__(self) -> int: ...
 
     def get(self, message: Message) -> list[SampledCompletion]:
-        with self._lock:
-            entries = self._items.get(message_key(message))
-            if entries is None:
-                return []
-            self._items.move_to_end(message_key(message))
-            return list(entries)
-
-    def __len__(self) -> int:
-        return len(self._items)
+        """The completions returned for `message`, newest first (none: [])."""
+        ...
 
 
 Fits = list[list[tuple[SampledCompletion, int]] | None]
@@ -382,7 +346,7 @@ def _fitting(text: str, pieces: list[str], options: list[list[SampledCompletion]
 
 
 def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[str, Any]] | None = None, *,
-                  recent: RecentCompletions | None = None, end_ids: frozenset[int] = frozenset(),
+                  recent: CompletionLookup | None = None, end_ids: frozenset[int] = frozenset(),
                   where: str = "messages") -> list[int]:
     """Prompt ids for normalised `messages` with the generation prompt (module docstring: the record)."""
     text = render_text(tokenizer, messages, tools, add_generation_prompt=True, where=where)

@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench" and args.bench == "serve":
             from .bench.serve_bench import main as run
             return run(args)
+        if args.command == "bench" and args.bench == "train" and args.workers > 1:
+            from .bench.workers_bench import main as run  # N data-parallel workers against one
+            return run(args)
         if args.command == "bench" and args.bench == "train":
             from .bench.train_bench import main as run
             return run(args)

@@ -54,7 +54,8 @@ from typing import Any
 from . import runs, schedules
 from .errors import ConfigError
 from .gather import gather_trajectory_groups
-from .local import LocalBackend, storage
+from .local import LocalBackend
+from .run import storage
 from .model import TrainableModel
 from .tasks import colours
 from .trajectories import Trajectory, TrajectoryGroup

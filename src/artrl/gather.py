@@ -28,11 +28,10 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from tqdm import auto as tqdm
-
 from .errors import ArtrlError
 from .gather_context import (GatherContext, cancel_and_wait, get_gather_context, record_metrics,
                              set_gather_context)
+from .progress import progress_bar
 from .trajectories import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -96,7 +95,7 @@ async def gather_trajectory_groups(
 
     with set_gather_context(context):
         tasks = [asyncio.ensure_future(forward(g)) for g in awaitables]
-        context.pbar = tqdm.tqdm(desc=pbar_desc, total=context.total, disable=pbar_desc is None)
+        context.pbar = progress_bar(desc=pbar_desc, total=context.total, disable=pbar_desc is None)
         try:
             results = await asyncio.gather(*tasks)
         finally:
@@ -132,7 +131,7 @@ async def gather_trajectories(
     """
     warn_deprecated_completion_tokens(pbar_total_completion_tokens)
     awaitables = list(trajectories)
-    context = GatherContext(pbar=tqdm.tqdm(desc=pbar_desc, total=len(awaitables), disable=pbar_desc is None),
+    context = GatherContext(pbar=progress_bar(desc=pbar_desc, total=len(awaitables), disable=pbar_desc is None),
                             max_exceptions=max_exceptions,
                             total=len(awaitables))
     with set_gather_context(context):

@@ -30,14 +30,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openai.types.chat.chat_completion import Choice
-from tqdm import auto as tqdm
+
+from .progress import ProgressBar
 
 
 @dataclass
 class GatherContext:
     """Progress bar, metric sums and exception budget shared by the rollouts of one gather."""
 
-    pbar: tqdm.tqdm | None = None
+    pbar: ProgressBar | None = None
     metric_sums: Counter[str] = field(default_factory=Counter)
     metric_divisors: Counter[str] = field(default_factory=Counter)
     max_metrics: int | None = None
@@ -50,15 +51,16 @@ class GatherContext:
         """Advance the bar by `n` rollouts and show the running means (reward, metrics, exceptions)."""
         if self.pbar is None:
             return
-        if self.increment_pbar:
-            self.pbar.update(n)
         names = list(self.metric_sums)
         if self.max_metrics is not None:
             names = names[: self.max_metrics]
         postfix = {name: self.metric_sums[name] / max(1, self.metric_divisors[name]) for name in names}
         if "completion_tokens" in postfix:  # last, as in ART
             postfix["completion_tokens"] = postfix.pop("completion_tokens")
-        self.pbar.set_postfix(postfix)
+        # the redraw is the bar's own (at most every `mininterval`, progress.py): ART's set_postfix redraws
+        # on every rollout, which floods a log
+        self.pbar.set_postfix(postfix, refresh=False)
+        self.pbar.update(n if self.increment_pbar else 0)
 
     @property
     def exceptions(self) -> int:

@@ -11,14 +11,15 @@ calls (the RULER judge) finds it with `MetricsBuilder.get_active()`.
 
 What we leave out of ART's builder: its built-in price tables and custom cost
 extractors. A response's cost is taken from the response itself (`usage.cost`,
-as OpenRouter reports it) or from prices registered with
-`register_model_pricing` (or passed to the call), applied to the usage the
-response reports: OpenAI's (`prompt_tokens`, `completion_tokens`, cached
-prompt tokens) or Anthropic's (`input_tokens`, `output_tokens`, cache writes
-and reads), as ART prices them. Where neither gives a cost, `add_response_cost`
-raises ValueError (ART raises for a model without prices too, and returns None
-for a response without usage), which callers that may meet unpriced models
-(RULER) treat as "no cost recorded".
+as OpenRouter reports it, or a litellm proxy's cost header) or from prices
+registered with `register_model_pricing` (or passed to the call), applied to
+the usage the response reports: OpenAI's (`prompt_tokens`, `completion_tokens`,
+cached prompt tokens) or Anthropic's (`input_tokens`, `output_tokens`, cache
+writes and reads), as ART prices them. Where neither gives a cost,
+`add_response_cost` raises ValueError (ART raises for a model without prices
+too, and returns None for a response without usage), which callers that may
+meet unpriced models treat as "no cost recorded". RULER's judge through
+litellm is priced by litellm then (rewards/litellm_judge.py).
 """
 
 from __future__ import annotations
@@ -270,6 +271,9 @@ def _cost_rollups(costs: dict[str, float]) -> dict[str, float]:
     return out
 
 
+LITELLM_PROXY_COST_HEADER = "llm_provider-x-litellm-response-cost"
+
+
 def _field(obj: Any, name: str) -> Any:
     if obj is None:
         return None
@@ -296,6 +300,7 @@ def _price(value: float | None) -> float | None:
 def response_cost(response: Any, pricing: TokenPricing | None, *, provider: str | None = None) -> float | None:
     """USD cost of a chat completion: `usage.cost` when the provider reports it, else tokens x `pricing`.
 
+    The provider's figure is `usage.cost` (OpenRouter) or a litellm proxy's cost header.
     Usage fields: OpenAI's (`prompt_tokens` of which `prompt_tokens_details.cached_tokens` are cached,
     `completion_tokens`) or Anthropic's (`input_tokens`, `cache_creation_input_tokens`,
     `cache_read_input_tokens`, `output_tokens`); `provider="anthropic"` tries Anthropic's first.
@@ -303,6 +308,9 @@ def response_cost(response: Any, pricing: TokenPricing | None, *, provider: str 
     """
     usage = _field(response, "usage")
     direct = _number(_field(usage, "cost"))
+    if direct is None:  # a litellm proxy reports the cost in a response header (litellm keeps it, as ART reads it)
+        headers = _field(_field(response, "_hidden_params"), "additional_headers")
+        direct = _number(_field(headers, LITELLM_PROXY_COST_HEADER))
     if direct is not None:
         return direct
     if pricing is None:
@@ -327,7 +335,7 @@ def _openai_cost(usage: Any, p: TokenPricing) -> float | None:
 def _anthropic_cost(usage: Any, p: TokenPricing) -> float | None:
     counts = [_number(_field(usage, k)) for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens",
                                                    "cache_read_input_tokens")]
-    if all(c is None for c in counts):
+    if not any(counts):  # nothing in Anthropic's fields (litellm's usage has zero cache counts): not its usage
         return None
     inp, out, written, read = (c or 0.0 for c in counts)
     write_price = p.prompt_per_million if p.cache_creation_per_million is None else p.cache_creation_per_million

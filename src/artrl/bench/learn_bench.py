@@ -54,15 +54,16 @@ import json
 import logging
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import torch
-from tqdm.auto import tqdm
 
 from ..errors import ConfigError
+from ..progress import progress_bar
 from .learn_results import ARMS, ResultsFile, format_table, run_key, run_scores, window
 from .learn_tasks import TASKS, LearnTask, Prompt, WarmUp, get_task, prompt_schedule, warm_up_colours
 
@@ -223,16 +224,16 @@ class YardstickArm:
     async def start(self) -> tuple[Any, str]:
         from openai import AsyncOpenAI
 
-        from ..serve import ServedModels, TransformersEngine, create_app, start_server
+        from ..chat_format import end_of_turn_ids
+        from ..serve import ServedModels, create_app, start_server
+        from ..serve.factory import open_engine
         from ..train.modeling import load_model
 
         cfg = self.internal
         self.model, tok = await asyncio.to_thread(load_model, self.base_model, cfg)
-        on_cpu = next(self.model.parameters()).device.type == "cpu"
-        # built as LocalBackend builds its engine, so both arms sample alike
-        self.engine = TransformersEngine(self.model, tok, max_batch_size=cfg.inference_max_batch_size,
-                                         max_model_len=cfg.max_length,
-                                         num_threads=cfg.inference_cpu_threads if on_cpu else None)
+        # opened as LocalBackend opens its built-in engine (sharing the stepped model), so both arms sample alike
+        self.engine = open_engine("builtin", tokenizer=tok, end_ids=end_of_turn_ids(tok, self.model), cfg=cfg,
+                                  model=self.model, shares_trainer_weights=True, model_lock=threading.RLock())
         self.server = start_server(create_app(ServedModels("yardstick", self.engine)))
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=self.lr,
                                            betas=YARDSTICK_BETAS, eps=YARDSTICK_EPS,
@@ -242,7 +243,7 @@ class YardstickArm:
 
     async def update(self, groups: list[list[Sample]]) -> dict[str, float]:
         def step() -> dict[str, float]:
-            with self.engine.model_lock:  # the engine never decodes while the weights change
+            with self.engine.training():  # the engine never decodes while the weights change
                 return grpo_step(self.model, self.optimizer, groups, pad_id=self.pad_id)
 
         return await asyncio.to_thread(step)
@@ -278,7 +279,7 @@ async def run_arm(arm_name: str, task: LearnTask, base_model: str, lr: float, se
     desc = f"{task.name} lr={lr:g} seed={seed} {arm_name}"
     try:
         client, model_name = await arm.start()
-        with tqdm(total=len(schedule), desc=desc, unit="step", leave=False, disable=not show_progress) as bar:
+        with progress_bar(total=len(schedule), desc=desc, unit="step", leave=False, disable=not show_progress) as bar:
             for i, prompts in enumerate(schedule):
                 groups = await sample_step(client, model_name, task, prompts, samples=samples, seed=seed, step=i)
                 rewards = [s.reward for g in groups for s in g]
@@ -370,7 +371,7 @@ async def run_learn_bench(settings: LearnSettings, out: Path, *, show_progress: 
     if len(todo) < len(settings.tasks) * len(settings.lrs) * settings.seeds * len(settings.arms):
         log.info("%s: resuming, %d runs already done, %d to go", out, len(results.runs), len(todo))
     base_models: dict[str, str] = {}
-    bar = tqdm(total=len(todo), desc="bench learn", unit="run", disable=not show_progress)
+    bar = progress_bar(total=len(todo), desc="bench learn", unit="run", disable=not show_progress)
     for task_name, lr, seed, arm in todo:
         task = get_task(task_name)
         if task_name not in base_models and task.warm_up:

@@ -154,7 +154,7 @@ class ResultsFile:
                 "table": table, "paired": paired}
 
     def save(self) -> None:
-        from ..local.storage import json_safe, write_json_atomic
+        from ..run.storage import json_safe, write_json_atomic
 
         write_json_atomic(self.path, json_safe(self.document()))
 

@@ -1,7 +1,7 @@
 """`artrl bench serve`: inference throughput, N concurrent requests vs the same requests one at a time.
 
 Starts the OpenAI-compatible server in-process on 127.0.0.1 (a free port) with
-the transformers engine, then sends `--requests` chat completions with the real
+the engine `--engine` names (serve/factory.py; default auto), then sends `--requests` chat completions with the real
 `openai` client: first all at once (at most `--concurrency` in flight), then
 sequentially. Each request has its own seed, so both runs sample the same
 tokens. Prints one JSON line: completion tokens/s and latency percentiles for
@@ -56,33 +56,51 @@ async def _run(client: Any, model: str, n: int, concurrency: int, max_tokens: in
 
 def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurrency: int = 16,
                     max_tokens: int = 64, device: str | None = None,
-                    num_threads: int | None = None) -> dict[str, Any]:
+                    num_threads: int | None = None, engine_kind: str = "auto") -> dict[str, Any]:
     from openai import AsyncOpenAI
 
-    from ..serve import ServedModels, TransformersEngine, create_app, start_server
-    from ..train.modeling import load_base_model
+    from ..chat_format import end_of_turn_ids
+    from ..serve import ServedModels, create_app, start_server
+    from ..serve.factory import open_engine, resolve_engine_kind
+    from ..train.modeling import (RANDOM_CONFIGS, load_base_model, load_generation_config, load_tokenizer,
+                                  resolve_device, resolve_name)
     from ..types import InternalModelConfig
 
-    model, tok = load_base_model(model_name, InternalModelConfig(device=device))
-    if num_threads is None and next(model.parameters()).device.type == "cpu":
-        num_threads = InternalModelConfig().inference_cpu_threads  # what LocalBackend uses by default
-    engine = TransformersEngine(model, tok, max_batch_size=max(concurrency, 1), num_threads=num_threads)
+    threads = {"inference_cpu_threads": num_threads} if num_threads is not None else {}  # else LocalBackend's
+    cfg = InternalModelConfig(device=device, inference_max_batch_size=max(concurrency, 1),
+                              inference_engine=engine_kind, **threads)
+    dev = resolve_device(cfg)
+    on_disk = model_name not in RANDOM_CONFIGS
+    kind = resolve_engine_kind(cfg.inference_engine, dev.type, weights_on_disk=on_disk)
+    if kind == "builtin":
+        model, tok = load_base_model(model_name, cfg)
+        ends = end_of_turn_ids(tok, model)
+    else:
+        model, tok = None, load_tokenizer(model_name, cfg)
+        ends = end_of_turn_ids(tok, load_generation_config(model_name, cfg))
+    engine = open_engine(kind, tokenizer=tok, end_ids=ends, cfg=cfg, model=model,
+                         base_model_path=resolve_name(model_name) if on_disk else None)
     name = "bench"
-    with start_server(create_app(ServedModels(name, engine))) as handle:
-        client = AsyncOpenAI(base_url=handle.base_url, api_key="bench", max_retries=0, timeout=600)
+    try:
+        with start_server(create_app(ServedModels(name, engine))) as handle:
+            client = AsyncOpenAI(base_url=handle.base_url, api_key="bench", max_retries=0, timeout=600)
 
-        async def main() -> tuple[dict[str, Any], dict[str, Any]]:
-            await _one(client, name, 0, 4)  # warm-up
-            batches_before = engine.batches_served
-            concurrent = await _run(client, name, requests, concurrency, max_tokens)
-            concurrent["engine_batches"] = engine.batches_served - batches_before
-            sequential = await _run(client, name, requests, 1, max_tokens)
-            return concurrent, sequential
+            async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+                await _one(client, name, 0, 4)  # warm-up
+                batches_before = getattr(engine, "batches_served", None)
+                concurrent = await _run(client, name, requests, concurrency, max_tokens)
+                if batches_before is not None:  # the built-in engine counts its decode batches
+                    concurrent["engine_batches"] = engine.batches_served - batches_before
+                sequential = await _run(client, name, requests, 1, max_tokens)
+                return concurrent, sequential
 
-        concurrent, sequential = asyncio.run(main())
-    engine.close()
-    return {"bench": "serve", "model": model_name, "device": str(next(model.parameters()).device),
-            "threads": num_threads or torch.get_num_threads(),
+            concurrent, sequential = asyncio.run(main())
+    finally:
+        engine.close()
+    return {"bench": "serve", "model": model_name, "engine": kind, "device": str(dev),
+            # the built-in engine's decode threads; vLLM sets its own in its processes (null here)
+            "threads": None if kind == "vllm" else
+            (cfg.inference_cpu_threads if dev.type == "cpu" else None) or torch.get_num_threads(),
             "max_tokens": max_tokens,
             "ratio_tokens_per_s": round(concurrent["completion_tokens_per_s"] / sequential["completion_tokens_per_s"], 3),
             "concurrent": concurrent, "sequential": sequential}
@@ -95,9 +113,15 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each request")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads of the decode worker (default: LocalBackend's, 1 on CPU)")
+    p.add_argument("--engine", choices=("auto", "builtin", "vllm"), default="auto",
+                   help="inference engine (default: auto = vLLM when installed and on a GPU, else built-in)")
 
 
 def main(args: Any) -> int:
+    import os
+
+    # the JSON line is this command's only standard output: vLLM (and its processes) log to stderr instead
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     print(json.dumps(run_serve_bench(args.model, args.requests, args.concurrency, args.max_tokens, args.device,
-                                     args.threads)))
+                                     args.threads, args.engine)))
     return 0

@@ -59,8 +59,7 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
         packed = pack_reference(groups, multiple=scaled(REFERENCE_MULTIPLE, scale), pad_id=trainer.pad_id)
         plan = reference_plan(packed)
     else:
-        built = build_rl(groups, cfg, max_length=trainer.max_length, pad_id=trainer.pad_id,
-                         device_type=trainer.device.type)
+        built = build_rl(groups, cfg, trainer.build_context())
         assert built.packed is not None and built.plan is not None
         packed, plan = built.packed, built.plan
     if max_steps is not None:
@@ -90,7 +89,7 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
         "padding_fraction": round(packed.stats.padding_fraction, 4),
         "computed_tokens": int(sum(m["computed_tokens"] for m in steps)),
         "trainable_tokens": trainable,
-        "rows_per_forward": max(len(mb.rows) for st in plan.steps for mb in st.micro_batches),
+        "per_device_train_batch_size": max(len(mb.rows) for st in plan.steps for mb in st.micro_batches),
         "forward_passes": plan.num_micro_batches,
         "optimizer_steps": len(plan.steps),
         "seconds": round(seconds, 3),
@@ -142,10 +141,7 @@ def _configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
 
 
 def main(args: Any) -> int:
-    if getattr(args, "workers", 1) > 1 and not getattr(args, "mode", None):
-        from .workers_bench import main as workers_main
-
-        return workers_main(args)  # N data-parallel workers against one (bench/workers_bench.py)
+    """Our layout against the reference (`--workers N`: bench/workers_bench.py's main, which the CLI runs)."""
     if getattr(args, "mode", None):
         cfg, mcfg = _configs(args)
         print(json.dumps(run_mode(args.mode, args.workload, args.scale, args.model, cfg, mcfg)))

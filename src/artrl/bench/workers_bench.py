@@ -55,7 +55,7 @@ def run_rank(args: Any) -> dict[str, Any] | None:
         model, tok = load_model(args.model, mcfg)
         trainer = ShardedTrainer(model, tok, mcfg)
         groups = workload_groups(load_workload(args.workload), scale=args.scale, vocab_size=len(tok))
-        built = build_rl(groups, cfg, max_length=trainer.max_length, pad_id=trainer.pad_id, device_type=device.type)
+        built = build_rl(groups, cfg, trainer.build_context())
         assert built.packed is not None and built.plan is not None
         packed, plan = built.packed, built.plan
         loss_fn = rl_loss_fn(cfg)

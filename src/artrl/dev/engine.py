@@ -1,10 +1,10 @@
 """`art.dev.EngineArgs`: ART's vLLM engine arguments, as a TypedDict (a plain dict at run time).
 
-artrl's default inference engine is its own transformers decode loop
-(serve/transformers_engine.py), so most vLLM arguments have nothing to
-configure: they are accepted with one notice each (dev/model.py says which
-keys map onto artrl's settings: `max_num_seqs`, `max_model_len`,
-`trust_remote_code`). Any key is accepted at run time, as in ART.
+They reach vLLM when it serves the model (`inference_engine="vllm"`, serve/vllm_args.py
+says which ones artrl sets itself). With the built-in engine (serve/transformers_engine.py)
+most have nothing to configure: dev/model.py maps `max_num_seqs`, `max_model_len` and
+`trust_remote_code` onto artrl's settings, and each other key is noticed once when that
+engine opens. Any key is accepted at run time, as in ART.
 """
 
 from __future__ import annotations

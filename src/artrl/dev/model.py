@@ -23,9 +23,15 @@ turns either shape (or a mix) into the flat one:
     trainer_args.adam_beta1 / adam_beta2 /
     adam_epsilon / weight_decay / max_grad_norm     -> the same names (call defaults)
 
+`engine_args` are vLLM's engine arguments: the whole section is also kept as
+artrl's `engine_args` field, which reaches vLLM when it serves the model
+(`inference_engine="vllm"`, serve/vllm_args.py). With the built-in engine they
+cannot apply, and each unmapped one is noticed once when that engine opens
+(`notice_unused_engine_args`), not when the config is built: the engine is only
+known then.
+
 Every other key is accepted and logged once per process (notices.py) with the
-reason it has no effect: Unsloth's quantised loading (`load_in_4bit`), vLLM's
-memory and scheduling knobs (`gpu_memory_utilization`, `enforce_eager`), the
+reason it has no effect: Unsloth's quantised loading (`load_in_4bit`), the
 Hugging Face Trainer's own loop (`lr_scheduler_type`, `logging_steps`), GPU
 splits and Tinker. When two keys give one field different values, the first
 in the order flat key, init_args, peft_args, trainer_args, engine_args wins,
@@ -35,7 +41,7 @@ with a notice.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from typing_extensions import Required, TypedDict
 
@@ -145,6 +151,8 @@ class InternalModelConfig(TypedDict, total=False):
     logprob_chunk_size: int
     inference_max_batch_size: int
     inference_cpu_threads: int | None
+    inference_max_length: int | None
+    inference_engine: Literal["auto", "builtin", "vllm"]
     seed: int
 
 
@@ -194,7 +202,8 @@ _SECTION_REASON = {
     "peft_args": "it is an Unsloth/peft option artrl does not expose",
     "trainer_args": "it configures Hugging Face's Trainer; artrl runs its own loop (train/trainer.py): "
                     "per-call settings go in TrainConfig",
-    "engine_args": "it is a vLLM engine argument; artrl's transformers engine has no such setting",
+    "engine_args": "it is a vLLM engine argument; the built-in inference engine has no such setting "
+                   "(inference_engine='vllm' applies it)",
 }
 _KEY_REASON = {
     ("init_args", "load_in_4bit"): "artrl loads weights in `dtype` (no bitsandbytes quantisation); ART "
@@ -202,14 +211,16 @@ _KEY_REASON = {
     ("init_args", "load_in_8bit"): "artrl loads weights in `dtype` (no bitsandbytes quantisation)",
     ("init_args", "full_finetuning"): "artrl trains a LoRA adapter only",
     ("init_args", "model_name"): "the weights are `base_model` (and the run's latest checkpoint)",
-    ("init_args", "fast_inference"): "it starts Unsloth's embedded vLLM; artrl serves with its own engine",
-    ("init_args", "gpu_memory_utilization"): "it sizes Unsloth's embedded vLLM; artrl serves with its own engine",
-    ("engine_args", "gpu_memory_utilization"): "the transformers engine allocates its cache per batch, so there "
+    ("init_args", "fast_inference"): "it starts Unsloth's embedded vLLM; artrl serves with its own engine "
+                                     "(inference_engine='vllm' picks vLLM)",
+    ("init_args", "gpu_memory_utilization"): "it sizes Unsloth's embedded vLLM; with inference_engine='vllm', "
+                                             "set engine_args.gpu_memory_utilization",
+    ("engine_args", "gpu_memory_utilization"): "the built-in engine allocates its cache per batch, so there "
                                                "is no pool to size; inference_max_batch_size bounds it",
-    ("engine_args", "dtype"): "training and inference share one copy of the weights; `dtype` "
+    ("engine_args", "dtype"): "the built-in engine shares one copy of the weights with the trainer; `dtype` "
                               "(init_args.dtype) decides it",
-    ("engine_args", "enable_sleep_mode"): "training and inference share one copy of the weights, so nothing "
-                                          "is put to sleep",
+    ("engine_args", "enable_sleep_mode"): "the built-in engine shares one copy of the weights with the trainer, "
+                                          "so nothing is put to sleep",
     ("trainer_args", "learning_rate"): "each train call's learning_rate decides (as in ART, which overwrites it "
                                        "per call)",
     ("trainer_args", "beta"): "ART's loss does not read TRL's beta either; use TrainConfig.beta (a KL loss "
@@ -245,10 +256,13 @@ def flatten_internal_config(data: Mapping[str, Any]) -> dict[str, Any]:
             # leave it to the typed config to refuse (it names the field)
             out[section] = args
             continue
+        if section == "engine_args":
+            out["engine_args"] = dict(args)  # for vLLM; noticed when the built-in engine opens instead
         for key, value in args.items():
             mapped = MAPPED[section].get(key)
             if mapped is None:
-                _notice(f"{section}.{key}", value, _KEY_REASON.get((section, key), _SECTION_REASON[section]))
+                if section != "engine_args":
+                    _notice(f"{section}.{key}", value, _KEY_REASON.get((section, key), _SECTION_REASON[section]))
                 continue
             field, convert = mapped
             value = convert(value)
@@ -260,3 +274,13 @@ def flatten_internal_config(data: Mapping[str, Any]) -> dict[str, Any]:
                 continue
             out[field], source[field] = value, f"{section}.{key}"
     return out
+
+
+def notice_unused_engine_args(engine_args: Mapping[str, Any]) -> None:
+    """Notice, once each, the vLLM engine arguments the built-in engine cannot apply (those that no artrl
+    field took: `MAPPED["engine_args"]`)."""
+    for key, value in engine_args.items():
+        if key not in MAPPED["engine_args"]:
+            reason = _KEY_REASON.get(("engine_args", key), _SECTION_REASON["engine_args"])
+            notice_once(f"internal_config.engine_args.{key}", f"engine_args.{key}={value!r:.80} has no effect in "
+                        f"artrl: {reason}.")

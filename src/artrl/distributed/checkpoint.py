@@ -2,7 +2,7 @@
 
 A checkpoint holds FULL tensors, never shards: the LoRA adapter in peft's format
 and the AdamW state keyed by parameter index, as `Optimizer.state_dict()` keys
-it in one process (local/checkpoint.py writes and reads both). Nothing in it
+it in one process (run/checkpoint.py writes and reads both). Nothing in it
 depends on the world size, so a run trained by 2 workers resumes on 1 (or in
 one process) and the other way round.
 

@@ -4,7 +4,8 @@ The driver is the user's process: it serves the model and owns the run
 directory. `WorkerGroup` hosts a c10d `TCPStore` at the rendezvous endpoint
 (the rendezvous of every torchrun and the control channel, protocol.py),
 starts this machine's workers with torchrun (launch.py), and turns a train
-call into: payload file -> `call/<n>` -> the workers train -> `trained/<n>`
+call, prepared by the driver, into: payload file (the prepared call: rows,
+plan, learning rates, loss) -> `call/<n>` -> the workers train -> `trained/<n>`
 -> the driver decides -> `commit/<n>` -> rank 0 writes the checkpoint ->
 `done/<n>`.
 
@@ -53,9 +54,9 @@ _CONSEQUENCE = re.compile(r"closed by peer|reset by peer|broken pipe|connection 
 class Trained:
     """What rank 0 reports after a call ran (before anything is written)."""
 
-    steps: list[dict[str, float]]
-    summary: dict[str, float]
-    line: str  # the call's summary line (PreparedCall.summary)
+    steps: list[dict[str, float]]  # metrics per optimizer step
+    summary: dict[str, float]  # the call's summary metrics (train/call.py's run_call)
+    optimizer_steps: int  # the workers' optimizer steps taken so far
 
     @property
     def empty(self) -> bool:
@@ -186,8 +187,14 @@ class WorkerGroup:
         self._failure_file().unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ calls
-    def train(self, kind: str, data: list[Any], config: Any, *, desc: str, progress: bool) -> Trained:
-        """Run one train call on the workers; nothing is written until `commit`."""
+    @property
+    def device_type(self) -> str:
+        """"cuda" or "cpu": where the workers train (what a call is prepared for)."""
+        return "cuda" if self._on_gpu() else "cpu"
+
+    def train(self, call: Any, *, desc: str, progress: bool) -> Trained:
+        """Run one prepared train call (train/call.py's PreparedCall) on the workers; every rank gets it whole.
+        Nothing is written until `commit`."""
         if not self.running:
             raise WorkerError("the training workers are not running; call start() first")
         if self._uncommitted is not None:  # the caller never decided about the last call: keep nothing of it
@@ -197,19 +204,19 @@ class WorkerGroup:
         payload = self.dir / protocol.PAYLOAD_FILE.format(generation=self.generation, n=n)
         tmp = payload.with_suffix(".tmp")
         with open(tmp, "wb") as fh:
-            pickle.dump({"kind": kind, "data": data, "config": config, "desc": desc, "progress": progress}, fh)
+            pickle.dump({"call": call, "desc": desc, "progress": progress}, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, payload)
         try:
-            protocol.put(self._store, protocol.CALL.format(n=n), {"payload": str(payload), "kind": kind})
+            protocol.put(self._store, protocol.CALL.format(n=n), {"payload": str(payload), "kind": call.kind})
             errors_ = [protocol.ERROR.format(n=n, rank=r) for r in range(self.world_size)]
             key = protocol.wait_any(self._store, [protocol.TRAINED.format(n=n), *errors_], alive=self._alive)
             if key != protocol.TRAINED.format(n=n):
                 raise self._refusal(protocol.get(self._store, key), key)
             msg = protocol.get(self._store, key)
             self._uncommitted = n
-            return Trained(steps=msg["steps"], summary=msg["summary"], line=msg["line"])
+            return Trained(steps=msg["steps"], summary=msg["summary"], optimizer_steps=msg["optimizer_steps"])
         finally:
             payload.unlink(missing_ok=True)
 

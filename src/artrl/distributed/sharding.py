@@ -32,10 +32,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from tqdm.auto import tqdm
 
 from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
+from ..progress import ProgressBar
 from ..types import InternalModelConfig, OptimizerConfig
 from ..train.logprobs import TokenLogprobModel
 from ..train.trainer import LossFn, StepOptions, Trainer, new_totals
@@ -100,7 +100,7 @@ class ShardedTrainer(Trainer):
 
     @classmethod
     def from_trainer(cls, plain: Trainer, where: str = "the restored checkpoint") -> "ShardedTrainer":
-        """Shard the model of an unsharded trainer (restored from a checkpoint, local/checkpoint.py); its
+        """Shard the model of an unsharded trainer (restored from a checkpoint, run/checkpoint.py); its
         optimizer state, optimizer step count and RNG state carry over (distributed/checkpoint.py)."""
         from .checkpoint import load_full_optimizer_state, rank_rng_seed
 
@@ -127,7 +127,7 @@ class ShardedTrainer(Trainer):
             self._plan = None
 
     def accumulate(self, packed: PackedRows, step: Any, loss_fn: LossFn, *, need_ref: bool = False,
-                   bar: tqdm | None = None, options: StepOptions | None = None,
+                   bar: ProgressBar | None = None, options: StepOptions | None = None,
                    original_logprobs: torch.Tensor | None = None) -> dict[str, float]:
         """This rank's passes of one optimizer step, then the step's figures combined over all ranks."""
         if self._plan is None:

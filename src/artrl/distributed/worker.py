@@ -13,10 +13,10 @@ initialises the process group (NCCL on a GPU, gloo on the CPU, with the
 configured collective timeout), loads the model with the latest complete
 checkpoint's adapter, shards it (sharding.py), restores the optimizer state,
 and says it is ready. Then, for each call the driver posts (protocol.py):
-prepare it from the call's data exactly as one process would (every rank gets
-the same rows and plan), run it, report the figures (rank 0), and on the
-driver's word gather the state and write the checkpoint (rank 0). A call whose
-data is refused (bad input, before any collective) is reported and the group
+read the call the driver prepared (every rank gets the same rows and plan;
+none tokenizes or packs again), run it, report the figures (rank 0), and on
+the driver's word gather the state and write the checkpoint (rank 0). A call
+whose payload cannot be read (before any collective) is reported and the group
 waits for the next one; any other error ends this process, which ends the
 group, and torchrun reports the rank, its exit code or signal, and the error.
 """
@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..errors import ArtrlError, CheckpointError, ConfigError
-from ..local import storage
+from ..run import storage
 from ..types import InternalModelConfig
 from . import checkpoint, protocol
 
@@ -77,7 +77,7 @@ class Worker:
         self.step = 0
 
     def start(self) -> None:
-        from ..local import checkpoint as local_checkpoint
+        from ..run import checkpoint as local_checkpoint
         from ..train.modeling import load_model, resolve_name
         from ..train.trainer import Trainer
         from .sharding import ShardedTrainer
@@ -115,19 +115,15 @@ class Worker:
             n += 1
 
     def call(self, n: int, msg: dict[str, Any]) -> None:
-        from ..local import checkpoint as local_checkpoint
+        from ..run import checkpoint as local_checkpoint
         from ..train.call import run_call
-        from ..train.rl import prepare_rl
-        from ..train.sft import prepare_sft
 
         error: BaseException | None = None
         try:
             with open(msg["payload"], "rb") as fh:
                 payload = pickle.load(fh)  # written by the driver of this run for this call
-            kind, data, config = payload["kind"], payload["data"], payload["config"]
-            prepared = prepare_rl(self.trainer, data, config) if kind == "rl" else \
-                prepare_sft(self.trainer, data, config)
-        except (ArtrlError, OSError, ValueError) as e:
+            prepared = payload["call"]  # tokenized, packed and planned once, by the driver
+        except (ArtrlError, OSError, ValueError, EOFError, pickle.UnpicklingError) as e:
             error = e
         # every rank learns whether any rank refused the call, so all of them skip it together
         flag = torch.tensor([0.0 if error is None else 1.0], device=self._collective_device())
@@ -143,7 +139,7 @@ class Worker:
         summary.update(self._balance_figures())
         if self.rank == 0:
             protocol.put(self.store, protocol.TRAINED.format(n=n),
-                         {"steps": steps, "summary": summary, "line": prepared.summary()})
+                         {"steps": steps, "summary": summary, "optimizer_steps": self.trainer.optimizer_steps})
         commit = protocol.get(self.store, protocol.wait_any(self.store, [protocol.COMMIT.format(n=n)]))
         if not commit["write"]:
             return

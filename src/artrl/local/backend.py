@@ -22,25 +22,27 @@ to `name` and `name@step`, with the adapter switched off. ART's S3 backups
 that names the run directory to sync instead.
 
 With training workers (`InternalModelConfig.num_workers > 1`, `trainer_gpu_ids`
-or `num_nodes > 1`) the session is a `distributed.session.WorkerSession`: this
+or `num_nodes > 1`) the session is a `local.worker_session.WorkerSession`: this
 process serves, torch.distributed workers train (docs/distributed.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..backend import Backend
+from ..backend_hooks import backend_train_result
 from ..errors import ConfigError
 from ..notices import notice_once
 from ..trajectories import Trajectory, TrajectoryGroup
 from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
-from . import storage
+from ..run import storage
 from .session import TrainingSession
 
 if TYPE_CHECKING:
@@ -106,6 +108,7 @@ class LocalBackend(Backend):
         self._port = port
         self._api_key = api_key
         self._runs: dict[str, TrainingSession] = {}
+        self._engine_args: dict[str, Any] = {}  # from _openai_client_config (ART), under each model's own
         self._server: Any = None
         self._served: Any = None
         self._lock = threading.Lock()
@@ -136,8 +139,9 @@ class LocalBackend(Backend):
                                             config: dict[str, Any] | None = None) -> tuple[str, str]:
         """ART's hook behind `model.register(backend, _openai_client_config=...)`: (base_url, api_key).
 
-        `server_args.host` / `port` / `api_key` apply when the server is not running yet; every other key of
-        ART's `OpenAIServerConfig` is noticed once (artrl's one server serves every model).
+        `server_args.host` / `port` / `api_key` apply when the server is not running yet; `engine_args` reach
+        vLLM when it serves the model (the model's own `engine_args` win); every other key of ART's
+        `OpenAIServerConfig` is noticed once (artrl's one server serves every model).
         """
         self._apply_server_config(config or {})
         await self.register(model)
@@ -159,10 +163,9 @@ class LocalBackend(Backend):
             notice_once(f"server_args.{key}", f"_openai_client_config server_args.{key}={value!r:.80} has no effect in "
                         "artrl: it configures ART's vLLM server; artrl's server always returns token ids and "
                         "logprobs and parses tool calls itself.")
-        for key, value in (config.get("engine_args") or {}).items():
-            notice_once(f"openai_server.engine_args.{key}", f"_openai_client_config engine_args.{key}={value!r:.80} "
-                        "has no effect in artrl: it is a vLLM engine argument (model-level settings go in "
-                        "_internal_config).")
+        # vLLM engine arguments: they join the model's own engine_args (which win) for the models registered
+        # from now on; the built-in engine notices them when it opens (serve/factory.py)
+        self._engine_args.update(config.get("engine_args") or {})
         if "log_file" in config:
             notice_once("openai_server.log_file", "_openai_client_config log_file has no effect in artrl: the "
                         "server logs through Python logging (logger 'artrl.serve').")
@@ -203,9 +206,11 @@ class LocalBackend(Backend):
                 return
             cfg = _internal_config(model)
             cfg.check()
+            if self._engine_args:
+                cfg = cfg.model_copy(update={"engine_args": {**self._engine_args, **cfg.engine_args}})
             session_type = TrainingSession
             if cfg.distributed:  # training in worker processes (docs/distributed.md)
-                from ..distributed.session import WorkerSession
+                from .worker_session import WorkerSession
 
                 session_type = WorkerSession
             session = session_type.open(storage.run_dir(self._path, model.project, model.name), name=model.name,
@@ -298,27 +303,45 @@ class LocalBackend(Backend):
         num_trajectories_learning_rate_multiplier_power; and artrl's own (groups_per_optimizer_step, beta, batching).
         `save_checkpoint` and `verbose` mean what they mean in ART (TrainingSession.train). As in ART, the
         groups are not logged and no history row is written (call `model.log(...)`, as in ART).
+        When `_train_model` is replaced by an async generator of per-step metrics (ART's hook protocol, on the
+        instance or in a subclass), this iterates it as ART's `LocalBackend.train` does (backend_hooks.py).
         """
-        cfg = _merge(config or TrainConfig(), kwargs)
         groups = list(trajectory_groups)
-        return await asyncio.to_thread(self._train_sync, model, "rl", groups, cfg, verbose, save_checkpoint)
+        if inspect.isasyncgenfunction(self._train_model):  # replaced by a hook on ART's protocol (backend_hooks.py)
+            cfg = InternalModelConfig().call_config(config or TrainConfig(), kwargs)
+            run = storage.run_dir(self._path, model.project, model.name)
+            return await backend_train_result(self, model, groups, cfg, dict(kwargs), verbose,
+                                              (lambda step: storage.checkpoint_dir(run, step))
+                                              if save_checkpoint else None)
+        return await self._train(model, "rl", groups, config or TrainConfig(), kwargs,
+                                 verbose=verbose, save_checkpoint=save_checkpoint, history_row=False)
 
     async def _train_model(self, model: "TrainableModel", trajectory_groups: Iterable[TrajectoryGroup],
                            config: TrainConfig, dev_config: dict[str, Any] | None = None,
                            verbose: bool = False) -> LocalTrainResult:
-        """`model.train(groups, config=..., _config=art.dev.TrainConfig(...))`: `_config` keys override `config`."""
-        return await self.train(model, trajectory_groups, config=_merge(config, dev_config or {}), verbose=verbose)
+        """`model.train(groups, config=..., _config=art.dev.TrainConfig(...))`: `_config` keys override `config`;
+        model.train writes the step's history row."""
+        return await self._train(model, "rl", list(trajectory_groups), config, dev_config or {}, verbose=verbose,
+                                 history_row=True)
 
     async def _train_sft(self, model: "TrainableModel", trajectories: Iterable[Trajectory],
                          config: TrainSFTConfig, dev_config: dict[str, Any] | None = None,
                          verbose: bool = False) -> LocalTrainResult:
-        cfg = _merge(config, dev_config or {})
-        return await asyncio.to_thread(self._train_sync, model, "sft", list(trajectories), cfg, verbose, True)
+        """`model.train_sft(...)` (ART's hook): `_config` keys override `config`."""
+        return await self._train(model, "sft", list(trajectories), config, dev_config or {}, verbose=verbose,
+                                 history_row=True)
 
-    def _train_sync(self, model: "TrainableModel", kind: str, data: list[Any], cfg: Any, verbose: bool = False,
-                    save_checkpoint: bool = True) -> LocalTrainResult:
-        return self._state(model).train(kind, data, cfg, show_progress=self.show_progress, verbose=verbose,
-                                        save_checkpoint=save_checkpoint)
+    def _train(self, model: "TrainableModel", kind: str, data: list[Any], config: TrainConfig | TrainSFTConfig,
+               overrides: dict[str, Any], *, verbose: bool, history_row: bool,
+               save_checkpoint: bool = True) -> Awaitable[LocalTrainResult]:
+        """Every train call enters here: its config is built and checked once (`InternalModelConfig.call_config`,
+        raising before anything runs), then the returned awaitable runs the session's call in a worker thread.
+        `history_row`: the caller writes the step's history row (model.train / train_sft), so the checkpoint
+        carries that row's trainer part for a crash in between."""
+        session = self._state(model)
+        cfg = session.cfg.call_config(config, overrides)
+        return asyncio.to_thread(session.train, kind, data, cfg, show_progress=self.show_progress, verbose=verbose,
+                                 save_checkpoint=save_checkpoint, history_row=history_row)
 
 
 def _no_s3(method: str, path: Path, model: "Model", kwargs: dict[str, Any]) -> ConfigError:
@@ -341,17 +364,3 @@ def _internal_config(model: "TrainableModel") -> InternalModelConfig:
         return InternalModelConfig(**cfg)
     raise ConfigError(f"model {model.name!r} has _internal_config of type {type(cfg).__name__}; pass an "
                       "artrl.InternalModelConfig or a dict (artrl's flat keys or ART's art.dev.InternalModelConfig).")
-
-
-def _merge(config: Any, extra: dict[str, Any]) -> Any:
-    """`config` with `extra` fields on top; which fields were set explicitly is kept (model-level defaults and
-    notices depend on it)."""
-    if not extra:
-        return config
-    allowed = set(type(config).model_fields)
-    unknown = sorted(set(extra) - allowed)
-    if unknown:
-        raise ConfigError(f"unknown {type(config).__name__} fields {unknown}; known fields: {sorted(allowed)}")
-    explicit = {name: getattr(config, name) for name in config.model_fields_set}
-    return type(config)(**{**explicit, **extra})
-

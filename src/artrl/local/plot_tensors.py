@@ -21,7 +21,7 @@ import torch
 
 from .._fs import fsync_dir
 from ..preprocess.rows import PackedRows
-from .storage import TMP_PREFIX
+from ..run.storage import TMP_PREFIX
 
 PLOT_FILE = "packed_tensors_plot_{stamp}.png"
 

@@ -1,26 +1,34 @@
 """A training session: one registered trainable model on this machine.
 
 It owns the weights (a peft model loaded once), the trainer, the inference
-engine that serves the same weights, the run directory and the step counter:
+engine (serve/factory.py picks it; the built-in one serves the trainer's own
+model), the run directory and the step counter:
 
-* `TrainingSession.open` loads the base model with a fresh LoRA adapter, checks
-  the run directory belongs to this base model, removes what an interrupted
-  write left behind, and resumes from the latest complete checkpoint (or writes
-  checkpoint 0).
-* `train` runs one RL or SFT call under the model lock (so inference waits),
-  advances the step, writes the checkpoint with the step's history line inside
-  it, then appends that line to history.jsonl. A crash between the two loses
-  nothing: `open` re-appends the line from the checkpoint. A call with nothing
-  to train on advances the step too (ART's semantics: the loop's step keeps
-  moving), with the unchanged weights; only a call whose every optimizer step
-  was non-finite leaves the step where it was.
+* `TrainingSession.open` loads the base model with a fresh LoRA adapter, computes
+  the end-of-turn ids once for the trainer and the engine, checks the run
+  directory belongs to this base model, removes what an interrupted write left
+  behind, and resumes from the latest complete checkpoint (or writes checkpoint
+  0), which the engine then serves as the live weights.
+* `train` prepares one RL or SFT call (train/prepare.py: tokenized, validated,
+  packed and planned, once) and runs it inside the engine's `training()` (the
+  built-in engine's model lock: inference waits while the shared weights
+  change), advances the step, writes the checkpoint, and hands it to the engine
+  (`set_live_weights`). The step's history row is not written here: model.train
+  / train_sft write it after the call returns, as ART does, and backend.train
+  writes none. For the former the checkpoint carries the row's trainer part, so
+  a crash between the checkpoint and the row loses nothing: `open` appends it
+  when history.jsonl lacks it. A call with nothing to train on advances the
+  step too (ART's semantics: the loop's step keeps moving), with the unchanged
+  weights; only a call whose every optimizer step was non-finite leaves the step
+  where it was.
 * `delete_checkpoints` keeps the latest and the best checkpoint.
 
-With training workers (distributed/session.py) the same session keeps the
-weights for serving only; its subclass runs the calls elsewhere and loads each
-new checkpoint's adapter. `train` is written once for both: the call runs
-(`_run_call`), the step is refused or advanced by the same rules, and the
-checkpoint is written (`_write`) or the call's result dropped (`_discard`).
+With training workers (worker_session.py) the same session keeps the
+weights for serving only; its subclass ships each prepared call to the workers
+and serves each new checkpoint. `train` is written once for both: the call is
+prepared here, runs (`_run`), the step is refused or advanced by the same rules,
+and the checkpoint is written (`_write`) or the call's result dropped
+(`_discard`).
 
 It knows nothing of HTTP or of ART's calling conventions: the server and the
 ART-facing facade are local/backend.py's.
@@ -32,7 +40,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +49,7 @@ from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..metrics_taxonomy import trainer_metrics
 from ..notices import notice_once
 from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
-from . import checkpoint, history, storage
+from ..run import checkpoint, history, storage
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +82,7 @@ class TrainingSession:
     @classmethod
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
              cfg: InternalModelConfig) -> "TrainingSession":
-        from ..serve import TransformersEngine
+        from ..chat_format import end_of_turn_ids
         from ..train.trainer import Trainer
 
         run.mkdir(parents=True, exist_ok=True)
@@ -86,21 +93,44 @@ class TrainingSession:
         if removed:
             log.warning("removed %d temporary files or checkpoint directories left by an interrupted write", removed)
         peft_model, tok = cls._load_weights(base_model, cfg)
-        on_cpu = next(peft_model.parameters()).device.type == "cpu"
-        engine = TransformersEngine(peft_model, tok, max_batch_size=cfg.inference_max_batch_size,
-                                    max_model_len=cfg.inference_max_length or cfg.max_length,
-                                    num_threads=cfg.inference_cpu_threads if on_cpu else None)
-        trainer = Trainer(peft_model, tok, cfg, model_lock=engine.model_lock)
+        # one definition of what ends a turn, for the trainer and the engine alike
+        trainer = Trainer(peft_model, tok, cfg, end_ids=end_of_turn_ids(tok, peft_model))
+        engine = cls._open_engine(trainer, cfg, base_model)
         session = cls(name, run, base_model, cfg, trainer, engine)
-        latest = storage.latest_checkpoint(run)
-        if latest is None:
-            session.save()
-        else:
-            restored = checkpoint.restore(trainer, run, latest, base_model)
-            trainer.optimizer_steps = restored.optimizer_steps
-            session.step, session.history_record = restored.step, restored.history_record
-        session._recover_history()
+        try:
+            latest = storage.latest_checkpoint(run)
+            if latest is None:
+                path = checkpoint.save(trainer, run, 0, base_model, None)  # a new run's untrained weights
+            else:
+                restored = checkpoint.restore(trainer, run, latest, base_model)
+                trainer.optimizer_steps = restored.optimizer_steps
+                session.step, session.history_record = restored.step, restored.history_record
+                path = storage.checkpoint_dir(run, latest)
+            engine.set_live_weights(str(path), session.step)
+            session._recover_history()
+        except BaseException:
+            engine.close()
+            raise
         return session
+
+    #: Whether the built-in engine serves the trainer's own model (a worker session trains elsewhere).
+    SHARES_TRAINER_MODEL = True
+
+    @classmethod
+    def _open_engine(cls, trainer: Any, cfg: InternalModelConfig, base_model: str) -> Any:
+        """The inference engine `cfg.inference_engine` names (serve/factory.py), with the trainer's end ids."""
+        from ..serve.factory import open_engine, resolve_engine_kind
+        from ..train.modeling import RANDOM_CONFIGS, resolve_name
+
+        on_disk = base_model not in RANDOM_CONFIGS
+        kind = resolve_engine_kind(cfg.inference_engine, trainer.device.type, weights_on_disk=on_disk)
+        # the built-in engine serves trainer.model, so it takes the trainer's lock (a worker session restores
+        # checkpoints into that model too); it shares the trainer's *weights* only where this process trains
+        builtin = kind == "builtin"
+        return open_engine(kind, tokenizer=trainer.tokenizer, end_ids=trainer.end_ids, cfg=cfg, model=trainer.model,
+                           shares_trainer_weights=builtin and cls.SHARES_TRAINER_MODEL,
+                           model_lock=trainer.model_lock if builtin else None,
+                           base_model_path=resolve_name(base_model) if on_disk else None)
 
     @classmethod
     def _load_weights(cls, base_model: str, cfg: InternalModelConfig) -> tuple[Any, Any]:
@@ -117,9 +147,6 @@ class TrainingSession:
         self.engine.close()
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self, history_record: dict[str, Any] | None = None) -> Path:
-        return checkpoint.save(self.trainer, self.run, self.step, self.base_model, history_record)
-
     def checkpoint_path(self, step: int) -> str | None:
         path = storage.checkpoint_dir(self.run, step)
         return str(path) if storage.is_complete(path) else None
@@ -156,21 +183,28 @@ class TrainingSession:
 
     # ------------------------------------------------------------------ training
     def train(self, kind: str, data: list[Any], cfg: TrainConfig | TrainSFTConfig, *, show_progress: bool = True,
-              verbose: bool = False, save_checkpoint: bool = True) -> LocalTrainResult:
+              verbose: bool = False, save_checkpoint: bool = True, history_row: bool = False) -> LocalTrainResult:
         """One RL ("rl", data = groups) or SFT ("sft", data = trajectories) call; see the module docstring.
 
+        `cfg` comes built and checked (`InternalModelConfig.call_config`). `history_row`: the caller writes
+        the step's history row (model.train / train_sft do, backend.train does not).
         A call with nothing to train on (every group of equal rewards, empty, or dropped) still advances the
         step and writes a checkpoint of the unchanged weights, as ART does, so a loop's step keeps moving;
         it logs that nothing was trained and its metrics count what was skipped.
         `save_checkpoint=False` (ART's keyword) only leaves `checkpoint_path` out of the result, as ART's
         LocalBackend does: the checkpoint is the step, so it is always written.
         """
-        cfg = self.cfg.call_defaults(cfg)
-        if isinstance(cfg, TrainConfig):
-            cfg.check()
-            cfg.notice_ignored()
+        from ..train.prepare import prepare_call
+
         with self._training():
-            out = self._run_call(kind, data, cfg, show_progress, verbose)
+            ref = self._reference_adapter(cfg) if isinstance(cfg, TrainConfig) else None
+            call = prepare_call(kind, self._build_context(), data, cfg, ref_adapter=ref)
+            if isinstance(cfg, TrainConfig) and cfg.plot_tensors and call.packed is not None:
+                from .plot_tensors import plot_packed
+
+                log.info("plotted the packed tensors of %s step %d to %s", self.name, self.step + 1,
+                         plot_packed(call.packed, self.run))
+            out = self._run(call, show_progress=show_progress, verbose=verbose)
             if out.steps and int(out.summary.get("skipped_nonfinite_steps", 0)) == len(out.steps):
                 self._discard()
                 raise NonFiniteError(
@@ -180,9 +214,13 @@ class TrainingSession:
                     "lower learning_rate, or resume from an earlier checkpoint (delete the later ones).")
             step = self.step + 1
             metrics = trainer_metrics(out.summary, kind)
-            record = {"step": step, "split": "train", "kind": kind, **finite(metrics)}
+            # the row model.train / train_sft write after this returns (run/history.py), as in ART: its trainer
+            # part rides in the checkpoint, so a crash before that write loses nothing (_recover_history)
+            record = {"step": step, "split": "train", "kind": kind, **history.finite_values(metrics)} \
+                if history_row else None
             path = self._write(step, record)
             self.step, self.history_record = step, record
+            self.engine.set_live_weights(str(path), step)
         if out.empty:
             log.warning("%s step %d: nothing was trained (%s); the step advanced with the same weights, as in ART",
                         self.name, self.step, out.line)
@@ -190,8 +228,6 @@ class TrainingSession:
             log.error("%s step %d: %d of %d optimizer steps had a non-finite loss or gradient and were refused "
                       "(train/skipped_nonfinite_steps); the weights did not take them", self.name, self.step,
                       int(metrics["train/skipped_nonfinite_steps"]), len(out.steps))
-        # the history row is written by model.train / train_sft (local/history.py), as in ART; the checkpoint
-        # carries `record` so a crash before that write loses nothing (_recover_history)
         if not save_checkpoint:
             notice_once("train.save_checkpoint", "backend.train(save_checkpoint=False): the checkpoint is written "
                         "anyway (the step is its checkpoint, as in ART's LocalBackend); only the result's "
@@ -201,36 +237,28 @@ class TrainingSession:
 
     @contextlib.contextmanager
     def _training(self) -> Iterator[None]:
-        """Held for a whole call: here the model lock, so inference waits while the shared weights change."""
-        with self.trainer.model_lock:
+        """Held for a whole call: the engine's `training()` (the built-in engine sharing the model: its model
+        lock, so inference waits while the shared weights change)."""
+        with self.engine.training():
             yield
 
-    def _run_call(self, kind: str, data: list[Any], cfg: TrainConfig | TrainSFTConfig, show_progress: bool,
-                  verbose: bool = False) -> CallOutcome:
+    def _build_context(self) -> Any:
+        """What the trainer that runs the calls is (train/trainer.py's BuildContext)."""
+        return self.trainer.build_context()
+
+    def _run(self, call: Any, *, show_progress: bool, verbose: bool) -> CallOutcome:
+        """Run a prepared call on this process's trainer."""
         from ..train.call import run_call
-        from ..train.rl import prepare_rl
-        from ..train.sft import prepare_sft
 
-        trainer = self.trainer
-        if kind == "rl":
-            assert isinstance(cfg, TrainConfig)
-            call = prepare_rl(trainer, data, cfg, ref_adapter=self._reference_adapter(cfg))
-            if cfg.plot_tensors and call.packed is not None:
-                from .plot_tensors import plot_packed
-
-                log.info("plotted the packed tensors of %s step %d to %s", self.name, self.step + 1,
-                         plot_packed(call.packed, self.run))
-        else:
-            call = prepare_sft(trainer, data, cfg)
-        steps, summary = run_call(trainer, call, show_progress=show_progress, desc=f"{kind} step {self.step + 1}",
-                                  verbose=verbose)
-        return CallOutcome(call.empty, call.summary(), steps, summary)
+        steps, summary = run_call(self.trainer, call, show_progress=show_progress,
+                                  desc=f"{call.kind} step {self.step + 1}", verbose=verbose)
+        return CallOutcome(call.empty, call.line(), steps, summary)
 
     def _discard(self) -> None:
         """The call's result is not kept (nothing to do here: a refused step changed no weights)."""
 
-    def _write(self, step: int, record: dict[str, Any]) -> Path:
-        """Checkpoint `step`, with its history line inside."""
+    def _write(self, step: int, record: dict[str, Any] | None) -> Path:
+        """Checkpoint `step`, with the trainer part of its history row (None: nobody writes one) inside."""
         return checkpoint.save(self.trainer, self.run, step, self.base_model, record)
 
     def _reference_adapter(self, cfg: TrainConfig) -> str | None:
@@ -255,19 +283,14 @@ class TrainingSession:
                     "kl_ref_adapter_path.")
             path, what = Path(found), f"kl_penalty_reference_step={step}"
         name = "kl_ref_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-        if not self.engine.has_adapter(name):
-            try:
-                self.engine.load_adapter(name, str(path))
-            except Exception as e:  # a missing, truncated or mismatched adapter directory
-                raise CheckpointError(f"{what}: the LoRA adapter in {path} cannot be loaded as the KL reference "
-                                      f"({type(e).__name__}: {str(e)[:300]}). Point it at a saved adapter "
-                                      "directory of this base model.") from e
+        try:
+            self.trainer.load_reference_adapter(name, str(path))
+        except Exception as e:  # a missing, truncated or mismatched adapter directory
+            raise CheckpointError(f"{what}: the LoRA adapter in {path} cannot be loaded as the KL reference "
+                                  f"({type(e).__name__}: {str(e)[:300]}). Point it at a saved adapter "
+                                  "directory of this base model.") from e
         return name
 
-
-
-def finite(d: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in d.items() if isinstance(v, (int, float)) and math.isfinite(v)}
 
 
 def _check_run_owner(run: Path, base_model: str) -> None:

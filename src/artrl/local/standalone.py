@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 def _adapter_and_run(checkpoint: str | None) -> tuple[Path | None, Path | None]:
-    from . import storage
+    from ..run import storage
 
     if checkpoint is None:
         return None, None
@@ -34,28 +34,39 @@ def _adapter_and_run(checkpoint: str | None) -> tuple[Path | None, Path | None]:
 
 
 def build_app(args: Any) -> Any:
+    from ..chat_format import end_of_turn_ids
     from ..serve.background import is_loopback
+    from ..serve.factory import open_engine, resolve_engine_kind
     from ..serve.models import ServedModels
     from ..serve.server import create_app
-    from ..serve.transformers_engine import TransformersEngine
-    from ..train.modeling import load_base_model
+    from ..train.modeling import (RANDOM_CONFIGS, load_base_model, load_generation_config, load_tokenizer,
+                                  resolve_device, resolve_name)
     from ..types import InternalModelConfig
-    from . import storage
+    from ..run import storage
 
     if not is_loopback(args.host) and not args.api_key:
         raise ConfigError(f"--host {args.host} is not a loopback address; set --api-key so that only clients "
                           "holding it can use the model")
-    cfg = InternalModelConfig(device=args.device, trust_remote_code=args.trust_remote_code)
-    model, tok = load_base_model(args.model, cfg)
+    cfg = InternalModelConfig(device=args.device, trust_remote_code=args.trust_remote_code,
+                              inference_max_batch_size=args.max_batch_size, inference_engine=args.engine)
+    on_disk = args.model not in RANDOM_CONFIGS
+    kind = resolve_engine_kind(cfg.inference_engine, resolve_device(cfg).type, weights_on_disk=on_disk)
     adapter, run = _adapter_and_run(args.checkpoint)
-    if adapter is not None:
-        from peft import PeftModel
+    if kind == "builtin":
+        model, tok = load_base_model(args.model, cfg)
+        if adapter is not None:
+            from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, str(adapter))
+            model = PeftModel.from_pretrained(model, str(adapter))  # the adapter set_live_weights fills
+        ends = end_of_turn_ids(tok, model)
+    else:
+        model, tok = None, load_tokenizer(args.model, cfg)
+        ends = end_of_turn_ids(tok, load_generation_config(args.model, cfg))
+    engine = open_engine(kind, tokenizer=tok, end_ids=ends, cfg=cfg, model=model,
+                         base_model_path=resolve_name(args.model) if on_disk else None)
+    if adapter is not None:
+        engine.set_live_weights(str(adapter), int(adapter.name) if adapter.name.isdigit() else 0)
         log.info("serving adapter %s", adapter)
-    on_cpu = next(model.parameters()).device.type == "cpu"
-    engine = TransformersEngine(model, tok, max_batch_size=args.max_batch_size,
-                                num_threads=cfg.inference_cpu_threads if on_cpu else None)
     name = args.name or (run.name if run is not None else args.model.replace("/", "-"))
 
     def checkpoint_path(_: str, step: int) -> str | None:
@@ -77,6 +88,8 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
     p.add_argument("--max-batch-size", type=int, default=32, help="sequences per generation batch")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the checkpoint")
+    p.add_argument("--engine", choices=("auto", "builtin", "vllm"), default="auto",
+                   help="inference engine (default: auto = vLLM when installed and on a GPU, else built-in)")
 
 
 def main(args: Any) -> int:

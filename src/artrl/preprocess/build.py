@@ -12,7 +12,7 @@ through `build_call`:
    `max_length` and `max_tokens_per_microbatch` (a row must fit a micro-batch),
    so every step's rows stack into one tensor.
 3. **Each step packed on its own**: a row never mixes two steps. Then each
-   step's rows are cut into micro-batches of `rows_per_forward` rows or
+   step's rows are cut into micro-batches of `per_device_train_batch_size` rows or
    `max_tokens_per_microbatch` token slots (preprocess/plan.py).
 
 Row length, prompt sharing, rows per forward pass and the token budget change
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from .pack import choose_row_length, enforce_length, pack
+from .pack import check_row_length, choose_row_length, enforce_length, pack
 from .rows import PackedRows, PackStats, concat_packed
 from .plan import BatchPlan, plan_batches
 from .tokenize import TokenizedSequence
@@ -44,9 +44,9 @@ class BuiltCall:
     """The rows of every step, stacked, and the plan that runs them.
 
     `packed` / `plan` are None when nothing survived (every sequence too long). Steps are first cut
-    from the units as given (`split_units`); a step whose every sequence was dropped disappears, so
-    `kept_steps[k]` is the index, among the steps cut, of plan step k, and `step_units[k]` lists the
-    units (indices into the call's units) it trains on.
+    from the units as given (`split_units`: `steps_cut` of them); a step whose every sequence was dropped
+    disappears, so `kept_steps[k]` is the index, among the steps cut, of plan step k, and `step_units[k]`
+    lists the units (indices into the call's units) it trains on.
     """
 
     packed: PackedRows | None
@@ -54,6 +54,7 @@ class BuiltCall:
     step_units: list[list[int]] = field(default_factory=list)
     kept_steps: list[int] = field(default_factory=list)
     stats: PackStats = field(default_factory=PackStats)
+    steps_cut: int = 0
 
     @property
     def empty(self) -> bool:
@@ -78,7 +79,7 @@ def build_call(
     on_too_long: str = "drop",
     share_prompts: bool = True,
     pad_id: int = 0,
-    rows_per_forward: int = 1,
+    per_device_train_batch_size: int = 1,
     max_tokens_per_microbatch: int | None = None,
 ) -> BuiltCall:
     """Build the steps of one train call; see the module docstring.
@@ -92,14 +93,13 @@ def build_call(
         max_length: the longest row allowed (the model's maximum, or a user bound); with an automatic row
             length, `max_tokens_per_microbatch` bounds it too.
     """
-    if row_length is not None and row_length > max_length:
-        raise ConfigError(f"row_length={row_length} exceeds the model's maximum length {max_length}; lower row_length, "
-                          "or leave it None to choose it automatically.")
+    check_row_length(row_length, max_length)
     if row_length is None and max_tokens_per_microbatch is not None:
         # a row must fit a micro-batch: the token budget bounds the automatic row length like the model's
         # maximum does (a trajectory longer than it then follows on_too_long)
         max_length = min(max_length, max_tokens_per_microbatch)
     stats = PackStats()
+    cut = split_units(len(units), units_per_step) if rows_per_step is None else []
     limit = row_length if row_length is not None else max_length
     # one too-long pass over the call (each drop or truncation counted once); a unit may lose sequences
     kept: dict[int, list[TokenizedSequence]] = {}
@@ -108,7 +108,7 @@ def build_call(
         if survivors:
             kept[i] = survivors[0]
     if not kept:
-        return BuiltCall(None, None, stats=stats)
+        return BuiltCall(None, None, stats=stats, steps_cut=len(cut))
     L = row_length if row_length is not None else choose_row_length(list(kept.values()), max_length, share_prompts)
 
     def pack_units(idx: Sequence[int]) -> PackedRows:
@@ -118,7 +118,7 @@ def build_call(
     if rows_per_step is not None:
         order = sorted(kept)
         packed = pack_units(order)
-        plan = plan_batches(packed, per_device_train_batch_size=rows_per_forward,
+        plan = plan_batches(packed, per_device_train_batch_size=per_device_train_batch_size,
                             max_tokens_per_microbatch=max_tokens_per_microbatch,
                             grad_accumulation_sequences=rows_per_step)
         unit_of = {id(seq): i for i in order for seq in kept[i]}
@@ -126,12 +126,12 @@ def build_call(
                               for sid in packed.sequence_ids[st.rows].unique() if sid >= 0})
                       for st in plan.steps]
         _merge_stats(packed.stats, stats)
-        return BuiltCall(packed, plan, step_units, list(range(len(plan.steps))), packed.stats)
+        return BuiltCall(packed, plan, step_units, list(range(len(plan.steps))), packed.stats, len(plan.steps))
 
     parts: list[PackedRows] = []
     step_units: list[list[int]] = []
     kept_steps: list[int] = []
-    for k, idx in enumerate(split_units(len(units), units_per_step)):
+    for k, idx in enumerate(cut):
         present = [i for i in idx if i in kept]
         if not present:
             continue
@@ -143,10 +143,10 @@ def build_call(
     for p in parts:
         step_rows.append(list(range(start, start + p.num_rows)))
         start += p.num_rows
-    plan = plan_batches(packed, per_device_train_batch_size=rows_per_forward,
+    plan = plan_batches(packed, per_device_train_batch_size=per_device_train_batch_size,
                         max_tokens_per_microbatch=max_tokens_per_microbatch, step_rows=step_rows)
     _merge_stats(packed.stats, stats)
-    return BuiltCall(packed, plan, step_units, kept_steps, packed.stats)
+    return BuiltCall(packed, plan, step_units, kept_steps, packed.stats, len(cut))
 
 
 def _merge_stats(into: PackStats, too_long: PackStats) -> None:

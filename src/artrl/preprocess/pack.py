@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import PackingError
+from ..errors import ConfigError, PackingError
 from .rows import Node, PackedRows, PackStats
 from .tokenize import TokenizedSequence
 
@@ -52,12 +52,13 @@ MAX_AUTO_ROW_FACTOR = 4
 AUTO_ROW_TOLERANCE = 0.01
 
 
-# --------------------------------------------------------------------------- units
+# --------------------------------------------------------------------------- trees
 
 
 @dataclass
-class Unit:
-    """A group's shared prompt and the completions that follow it."""
+class PromptTree:
+    """A group's shared prompt and the completions that follow it: what the packer places (a "unit" is
+    build.py's word for the data of a step: a group or a trajectory)."""
 
     prompt: list[int]  # token ids shared by all completions (may be empty)
     sequences: list[TokenizedSequence]
@@ -82,23 +83,23 @@ def shared_prefix_length(seqs: Sequence[TokenizedSequence]) -> int:
     return n
 
 
-def make_units(groups: Sequence[Sequence[TokenizedSequence]], share_prompts: bool = True) -> list[Unit]:
-    """One unit per group (its main conversations share a prompt); others stand alone."""
-    units: list[Unit] = []
+def prompt_trees(groups: Sequence[Sequence[TokenizedSequence]], share_prompts: bool = True) -> list[PromptTree]:
+    """One tree per group (its main conversations share a prompt); the other sequences stand alone."""
+    trees: list[PromptTree] = []
     for group in groups:
         if not share_prompts:
-            units += [Unit(prompt=[], sequences=[s]) for s in group]
+            trees += [PromptTree(prompt=[], sequences=[s]) for s in group]
             continue
         main = [s for s in group if s.history_index == 0]
         p = shared_prefix_length(main)
         prompt = main[0].token_ids[:p] if p else []
         shared = [s for s in group if p and s.token_ids[:p] == prompt and s.first_trainable >= p]
         if len(shared) >= 2:
-            units.append(Unit(prompt=prompt, sequences=shared))
+            trees.append(PromptTree(prompt=prompt, sequences=shared))
         else:
             shared = []
-        units += [Unit(prompt=[], sequences=[s]) for s in group if not any(s is t for t in shared)]
-    return units
+        trees += [PromptTree(prompt=[], sequences=[s]) for s in group if not any(s is t for t in shared)]
+    return trees
 
 
 # --------------------------------------------------------------------------- too long
@@ -147,80 +148,80 @@ def enforce_length(
 
 # --------------------------------------------------------------------------- assignment
 
-# A placement is (unit index, sequence index within the unit); a row is a list of them.
+# A placement is (tree index, sequence index within the tree); a row is a list of them.
 Placement = tuple[int, int]
 
 
 @dataclass
 class _OpenRow:
     free: int
-    units: set[int] = field(default_factory=set)
+    trees: set[int] = field(default_factory=set)
     items: list[Placement] = field(default_factory=list)
 
 
 def _place(row: _OpenRow, u: int, k: int, cost: int) -> None:
     row.free -= cost
-    row.units.add(u)
+    row.trees.add(u)
     row.items.append((u, k))
 
 
-def _assign_items(units: Sequence[Unit], L: int) -> list[list[Placement]]:
+def _assign_items(trees: Sequence[PromptTree], L: int) -> list[list[Placement]]:
     """Best fit decreasing over completions, preferring rows that hold the group's prompt."""
     rows: list[_OpenRow] = []
-    order = sorted(range(len(units)), key=lambda u: -(units[u].p + sum(len(s) - units[u].p for s in units[u].sequences)))
+    order = sorted(range(len(trees)), key=lambda u: -(trees[u].p + sum(len(s) - trees[u].p for s in trees[u].sequences)))
     for u in order:
-        unit = units[u]
-        ks = sorted(range(len(unit.sequences)), key=lambda k: -unit.completion_length(k))
+        tree = trees[u]
+        ks = sorted(range(len(tree.sequences)), key=lambda k: -tree.completion_length(k))
         for k in ks:
-            c = unit.completion_length(k)
+            c = tree.completion_length(k)
             best = None
             for r in rows:
-                if u in r.units and r.free >= c and (best is None or r.free < best.free):
+                if u in r.trees and r.free >= c and (best is None or r.free < best.free):
                     best = r
             if best is not None:
                 _place(best, u, k, c)
                 continue
             for r in rows:
-                if r.free >= unit.p + c and (best is None or r.free < best.free):
+                if r.free >= tree.p + c and (best is None or r.free < best.free):
                     best = r
             if best is None:
                 best = _OpenRow(free=L)
                 rows.append(best)
-            _place(best, u, k, unit.p + c)
+            _place(best, u, k, tree.p + c)
     return [r.items for r in rows]
 
 
-def _assign_groups(units: Sequence[Unit], L: int) -> list[list[Placement]]:
+def _assign_groups(trees: Sequence[PromptTree], L: int) -> list[list[Placement]]:
     """Whole groups, largest first: a group's remainder goes to the best-fitting row that takes
     it whole; otherwise it fills a fresh row (largest completions first, then any that still fit)
     and the rest spills over."""
     rows: list[_OpenRow] = []
-    order = sorted(range(len(units)), key=lambda u: -(units[u].p + sum(len(s) - units[u].p for s in units[u].sequences)))
+    order = sorted(range(len(trees)), key=lambda u: -(trees[u].p + sum(len(s) - trees[u].p for s in trees[u].sequences)))
     for u in order:
-        unit = units[u]
-        remaining = sorted(range(len(unit.sequences)), key=lambda k: -unit.completion_length(k))
+        tree = trees[u]
+        remaining = sorted(range(len(tree.sequences)), key=lambda k: -tree.completion_length(k))
         while remaining:
-            need = unit.p + sum(unit.completion_length(k) for k in remaining)
+            need = tree.p + sum(tree.completion_length(k) for k in remaining)
             best = None
             for r in rows:
                 if r.free >= need and (best is None or r.free < best.free):
                     best = r
             if best is not None:
-                cost = unit.p
+                cost = tree.p
                 for k in remaining:
-                    _place(best, u, k, cost + unit.completion_length(k))
+                    _place(best, u, k, cost + tree.completion_length(k))
                     cost = 0
                 remaining = []
                 continue
             # fill the row with the most room (or a new one) with what fits
             target = max(rows, key=lambda r: r.free, default=None)
-            if target is None or target.free < unit.p + unit.completion_length(remaining[-1]):
+            if target is None or target.free < tree.p + tree.completion_length(remaining[-1]):
                 target = _OpenRow(free=L)
                 rows.append(target)
-            cost = unit.p
+            cost = tree.p
             rest = []
             for k in remaining:
-                c = unit.completion_length(k)
+                c = tree.completion_length(k)
                 if target.free >= cost + c:
                     _place(target, u, k, cost + c)
                     cost = 0
@@ -230,44 +231,44 @@ def _assign_groups(units: Sequence[Unit], L: int) -> list[list[Placement]]:
     return [r.items for r in rows]
 
 
-def _assign_in_order(units: Sequence[Unit], L: int) -> list[list[Placement]]:
+def _assign_in_order(trees: Sequence[PromptTree], L: int) -> list[list[Placement]]:
     """The reference layout: sequences in group order, a new row when the next does not fit."""
     rows: list[_OpenRow] = []
     cur: _OpenRow | None = None
-    for u, unit in enumerate(units):
-        for k in range(len(unit.sequences)):
-            c = unit.completion_length(k)
-            cost = c if cur is not None and u in cur.units else unit.p + c
+    for u, tree in enumerate(trees):
+        for k in range(len(tree.sequences)):
+            c = tree.completion_length(k)
+            cost = c if cur is not None and u in cur.trees else tree.p + c
             if cur is None or cur.free < cost:
                 cur = _OpenRow(free=L)
                 rows.append(cur)
-                cost = unit.p + c
+                cost = tree.p + c
             _place(cur, u, k, cost)
     return [r.items for r in rows]
 
 
-def _used(units: Sequence[Unit], row: list[Placement]) -> int:
+def _used(trees: Sequence[PromptTree], row: list[Placement]) -> int:
     seen: set[int] = set()
     n = 0
     for u, k in row:
         if u not in seen:
             seen.add(u)
-            n += units[u].p
-        n += units[u].completion_length(k)
+            n += trees[u].p
+        n += trees[u].completion_length(k)
     return n
 
 
-def _best_assignment(units: Sequence[Unit], L: int) -> list[list[Placement]]:
+def _best_assignment(trees: Sequence[PromptTree], L: int) -> list[list[Placement]]:
     """The better of the two strategies: fewer rows, then the fuller emptiest row (see module docstring)."""
-    candidates = [_assign_items(units, L), _assign_groups(units, L)]
-    return min(candidates, key=lambda rows: (len(rows), -min((_used(units, r) for r in rows), default=0)))
+    candidates = [_assign_items(trees, L), _assign_groups(trees, L)]
+    return min(candidates, key=lambda rows: (len(rows), -min((_used(trees, r) for r in rows), default=0)))
 
 
 # --------------------------------------------------------------------------- rows
 
 
 def _materialize(
-    units: Sequence[Unit], assignment: list[list[Placement]], L: int, pad_id: int, stats: PackStats
+    trees: Sequence[PromptTree], assignment: list[list[Placement]], L: int, pad_id: int, stats: PackStats
 ) -> PackedRows:
     R = len(assignment)
     input_ids = torch.full((R, L), pad_id, dtype=torch.long)
@@ -284,23 +285,23 @@ def _materialize(
     sequences: list[TokenizedSequence] = []
     nodes: list[list[Node]] = []
     for r, row in enumerate(assignment):
-        # keep a group's completions right after its prompt: order placements by unit
+        # keep a group's completions right after its prompt: order placements by tree
         first_seen: dict[int, int] = {}
         for u, _ in row:
             first_seen.setdefault(u, len(first_seen))
         row = sorted(row, key=lambda pk: (first_seen[pk[0]], pk[1]))
         pos = 0
         node = 0
-        prompt_node: dict[int, tuple[int, int]] = {}  # unit -> (node id, last slot)
+        prompt_node: dict[int, tuple[int, int]] = {}  # tree -> (node id, last slot)
         row_nodes: list[Node] = []
-        prompt_span: dict[int, tuple[int, int]] = {}  # unit -> (first slot, end slot) of its prompt
+        prompt_span: dict[int, tuple[int, int]] = {}  # tree -> (first slot, end slot) of its prompt
         for u, k in row:
-            unit = units[u]
-            seq = unit.sequences[k]
-            if u not in prompt_node and unit.p:
-                n = unit.p
+            tree = trees[u]
+            seq = tree.sequences[k]
+            if u not in prompt_node and tree.p:
+                n = tree.p
                 sl = slice(pos, pos + n)
-                input_ids[r, sl] = torch.tensor(unit.prompt)
+                input_ids[r, sl] = torch.tensor(tree.prompt)
                 position_ids[r, sl] = torch.arange(n)
                 segment_ids[r, sl] = node
                 parent_ids[r, sl] = node
@@ -310,30 +311,30 @@ def _materialize(
                 row_nodes.append((pos, pos + n, pos, pos))
                 node += 1
                 pos += n
-            n = len(seq) - unit.p
+            n = len(seq) - tree.p
             sl = slice(pos, pos + n)
             gid = len(sequences)
             sequences.append(seq)
-            input_ids[r, sl] = torch.tensor(seq.token_ids[unit.p:])
-            position_ids[r, sl] = torch.arange(unit.p, len(seq))
+            input_ids[r, sl] = torch.tensor(seq.token_ids[tree.p:])
+            position_ids[r, sl] = torch.arange(tree.p, len(seq))
             segment_ids[r, sl] = node
             prev = torch.arange(pos - 1, pos + n - 1)
-            if unit.p:
+            if tree.p:
                 parent_ids[r, sl] = prompt_node[u][0]
                 prev[0] = prompt_node[u][1]
             else:
                 parent_ids[r, sl] = node
                 prev[0] = -1
             prev_index[r, sl] = prev
-            mask = torch.tensor(seq.trainable_mask[unit.p:], dtype=torch.bool)
-            if not unit.p:
+            mask = torch.tensor(seq.trainable_mask[tree.p:], dtype=torch.bool)
+            if not tree.p:
                 mask[0] = False  # nothing precedes the first token, it cannot be predicted
             trainable_mask[r, sl] = mask
-            logprobs[r, sl] = torch.tensor(seq.logprobs[unit.p:], dtype=torch.float32)
+            logprobs[r, sl] = torch.tensor(seq.logprobs[tree.p:], dtype=torch.float32)
             advantages[r, sl] = seq.advantage
             weights[r, sl] = mask.float() * seq.weight
             sequence_ids[r, sl] = gid
-            ps, pe = prompt_span[u] if unit.p else (pos, pos)
+            ps, pe = prompt_span[u] if tree.p else (pos, pos)
             row_nodes.append((pos, pos + n, ps, pe))
             node += 1
             pos += n
@@ -349,8 +350,8 @@ def _materialize(
                       advantages, weights, sequence_ids, lengths, sequences, stats, nodes)
 
 
-def _unique_tokens(units: Sequence[Unit]) -> int:
-    return sum(u.p + sum(len(s) - u.p for s in u.sequences) for u in units)
+def _unique_tokens(trees: Sequence[PromptTree]) -> int:
+    return sum(u.p + sum(len(s) - u.p for s in u.sequences) for u in trees)
 
 
 # --------------------------------------------------------------------------- public
@@ -364,11 +365,18 @@ def choose_row_length(groups: Sequence[Sequence[TokenizedSequence]], max_length:
     hi = min(max_length, MAX_AUTO_ROW_FACTOR * lo)
     if lo > hi:
         return max_length
-    units = make_units(groups, share_prompts)
+    trees = prompt_trees(groups, share_prompts)
     candidates = list(range(lo, hi + 1, ROW_LENGTH_MULTIPLE))
-    computed = {L: len(_best_assignment(units, L)) * L for L in candidates}
+    computed = {L: len(_best_assignment(trees, L)) * L for L in candidates}
     best = min(computed.values())
     return next(L for L in candidates if computed[L] <= best * (1 + AUTO_ROW_TOLERANCE))
+
+
+def check_row_length(row_length: int | None, max_length: int) -> None:
+    """The one bound on a fixed row length: the model's maximum (ConfigError)."""
+    if row_length is not None and row_length > max_length:
+        raise ConfigError(f"row_length={row_length} exceeds the model's maximum length {max_length}; lower "
+                          "row_length, or leave it None to choose it automatically.")
 
 
 def pack(
@@ -389,16 +397,14 @@ def pack(
     """
     if on_too_long not in ("drop", "truncate", "error"):
         raise PackingError(f"on_too_long={on_too_long!r}; expected 'drop', 'truncate' or 'error'.")
-    if row_length is not None and row_length > max_length:
-        raise PackingError(f"row_length={row_length} exceeds the model's maximum length {max_length}; lower "
-                           "row_length, or leave it None to choose it automatically.")
+    check_row_length(row_length, max_length)
     stats = PackStats()
     limit = row_length if row_length is not None else max_length
     kept = enforce_length(groups, limit, on_too_long, stats)
     L = row_length if row_length is not None else choose_row_length(kept, max_length, share_prompts)
-    units = make_units(kept, share_prompts)
-    rows = _materialize(units, _best_assignment(units, L), L, pad_id, stats)
-    stats.unique_tokens = _unique_tokens(units)
+    trees = prompt_trees(kept, share_prompts)
+    rows = _materialize(trees, _best_assignment(trees, L), L, pad_id, stats)
+    stats.unique_tokens = _unique_tokens(trees)
     return rows
 
 
@@ -418,9 +424,9 @@ def pack_reference(
     stats = PackStats()
     L = row_length if row_length is not None else reference_row_length(groups, multiple)
     kept = enforce_length(groups, L, "drop", stats)
-    units = make_units(kept, True)
-    rows = _materialize(units, _assign_in_order(units, L), L, pad_id, stats)
-    stats.unique_tokens = _unique_tokens(units)
+    trees = prompt_trees(kept, True)
+    rows = _materialize(trees, _assign_in_order(trees, L), L, pad_id, stats)
+    stats.unique_tokens = _unique_tokens(trees)
     return rows
 
 

@@ -94,10 +94,6 @@ class TokenizedSequence:
         return sum(self.trainable_mask)
 
     @property
-    def positions(self) -> list[int]:
-        return list(range(len(self.token_ids)))
-
-    @property
     def name(self) -> str:
         h = f", history {self.history_index}" if self.history_index else ""
         return f"group {self.group_index}, trajectory {self.trajectory_index}{h}"

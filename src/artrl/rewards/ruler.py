@@ -9,12 +9,15 @@ explanation in the trajectory's logs. The shared prefix of the trajectories
 (system prompt, task) is sent once; identical trajectories are sent once and
 get one score. When a `MetricsBuilder` is active (`model.activate_metrics_context`)
 the judge's cost lands in `costs/<context>/judge/ruler`, when the response
-carries it or prices are registered (metrics.py).
+carries it, prices are registered (metrics.py) or litellm prices the judge.
 
 What we do differently, and why:
 
-1. **Any OpenAI-compatible judge, no litellm** (judge.py): ART's
-   `provider/model` names and `extra_litellm_params` are read and mapped.
+1. **litellm when installed, else any OpenAI-compatible judge.** With litellm
+   (`pip install "artrl[litellm]"`) the judge is called with `litellm.acompletion`
+   as ART calls it, its cost priced by litellm where the response carries none
+   (litellm_judge.py). Without it, the `openai` client calls the endpoint that
+   ART's `provider/model` names and `extra_litellm_params` point to (judge.py).
 2. **A reply that cannot be used is retried, then reported.** ART validates the
    judge's JSON once and raises. We parse leniently (code fences, text around
    the JSON, reasoning in <think> tags, ids as numbers), and a reply that still
@@ -31,6 +34,7 @@ What we do differently, and why:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -44,6 +48,7 @@ from ..errors import ArtrlError
 from ..chat_format import message_of
 from ..trajectories import Trajectory, TrajectoryGroup
 from .judge import resolve
+from .litellm_judge import litellm_prices, litellm_request, litellm_response_cost, load_litellm
 
 log = logging.getLogger(__name__)
 
@@ -177,17 +182,39 @@ def parse_scores(content: str | None, expected: int) -> list[TrajectoryScore]:
 # --------------------------------------------------------------------------- calls
 
 
-def _record_cost(judge_model: str, provider: str | None, response: Any) -> None:
+def __getattr__(name: str) -> Any:
+    """ART's module names `acompletion` and `ModelResponse` (litellm's; None without litellm), loaded on first
+    use so that `import artrl` does not import litellm. Setting `acompletion` replaces the judge call, as
+    ART's own tests do; setting it to None makes RULER use the OpenAI-compatible judge."""
+    if name in ("acompletion", "ModelResponse"):
+        globals().update(load_litellm())
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _record_cost(judge_model: str, provider: str | None, response: Any, *, via_litellm: bool) -> None:
     from ..metrics import MetricsBuilder
 
     try:
         builder = MetricsBuilder.get_active()
     except LookupError:
         return
-    try:
+    try:  # the cost the response carries, or registered prices
         builder.add_response_cost(COST_SOURCE, response, provider=provider, model_name=judge_model)
+        return
     except ValueError:
-        pass  # no price known for this judge: no cost recorded, as ART does for unpriced models
+        if not via_litellm:
+            return  # no price known for this judge: no cost recorded, as ART does for unpriced models
+    cost = litellm_response_cost(response)
+    if cost is not None:
+        builder.add_cost(f"{builder.cost_context}/{COST_SOURCE}", cost)
+        return
+    prices = litellm_prices(judge_model)
+    if prices is not None:
+        try:
+            builder.add_response_cost(COST_SOURCE, response, provider=provider, model_name=judge_model, **prices)
+        except ValueError:
+            pass  # the response reports no usage to price
 
 
 async def ruler(message_lists: list[list[Any]], judge_model: str = DEFAULT_JUDGE,
@@ -199,16 +226,30 @@ async def ruler(message_lists: list[list[Any]], judge_model: str = DEFAULT_JUDGE
         return []
     if max_attempts < 1:
         raise ValueError(f"max_attempts={max_attempts}; it must be >= 1")
-    endpoint = resolve(judge_model, extra_litellm_params)
     messages, shown = judge_messages([[message_of(m) for m in ms] for ms in message_lists], rubric, tools)
-    request = {"response_format": {"type": "json_schema", "json_schema": {
-        "name": "Response", "schema": Response.model_json_schema()}}, **endpoint.request}
+    complete = globals()["acompletion"] if "acompletion" in globals() else __getattr__("acompletion")
+    if complete is not None:  # litellm, as ART calls it (litellm_judge.py)
+        request, provider = litellm_request(judge_model, extra_litellm_params)
+        request["response_format"] = Response
+        client = contextlib.nullcontext()
+
+        async def ask(messages: list[dict]) -> Any:
+            return await complete(messages=messages, **request)
+    else:  # any OpenAI-compatible endpoint (judge.py)
+        endpoint = resolve(judge_model, extra_litellm_params)
+        provider = endpoint.provider
+        request = {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "Response", "schema": Response.model_json_schema()}}, **endpoint.request}
+        client = endpoint.client()
+
+        async def ask(messages: list[dict]) -> Any:
+            return await client.chat.completions.create(model=endpoint.model, messages=messages, **request)
     problems: list[str] = []
     content: str | None = None
-    async with endpoint.client() as client:
+    async with client:
         for attempt in range(1, max_attempts + 1):
-            response = await client.chat.completions.create(model=endpoint.model, messages=messages, **request)
-            _record_cost(judge_model, endpoint.provider, response)
+            response = await ask(messages)
+            _record_cost(judge_model, provider, response, via_litellm=complete is not None)
             content = response.choices[0].message.content if response.choices else None
             if debug:
                 log.info("RULER judge reply (attempt %d/%d):\n%s", attempt, max_attempts, content)

@@ -8,20 +8,25 @@ only applies them to HTTP requests and responses:
   trajectories (a failure is an `InvalidRequestError`, answered with 400) and
   normalises them for the template;
 * `PromptBuilder` renders prompts and remembers, per tokenizer, the completions
-  it returned (`chat_format.RecentCompletions`), so that an assistant message
-  this server produced is spelled in a later prompt with the ids it sampled;
+  it returned (`RecentCompletions`, the record cache), so that an assistant
+  message this server produced is spelled in a later prompt with the ids it
+  sampled (`chat_format.render_prompt` says when);
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from artrl.chat_format import (
     Message,
-    RecentCompletions,
+    SampledCompletion,
     check_item,
+    message_key,
     render_prompt,
     template_message,
 )
@@ -45,6 +50,51 @@ def request_messages(messages: Any) -> list[Message]:
         except TrajectoryError as error:
             raise InvalidRequestError(str(error)) from error
     return out
+
+
+class RecentCompletions:
+    """A bounded cache of recent completions, keyed by the assistant message returned for them.
+
+    The server adds every completion it returns; `render_prompt` looks up the assistant
+    messages of a later request here to reuse their sampled ids. Bounded by the number of
+    token ids held (oldest messages go first); a few completions per message are kept (the
+    same text sampled from several prompts), newest first.
+    """
+
+    PER_MESSAGE = 4
+
+    def __init__(self, max_tokens: int = 4_000_000) -> None:
+        self.max_tokens = max_tokens
+        self._items: OrderedDict[Any, list[SampledCompletion]] = OrderedDict()
+        self._tokens = 0
+        self._lock = threading.Lock()
+
+    def add(self, message: Message, prompt_ids: Sequence[int], completion: Sequence[int], text: str,
+            end_id: int | None) -> None:
+        entry = SampledCompletion(hash(tuple(prompt_ids)), array("i", completion), text, end_id)
+        key = message_key(message)
+        with self._lock:
+            entries = self._items.pop(key, [])
+            entries = [entry, *(e for e in entries if e != entry)]
+            for dropped in entries[self.PER_MESSAGE:]:
+                self._tokens -= len(dropped.token_ids)
+            entries = entries[: self.PER_MESSAGE]
+            self._tokens += len(entry.token_ids)
+            self._items[key] = entries
+            while self._tokens > self.max_tokens and len(self._items) > 1:
+                _, old = self._items.popitem(last=False)
+                self._tokens -= sum(len(e.token_ids) for e in old)
+
+    def get(self, message: Message) -> list[SampledCompletion]:
+        with self._lock:
+            entries = self._items.get(message_key(message))
+            if entries is None:
+                return []
+            self._items.move_to_end(message_key(message))
+            return list(entries)
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 class PromptBuilder:

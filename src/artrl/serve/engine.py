@@ -1,39 +1,83 @@
-"""The inference engine interface: what the HTTP server asks of a model runner.
+"""The inference engine contract: what the server and the training session ask of a model runner.
 
 An engine turns token ids into sampled token ids plus their logprobs. It knows
 nothing about HTTP, chat messages or JSON; the server (`serve/server.py`) renders
-and tokenizes prompts, and the engine only samples. Two choices matter to training:
+and tokenizes prompts, and the engine only samples. What every engine promises
+(tests/test_engine_contract.py checks each one):
 
 1. **Raw logprobs.** `GenerationResult.logprobs[i]` is the model's log-softmax of the
    next-token logits at step i, taken *before* temperature and top-p reshape the
    sampling distribution. It is what a trainer computing `log_softmax(logits)` over
    the same prefix gets, so sampled and trained logprobs line up (importance ratios
-   start at exactly 1 for unchanged weights).
-2. **Tokens in, tokens out.** `token_ids` are the sampled ids, including the stop
-   token when generation stopped on one (as vLLM does), so nobody re-tokenises text.
+   start at exactly 1 for unchanged weights). Under a grammar (`request.structured`,
+   serve/structured.py) too: the grammar masks the logits that are *sampled* from, the
+   logprob reported is still the unmasked one, so the sampled-vs-trained delta stays 0
+   and an importance ratio is taken against the unconstrained policy, the one the
+   trainer updates. (The masked distribution's logprob would be this minus the log of
+   the mass the grammar allowed; nobody trains on it.)
+2. **Tokens in, tokens out.** `token_ids` are the sampled ids, including the
+   end-of-turn (or stop) token when generation stopped on one, so nobody re-tokenises
+   text. A stop string ends a sequence with the token that completed it.
+3. **One end-of-turn set.** `end_of_turn_ids` is given to the engine when it is
+   built: the session computes `chat_format.end_of_turn_ids(tokenizer, model)` once and
+   hands the same set to the trainer, so sampling stops on the ids the trainer closes a
+   turn on.
+4. **One request check.** `GenerationRequest.check` is the only place a request's
+   fields are checked; every engine calls it first thing in `generate`, and the
+   server turns its `InvalidRequestError` into a 400.
+5. **Seeds reproduce.** The same request with the same `seed` samples the same ids.
+6. **Live weights.** `adapter=None` serves the live weights. The session calls
+   `set_live_weights(path, step)` with every checkpoint it completes (and once when it
+   opens); from then on `adapter=None` samples from that checkpoint's adapter. An
+   engine that shares the trainer's model already serves what the trainer holds, so
+   for it the call changes nothing.
+7. **Training turns.** The session holds `training()` around a whole train call: an
+   engine sharing the trainer's model holds its model lock there (inference waits
+   while the shared weights change); another engine may free the device meanwhile.
 
-`model_lock` is how inference and training share one device: whoever changes the
-weights (a trainer step, loading an adapter) holds it; the engine holds it for each
-batch it runs. It is re-entrant, so a trainer that holds it may still call
-`load_adapter`.
+Two implementations: `TransformersEngine` (serve/transformers_engine.py, the
+built-in one) and vLLM's; `serve/factory.py` picks one.
 """
 
 from __future__ import annotations
 
 import abc
-import threading
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from artrl.chat_format import end_of_turn_ids
 from artrl import adapter_switch
 from artrl.errors import ArtrlError
 
+if TYPE_CHECKING:
+    from artrl.serve.structured import StructuredOutput
+
 FinishReason = Literal["stop", "length"]
+
+#: Most `top_logprobs` one request may ask for (OpenAI's and vLLM's default limit).
+MAX_TOP_LOGPROBS = 20
+#: The sampling temperatures a request may ask for (OpenAI's range).
+MAX_TEMPERATURE = 2.0
+
+
+@dataclass(frozen=True)
+class RequestProblem:
+    """One thing wrong with a request: the `GenerationRequest` field at fault and what to do."""
+
+    field: str
+    message: str
 
 
 class InvalidRequestError(ArtrlError, ValueError):
-    """A generation request the engine cannot serve (bad parameter, unknown adapter, too long)."""
+    """A generation request the engine cannot serve (bad parameter, unknown adapter, too long).
+
+    `problems` lists every fault found, each naming the request field it concerns.
+    """
+
+    def __init__(self, message: str, problems: tuple[RequestProblem, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems
 
 
 class EngineClosedError(ArtrlError, RuntimeError):
@@ -53,7 +97,9 @@ class GenerationRequest:
     `stop_strings` end a sequence once its decoded text contains one of them; the
     token that completes the string is the last one returned. `adapter` names a LoRA
     adapter loaded with `InferenceEngine.load_adapter`; None means the live weights,
-    `BASE_WEIGHTS` the base model with every adapter switched off.
+    `BASE_WEIGHTS` the base model with every adapter switched off. `structured` holds
+    every sequence to a JSON schema or to tool calls (serve/structured.py); an engine
+    that cannot enforce it says so (`InferenceEngine.structured_outputs`).
     """
 
     prompt_ids: list[int]
@@ -66,6 +112,44 @@ class GenerationRequest:
     top_logprobs: int = 0
     adapter: str | None = None
     stop_strings: list[str] = field(default_factory=list)
+    structured: StructuredOutput | None = None
+
+    def check(self, *, vocab_size: int, max_model_len: int, has_adapter: Callable[[str], bool]) -> None:
+        """Raise `InvalidRequestError` listing every problem of this request (the one request check)."""
+        problems: list[RequestProblem] = []
+
+        def refuse(name: str, message: str) -> None:
+            problems.append(RequestProblem(name, message))
+
+        prompt = len(self.prompt_ids)
+        if not self.prompt_ids:
+            refuse("prompt_ids", "prompt_ids is empty; a request needs at least one prompt token")
+        else:
+            bad = next((t for t in self.prompt_ids if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                refuse("prompt_ids", f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})")
+        if self.n < 1:
+            refuse("n", f"n must be >= 1, got {self.n}")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            refuse("temperature", f"temperature must be between 0 and {MAX_TEMPERATURE:g}, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            refuse("top_p", f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            refuse("top_logprobs", f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.top_logprobs}")
+        room = max_model_len - prompt
+        if self.prompt_ids and room < 1:
+            refuse("prompt_ids", f"The prompt has {prompt} tokens, which leaves no room to generate within "
+                   f"max_model_len={max_model_len}. Shorten the messages.")
+        elif self.max_tokens < 1:
+            refuse("max_tokens", f"max_tokens must be >= 1, got {self.max_tokens}")
+        elif self.max_tokens > room:
+            refuse("max_tokens", f"This model's maximum context length is {max_model_len} tokens; the prompt has "
+                   f"{prompt} tokens and max_tokens={self.max_tokens} asks for more than the {room} left. "
+                   "Lower max_tokens.")
+        if self.adapter is not None and not has_adapter(self.adapter):
+            refuse("adapter", f"adapter {self.adapter!r} is not loaded")
+        if problems:
+            raise InvalidRequestError("; ".join(p.message for p in problems), tuple(problems))
 
 
 @dataclass
@@ -84,17 +168,19 @@ class GenerationResult:
 
 
 class InferenceEngine(abc.ABC):
-    """Samples continuations of token-id prompts; see the module docstring."""
+    """Samples continuations of token-id prompts; see the module docstring for the contract."""
 
-    #: Held by the engine while it runs a batch and by anyone changing the weights.
-    model_lock: Any
-
-    def __init__(self) -> None:
-        self.model_lock = threading.RLock()
+    #: Whether `generate` enforces `GenerationRequest.structured`; the server refuses such requests otherwise.
+    structured_outputs: bool = False
 
     @abc.abstractmethod
     async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
-        """Sample `request.n` sequences; returns them in order (len == n)."""
+        """Sample `request.n` sequences; returns them in order (len == n). Calls `request.check` first."""
+
+    @property
+    @abc.abstractmethod
+    def tokenizer(self) -> Any:
+        """The Hugging Face tokenizer whose ids the engine reads and writes."""
 
     @property
     @abc.abstractmethod
@@ -103,21 +189,35 @@ class InferenceEngine(abc.ABC):
 
     @property
     @abc.abstractmethod
-    def tokenizer(self) -> Any:
-        """The Hugging Face tokenizer whose ids the engine reads and writes."""
+    def vocab_size(self) -> int:
+        """Prompt ids must lie in [0, vocab_size) (the model's embedding rows)."""
 
     @property
+    @abc.abstractmethod
     def end_of_turn_ids(self) -> frozenset[int]:
-        """Ids that end a completion: `chat_format.end_of_turn_ids`, the same the trainer closes a turn on."""
-        return end_of_turn_ids(self.tokenizer)
+        """Ids that end a completion, as given at construction (the trainer closes a turn on the same set)."""
 
     @abc.abstractmethod
     def load_adapter(self, name: str, path: str) -> None:
-        """Load the LoRA adapter saved in directory `path` under `name`."""
+        """Load the LoRA adapter saved in directory `path` under `name` (served as `adapter=name`)."""
 
     @abc.abstractmethod
     def has_adapter(self, name: str) -> bool:
-        """Whether `name` was loaded with `load_adapter`."""
+        """Whether requests may name `name` as their adapter (`load_adapter`ed, or `BASE_WEIGHTS`)."""
+
+    @abc.abstractmethod
+    def set_live_weights(self, path: str, step: int) -> None:
+        """Serve the peft adapter saved in checkpoint directory `path` (training step `step`) for
+        `adapter=None` from now on. Called by the session once when it opens (outside `training()`) and right
+        after each train call's checkpoint is complete, while the session still holds `training()`."""
+
+    def training(self) -> contextlib.AbstractContextManager[Any]:
+        """Held by the session around a whole train call (default: nothing to do)."""
+        return contextlib.nullcontext()
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release background workers; the engine must not be used afterwards."""
+
+    def check(self, request: GenerationRequest) -> None:
+        """`request.check` against this engine's vocabulary, context length and adapters."""
+        request.check(vocab_size=self.vocab_size, max_model_len=self.max_model_len, has_adapter=self.has_adapter)

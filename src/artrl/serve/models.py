@@ -70,20 +70,11 @@ class ServedModels:
                            "weights, not the base model", base_model)
         self._bases.setdefault(base_model, engine)
 
-    def remove(self, name: str) -> None:
-        engine = self._engines.pop(name, None)
-        self._adapters = {key: value for key, value in self._adapters.items() if key[0] != name}
-        if engine is not None:
-            self._bases = {base: e for base, e in self._bases.items() if e is not engine}
-
     def names(self) -> list[str]:
         """Served names: every live model, every base model, then every checkpoint loaded so far."""
         loaded = [f"{name}{STEP_SEPARATOR}{step}" for name, step in sorted(self._adapters)]
         bases = [base for base in self._bases if base not in self._engines]
         return list(self._engines) + bases + loaded
-
-    def engines(self) -> list[InferenceEngine]:
-        return list(self._engines.values())
 
     async def resolve(self, model: str) -> tuple[InferenceEngine, str | None]:
         """`(engine, adapter)` for a request's model name; raises ModelNotFoundError."""

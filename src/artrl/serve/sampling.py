@@ -13,8 +13,12 @@ one vectorised pass where it can:
    form of sampling, `argmax(p_i / E_i)` with `E_i ~ Exp(1)`, which picks token i
    with probability `p_i` and needs no renormalisation after top-p.
 
+A grammar (structured outputs) acts before all of this: `mask_logits` sets the logits
+of the tokens it forbids to -inf in the rows that have one, so temperature, top-p and
+the draw only ever see allowed tokens; rows without a grammar are left as they are.
+
 Logprobs reported to callers are NOT computed here: they are the raw log-softmax of
-the unscaled logits (see `serve/engine.py`).
+the unscaled, unmasked logits (see `serve/engine.py`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,26 @@ def sample_next_tokens(
     race = torch.where(greedy[:, None], torch.ones_like(race), race)
     sampled = (probs / race).argmax(dim=-1)  # [batch]
     return torch.where(greedy, greedy_tokens, sampled)
+
+
+def mask_logits(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """`logits` with the tokens each grammar forbids set to -inf, in the rows that have a grammar.
+
+    logits: [batch, vocab] float; bitmask: [len(rows), words] int32, bit j of word w
+    allowing token 32w+j (a vocab past 32*words is forbidden); rows: [len(rows)] long,
+    the batch rows the bitmask's rows belong to. Returns a new tensor; other rows are
+    copied unchanged.
+    """
+    vocab = logits.shape[-1]
+    bitmask = bitmask.to(logits.device, non_blocking=True)
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)  # [32]
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).bool().flatten(1)  # [rows, words * 32]
+    if allowed.shape[1] < vocab:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+    allowed = allowed[:, :vocab]  # [rows, vocab]
+    masked = logits.clone()  # [batch, vocab]
+    masked[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    return masked
 
 
 def row_generator(device: torch.device, seed: int | None, row: int) -> torch.Generator:

@@ -18,15 +18,17 @@ class ScriptedEngine(InferenceEngine):
 
     `finish_reason` is "stop" when the ids end with one of `end_ids` (default: the tokenizer's eos), else
     "length". `ScriptedEngine.from_text(tok, "hi")` answers "hi" followed by eos, with placeholder logprobs.
+    Requests are checked as every engine checks them (`GenerationRequest.check`). It holds no weights:
+    `set_live_weights` only records the checkpoint it was given (`live_weights`).
     """
 
     def __init__(self, tokenizer: Any, end_ids: frozenset[int] | None = None, *, max_model_len: int = 100_000) -> None:
-        super().__init__()
         self._tokenizer = tokenizer
         self._end_ids = end_ids if end_ids is not None else frozenset({tokenizer.eos_token_id})
         self._max_model_len = max_model_len
         self.next: tuple[list[int], list[float]] = ([], [])
         self.prompts: list[list[int]] = []
+        self.live_weights: tuple[str, int] | None = None
 
     @classmethod
     def from_text(cls, tokenizer: Any, text: str, **kwargs: Any) -> "ScriptedEngine":
@@ -36,6 +38,7 @@ class ScriptedEngine(InferenceEngine):
         return engine
 
     async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
+        self.check(request)
         self.prompts.append(list(request.prompt_ids))
         ids, lps = self.next
         finish = "stop" if ids and ids[-1] in self._end_ids else "length"
@@ -44,6 +47,10 @@ class ScriptedEngine(InferenceEngine):
     @property
     def end_of_turn_ids(self) -> frozenset[int]:
         return self._end_ids
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokenizer)
 
     @property
     def max_model_len(self) -> int:
@@ -58,3 +65,6 @@ class ScriptedEngine(InferenceEngine):
 
     def has_adapter(self, name: str) -> bool:
         return False
+
+    def set_live_weights(self, path: str, step: int) -> None:
+        self.live_weights = (path, step)

@@ -16,9 +16,14 @@ Compared with OpenAI's API (and vLLM's server), this one:
 3. stop strings cut the text at the first stop string; the token ids (and
    logprobs) end with the token that completed it;
 4. parses Qwen/Hermes `<tool_call>` blocks into `tool_calls` when the request
-   offered tools; `tool_choice` "none" drops the tools from the prompt, while
-   "auto", "required" and a named function are accepted but not enforced
-   (no constrained decoding);
+   offered tools; `tool_choice` "none" drops the tools from the prompt, "auto"
+   leaves the choice to the model, and "required" or a named function is enforced
+   by a grammar, as are `response_format` `json_object` and `json_schema`
+   (serve/structured.py: the reply is valid JSON for the schema, or calls the
+   tools with valid arguments, unless `max_tokens` cuts it: `finish_reason`
+   "length"). A schema the grammar library cannot compile is a 400 naming
+   `response_format` or `tool_choice`; so is a structured request to an engine
+   that cannot enforce it;
 5. returns every error as OpenAI's `{"error": {"message", "type", "param",
    "code"}}` with a 4xx status for anything the client got wrong, including
    request-body validation errors (400, never a 500 with a traceback);
@@ -32,6 +37,7 @@ Compared with OpenAI's API (and vLLM's server), this one:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hmac
 import logging
@@ -52,13 +58,13 @@ from artrl.serve.background import ServerHandle, start_server
 from artrl.serve.chat import DEFAULT_RECORD_CACHE_TOKENS, PromptBuilder, request_messages
 from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult, InvalidRequestError
 from artrl.serve.models import ModelNotFoundError, ServedModels
-from artrl.serve.tool_calls import parse_tool_calls
+from artrl.serve.structured import StructuredOutput, StructuredOutputError, structured_output
+from artrl.serve.tool_calls import parse_tool_calls, tool_call_syntax
 
 __all__ = ["ServedModels", "ServerHandle", "create_app", "start_server"]
 
 logger = logging.getLogger(__name__)
 
-MAX_TOP_LOGPROBS = 20
 DEFAULT_MAX_N = 32
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 1024
@@ -80,6 +86,8 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
     stream: bool | None = False
@@ -87,7 +95,7 @@ class ChatCompletionRequest(BaseModel):
     return_tokens_as_token_ids: bool | None = False
 
 
-_IGNORED_FIELDS = {"user", "parallel_tool_calls", "stream_options", "metadata", "store", "service_tier"}
+_IGNORED_FIELDS = {"user", "stream_options", "metadata", "store", "service_tier"}
 
 
 @dataclass
@@ -171,7 +179,7 @@ def _check(condition: bool, message: str, param: str) -> None:
 
 
 def _check_tool_choice(body: ChatCompletionRequest) -> None:
-    """Accept "none" / "auto" / "required" / a named function offered in `tools` (not enforced)."""
+    """Accept "none" / "auto" / "required" / a named function offered in `tools` (enforced: `_structured`)."""
     choice = body.tool_choice
     if choice is None or choice in ("none", "auto", "required"):
         return
@@ -186,58 +194,65 @@ def _check_tool_choice(body: ChatCompletionRequest) -> None:
     _check(name in offered, f"tool_choice names the function {name!r}, which is not in tools {offered}", "tool_choice")
 
 
-def _generation_request(
-    body: ChatCompletionRequest,
-    prompt_ids: list[int],
-    adapter: str | None,
-    max_model_len: int,
-    max_n: int,
-    default_max_tokens: int,
-) -> GenerationRequest:
-    """Check the sampling parameters and turn them into a GenerationRequest."""
-    n = 1 if body.n is None else body.n
-    _check(1 <= n <= max_n, f"n must be between 1 and {max_n}, got {n}", "n")
-    temperature = 1.0 if body.temperature is None else body.temperature
-    _check(0 <= temperature <= 2, f"temperature must be between 0 and 2, got {temperature}", "temperature")
-    top_p = 1.0 if body.top_p is None else body.top_p
-    _check(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}", "top_p")
-    top_logprobs = body.top_logprobs or 0
-    _check(
-        0 <= top_logprobs <= MAX_TOP_LOGPROBS,
-        f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top_logprobs}",
-        "top_logprobs",
-    )
-    room = max_model_len - len(prompt_ids)
-    _check(
-        room >= 1,
-        f"The prompt has {len(prompt_ids)} tokens, which leaves no room to generate within "
-        f"max_model_len={max_model_len}. Shorten the messages.",
-        "messages",
-    )
+@functools.lru_cache(maxsize=16)
+def _tool_call_syntax(tokenizer: Any) -> Any:
+    return tool_call_syntax(tokenizer)
+
+
+def _structured(body: ChatCompletionRequest, engine: Any) -> StructuredOutput | None:
+    """The grammar constraint `response_format` / `tool_choice` ask for, checked against what the engine can do."""
+    try:
+        structured = structured_output(body.response_format, body.tools, body.tool_choice, body.parallel_tool_calls,
+                                       _tool_call_syntax(engine.tokenizer))
+    except StructuredOutputError as error:
+        raise APIError(400, str(error), param=error.param) from error
+    if structured is not None and not getattr(engine, "structured_outputs", False):
+        raise APIError(400, f"The engine serving {body.model!r} ({type(engine).__name__}) cannot hold a reply to a "
+                            f"schema or to tool calls; send the request without {structured.param}, or serve the model "
+                            "with an engine that supports structured outputs.", param=structured.param)
+    return structured
+
+
+def _max_tokens_param(body: ChatCompletionRequest) -> str:
+    return "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+
+
+def _generation_request(body: ChatCompletionRequest, prompt_ids: list[int], adapter: str | None, max_model_len: int,
+                        default_max_tokens: int, structured: StructuredOutput | None = None) -> GenerationRequest:
+    """The request's sampling parameters as a GenerationRequest (checked by the engine: `GenerationRequest.check`)."""
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     if max_tokens is None:
-        max_tokens = min(default_max_tokens, room)
-    _check(max_tokens >= 1, f"{param} must be >= 1, got {max_tokens}", param)
-    _check(
-        max_tokens <= room,
-        f"This model's maximum context length is {max_model_len} tokens; the prompt has {len(prompt_ids)} "
-        f"tokens and {param}={max_tokens} asks for more than the {room} left. Lower {param}.",
-        param,
-    )
+        max_tokens = min(default_max_tokens, max_model_len - len(prompt_ids))
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     return GenerationRequest(
         prompt_ids=prompt_ids,
-        n=n,
+        n=1 if body.n is None else body.n,
         max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
         stop_token_ids=[],
         seed=body.seed,
-        top_logprobs=top_logprobs if body.logprobs else 0,
+        top_logprobs=body.top_logprobs or 0,
         adapter=adapter,
         stop_strings=[s for s in stop if s],
+        structured=structured,
     )
+
+
+# GenerationRequest fields -> the chat completion parameter they come from (others keep their name)
+_PARAM_OF_FIELD = {"prompt_ids": "messages", "adapter": "model", "stop_strings": "stop"}
+
+
+def _refused(error: InvalidRequestError, body: ChatCompletionRequest) -> APIError:
+    """The engine's refusal of a request as a 400 naming the first faulty parameter."""
+    if not error.problems:
+        return APIError(400, str(error))
+    field = error.problems[0].field
+    param = _max_tokens_param(body) if field == "max_tokens" else _PARAM_OF_FIELD.get(field, field)
+    message = str(error)
+    if param == "max_completion_tokens":
+        message = message.replace("max_tokens", param)  # the request's own name for the same budget
+    return APIError(400, message, param=param)
 
 
 @functools.lru_cache(maxsize=16)
@@ -248,14 +263,14 @@ def _max_token_chars(tokenizer: Any) -> int:
 
 def _precheck(body: ChatCompletionRequest, messages: list[dict[str, Any]], tokenizer: Any, max_model_len: int,
               max_n: int) -> None:
-    """Refuse what is too big before rendering or tokenizing anything."""
+    """Refuse what is too big before rendering or tokenizing anything (the rest: `GenerationRequest.check`)."""
     n = 1 if body.n is None else body.n
-    _check(1 <= n <= max_n, f"n must be between 1 and {max_n}, got {n}", "n")
+    _check(n <= max_n, f"n must be between 1 and {max_n}, got {n}", "n")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    param = _max_tokens_param(body)
     if max_tokens is not None:
         _check(
-            1 <= max_tokens < max_model_len,
+            max_tokens < max_model_len,
             f"{param}={max_tokens}; it must be between 1 and {max_model_len - 1} (this model's maximum context "
             f"length is {max_model_len} tokens, prompt included). Lower {param}.",
             param,
@@ -435,6 +450,7 @@ def create_app(
                 from error
         tokenizer = engine.tokenizer
         _check_tool_choice(body)
+        structured = _structured(body, engine)
         try:
             messages = request_messages(body.messages)
         except InvalidRequestError as error:
@@ -446,13 +462,15 @@ def create_app(
             prompt_ids = prompts.prompt_ids(tokenizer, messages, tools, end_ids)
         except InvalidRequestError as error:
             raise APIError(400, str(error), param="messages") from error
-        request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, max_n, default_max_tokens)
+        request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, default_max_tokens, structured)
         try:
             results = await _generate_unless_disconnected(engine, request, http)
-        except InvalidRequestError as error:
-            raise APIError(400, str(error)) from error
+        except InvalidRequestError as error:  # a StructuredOutputError's problem names response_format / tool_choice
+            raise _refused(error, body) from error
         except EngineClosedError as error:  # the program is exiting or the backend was closed
             raise APIError(503, str(error), code="engine_closed", type="server_error") from error
+        if not body.logprobs:  # top_logprobs are checked whatever `logprobs` says, and shown only when asked
+            results = [dataclasses.replace(result, top_logprobs=None) for result in results]
         choices = [
             _choice_json(i, result, body, tokenizer, request.stop_strings, bool(tools), end_ids, prompt_ids, prompts)
             for i, result in enumerate(results)

@@ -11,6 +11,10 @@ OpenAI `tool_calls` entries; text outside the blocks stays the message content.
 The parser never raises on model output: a block whose body is not a JSON object
 with a string `name` (malformed JSON, or a block never closed) is kept as content,
 since the model produced it and the caller should see it.
+
+`HERMES` writes the same syntax down as data (`ToolCallSyntax`), for the grammars
+that make a reply call a tool (`serve/structured.py`): what they produce is what
+this parser reads and what the chat template renders back.
 """
 
 from __future__ import annotations
@@ -18,10 +22,39 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
+
+
+@dataclass(frozen=True)
+class ToolCallSyntax:
+    """How a chat family writes tool calls in a reply.
+
+    One call is `begin + '{"name": "<name>", "arguments": <arguments JSON>}' + end`,
+    several are joined by `separator`, and the reply holds nothing else when it only
+    calls tools (what the chat template renders for an assistant message with
+    `tool_calls` and no content).
+    """
+
+    name: str
+    begin: str
+    end: str
+    separator: str
+
+
+HERMES = ToolCallSyntax("hermes", begin=TOOL_CALL_START + "\n", end="\n" + TOOL_CALL_END, separator="\n")
+"""Qwen / Hermes: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, calls one per line."""
+
+
+def tool_call_syntax(tokenizer: Any) -> ToolCallSyntax | None:
+    """The tool-call syntax of `tokenizer`'s chat template, or None when it is not one this module parses."""
+    template = getattr(tokenizer, "chat_template", None)
+    texts = template.values() if isinstance(template, dict) else [template]
+    return HERMES if any(isinstance(t, str) and TOOL_CALL_START in t for t in texts) else None
+
 
 _BLOCK = re.compile(re.escape(TOOL_CALL_START) + r"(.*?)" + re.escape(TOOL_CALL_END), re.DOTALL)
 

@@ -15,13 +15,18 @@ what it leaves out compared with vLLM:
    attention mask hides the padding and explicit `position_ids` (counted from each
    row's first real token) give every row the positions it would have alone, so a
    row's logprobs match an unbatched forward to float tolerance.
-4. **Sharing the device with a trainer.** Each batch runs in the worker thread under
-   `model_lock`, in `torch.inference_mode()`, with every module in eval mode (the
-   previous train/eval modes are restored afterwards). `adapter=None` uses whatever
-   peft adapter is active (the live trained weights); a named adapter is switched on
-   for its rows only and the previous adapter, and every parameter's
-   `requires_grad`, are restored afterwards, so an optimizer holding the live
-   adapter's parameters never notices.
+4. **Sharing the model with a trainer.** Built with `shares_trainer_weights=True`
+   and the trainer's lock as `model_lock`, the engine serves the trainer's own peft
+   model: each batch runs in the worker thread under `model_lock`, in
+   `torch.inference_mode()`, with every module in eval mode (the previous
+   train/eval modes are restored afterwards), and `training()` holds the same lock
+   for a whole train call. `adapter=None` uses whatever peft adapter is active (the
+   live trained weights), so `set_live_weights` has nothing to do; a named adapter
+   is switched on for its rows only and the previous adapter, and every
+   parameter's `requires_grad`, are restored afterwards, so an optimizer holding
+   the live adapter's parameters never notices. Without a trainer on the model
+   (training workers, `artrl serve`), `set_live_weights` copies a checkpoint's
+   adapter tensors into the active adapter under the lock.
 5. **A caller that stops waiting frees its rows.** Cancelling `generate` (the server
    does when the HTTP client disconnects) cancels a queued request outright; a
    request already decoding stops taking tokens at the next step, and the batch
@@ -30,6 +35,15 @@ what it leaves out compared with vLLM:
    at interpreter exit, artrl/shutdown.py) fails the batch in flight at its next
    decode step and every queued request with `EngineClosedError`, then joins the
    worker, so no daemon thread is inside torch when Python finalises.
+7. **Structured outputs by a grammar.** A request with `structured` (a JSON schema or
+   tool calls, serve/structured.py) is compiled into an llguidance grammar when it
+   arrives (once per distinct schema; a schema that does not compile is an
+   `InvalidRequestError` before anything is queued). Each of its rows gets its own
+   matcher: before every step the matcher's token bitmask sets the forbidden logits
+   of that row to -inf, *then* temperature and top-p apply, and the sampled token
+   advances the matcher. Rows without a grammar are not touched, and a batch with no
+   grammar row does no grammar work at all. Logprobs stay the raw, unmasked ones
+   (serve/engine.py, point 1), so the token record trains as it does unconstrained.
 """
 
 from __future__ import annotations
@@ -37,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import inspect
 import logging
 import queue
@@ -48,9 +63,8 @@ import torch
 from transformers import DynamicCache
 
 from artrl import shutdown
+from artrl.adapter_switch import NotPeftModelError, load_adapter_weights, load_frozen_adapter, serving
 from artrl.chat_format import end_of_turn_ids
-from artrl.adapter_switch import serving
-from artrl.serve.adapters import load_frozen_adapter
 from artrl.serve.engine import (
     BASE_WEIGHTS,
     EngineClosedError,
@@ -59,7 +73,8 @@ from artrl.serve.engine import (
     InferenceEngine,
     InvalidRequestError,
 )
-from artrl.serve.sampling import row_generator, sample_next_tokens
+from artrl.serve.sampling import mask_logits, row_generator, sample_next_tokens
+from artrl.serve.structured import CompiledGrammar, GrammarCompiler, RowGrammar, bitmask_words
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +91,7 @@ class _Pending:
     request: GenerationRequest
     future: concurrent.futures.Future
     abandoned: bool = False  # the caller stopped waiting (e.g. the HTTP client disconnected)
+    grammar: CompiledGrammar | None = None  # request.structured, compiled
 
 
 @dataclass
@@ -90,6 +106,7 @@ class _DecodeRow:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str | None = None
+    grammar: RowGrammar | None = None  # this row's grammar state, when the request is structured
 
     @property
     def request(self) -> GenerationRequest:
@@ -97,7 +114,14 @@ class _DecodeRow:
 
 
 class TransformersEngine(InferenceEngine):
-    """Serve a transformers causal LM (optionally a peft `PeftModel`)."""
+    """Serve a transformers causal LM (optionally a peft `PeftModel`); see the module docstring.
+
+    `end_ids`: the end-of-turn ids (None: `chat_format.end_of_turn_ids(tokenizer, model)`, what a
+    session passes). `shares_trainer_weights`: the model is a trainer's; `model_lock` is then the
+    trainer's lock (None: a lock of the engine's own).
+    """
+
+    structured_outputs = True
 
     def __init__(
         self,
@@ -107,8 +131,10 @@ class TransformersEngine(InferenceEngine):
         max_batch_size: int = 32,
         max_model_len: int | None = None,
         num_threads: int | None = None,
+        end_ids: frozenset[int] | None = None,
+        shares_trainer_weights: bool = False,
+        model_lock: Any = None,
     ) -> None:
-        super().__init__()
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self._model = model
@@ -116,17 +142,23 @@ class TransformersEngine(InferenceEngine):
         self.max_batch_size = max_batch_size
         #: CPU threads of the decode worker (torch's setting is per thread); None keeps torch's default.
         self.num_threads = num_threads
+        #: Held for each batch, by `load_adapter` / `set_live_weights`, and (sharing) by the trainer.
+        self.model_lock = model_lock if model_lock is not None else threading.RLock()
+        self.shares_trainer_weights = shares_trainer_weights
         config = model.config
         if max_model_len is None:
             max_model_len = getattr(config, "max_position_embeddings", None) or 2048
         self._max_model_len = int(max_model_len)
         self._vocab_size = model.get_input_embeddings().num_embeddings
         # what ends a turn is chat_format's: the same ids the trainer closes a turn on
-        self._eos_ids = end_of_turn_ids(tokenizer, model)
+        self._eos_ids = frozenset(end_ids) if end_ids is not None else end_of_turn_ids(tokenizer, model)
         pad = tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else min(self._eos_ids, default=0)
         self._cache_kwarg = _cache_kwarg_name(model)
         self._adapters: dict[str, str] = {}
+        #: The checkpoint `set_live_weights` last made the live weights: (path, step), or None.
+        self.live_weights: tuple[str, int] | None = None
+        self._grammars = GrammarCompiler(tokenizer, self._vocab_size, self._eos_ids)
 
         #: Batches run and sequences sampled so far (for logs, metrics and tests).
         self.batches_served = 0
@@ -157,6 +189,10 @@ class TransformersEngine(InferenceEngine):
         return self._model
 
     @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
     def end_of_turn_ids(self) -> frozenset[int]:
         """The ids sampling stops on (tokenizer eos, the model's generation-config eos, chat end tokens)."""
         return self._eos_ids
@@ -179,17 +215,39 @@ class TransformersEngine(InferenceEngine):
                     f"Adapter name {name!r} is already loaded from {self._adapters[name]}; "
                     f"cannot load it again from {path}. Use another name."
                 )
-            load_frozen_adapter(self._model, name, path)
+            try:
+                load_frozen_adapter(self._model, name, path)
+            except NotPeftModelError as error:
+                raise InvalidRequestError(f"Cannot serve adapter {name!r}: {error}") from error
             self._adapters[name] = str(path)
         logger.info("Loaded adapter %r from %s", name, path)
 
+    def set_live_weights(self, path: str, step: int) -> None:
+        """Serve checkpoint `path` as the live weights: nothing to do when the trainer's model is served (it
+        already holds them), else its adapter tensors are copied into the active adapter under the lock."""
+        if not self.shares_trainer_weights:
+            with self.model_lock:
+                load_adapter_weights(self._model, path)
+            logger.info("Serving the live weights of step %d from %s", step, path)
+        self.live_weights = (str(path), step)
+
+    def training(self) -> Any:
+        """Sharing the trainer's model: its lock, so no batch runs while the weights change; else nothing."""
+        return self.model_lock if self.shares_trainer_weights else contextlib.nullcontext()
+
     async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
-        self._validate(request)
+        if self._closed:
+            raise EngineClosedError("TransformersEngine.generate called after close()")
+        self.check(request)
+        grammar = None
+        if request.structured is not None:  # compiling a new schema is CPU work: off the event loop
+            grammar = self._grammars.cached(request.structured) or await asyncio.to_thread(
+                self._grammars.compile, request.structured)
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._ensure_worker()
         with self._counter_lock:
             self._pending += 1
-        pending = _Pending(request, future)
+        pending = _Pending(request, future, grammar=grammar)
         self._queue.put(pending)
         try:
             # cancelling this await cancels `future` too while it is still queued
@@ -226,37 +284,6 @@ class TransformersEngine(InferenceEngine):
                 return
             if item is not None and item.future.set_running_or_notify_cancel():
                 item.future.set_exception(EngineClosedError("the inference engine was closed"))
-
-    # ------------------------------------------------------------------ checks
-
-    def _validate(self, request: GenerationRequest) -> None:
-        if self._closed:
-            raise EngineClosedError("TransformersEngine.generate called after close()")
-        problems = []
-        if not request.prompt_ids:
-            problems.append("prompt_ids is empty")
-        elif not all(0 <= t < self._vocab_size for t in request.prompt_ids):
-            bad = next(t for t in request.prompt_ids if not 0 <= t < self._vocab_size)
-            problems.append(f"prompt token id {bad} is outside the vocabulary [0, {self._vocab_size})")
-        if request.n < 1:
-            problems.append(f"n must be >= 1, got {request.n}")
-        if request.max_tokens < 1:
-            problems.append(f"max_tokens must be >= 1, got {request.max_tokens}")
-        if request.temperature < 0:
-            problems.append(f"temperature must be >= 0, got {request.temperature}")
-        if not 0 < request.top_p <= 1:
-            problems.append(f"top_p must be in (0, 1], got {request.top_p}")
-        if request.top_logprobs < 0:
-            problems.append(f"top_logprobs must be >= 0, got {request.top_logprobs}")
-        if len(request.prompt_ids) + request.max_tokens > self._max_model_len:
-            problems.append(
-                f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.max_tokens}) "
-                f"exceeds max_model_len {self._max_model_len}; shorten the prompt or lower max_tokens"
-            )
-        if request.adapter is not None and not self.has_adapter(request.adapter):
-            problems.append(f"adapter {request.adapter!r} is not loaded (loaded: {sorted(self._adapters)})")
-        if problems:
-            raise InvalidRequestError("; ".join(problems))
 
     # ------------------------------------------------------------------ batching
 
@@ -325,7 +352,8 @@ class TransformersEngine(InferenceEngine):
             stop_ids = frozenset(request.stop_token_ids) | self._eos_ids
             for sample in range(request.n):
                 generator = row_generator(device, request.seed, sample)
-                by_adapter[request.adapter].append(_DecodeRow(pending, sample, generator, stop_ids))
+                grammar = pending.grammar.row() if pending.grammar is not None else None
+                by_adapter[request.adapter].append(_DecodeRow(pending, sample, generator, stop_ids, grammar=grammar))
 
         results: dict[int, list[GenerationResult | None]] = {
             id(p): [None] * p.request.n for p in live
@@ -404,8 +432,10 @@ class TransformersEngine(InferenceEngine):
         for step in range(steps):
             if self._closed:
                 raise EngineClosedError(f"the inference engine was closed while decoding {batch} rows")
-            logprobs = logits.log_softmax(dim=-1)  # [batch, vocab]
-            tokens = sample_next_tokens(logits, temperature, top_p, generators)  # [batch]
+            logprobs = logits.log_softmax(dim=-1)  # [batch, vocab]; raw, whatever a grammar allows
+            constrained = [i for i, row in enumerate(rows) if row.grammar is not None and row.finish_reason is None]
+            allowed = self._grammar_masked(logits, rows, constrained) if constrained else logits  # [batch, vocab]
+            tokens = sample_next_tokens(allowed, temperature, top_p, generators)  # [batch]
             chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)  # [batch]
             tokens_list, chosen_list = tokens.tolist(), chosen.tolist()
             if k > 0:
@@ -424,7 +454,12 @@ class TransformersEngine(InferenceEngine):
                 if row.request.top_logprobs > 0:
                     n_top = row.request.top_logprobs
                     row.top_logprobs.append(list(zip(top_ids_list[i][:n_top], top_values_list[i][:n_top])))
-                if tokens_list[i] in row.stop_ids or self._completes_stop_string(row):
+                if row.grammar is not None and not row.grammar.accept(tokens_list[i]):
+                    # only when the grammar allowed no token of the vocabulary at all
+                    logger.warning("A structured row sampled a token its grammar forbids (%s); ending it.",
+                                   row.grammar.error)
+                    row.finish_reason = "length"
+                elif tokens_list[i] in row.stop_ids or self._completes_stop_string(row):
                     row.finish_reason = "stop"
                 elif len(row.token_ids) >= row.request.max_tokens:
                     row.finish_reason = "length"
@@ -442,6 +477,16 @@ class TransformersEngine(InferenceEngine):
             )
             logits = out.logits[:, -1, :].float()  # [batch, vocab]
             next_position = next_position + 1
+
+    def _grammar_masked(self, logits: torch.Tensor, rows: list[_DecodeRow], constrained: list[int]) -> torch.Tensor:
+        """`logits` with what each constrained row's grammar forbids set to -inf (other rows unchanged)."""
+        bitmask = torch.empty((len(constrained), bitmask_words(self._vocab_size)), dtype=torch.int32)  # [rows, words]
+        for k, i in enumerate(constrained):
+            grammar = rows[i].grammar
+            assert grammar is not None
+            grammar.fill_bitmask(bitmask[k])
+        index = torch.tensor(constrained, dtype=torch.long, device=logits.device)  # [rows]
+        return mask_logits(logits, bitmask, index)
 
     def _completes_stop_string(self, row: _DecodeRow) -> bool:
         stops = row.request.stop_strings

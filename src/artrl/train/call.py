@@ -1,8 +1,12 @@
 """A prepared train call: what will run (steps, rows, plan, learning rates) and the line that says so.
 
-`prepare_rl` / `prepare_sft` (rl.py, sft.py) build one through the shared build
-path (preprocess/build.py); `run_call` executes it on a Trainer and returns
-per-step metrics plus call-level figures. Every call logs one summary line, e.g.
+`prepare_call` (prepare.py: `prepare_rl` / `prepare_sft` of rl.py, sft.py) builds
+one from a `BuildContext` (what the trainer that will run it is: tokenizer,
+end-of-turn ids, maximum length, device) through `build_batches`, the one
+mapping of a config's batch settings onto preprocess/build.py. A prepared call
+is plain data: it runs here (`run_call` on a Trainer: per-step metrics plus
+the call's summary metrics) or is shipped whole to training workers. Every call
+logs one line, e.g.
 
     RL: packed 120 sequences of 120 trajectories into 14 rows of 3072 tokens (2.7% padding);
     7 micro-batches of <=2 rows; 2 optimizer steps of 8 groups
@@ -13,18 +17,32 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..preprocess.build import BuiltCall
-from ..preprocess.rows import PackedRows
+from collections.abc import Sequence
+
+from ..preprocess.build import BuiltCall, build_call
 from ..preprocess.plan import BatchPlan
-from ..preprocess.tokenize import TokenizeStats
-from ..types import OptimizerConfig
-from .trainer import LossFn, StepOptions, Trainer
+from ..preprocess.rows import PackedRows
+from ..preprocess.tokenize import TokenizedSequence, TokenizeStats
+from ..types import BatchConfig, OptimizerConfig
+from .trainer import BuildContext, LossFn, StepOptions, Trainer
 
 log = logging.getLogger(__name__)
 
 # Per-step metrics that add up over a call (the rest are averaged over its steps).
 SUMMED_METRICS = ("trainable_tokens", "computed_tokens", "micro_batches", "rows", "step_seconds",
                   "skipped_nonfinite_steps", "sampled_logprob_tokens")
+
+
+def build_batches(units: Sequence[Sequence[TokenizedSequence]], config: BatchConfig, ctx: BuildContext, *,
+                  units_per_step: int | None, rows_per_step: int | None = None) -> BuiltCall:
+    """Units -> optimizer steps -> rows -> micro-batches with `config`'s batch settings (RL and SFT alike)."""
+    max_length = min(ctx.max_length, config.max_row_length or ctx.max_length)
+    return build_call(
+        units, units_per_step=units_per_step, rows_per_step=rows_per_step, row_length=config.row_length,
+        max_length=max_length, on_too_long=config.on_too_long, share_prompts=config.share_prompts,
+        pad_id=ctx.pad_id,
+        per_device_train_batch_size=config.resolved_per_device_train_batch_size(ctx.device_type, rows_per_step),
+        max_tokens_per_microbatch=config.max_tokens_per_microbatch)
 
 
 @dataclass
@@ -35,9 +53,8 @@ class PreparedCall:
     learning_rates: list[float]
     optimizer: OptimizerConfig
     tokenize_stats: TokenizeStats
-    unit_name: str = "groups"  # what a step is made of: "groups" (RL) or "trajectories" (SFT)
+    step_unit: str = "groups"  # what an optimizer step is made of: "groups" (RL) or "trajectories" (SFT)
     options: StepOptions = field(default_factory=StepOptions)
-    notes: list[str] = field(default_factory=list)
 
     @property
     def packed(self) -> PackedRows | None:
@@ -51,7 +68,8 @@ class PreparedCall:
     def empty(self) -> bool:
         return self.built.empty
 
-    def summary(self) -> str:
+    def line(self) -> str:
+        """The call's one-line description (what the log and a train result's warning show)."""
         t = self.tokenize_stats
         s = self.built.stats
         counts = [
@@ -73,7 +91,7 @@ class PreparedCall:
         per_step = f"{units[0]}" if len(units) == 1 else f"{units[0]}-{units[-1]}"
         return (f"{self.kind.upper()}: packed {s.sequences} sequences of {t.trajectories} trajectories into {s.rows} "
                 f"rows of {s.row_length} tokens ({100 * s.padding_fraction:.1f}% padding); "
-                f"{self.plan.describe()} of {per_step} {self.unit_name}{extra}")
+                f"{self.plan.describe()} of {per_step} {self.step_unit}{extra}")
 
     def figures(self) -> dict[str, float]:
         out = {f"data/{k}": v for k, v in self.tokenize_stats.as_metrics().items()}
@@ -90,11 +108,12 @@ class PreparedCall:
 
 def run_call(trainer: Trainer, call: PreparedCall, *, show_progress: bool = True, desc: str | None = None,
              verbose: bool = False) -> tuple[list[dict[str, float]], dict[str, float]]:
-    """Execute a prepared call; returns (metrics per optimizer step, averaged metrics + figures).
+    """Execute a prepared call; returns (metrics per optimizer step, the call's summary metrics: averaged
+    step metrics + data figures).
 
     `verbose` (ART's keyword) also logs each optimizer step's metrics at INFO level.
     """
-    log.info("%s", call.summary())
+    log.info("%s", call.line())
     steps: list[dict[str, float]] = []
     if not call.empty:
         assert call.packed is not None and call.plan is not None and call.loss_fn is not None

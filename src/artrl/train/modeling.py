@@ -108,6 +108,20 @@ def load_tokenizer(base_model: str, cfg: InternalModelConfig | None = None) -> A
     return tok
 
 
+def load_generation_config(base_model: str, cfg: InternalModelConfig | None = None) -> Any:
+    """The model's saved `GenerationConfig` (its eos ids matter: `chat_format.end_of_turn_ids`), or None when it
+    has none; for a caller that serves the model without loading its weights here (vLLM)."""
+    from transformers import GenerationConfig
+
+    if base_model in RANDOM_CONFIGS:
+        return None
+    cfg = cfg or InternalModelConfig()
+    try:
+        return GenerationConfig.from_pretrained(resolve_name(base_model), trust_remote_code=cfg.trust_remote_code)
+    except OSError:
+        return None
+
+
 def load_base_model(base_model: str, cfg: InternalModelConfig | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) without an adapter, on the configured device and dtype."""
     from transformers import AutoModelForCausalLM

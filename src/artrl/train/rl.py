@@ -18,15 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-from ..chat_format import end_of_turn_ids
 from ..preprocess.advantages import balance_advantages
-from ..preprocess.build import BuiltCall, build_call
+from ..preprocess.build import BuiltCall
 from ..preprocess.tokenize import tokenize_groups
 from ..trajectories import TrajectoryGroup
 from ..types import TrainConfig
-from .call import PreparedCall
+from .call import BuildContext, PreparedCall, build_batches
 from .loss import LossTerms, policy_loss
-from .trainer import StepOptions, TokenBatch, Trainer
+from .trainer import StepOptions, TokenBatch
 
 
 def _rl_loss(tb: TokenBatch, *, config: TrainConfig) -> LossTerms:
@@ -54,15 +53,10 @@ def step_options(config: TrainConfig, ref_adapter: str | None = None) -> StepOpt
                        precalculate_logprobs=config.precalculate_logprobs)
 
 
-def build_rl(groups: Sequence[Sequence], config: TrainConfig, *, max_length: int, pad_id: int,
-             device_type: str) -> BuiltCall:
-    """Tokenized groups -> steps -> rows -> micro-batches, as config says (also used by `artrl bench train`)."""
-    return build_call(
-        groups, units_per_step=config.groups_per_optimizer_step, rows_per_step=config.grad_accumulation_sequences,
-        row_length=config.row_length, max_length=min(max_length, config.max_row_length or max_length),
-        on_too_long=config.on_too_long, share_prompts=config.share_prompts, pad_id=pad_id,
-        rows_per_forward=config.rows_per_forward(device_type, config.grad_accumulation_sequences),
-        max_tokens_per_microbatch=config.max_tokens_per_microbatch)
+def build_rl(groups: Sequence[Sequence], config: TrainConfig, ctx: BuildContext) -> BuiltCall:
+    """Tokenized groups -> steps of groups -> rows -> micro-batches, as config says (also `artrl bench train`)."""
+    return build_batches(groups, config, ctx, units_per_step=config.groups_per_optimizer_step,
+                         rows_per_step=config.grad_accumulation_sequences)
 
 
 def learning_rates(built: BuiltCall, config: TrainConfig) -> list[float]:
@@ -73,17 +67,15 @@ def learning_rates(built: BuiltCall, config: TrainConfig) -> list[float]:
     return [config.learning_rate * (float(step.sequences) ** power if power else 1.0) for step in built.plan.steps]
 
 
-def prepare_rl(trainer: Trainer, groups: Sequence[TrajectoryGroup], config: TrainConfig, *,
+def prepare_rl(ctx: BuildContext, groups: Sequence[TrajectoryGroup], config: TrainConfig, *,
                ref_adapter: str | None = None) -> PreparedCall:
-    """Tokenize, balance, build and plan one RL call. `ref_adapter`: a loaded adapter as the KL reference."""
-    config.check()
-    tok = tokenize_groups(groups, trainer.tokenizer, scale_rewards=config.scale_rewards,
+    """Tokenize (validating each trajectory), balance, build and plan one RL call with a checked `config`.
+    `ref_adapter`: a loaded adapter as the KL reference."""
+    tok = tokenize_groups(groups, ctx.tokenizer, scale_rewards=config.scale_rewards,
                           allow_training_without_logprobs=config.allow_training_without_logprobs,
-                          require_logprobs=config.require_logprobs,
-                          end_ids=end_of_turn_ids(trainer.tokenizer, trainer.model))
+                          require_logprobs=config.require_logprobs, end_ids=ctx.end_ids)
     if config.advantage_balance:
         balance_advantages(tok.groups, config.advantage_balance)
-    built = build_rl(tok.groups, config, max_length=trainer.max_length, pad_id=trainer.pad_id,
-                     device_type=trainer.device.type) if tok.groups else BuiltCall(None, None)
+    built = build_rl(tok.groups, config, ctx) if tok.groups else BuiltCall(None, None)
     return PreparedCall("rl", built, rl_loss_fn(config), learning_rates(built, config), config, tok.stats,
-                        unit_name="groups", options=step_options(config, ref_adapter))
+                        step_unit="groups", options=step_options(config, ref_adapter))

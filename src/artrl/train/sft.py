@@ -12,35 +12,30 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from ..chat_format import end_of_turn_ids
-from ..preprocess.build import BuiltCall, build_call, split_units
+from ..preprocess.build import BuiltCall
 from ..preprocess.tokenize import tokenize_sft
 from ..trajectories import Trajectory
 from ..types import TrainSFTConfig
-from .call import PreparedCall
+from .call import BuildContext, PreparedCall, build_batches
 from .loss import LossTerms, sft_loss
-from .trainer import TokenBatch, Trainer
+from .trainer import TokenBatch
 
 
 def _sft_loss(tb: TokenBatch) -> LossTerms:
     return sft_loss(tb.logprobs, tb.weights, tb.entropy)
 
 
-def prepare_sft(trainer: Trainer, trajectories: Sequence[Trajectory], config: TrainSFTConfig) -> PreparedCall:
-    config.check()
+def prepare_sft(ctx: BuildContext, trajectories: Sequence[Trajectory], config: TrainSFTConfig) -> PreparedCall:
+    """Tokenize (validating each trajectory), cut into steps of `batch_size` trajectories, build and plan one
+    SFT call with a checked `config`."""
     trajectories = list(trajectories)
     if config.shuffle:
         # a different order every call, reproducible from the seed and the restored optimizer step count
-        random.Random(config.seed * 1_000_003 + trainer.optimizer_steps).shuffle(trajectories)
-    tok = tokenize_sft(trajectories, trainer.tokenizer, end_ids=end_of_turn_ids(trainer.tokenizer, trainer.model))
+        random.Random(config.seed * 1_000_003 + ctx.optimizer_steps).shuffle(trajectories)
+    tok = tokenize_sft(trajectories, ctx.tokenizer, end_ids=ctx.end_ids)
     if not tok.groups:
-        return PreparedCall("sft", BuiltCall(None, None), _sft_loss, [], config, tok.stats, unit_name="trajectories")
-    bs = config.resolved_batch_size(len(tok.groups))
-    lrs = config.learning_rates(len(split_units(len(tok.groups), bs)))
-    max_len = min(trainer.max_length, config.max_row_length or trainer.max_length)
-    built = build_call(tok.groups, units_per_step=bs, row_length=config.row_length, max_length=max_len,
-                       on_too_long=config.on_too_long, share_prompts=config.share_prompts, pad_id=trainer.pad_id,
-                       rows_per_forward=config.rows_per_forward(trainer.device.type),
-                       max_tokens_per_microbatch=config.max_tokens_per_microbatch)
+        return PreparedCall("sft", BuiltCall(None, None), _sft_loss, [], config, tok.stats, step_unit="trajectories")
+    built = build_batches(tok.groups, config, ctx, units_per_step=config.resolved_batch_size(len(tok.groups)))
+    lrs = config.learning_rates(built.steps_cut)
     return PreparedCall("sft", built, _sft_loss, [lrs[k] for k in built.kept_steps], config, tok.stats,
-                        unit_name="trajectories")
+                        step_unit="trajectories")

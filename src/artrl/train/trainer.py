@@ -23,8 +23,11 @@ is taken over the whole optimizer step in a first no-grad pass; ART's
 step, the sampled ones kept for truncated importance sampling); the LM-head
 chunk size.
 
-The model is shared with the inference engine: `model_lock` is held for the
-whole of a train call so generation and training take turns on one device.
+`model_lock` is held for the whole of a train call. The built-in inference
+engine may serve this very model (serve/transformers_engine.py); it is then
+built with this lock, so generation and training take turns on one device.
+`end_ids` (the ids that close an assistant turn) are given by the session,
+which hands the same set to the inference engine.
 
 Randomness (e.g. LoRA dropout) comes from the trainer's own generator state,
 seeded from the model config and saved in checkpoints: a train call runs inside
@@ -45,10 +48,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
+from ..progress import ProgressBar, progress_bar
 from ..types import InternalModelConfig, OptimizerConfig
 from .attention import attention_mask_for
 from .logprobs import TokenLogprobModel
@@ -65,7 +68,8 @@ class TokenBatch:
 
     logprobs: torch.Tensor  # new logprobs (with grad when training)
     entropy: torch.Tensor
-    old_logprobs: torch.Tensor  # sampled logprobs (nan where unknown)
+    old_logprobs: torch.Tensor  # the behaviour policy's logprobs: sampled ones, or recomputed by the trainer
+    # before the first step under precalculate_logprobs (nan where unknown)
     advantages: torch.Tensor
     weights: torch.Tensor
     sequence_ids: torch.Tensor
@@ -75,6 +79,18 @@ class TokenBatch:
 
 
 LossFn = Callable[[TokenBatch], LossTerms]
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What preparing a call needs to know of the trainer that will run it (`Trainer.build_context()`)."""
+
+    tokenizer: Any
+    end_ids: frozenset[int]  # ids that close an assistant turn (the inference engine stops on the same)
+    max_length: int  # the longest row the model takes
+    pad_id: int
+    device_type: str  # "cpu" or "cuda": the default per_device_train_batch_size depends on it
+    optimizer_steps: int  # optimizer steps taken so far (the SFT shuffle's seed mixes it in)
 
 SAMPLED_DELTA_KEYS = ("sampled_logprob_delta_mean", "sampled_logprob_delta_max", "sampled_logprob_tokens")
 
@@ -130,12 +146,17 @@ class Trainer:
 
     def __init__(self, model: Any, tokenizer: Any, cfg: InternalModelConfig | None = None,
                  model_lock: threading.RLock | None = None,
-                 wrap: Callable[[TokenLogprobModel], Any] | None = None) -> None:
+                 wrap: Callable[[TokenLogprobModel], Any] | None = None,
+                 end_ids: frozenset[int] | None = None) -> None:
         """`wrap`, if given, is applied to the forward module before the optimizer takes its parameters
-        (distributed/sharding.py shards it with FSDP2 there)."""
+        (distributed/sharding.py shards it with FSDP2 there). `end_ids`: the ids that end an assistant turn
+        (None: `chat_format.end_of_turn_ids(tokenizer, model)`, what a session computes and passes)."""
+        from ..chat_format import end_of_turn_ids
+
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = cfg or InternalModelConfig()
+        self.end_ids = frozenset(end_ids) if end_ids is not None else end_of_turn_ids(tokenizer, model)
         inner = _unwrap(model)
         self.backbone = getattr(inner, inner.base_model_prefix)  # e.g. Qwen3Model
         self.lm_head = inner.get_output_embeddings()
@@ -154,6 +175,11 @@ class Trainer:
         self.optimizer_steps = 0
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._rng = self._seeded_rng_state(self.cfg.seed)
+
+    def build_context(self) -> "BuildContext":
+        """What preparing a call for this trainer needs to know of it."""
+        return BuildContext(tokenizer=self.tokenizer, end_ids=self.end_ids, max_length=self.max_length,
+                            pad_id=self.pad_id, device_type=self.device.type, optimizer_steps=self.optimizer_steps)
 
     # ------------------------------------------------------------------ randomness
     def _seeded_rng_state(self, seed: int) -> dict[str, torch.Tensor | None]:
@@ -188,6 +214,16 @@ class Trainer:
             finally:
                 self._rng = {"cpu": torch.get_rng_state(),
                              "cuda": torch.cuda.get_rng_state(self.device) if cuda else None}
+
+    # ------------------------------------------------------------------ reference weights
+    def load_reference_adapter(self, name: str, path: str) -> None:
+        """Load the peft adapter saved in `path` onto the model as `name`, frozen, for `StepOptions.ref_adapter`
+        (a KL reference); loading a name already there does nothing. The active (trained) adapter stays."""
+        from ..adapter_switch import load_frozen_adapter
+
+        with self.model_lock:
+            if name not in getattr(self.model, "peft_config", {}):
+                load_frozen_adapter(self.model, name, path)
 
     # ------------------------------------------------------------------ forward
     @contextlib.contextmanager
@@ -244,7 +280,7 @@ class Trainer:
             raise ValueError(f"{len(learning_rates)} learning rates for {len(plan.steps)} steps")
         optimizer = optimizer or OptimizerConfig()
         opts = options or StepOptions(need_ref=need_ref)
-        bar = tqdm(total=plan.num_micro_batches, desc=desc, unit="mb", disable=not show_progress, leave=False)
+        bar = progress_bar(total=plan.num_micro_batches, desc=desc, unit="mb", disable=not show_progress, leave=False)
         try:
             with self.model_lock, self._own_rng():
                 self.model.train()
@@ -275,7 +311,7 @@ class Trainer:
         return dataclasses.replace(packed, logprobs=logprobs)
 
     def accumulate(self, packed: PackedRows, step: Any, loss_fn: LossFn, *, need_ref: bool = False,
-                   bar: tqdm | None = None, options: StepOptions | None = None,
+                   bar: ProgressBar | None = None, options: StepOptions | None = None,
                    original_logprobs: torch.Tensor | None = None) -> dict[str, float]:
         """Forward/backward every micro-batch of one optimizer step; gradients accumulate in .grad.
 
@@ -357,7 +393,7 @@ class Trainer:
         totals["kl_ref"] += terms.kl_ref_sum
 
     def _step(self, packed: PackedRows, step: Any, loss_fn: LossFn, lr: float, optimizer: OptimizerConfig,
-              opts: StepOptions, bar: tqdm, original: torch.Tensor | None = None) -> dict[str, float]:
+              opts: StepOptions, bar: ProgressBar, original: torch.Tensor | None = None) -> dict[str, float]:
         t0 = time.perf_counter()
         settings = optimizer.optimizer_settings()
         max_grad_norm = optimizer.max_grad_norm

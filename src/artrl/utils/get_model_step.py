@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..local import storage
+from ..run import storage
 
 
 def get_step_from_dir(output_dir: str) -> int:

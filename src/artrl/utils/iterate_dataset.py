@@ -19,7 +19,8 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from tqdm.auto import tqdm
+from ..progress import progress_bar
+
 
 T = TypeVar("T")
 
@@ -48,7 +49,7 @@ def iterate_dataset(
     if size == 0:
         return
     steps_per_epoch = math.ceil(size / groups_per_step)
-    bar = tqdm(initial=initial_step, total=steps_per_epoch * num_epochs, desc="Iterating dataset",
+    bar = progress_bar(initial=initial_step, total=steps_per_epoch * num_epochs, desc="Iterating dataset",
                unit="batch") if use_tqdm else None
     try:
         for epoch in range(num_epochs):

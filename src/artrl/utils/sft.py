@@ -25,9 +25,8 @@ import random
 from collections.abc import Generator, Iterable
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from tqdm.auto import tqdm
-
 from ..errors import TrajectoryError
+from ..progress import progress_bar
 from ..trajectories import Trajectory
 from ..types import TrainSFTConfig
 
@@ -134,7 +133,8 @@ def create_sft_dataset_iterator(
     per_chunk = batch_size * chunk_size
     chunks_per_epoch = math.ceil(size / per_chunk)
     first_chunk = initial_step // chunk_size
-    bar = tqdm(initial=initial_step, total=total_batches, desc="SFT Training", unit="step") if show_progress else None
+    bar = progress_bar(initial=initial_step, total=total_batches, desc="SFT Training",
+                       unit="step") if show_progress else None
     try:
         for epoch in range(epochs):
             order = list(trajectories)

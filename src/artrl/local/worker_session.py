@@ -1,15 +1,17 @@
 """A training session whose train calls run on a group of worker processes (docs/distributed.md).
 
-The same session as local/session.py (run directory, step counter, checkpoints,
+The same session as session.py (run directory, step counter, checkpoints,
 the served weights), with three differences:
 
 * its model is loaded for serving only, on `inference_gpu_ids[0]` when given;
-  inference keeps answering during a train call (no model lock is held: the
-  workers train their own sharded copy), and the served adapter is swapped
-  under the engine's lock once the call's checkpoint is complete;
-* a call goes to the `WorkerGroup` (distributed/group.py): the workers train,
-  the session decides as in one process (empty call, all steps non-finite), and
-  rank 0 writes the checkpoint;
+  inference keeps answering during a train call (the engine does not share a
+  trainer's weights, so no model lock is held: the workers train their own
+  sharded copy), and the engine takes each checkpoint as the live weights once
+  it is complete (`set_live_weights`, as in one process);
+* a call is prepared here, as in one process (tokenized, packed, planned once),
+  and the prepared call goes to the `WorkerGroup` (distributed/group.py): the
+  workers train, the session decides as in one process (empty call, all steps
+  non-finite), and rank 0 writes the checkpoint;
 * a failed group (`WorkerError`) is restarted by the next call, from the latest
   complete checkpoint: what a killed writer left is removed first, and a
   checkpoint that was completed but never confirmed is adopted (served, and its
@@ -19,18 +21,18 @@ the served weights), with three differences:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..distributed.group import WorkerGroup
 from ..errors import ConfigError
-from ..local import checkpoint, storage
-from ..local.session import CallOutcome, TrainingSession
-from ..notices import notice_once
-from ..types import InternalModelConfig, TrainConfig, TrainSFTConfig
-from .group import WorkerGroup
+from ..run import checkpoint, storage
+from ..types import InternalModelConfig, TrainConfig
+from .session import CallOutcome, TrainingSession
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,7 @@ class WorkerSession(TrainingSession):
 
     workers: WorkerGroup
     _calls: threading.Lock
+    SHARES_TRAINER_MODEL = False  # the model here only serves; the workers train their own copy
 
     @classmethod
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
@@ -78,46 +81,43 @@ class WorkerSession(TrainingSession):
     # ------------------------------------------------------------------ one call
     @contextlib.contextmanager
     def _training(self) -> Iterator[None]:
-        # one call at a time on the workers; the served weights change only in _serve, under the engine's lock,
-        # so inference goes on meanwhile
+        # one call at a time on the workers; the served weights change only in the engine's set_live_weights,
+        # so inference goes on meanwhile. A failed group restarts first: the call is prepared with the step
+        # and optimizer step count of the checkpoint it resumes from
         with self._calls:
+            if not self.workers.running:
+                self._restart_workers()
             yield
 
-    def _run_call(self, kind: str, data: list[Any], cfg: TrainConfig | TrainSFTConfig, show_progress: bool,
-                  verbose: bool = False) -> CallOutcome:
-        if isinstance(cfg, TrainConfig) and cfg.needs_reference() and (
-                cfg.kl_ref_adapter_path is not None or cfg.kl_penalty_reference_step is not None):
+    def _reference_adapter(self, cfg: TrainConfig) -> str | None:
+        if cfg.needs_reference() and (cfg.kl_ref_adapter_path is not None or
+                                      cfg.kl_penalty_reference_step is not None):
             raise ConfigError(
                 "kl_ref_adapter_path / kl_penalty_reference_step (a checkpoint as the KL reference) is not "
                 "supported with training workers yet; the workers use the base model (adapter off) as the "
                 "reference. Drop the option, or train in one process (num_workers=1).")
-        if isinstance(cfg, TrainConfig) and cfg.plot_tensors:
-            notice_once("workers.plot_tensors", "plot_tensors has no effect with training workers (the packed "
-                        "rows live in the worker processes); train in one process to plot them.")
-        if not self.workers.running:
-            self._restart_workers()
-        trained = self.workers.train(kind, data, cfg, desc=f"{kind} step {self.step + 1}", progress=show_progress)
-        log.info("%s", trained.line)
-        return CallOutcome(trained.empty, trained.line, trained.steps, trained.summary)
+        return super()._reference_adapter(cfg)
+
+    def _build_context(self) -> Any:
+        """The workers' trainer, as this process sees it: the same model and tokenizer, their device type."""
+        return dataclasses.replace(self.trainer.build_context(), device_type=self.workers.device_type)
+
+    def _run(self, call: Any, *, show_progress: bool, verbose: bool) -> CallOutcome:
+        """Ship the prepared call to every rank (no rank prepares it again) and wait for rank 0's figures."""
+        log.info("%s", call.line())
+        trained = self.workers.train(call, desc=f"{call.kind} step {self.step + 1}", progress=show_progress)
+        self.trainer.optimizer_steps = trained.optimizer_steps  # what the next call's SFT shuffle mixes in
+        return CallOutcome(trained.empty, call.line(), trained.steps, trained.summary)
 
     def _discard(self) -> None:
         self.workers.commit(None)
 
-    def _write(self, step: int, record: dict[str, Any]) -> Path:
+    def _write(self, step: int, record: dict[str, Any] | None) -> Path:
         path = self.workers.commit(step, record)
         assert path is not None
-        self._serve(path)
         return path
 
     # ------------------------------------------------------------------ helpers
-    def _serve(self, path: Path) -> None:
-        """Load a checkpoint's adapter (written by rank 0) into the served model."""
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        weights = load_file(str(path / storage.ADAPTER_WEIGHTS_FILE))
-        with self.engine.model_lock:
-            set_peft_model_state_dict(self.trainer.model, weights, adapter_name="default")
 
     def _restart_workers(self) -> None:
         """After a failure: drop what a killed writer left, adopt the latest complete checkpoint, start anew."""
@@ -128,5 +128,7 @@ class WorkerSession(TrainingSession):
         if latest is not None and latest != self.step:
             restored = checkpoint.restore(self.trainer, self.run, latest, self.base_model)
             self.step, self.history_record = restored.step, restored.history_record
+            self.trainer.optimizer_steps = restored.optimizer_steps
+            self.engine.set_live_weights(str(storage.checkpoint_dir(self.run, latest)), self.step)
             self._recover_history()
         self.workers.start()

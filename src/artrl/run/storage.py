@@ -30,13 +30,12 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from .._fs import fsync_dir, fsync_tree
+from .._fs import fsync_dir, fsync_tree, write_atomic
 from ..errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -100,19 +99,12 @@ def merge_state(run: Path, updates: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temporary file beside `path`, fsync, and rename over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Publish `data` as the JSON file `path` whole or not at all (`_fs.write_atomic`)."""
+
+    def write(tmp: Path) -> None:
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+    write_atomic(path, write, prefix=TMP_PREFIX)
 
 
 def json_safe(value: Any) -> Any:

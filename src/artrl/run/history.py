@@ -110,8 +110,9 @@ def prefix_metrics(metrics: dict[str, float], split: str) -> dict[str, float]:
     return out
 
 
-def finite(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if not (isinstance(v, float) and not math.isfinite(v))}
+def finite_values(d: dict[str, Any]) -> dict[str, float]:
+    """`d`'s finite numbers (a history row keeps no NaN, inf or non-number among its metrics)."""
+    return {k: v for k, v in d.items() if isinstance(v, (int, float)) and math.isfinite(v)}
 
 
 # --------------------------------------------------------------------------- the writer
@@ -184,10 +185,13 @@ class RunHistory:
     # logging ------------------------------------------------------------------
     async def log(self, groups: list[TrajectoryGroup] | None, split: str, metrics: dict[str, float] | None,
                   step: int, *, extra: dict[str, Any] | None = None, backend: Any = None,
-                  model: Any = None) -> dict[str, Any]:
-        """Write the step's trajectory log (if any groups) and one history row; returns the row."""
+                  model: Any = None, validated: bool = False) -> dict[str, Any]:
+        """Write the step's trajectory log (if any groups) and one history row; returns the row.
+
+        `validated`: the groups' trajectories were checked already in this call (a train call's tokenizer
+        checks each one before training), so they are not checked again."""
         metrics = dict(metrics or {})
-        check_loggable(groups or [], metrics)
+        check_loggable([] if validated else groups or [], metrics)
         automatic = self._automatic(backend, model, split, step, set(metrics))
         if automatic:
             self._route(automatic, split)
@@ -256,7 +260,7 @@ class RunHistory:
         row: dict[str, Any] = prefix_metrics(metrics, split)
         row["training_step"] = step
         row["time/wall_clock_sec"] = time.time() - self.started
-        row = finite(row)
+        row = finite_values(row)
         row.update({"step": step, "split": split, "recorded_at": datetime.datetime.now().isoformat()})
         row.update(extra or {})
         storage.append_jsonl(self.run / storage.HISTORY_FILE, storage.json_safe(row))
