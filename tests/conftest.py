@@ -6,13 +6,23 @@ import os
 import pathlib
 
 import pytest
+from hypothesis import HealthCheck, settings
 
-# Every test session builds (once) its own tiny model under a temporary cache,
-# unless the caller points ARTRL_CACHE_DIR somewhere on purpose.
+# One hypothesis profile for the suite. No per-example deadline and no "too slow" health check: on a loaded
+# machine they fail tests for the time an example took, and tests check behaviour, never wall-clock time.
+# The same examples every run (derandomize): a failure in CI reproduces from the commit alone.
+# `HYPOTHESIS_PROFILE=random` draws new examples each run instead (for a local hunt).
+_PROFILE = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.register_profile("ci", derandomize=True, **_PROFILE)
+settings.register_profile("random", **_PROFILE)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 # litellm (RULER's judge client when installed) fetches its price map from the network at import unless told
 # to use the one it ships; tests download nothing.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+# Every test session builds (once) its own tiny model under a temporary cache,
+# unless the caller points ARTRL_CACHE_DIR somewhere on purpose.
 if "ARTRL_CACHE_DIR" not in os.environ:
     import tempfile
 

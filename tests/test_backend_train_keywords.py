@@ -1,8 +1,9 @@
 """`backend.train(model, groups, **kwargs)` and `model.train(..., _config=...)` with ART's keywords.
 
 Every keyword of ART 0.5.17's `LocalBackend.train` is accepted; the ones with a meaning change what the
-trainer computes (checked here through the call's metrics, and in tests/test_loss_art_options.py against
-hand-computed values); the ones without log exactly one notice per process.
+trainer computes (tests/test_train_call_update.py checks each one's effect on the loss, the gradient and the
+update of a call, and tests/test_loss_art_options.py the loss function against hand-computed values); the
+ones without log exactly one notice per process.
 """
 
 from __future__ import annotations
@@ -124,15 +125,6 @@ def test_kl_reference_is_the_base_model_or_the_named_checkpoint(live, groups):
     assert abs(metric(same, "kl_policy_ref")) < 1e-5  # the checkpoint the weights were just saved as
     with pytest.raises(ConfigError, match="kl_penalty_reference_step=999: .* no complete checkpoint"):
         train(live, groups(), kl_penalty_coef=0.1, kl_penalty_reference_step=999)
-
-
-def test_kl_penalty_changes_the_update_and_beta_is_a_separate_knob(live, groups):
-    plain = train(live, groups(), learning_rate=1e-7)
-    kl = train(live, groups(), learning_rate=1e-7, kl_penalty_coef=5.0)
-    both = train(live, groups(), learning_rate=1e-7, kl_penalty_coef=5.0, beta=0.5)
-    assert not has_metric(plain, "kl_policy_ref") and has_metric(kl, "kl_policy_ref")
-    # the k3 loss term (artrl's `kl` figure) is beta's only
-    assert kl.metrics["train/kl"] == 0.0 and both.metrics["train/kl"] > 0.0
 
 
 def test_model_train_accepts_every_art_dev_train_config_key(live, groups):

@@ -337,7 +337,7 @@ def run_conversation(name: str, tok: Any, c: dict[str, Any]) -> tuple[list[Any],
 
 
 @pytest.mark.parametrize("name", ALL)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(data=st.data())
 def test_each_sampled_turn_trains_on_the_servers_prompt_and_sampled_ids(tokenizers, name, data):

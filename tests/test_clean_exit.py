@@ -2,7 +2,8 @@
 
 Before artrl/shutdown.py, such a program died with "terminate called without an active exception"
 (exit 134) in about half of the runs: the decode worker, a daemon thread inside torch's C++ code, was
-ended by CPython's finalisation. Each run is a fresh interpreter; 8 runs make a regression visible.
+ended by CPython's finalisation. Each run is a fresh interpreter that exits only once the decode worker is
+inside a batch's decode loop (it prints a marker then); 8 runs make a regression visible.
 """
 
 from __future__ import annotations
@@ -31,8 +32,12 @@ SCRIPT = textwrap.dedent('''
         backend = art.LocalBackend(path=path, show_progress=False)
         await model.register(backend)
         client = model.openai_client()
+        engine = backend._runs["m"].engine  # the one internal this script reads: the decode worker's step count
         tasks = [asyncio.create_task(rollout(model, client)) for _ in range(16)]
-        await asyncio.sleep(0.3)  # generation is running in the decode worker now
+        while engine.decode_steps < 2:  # wait until the decode worker is inside the batch's decode loop
+            await asyncio.sleep(0.01)
+        assert not any(t.done() for t in tasks)  # 64 tokens each: the batch is far from finished
+        print("MID-GENERATION", flush=True)
         if how == "raise":
             raise RuntimeError("boom mid-rollout")
 
@@ -52,6 +57,7 @@ def test_exit_while_generating_is_clean(tmp_path, how):
         proc = subprocess.run([sys.executable, str(script), str(tmp_path / f"run{i}"), how], capture_output=True,
                               text=True, env=env, timeout=300)
         codes.append(proc.returncode)
+        assert "MID-GENERATION" in proc.stdout, proc.stderr[-2000:]  # the exit below raced a running decode
         assert "terminate called" not in proc.stderr, proc.stderr[-2000:]
         if how == "raise":
             assert proc.returncode == 1, proc.stderr[-2000:]

@@ -171,7 +171,8 @@ def test_max_concurrency_limits_the_rollouts_running_at_once():
         nonlocal running, peak
         running += 1
         peak = max(peak, running)
-        await asyncio.sleep(0.01)
+        for _ in range(3):  # give the loop's other ready rollouts their turn (no timer: load cannot change it)
+            await asyncio.sleep(0)
         running -= 1
         return await ok()
 
@@ -180,7 +181,7 @@ def test_max_concurrency_limits_the_rollouts_running_at_once():
     assert peak == 3
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(st.lists(st.lists(st.booleans(), min_size=1, max_size=4), min_size=1, max_size=4), st.integers(0, 6))
 def test_every_rollout_is_a_trajectory_or_an_exception_or_the_gather_raised(shape, max_exceptions):
     failures = sum(not good for g in shape for good in g)

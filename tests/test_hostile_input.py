@@ -3,7 +3,8 @@
 One test per row of the bad-input table in docs/reliability.md (test_the_docs_table_lists_every_test
 keeps the two in step). An error must be an `ArtrlError` whose message names the item and the fix,
 raised without a chained traceback; a skip must be counted in the train step's metrics. The last
-test feeds random trajectory structures through tokenize -> pack -> plan.
+tests feed random trajectory structures through tokenize -> build and a train call: clean ones must
+train, and one defect put into a clean one must raise that defect's own error.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from openai.types.chat.chat_completion import Choice
 import artrl as art
 from artrl.errors import ArtrlError, CheckpointError, ConfigError, PackingError, TrajectoryError
 from artrl.run import storage
-from artrl.preprocess.pack import pack
-from artrl.preprocess.plan import plan_batches
+# the data layer a train call runs, in one place (tokenize, then the build that a call makes of its config)
 from artrl.preprocess.tokenize import group_advantages, tokenize_groups, tokenize_sft
+from artrl.train.call import build_batches
+from artrl.train.rl import build_rl
+from artrl.train.trainer import BuildContext
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 MAX_LENGTH = 128  # the model maximum of the served test model
@@ -455,73 +458,111 @@ def test_non_finite_loss_refuses_the_optimizer_step(tmp_path, make_choice, good,
 
 
 # --------------------------------------------------------------------------- random structures
-
+#
+# Clean structures (valid trajectories, any mix of what a rollout may legitimately produce, and a batch
+# configuration that satisfies the documented rules) must go through tokenize -> build (steps, rows,
+# micro-batches) with every figure accounted for, and through a real train call. Dirty ones are a clean
+# structure with exactly ONE defect, which must raise that defect's own error naming the item.
 
 ROLES = ["system", "user", "assistant", "tool", "developer"]
+TEXT = st.text(alphabet="ab cd,.{}\"\n", min_size=0, max_size=12)
 
 
 @st.composite
-def _message(draw, tok, hostile: bool):
-    """One entry of messages_and_choices; when `hostile`, some entries are malformed."""
-    kinds = ["plain"] * 4 + ["choice"] * 5 + ["tool_call"] + (["odd"] * 2 if hostile else [])
-    kind = draw(st.sampled_from(kinds))
-    text = draw(st.text(alphabet="ab cd,.{}\"\n" if hostile else "abc de", min_size=0 if hostile else 1, max_size=12))
-    if kind == "plain":
-        return {"role": draw(st.sampled_from(ROLES)), "content": text}
-    if kind == "tool_call":
-        args = draw(st.sampled_from(['{"a": 1}', "{}"] + (["{bad", "[1]"] if hostile else [])))
-        return {"role": "assistant", "content": draw(st.sampled_from([None, text])),
-                "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add", "arguments": args}}]}
-    if kind == "odd":
-        return draw(st.sampled_from([{"role": "robot", "content": text}, {"role": "user", "content": 3},
-                                     {"role": "user", "content": None}, {"role": "user"}, "not a message",
-                                     {"role": "user", "content": [{"type": "text", "text": text}]}]))
-    ids = tok(text + ("<|im_end|>" if draw(st.booleans()) else ""), add_special_tokens=False).input_ids
-    logprobs = draw(st.sampled_from(["aligned"] + (["missing", "short", "nan"] if hostile else [])))
-    values = [-0.5] * len(ids) + ([] if logprobs != "short" else [-0.5])
-    if logprobs == "nan" and values:
-        values[0] = math.nan
-    data = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text},
-            "logprobs": None if logprobs == "missing" else {"content": [
-                {"token": "t", "logprob": v, "bytes": None, "top_logprobs": []} for v in values]}}
-    if not hostile or draw(st.booleans()):
+def _choice(draw, tok) -> Choice:
+    """A sampled turn: ids with or without an end of turn, aligned logprobs or none (on-policy), the server's
+    ids and prompt record or neither (the rendering fallback)."""
+    text = draw(TEXT)
+    end = draw(st.booleans()) or not text  # a choice samples at least one token
+    ids = tok(text + ("<|im_end|>" if end else ""), add_special_tokens=False).input_ids
+    data: dict[str, Any] = {"index": 0, "finish_reason": "stop" if end else "length",
+                            "message": {"role": "assistant", "content": text}, "logprobs": None}
+    if draw(st.booleans()):
+        data["logprobs"] = {"content": [{"token": "t", "logprob": -draw(st.floats(0, 5)), "bytes": None,
+                                         "top_logprobs": []} for _ in ids]}
+    if draw(st.booleans()):
         data["token_ids"] = ids
-    elif draw(st.booleans()):
-        data["token_ids"] = draw(st.sampled_from(["not ids", [1.5], [-2], [True], None]))
-    record = draw(st.sampled_from(["none", "prompt"] + (["empty", "negative", "out_of_vocab", "text"] if hostile
-                                                          else [])))
-    if record != "none":  # the server's record of the prompt this turn was sampled from
-        data["prompt_token_ids"] = {"prompt": tok("<|im_start|>user\n" + text + "<|im_end|>\n<|im_start|>assistant\n",
-                                                  add_special_tokens=False).input_ids,
-                                    "empty": [], "negative": [1, -3], "out_of_vocab": [1, len(tok) + 5],
-                                    "text": "not ids"}[record]
+        if draw(st.booleans()):  # the server's record of the prompt this turn was sampled from
+            data["prompt_token_ids"] = tok("<|im_start|>user\n" + text + "<|im_end|>\n<|im_start|>assistant\n",
+                                           add_special_tokens=False).input_ids
     return Choice.model_validate(data)
 
 
 @st.composite
-def _structure(draw, tok):
-    hostile = draw(st.booleans())
-    message = _message(tok, hostile)
+def _message(draw, tok):
+    """One valid entry of messages_and_choices."""
+    kind = draw(st.sampled_from(["plain"] * 4 + ["parts", "tool_call"] + ["choice"] * 5))
+    if kind == "choice":
+        return draw(_choice(tok))
+    text = draw(TEXT)
+    if kind == "plain":
+        return {"role": draw(st.sampled_from(ROLES)), "content": text}
+    if kind == "parts":
+        return {"role": "user", "content": [{"type": "text", "text": text}]}
+    return {"role": "assistant", "content": draw(st.sampled_from([None, text])),
+            "tool_calls": [{"id": "c", "type": "function",
+                            "function": {"name": "add", "arguments": draw(st.sampled_from(['{"a": 1}', "{}"]))}}]}
+
+
+@st.composite
+def _structure(draw, tok, max_length: int | None = None):
+    """A clean structure: data and a batch configuration within the documented rules (types.TrainConfig.check,
+    docs/batching.md): row_length <= the model maximum and <= max_tokens_per_microbatch, a micro-batch no larger
+    than grad_accumulation_sequences, one way of cutting steps, and on_too_long 'drop' or 'truncate' ('error'
+    asks for a refusal: a defect below)."""
+    message = _message(tok)
 
     def trajectory():
         return {"messages_and_choices": draw(st.lists(message, min_size=1, max_size=5)),
-                "reward": draw(st.sampled_from([0.0, 1.0, 0.5, -2.0] + ([math.nan] if hostile else []))),
+                "reward": draw(st.sampled_from([0.0, 1.0, 0.5, -2.0])),
                 "tools": draw(st.sampled_from([None, TOOLS])),
                 "additional_histories": draw(st.lists(st.builds(dict, messages_and_choices=st.lists(
                     message, max_size=3)), max_size=1))}
 
-    sizes = st.integers(0, 3) if hostile else st.integers(1, 3)
-    groups = [[trajectory() for _ in range(draw(sizes))] for _ in range(draw(sizes))]
+    sizes = st.sampled_from([0, 1, 2, 2, 3, 3])  # empty groups and calls are counted skips, not errors
+    sft = draw(st.booleans())
+    max_length = max_length or draw(st.sampled_from([64, 512, 512]))
+    row_length = draw(st.sampled_from([None, None, None] + [n for n in (16, 64, 256) if n <= max_length]))
+    max_tokens = draw(st.sampled_from([None, None, 16, 128, 600]))
+    if row_length is not None and max_tokens is not None and max_tokens < row_length:
+        max_tokens = None
+    per_device = draw(st.integers(1, 4))
+    accumulation = None if sft else draw(st.sampled_from([None, 1, 3]))
+    if accumulation is not None and max_tokens is None:
+        per_device = min(per_device, accumulation)
     return {
-        "hostile": hostile, "sft": draw(st.booleans()), "groups": groups, "failed_rollouts": draw(st.integers(0, 1)),
-        "allow_missing": draw(st.booleans()), "scale": draw(st.booleans()),
-        "row_length": draw(st.sampled_from([None, None, None, 16, 64, 256])),
-        "max_length": draw(st.sampled_from([64, 512, 512])),
-        "on_too_long": draw(st.sampled_from(["drop", "truncate", "error"])), "share": draw(st.booleans()),
-        "per_device": draw(st.sampled_from([1, 2, 3, 4] + ([0] if hostile else []))),
-        "max_tokens": draw(st.sampled_from([None, None, 16, 128, 600])),
-        "accumulation": draw(st.sampled_from([None, 1, 3])),
+        "sft": sft, "groups": [[trajectory() for _ in range(draw(sizes))] for _ in range(draw(sizes))],
+        "failed_rollouts": draw(st.integers(0, 1)), "allow_missing": draw(st.booleans()),
+        "scale": draw(st.booleans()), "max_length": max_length, "row_length": row_length,
+        "on_too_long": draw(st.sampled_from(["drop", "truncate"])), "share": draw(st.booleans()),
+        "per_device": per_device, "max_tokens": max_tokens, "accumulation": accumulation,
+        "units_per_step": None if accumulation is not None else draw(st.sampled_from([None, 1, 2])),
+        "require_logprobs": False,
     }
+
+
+def _config(s: dict) -> art.TrainConfig | art.TrainSFTConfig:
+    """The call's configuration, checked as a train call checks it."""
+    batch = dict(row_length=s["row_length"], on_too_long=s["on_too_long"], share_prompts=s["share"],
+                 per_device_train_batch_size=s["per_device"], max_tokens_per_microbatch=s["max_tokens"])
+    if s["sft"]:
+        cfg: Any = art.TrainSFTConfig(learning_rate=1e-4, batch_size=s["units_per_step"] or "auto", **batch)
+    else:
+        cfg = art.TrainConfig(learning_rate=1e-4, scale_rewards=s["scale"], require_logprobs=s["require_logprobs"],
+                              allow_training_without_logprobs=s["allow_missing"],
+                              grad_accumulation_sequences=s["accumulation"],
+                              groups_per_optimizer_step=s["units_per_step"], **batch)
+    cfg.check()
+    return cfg
+
+
+def _groups(s: dict) -> list[art.TrajectoryGroup]:
+    return [art.TrajectoryGroup([art.Trajectory(**copy.deepcopy(t)) for t in g],
+                                exceptions=[RuntimeError("x")] * s["failed_rollouts"]) for g in s["groups"]]
+
+
+def _trajectories(s: dict) -> list[art.Trajectory]:
+    return [art.Trajectory(**copy.deepcopy(t)) for g in s["groups"] for t in g]
 
 
 def _has_trainable(t: art.Trajectory, dicts_too: bool) -> bool:
@@ -530,17 +571,27 @@ def _has_trainable(t: art.Trajectory, dicts_too: bool) -> bool:
                for h in [t, *t.additional_histories] for m in h.messages_and_choices)
 
 
-def _run_structure(s: dict, tok) -> None:
-    """tokenize -> pack -> plan, checking every figure against the input; raises only ArtrlError."""
+def _build(s: dict, units: list, cfg: Any):
+    """What a train call builds from its tokenized units (train/rl.py, train/sft.py through build_batches)."""
+    ctx = BuildContext(tokenizer=None, end_ids=frozenset(), max_length=s["max_length"], pad_id=0, device_type="cpu",
+                       optimizer_steps=0)
     if s["sft"]:
-        trajectories = [art.Trajectory(**t) for g in s["groups"] for t in g]
+        return build_batches(units, cfg, ctx, units_per_step=cfg.resolved_batch_size(len(units)))
+    return build_rl(units, cfg, ctx)
+
+
+def _run_structure(s: dict, tok) -> None:
+    """config -> tokenize -> build, checking every figure against the input."""
+    cfg = _config(s)
+    if s["sft"]:
+        trajectories = _trajectories(s)
         res = tokenize_sft(trajectories, tok)
         assert res.stats.trajectories == len(trajectories)
         expected_groups = len(trajectories) - res.stats.trajectories_without_trainable_tokens
     else:
-        groups = [art.TrajectoryGroup([art.Trajectory(**t) for t in g],
-                                      exceptions=[RuntimeError("x")] * s["failed_rollouts"]) for g in s["groups"]]
-        res = tokenize_groups(groups, tok, scale_rewards=s["scale"], allow_training_without_logprobs=s["allow_missing"])
+        groups = _groups(s)
+        res = tokenize_groups(groups, tok, scale_rewards=s["scale"], allow_training_without_logprobs=s["allow_missing"],
+                              require_logprobs=s["require_logprobs"])
         st_ = res.stats
         assert st_.groups == len(groups) and st_.trajectories == sum(len(g.trajectories) for g in groups)
         assert st_.rollout_exceptions == len(groups) * s["failed_rollouts"]
@@ -558,38 +609,197 @@ def _run_structure(s: dict, tok) -> None:
         assert all(math.isnan(lp) for lp, m in zip(x.logprobs, x.trainable_mask) if not m)
         assert all(math.isnan(lp) or (math.isfinite(lp) and lp <= 1e-3) for lp in x.logprobs)
         assert math.isfinite(x.advantage)
+    if not res.groups:
+        event("clean input: nothing to train (counted)")
+        return
 
-    packed = pack(res.groups, row_length=s["row_length"], max_length=s["max_length"], on_too_long=s["on_too_long"],
-                  share_prompts=s["share"], pad_id=0)
-    ps = packed.stats
+    built = _build(s, res.groups, cfg)
+    ps = built.stats
+    bound = s["row_length"] or min(s["max_length"], s["max_tokens"] or s["max_length"])
+    if built.packed is None:  # every sequence was longer than a row: dropped, each counted
+        assert ps.dropped == len(seqs) and all(len(x) > bound for x in seqs)
+        event("clean input: everything too long (counted)")
+        return
+    packed, plan = built.packed, built.plan
     assert ps.sequences + ps.dropped == len(seqs) and ps.truncated <= ps.sequences
+    assert ps.dropped == sum(1 for x in seqs if len(x) > bound and (s["on_too_long"] == "drop" or x.first_trainable
+                                                                   >= bound))
     assert ps.rows == packed.num_rows and ps.real_tokens == int(packed.lengths.sum())
     assert ps.trainable_tokens == int(packed.trainable_mask.sum()) <= res.stats.trainable_tokens
-    assert all(len(x) <= packed.row_length <= max(s["max_length"], s["row_length"] or 0) for x in packed.sequences)
+    assert all(len(x) <= packed.row_length <= bound for x in packed.sequences)
     assert bool((packed.weights[~packed.trainable_mask] == 0).all())
-    if packed.num_rows:
-        assert int(packed.lengths.max()) <= packed.row_length
-
-    plan = plan_batches(packed, per_device_train_batch_size=s["per_device"],
-                        max_tokens_per_microbatch=s["max_tokens"], grad_accumulation_sequences=s["accumulation"])
+    assert int(packed.lengths.max()) <= packed.row_length
     assert sorted(r for step in plan.steps for r in step.rows) == list(range(packed.num_rows))
     assert sum(step.trainable_tokens for step in plan.steps) == ps.trainable_tokens
     for step in plan.steps:
         assert s["accumulation"] is None or len(step.rows) <= s["accumulation"]
         for mb in step.micro_batches:
             assert mb.tokens <= s["max_tokens"] if s["max_tokens"] else len(mb.rows) <= s["per_device"]
-    event(f"{'hostile' if s['hostile'] else 'clean'} input planned: {'rows' if packed.num_rows else 'nothing'}")
+    event(f"clean input: {packed.num_rows} rows, {len(plan.steps)} steps")
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# One defect each: how to put it into a clean structure, and the error (class, message) it must raise. A
+# defect in a trajectory goes into one the call reads in full (RL: in a group of two different rewards); the
+# error must name that trajectory and entry.
+
+def _logprobs(values: list[float]) -> dict:
+    return {"content": [{"token": "t", "logprob": v, "bytes": None, "top_logprobs": []} for v in values]}
+
+
+def _sampled(tok, text: str = "blue", **fields: Any) -> Choice:
+    """A sampled turn with our server's ids and aligned logprobs; `fields` replace its keys ('logprobs' may be a
+    function of the number of sampled ids)."""
+    ids = tok(text + "<|im_end|>", add_special_tokens=False).input_ids
+    data = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text},
+            "logprobs": _logprobs([-0.5] * len(ids)), "token_ids": ids, **fields}
+    if callable(data["logprobs"]):
+        data["logprobs"] = data["logprobs"](len(ids))
+    return Choice.model_validate(data)
+
+
+def _trainable_place(s: dict, draw) -> tuple[int, int]:
+    """(group, trajectory) of a trajectory the call reads in full: RL reads only groups whose rewards differ."""
+    if not any(s["groups"]):
+        s["groups"].append([])
+    g = draw(st.sampled_from([i for i, grp in enumerate(s["groups"]) if grp] or [len(s["groups"]) - 1]))
+    s["groups"][g] = [dict(t) for t in s["groups"][g]]
+    while len(s["groups"][g]) < 2:
+        s["groups"][g].append({"messages_and_choices": [USER], "reward": 0.0})
+    t = draw(st.integers(0, len(s["groups"][g]) - 1))
+    for i, other in enumerate(s["groups"][g]):
+        other["reward"] = 1.0 if i == t else 0.0
+    return g, t
+
+
+def _where(s: dict, g: int, t: int) -> str:
+    """How an error names that trajectory: its group and index (RL), its index in the call (SFT)."""
+    if s["sft"]:
+        i = sum(len(grp) for grp in s["groups"][:g]) + t
+        return rf"(trajectories\[{i}\]|group {i}, trajectory 0)"  # SFT's record errors name each unit a group
+    return rf"group {g}, trajectory {t}"
+
+
+def _insert(s: dict, draw, entry: Any) -> str:
+    """Put `entry` into the messages of a trajectory the call reads; returns how the error must name it."""
+    g, t = _trainable_place(s, draw)
+    entries = list(s["groups"][g][t]["messages_and_choices"])
+    k = draw(st.integers(0, len(entries)))
+    s["groups"][g][t]["messages_and_choices"] = entries[:k] + [entry] + entries[k:]
+    return _where(s, g, t) + rf".*messages_and_choices\[{k}\]"
+
+
+def _entry(make: Any):
+    """A defect that is one bad entry of messages_and_choices (`make(tok)` builds it, or it is given)."""
+    return lambda s, draw, tok: _insert(s, draw, make(tok) if callable(make) else make)
+
+
+def _knobs(**knobs: Any):
+    """A defect of the configuration (with something to train, so that a check after tokenizing is reached)."""
+    def put(s: dict, draw, tok) -> None:
+        _insert(s, draw, _sampled(tok))
+        s.update(knobs)
+    return put
+
+
+def _nan_reward(s: dict, draw, tok) -> str:
+    g, t = _trainable_place(s, draw)
+    s["groups"][g][t]["reward"] = math.nan
+    return _where(s, g, t)
+
+
+def _too_long_for_error_policy(s: dict, draw, tok) -> str:
+    s.update(on_too_long="error", max_length=64, row_length=None, max_tokens=None)
+    _insert(s, draw, _sampled(tok, "blue " * 80))
+    return r"group \d+, trajectory \d+ has \d+ tokens, more than the row length 64"  # the first one too long
+
+
+def _missing_logprobs_required(s: dict, draw, tok) -> str:
+    s.update(require_logprobs=True, allow_missing=False)
+    _insert(s, draw, _sampled(tok, logprobs=None))
+    return r"group \d+, trajectory \d+: a sampled turn carries no logprobs"  # the first such turn
+
+
+TOOL_CALL = {"id": "c", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+DEFECTS: dict[str, tuple[Any, type, str, bool]] = {
+    # name: (put it in, error, message, RL only)
+    "unknown role": (_entry({"role": "robot", "content": "x"}), TrajectoryError, "role is 'robot'", False),
+    "non-string content": (_entry({"role": "user", "content": 3}), TrajectoryError, "has type int", False),
+    "user content None": (_entry({"role": "user", "content": None}), TrajectoryError, "content is None", False),
+    "no content": (_entry({"role": "user"}), TrajectoryError, "content is None", False),
+    "not a message": (_entry("not a message"), TrajectoryError, "has type str", False),
+    "tool call arguments not JSON": (
+        _entry({"role": "assistant", "content": None,
+                "tool_calls": [{**TOOL_CALL, "function": {"name": "add", "arguments": "{bad"}}]}),
+        TrajectoryError, "not valid JSON", False),
+    "tool call arguments not an object": (
+        _entry({"role": "assistant", "content": None,
+                "tool_calls": [{**TOOL_CALL, "function": {"name": "add", "arguments": "[1]"}}]}),
+        TrajectoryError, "must encode a JSON object", False),
+    "logprobs one short": (_entry(lambda tok: _sampled(tok, logprobs=lambda n: _logprobs([-0.5] * (n - 1)))),
+                           TrajectoryError, r"sampled token ids but \d+ logprobs", False),
+    "nan logprob": (_entry(lambda tok: _sampled(tok, logprobs=lambda n: _logprobs([math.nan] * n))),
+                    TrajectoryError, "logprob is nan", False),
+    "token ids not a list": (_entry(lambda tok: _sampled(tok, token_ids="not ids")), TrajectoryError,
+                             "token_ids must be a non-empty list", False),
+    "token id negative": (_entry(lambda tok: _sampled(tok, token_ids=[-2], logprobs=_logprobs([-0.5]))),
+                          TrajectoryError, r"token_ids\[0\] is -2", False),
+    "token id a float": (_entry(lambda tok: _sampled(tok, token_ids=[1.5], logprobs=_logprobs([-0.5]))),
+                         TrajectoryError, r"token_ids\[0\] is 1.5", False),
+    "no sampled tokens": (_entry(lambda tok: _sampled(tok, token_ids=[], logprobs=_logprobs([]))),
+                          TrajectoryError, "no sampled tokens", False),
+    "prompt ids empty": (_entry(lambda tok: _sampled(tok, prompt_token_ids=[])), TrajectoryError,
+                         "prompt_token_ids must be a non-empty list", False),
+    "prompt id out of vocabulary": (_entry(lambda tok: _sampled(tok, prompt_token_ids=[1, len(tok) + 5])),
+                                    TrajectoryError, r"prompt_token_ids\[1\] is \d+, not a token id", False),
+    "nan reward": (_nan_reward, TrajectoryError, "reward is nan", False),
+    "missing logprobs with require_logprobs": (_missing_logprobs_required, TrajectoryError, "", True),
+    "too long with on_too_long='error'": (_too_long_for_error_policy, PackingError, "", False),
+    "zero rows per micro-batch": (_knobs(per_device=0), ConfigError, "per_device_train_batch_size", False),
+    "row length over the model maximum": (_knobs(row_length=256, max_length=64, max_tokens=None, accumulation=None),
+                                          ConfigError,
+                                          "row_length=256 exceeds the model's maximum length 64", False),
+    "token budget under the row length": (_knobs(row_length=64, max_tokens=16), ConfigError,
+                                          "max_tokens_per_microbatch=16 is smaller than row_length=64", False),
+    "micro-batch larger than a step": (_knobs(per_device=4, accumulation=2, max_tokens=None, units_per_step=None),
+                                       ConfigError, "per_device_train_batch_size=4 is larger than "
+                                       "grad_accumulation_sequences=2", True),
+    "two ways of cutting steps": (_knobs(accumulation=2, units_per_step=2), ConfigError,
+                                  "both define optimizer steps", True),
+}
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.data_too_large])
 @given(data=st.data())
-def test_random_trajectory_structures_succeed_consistently_or_raise_artrl_errors(tok, data):
-    structure = data.draw(_structure(tok))
-    try:
-        _run_structure(structure, tok)
-    except ArtrlError as e:
-        event(f"{'hostile' if structure['hostile'] else 'clean'} input refused: {type(e).__name__}")
-        assert str(e)
+def test_random_clean_trajectory_structures_build_with_every_figure_accounted_for(tok, data):
+    _run_structure(data.draw(_structure(tok)), tok)
+
+
+@pytest.mark.parametrize("defect", list(DEFECTS))
+@settings(max_examples=8, suppress_health_check=[HealthCheck.data_too_large])
+@given(data=st.data())
+def test_random_structures_with_one_defect_raise_its_named_error(tok, defect, data):
+    put, error, message, rl_only = DEFECTS[defect]
+    s = data.draw(_structure(tok))
+    if rl_only:
+        s["sft"] = False
+    where = put(s, data.draw, tok)
+    with pytest.raises(error) as info:
+        _run_structure(s, tok)
+    assert_clear(info, *(f for f in (where, message) if f))
+
+
+@settings(max_examples=12, suppress_health_check=[HealthCheck.data_too_large])
+@given(data=st.data())
+def test_random_clean_trajectory_structures_train(live, tok, data):
+    """Through the call itself: a clean structure trains (the step advances; nothing is refused)."""
+    s = data.draw(_structure(tok, max_length=MAX_LENGTH))
+    step = asyncio.run(live.get_step())
+    cfg = _config(s)
+    if s["sft"]:
+        result = asyncio.run(live.train_sft(_trajectories(s), config=cfg))
+    else:
+        result = asyncio.run(live.train(_groups(s), config=cfg))
+    assert result.step == step + 1 and not result.metrics.get("train/skipped_nonfinite_steps")
 
 
 # --------------------------------------------------------------------------- the docs table

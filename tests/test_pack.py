@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from artrl.bench.workload import load_workload, workload_groups
@@ -76,7 +76,7 @@ def check_layout(rows, L):
     assert 0 <= rows.stats.padding_fraction < 1
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60)
 @given(groups=groups_strategy(), extra=st.integers(0, 40))
 def test_packed_rows_reproduce_every_sequence(groups, extra):
     longest = max(len(s) for g in groups for s in g)
@@ -89,7 +89,7 @@ def test_packed_rows_reproduce_every_sequence(groups, extra):
     check_layout(ref, L)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(groups=groups_strategy())
 def test_automatic_row_length_fits_everything(groups):
     rows = pack(groups, max_length=512)

@@ -48,7 +48,7 @@ def _step_sequences(built) -> list[list[tuple[int, int]]]:
     return out
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(shape=group_shapes, per_step=st.one_of(st.none(), st.integers(1, 4)), row_length=st.sampled_from([None, 96, 128]),
        share=st.booleans(), per_device=st.integers(1, 3))
 def test_steps_hold_the_same_data_whatever_the_layout(shape, per_step, row_length, share, per_device):
@@ -93,6 +93,8 @@ LAYOUTS = {
     "share_prompts=False": {"share_prompts": False},
     "per_device_train_batch_size=3": {"per_device_train_batch_size": 3, "row_length": 128},
     "max_tokens_per_microbatch=300": {"max_tokens_per_microbatch": 300, "row_length": 128},
+    # the budget bounds the automatic row length (128 here without it); every trajectory fits 64 tokens
+    "max_tokens_per_microbatch=64": {"max_tokens_per_microbatch": 64},
 }
 
 
@@ -135,6 +137,9 @@ def test_the_same_groups_give_the_same_update_whatever_the_layout(tmp_path, make
     assert n_steps == ({1.0} if not steps else {3.0})
     rows = {r.metrics["data/rows"] for r in results.values()}
     assert len(rows) > 1, "the layouts should really differ"
+    assert results["automatic"].metrics["data/row_length"] > 64 == results["max_tokens_per_microbatch=64"].metrics[
+        "data/row_length"]
+    assert all(r.metrics["data/dropped"] == r.metrics["data/truncated"] == 0 for r in results.values())
     ref = updates["automatic"]
     norm = torch.sqrt(sum((v.float() ** 2).sum() for v in ref.values()))
     assert norm > 0

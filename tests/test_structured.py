@@ -122,7 +122,7 @@ def test_added_tokens_are_required_as_one_token() -> None:
     assert '"<tool_call>' not in only_start and '"}\\n</tool_call>"' in only_start  # not an added token: text
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(calls=st.lists(st.tuples(
     st.sampled_from(["get_weather", "get_time"]),
     # (control characters aside: llguidance never writes U+007F unescaped, which json.dumps does)

@@ -213,7 +213,8 @@ def test_forward_and_generate(model: Qwen3ForCausalLM, tokenizer: PreTrainedToke
 # ---- tokenizer ----------------------------------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(text=st.text(max_size=200))
 def test_unicode_round_trips(tokenizer: PreTrainedTokenizerFast, text: str) -> None:
     ids = tokenizer.encode(text, add_special_tokens=False)
@@ -361,7 +362,8 @@ _conversation = st.builds(
 _tools = st.one_of(st.none(), st.just([WEATHER_TOOL]), st.just([WEATHER_TOOL, {"name": "add", "parameters": {}}]))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(messages=_conversation, tools=_tools)
 def test_template_is_prefix_stable(
     tokenizer: PreTrainedTokenizerFast, messages: list[dict[str, Any]], tools: Any

@@ -45,6 +45,11 @@ def grads_of(trainer, packed, plan):
 
 
 def test_gradient_is_the_same_for_batch_size_1_and_4(trainer, make_choice):
+    with torch.no_grad():  # lora_B starts at zero, which leaves every lora_A gradient zero: move it off zero
+        gen = torch.Generator().manual_seed(0)
+        for name, p in trainer.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.01)
     tok_res = tokenize_groups(rl_groups(make_choice, n_groups=6), trainer.tokenizer)
     packed = pack(tok_res.groups, row_length=128, max_length=trainer.max_length)
     assert packed.num_rows >= 4
@@ -53,9 +58,10 @@ def test_gradient_is_the_same_for_batch_size_1_and_4(trainer, make_choice):
     assert len(one.steps[0].micro_batches) == packed.num_rows
     assert len(four.steps[0].micro_batches) == math.ceil(packed.num_rows / 4)
     g1, g4 = grads_of(trainer, packed, one), grads_of(trainer, packed, four)
-    assert any(g.abs().sum() > 0 for g in g1.values())
-    for name in g1:
-        torch.testing.assert_close(g1[name], g4[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert all(g.norm() > 0 for g in g4.values())
+    for name in g1:  # relative to each tensor's gradient (float32 summation order: seen < 1e-6)
+        error = float((g1[name] - g4[name]).norm() / g4[name].norm())
+        assert error < 1e-5, f"{name}: |g1 - g4| / |g4| = {error:.2e}"
 
 
 def test_packed_logprobs_equal_logprobs_alone(trainer, make_choice):
@@ -171,13 +177,6 @@ def test_non_finite_loss_refuses_the_step(trainer, make_choice):
     for n, p in trainer.model.named_parameters():
         if p.requires_grad:
             assert torch.equal(p, before[n])
-
-
-@pytest.mark.parametrize("loss", ["ppo", "gspo"])
-def test_other_losses_and_kl_run(trainer, make_choice, loss):
-    steps, avg = run_call(trainer, prepare_rl(trainer.build_context(), rl_groups(make_choice), TrainConfig(
-        learning_rate=1e-3, loss=loss, beta=0.1)), show_progress=False)
-    assert steps and math.isfinite(avg["loss"]) and "kl" in avg and avg["kl"] >= 0
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager", pytest.param("flex_attention", marks=pytest.mark.slow)])

@@ -120,7 +120,7 @@ def test_group_level_fields_and_exceptions_are_written_and_read_by_polars_pandas
     assert [["env crashed" in str(e) for e in g.exceptions] for g in back] == [[], [True], [False]]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(texts=st.lists(st.text(min_size=0, max_size=40), min_size=1, max_size=4),
        rewards=st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=3))
 def test_any_text_and_reward_round_trip(tmp_path_factory, texts, rewards):

@@ -170,7 +170,7 @@ def test_a_kind_waits_for_the_other_and_arrivals_do_not_jump_the_queue() -> None
     assert asyncio.run(main()) == ["+b1", "-b1", "+a1", "-a1", "+b2", "-b2", "+a2", "-a2"]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(st.lists(st.tuples(st.sampled_from([BASE, ADAPTER]), st.integers(0, 3), st.integers(0, 4),
                           st.booleans()), min_size=1, max_size=12))
 def test_the_kinds_never_overlap_and_every_request_gets_its_turn(plan: list[tuple[str, int, int, bool]]) -> None:

@@ -71,11 +71,12 @@ class BatchConfig(_Config):
         "max_tokens_per_microbatch is set.")
     max_tokens_per_microbatch: int | None = pydantic.Field(
         None, ge=1, description="If set, a micro-batch takes as many rows as fit this many token "
-        "slots (rows x row length); must be at least the row length.")
+        "slots (rows x row length); must be at least row_length when that is set, and bounds the automatic "
+        "row length (a trajectory longer than it then follows on_too_long).")
     row_length: int | None = pydantic.Field(
         None, ge=16, description="Length of a packed row in tokens. None chooses it automatically "
         "(docs/batching.md: the shortest length within 1% of the fewest computed tokens, bounded by "
-        "the model's maximum length and max_row_length).")
+        "the model's maximum length, max_row_length and max_tokens_per_microbatch).")
     max_row_length: int | None = pydantic.Field(
         None, ge=16, description="Upper bound for the automatic row length (None: the model's maximum).")
     on_too_long: TooLongPolicy = pydantic.Field(

@@ -138,12 +138,13 @@ class ShardedTrainer(Trainer):
         denom = float(packed.weights[step.rows].sum())  # the WHOLE step's weight, the same on every rank
         pad = padding_batch(packed, self._plan, step) if mine.padding else None
         refs: dict[int, torch.Tensor] = {}
+        pad_ref: dict[int, torch.Tensor] = {}  # the padding batch's reference logprobs, once the KL pass has them
         kl_mean = None
         if opts.need_ref and opts.kl_step_mean:
             # ART's KL-penalised advantages use the mean over the WHOLE step: sum over every rank's share
             total, count = self.kl_sums(packed, mine.micro_batches, opts, refs)
             for _ in range(mine.padding):  # the same number of (collective) forwards on every rank
-                self.kl_sums(packed, [pad], opts)
+                self.kl_sums(packed, [pad], opts, pad_ref)
             sums = torch.tensor([total, float(count)], dtype=torch.float64, device=self._collective_device())
             dist.all_reduce(sums)
             kl_mean = float(sums[0] / sums[1]) if float(sums[1]) else 0.0
@@ -153,8 +154,10 @@ class ShardedTrainer(Trainer):
             self.micro_step(packed, mb, loss_fn, denom, totals, opts=opts, ref=refs.pop(i, None), kl_mean=kl_mean,
                             original_logprobs=original_logprobs, always_backward=True)
         for _ in range(mine.padding):  # zero-weight passes (the reference forward too): every collective runs
-            self.micro_step(packed, pad, loss_fn, denom, new_totals(), opts=opts, kl_mean=kl_mean,
-                            original_logprobs=original_logprobs, always_backward=True, scale=0.0)
+            # a real pass reuses its reference from the KL pass, so a padding pass must too: a reference forward
+            # here only on the ranks that pad would leave the other ranks waiting in a collective
+            self.micro_step(packed, pad, loss_fn, denom, new_totals(), opts=opts, ref=pad_ref.get(0),
+                            kl_mean=kl_mean, original_logprobs=original_logprobs, always_backward=True, scale=0.0)
         if bar is not None:
             bar.update(len(step.micro_batches))
         for k, s in enumerate(shares):

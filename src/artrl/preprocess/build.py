@@ -8,8 +8,9 @@ through `build_call`:
    This happens before packing, so how many steps a call takes, and which data
    each step sees, depends on the data and the config only.
 2. **One row length** for the whole call: `row_length` if set, else the
-   automatic choice over all of the call's units (preprocess/pack.py), so every
-   step's rows stack into one tensor.
+   automatic choice over all of the call's units (preprocess/pack.py), at most
+   `max_length` and `max_tokens_per_microbatch` (a row must fit a micro-batch),
+   so every step's rows stack into one tensor.
 3. **Each step packed on its own**: a row never mixes two steps. Then each
    step's rows are cut into micro-batches of `per_device_train_batch_size` rows or
    `max_tokens_per_microbatch` token slots (preprocess/plan.py).
@@ -89,9 +90,14 @@ def build_call(
         rows_per_step: if set, ART's packing-dependent meaning instead: the call is packed at once and
             every `rows_per_step` rows make a step (units_per_step is then ignored).
         row_length: fixed row length, or None for the automatic choice over the whole call.
-        max_length: the longest row allowed (the model's maximum, or a user bound).
+        max_length: the longest row allowed (the model's maximum, or a user bound); with an automatic row
+            length, `max_tokens_per_microbatch` bounds it too.
     """
     check_row_length(row_length, max_length)
+    if row_length is None and max_tokens_per_microbatch is not None:
+        # a row must fit a micro-batch: the token budget bounds the automatic row length like the model's
+        # maximum does (a trajectory longer than it then follows on_too_long)
+        max_length = min(max_length, max_tokens_per_microbatch)
     stats = PackStats()
     cut = split_units(len(units), units_per_step) if rows_per_step is None else []
     limit = row_length if row_length is not None else max_length

@@ -130,7 +130,7 @@ def enforce_length(
                 raise PackingError(
                     f"{s.name} has {len(s)} tokens, more than the row length {max_length}. Set "
                     "on_too_long='drop' or 'truncate', raise row_length (bounded by the model's maximum "
-                    "length), or shorten the episode."
+                    "length, max_row_length and max_tokens_per_microbatch), or shorten the episode."
                 )
             if on_too_long == "truncate":
                 t = _truncate(s, max_length)
