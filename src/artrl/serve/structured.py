@@ -371,7 +371,7 @@ class GrammarCompiler:
         import llguidance
 
         param = structured.param if structured is not None else "response_format"
-        what = _what(structured) if structured is not None else "The grammar"
+        what = _what(structured) if structured is not None else "This Lark text"
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
