@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import llguidance
+import llguidance.hf
 import pytest
 import torch
 from hypothesis import given, settings
@@ -227,10 +229,9 @@ def test_the_turn_ends_on_an_end_of_turn_id_written_into_the_grammar(tok: Any, c
     ends = sorted(end_of_turn_ids(tok))
     assert len(ends) == 2  # <|endoftext|> and <|im_end|>
     text = compiler.compile(structured).lark
-    assert text.splitlines()[1:3] == ["start: reply end_of_turn", "end_of_turn: " + " | ".join(f"<[{t}]>" for t in ends)]
+    end_rule = "end_of_turn: " + " | ".join(f"<[{t}]>" for t in ends)
+    assert text.splitlines()[1:3] == ["start: reply end_of_turn", end_rule]
     # compiled from the text alone, on a tokenizer that knows only its own eos, it still ends on either id
-    import llguidance
-    import llguidance.hf
 
     only_eos = llguidance.hf.from_tokenizer(tok, n_vocab=len(tok))
     assert only_eos.eos_token == tok.eos_token_id
