@@ -37,15 +37,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
-from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from artrl.serve.sampling import mask_logits
 from artrl.serve.structured import GrammarCompiler, RowGrammar, bitmask_words
 from artrl.serve.vllm_args import GRAMMAR_ARG
+
+if TYPE_CHECKING:
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+try:
+    from vllm.v1.sample.logits_processor import LogitsProcessor
+except ImportError:  # vLLM is not installed: nothing loads the processor then, and the module still imports
+    LogitsProcessor = object  # type: ignore[assignment,misc]
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +95,9 @@ class GrammarLogitsProcessor(LogitsProcessor):
     """Holds rows whose `SamplingParams.extra_args` carry `GRAMMAR_ARG` to that grammar (module docstring)."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+        self._process_updates = process_dict_updates  # vLLM's bookkeeping of added, removed and moved rows
         self._model_config = vllm_config.model_config
         self._vocab_size = int(self._model_config.get_vocab_size())
         self._tokenizer: Any = None
@@ -99,7 +108,7 @@ class GrammarLogitsProcessor(LogitsProcessor):
         return False  # it changes which token is most likely: greedy rows need it too
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        process_dict_updates(self._rows, batch_update, self._new_row)
+        self._process_updates(self._rows, batch_update, self._new_row)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self._rows:
