@@ -1,4 +1,4 @@
-"""Structured outputs without a model: request fields -> StructuredOutput -> grammar, and vLLM's keywords.
+"""Structured outputs without a model: request fields -> StructuredOutput -> grammar (the one both engines run).
 
 The grammar tests run llguidance on the tiny model's real tokenizer: what a tool-call grammar
 accepts must be exactly what the chat template renders for that call and what the server's
@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import llguidance
+import llguidance.hf
 import pytest
 import torch
 from hypothesis import given, settings
@@ -26,7 +28,6 @@ from artrl.serve.structured import (
     bitmask_words,
     lark_grammar,
     structured_output,
-    vllm_structured_outputs,
 )
 from artrl.serve.tool_calls import HERMES, parse_tool_calls, tool_call_syntax
 
@@ -219,33 +220,41 @@ def test_mask_logits_touches_only_constrained_rows() -> None:
     assert torch.equal(logits, logits.clone())  # the input is not changed in place
 
 
-# ---- vLLM -------------------------------------------------------------------------------------------------
+# ---- the grammar text (what the vLLM engine hands to vLLM's worker) ----------------------------------------
 
 
-def test_vllm_keywords(tok: Any) -> None:
-    assert vllm_structured_outputs(structured_output({"type": "json_object"}, None, None, None, None)) == \
-        {"json_object": True}
-    assert vllm_structured_outputs(structured_output(JSON_SCHEMA, None, None, None, None)) == {"json": SCHEMA}
+def test_the_turn_ends_on_an_end_of_turn_id_written_into_the_grammar(tok: Any, compiler: GrammarCompiler) -> None:
+    """The grammar text alone says where a reply may end (vLLM's llguidance tokenizer knows one eos only)."""
+    structured = structured_output(JSON_SCHEMA, None, None, None, None)
+    ends = sorted(end_of_turn_ids(tok))
+    assert len(ends) == 2  # <|endoftext|> and <|im_end|>
+    text = compiler.compile(structured).lark
+    end_rule = "end_of_turn: " + " | ".join(f"<[{t}]>" for t in ends)
+    assert text.splitlines()[1:3] == ["start: reply end_of_turn", end_rule]
+    # compiled from the text alone, on a tokenizer that knows only its own eos, it still ends on either id
 
-    keywords = vllm_structured_outputs(structured_output(None, [WEATHER, TIME], "required", None, HERMES))
-    assert list(keywords) == ["structural_tag"]
-    tag = json.loads(keywords["structural_tag"])
-    fmt = tag["format"]
-    assert tag["type"] == "structural_tag" and fmt["type"] == "tags_with_separator"
-    assert fmt["at_least_one"] is True and fmt["stop_after_first"] is False and fmt["separator"] == "\n"
-    assert [t["content"]["json_schema"] for t in fmt["tags"]] == [WEATHER["function"]["parameters"], NO_PARAMETERS]
-    assert {t["content"]["type"] for t in fmt["tags"]} == {"json_schema"}
-    # begin + arguments + end is the template's rendering of the call, separator between calls too
-    calls = [("get_weather", {"city": "Oslo"}), ("get_time", {})]
-    by_name = {t["begin"].split('"name": "')[1].split('"')[0]: t for t in fmt["tags"]}
-    written = fmt["separator"].join(by_name[n]["begin"] + json.dumps(a) + by_name[n]["end"] for n, a in calls)
-    assert written == rendered_reply(tok, calls)
+    only_eos = llguidance.hf.from_tokenizer(tok, n_vocab=len(tok))
+    assert only_eos.eos_token == tok.eos_token_id
+    body = tok('{"colour": "red"}', add_special_tokens=False).input_ids
+    for end in ends:
+        matcher = llguidance.LLMatcher(only_eos, llguidance.LLMatcher.grammar_from_lark(text), log_level=0)
+        assert all(matcher.consume_token(t) for t in body) and matcher.consume_token(end) and matcher.is_stopped()
+    early = llguidance.LLMatcher(only_eos, llguidance.LLMatcher.grammar_from_lark(text), log_level=0)
+    assert not early.consume_token(ends[0])  # nor before the JSON is complete
 
-    pick = {"type": "function", "function": {"name": "get_weather"}}
-    named = json.loads(vllm_structured_outputs(structured_output(None, [WEATHER, TIME], pick, None, HERMES))
-                       ["structural_tag"])
-    assert named["format"]["stop_after_first"] is True and len(named["format"]["tags"]) == 1
-    either = json.loads(vllm_structured_outputs(structured_output(JSON_SCHEMA, [WEATHER], "auto", None, HERMES))
-                        ["structural_tag"])["format"]
-    assert either["type"] == "or" and either["elements"][0] == {"type": "json_schema", "json_schema": SCHEMA}
-    assert either["elements"][1]["type"] == "tags_with_separator"
+
+def test_a_grammar_compiles_again_from_its_text(tok: Any, compiler: GrammarCompiler) -> None:
+    """vLLM's worker compiles the text the engine compiled: the same language, cached by the text."""
+    structured = structured_output(None, [WEATHER, TIME], "required", False, HERMES)
+    text = compiler.compile(structured).lark
+    worker = GrammarCompiler(tok, len(tok), end_of_turn_ids(tok))
+    again = worker.compile_lark(text)
+    assert again.structured is None and again.lark == text and worker.compile_lark(text) is again
+    good = tok(rendered_reply(tok, [("get_weather", {"city": "Oslo"})]), add_special_tokens=False).input_ids
+    two = tok(rendered_reply(tok, [("get_time", {}), ("get_time", {})]), add_special_tokens=False).input_ids
+    for ids, expected in ((good, True), (two, False)):
+        row = again.row()
+        taken = all(row.accept(t) for t in ids)
+        assert (taken and row.accept(tok.convert_tokens_to_ids("<|im_end|>"))) == expected
+    with pytest.raises(StructuredOutputError, match="cannot be compiled"):
+        worker.compile_lark(text.replace("start:", "start"))

@@ -23,7 +23,7 @@ import artrl as art
 from artrl import notices
 from artrl.errors import ConfigError
 from artrl.serve.engine import EngineClosedError
-from artrl.serve.vllm_args import FIXED, engine_arguments, lora_rank_slot
+from artrl.serve.vllm_args import FIXED, GRAMMAR_PROCESSOR, engine_arguments, lora_rank_slot
 from artrl.serve.vllm_engine import ADAPTER, BASE, VLLMEngine, _KindGate, _result, _spread
 
 KNOWN = {"model", "tokenizer", "dtype", "seed", "max_model_len", "trust_remote_code", "max_lora_rank", "max_loras",
@@ -80,6 +80,13 @@ def test_arts_engine_args_reach_vllm_and_fields_decide_what_both_engines_read() 
     # max_model_len / max_num_seqs come through the artrl fields they set (the caller passes those)
     assert (args["max_model_len"], args["max_num_seqs"]) == (512, 3)
     assert "max_model_len" not in arguments(max_model_len=None)
+
+
+def test_artrls_grammar_processor_joins_the_logits_processors_given() -> None:
+    assert arguments()["logits_processors"] == [GRAMMAR_PROCESSOR]
+    mine = "my.module:Processor"
+    assert arguments({"logits_processors": [mine]})["logits_processors"] == [mine, GRAMMAR_PROCESSOR]
+    assert arguments({"logits_processors": [GRAMMAR_PROCESSOR, mine]})["logits_processors"] == [mine, GRAMMAR_PROCESSOR]
 
 
 @pytest.mark.parametrize("key", sorted(FIXED))

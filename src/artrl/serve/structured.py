@@ -16,8 +16,9 @@ A chat completion request may ask (OpenAI's API) for
 `GrammarCompiler` compiles grammars for one tokenizer, once per distinct
 `StructuredOutput` (a small LRU cache), and hands out a fresh `RowGrammar` per sampled
 row, which the decode loop asks for a token bitmask before each step and tells each
-sampled token; `vllm_structured_outputs` turns a `StructuredOutput` into the keywords
-of vLLM's own `StructuredOutputsParams`. The choices made here:
+sampled token. The vLLM engine runs the same compiled grammars in vLLM's worker
+(serve/vllm_grammar.py), so both engines hold replies to one language. The choices
+made here:
 
 1. **JSON is written as `json.dumps` writes it**: `", "` between items, `": "` after
    keys, no other whitespace. It is the form chat templates render tool-call arguments
@@ -40,7 +41,9 @@ of vLLM's own `StructuredOutputsParams`. The choices made here:
    keyword, a `$ref` to nowhere) is a `StructuredOutputError`: an `InvalidRequestError`
    naming the request field (`param`), which the server answers as a 400.
 5. **The grammar ends the reply**: once it is complete only an end-of-turn id may
-   follow; before that, no end-of-turn id can be sampled.
+   follow; before that, no end-of-turn id can be sampled. The end-of-turn ids are
+   written into the grammar itself (`start: reply end_of_turn`), so the grammar text
+   alone says where a reply may end, whichever engine runs it.
 
 What logprobs mean under a grammar is the engine's concern (serve/engine.py): they are
 the raw model logprobs of the sampled tokens, before the mask.
@@ -204,28 +207,37 @@ def _need_syntax(syntax: ToolCallSyntax | None, param: str) -> None:
 # --------------------------------------------------------------------------- grammar
 
 
-def lark_grammar(structured: StructuredOutput, added_tokens: Mapping[str, int] | None = None) -> str:
+def lark_grammar(structured: StructuredOutput, added_tokens: Mapping[str, int] | None = None,
+                 end_ids: Iterable[int] = ()) -> str:
     """The llguidance Lark grammar for `structured`.
 
     `added_tokens` (text -> id, the tokenizer's `get_added_vocab()`) names the markers
-    that must be sampled as one token (module docstring, point 2). For a reply that
+    that must be sampled as one token (module docstring, point 2); `end_ids`, when
+    given, are the ids one of which must end the reply (point 5). For a reply that
     must call `get_weather` (city: string) in Hermes syntax, with `<tool_call>` and
-    `</tool_call>` added tokens 2042 and 2043:
+    `</tool_call>` added tokens 2042 and 2043 and end-of-turn ids 0 and 2:
 
         %llguidance {}
-        start: calls
+        start: reply end_of_turn
+        end_of_turn: <[0]> | <[2]>
+        reply: calls
         calls: call
         call: call_0
         call_0: <[2042]> "\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": " %json {...} "}\\n" <[2043]>
     """
     added = dict(added_tokens or {})
+    ends = sorted({int(t) for t in end_ids})
     lines = ["%llguidance {}"]
+    if ends:
+        lines.append("start: reply end_of_turn")
+        lines.append("end_of_turn: " + " | ".join(f"<[{t}]>" for t in ends))
+    reply = "reply" if ends else "start"
     if structured.kind != "tool_calls":
         assert structured.schema is not None
-        lines.append("start: json" + (" | calls" if structured.tools else ""))
+        lines.append(f"{reply}: json" + (" | calls" if structured.tools else ""))
         lines.append("json: " + _json(structured.schema))
     else:
-        lines.append("start: calls")
+        lines.append(f"{reply}: calls")
     if structured.tools:
         syntax = structured.syntax
         assert syntax is not None, "tool calls need the chat family's tool-call syntax"
@@ -290,9 +302,12 @@ def bitmask_words(vocab_size: int) -> int:
 
 @dataclass
 class CompiledGrammar:
-    """A grammar checked for one tokenizer; `row()` starts a fresh matcher for one sampled sequence."""
+    """A grammar checked for one tokenizer; `row()` starts a fresh matcher for one sampled sequence. `lark` is
+    its text (what the vLLM engine hands to vLLM's worker); `structured` is None for a grammar compiled from
+    its text."""
 
-    structured: StructuredOutput
+    structured: StructuredOutput | None
+    lark: str
     _prototype: Any
 
     def row(self) -> RowGrammar:
@@ -345,25 +360,35 @@ class GrammarCompiler:
 
     def compile(self, structured: StructuredOutput) -> CompiledGrammar:
         """The compiled grammar for `structured` (cached); StructuredOutputError if it cannot be compiled."""
+        return self._compile(structured.key(), structured, None)
+
+    def compile_lark(self, lark: str) -> CompiledGrammar:
+        """The compiled grammar for a Lark text that `compile` wrote for this tokenizer (cached by the text): what
+        vLLM's worker process receives (serve/vllm_grammar.py). StructuredOutputError if it cannot be compiled."""
+        return self._compile(lark, None, lark)
+
+    def _compile(self, key: str, structured: StructuredOutput | None, lark: str | None) -> CompiledGrammar:
         import llguidance
 
-        key = structured.key()
+        param = structured.param if structured is not None else "response_format"
+        what = _what(structured) if structured is not None else "This Lark text"
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-            ll_tokenizer = self._llg_tokenizer(structured.param)
-            grammar = llguidance.LLMatcher.grammar_from_lark(lark_grammar(structured, self._added))
+            ll_tokenizer = self._llg_tokenizer(param)
+            if lark is None:
+                assert structured is not None
+                lark = lark_grammar(structured, self._added, self._end_ids)
+            grammar = llguidance.LLMatcher.grammar_from_lark(lark)
             problem = llguidance.LLMatcher.validate_grammar(grammar, ll_tokenizer)
             if problem:
-                raise StructuredOutputError(f"{_what(structured)} cannot be compiled into a grammar: {problem}",
-                                            structured.param)
+                raise StructuredOutputError(f"{what} cannot be compiled into a grammar: {problem}", param)
             prototype = llguidance.LLMatcher(ll_tokenizer, grammar, log_level=0)
             if prototype.is_error():
-                raise StructuredOutputError(
-                    f"{_what(structured)} cannot be compiled into a grammar: {prototype.get_error()}", structured.param)
-            compiled = CompiledGrammar(structured, prototype)
+                raise StructuredOutputError(f"{what} cannot be compiled into a grammar: {prototype.get_error()}", param)
+            compiled = CompiledGrammar(structured, lark, prototype)
             self._cache[key] = compiled
             self.compiled += 1
             while len(self._cache) > self.cache_size:
@@ -376,35 +401,3 @@ def _what(structured: StructuredOutput) -> str:
         return f"The parameters of tools {[t.name for t in structured.tools]}"
     return "response_format's schema" + (f" (or the parameters of tools {[t.name for t in structured.tools]})"
                                           if structured.tools else "")
-
-
-# --------------------------------------------------------------------------- vLLM
-
-
-def vllm_structured_outputs(structured: StructuredOutput) -> dict[str, Any]:
-    """Keyword arguments of vLLM's `StructuredOutputsParams` (vllm.sampling_params) for the same constraint.
-
-    A JSON reply is `json=` / `json_object=`; tool calls are a `structural_tag` in
-    xgrammar's format (vLLM's default backend): `tags_with_separator` over one tag per
-    tool (`begin` = the syntax's opening and the name, `content` = the parameters'
-    schema, `end` = the closing), at least one call, only one unless
-    `parallel_tool_calls`; a JSON reply that may call tools instead is an `or` of both.
-    vLLM chooses the JSON whitespace itself (see its `disable_any_whitespace`).
-    """
-    if not structured.tools:
-        if structured.kind == "json_object":
-            return {"json_object": True}
-        return {"json": structured.schema}
-    syntax = structured.syntax
-    assert syntax is not None
-    tags = [{"type": "tag",
-             "begin": syntax.begin + '{"name": ' + json.dumps(t.name, ensure_ascii=False) + ', "arguments": ',
-             "content": {"type": "json_schema", "json_schema": t.parameters},
-             "end": "}" + syntax.end} for t in structured.tools]
-    calls = {"type": "tags_with_separator", "tags": tags, "separator": syntax.separator, "at_least_one": True,
-             "stop_after_first": not structured.parallel_tool_calls}
-    if structured.kind == "tool_calls":
-        fmt: dict[str, Any] = calls
-    else:
-        fmt = {"type": "or", "elements": [{"type": "json_schema", "json_schema": structured.schema}, calls]}
-    return {"structural_tag": json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)}

@@ -9,6 +9,8 @@ sources, in order of precedence:
    `model` / `tokenizer` (the base model's directory). Setting one of these in `engine_args` to
    another value is a `ConfigError`; `served_model_name` and any argument vLLM does not know are
    accepted with a notice (the server names the models; ART's arguments that vLLM dropped).
+   `logits_processors` gets artrl's grammar processor (serve/vllm_grammar.py: structured
+   outputs) after any given in `engine_args`.
 2. **ART's `engine_args`** (`InternalModelConfig.engine_args`): every other vLLM argument, as given;
    `max_num_seqs`, `max_model_len` and `trust_remote_code` come through the artrl fields they set
    (`inference_max_batch_size`, `inference_max_length`, `trust_remote_code`), so that where the two
@@ -36,6 +38,10 @@ from ..notices import notice_once
 
 #: Arguments whose value the token record depends on (point 1 of the module docstring).
 FIXED = {"logprobs_mode": "raw_logprobs", "enable_lora": True}
+#: vLLM's name of artrl's grammar logits processor (serve/vllm_grammar.py), and the `SamplingParams.extra_args`
+#: key that hands it a request's grammar: {"grammar": Lark text, "end_ids": [ids]}.
+GRAMMAR_PROCESSOR = "artrl.serve.vllm_grammar:GrammarLogitsProcessor"
+GRAMMAR_ARG = "artrl_grammar"
 #: LoRA ranks vLLM 0.32 accepts as `max_lora_rank`.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULT_MAX_LORAS = 4
@@ -92,6 +98,7 @@ def engine_arguments(*, model_path: str, device_type: str, dtype: str, max_model
                               f"{required!r} (the token record holds the model's raw logprobs, and the trained "
                               f"weights are served as a LoRA adapter). Remove engine_args.{key}.")
         given.pop(key, None)
+    processors = list(given.pop("logits_processors", None) or [])  # vLLM's own list: artrl's is added below
     for key in sorted(set(given) - known):
         notice_once(f"vllm.engine_args.{key}", f"engine_args.{key}={given.pop(key)!r:.80} has no effect: this "
                     "vLLM version has no such engine argument.")
@@ -123,5 +130,6 @@ def engine_arguments(*, model_path: str, device_type: str, dtype: str, max_model
         args["kv_cache_memory_bytes"] = int(gib) * 1024**3
     args.update(given)
     args.update(FIXED)
+    args["logits_processors"] = [*(p for p in processors if p != GRAMMAR_PROCESSOR), GRAMMAR_PROCESSOR]
     args.update(model=model_path, tokenizer=model_path)
     return args

@@ -50,9 +50,12 @@ token record and the trainer do not know it from the built-in engine. What it do
    so rollouts go on while the trainer works.
 8. **Closing** fails every request in flight with `EngineClosedError`, shuts vLLM's processes
    down, stops the loop and joins its thread (also at interpreter exit, artrl/shutdown.py).
-
-Structured outputs (constrained decoding) map onto `SamplingParams.structured_outputs`, in
-`_sampling_params`.
+9. **Structured outputs by artrl's grammar in vLLM's sampler.** A request with `structured` is
+   compiled here first (`GrammarCompiler`: the llguidance grammar, checks, cache and 400 of the
+   built-in engine; what cannot be compiled never reaches vLLM), then handed to vLLM with its
+   grammar in `SamplingParams.extra_args`, where artrl's logits processor masks the row's logits
+   after vLLM's sampler took the raw logprobs (serve/vllm_grammar.py says why vLLM's own
+   structured outputs, which mask before, are not used).
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ from artrl.serve.engine import (
     InferenceEngine,
     InvalidRequestError,
 )
+from artrl.serve.structured import GrammarCompiler
+from artrl.serve.vllm_args import GRAMMAR_ARG, GRAMMAR_PROCESSOR
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +115,8 @@ class VLLMEngine(InferenceEngine):
             if engine_args is None:
                 engine_args = vllm_engine_arguments(cfg, base_model_path)
         self._sleep_mode = bool(engine_args.get("enable_sleep_mode"))
+        # structured outputs need artrl's grammar processor in vLLM (point 9); the server refuses them without it
+        self.structured_outputs = GRAMMAR_PROCESSOR in (engine_args.get("logits_processors") or [])
         self._closed = False
         self._lora_ids = itertools.count(1)
         self._named: dict[str, Any] = {}  # adapter name -> LoRARequest
@@ -135,6 +142,7 @@ class VLLMEngine(InferenceEngine):
         config = self._llm.model_config
         self._max_model_len = int(config.max_model_len)
         self._vocab_size = int(config.get_vocab_size())
+        self._grammars = GrammarCompiler(tokenizer, self._vocab_size, self._end_ids)
         shutdown.track(self, shutdown.ENGINES)
         logger.info("vLLM engine ready (%s, max_model_len %d, sleep mode %s)", engine_args.get("model"),
                     self._max_model_len, "on" if self._sleep_mode else "off")
@@ -182,7 +190,12 @@ class VLLMEngine(InferenceEngine):
 
     async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
         self._check(request)
-        coroutine = self._generate(request)
+        grammar = None
+        if request.structured is not None:  # compiling a new schema is CPU work: off the event loop
+            compiled = self._grammars.cached(request.structured) or await asyncio.to_thread(
+                self._grammars.compile, request.structured)
+            grammar = compiled.lark
+        coroutine = self._generate(request, grammar)
         try:
             future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         except RuntimeError as error:  # the loop closed since the check
@@ -213,7 +226,8 @@ class VLLMEngine(InferenceEngine):
 
     # ------------------------------------------------------------------ on the engine loop
 
-    async def _generate(self, request: GenerationRequest) -> list[GenerationResult]:
+    async def _generate(self, request: GenerationRequest, grammar: str | None = None) -> list[GenerationResult]:
+        """Sample `request` in vLLM; `grammar`: `request.structured` compiled (point 9)."""
         from vllm.inputs import TokensPrompt
 
         self._refuse_if_closed()  # handed over while the engine closed
@@ -228,7 +242,7 @@ class VLLMEngine(InferenceEngine):
             async with self._gate.admitted(BASE if lora is None else ADAPTER):
                 final = None
                 prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
-                async for output in self._llm.generate(prompt, _sampling_params(request, self._end_ids),
+                async for output in self._llm.generate(prompt, _sampling_params(request, self._end_ids, grammar),
                                                        uuid.uuid4().hex, lora_request=lora):
                     final = output
             assert final is not None and final.finished
@@ -425,7 +439,7 @@ async def _start_llm(engine_args: dict[str, Any]) -> Any:
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
 
 
-def _sampling_params(request: GenerationRequest, end_ids: frozenset[int]) -> Any:
+def _sampling_params(request: GenerationRequest, end_ids: frozenset[int], grammar: str | None = None) -> Any:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -443,7 +457,8 @@ def _sampling_params(request: GenerationRequest, end_ids: frozenset[int]) -> Any
         detokenize=bool(request.stop_strings),  # text is only needed to find stop strings
         logprobs=request.top_logprobs,  # the sampled token's logprob always; the top k when k > 0
         output_kind=RequestOutputKind.FINAL_ONLY,
-        # constrained decoding: structured_outputs=vllm.sampling_params.StructuredOutputsParams(...) here
+        # constrained decoding: artrl's grammar processor in vLLM's sampler (serve/vllm_grammar.py)
+        extra_args=None if grammar is None else {GRAMMAR_ARG: {"grammar": grammar, "end_ids": sorted(end_ids)}},
     )
 
 
