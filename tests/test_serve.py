@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -493,6 +493,7 @@ def test_parse_tool_calls_crafted_text() -> None:
 
 
 @settings(max_examples=60)
+@example(before="", name="</tool_call>", arguments={"x": "<tool_call>"})  # the tags inside strings
 @given(
     before=st.text().filter(lambda s: "<tool_call>" not in s),
     name=st.text(min_size=1),

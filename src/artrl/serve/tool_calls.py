@@ -20,7 +20,6 @@ this parser reads and what the chat template renders back.
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +55,7 @@ def tool_call_syntax(tokenizer: Any) -> ToolCallSyntax | None:
     return HERMES if any(isinstance(t, str) and TOOL_CALL_START in t for t in texts) else None
 
 
-_BLOCK = re.compile(re.escape(TOOL_CALL_START) + r"(.*?)" + re.escape(TOOL_CALL_END), re.DOTALL)
+_DECODER = json.JSONDecoder()
 
 
 def new_tool_call_id() -> str:
@@ -64,12 +63,33 @@ def new_tool_call_id() -> str:
     return f"call_{secrets.token_hex(12)}"
 
 
-def _as_tool_call(body: str) -> dict[str, Any] | None:
-    """The OpenAI tool call for one block body, or None if it is not a valid call."""
+def _read_block(text: str, body_start: int) -> tuple[dict[str, Any], int] | None:
+    """The tool call whose JSON body starts at `body_start` (after whitespace) and the
+    index just past its closing tag, or None if no valid call with a closing tag is there.
+
+    The body is read as JSON, not up to the first closing tag, so a name or an argument
+    that contains the tag itself stays inside its string.
+    """
+    index = _skip_space(text, body_start)
     try:
-        payload = json.loads(body)
+        payload, index = _DECODER.raw_decode(text, index)
     except json.JSONDecodeError:
         return None
+    index = _skip_space(text, index)
+    if not text.startswith(TOOL_CALL_END, index):
+        return None
+    call = _as_tool_call(payload)
+    return None if call is None else (call, index + len(TOOL_CALL_END))
+
+
+def _skip_space(text: str, index: int) -> int:
+    while index < len(text) and text[index].isspace():
+        index += 1
+    return index
+
+
+def _as_tool_call(payload: Any) -> dict[str, Any] | None:
+    """The OpenAI tool call for one decoded block body, or None if it is not a valid call."""
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
         return None
     arguments = payload.get("arguments", payload.get("parameters", {}))
@@ -92,13 +112,21 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     """
     calls: list[dict[str, Any]] = []
     kept: list[str] = []
-    position = 0
-    for match in _BLOCK.finditer(text):
-        call = _as_tool_call(match.group(1).strip())
-        if call is None:
-            continue  # malformed: leave the whole block in the content
-        kept.append(text[position : match.start()])
-        position = match.end()
+    position = 0  # end of the last valid block
+    search = 0
+    while (start := text.find(TOOL_CALL_START, search)) != -1:
+        body_start = start + len(TOOL_CALL_START)
+        block = _read_block(text, body_start)
+        if block is None:
+            # malformed: leave the whole block in the content and look after its end
+            end = text.find(TOOL_CALL_END, body_start)
+            if end == -1:
+                break
+            search = end + len(TOOL_CALL_END)
+            continue
+        call, block_end = block
+        kept.append(text[position:start])
+        position = search = block_end
         calls.append(call)
     kept.append(text[position:])
     content = "".join(kept).strip() if calls else text
