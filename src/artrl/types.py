@@ -394,6 +394,11 @@ class InternalModelConfig(_Config):
         1, ge=1, description="CPU threads of the inference decode worker (CPU only; None: torch's default). "
         "One thread decodes a batch fastest on small CPU machines: multi-threaded ops on tiny decode steps "
         "cost more in synchronisation than they save (docs/performance.md).")
+    inference_merge_lora: bool | None = pydantic.Field(
+        None, description="Built-in engine: serve the live LoRA adapter from merged copies of the adapted weights "
+        "(one extra copy of them in memory; the trainer's tensors are never changed), so a decode step runs plain "
+        "linear layers instead of peft's per-layer LoRA path (serve/merged_lora.py). None: on when the model is on "
+        "a CUDA device, off on CPU.")
     seed: int = pydantic.Field(0, description="Seed for adapter initialisation.")
     use_rslora: bool = pydantic.Field(False, description="Rank-stabilised LoRA: scale = alpha / sqrt(r) (peft).")
     inference_max_length: int | None = pydantic.Field(

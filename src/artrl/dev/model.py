@@ -151,6 +151,7 @@ class InternalModelConfig(TypedDict, total=False):
     logprob_chunk_size: int
     inference_max_batch_size: int
     inference_cpu_threads: int | None
+    inference_merge_lora: bool | None
     inference_max_length: int | None
     inference_engine: Literal["auto", "builtin", "vllm"]
     seed: int

@@ -3,18 +3,25 @@
 Runs wherever the model is (CPU or GPU) with no extra install. What it does, and
 what it leaves out compared with vLLM:
 
-1. **Request batching.** `generate` calls are queued; one background thread takes
-   everything waiting (up to `max_batch_size` sequences, a request of `n` counting
-   as n rows) and runs it as one batch. Requests arriving mid-batch wait for the
-   next one. No continuous batching and no paged KV cache: a batch runs until its
-   longest row finishes.
+1. **Continuous batching.** `generate` calls are queued; one background thread
+   decodes a running batch (serve/decode_batch.py) of at most `max_batch_size`
+   sequences, a request of `n` counting as n rows. At every step boundary, rows
+   waiting with the batch's adapter join it (prefilled, then merged into its KV
+   cache) while there is room, and rows that finished leave it at once, their
+   request answered as soon as its last row is done: nobody waits for the longest
+   row. Rows of different adapters never share a forward pass: a batch serves one
+   adapter, and rows of another wait (in arrival order, so a stream of one adapter
+   cannot starve another) until it drains. No paged KV cache.
 2. **Own decode loop, not `model.generate`,** because rows of one batch differ in
    temperature, top-p, seed, stop tokens and max_tokens, and because we report the
    raw log-softmax of the logits (before temperature/top-p).
 3. **Left padding that does not change the math.** Prompts are left-padded; a 2-D
    attention mask hides the padding and explicit `position_ids` (counted from each
    row's first real token) give every row the positions it would have alone, so a
-   row's logprobs match an unbatched forward to float tolerance.
+   row's logprobs match an unbatched forward to float tolerance, whenever it joined.
+   Sampling runs on the device with counter-based noise (serve/sampling.py): a
+   seeded request samples the same tokens alone or in any batch, and each step
+   brings back only the sampled ids and logprobs in one transfer.
 4. **Sharing the model with a trainer.** Built with `shares_trainer_weights=True`
    and the trainer's lock as `model_lock`, the engine serves the trainer's own peft
    model: each batch runs in the worker thread under `model_lock`, in
@@ -26,7 +33,11 @@ what it leaves out compared with vLLM:
    parameter's `requires_grad`, are restored afterwards, so an optimizer holding
    the live adapter's parameters never notices. Without a trainer on the model
    (training workers, `artrl serve`), `set_live_weights` copies a checkpoint's
-   adapter tensors into the active adapter under the lock.
+   adapter tensors into the active adapter under the lock. A batch holds the lock
+   from its first row to its last, so the weights never change under a sequence.
+   With `merge_lora` (default: on CUDA) the live adapter is served from merged
+   copies of the adapted weights (serve/merged_lora.py), swapped back before the
+   lock is released.
 5. **A caller that stops waiting frees its rows.** Cancelling `generate` (the server
    does when the HTTP client disconnects) cancels a queued request outright; a
    request already decoding stops taking tokens at the next step, and the batch
@@ -60,7 +71,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from artrl import shutdown
 from artrl.adapter_switch import NotPeftModelError, load_adapter_weights, load_frozen_adapter, serving
@@ -73,7 +83,9 @@ from artrl.serve.engine import (
     InferenceEngine,
     InvalidRequestError,
 )
-from artrl.serve.sampling import mask_logits, row_generator, sample_next_tokens
+from artrl.serve.decode_batch import DecodeBatch
+from artrl.serve.merged_lora import LoraMerger
+from artrl.serve.sampling import mask_logits, row_key, token_hashes
 from artrl.serve.structured import CompiledGrammar, GrammarCompiler, RowGrammar, bitmask_words
 
 logger = logging.getLogger(__name__)
@@ -92,6 +104,13 @@ class _Pending:
     future: concurrent.futures.Future
     abandoned: bool = False  # the caller stopped waiting (e.g. the HTTP client disconnected)
     grammar: CompiledGrammar | None = None  # request.structured, compiled
+    results: list[GenerationResult | None] = field(default_factory=list)  # one per sample, as rows finish
+    remaining: int = 0  # rows not finished yet
+
+    @property
+    def over(self) -> bool:
+        """Answered, failed, or its caller left: its rows need no more work."""
+        return self.future.done() or self.abandoned
 
 
 @dataclass
@@ -100,7 +119,7 @@ class _DecodeRow:
 
     pending: _Pending
     sample: int
-    generator: torch.Generator
+    key: int  # noise key (serve/sampling.row_key)
     stop_ids: frozenset[int]
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -118,7 +137,8 @@ class TransformersEngine(InferenceEngine):
 
     `end_ids`: the end-of-turn ids (None: `chat_format.end_of_turn_ids(tokenizer, model)`, what a
     session passes). `shares_trainer_weights`: the model is a trainer's; `model_lock` is then the
-    trainer's lock (None: a lock of the engine's own).
+    trainer's lock (None: a lock of the engine's own). `merge_lora`: serve the live adapter from merged
+    weights (serve/merged_lora.py); None: on when the model is on a CUDA device.
     """
 
     structured_outputs = True
@@ -134,6 +154,7 @@ class TransformersEngine(InferenceEngine):
         end_ids: frozenset[int] | None = None,
         shares_trainer_weights: bool = False,
         model_lock: Any = None,
+        merge_lora: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -159,6 +180,15 @@ class TransformersEngine(InferenceEngine):
         #: The checkpoint `set_live_weights` last made the live weights: (path, step), or None.
         self.live_weights: tuple[str, int] | None = None
         self._grammars = GrammarCompiler(tokenizer, self._vocab_size, self._eos_ids)
+        device = next(model.parameters()).device
+        if merge_lora is None:
+            merge_lora = device.type == "cuda"
+        #: Whether the live adapter is served from merged weights (serve/merged_lora.py).
+        self.merge_lora = merge_lora
+        # sharing the trainer's model: its optimizer may change the adapter in any way between batches
+        self._merger = LoraMerger(model, rebuild="always" if shares_trainer_weights else "changed") \
+            if merge_lora else None
+        self._token_hashes: dict[tuple[int, str], torch.Tensor] = {}
 
         #: Batches run and sequences sampled so far (for logs, metrics and tests).
         self.batches_served = 0
@@ -173,6 +203,7 @@ class TransformersEngine(InferenceEngine):
         self._worker: threading.Thread | None = None
         self._worker_start_lock = threading.Lock()
         self._closed = False
+        self._stopping = False  # the worker took the close sentinel
 
     # ------------------------------------------------------------------ interface
 
@@ -301,182 +332,178 @@ class TransformersEngine(InferenceEngine):
             # Set from this worker thread: OpenMP keeps the count per thread, so the trainer's thread keeps
             # its own (checked by test_decode_threads_leave_the_caller_alone).
             torch.set_num_threads(self.num_threads)
-        carry: collections.deque[_Pending | None] = collections.deque()
-        while True:
-            first = carry.popleft() if carry else self._queue.get()
-            if first is None:
+        waiting: collections.deque[_DecodeRow] = collections.deque()  # rows taken from the queue, not decoding
+        try:
+            while not self._stopping:
+                if not waiting:
+                    first = self._queue.get()
+                    if first is None:
+                        return
+                else:
+                    first = None
+                # Take the lock before draining the queue: whatever queued up while a
+                # trainer held the device joins this batch instead of waiting for the next.
+                with self.model_lock:
+                    if first is not None:
+                        self._take(first, waiting)
+                    self._drain(waiting)
+                    self._skip_over(waiting)
+                    if waiting and not self._stopping:
+                        self._run(waiting)
+        finally:
+            error = EngineClosedError("the inference engine was closed")
+            for row in waiting:
+                self._fail(row.pending, error)
+
+    def _take(self, item: _Pending | None, waiting: collections.deque[_DecodeRow]) -> None:
+        """A queued request (or the close sentinel) becomes waiting rows."""
+        if item is None:
+            self._stopping = True
+            return
+        with self._counter_lock:
+            self._pending -= 1
+        if not item.future.set_running_or_notify_cancel():  # its caller left while it was queued
+            return
+        request = item.request
+        item.results, item.remaining = [None] * request.n, request.n
+        stop_ids = frozenset(request.stop_token_ids) | self._eos_ids
+        for sample in range(request.n):
+            grammar = item.grammar.row() if item.grammar is not None else None
+            waiting.append(_DecodeRow(item, sample, row_key(request.seed, sample), stop_ids, grammar=grammar))
+
+    def _drain(self, waiting: collections.deque[_DecodeRow]) -> None:
+        while not self._stopping:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
                 return
-            if first.future.cancelled():  # its caller left while it was queued
-                with self._counter_lock:
-                    self._pending -= 1
-                continue
-            # Take the lock before draining the queue: whatever queued up while a
-            # trainer held the device joins this batch instead of waiting for the next.
-            with self.model_lock:
-                batch, rows = [first], first.request.n
-                while rows < self.max_batch_size:
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is not None and item.future.cancelled():
-                        batch.append(item)  # counted below; `_run_batch` skips it
-                        continue
-                    if item is None or rows + item.request.n > self.max_batch_size:
-                        carry.append(item)
-                        break
-                    batch.append(item)
-                    rows += item.request.n
-                with self._counter_lock:
-                    self._pending -= len(batch)
-                try:
-                    self._run_batch(batch)
-                except Exception as error:  # keep the worker alive whatever happens
-                    logger.exception("Inference batch failed")
-                    for pending in batch:
-                        if not pending.future.done():
-                            pending.future.set_exception(error)
+            self._take(item, waiting)
 
-    def _run_batch(self, batch: list[_Pending]) -> None:
-        live = [p for p in batch if p.future.set_running_or_notify_cancel()]
-        if not live:
-            return
-        if self._closed:
-            for pending in live:
-                pending.future.set_exception(EngineClosedError("the inference engine was closed"))
-            return
+    @staticmethod
+    def _skip_over(waiting: collections.deque[_DecodeRow]) -> None:
+        """Drop waiting rows whose request needs nothing more (failed, or its caller left)."""
+        if any(row.pending.over for row in waiting):
+            kept = [row for row in waiting if not row.pending.over]
+            waiting.clear()
+            waiting.extend(kept)
+
+    def _fail(self, pending: _Pending, error: BaseException) -> None:
+        if not pending.future.done():
+            pending.future.set_exception(error)
+
+    def _finish(self, row: _DecodeRow) -> None:
+        """Record a finished row; answer its request when it was the last."""
+        pending = row.pending
+        self.rows_served += 1
+        pending.results[row.sample] = GenerationResult(
+            token_ids=row.token_ids, logprobs=row.logprobs,
+            top_logprobs=row.top_logprobs if row.request.top_logprobs > 0 else None,
+            finish_reason=row.finish_reason or "length")  # type: ignore[arg-type]
+        pending.remaining -= 1
+        if pending.remaining == 0 and not pending.future.done():
+            pending.future.set_result(list(pending.results))
+
+    def _run(self, waiting: collections.deque[_DecodeRow]) -> None:
+        """Decode one batch of the adapter of the first waiting row, taking in its newcomers, until it drains."""
+        adapter = waiting[0].request.adapter
         device = next(self._model.parameters()).device
-        by_adapter: dict[str | None, list[_DecodeRow]] = collections.defaultdict(list)
-        for pending in live:
-            request = pending.request
-            stop_ids = frozenset(request.stop_token_ids) | self._eos_ids
-            for sample in range(request.n):
-                generator = row_generator(device, request.seed, sample)
-                grammar = pending.grammar.row() if pending.grammar is not None else None
-                by_adapter[request.adapter].append(_DecodeRow(pending, sample, generator, stop_ids, grammar=grammar))
-
-        results: dict[int, list[GenerationResult | None]] = {
-            id(p): [None] * p.request.n for p in live
-        }
-        failed: dict[int, BaseException] = {}
-        for adapter, rows in by_adapter.items():
-            for start in range(0, len(rows), self.max_batch_size):
-                chunk = rows[start : start + self.max_batch_size]
-                try:
-                    with torch.inference_mode(), serving(self._model, adapter):
-                        self._decode(chunk, device)
-                except EngineClosedError as error:
-                    logger.info("%s", error)
-                    for row in chunk:
-                        failed[id(row.pending)] = error
-                    continue
-                except Exception as error:
-                    logger.exception("Decoding %d rows (adapter=%r) failed", len(chunk), adapter)
-                    for row in chunk:
-                        failed[id(row.pending)] = error
-                    continue
-                for row in chunk:
-                    results[id(row.pending)][row.sample] = GenerationResult(
-                        token_ids=row.token_ids,
-                        logprobs=row.logprobs,
-                        top_logprobs=row.top_logprobs if row.request.top_logprobs > 0 else None,
-                        finish_reason=row.finish_reason or "length",
-                    )
         self.batches_served += 1
-        self.rows_served += sum(p.request.n for p in live)
-        for pending in live:
-            if id(pending) in failed:
-                pending.future.set_exception(failed[id(pending)])
+        batch = DecodeBatch(self._model, self._cache_kwarg, self._pad_id, self._hashes, device)
+        merged = self._merger.merged_live_adapter() if self._merger is not None and adapter is None \
+            else contextlib.nullcontext()
+        try:
+            with serving(self._model, adapter), merged, torch.inference_mode():
+                while True:
+                    if not self._stopping:
+                        self._drain(waiting)
+                    self._skip_over(waiting)
+                    self._join(batch, waiting, adapter)
+                    if not batch.rows:
+                        break
+                    if self._closed:
+                        raise EngineClosedError(
+                            f"the inference engine was closed while decoding {len(batch)} rows")
+                    self._step(batch)
+        except Exception as error:
+            if isinstance(error, EngineClosedError):
+                logger.info("%s", error)
             else:
-                pending.future.set_result(results[id(pending)])
-        logger.debug(
-            "Served %d requests (%d rows) in %d adapter groups",
-            len(live),
-            sum(p.request.n for p in live),
-            len(by_adapter),
-        )
+                logger.exception("Decoding %d rows (adapter=%r) failed", len(batch), adapter)
+            for row in batch.rows:
+                self._fail(row.pending, error)
+        logger.debug("Batch %d done (adapter %r)", self.batches_served, adapter)
 
-    # ------------------------------------------------------------------ decoding
+    def _join(self, batch: DecodeBatch, waiting: collections.deque[_DecodeRow], adapter: str | None) -> None:
+        """Prefill the waiting rows of `adapter` that fit, first come first served, and add them to `batch`."""
+        if not waiting or self._closed or not batch.can_join:
+            return
+        newcomers: list[_DecodeRow] = []
+        while waiting and len(batch) + len(newcomers) < self.max_batch_size and \
+                waiting[0].request.adapter == adapter:
+            newcomers.append(waiting.popleft())
+        if not newcomers:
+            return
+        prompts: list[list[int]] = []
+        prompt_of: dict[int, int] = {}
+        for row in newcomers:  # the n samples of one request share one prefilled prompt
+            if id(row.pending) not in prompt_of:
+                prompt_of[id(row.pending)] = len(prompts)
+                prompts.append(row.request.prompt_ids)
+        try:
+            batch.admit(newcomers, prompts, [prompt_of[id(r.pending)] for r in newcomers],
+                        [r.key for r in newcomers], [r.request.temperature for r in newcomers],
+                        [r.request.top_p for r in newcomers])
+        except Exception as error:
+            for row in newcomers:  # they never joined: `_run` fails the batch's own rows
+                self._fail(row.pending, error)
+            raise
 
-    def _decode(self, rows: list[_DecodeRow], device: torch.device) -> None:
-        """Sample every row to completion, filling its token_ids / logprobs / finish_reason."""
-        batch = len(rows)
-        prompts = [row.request.prompt_ids for row in rows]
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((batch, width), self._pad_id, dtype=torch.long)  # [batch, width]
-        attention_mask = torch.zeros((batch, width), dtype=torch.long)  # [batch, width]
-        for i, prompt in enumerate(prompts):
-            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[i, width - len(prompt) :] = 1
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [batch, width]
+    def _step(self, batch: DecodeBatch) -> None:
+        """Sample one token for every row, record it, let finished rows leave, and run the next forward."""
+        rows = batch.rows
+        constrained = [i for i, row in enumerate(rows) if row.grammar is not None]
+        assert batch.logits is not None
+        allowed = self._grammar_masked(batch.logits, rows, constrained) if constrained else None  # [batch, vocab]
+        k = max(row.request.top_logprobs for row in rows)
+        records = batch.sample(allowed, k)
+        self.decode_steps += 1
+        kept: list[int] = []
+        for i, (row, record) in enumerate(zip(rows, records)):
+            if row.pending.abandoned:
+                self.rows_abandoned += 1  # nobody reads it; stop spending steps on the row
+                continue
+            if row.pending.future.done():  # its request failed elsewhere
+                continue
+            token = int(record[0])
+            row.token_ids.append(token)
+            row.logprobs.append(record[1])
+            n_top = row.request.top_logprobs
+            if n_top > 0:
+                row.top_logprobs.append([(int(t), v) for t, v in zip(record[2:2 + n_top], record[2 + k:2 + k + n_top])])
+            if row.grammar is not None and not row.grammar.accept(token):
+                # only when the grammar allowed no token of the vocabulary at all
+                logger.warning("A structured row sampled a token its grammar forbids (%s); ending it.",
+                               row.grammar.error)
+                row.finish_reason = "length"
+            elif token in row.stop_ids or self._completes_stop_string(row):
+                row.finish_reason = "stop"
+            elif len(row.token_ids) >= row.request.max_tokens:
+                row.finish_reason = "length"
+            if row.finish_reason is not None:
+                self._finish(row)
+            else:
+                kept.append(i)
+        batch.keep(kept)
+        if batch.rows:
+            batch.advance()
 
-        temperature = torch.tensor([r.request.temperature for r in rows], dtype=torch.float32, device=device)
-        top_p = torch.tensor([r.request.top_p for r in rows], dtype=torch.float32, device=device)
-        generators = [r.generator for r in rows]
-        k = max(r.request.top_logprobs for r in rows)
-        steps = max(r.request.max_tokens for r in rows)
-
-        cache = DynamicCache(config=self._model.config)
-        out = self._model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_kwarg: cache},
-        )
-        logits = out.logits[:, -1, :].float()  # [batch, vocab]
-        next_position = position_ids[:, -1:] + 1  # [batch, 1]
-
-        for step in range(steps):
-            if self._closed:
-                raise EngineClosedError(f"the inference engine was closed while decoding {batch} rows")
-            logprobs = logits.log_softmax(dim=-1)  # [batch, vocab]; raw, whatever a grammar allows
-            constrained = [i for i, row in enumerate(rows) if row.grammar is not None and row.finish_reason is None]
-            allowed = self._grammar_masked(logits, rows, constrained) if constrained else logits  # [batch, vocab]
-            tokens = sample_next_tokens(allowed, temperature, top_p, generators)  # [batch]
-            chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)  # [batch]
-            tokens_list, chosen_list = tokens.tolist(), chosen.tolist()
-            if k > 0:
-                top_values, top_ids = logprobs.topk(k, dim=-1)  # [batch, k] each
-                top_values_list, top_ids_list = top_values.tolist(), top_ids.tolist()
-            self.decode_steps += 1
-            for i, row in enumerate(rows):
-                if row.finish_reason is not None:
-                    continue
-                if row.pending.abandoned:
-                    row.finish_reason = "length"  # nobody reads it; stop spending steps on the row
-                    self.rows_abandoned += 1
-                    continue
-                row.token_ids.append(tokens_list[i])
-                row.logprobs.append(chosen_list[i])
-                if row.request.top_logprobs > 0:
-                    n_top = row.request.top_logprobs
-                    row.top_logprobs.append(list(zip(top_ids_list[i][:n_top], top_values_list[i][:n_top])))
-                if row.grammar is not None and not row.grammar.accept(tokens_list[i]):
-                    # only when the grammar allowed no token of the vocabulary at all
-                    logger.warning("A structured row sampled a token its grammar forbids (%s); ending it.",
-                                   row.grammar.error)
-                    row.finish_reason = "length"
-                elif tokens_list[i] in row.stop_ids or self._completes_stop_string(row):
-                    row.finish_reason = "stop"
-                elif len(row.token_ids) >= row.request.max_tokens:
-                    row.finish_reason = "length"
-            if all(row.finish_reason is not None for row in rows) or step == steps - 1:
-                break
-            attention_mask = torch.cat(
-                [attention_mask, attention_mask.new_ones((batch, 1))], dim=-1
-            )  # [batch, width + step + 1]
-            out = self._model(
-                input_ids=tokens[:, None],
-                attention_mask=attention_mask,
-                position_ids=next_position,
-                use_cache=True,
-                **{self._cache_kwarg: cache},
-            )
-            logits = out.logits[:, -1, :].float()  # [batch, vocab]
-            next_position = next_position + 1
+    def _hashes(self, vocab: int) -> torch.Tensor:
+        """The per-token words of the sampling noise for a `vocab`-wide logits row (computed once)."""
+        device = next(self._model.parameters()).device
+        key = (vocab, str(device))
+        if key not in self._token_hashes:
+            self._token_hashes[key] = token_hashes(vocab, device)
+        return self._token_hashes[key]
 
     def _grammar_masked(self, logits: torch.Tensor, rows: list[_DecodeRow], constrained: list[int]) -> torch.Tensor:
         """`logits` with what each constrained row's grammar forbids set to -inf (other rows unchanged)."""
