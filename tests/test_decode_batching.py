@@ -262,3 +262,29 @@ def test_merged_lora_samples_the_same_and_leaves_the_trainers_tensors_alone(
     finally:
         plain.close()
         merged.close()
+
+
+def test_the_serving_attention_is_switched_in_for_a_batch_and_back(
+        live: tuple[PeftModel, Any], loop: asyncio.AbstractEventLoop) -> None:
+    from artrl.serve.attention_switch import current_attention
+
+    model, tokenizer = live
+    trainer_attention = current_attention(model)
+    seen: list[str | None] = []
+    handle = model.register_forward_pre_hook(lambda module, args: seen.append(current_attention(model)))
+    request = GenerationRequest(prompt_ids=prompt_of(tokenizer, "a cat sat"), n=2, max_tokens=8, seed=4)
+    own = TransformersEngine(model, tokenizer, end_ids=frozenset())
+    eager = TransformersEngine(model, tokenizer, end_ids=frozenset(), attn_implementation="eager")
+    try:
+        reference = submit(loop, own, request).result(120)
+        assert set(seen) == {trainer_attention} and trainer_attention != "eager"
+        seen.clear()
+        switched = submit(loop, eager, request).result(120)
+        assert set(seen) == {"eager"}
+    finally:
+        handle.remove()
+        own.close()
+        eager.close()
+    assert current_attention(model) == trainer_attention
+    assert [r.token_ids for r in switched] == [r.token_ids for r in reference]
+    assert_exact(model, request.prompt_ids, switched)

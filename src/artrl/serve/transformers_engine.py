@@ -12,9 +12,9 @@ what it leaves out compared with vLLM:
    row. Rows of different adapters never share a forward pass: a batch serves one
    adapter, and rows of another wait (in arrival order, so a stream of one adapter
    cannot starve another) until it drains. No paged KV cache.
-2. **Own decode loop, not `model.generate`,** because rows of one batch differ in
-   temperature, top-p, seed, stop tokens and max_tokens, and because we report the
-   raw log-softmax of the logits (before temperature/top-p).
+2. **Own decode loop, not `model.generate`,** (serve/decode_loop.py) because rows of
+   one batch differ in temperature, top-p, seed, stop tokens and max_tokens, and
+   because we report the raw log-softmax of the logits (before temperature/top-p).
 3. **Left padding that does not change the math.** Prompts are left-padded; a 2-D
    attention mask hides the padding and explicit `position_ids` (counted from each
    row's first real token) give every row the positions it would have alone, so a
@@ -35,9 +35,10 @@ what it leaves out compared with vLLM:
    (training workers, `artrl serve`), `set_live_weights` copies a checkpoint's
    adapter tensors into the active adapter under the lock. A batch holds the lock
    from its first row to its last, so the weights never change under a sequence.
-   With `merge_lora` (default: on CUDA) the live adapter is served from merged
-   copies of the adapted weights (serve/merged_lora.py), swapped back before the
-   lock is released.
+   Two switches for a GPU, each on by default on CUDA only and restored before the
+   lock is released: `merge_lora` serves the live adapter from merged copies of the
+   adapted weights (serve/merged_lora.py), `attn_implementation` decodes with 'sdpa'
+   instead of the trainer's attention (serve/attention_switch.py).
 5. **A caller that stops waiting frees its rows.** Cancelling `generate` (the server
    does when the HTTP client disconnects) cancels a queued request outright; a
    request already decoding stops taking tokens at the next step, and the batch
@@ -67,13 +68,12 @@ import inspect
 import logging
 import queue
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from artrl import shutdown
-from artrl.adapter_switch import NotPeftModelError, load_adapter_weights, load_frozen_adapter, serving
+from artrl.adapter_switch import NotPeftModelError, load_adapter_weights, load_frozen_adapter
 from artrl.chat_format import end_of_turn_ids
 from artrl.serve.engine import (
     BASE_WEIGHTS,
@@ -83,62 +83,25 @@ from artrl.serve.engine import (
     InferenceEngine,
     InvalidRequestError,
 )
-from artrl.serve.decode_batch import DecodeBatch
+from artrl.serve.attention_switch import current_attention
+from artrl.serve.decode_loop import DecodeLoop, DecodeRow, Pending
 from artrl.serve.merged_lora import LoraMerger
-from artrl.serve.sampling import mask_logits, row_key, token_hashes
-from artrl.serve.structured import CompiledGrammar, GrammarCompiler, RowGrammar, bitmask_words
+from artrl.serve.sampling import row_key
+from artrl.serve.structured import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
-# How many trailing tokens to decode, per character of the longest stop string, when
-# checking whether a stop string was just completed (a token can be a partial
-# UTF-8 byte sequence that decodes to no character at all).
-_STOP_WINDOW_TOKENS_PER_CHAR = 4
-
-
-@dataclass
-class _Pending:
-    """A queued `generate` call and the future its caller awaits."""
-
-    request: GenerationRequest
-    future: concurrent.futures.Future
-    abandoned: bool = False  # the caller stopped waiting (e.g. the HTTP client disconnected)
-    grammar: CompiledGrammar | None = None  # request.structured, compiled
-    results: list[GenerationResult | None] = field(default_factory=list)  # one per sample, as rows finish
-    remaining: int = 0  # rows not finished yet
-
-    @property
-    def over(self) -> bool:
-        """Answered, failed, or its caller left: its rows need no more work."""
-        return self.future.done() or self.abandoned
-
-
-@dataclass
-class _DecodeRow:
-    """One sequence being sampled: request `pending`, sample number `sample`."""
-
-    pending: _Pending
-    sample: int
-    key: int  # noise key (serve/sampling.row_key)
-    stop_ids: frozenset[int]
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish_reason: str | None = None
-    grammar: RowGrammar | None = None  # this row's grammar state, when the request is structured
-
-    @property
-    def request(self) -> GenerationRequest:
-        return self.pending.request
-
-
-class TransformersEngine(InferenceEngine):
+class TransformersEngine(DecodeLoop, InferenceEngine):
     """Serve a transformers causal LM (optionally a peft `PeftModel`); see the module docstring.
 
     `end_ids`: the end-of-turn ids (None: `chat_format.end_of_turn_ids(tokenizer, model)`, what a
     session passes). `shares_trainer_weights`: the model is a trainer's; `model_lock` is then the
     trainer's lock (None: a lock of the engine's own). `merge_lora`: serve the live adapter from merged
-    weights (serve/merged_lora.py); None: on when the model is on a CUDA device.
+    weights (serve/merged_lora.py); None: on when the model is on a CUDA device. `attn_implementation`: the
+    attention decode batches run with (serve/attention_switch.py); None: 'sdpa' on a CUDA device, else the model's.
+    `static_cache`: decode rows that fit in `static_cache_len` columns (None: min(max_model_len, 2048)) in fixed
+    slots of a static KV cache (serve/static_batch.py), their step replayed from a CUDA graph when `cuda_graphs`
+    (None: on CUDA).
     """
 
     structured_outputs = True
@@ -155,6 +118,10 @@ class TransformersEngine(InferenceEngine):
         shares_trainer_weights: bool = False,
         model_lock: Any = None,
         merge_lora: bool | None = None,
+        attn_implementation: str | None = None,
+        static_cache: bool = False,
+        static_cache_len: int | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -189,6 +156,17 @@ class TransformersEngine(InferenceEngine):
         self._merger = LoraMerger(model, rebuild="always" if shares_trainer_weights else "changed") \
             if merge_lora else None
         self._token_hashes: dict[tuple[int, str], torch.Tensor] = {}
+        if attn_implementation is None and device.type == "cuda" and current_attention(model) != "sdpa":
+            attn_implementation = "sdpa"
+        #: The attention implementation decode batches switch to (None: the model's own).
+        self.attn_implementation = self._attn_implementation = attn_implementation
+        #: Static KV cache slots (serve/static_batch.py) and CUDA graph replay of their step.
+        self.static_cache = static_cache
+        self.static_cache_len = min(self._max_model_len, static_cache_len or 2048)
+        if cuda_graphs and device.type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs a model on a CUDA device; this one is on {device}")
+        self.cuda_graphs = bool(static_cache and (device.type == "cuda" if cuda_graphs is None else cuda_graphs))
+        self._static_step = None
 
         #: Batches run and sequences sampled so far (for logs, metrics and tests).
         self.batches_served = 0
@@ -199,7 +177,7 @@ class TransformersEngine(InferenceEngine):
         self.decode_steps = 0
         self._pending = 0
         self._counter_lock = threading.Lock()
-        self._queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._queue: queue.Queue[Pending | None] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._worker_start_lock = threading.Lock()
         self._closed = False
@@ -278,7 +256,7 @@ class TransformersEngine(InferenceEngine):
         self._ensure_worker()
         with self._counter_lock:
             self._pending += 1
-        pending = _Pending(request, future, grammar=grammar)
+        pending = Pending(request, future, grammar=grammar)
         self._queue.put(pending)
         try:
             # cancelling this await cancels `future` too while it is still queued
@@ -332,7 +310,7 @@ class TransformersEngine(InferenceEngine):
             # Set from this worker thread: OpenMP keeps the count per thread, so the trainer's thread keeps
             # its own (checked by test_decode_threads_leave_the_caller_alone).
             torch.set_num_threads(self.num_threads)
-        waiting: collections.deque[_DecodeRow] = collections.deque()  # rows taken from the queue, not decoding
+        waiting: collections.deque[DecodeRow] = collections.deque()  # rows taken from the queue, not decoding
         try:
             while not self._stopping:
                 if not waiting:
@@ -355,7 +333,7 @@ class TransformersEngine(InferenceEngine):
             for row in waiting:
                 self._fail(row.pending, error)
 
-    def _take(self, item: _Pending | None, waiting: collections.deque[_DecodeRow]) -> None:
+    def _take(self, item: Pending | None, waiting: collections.deque[DecodeRow]) -> None:
         """A queued request (or the close sentinel) becomes waiting rows."""
         if item is None:
             self._stopping = True
@@ -369,159 +347,15 @@ class TransformersEngine(InferenceEngine):
         stop_ids = frozenset(request.stop_token_ids) | self._eos_ids
         for sample in range(request.n):
             grammar = item.grammar.row() if item.grammar is not None else None
-            waiting.append(_DecodeRow(item, sample, row_key(request.seed, sample), stop_ids, grammar=grammar))
+            waiting.append(DecodeRow(item, sample, row_key(request.seed, sample), stop_ids, grammar=grammar))
 
-    def _drain(self, waiting: collections.deque[_DecodeRow]) -> None:
+    def _drain(self, waiting: collections.deque[DecodeRow]) -> None:
         while not self._stopping:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
             self._take(item, waiting)
-
-    @staticmethod
-    def _skip_over(waiting: collections.deque[_DecodeRow]) -> None:
-        """Drop waiting rows whose request needs nothing more (failed, or its caller left)."""
-        if any(row.pending.over for row in waiting):
-            kept = [row for row in waiting if not row.pending.over]
-            waiting.clear()
-            waiting.extend(kept)
-
-    def _fail(self, pending: _Pending, error: BaseException) -> None:
-        if not pending.future.done():
-            pending.future.set_exception(error)
-
-    def _finish(self, row: _DecodeRow) -> None:
-        """Record a finished row; answer its request when it was the last."""
-        pending = row.pending
-        self.rows_served += 1
-        pending.results[row.sample] = GenerationResult(
-            token_ids=row.token_ids, logprobs=row.logprobs,
-            top_logprobs=row.top_logprobs if row.request.top_logprobs > 0 else None,
-            finish_reason=row.finish_reason or "length")  # type: ignore[arg-type]
-        pending.remaining -= 1
-        if pending.remaining == 0 and not pending.future.done():
-            pending.future.set_result(list(pending.results))
-
-    def _run(self, waiting: collections.deque[_DecodeRow]) -> None:
-        """Decode one batch of the adapter of the first waiting row, taking in its newcomers, until it drains."""
-        adapter = waiting[0].request.adapter
-        device = next(self._model.parameters()).device
-        self.batches_served += 1
-        batch = DecodeBatch(self._model, self._cache_kwarg, self._pad_id, self._hashes, device)
-        merged = self._merger.merged_live_adapter() if self._merger is not None and adapter is None \
-            else contextlib.nullcontext()
-        try:
-            with serving(self._model, adapter), merged, torch.inference_mode():
-                while True:
-                    if not self._stopping:
-                        self._drain(waiting)
-                    self._skip_over(waiting)
-                    self._join(batch, waiting, adapter)
-                    if not batch.rows:
-                        break
-                    if self._closed:
-                        raise EngineClosedError(
-                            f"the inference engine was closed while decoding {len(batch)} rows")
-                    self._step(batch)
-        except Exception as error:
-            if isinstance(error, EngineClosedError):
-                logger.info("%s", error)
-            else:
-                logger.exception("Decoding %d rows (adapter=%r) failed", len(batch), adapter)
-            for row in batch.rows:
-                self._fail(row.pending, error)
-        logger.debug("Batch %d done (adapter %r)", self.batches_served, adapter)
-
-    def _join(self, batch: DecodeBatch, waiting: collections.deque[_DecodeRow], adapter: str | None) -> None:
-        """Prefill the waiting rows of `adapter` that fit, first come first served, and add them to `batch`."""
-        if not waiting or self._closed or not batch.can_join:
-            return
-        newcomers: list[_DecodeRow] = []
-        while waiting and len(batch) + len(newcomers) < self.max_batch_size and \
-                waiting[0].request.adapter == adapter:
-            newcomers.append(waiting.popleft())
-        if not newcomers:
-            return
-        prompts: list[list[int]] = []
-        prompt_of: dict[int, int] = {}
-        for row in newcomers:  # the n samples of one request share one prefilled prompt
-            if id(row.pending) not in prompt_of:
-                prompt_of[id(row.pending)] = len(prompts)
-                prompts.append(row.request.prompt_ids)
-        try:
-            batch.admit(newcomers, prompts, [prompt_of[id(r.pending)] for r in newcomers],
-                        [r.key for r in newcomers], [r.request.temperature for r in newcomers],
-                        [r.request.top_p for r in newcomers])
-        except Exception as error:
-            for row in newcomers:  # they never joined: `_run` fails the batch's own rows
-                self._fail(row.pending, error)
-            raise
-
-    def _step(self, batch: DecodeBatch) -> None:
-        """Sample one token for every row, record it, let finished rows leave, and run the next forward."""
-        rows = batch.rows
-        constrained = [i for i, row in enumerate(rows) if row.grammar is not None]
-        assert batch.logits is not None
-        allowed = self._grammar_masked(batch.logits, rows, constrained) if constrained else None  # [batch, vocab]
-        k = max(row.request.top_logprobs for row in rows)
-        records = batch.sample(allowed, k)
-        self.decode_steps += 1
-        kept: list[int] = []
-        for i, (row, record) in enumerate(zip(rows, records)):
-            if row.pending.abandoned:
-                self.rows_abandoned += 1  # nobody reads it; stop spending steps on the row
-                continue
-            if row.pending.future.done():  # its request failed elsewhere
-                continue
-            token = int(record[0])
-            row.token_ids.append(token)
-            row.logprobs.append(record[1])
-            n_top = row.request.top_logprobs
-            if n_top > 0:
-                row.top_logprobs.append([(int(t), v) for t, v in zip(record[2:2 + n_top], record[2 + k:2 + k + n_top])])
-            if row.grammar is not None and not row.grammar.accept(token):
-                # only when the grammar allowed no token of the vocabulary at all
-                logger.warning("A structured row sampled a token its grammar forbids (%s); ending it.",
-                               row.grammar.error)
-                row.finish_reason = "length"
-            elif token in row.stop_ids or self._completes_stop_string(row):
-                row.finish_reason = "stop"
-            elif len(row.token_ids) >= row.request.max_tokens:
-                row.finish_reason = "length"
-            if row.finish_reason is not None:
-                self._finish(row)
-            else:
-                kept.append(i)
-        batch.keep(kept)
-        if batch.rows:
-            batch.advance()
-
-    def _hashes(self, vocab: int) -> torch.Tensor:
-        """The per-token words of the sampling noise for a `vocab`-wide logits row (computed once)."""
-        device = next(self._model.parameters()).device
-        key = (vocab, str(device))
-        if key not in self._token_hashes:
-            self._token_hashes[key] = token_hashes(vocab, device)
-        return self._token_hashes[key]
-
-    def _grammar_masked(self, logits: torch.Tensor, rows: list[_DecodeRow], constrained: list[int]) -> torch.Tensor:
-        """`logits` with what each constrained row's grammar forbids set to -inf (other rows unchanged)."""
-        bitmask = torch.empty((len(constrained), bitmask_words(self._vocab_size)), dtype=torch.int32)  # [rows, words]
-        for k, i in enumerate(constrained):
-            grammar = rows[i].grammar
-            assert grammar is not None
-            grammar.fill_bitmask(bitmask[k])
-        index = torch.tensor(constrained, dtype=torch.long, device=logits.device)  # [rows]
-        return mask_logits(logits, bitmask, index)
-
-    def _completes_stop_string(self, row: _DecodeRow) -> bool:
-        stops = row.request.stop_strings
-        if not stops:
-            return False
-        window = _STOP_WINDOW_TOKENS_PER_CHAR * max(len(s) for s in stops) + 1
-        tail = self._tokenizer.decode(row.token_ids[-window:], skip_special_tokens=False)
-        return any(s and s in tail for s in stops)
 
 
 def _cache_kwarg_name(model: Any) -> str:
