@@ -288,3 +288,47 @@ def test_the_serving_attention_is_switched_in_for_a_batch_and_back(
     assert current_attention(model) == trainer_attention
     assert [r.token_ids for r in switched] == [r.token_ids for r in reference]
     assert_exact(model, request.prompt_ids, switched)
+
+
+def test_static_cache_slots_sample_what_the_dynamic_cache_samples(
+        live: tuple[PeftModel, Any], loop: asyncio.AbstractEventLoop) -> None:
+    """The static-slot path (run eagerly on CPU) against the dynamic one: same tokens, exact logprobs, rows
+    joining into free slots, and a row too long for a slot served by an ordinary batch."""
+    model, tokenizer = live
+    long_prompt = prompt_of(tokenizer, "the weather today is " * 12)
+    requests = [GenerationRequest(prompt_ids=prompt_of(tokenizer, "hello there"), n=3, max_tokens=9, seed=31),
+                GenerationRequest(prompt_ids=prompt_of(tokenizer, "name a colour"), max_tokens=4, seed=32,
+                                  temperature=0.7, top_p=0.8, top_logprobs=3),
+                GenerationRequest(prompt_ids=long_prompt, max_tokens=20, seed=33)]
+    assert len(long_prompt) + 20 > 48  # does not fit a 48-column slot
+
+    def serve(engine: TransformersEngine) -> list[list[Any]]:
+        pause = PauseAt(model, at=3)  # the first request's batch, two steps in: the others join it
+        try:
+            first = submit(loop, engine, requests[0])
+            assert pause.paused.wait(120)
+            rest = [submit(loop, engine, r) for r in requests[1:]]
+            while engine.pending_requests < 2:
+                threading.Event().wait(0.005)
+            pause.resume.set()
+            return [f.result(120) for f in [first, *rest]]
+        finally:
+            pause.remove()
+
+    dynamic = TransformersEngine(model, tokenizer, max_batch_size=4, end_ids=frozenset())
+    static = TransformersEngine(model, tokenizer, max_batch_size=4, end_ids=frozenset(), static_cache=True,
+                                static_cache_len=48)
+    try:
+        expected = serve(dynamic)
+        batches = static.batches_served
+        got = serve(static)
+        assert static._static_step is not None and static.cuda_graphs is False
+        assert static.batches_served == batches + 2  # the slots' batch, then the long row's own
+    finally:
+        dynamic.close()
+        static.close()
+    for request, mine, theirs in zip(requests, got, expected):
+        assert [r.token_ids for r in mine] == [r.token_ids for r in theirs]
+        assert_exact(model, request.prompt_ids, mine)
+    with pytest.raises(ValueError, match="CUDA"):
+        TransformersEngine(model, tokenizer, static_cache=True, cuda_graphs=True)

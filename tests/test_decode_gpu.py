@@ -46,9 +46,9 @@ def _requests(tokenizer: Any) -> list[GenerationRequest]:
             GenerationRequest(prompt_ids=ids[2], max_tokens=12, temperature=0.8, top_p=0.9, seed=8)]
 
 
-def _serve(model: Any, tokenizer: Any, *, merge_lora: bool, attn: str | None) -> list[list[Any]]:
+def _serve(model: Any, tokenizer: Any, *, merge_lora: bool, attn: str | None, **switches: Any) -> list[list[Any]]:
     engine = TransformersEngine(model, tokenizer, merge_lora=merge_lora, attn_implementation=attn,
-                                end_ids=frozenset())
+                                end_ids=frozenset(), **switches)
 
     async def all_at_once() -> list[list[Any]]:
         return list(await asyncio.gather(*(engine.generate(r) for r in _requests(tokenizer))))
@@ -72,12 +72,17 @@ def fp32() -> tuple[Any, Any]:
     return _model("float32")
 
 
-@pytest.mark.parametrize(("merge_lora", "attn"), [(True, None), (False, "sdpa"), (True, "sdpa")])
+@pytest.mark.parametrize(("merge_lora", "attn", "switches"), [
+    (True, None, {}), (False, "sdpa", {}), (True, "sdpa", {}),
+    (True, "sdpa", {"static_cache": True, "cuda_graphs": False, "static_cache_len": 256}),
+    (True, "sdpa", {"static_cache": True, "cuda_graphs": True, "static_cache_len": 256}),
+    (False, "sdpa", {"static_cache": True, "cuda_graphs": True, "static_cache_len": 256}),
+])
 def test_switches_sample_what_the_plain_path_samples(fp32: tuple[Any, Any], merge_lora: bool,
-                                                     attn: str | None) -> None:
+                                                     attn: str | None, switches: dict[str, Any]) -> None:
     model, tokenizer = fp32
     plain = _serve(model, tokenizer, merge_lora=False, attn=None)
-    switched = _serve(model, tokenizer, merge_lora=merge_lora, attn=attn)
+    switched = _serve(model, tokenizer, merge_lora=merge_lora, attn=attn, **switches)
     for a, b in zip(itertools.chain(*plain), itertools.chain(*switched)):
         assert a.token_ids == b.token_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-3
@@ -85,7 +90,7 @@ def test_switches_sample_what_the_plain_path_samples(fp32: tuple[Any, Any], merg
 
 def test_bf16_switches_report_the_logprobs_of_what_they_sampled() -> None:
     model, tokenizer = _model("bfloat16")
-    results = _serve(model, tokenizer, merge_lora=True, attn="sdpa")
+    results = _serve(model, tokenizer, merge_lora=True, attn="sdpa", static_cache=True, cuda_graphs=True)
     for request, sequences in zip(_requests(tokenizer), results):
         for result in sequences:
             expected = _recompute(model, request.prompt_ids, result.token_ids)
