@@ -79,11 +79,13 @@ class PauseAt:
 
     def __init__(self, model: Any, at: int) -> None:
         self.calls, self.at = 0, at
+        self.shapes: list[tuple[int, int]] = []  # [rows, tokens] of every forward's input_ids
         self.paused, self.resume = threading.Event(), threading.Event()
-        self.handle = model.register_forward_pre_hook(self)
+        self.handle = model.register_forward_pre_hook(self, with_kwargs=True)
 
-    def __call__(self, module: Any, args: Any) -> None:
+    def __call__(self, module: Any, args: Any, kwargs: Any) -> None:
         self.calls += 1
+        self.shapes.append(tuple(kwargs["input_ids"].shape))
         if self.calls == self.at:
             self.paused.set()
             assert self.resume.wait(120), "the test never resumed the worker"
@@ -127,7 +129,10 @@ def test_a_request_joins_a_running_batch_leaves_it_early_and_samples_what_it_sam
     finally:
         engine.close()
 
-    assert engine.batches_served == batches + 1, "the short request did not join the running batch"
+    # after the pause, the newcomers' prefill (2 rows sharing one prompt: 1 row), then decode steps of all three
+    assert pause.shapes[3:5] == [(1, 1), (1, len(short.prompt_ids))], pause.shapes
+    assert pause.shapes[5] == (3, 1), "the short request did not join the running batch"
+    assert engine.batches_served <= batches + 1
     # it left as soon as its 5 tokens were sampled, long before the 60-token row ended
     assert steps_when_short_done - steps_at_join < 30
     assert len(joined_long[0].token_ids) == 60

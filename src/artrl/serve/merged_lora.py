@@ -58,7 +58,7 @@ def _lora_layers(model: Any, adapter: str) -> list[Any]:
         base = module.get_base_layer()
         if (not isinstance(base, torch.nn.Linear) or adapter in getattr(module, "lora_variant", {})
                 or getattr(module, "lora_bias", {}).get(adapter, False) or getattr(module, "fan_in_fan_out", False)
-                or module.merged):
+                or module.merged or module.disable_adapters):
             continue
         layers.append(module)
     return layers
@@ -80,7 +80,7 @@ class LoraMerger:
         """Inside: every mergeable layer of the active adapter computes with its merged copy."""
         model = self._model
         adapter = getattr(model, "active_adapter", None)
-        if not isinstance(adapter, str) or getattr(model, "disable_adapters", False):
+        if not isinstance(adapter, str):
             yield
             return
         layers = _lora_layers(model, adapter)
