@@ -168,7 +168,8 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         self.cuda_graphs = bool(static_cache and (device.type == "cuda" if cuda_graphs is None else cuda_graphs))
         self._static_step = None
 
-        #: Batches run and sequences sampled so far (for logs, metrics and tests).
+        #: Batches started (counted when they start; requests joining a running batch add none) and sequences
+        #: sampled so far (for logs, metrics and tests).
         self.batches_served = 0
         self.rows_served = 0
         #: Requests whose caller stopped waiting, rows cut short because of it, decode steps run.
