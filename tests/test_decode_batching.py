@@ -22,7 +22,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import Linear as LoraLinear
 
 from artrl.serve import GenerationRequest, TransformersEngine
-from artrl.serve.sampling import exponential_noise, row_key, sample_next_tokens, split_keys, token_hashes
+from artrl.serve.sampling import row_key, row_uniforms, sample_next_tokens
 from artrl.tiny import load_tiny
 
 TOLERANCE = 1e-4
@@ -189,35 +189,41 @@ def test_rows_of_another_adapter_wait_for_their_own_batch(
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=6, unique=True), st.integers(0, 10_000),
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=6, unique=True), st.integers(1, 300),
        st.integers(0, 5))
-def test_noise_of_a_row_depends_on_its_key_and_counter_only(keys: list[int], counter: int, row: int) -> None:
+def test_a_rows_draws_depend_on_its_key_and_step_only(keys: list[int], steps: int, row: int) -> None:
     row = row % len(keys)
-    tokens = token_hashes(50, torch.device("cpu"))
-    batch = exponential_noise(split_keys(keys, torch.device("cpu")), torch.full((len(keys),), counter), tokens)
-    alone = exponential_noise(split_keys([keys[row]], torch.device("cpu")), torch.tensor([counter]), tokens)
-    assert torch.equal(batch[row], alone[0])
-    assert bool((batch > 0).all()) and bool(torch.isfinite(batch).all())
-    later = exponential_noise(split_keys([keys[row]], torch.device("cpu")), torch.tensor([counter + 1]), tokens)
-    assert not torch.equal(later[0], alone[0])
+    batch = row_uniforms(keys, steps)
+    alone = row_uniforms([keys[row]], steps + 7)
+    assert torch.equal(batch[row], alone[0, :steps])  # whatever the other rows, however many steps
+    assert bool((batch > 0).all()) and bool((batch < 1).all())
+    if steps > 1:
+        assert len(set(batch[row].tolist())) > 1
 
 
 def test_sampled_frequencies_follow_the_distribution_and_top_p() -> None:
     probs = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03])
     rows = 6000
     logits = probs.log().repeat(rows, 1)  # [rows, 5]
-    keys = split_keys([row_key(7, i) for i in range(rows)], torch.device("cpu"))
-    noise = exponential_noise(keys, torch.zeros(rows, dtype=torch.int64), token_hashes(5, torch.device("cpu")))
+    uniform = row_uniforms([row_key(7, i) for i in range(rows)], 1)[:, 0]  # [rows]
+    assert abs(float(uniform.mean()) - 0.5) < 0.02
     ones = torch.ones(rows)
-    drawn = sample_next_tokens(logits, ones, ones, noise, all_greedy=False, any_top_p=False)
+    drawn = sample_next_tokens(logits, ones, ones, uniform, all_greedy=False, any_top_p=False)
     freq = torch.bincount(drawn, minlength=5).float() / rows
     assert torch.allclose(freq, probs, atol=0.02), freq
-    nucleus = sample_next_tokens(logits, ones, torch.full((rows,), 0.7), noise, all_greedy=False, any_top_p=True)
+    nucleus = sample_next_tokens(logits, ones, torch.full((rows,), 0.7), uniform, all_greedy=False, any_top_p=True)
     freq = torch.bincount(nucleus, minlength=5).float() / rows
     assert set(nucleus.tolist()) == {0, 1}  # 0.5 + 0.25 reaches 0.7: the rest is cut
     assert torch.allclose(freq, torch.tensor([2 / 3, 1 / 3, 0, 0, 0]), atol=0.02), freq
-    greedy = sample_next_tokens(logits, torch.zeros(rows), ones, noise, all_greedy=False, any_top_p=False)
+    hot = sample_next_tokens(logits, torch.full((rows,), 2.0), ones, uniform, all_greedy=False, any_top_p=False)
+    flat = torch.softmax(probs.log() / 2.0, dim=-1)
+    assert torch.allclose(torch.bincount(hot, minlength=5).float() / rows, flat, atol=0.02)
+    greedy = sample_next_tokens(logits, torch.zeros(rows), ones, uniform, all_greedy=False, any_top_p=False)
     assert set(greedy.tolist()) == {0}
+    # a token of probability zero is never drawn, whatever the uniform
+    masked = torch.tensor([[0.0, float("-inf"), 0.0, float("-inf"), 0.0]]).repeat(rows, 1)
+    assert set(sample_next_tokens(masked, ones, ones, uniform, all_greedy=False, any_top_p=False).tolist()) \
+        == {0, 2, 4}
 
 
 # ---- merged LoRA -----------------------------------------------------------------------------

@@ -23,9 +23,10 @@ KV cache, one attention mask and the per-row sampling state, all on the model's 
 3. **Leaving.** A finished row leaves before the next forward (`keep`), and columns no
    remaining row uses are cut from the left, so a long row that ended frees its width.
 4. **One host transfer per step.** `sample` draws every row's token on the device
-   (serve/sampling.py, counter-based noise keyed by each row's request seed and its
-   own step counter) and brings back only the sampled ids, their raw logprobs and,
-   when some row asked for them, the top logprobs, in one `tolist()`.
+   (serve/sampling.py: each row's uniforms, hashed from its request seed for all of
+   its steps when it joins, indexed by its own step counter) and brings back only the
+   sampled ids, their raw logprobs and, when some row asked for them, the top
+   logprobs, in one `tolist()`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from artrl.serve.sampling import exponential_noise, sample_next_tokens, split_keys
+from artrl.serve.sampling import row_uniforms, sample_next_tokens
 
 
 def _pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -50,21 +51,29 @@ def _pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
+def _cat_uniforms(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
+    """Rows of `a` then of `b`, right-padded to the wider of the two (a row never reads past its own steps)."""
+    if a is None:
+        return b
+    width = max(a.shape[1], b.shape[1])
+    a, b = (torch.nn.functional.pad(t, (0, width - t.shape[1]), value=0.5) for t in (a, b))
+    return torch.cat([a, b])
+
+
 class DecodeBatch:
     """Rows decoding together; see the module docstring. `rows` are the engine's row records (opaque here)."""
 
-    def __init__(self, model: Any, cache_kwarg: str, pad_id: int, token_hashes: Any, device: torch.device) -> None:
+    def __init__(self, model: Any, cache_kwarg: str, pad_id: int, device: torch.device) -> None:
         self._model = model
         self._cache_kwarg = cache_kwarg
         self._pad_id = pad_id
-        self._token_hashes = token_hashes  # callable: vocab -> [vocab] int64 (sampling.token_hashes, cached)
         self.device = device
         self.rows: list[Any] = []
         self.spans: list[int] = []  # [batch] real cache columns of each row
         self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None  # [batch, width] long
         self.positions: torch.Tensor | None = None  # [batch] long, position id of the next token
-        self.keys: torch.Tensor | None = None  # [batch, 2] int64 noise keys
+        self.uniforms: torch.Tensor | None = None  # [batch, steps] float32, each row's draw for each of its steps
         self.counters: torch.Tensor | None = None  # [batch] int64, tokens sampled so far
         self.temperature: torch.Tensor | None = None  # [batch] float32
         self.top_p: torch.Tensor | None = None  # [batch] float32
@@ -103,7 +112,7 @@ class DecodeBatch:
             mask, positions, logits = mask[index], positions[index], logits[index]
         new_state = {
             "mask": mask, "positions": positions, "logits": logits,
-            "keys": split_keys(list(keys), device),
+            "uniforms": row_uniforms(list(keys), max(r.request.max_tokens for r in rows)).to(device),
             "counters": torch.zeros(len(rows), dtype=torch.int64, device=device),
             "temperature": torch.tensor(list(temperature), dtype=torch.float32, device=device),
             "top_p": torch.tensor(list(top_p), dtype=torch.float32, device=device),
@@ -123,8 +132,9 @@ class DecodeBatch:
             mine.keys = torch.cat([_pad_left(mine.keys, total, 2), _pad_left(theirs.keys, total, 2)])
             mine.values = torch.cat([_pad_left(mine.values, total, 2), _pad_left(theirs.values, total, 2)])
         self.mask = torch.cat([_pad_left(self.mask, total, 1), _pad_left(mask, total, 1)])  # [batch, total]
-        for name in ("positions", "logits", "keys", "counters", "temperature", "top_p"):
+        for name in ("positions", "logits", "counters", "temperature", "top_p"):
             setattr(self, name, torch.cat([getattr(self, name), new_state[name]]))
+        self.uniforms = _cat_uniforms(self.uniforms, new_state["uniforms"])
         self.rows += list(rows)
         self.spans += spans
 
@@ -141,15 +151,16 @@ class DecodeBatch:
         all_greedy = all(r.temperature <= 0 for r in requests)
         any_top_p = any(r.top_p < 1.0 and r.temperature > 0 for r in requests)
         logits = self.logits  # [batch, vocab]
-        noise = None if all_greedy else exponential_noise(self.keys, self.counters, self._token_hashes(logits.shape[-1]))
-        tokens = sample_next_tokens(logits if allowed is None else allowed, self.temperature, self.top_p, noise,
+        uniform = None if all_greedy else self.uniforms.gather(1, self.counters[:, None]).squeeze(1)  # [batch]
+        tokens = sample_next_tokens(logits if allowed is None else allowed, self.temperature, self.top_p, uniform,
                                     all_greedy=all_greedy, any_top_p=any_top_p)  # [batch]
         self._tokens = tokens
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [batch, 1]; raw: before temperature, top-p, grammar
-        parts = [tokens[:, None].double(), (logits.gather(-1, tokens[:, None]) - lse).double()]  # [batch, 1] each
+        # ids travel as float32 (exact below 2**24; the engine checks its vocabulary is smaller)
+        parts = [tokens[:, None].float(), logits.gather(-1, tokens[:, None]) - lse]  # [batch, 1] each
         if top_logprobs > 0:
             top_values, top_ids = logits.topk(top_logprobs, dim=-1)  # [batch, k] each
-            parts += [top_ids.double(), (top_values - lse).double()]
+            parts += [top_ids.float(), top_values - lse]
         return torch.cat(parts, dim=1).tolist()  # the step's one host sync
 
     def keep(self, kept: list[int]) -> None:
@@ -164,7 +175,7 @@ class DecodeBatch:
         assert self.cache is not None and self.mask is not None
         index = torch.tensor(kept, dtype=torch.long, device=self.device)  # [kept]
         self.cache.batch_select_indices(index)
-        for name in ("mask", "positions", "logits", "keys", "counters", "temperature", "top_p", "_tokens"):
+        for name in ("mask", "positions", "logits", "uniforms", "counters", "temperature", "top_p", "_tokens"):
             setattr(self, name, getattr(self, name)[index])
         cut = self.mask.shape[1] - max(self.spans)
         if cut > 0 and self.can_join:  # trimming, like joining, needs plain dynamic layers

@@ -37,7 +37,7 @@ from artrl.adapter_switch import serving
 from artrl.serve.attention_switch import attention_for_serving
 from artrl.serve.decode_batch import DecodeBatch
 from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult
-from artrl.serve.sampling import mask_logits, token_hashes
+from artrl.serve.sampling import mask_logits
 from artrl.serve.static_batch import SlotCache, StaticDecodeBatch, StaticStep
 from artrl.serve.structured import CompiledGrammar, RowGrammar, bitmask_words
 
@@ -97,7 +97,6 @@ class DecodeLoop:
     _stopping: bool
     _merger: Any
     _attn_implementation: str | None
-    _token_hashes: dict[tuple[int, str], torch.Tensor]
     static_cache: bool
     static_cache_len: int
     cuda_graphs: bool
@@ -141,7 +140,7 @@ class DecodeLoop:
         device = next(self._model.parameters()).device
         self.batches_served += 1
         static = self.static_cache and self._fits(waiting[0])
-        batch = DecodeBatch(self._model, self._cache_kwarg, self._pad_id, self._hashes, device)
+        batch = DecodeBatch(self._model, self._cache_kwarg, self._pad_id, device)
         merged = self._merger.merged_live_adapter() if self._merger is not None and adapter is None \
             else contextlib.nullcontext()
         attention = "sdpa" if static else self._attn_implementation  # the static step's 4-D mask needs sdpa
@@ -149,7 +148,7 @@ class DecodeLoop:
             with serving(self._model, adapter), merged, attention_for_serving(self._model, attention), \
                     torch.inference_mode():
                 if static:  # a captured graph computes with the live adapter's weights: no other adapter replays it
-                    batch = StaticDecodeBatch(self._model, self._cache_kwarg, self._pad_id, self._hashes, device,
+                    batch = StaticDecodeBatch(self._model, self._cache_kwarg, self._pad_id, device,
                                               self._slot_step(device), graph=self.cuda_graphs and adapter is None)
                 while True:
                     if not self._stopping:
@@ -249,14 +248,6 @@ class DecodeLoop:
             cache = SlotCache(probe, slots=self.max_batch_size, length=self.static_cache_len)
             self._static_step = StaticStep(self._model, self._cache_kwarg, cache, self._pad_id)
         return self._static_step
-
-    def _hashes(self, vocab: int) -> torch.Tensor:
-        """The per-token words of the sampling noise for a `vocab`-wide logits row (computed once)."""
-        device = next(self._model.parameters()).device
-        key = (vocab, str(device))
-        if key not in self._token_hashes:
-            self._token_hashes[key] = token_hashes(vocab, device)
-        return self._token_hashes[key]
 
     def _grammar_masked(self, logits: torch.Tensor, rows: list[DecodeRow], constrained: list[int]) -> torch.Tensor:
         """`logits` with what each constrained row's grammar forbids set to -inf (other rows unchanged)."""

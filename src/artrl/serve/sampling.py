@@ -8,18 +8,19 @@ one vectorised pass:
    the logits before the softmax;
 2. top-p keeps the smallest set of most likely tokens whose probability reaches
    `top_p` (the most likely token is always kept);
-3. the draw is the exponential-race form of sampling, `argmax(p_i / E_i)` with
-   `E_i ~ Exp(1)`, which picks token i with probability `p_i` and needs no
-   renormalisation after top-p.
+3. the draw is inverse-CDF sampling over the (top-p masked) probabilities, which
+   picks token i with probability `p_i` and needs no renormalisation after top-p.
 
-**Counter-based noise, not generators.** `E_i = -log(U_i)` where `U_i` is a hash of
-(the row's 64-bit key, the row's step counter, token i), computed with integer torch
-ops on the device: one batched draw per step whatever the rows' seeds, no host work
-per row, and the same numbers on CPU and GPU. A row's key comes from its request's
-`seed` and its sample index (`row_key`), its counter is the index of the token it is
-sampling, so a seeded request samples the same tokens whatever else shares its batch
-and whenever it joined it. The hash keeps every intermediate below 2**63 (32-bit
-words times 27-bit constants), so no integer overflow is involved.
+**Counter-based draws, not generators.** Each row draws one uniform `u` per step and
+takes the token where the cumulative distribution (in vocabulary order, after
+temperature and top-p) first reaches `u` (inverse-CDF sampling: token i with
+probability p_i). `u` is a hash (splitmix64) of the row's 64-bit key and the index
+of the token it is sampling; a row's uniforms for all its steps are computed on the
+host when it joins (`row_uniforms`, vectorised) and copied to the device once, so a
+step costs one gather and a few passes over the logits, with no host work per row and
+no host sync. A row's key comes from its request's `seed` and its sample index
+(`row_key`), so a seeded request samples the same tokens whatever else shares its
+batch and whenever it joined it.
 
 A grammar (structured outputs) acts before all of this: `mask_logits` sets the logits
 of the tokens it forbids to -inf in the rows that have one, so temperature, top-p and
@@ -33,71 +34,56 @@ from __future__ import annotations
 
 import secrets
 
+import numpy as np
 import torch
 
-_MASK32 = 0xFFFFFFFF
-_MIX = 0x45D9F3B  # a 27-bit odd multiplier: (2**32 - 1) * _MIX < 2**63
-_STEP_SALT = 0x2545F491
+_MASK64 = (1 << 64) - 1
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash, element-wise: int64 in [0, 2**32) -> int64 in [0, 2**32)."""
-    x = ((x >> 16) ^ x) * _MIX & _MASK32
-    x = ((x >> 16) ^ x) * _MIX & _MASK32
-    return (x >> 16) ^ x
+def _splitmix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, element-wise on uint64 (wrapping arithmetic)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 def row_key(seed: int | None, sample: int) -> int:
-    """The 64-bit noise key of sample `sample` of a request: from `(seed, sample)`, or fresh entropy."""
+    """The 64-bit key of sample `sample` of a request: from `(seed, sample)`, or fresh entropy."""
     if seed is None:
         return secrets.randbits(64)
     # Mix the sample index in so the n samples of one seeded request differ.
-    return (seed * 0x9E3779B97F4A7C15 + sample * 0xBF58476D1CE4E5B9 + 1) % (2**64)
+    return (seed * 0x9E3779B97F4A7C15 + sample * 0xBF58476D1CE4E5B9 + 1) & _MASK64
 
 
-def split_keys(keys: list[int], device: torch.device) -> torch.Tensor:
-    """Row keys as a [batch, 2] int64 tensor of their (high, low) 32-bit words."""
-    return torch.tensor([[k >> 32, k & _MASK32] for k in keys], dtype=torch.int64, device=device)
-
-
-def token_hashes(vocab: int, device: torch.device) -> torch.Tensor:
-    """[vocab] int64: the per-token word the row noise is combined with (computed once per engine)."""
-    return _mix32(torch.arange(vocab, dtype=torch.int64, device=device) * 0x9E3779B1 & _MASK32)
-
-
-def exponential_noise(keys: torch.Tensor, counters: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Exp(1) noise for every (row, token): a pure function of the row's key, its counter and the token.
-
-    keys: [batch, 2] int64 (`split_keys`); counters: [batch] int64; tokens: [vocab] int64 (`token_hashes`).
-    Returns [batch, vocab] float32, strictly positive and finite.
-    """
-    row = _mix32(keys[:, 0] ^ _mix32((counters * _STEP_SALT + 1) & _MASK32))  # [batch]
-    row = _mix32(row ^ keys[:, 1])  # [batch]
-    bits = _mix32(row[:, None] ^ tokens[None, :])  # [batch, vocab]
-    uniform = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # [batch, vocab], in (0, 1)
-    return -torch.log(uniform)
+def row_uniforms(keys: list[int], steps: int) -> torch.Tensor:
+    """[len(keys), steps] float32 uniforms in (0, 1): entry (r, s) a pure function of keys[r] and s."""
+    with np.errstate(over="ignore"):
+        key = _splitmix64(np.array(keys, dtype=np.uint64))[:, None]  # [rows, 1]
+        step = _splitmix64(np.arange(1, steps + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))  # [steps]
+        bits = _splitmix64(key ^ step[None, :]) >> np.uint64(40)  # [rows, steps], 24 random bits
+    return torch.from_numpy(((bits.astype(np.float64) + 0.5) / float(1 << 24)).astype(np.float32))
 
 
 def sample_next_tokens(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     top_p: torch.Tensor,
-    noise: torch.Tensor | None,
+    uniform: torch.Tensor | None,
     *,
     all_greedy: bool,
     any_top_p: bool,
 ) -> torch.Tensor:
     """Sample one token per row, without a host sync.
 
-    logits: [batch, vocab] float32; temperature, top_p: [batch] float32 on the same device;
-    noise: [batch, vocab] Exp(1) draws (`exponential_noise`), None when `all_greedy`.
-    all_greedy / any_top_p: what the host knows of the rows (every temperature 0; some top_p < 1),
-    so that the device is never asked. Returns [batch] long.
+    logits: [batch, vocab] float32; temperature, top_p, uniform: [batch] float32 on the same device
+    (uniform: each row's draw for this step, None when `all_greedy`). all_greedy / any_top_p: what the host
+    knows of the rows (every temperature 0; some top_p < 1), so that the device is never asked.
+    Returns [batch] long.
     """
     greedy_tokens = logits.argmax(dim=-1)  # [batch]
     if all_greedy:
         return greedy_tokens
-    assert noise is not None
+    assert uniform is not None
     greedy = temperature <= 0  # [batch]
     safe_temperature = torch.where(greedy, torch.ones_like(temperature), temperature)  # [batch]
     probs = torch.softmax(logits / safe_temperature[:, None], dim=-1)  # [batch, vocab]
@@ -109,7 +95,9 @@ def sample_next_tokens(
         drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)  # [batch, vocab]
         probs = probs.masked_fill(drop, 0.0)
 
-    sampled = (probs / noise).argmax(dim=-1)  # [batch]
+    cdf = probs.cumsum(dim=-1)  # [batch, vocab], in vocabulary order
+    target = uniform[:, None] * cdf[:, -1:]  # [batch, 1], inside (0, total mass)
+    sampled = (cdf < target).sum(dim=-1).clamp(max=logits.shape[-1] - 1)  # [batch]: first index reaching it
     return torch.where(greedy, greedy_tokens, sampled)
 
 

@@ -40,8 +40,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from artrl.serve.decode_batch import DecodeBatch
-from artrl.serve.sampling import split_keys
+from artrl.serve.decode_batch import DecodeBatch, _cat_uniforms
+from artrl.serve.sampling import row_uniforms
 
 
 class SlotLayer(CacheLayerMixin):
@@ -140,9 +140,9 @@ class StaticStep:
 class StaticDecodeBatch(DecodeBatch):
     """`DecodeBatch`'s interface over a `StaticStep`: rows live in slots; see the module docstring."""
 
-    def __init__(self, model: Any, cache_kwarg: str, pad_id: int, token_hashes: Any, device: torch.device,
-                 step: StaticStep, graph: bool) -> None:
-        super().__init__(model, cache_kwarg, pad_id, token_hashes, device)
+    def __init__(self, model: Any, cache_kwarg: str, pad_id: int, device: torch.device, step: StaticStep,
+                 graph: bool) -> None:
+        super().__init__(model, cache_kwarg, pad_id, device)
         self.step_fn, self.graph = step, graph
         self.slot_of: list[int] = []  # [batch] the slot of each row
         self._slot_index: torch.Tensor | None = None  # [batch] long, on the device
@@ -183,18 +183,19 @@ class StaticDecodeBatch(DecodeBatch):
                                                   device=device)
         index = torch.tensor(list(prompt_of_row), dtype=torch.long, device=device)  # [new]
         new_logits = logits[index]  # [new, vocab]
-        new_keys = split_keys(list(keys), device)
+        new_uniforms = row_uniforms(list(keys), max(r.request.max_tokens for r in rows)).to(device)
         new_temperature = torch.tensor(list(temperature), dtype=torch.float32, device=device)
         new_top_p = torch.tensor(list(top_p), dtype=torch.float32, device=device)
         counters = torch.zeros(len(rows), dtype=torch.int64, device=device)
         if not self.rows:
-            self.logits, self.keys, self.counters = new_logits, new_keys, counters
+            self.logits, self.uniforms, self.counters = new_logits, new_uniforms, counters
             self.temperature, self.top_p = new_temperature, new_top_p
         else:
-            assert self.logits is not None and self.keys is not None and self.counters is not None
+            assert self.logits is not None and self.counters is not None
             assert self.temperature is not None and self.top_p is not None
             self.logits = torch.cat([self.logits, new_logits])
-            self.keys, self.counters = torch.cat([self.keys, new_keys]), torch.cat([self.counters, counters])
+            self.uniforms = _cat_uniforms(self.uniforms, new_uniforms)
+            self.counters = torch.cat([self.counters, counters])
             self.temperature = torch.cat([self.temperature, new_temperature])
             self.top_p = torch.cat([self.top_p, new_top_p])
         self.rows += list(rows)
@@ -209,7 +210,7 @@ class StaticDecodeBatch(DecodeBatch):
         if not kept:
             return
         index = torch.tensor(kept, dtype=torch.long, device=self.device)  # [kept]
-        for name in ("logits", "keys", "counters", "temperature", "top_p", "_tokens"):
+        for name in ("logits", "uniforms", "counters", "temperature", "top_p", "_tokens"):
             setattr(self, name, getattr(self, name)[index])
         self._slot_index = torch.tensor(self.slot_of, dtype=torch.long, device=self.device)
 

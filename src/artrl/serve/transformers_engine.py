@@ -155,7 +155,8 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         # sharing the trainer's model: its optimizer may change the adapter in any way between batches
         self._merger = LoraMerger(model, rebuild="always" if shares_trainer_weights else "changed") \
             if merge_lora else None
-        self._token_hashes: dict[tuple[int, str], torch.Tensor] = {}
+        if self._vocab_size >= 1 << 24:  # sampled ids come back from the device as float32 (decode_batch.py)
+            raise ValueError(f"vocabulary of {self._vocab_size} ids: the built-in engine serves fewer than 2**24")
         if attn_implementation is None and device.type == "cuda" and current_attention(model) != "sdpa":
             attn_implementation = "sdpa"
         #: The attention implementation decode batches switch to (None: the model's own).
