@@ -144,23 +144,25 @@ class DecodeBatch:
         """Draw each row's next token from `allowed` (the logits after any grammar mask; None: `logits`).
 
         Returns, per row, [token id, its raw logprob, then `top_logprobs` ids and `top_logprobs` logprobs]
-        as floats (ids are exact: float64), in one host transfer. Also stores the ids for `advance`.
+        as floats (ids are exact: float32 below 2**24), in one host transfer. Also stores the ids for `advance`.
         """
         assert self.logits is not None and self.temperature is not None and self.top_p is not None
         requests = [row.request for row in self.rows]
-        all_greedy = all(r.temperature <= 0 for r in requests)
-        any_top_p = any(r.top_p < 1.0 and r.temperature > 0 for r in requests)
+        temperatures = [r.temperature for r in requests]
         logits = self.logits  # [batch, vocab]
+        all_greedy = all(t <= 0 for t in temperatures)
         uniform = None if all_greedy else self.uniforms.gather(1, self.counters[:, None]).squeeze(1)  # [batch]
-        tokens = sample_next_tokens(logits if allowed is None else allowed, self.temperature, self.top_p, uniform,
-                                    all_greedy=all_greedy, any_top_p=any_top_p)  # [batch]
+        tokens = sample_next_tokens(
+            logits if allowed is None else allowed, self.temperature, self.top_p, uniform, all_greedy=all_greedy,
+            any_top_p=any(r.top_p < 1.0 and r.temperature > 0 for r in requests),
+            any_greedy=any(t <= 0 for t in temperatures), any_scaled=any(t != 1.0 for t in temperatures))  # [batch]
         self._tokens = tokens
-        lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [batch, 1]; raw: before temperature, top-p, grammar
+        logprobs = logits.log_softmax(dim=-1)  # [batch, vocab]; raw: before temperature, top-p, grammar
         # ids travel as float32 (exact below 2**24; the engine checks its vocabulary is smaller)
-        parts = [tokens[:, None].float(), logits.gather(-1, tokens[:, None]) - lse]  # [batch, 1] each
+        parts = [tokens[:, None].float(), logprobs.gather(-1, tokens[:, None])]  # [batch, 1] each
         if top_logprobs > 0:
-            top_values, top_ids = logits.topk(top_logprobs, dim=-1)  # [batch, k] each
-            parts += [top_ids.float(), top_values - lse]
+            top_values, top_ids = logprobs.topk(top_logprobs, dim=-1)  # [batch, k] each
+            parts += [top_ids.float(), top_values]
         return torch.cat(parts, dim=1).tolist()  # the step's one host sync
 
     def keep(self, kept: list[int]) -> None:

@@ -72,21 +72,25 @@ def sample_next_tokens(
     *,
     all_greedy: bool,
     any_top_p: bool,
+    any_greedy: bool = True,
+    any_scaled: bool = True,
 ) -> torch.Tensor:
     """Sample one token per row, without a host sync.
 
     logits: [batch, vocab] float32; temperature, top_p, uniform: [batch] float32 on the same device
-    (uniform: each row's draw for this step, None when `all_greedy`). all_greedy / any_top_p: what the host
-    knows of the rows (every temperature 0; some top_p < 1), so that the device is never asked.
-    Returns [batch] long.
+    (uniform: each row's draw for this step, None when `all_greedy`). The flags say what the host knows of
+    the rows, so that the device is never asked and no work is done for nothing: every temperature is 0
+    (`all_greedy`), some top_p < 1 (`any_top_p`), some temperature is 0 (`any_greedy`), some is not 1
+    (`any_scaled`). Returns [batch] long.
     """
-    greedy_tokens = logits.argmax(dim=-1)  # [batch]
     if all_greedy:
-        return greedy_tokens
+        return logits.argmax(dim=-1)  # [batch]
     assert uniform is not None
-    greedy = temperature <= 0  # [batch]
-    safe_temperature = torch.where(greedy, torch.ones_like(temperature), temperature)  # [batch]
-    probs = torch.softmax(logits / safe_temperature[:, None], dim=-1)  # [batch, vocab]
+    if any_scaled:
+        greedy = temperature <= 0  # [batch]
+        safe_temperature = torch.where(greedy, torch.ones_like(temperature), temperature)  # [batch]
+        logits = logits / safe_temperature[:, None]  # [batch, vocab]
+    probs = torch.softmax(logits, dim=-1)  # [batch, vocab]
 
     if any_top_p:
         sorted_probs, sorted_idx = probs.sort(dim=-1, descending=True)  # [batch, vocab] each
@@ -95,10 +99,12 @@ def sample_next_tokens(
         drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)  # [batch, vocab]
         probs = probs.masked_fill(drop, 0.0)
 
-    cdf = probs.cumsum(dim=-1)  # [batch, vocab], in vocabulary order
-    target = uniform[:, None] * cdf[:, -1:]  # [batch, 1], inside (0, total mass)
-    sampled = (cdf < target).sum(dim=-1).clamp(max=logits.shape[-1] - 1)  # [batch]: first index reaching it
-    return torch.where(greedy, greedy_tokens, sampled)
+    cdf = probs.cumsum(dim=-1)  # [batch, vocab], in vocabulary order, non-decreasing
+    target = uniform[:, None] * cdf[:, -1:]  # [batch, 1], in (0, total mass]
+    sampled = torch.searchsorted(cdf, target).squeeze(-1)  # [batch]: the first token whose cdf reaches it
+    if any_greedy:
+        sampled = torch.where(temperature <= 0, logits.argmax(dim=-1), sampled)  # argmax of the raw logits
+    return sampled
 
 
 def mask_logits(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
