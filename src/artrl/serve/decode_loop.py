@@ -72,7 +72,7 @@ class DecodeRow:
 
     pending: Pending
     sample: int
-    key: int  # noise key (serve/sampling.row_key)
+    key: int  # sampling key (serve/sampling.row_key)
     stop_ids: frozenset[int]
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)

@@ -19,7 +19,7 @@ what it leaves out compared with vLLM:
    attention mask hides the padding and explicit `position_ids` (counted from each
    row's first real token) give every row the positions it would have alone, so a
    row's logprobs match an unbatched forward to float tolerance, whenever it joined.
-   Sampling runs on the device with counter-based noise (serve/sampling.py): a
+   Sampling runs on the device with counter-based draws (serve/sampling.py): a
    seeded request samples the same tokens alone or in any batch, and each step
    brings back only the sampled ids and logprobs in one transfer.
 4. **Sharing the model with a trainer.** Built with `shares_trainer_weights=True`
