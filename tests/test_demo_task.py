@@ -126,3 +126,34 @@ def test_quick_demo_end_to_end(tmp_path):
     assert max(int(p.name) for p in (run / storage.CHECKPOINTS_DIR).iterdir() if p.name.isdigit()) \
         == cfg.rl_steps + 1
     assert "validation reward, after RL" in demo.summary(result)
+
+
+def test_cli_parses_the_device_options_and_keeps_the_defaults():
+    from artrl.cli import _parser
+
+    plain = _parser().parse_args(["demo"])
+    assert (plain.model, plain.device, plain.json) == (demo.BASE_MODEL, None, False)
+    args = _parser().parse_args(["demo", "--model", "random:qwen3-0.6b", "--device", "cuda", "--json"])
+    assert (args.model, args.device, args.json) == ("random:qwen3-0.6b", "cuda", True)
+
+
+def test_quick_demo_json_line(tmp_path):
+    """`python -m artrl.cli demo --quick --json` (what the benchmarks run on a CPU): its last standard output
+    line is one JSON object whose times add up and whose rollouts sampled tokens."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "artrl.cli", "demo", "--quick", "--json", "--path", str(tmp_path),
+                           "--device", "cpu"], capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1, done.stdout  # the readable summary went to standard error
+    report = json.loads(lines[0])
+    assert report["bench"] == "demo" and report["model"] == demo.BASE_MODEL and report["device"] == "cpu"
+    assert report["rollout_completion_tokens"] > 0 and report["rollout_completion_tokens_per_s"] > 0
+    assert 0 < report["rollout_s"] and 0 < report["train_s"]
+    assert report["rollout_s"] + report["train_s"] <= report["wall_s"]
+    assert abs(report["rollout_s"] + report["train_s"] + report["other_s"] - report["wall_s"]) < 0.05
+    for key in ("val_reward_before", "val_reward_after_sft", "val_reward_after_rl"):
+        assert 0.0 <= report[key] <= 1.0
+    assert "validation reward, after RL" in done.stderr

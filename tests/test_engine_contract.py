@@ -68,6 +68,17 @@ def open_builtin(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCase
     return EngineCase(engine, samples=True)
 
 
+def open_builtin_static(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCase:
+    """The built-in engine decoding in static cache slots (the GPU switch, run eagerly here), merged LoRA on."""
+    from artrl.train.modeling import load_tokenizer
+
+    model = get_peft_model(_base(tiny_path), LORA)
+    cfg = InternalModelConfig(inference_max_batch_size=8, inference_max_length=MAX_MODEL_LEN,
+                              inference_static_cache=True, inference_static_cache_len=256, inference_merge_lora=True)
+    engine = open_engine("builtin", tokenizer=load_tokenizer(str(tiny_path)), end_ids=end_ids, cfg=cfg, model=model)
+    return EngineCase(engine, samples=True)
+
+
 def open_scripted(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCase:
     from artrl.train.modeling import load_tokenizer
 
@@ -89,7 +100,8 @@ def open_vllm(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCase:
     return EngineCase(engine, samples=True)
 
 
-ENGINE_FACTORIES: dict[str, EngineFactory] = {"builtin": open_builtin, "scripted": open_scripted, "vllm": open_vllm}
+ENGINE_FACTORIES: dict[str, EngineFactory] = {"builtin": open_builtin, "builtin-static": open_builtin_static,
+                                               "scripted": open_scripted, "vllm": open_vllm}
 #: Engines that need an optional install, with the marker that runs them where it is.
 NEEDS = {"vllm": pytest.mark.vllm}
 ENGINES = [pytest.param(name, marks=NEEDS[name]) if name in NEEDS else name for name in sorted(ENGINE_FACTORIES)]

@@ -200,7 +200,10 @@ def test_rows_without_a_grammar_are_untouched(engine: TransformersEngine, tiny: 
     held_plain, held_other = asyncio.run(batch(held=True))
     assert engine.batches_served == before + 2
     assert [r.token_ids for r in held_plain] == [r.token_ids for r in free_plain]
-    assert [r.logprobs for r in held_plain] == [r.logprobs for r in free_plain]
+    # equal up to float rounding: rows leave the batch when they finish, and a grammar changes when the other
+    # rows finish, so the plain rows' later steps run in batches of other sizes
+    for held_row, free_row in zip(held_plain, free_plain):
+        assert max(abs(a - b) for a, b in zip(held_row.logprobs, free_row.logprobs)) < 1e-5
     text = [tokenizer.decode(r.token_ids[:-1]) for r in held_other]
     assert all(valid(parsed(t), COLOUR) for t in text) and not any(parsed(tokenizer.decode(r.token_ids))
                                                                     for r in free_other)

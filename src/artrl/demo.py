@@ -42,9 +42,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
 import random
 import shutil
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -58,6 +60,7 @@ from .local import LocalBackend
 from .run import storage
 from .model import TrainableModel
 from .tasks import colours
+from .train.modeling import resolve_device
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import InternalModelConfig, TrainConfig, TrainSFTConfig
 
@@ -130,6 +133,19 @@ class DemoResult:
     seconds: float
     train_rewards: list[tuple[int, float]] = field(default_factory=list)
     val_rewards: list[tuple[int, float]] = field(default_factory=list)
+    base_model: str = BASE_MODEL
+    device: str = "cpu"
+    rollout_seconds: float = 0.0
+    """Wall time spent sampling (validation and RL rollouts through the server)."""
+    train_seconds: float = 0.0
+    """Wall time spent in train_sft / train calls (and deleting old checkpoints)."""
+    rollout_completion_tokens: int = 0
+    """Completion tokens sampled in those rollouts."""
+
+    @property
+    def rollout_tokens_per_s(self) -> float:
+        """Completion tokens per second of rollout wall time (the server's decode throughput as the loop sees it)."""
+        return self.rollout_completion_tokens / self.rollout_seconds if self.rollout_seconds > 0 else 0.0
 
 
 def _fresh_run_dir(path: Path) -> Path:
@@ -151,14 +167,47 @@ def _request_seed(seed: int, *parts: int) -> int:
     return h
 
 
-async def _validate(model: TrainableModel, client: Any, cfg: DemoConfig) -> list[Trajectory]:
+async def _validate(model: TrainableModel, client: Any, cfg: DemoConfig, clock: _Clock) -> list[Trajectory]:
     """Answer every validation question `val_samples` times (the same seeds at every step) and log 'val'."""
     questions = colours.scenarios("val")
-    trajectories = await asyncio.gather(*(
+    trajectories = await clock.rollouts(asyncio.gather(*(
         colours.rollout(model, s, client=client, seed=_request_seed(cfg.seed, 0, i, k))
-        for i, s in enumerate(questions) for k in range(cfg.val_samples)))
+        for i, s in enumerate(questions) for k in range(cfg.val_samples))))
     await model.log(list(trajectories), split="val")
     return list(trajectories)
+
+
+def _completion_tokens(trajectories: list[Trajectory]) -> int:
+    """Sampled tokens of the trajectories' choices (one logprob entry each)."""
+    total = 0
+    for t in trajectories:
+        for item in t.messages_and_choices:
+            logprobs = getattr(item, "logprobs", None)
+            total += len(getattr(logprobs, "content", None) or [])
+    return total
+
+
+class _Clock:
+    """Wall time and sampled tokens of the demo's phases."""
+
+    def __init__(self) -> None:
+        self.rollout_seconds = self.train_seconds = 0.0
+        self.tokens = 0
+
+    async def rollouts(self, work: Any) -> Any:
+        t0 = time.perf_counter()
+        result = await work
+        self.rollout_seconds += time.perf_counter() - t0
+        groups = result if isinstance(result, list) else [result]
+        self.tokens += _completion_tokens([t for g in groups for t in
+                                           (g.trajectories if isinstance(g, TrajectoryGroup) else [g])])
+        return result
+
+    async def training(self, work: Any) -> Any:
+        t0 = time.perf_counter()
+        result = await work
+        self.train_seconds += time.perf_counter() - t0
+        return result
 
 
 def _mean(trajectories: list[Trajectory], key: str | None = None) -> float:
@@ -188,11 +237,14 @@ def _read_rewards(run: Path) -> tuple[list[tuple[int, float]], list[tuple[int, f
 
 
 async def run_demo(path: str | Path = "./.art", *, rl_steps: int | None = None, seed: int | None = None,
-                   quick: bool = False, config: DemoConfig | None = None, show_progress: bool = True) -> DemoResult:
+                   quick: bool = False, config: DemoConfig | None = None, show_progress: bool = True,
+                   base_model: str = BASE_MODEL, device: str | None = None) -> DemoResult:
     """Run the demo into `<path>/artrl-demo/models/demo` (deleted first) and return what it measured.
 
     `config` replaces the defaults (`DemoConfig()`, or `DemoConfig.quick()` when
-    `quick`); `rl_steps` and `seed`, when given, override its fields.
+    `quick`); `rl_steps` and `seed`, when given, override its fields. `base_model` (default the tiny
+    model; e.g. "random:qwen3-0.6b" to time the loop at a real shape) and `device` ("cpu", "cuda";
+    None: cuda when available) choose what is trained where.
     """
     cfg = config or (DemoConfig.quick() if quick else DemoConfig())
     if rl_steps is not None:
@@ -204,8 +256,10 @@ async def run_demo(path: str | Path = "./.art", *, rl_steps: int | None = None, 
     run = _fresh_run_dir(Path(path))
     rng = random.Random(cfg.seed)
 
-    model = TrainableModel(name=MODEL_NAME, project=PROJECT, base_model=BASE_MODEL,
-                           _internal_config=InternalModelConfig(seed=cfg.seed))
+    clock = _Clock()
+    internal = InternalModelConfig(seed=cfg.seed, device=device)
+    device_name = str(resolve_device(internal))  # checks a CUDA device is there before anything starts
+    model = TrainableModel(name=MODEL_NAME, project=PROJECT, base_model=base_model, _internal_config=internal)
     backend = LocalBackend(path=str(path), show_progress=show_progress)
     try:
         await model.register(backend)
@@ -214,14 +268,14 @@ async def run_demo(path: str | Path = "./.art", *, rl_steps: int | None = None, 
                  run, len(colours.sft_trajectories()), cfg.sft_epochs, cfg.rl_steps, cfg.groups_per_step,
                  GROUP_SIZE)
 
-        val = await _validate(model, client, cfg)
+        val = await _validate(model, client, cfg, clock)
         log.info("step 0 (untrained): validation %s", _describe(val))
 
         sft = _sft_data(cfg, rng)
         n_sft_steps = -(-len(sft) // cfg.sft_batch_size)
-        await model.train_sft(sft, config=TrainSFTConfig(
-            learning_rate=schedules.cosine(cfg.sft_learning_rate, n_sft_steps), batch_size=cfg.sft_batch_size))
-        val = await _validate(model, client, cfg)
+        await clock.training(model.train_sft(sft, config=TrainSFTConfig(
+            learning_rate=schedules.cosine(cfg.sft_learning_rate, n_sft_steps), batch_size=cfg.sft_batch_size)))
+        val = await _validate(model, client, cfg, clock)
         log.info("step %d (after SFT, %d optimizer steps): validation %s", await model.get_step(), n_sft_steps,
                  _describe(val))
 
@@ -231,18 +285,18 @@ async def run_demo(path: str | Path = "./.art", *, rl_steps: int | None = None, 
         for i in range(cfg.rl_steps):
             step = await model.get_step()
             questions = rng.sample(train_questions, cfg.groups_per_step)
-            groups = await gather_trajectory_groups(
+            groups = await clock.rollouts(gather_trajectory_groups(
                 (TrajectoryGroup(colours.rollout(model, q, client=client, seed=_request_seed(cfg.seed, step, g, k))
                                  for k in range(GROUP_SIZE))
                  for g, q in enumerate(questions)),
-                pbar_desc=f"rollouts step {step}" if show_progress else None)
-            await model.delete_checkpoints()
-            result = await model.train(groups, config=TrainConfig(learning_rate=rl_rates[i],
-                                                                  scale_rewards=cfg.scale_rewards))
+                pbar_desc=f"rollouts step {step}" if show_progress else None))
+            await clock.training(model.delete_checkpoints())
+            result = await clock.training(model.train(groups, config=TrainConfig(
+                learning_rate=rl_rates[i], scale_rewards=cfg.scale_rewards)))
             rollouts = [t for g in groups for t in g.trajectories]
             line = f"RL step {i + 1}/{cfg.rl_steps}: train {_describe(rollouts)}"
             if (i + 1) % cfg.val_every == 0 or i + 1 == cfg.rl_steps:
-                val = await _validate(model, client, cfg)
+                val = await _validate(model, client, cfg, clock)
                 line += f"; step {result.step} validation reward {_mean(val):.3f}"
             log.info(line)
         await model.delete_checkpoints()
@@ -251,11 +305,14 @@ async def run_demo(path: str | Path = "./.art", *, rl_steps: int | None = None, 
 
     train_rewards, val_rewards = _read_rewards(run)
     plot_path = runs.plot_run(runs.step_table(runs.load_history(run)), run / PLOT_FILE,
-                              f"artrl demo: colour quiz, tiny model, seed {cfg.seed}")
+                              f"artrl demo: colour quiz, {'tiny model' if base_model == BASE_MODEL else base_model}, "
+                              f"seed {cfg.seed}")
     by_step = dict(val_rewards)
     return DemoResult(run_dir=run, plot_path=plot_path, val_before=by_step[0], val_after_sft=by_step[1],
                       val_after_rl=val_rewards[-1][1], seconds=time.perf_counter() - started,
-                      train_rewards=train_rewards, val_rewards=val_rewards)
+                      train_rewards=train_rewards, val_rewards=val_rewards, base_model=base_model,
+                      device=device_name, rollout_seconds=clock.rollout_seconds, train_seconds=clock.train_seconds,
+                      rollout_completion_tokens=clock.tokens)
 
 
 def summary(result: DemoResult) -> str:
@@ -273,6 +330,19 @@ def summary(result: DemoResult) -> str:
     ])
 
 
+def summary_json(result: DemoResult) -> str:
+    """`artrl demo --json`: one line with what a benchmark compares across devices and commits."""
+    return json.dumps({
+        "bench": "demo", "model": result.base_model, "device": result.device,
+        "wall_s": round(result.seconds, 2), "rollout_s": round(result.rollout_seconds, 2),
+        "train_s": round(result.train_seconds, 2),
+        "other_s": round(result.seconds - result.rollout_seconds - result.train_seconds, 2),
+        "rollout_completion_tokens": result.rollout_completion_tokens,
+        "rollout_completion_tokens_per_s": round(result.rollout_tokens_per_s, 1),
+        "val_reward_before": result.val_before, "val_reward_after_sft": result.val_after_sft,
+        "val_reward_after_rl": result.val_after_rl})
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--path", default="./.art", help="LocalBackend directory (default ./.art); the demo's run "
                    f"directory <path>/{PROJECT}/{storage.MODELS_DIR}/{MODEL_NAME} is replaced")
@@ -280,6 +350,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"RL steps (default {DemoConfig.rl_steps}; {DemoConfig.quick().rl_steps} with --quick)")
     p.add_argument("--seed", type=int, default=0, help="seed of the adapter, the data order and sampling")
     p.add_argument("--quick", action="store_true", help="a much smaller run (well under a minute), for tests")
+    p.add_argument("--model", default=BASE_MODEL, help=f"base model (default {BASE_MODEL}); e.g. random:qwen3-0.6b "
+                   "times the same loop at a real model's shape (random weights: the rewards mean nothing)")
+    p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available, else cpu)")
+    p.add_argument("--json", action="store_true", help="print one JSON line of timings and rewards on standard "
+                   "output at the end (the readable summary goes to standard error)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -291,6 +366,11 @@ def main(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Loading weights" of the 1M-parameter model
-    result = asyncio.run(run_demo(args.path, rl_steps=args.rl_steps, seed=args.seed, quick=args.quick))
-    print(summary(result), flush=True)
+    result = asyncio.run(run_demo(args.path, rl_steps=args.rl_steps, seed=args.seed, quick=args.quick,
+                                  base_model=args.model, device=args.device))
+    if args.json:
+        print(summary(result), file=sys.stderr, flush=True)
+        print(summary_json(result), flush=True)
+    else:
+        print(summary(result), flush=True)
     return 0

@@ -394,6 +394,27 @@ class InternalModelConfig(_Config):
         1, ge=1, description="CPU threads of the inference decode worker (CPU only; None: torch's default). "
         "One thread decodes a batch fastest on small CPU machines: multi-threaded ops on tiny decode steps "
         "cost more in synchronisation than they save (docs/performance.md).")
+    inference_merge_lora: bool | None = pydantic.Field(
+        None, description="Built-in engine: serve the live LoRA adapter from merged copies of the adapted weights "
+        "(one extra copy of them in memory; the trainer's tensors are never changed), so a decode step runs plain "
+        "linear layers instead of peft's per-layer LoRA path (serve/merged_lora.py). None: on when the model is on "
+        "a CUDA device, off on CPU.")
+    inference_attn_implementation: str | None = pydantic.Field(
+        None, description="Built-in engine: the attention implementation decode batches run with (e.g. 'sdpa', "
+        "'eager'), switched in for each batch and back for the trainer (serve/attention_switch.py). None: 'sdpa' "
+        "on a CUDA device (training's flex_attention builds a block mask at every decode step), the model's own on "
+        "CPU.")
+    inference_static_cache: bool = pydantic.Field(
+        False, description="Built-in engine: decode in fixed slots of a static KV cache (inference_max_batch_size "
+        "slots of inference_static_cache_len columns, allocated once), every step the same shape, so that a CUDA "
+        "graph can replay it (serve/static_batch.py). Rows that do not fit run in ordinary batches. Off until "
+        "measured on the GPU it is for (docs/engines.md).")
+    inference_static_cache_len: int | None = pydantic.Field(
+        None, ge=16, description="Columns of each static cache slot (prompt + max_tokens of a row that uses it). "
+        "None: the serving context length, at most 2048.")
+    inference_cuda_graphs: bool | None = pydantic.Field(
+        None, description="With inference_static_cache: capture the decode step of the live adapter once as a CUDA "
+        "graph and replay it. None: on when the model is on a CUDA device.")
     seed: int = pydantic.Field(0, description="Seed for adapter initialisation.")
     use_rslora: bool = pydantic.Field(False, description="Rank-stabilised LoRA: scale = alpha / sqrt(r) (peft).")
     inference_max_length: int | None = pydantic.Field(

@@ -56,25 +56,31 @@ async def _run(client: Any, model: str, n: int, concurrency: int, max_tokens: in
 
 def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurrency: int = 16,
                     max_tokens: int = 64, device: str | None = None,
-                    num_threads: int | None = None, engine_kind: str = "auto") -> dict[str, Any]:
+                    num_threads: int | None = None, engine_kind: str = "auto", *, lora: bool = False,
+                    merge_lora: bool | None = None, attn_implementation: str | None = None,
+                    static_cache: bool = False, cuda_graphs: bool | None = None) -> dict[str, Any]:
     from openai import AsyncOpenAI
 
     from ..chat_format import end_of_turn_ids
     from ..serve import ServedModels, create_app, start_server
     from ..serve.factory import open_engine, resolve_engine_kind
-    from ..train.modeling import (RANDOM_CONFIGS, load_base_model, load_generation_config, load_tokenizer,
-                                  resolve_device, resolve_name)
+    from ..train.modeling import (RANDOM_CONFIGS, add_lora, load_base_model, load_generation_config,
+                                  load_tokenizer, resolve_device, resolve_name)
     from ..types import InternalModelConfig
 
     threads = {"inference_cpu_threads": num_threads} if num_threads is not None else {}  # else LocalBackend's
     cfg = InternalModelConfig(device=device, inference_max_batch_size=max(concurrency, 1),
-                              inference_engine=engine_kind, **threads)
+                              inference_engine=engine_kind, inference_merge_lora=merge_lora,
+                              inference_attn_implementation=attn_implementation,
+                              inference_static_cache=static_cache, inference_cuda_graphs=cuda_graphs, **threads)
     dev = resolve_device(cfg)
     on_disk = model_name not in RANDOM_CONFIGS
     kind = resolve_engine_kind(cfg.inference_engine, dev.type, weights_on_disk=on_disk)
     if kind == "builtin":
         model, tok = load_base_model(model_name, cfg)
         ends = end_of_turn_ids(tok, model)
+        if lora:  # as the trainer serves it: a fresh LoRA adapter on every projection
+            model = add_lora(model, cfg)
     else:
         model, tok = None, load_tokenizer(model_name, cfg)
         ends = end_of_turn_ids(tok, load_generation_config(model_name, cfg))
@@ -101,7 +107,11 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
             # the built-in engine's decode threads; vLLM sets its own in its processes (null here)
             "threads": None if kind == "vllm" else
             (cfg.inference_cpu_threads if dev.type == "cpu" else None) or torch.get_num_threads(),
-            "max_tokens": max_tokens,
+            "max_tokens": max_tokens, "lora": lora,
+            # the built-in engine's GPU switches, as it resolved them (null: another engine)
+            "merge_lora": getattr(engine, "merge_lora", None), "attn_implementation": getattr(
+                engine, "attn_implementation", None) if kind == "builtin" else None,
+            "static_cache": getattr(engine, "static_cache", None), "cuda_graphs": getattr(engine, "cuda_graphs", None),
             "ratio_tokens_per_s": round(concurrent["completion_tokens_per_s"] / sequential["completion_tokens_per_s"], 3),
             "concurrent": concurrent, "sequential": sequential}
 
@@ -113,6 +123,16 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each request")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads of the decode worker (default: LocalBackend's, 1 on CPU)")
+    p.add_argument("--lora", action="store_true", help="serve the model with a fresh LoRA adapter on it, as a "
+                   "trainer does (default: the bare base model)")
+    p.add_argument("--merge-lora", choices=("auto", "on", "off"), default="auto", help="built-in engine: serve "
+                   "the LoRA adapter from merged weights (auto: on CUDA)")
+    p.add_argument("--attn", default=None, help="built-in engine: the attention implementation of decode "
+                   "batches (default: sdpa on CUDA, the model's own on CPU)")
+    p.add_argument("--static-cache", action="store_true", help="built-in engine: decode in the slots of a static "
+                   "KV cache (off by default)")
+    p.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto", help="built-in engine, with "
+                   "--static-cache: replay the decode step from a CUDA graph (auto: on CUDA)")
     p.add_argument("--engine", choices=("auto", "builtin", "vllm"), default="auto",
                    help="inference engine (default: auto = vLLM when installed and on a GPU, else built-in)")
 
@@ -122,6 +142,9 @@ def main(args: Any) -> int:
 
     # the JSON line is this command's only standard output: vLLM (and its processes) log to stderr instead
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    merge = {"auto": None, "on": True, "off": False}[args.merge_lora]
     print(json.dumps(run_serve_bench(args.model, args.requests, args.concurrency, args.max_tokens, args.device,
-                                     args.threads, args.engine)))
+                                     args.threads, args.engine, lora=args.lora, merge_lora=merge,
+                                     attn_implementation=args.attn, static_cache=args.static_cache,
+                                     cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs])))
     return 0

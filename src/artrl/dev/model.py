@@ -151,6 +151,11 @@ class InternalModelConfig(TypedDict, total=False):
     logprob_chunk_size: int
     inference_max_batch_size: int
     inference_cpu_threads: int | None
+    inference_merge_lora: bool | None
+    inference_attn_implementation: str | None
+    inference_static_cache: bool
+    inference_static_cache_len: int | None
+    inference_cuda_graphs: bool | None
     inference_max_length: int | None
     inference_engine: Literal["auto", "builtin", "vllm"]
     seed: int

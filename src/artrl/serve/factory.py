@@ -61,7 +61,7 @@ def open_engine(kind: str, *, tokenizer: Any, end_ids: frozenset[int], cfg: Any,
 
     tokenizer, end_ids: what the trainer uses (the session computes `end_ids` once, with
     `chat_format.end_of_turn_ids(tokenizer, model)`). cfg: the model's `InternalModelConfig`
-    (batch size, context length, CPU threads). model: the loaded transformers / peft model (the
+    (batch size, context length, CPU threads, merged LoRA, decode attention, static cache, CUDA graphs). model: the loaded transformers / peft model (the
     built-in engine serves it; vLLM loads its own from `base_model_path`). shares_trainer_weights: `model`
     holds the trainer's live weights (the built-in engine then needs no copy of a checkpoint). model_lock:
     the lock of whoever else changes `model`'s weights (the trainer's; built-in engine only).
@@ -78,7 +78,12 @@ def open_engine(kind: str, *, tokenizer: Any, end_ids: frozenset[int], cfg: Any,
         return TransformersEngine(model, tokenizer, max_batch_size=cfg.inference_max_batch_size,
                                   max_model_len=cfg.inference_max_length or cfg.max_length,
                                   num_threads=cfg.inference_cpu_threads if on_cpu else None, end_ids=end_ids,
-                                  shares_trainer_weights=shares_trainer_weights, model_lock=model_lock)
+                                  shares_trainer_weights=shares_trainer_weights, model_lock=model_lock,
+                                  merge_lora=cfg.inference_merge_lora,
+                                  attn_implementation=cfg.inference_attn_implementation,
+                                  static_cache=cfg.inference_static_cache,
+                                  static_cache_len=cfg.inference_static_cache_len,
+                                  cuda_graphs=cfg.inference_cuda_graphs)
     if kind == "vllm":
         if shares_trainer_weights:
             raise ConfigError("the vLLM engine holds its own copy of the weights; it cannot share the trainer's")

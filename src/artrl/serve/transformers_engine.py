@@ -3,18 +3,25 @@
 Runs wherever the model is (CPU or GPU) with no extra install. What it does, and
 what it leaves out compared with vLLM:
 
-1. **Request batching.** `generate` calls are queued; one background thread takes
-   everything waiting (up to `max_batch_size` sequences, a request of `n` counting
-   as n rows) and runs it as one batch. Requests arriving mid-batch wait for the
-   next one. No continuous batching and no paged KV cache: a batch runs until its
-   longest row finishes.
-2. **Own decode loop, not `model.generate`,** because rows of one batch differ in
-   temperature, top-p, seed, stop tokens and max_tokens, and because we report the
-   raw log-softmax of the logits (before temperature/top-p).
+1. **Continuous batching.** `generate` calls are queued; one background thread
+   decodes a running batch (serve/decode_batch.py) of at most `max_batch_size`
+   sequences, a request of `n` counting as n rows. At every step boundary, rows
+   waiting with the batch's adapter join it (prefilled, then merged into its KV
+   cache) while there is room, and rows that finished leave it at once, their
+   request answered as soon as its last row is done: nobody waits for the longest
+   row. Rows of different adapters never share a forward pass: a batch serves one
+   adapter, and rows of another wait (in arrival order, so a stream of one adapter
+   cannot starve another) until it drains. No paged KV cache.
+2. **Own decode loop, not `model.generate`,** (serve/decode_loop.py) because rows of
+   one batch differ in temperature, top-p, seed, stop tokens and max_tokens, and
+   because we report the raw log-softmax of the logits (before temperature/top-p).
 3. **Left padding that does not change the math.** Prompts are left-padded; a 2-D
    attention mask hides the padding and explicit `position_ids` (counted from each
    row's first real token) give every row the positions it would have alone, so a
-   row's logprobs match an unbatched forward to float tolerance.
+   row's logprobs match an unbatched forward to float tolerance, whenever it joined.
+   Sampling runs on the device with counter-based draws (serve/sampling.py): a
+   seeded request samples the same tokens alone or in any batch, and each step
+   brings back only the sampled ids and logprobs in one transfer.
 4. **Sharing the model with a trainer.** Built with `shares_trainer_weights=True`
    and the trainer's lock as `model_lock`, the engine serves the trainer's own peft
    model: each batch runs in the worker thread under `model_lock`, in
@@ -26,7 +33,12 @@ what it leaves out compared with vLLM:
    parameter's `requires_grad`, are restored afterwards, so an optimizer holding
    the live adapter's parameters never notices. Without a trainer on the model
    (training workers, `artrl serve`), `set_live_weights` copies a checkpoint's
-   adapter tensors into the active adapter under the lock.
+   adapter tensors into the active adapter under the lock. A batch holds the lock
+   from its first row to its last, so the weights never change under a sequence.
+   Two switches for a GPU, each on by default on CUDA only and restored before the
+   lock is released: `merge_lora` serves the live adapter from merged copies of the
+   adapted weights (serve/merged_lora.py), `attn_implementation` decodes with 'sdpa'
+   instead of the trainer's attention (serve/attention_switch.py).
 5. **A caller that stops waiting frees its rows.** Cancelling `generate` (the server
    does when the HTTP client disconnects) cancels a queued request outright; a
    request already decoding stops taking tokens at the next step, and the batch
@@ -56,14 +68,12 @@ import inspect
 import logging
 import queue
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from artrl import shutdown
-from artrl.adapter_switch import NotPeftModelError, load_adapter_weights, load_frozen_adapter, serving
+from artrl.adapter_switch import NotPeftModelError, load_adapter_weights, load_frozen_adapter
 from artrl.chat_format import end_of_turn_ids
 from artrl.serve.engine import (
     BASE_WEIGHTS,
@@ -73,52 +83,25 @@ from artrl.serve.engine import (
     InferenceEngine,
     InvalidRequestError,
 )
-from artrl.serve.sampling import mask_logits, row_generator, sample_next_tokens
-from artrl.serve.structured import CompiledGrammar, GrammarCompiler, RowGrammar, bitmask_words
+from artrl.serve.attention_switch import current_attention
+from artrl.serve.decode_loop import DecodeLoop, DecodeRow, Pending
+from artrl.serve.merged_lora import LoraMerger
+from artrl.serve.sampling import row_key
+from artrl.serve.structured import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
-# How many trailing tokens to decode, per character of the longest stop string, when
-# checking whether a stop string was just completed (a token can be a partial
-# UTF-8 byte sequence that decodes to no character at all).
-_STOP_WINDOW_TOKENS_PER_CHAR = 4
-
-
-@dataclass
-class _Pending:
-    """A queued `generate` call and the future its caller awaits."""
-
-    request: GenerationRequest
-    future: concurrent.futures.Future
-    abandoned: bool = False  # the caller stopped waiting (e.g. the HTTP client disconnected)
-    grammar: CompiledGrammar | None = None  # request.structured, compiled
-
-
-@dataclass
-class _DecodeRow:
-    """One sequence being sampled: request `pending`, sample number `sample`."""
-
-    pending: _Pending
-    sample: int
-    generator: torch.Generator
-    stop_ids: frozenset[int]
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish_reason: str | None = None
-    grammar: RowGrammar | None = None  # this row's grammar state, when the request is structured
-
-    @property
-    def request(self) -> GenerationRequest:
-        return self.pending.request
-
-
-class TransformersEngine(InferenceEngine):
+class TransformersEngine(DecodeLoop, InferenceEngine):
     """Serve a transformers causal LM (optionally a peft `PeftModel`); see the module docstring.
 
     `end_ids`: the end-of-turn ids (None: `chat_format.end_of_turn_ids(tokenizer, model)`, what a
     session passes). `shares_trainer_weights`: the model is a trainer's; `model_lock` is then the
-    trainer's lock (None: a lock of the engine's own).
+    trainer's lock (None: a lock of the engine's own). `merge_lora`: serve the live adapter from merged
+    weights (serve/merged_lora.py); None: on when the model is on a CUDA device. `attn_implementation`: the
+    attention decode batches run with (serve/attention_switch.py); None: 'sdpa' on a CUDA device, else the model's.
+    `static_cache`: decode rows that fit in `static_cache_len` columns (None: min(max_model_len, 2048)) in fixed
+    slots of a static KV cache (serve/static_batch.py), their step replayed from a CUDA graph when `cuda_graphs`
+    (None: on CUDA).
     """
 
     structured_outputs = True
@@ -134,6 +117,11 @@ class TransformersEngine(InferenceEngine):
         end_ids: frozenset[int] | None = None,
         shares_trainer_weights: bool = False,
         model_lock: Any = None,
+        merge_lora: bool | None = None,
+        attn_implementation: str | None = None,
+        static_cache: bool = False,
+        static_cache_len: int | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -159,8 +147,30 @@ class TransformersEngine(InferenceEngine):
         #: The checkpoint `set_live_weights` last made the live weights: (path, step), or None.
         self.live_weights: tuple[str, int] | None = None
         self._grammars = GrammarCompiler(tokenizer, self._vocab_size, self._eos_ids)
+        device = next(model.parameters()).device
+        if merge_lora is None:
+            merge_lora = device.type == "cuda"
+        #: Whether the live adapter is served from merged weights (serve/merged_lora.py).
+        self.merge_lora = merge_lora
+        # sharing the trainer's model: its optimizer may change the adapter in any way between batches
+        self._merger = LoraMerger(model, rebuild="always" if shares_trainer_weights else "changed") \
+            if merge_lora else None
+        if self._vocab_size >= 1 << 24:  # sampled ids come back from the device as float32 (decode_batch.py)
+            raise ValueError(f"vocabulary of {self._vocab_size} ids: the built-in engine serves fewer than 2**24")
+        if attn_implementation is None and device.type == "cuda" and current_attention(model) != "sdpa":
+            attn_implementation = "sdpa"
+        #: The attention implementation decode batches switch to (None: the model's own).
+        self.attn_implementation = self._attn_implementation = attn_implementation
+        #: Static KV cache slots (serve/static_batch.py) and CUDA graph replay of their step.
+        self.static_cache = static_cache
+        self.static_cache_len = min(self._max_model_len, static_cache_len or 2048)
+        if cuda_graphs and device.type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs a model on a CUDA device; this one is on {device}")
+        self.cuda_graphs = bool(static_cache and (device.type == "cuda" if cuda_graphs is None else cuda_graphs))
+        self._static_step = None
 
-        #: Batches run and sequences sampled so far (for logs, metrics and tests).
+        #: Batches started (counted when they start; requests joining a running batch add none) and sequences
+        #: sampled so far (for logs, metrics and tests).
         self.batches_served = 0
         self.rows_served = 0
         #: Requests whose caller stopped waiting, rows cut short because of it, decode steps run.
@@ -169,10 +179,11 @@ class TransformersEngine(InferenceEngine):
         self.decode_steps = 0
         self._pending = 0
         self._counter_lock = threading.Lock()
-        self._queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._queue: queue.Queue[Pending | None] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._worker_start_lock = threading.Lock()
         self._closed = False
+        self._stopping = False  # the worker took the close sentinel
 
     # ------------------------------------------------------------------ interface
 
@@ -247,7 +258,7 @@ class TransformersEngine(InferenceEngine):
         self._ensure_worker()
         with self._counter_lock:
             self._pending += 1
-        pending = _Pending(request, future, grammar=grammar)
+        pending = Pending(request, future, grammar=grammar)
         self._queue.put(pending)
         try:
             # cancelling this await cancels `future` too while it is still queued
@@ -301,200 +312,52 @@ class TransformersEngine(InferenceEngine):
             # Set from this worker thread: OpenMP keeps the count per thread, so the trainer's thread keeps
             # its own (checked by test_decode_threads_leave_the_caller_alone).
             torch.set_num_threads(self.num_threads)
-        carry: collections.deque[_Pending | None] = collections.deque()
-        while True:
-            first = carry.popleft() if carry else self._queue.get()
-            if first is None:
+        waiting: collections.deque[DecodeRow] = collections.deque()  # rows taken from the queue, not decoding
+        try:
+            while not self._stopping:
+                if not waiting:
+                    first = self._queue.get()
+                    if first is None:
+                        return
+                else:
+                    first = None
+                # Take the lock before draining the queue: whatever queued up while a
+                # trainer held the device joins this batch instead of waiting for the next.
+                with self.model_lock:
+                    if first is not None:
+                        self._take(first, waiting)
+                    self._drain(waiting)
+                    self._skip_over(waiting)
+                    if waiting and not self._stopping:
+                        self._run(waiting)
+        finally:
+            error = EngineClosedError("the inference engine was closed")
+            for row in waiting:
+                self._fail(row.pending, error)
+
+    def _take(self, item: Pending | None, waiting: collections.deque[DecodeRow]) -> None:
+        """A queued request (or the close sentinel) becomes waiting rows."""
+        if item is None:
+            self._stopping = True
+            return
+        with self._counter_lock:
+            self._pending -= 1
+        if not item.future.set_running_or_notify_cancel():  # its caller left while it was queued
+            return
+        request = item.request
+        item.results, item.remaining = [None] * request.n, request.n
+        stop_ids = frozenset(request.stop_token_ids) | self._eos_ids
+        for sample in range(request.n):
+            grammar = item.grammar.row() if item.grammar is not None else None
+            waiting.append(DecodeRow(item, sample, row_key(request.seed, sample), stop_ids, grammar=grammar))
+
+    def _drain(self, waiting: collections.deque[DecodeRow]) -> None:
+        while not self._stopping:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
                 return
-            if first.future.cancelled():  # its caller left while it was queued
-                with self._counter_lock:
-                    self._pending -= 1
-                continue
-            # Take the lock before draining the queue: whatever queued up while a
-            # trainer held the device joins this batch instead of waiting for the next.
-            with self.model_lock:
-                batch, rows = [first], first.request.n
-                while rows < self.max_batch_size:
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is not None and item.future.cancelled():
-                        batch.append(item)  # counted below; `_run_batch` skips it
-                        continue
-                    if item is None or rows + item.request.n > self.max_batch_size:
-                        carry.append(item)
-                        break
-                    batch.append(item)
-                    rows += item.request.n
-                with self._counter_lock:
-                    self._pending -= len(batch)
-                try:
-                    self._run_batch(batch)
-                except Exception as error:  # keep the worker alive whatever happens
-                    logger.exception("Inference batch failed")
-                    for pending in batch:
-                        if not pending.future.done():
-                            pending.future.set_exception(error)
-
-    def _run_batch(self, batch: list[_Pending]) -> None:
-        live = [p for p in batch if p.future.set_running_or_notify_cancel()]
-        if not live:
-            return
-        if self._closed:
-            for pending in live:
-                pending.future.set_exception(EngineClosedError("the inference engine was closed"))
-            return
-        device = next(self._model.parameters()).device
-        by_adapter: dict[str | None, list[_DecodeRow]] = collections.defaultdict(list)
-        for pending in live:
-            request = pending.request
-            stop_ids = frozenset(request.stop_token_ids) | self._eos_ids
-            for sample in range(request.n):
-                generator = row_generator(device, request.seed, sample)
-                grammar = pending.grammar.row() if pending.grammar is not None else None
-                by_adapter[request.adapter].append(_DecodeRow(pending, sample, generator, stop_ids, grammar=grammar))
-
-        results: dict[int, list[GenerationResult | None]] = {
-            id(p): [None] * p.request.n for p in live
-        }
-        failed: dict[int, BaseException] = {}
-        for adapter, rows in by_adapter.items():
-            for start in range(0, len(rows), self.max_batch_size):
-                chunk = rows[start : start + self.max_batch_size]
-                try:
-                    with torch.inference_mode(), serving(self._model, adapter):
-                        self._decode(chunk, device)
-                except EngineClosedError as error:
-                    logger.info("%s", error)
-                    for row in chunk:
-                        failed[id(row.pending)] = error
-                    continue
-                except Exception as error:
-                    logger.exception("Decoding %d rows (adapter=%r) failed", len(chunk), adapter)
-                    for row in chunk:
-                        failed[id(row.pending)] = error
-                    continue
-                for row in chunk:
-                    results[id(row.pending)][row.sample] = GenerationResult(
-                        token_ids=row.token_ids,
-                        logprobs=row.logprobs,
-                        top_logprobs=row.top_logprobs if row.request.top_logprobs > 0 else None,
-                        finish_reason=row.finish_reason or "length",
-                    )
-        self.batches_served += 1
-        self.rows_served += sum(p.request.n for p in live)
-        for pending in live:
-            if id(pending) in failed:
-                pending.future.set_exception(failed[id(pending)])
-            else:
-                pending.future.set_result(results[id(pending)])
-        logger.debug(
-            "Served %d requests (%d rows) in %d adapter groups",
-            len(live),
-            sum(p.request.n for p in live),
-            len(by_adapter),
-        )
-
-    # ------------------------------------------------------------------ decoding
-
-    def _decode(self, rows: list[_DecodeRow], device: torch.device) -> None:
-        """Sample every row to completion, filling its token_ids / logprobs / finish_reason."""
-        batch = len(rows)
-        prompts = [row.request.prompt_ids for row in rows]
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((batch, width), self._pad_id, dtype=torch.long)  # [batch, width]
-        attention_mask = torch.zeros((batch, width), dtype=torch.long)  # [batch, width]
-        for i, prompt in enumerate(prompts):
-            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[i, width - len(prompt) :] = 1
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [batch, width]
-
-        temperature = torch.tensor([r.request.temperature for r in rows], dtype=torch.float32, device=device)
-        top_p = torch.tensor([r.request.top_p for r in rows], dtype=torch.float32, device=device)
-        generators = [r.generator for r in rows]
-        k = max(r.request.top_logprobs for r in rows)
-        steps = max(r.request.max_tokens for r in rows)
-
-        cache = DynamicCache(config=self._model.config)
-        out = self._model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_kwarg: cache},
-        )
-        logits = out.logits[:, -1, :].float()  # [batch, vocab]
-        next_position = position_ids[:, -1:] + 1  # [batch, 1]
-
-        for step in range(steps):
-            if self._closed:
-                raise EngineClosedError(f"the inference engine was closed while decoding {batch} rows")
-            logprobs = logits.log_softmax(dim=-1)  # [batch, vocab]; raw, whatever a grammar allows
-            constrained = [i for i, row in enumerate(rows) if row.grammar is not None and row.finish_reason is None]
-            allowed = self._grammar_masked(logits, rows, constrained) if constrained else logits  # [batch, vocab]
-            tokens = sample_next_tokens(allowed, temperature, top_p, generators)  # [batch]
-            chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)  # [batch]
-            tokens_list, chosen_list = tokens.tolist(), chosen.tolist()
-            if k > 0:
-                top_values, top_ids = logprobs.topk(k, dim=-1)  # [batch, k] each
-                top_values_list, top_ids_list = top_values.tolist(), top_ids.tolist()
-            self.decode_steps += 1
-            for i, row in enumerate(rows):
-                if row.finish_reason is not None:
-                    continue
-                if row.pending.abandoned:
-                    row.finish_reason = "length"  # nobody reads it; stop spending steps on the row
-                    self.rows_abandoned += 1
-                    continue
-                row.token_ids.append(tokens_list[i])
-                row.logprobs.append(chosen_list[i])
-                if row.request.top_logprobs > 0:
-                    n_top = row.request.top_logprobs
-                    row.top_logprobs.append(list(zip(top_ids_list[i][:n_top], top_values_list[i][:n_top])))
-                if row.grammar is not None and not row.grammar.accept(tokens_list[i]):
-                    # only when the grammar allowed no token of the vocabulary at all
-                    logger.warning("A structured row sampled a token its grammar forbids (%s); ending it.",
-                                   row.grammar.error)
-                    row.finish_reason = "length"
-                elif tokens_list[i] in row.stop_ids or self._completes_stop_string(row):
-                    row.finish_reason = "stop"
-                elif len(row.token_ids) >= row.request.max_tokens:
-                    row.finish_reason = "length"
-            if all(row.finish_reason is not None for row in rows) or step == steps - 1:
-                break
-            attention_mask = torch.cat(
-                [attention_mask, attention_mask.new_ones((batch, 1))], dim=-1
-            )  # [batch, width + step + 1]
-            out = self._model(
-                input_ids=tokens[:, None],
-                attention_mask=attention_mask,
-                position_ids=next_position,
-                use_cache=True,
-                **{self._cache_kwarg: cache},
-            )
-            logits = out.logits[:, -1, :].float()  # [batch, vocab]
-            next_position = next_position + 1
-
-    def _grammar_masked(self, logits: torch.Tensor, rows: list[_DecodeRow], constrained: list[int]) -> torch.Tensor:
-        """`logits` with what each constrained row's grammar forbids set to -inf (other rows unchanged)."""
-        bitmask = torch.empty((len(constrained), bitmask_words(self._vocab_size)), dtype=torch.int32)  # [rows, words]
-        for k, i in enumerate(constrained):
-            grammar = rows[i].grammar
-            assert grammar is not None
-            grammar.fill_bitmask(bitmask[k])
-        index = torch.tensor(constrained, dtype=torch.long, device=logits.device)  # [rows]
-        return mask_logits(logits, bitmask, index)
-
-    def _completes_stop_string(self, row: _DecodeRow) -> bool:
-        stops = row.request.stop_strings
-        if not stops:
-            return False
-        window = _STOP_WINDOW_TOKENS_PER_CHAR * max(len(s) for s in stops) + 1
-        tail = self._tokenizer.decode(row.token_ids[-window:], skip_special_tokens=False)
-        return any(s and s in tail for s in stops)
+            self._take(item, waiting)
 
 
 def _cache_kwarg_name(model: Any) -> str:

@@ -1,0 +1,270 @@
+"""The built-in engine's decode loop: one batch of one adapter, from its first row to its last.
+
+`DecodeLoop` is the half of `TransformersEngine` (serve/transformers_engine.py) that runs
+on its worker thread while it holds the model lock; the other half queues requests and
+owns the worker. A batch (serve/decode_batch.py) serves the adapter of the first waiting
+row. At every step boundary:
+
+1. waiting rows of that adapter join while there is room (`_join`), in arrival order,
+   stopping at the first row of another adapter, so rows of two adapters never share a
+   forward pass and a stream of one adapter's requests cannot starve another's;
+2. every row samples one token (`_step`): grammar masks first (serve/structured.py),
+   then one batched draw on the device and one host transfer;
+3. each row records its token and checks its ends (end-of-turn or stop ids, stop
+   strings, `max_tokens`, a grammar that allows nothing); a finished row leaves the batch
+   and its request is answered when its last row is done; a row whose caller left, or
+   whose request failed, leaves too;
+4. the rows that remain run their next forward.
+
+The batch ends when no row is left and no waiting row can join. Around it: the adapter's
+serving state (artrl/adapter_switch.py), the live adapter's merged weights when enabled
+(serve/merged_lora.py), the serving attention (serve/attention_switch.py), inference mode.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from artrl.adapter_switch import serving
+from artrl.serve.attention_switch import attention_for_serving
+from artrl.serve.decode_batch import DecodeBatch
+from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult
+from artrl.serve.sampling import mask_logits
+from artrl.serve.static_batch import SlotCache, StaticDecodeBatch, StaticStep
+from artrl.serve.structured import CompiledGrammar, RowGrammar, bitmask_words
+
+logger = logging.getLogger(__name__)
+
+# How many trailing tokens to decode, per character of the longest stop string, when
+# checking whether a stop string was just completed (a token can be a partial
+# UTF-8 byte sequence that decodes to no character at all).
+_STOP_WINDOW_TOKENS_PER_CHAR = 4
+
+
+@dataclass
+class Pending:
+    """A queued `generate` call and the future its caller awaits."""
+
+    request: GenerationRequest
+    future: concurrent.futures.Future
+    abandoned: bool = False  # the caller stopped waiting (e.g. the HTTP client disconnected)
+    grammar: CompiledGrammar | None = None  # request.structured, compiled
+    results: list[GenerationResult | None] = field(default_factory=list)  # one per sample, as rows finish
+    remaining: int = 0  # rows not finished yet
+
+    @property
+    def over(self) -> bool:
+        """Answered, failed, or its caller left: its rows need no more work."""
+        return self.future.done() or self.abandoned
+
+
+@dataclass
+class DecodeRow:
+    """One sequence being sampled: request `pending`, sample number `sample`."""
+
+    pending: Pending
+    sample: int
+    key: int  # sampling key (serve/sampling.row_key)
+    stop_ids: frozenset[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str | None = None
+    grammar: RowGrammar | None = None  # this row's grammar state, when the request is structured
+
+    @property
+    def request(self) -> GenerationRequest:
+        return self.pending.request
+
+
+class DecodeLoop:
+    """The decode-loop half of `TransformersEngine`; the engine sets every attribute used here."""
+
+    _model: Any
+    _tokenizer: Any
+    _vocab_size: int
+    _cache_kwarg: str
+    _pad_id: int
+    _closed: bool
+    _stopping: bool
+    _merger: Any
+    _attn_implementation: str | None
+    static_cache: bool
+    static_cache_len: int
+    cuda_graphs: bool
+    _static_step: StaticStep | None
+    max_batch_size: int
+    batches_served: int
+    rows_served: int
+    rows_abandoned: int
+    decode_steps: int
+
+    def _drain(self, waiting: collections.deque[DecodeRow]) -> None:  # the engine's: takes what is queued
+        raise NotImplementedError
+
+    @staticmethod
+    def _skip_over(waiting: collections.deque[DecodeRow]) -> None:
+        """Drop waiting rows whose request needs nothing more (failed, or its caller left)."""
+        if any(row.pending.over for row in waiting):
+            kept = [row for row in waiting if not row.pending.over]
+            waiting.clear()
+            waiting.extend(kept)
+
+    def _fail(self, pending: Pending, error: BaseException) -> None:
+        if not pending.future.done():
+            pending.future.set_exception(error)
+
+    def _finish(self, row: DecodeRow) -> None:
+        """Record a finished row; answer its request when it was the last."""
+        pending = row.pending
+        self.rows_served += 1
+        pending.results[row.sample] = GenerationResult(
+            token_ids=row.token_ids, logprobs=row.logprobs,
+            top_logprobs=row.top_logprobs if row.request.top_logprobs > 0 else None,
+            finish_reason=row.finish_reason or "length")  # type: ignore[arg-type]
+        pending.remaining -= 1
+        if pending.remaining == 0 and not pending.future.done():
+            pending.future.set_result(list(pending.results))
+
+    def _run(self, waiting: collections.deque[DecodeRow]) -> None:
+        """Decode one batch of the adapter of the first waiting row, taking in its newcomers, until it drains."""
+        adapter = waiting[0].request.adapter
+        device = next(self._model.parameters()).device
+        self.batches_served += 1
+        static = self.static_cache and self._fits(waiting[0])
+        batch = DecodeBatch(self._model, self._cache_kwarg, self._pad_id, device)
+        merged = self._merger.merged_live_adapter() if self._merger is not None and adapter is None \
+            else contextlib.nullcontext()
+        attention = "sdpa" if static else self._attn_implementation  # the static step's 4-D mask needs sdpa
+        try:
+            with serving(self._model, adapter), merged, attention_for_serving(self._model, attention), \
+                    torch.inference_mode():
+                if static:  # a captured graph computes with the live adapter's weights: no other adapter replays it
+                    batch = StaticDecodeBatch(self._model, self._cache_kwarg, self._pad_id, device,
+                                              self._slot_step(device), graph=self.cuda_graphs and adapter is None)
+                while True:
+                    if not self._stopping:
+                        self._drain(waiting)
+                    self._skip_over(waiting)
+                    self._join(batch, waiting, adapter)
+                    if not batch.rows:
+                        break
+                    if self._closed:
+                        raise EngineClosedError(
+                            f"the inference engine was closed while decoding {len(batch)} rows")
+                    self._step(batch)
+        except Exception as error:
+            if isinstance(error, EngineClosedError):
+                logger.info("%s", error)
+            else:
+                logger.exception("Decoding %d rows (adapter=%r) failed", len(batch), adapter)
+            for row in batch.rows:
+                self._fail(row.pending, error)
+        logger.debug("Batch %d done (adapter %r)", self.batches_served, adapter)
+
+    def _join(self, batch: DecodeBatch, waiting: collections.deque[DecodeRow], adapter: str | None) -> None:
+        """Prefill the waiting rows of `adapter` that fit, first come first served, and add them to `batch`."""
+        if not waiting or self._closed or not batch.can_join:
+            return
+        newcomers: list[DecodeRow] = []
+        static = isinstance(batch, StaticDecodeBatch)
+        while waiting and len(batch) + len(newcomers) < self.max_batch_size and \
+                waiting[0].request.adapter == adapter and (not static or self._fits(waiting[0])):
+            newcomers.append(waiting.popleft())
+        if not newcomers:
+            return
+        prompts: list[list[int]] = []
+        prompt_of: dict[int, int] = {}
+        for row in newcomers:  # the n samples of one request share one prefilled prompt
+            if id(row.pending) not in prompt_of:
+                prompt_of[id(row.pending)] = len(prompts)
+                prompts.append(row.request.prompt_ids)
+        try:
+            batch.admit(newcomers, prompts, [prompt_of[id(r.pending)] for r in newcomers],
+                        [r.key for r in newcomers], [r.request.temperature for r in newcomers],
+                        [r.request.top_p for r in newcomers])
+        except Exception as error:
+            for row in newcomers:  # they never joined: `_run` fails the batch's own rows
+                self._fail(row.pending, error)
+            raise
+
+    def _step(self, batch: DecodeBatch) -> None:
+        """Sample one token for every row, record it, let finished rows leave, and run the next forward."""
+        rows = batch.rows
+        constrained = [i for i, row in enumerate(rows) if row.grammar is not None]
+        assert batch.logits is not None
+        allowed = self._grammar_masked(batch.logits, rows, constrained) if constrained else None  # [batch, vocab]
+        k = max(row.request.top_logprobs for row in rows)
+        records = batch.sample(allowed, k)
+        self.decode_steps += 1
+        kept: list[int] = []
+        for i, (row, record) in enumerate(zip(rows, records)):
+            if row.pending.abandoned:
+                self.rows_abandoned += 1  # nobody reads it; stop spending steps on the row
+                continue
+            if row.pending.future.done():  # its request failed elsewhere
+                continue
+            token = int(record[0])
+            row.token_ids.append(token)
+            row.logprobs.append(record[1])
+            n_top = row.request.top_logprobs
+            if n_top > 0:
+                row.top_logprobs.append([(int(t), v) for t, v in zip(record[2:2 + n_top], record[2 + k:2 + k + n_top])])
+            if row.grammar is not None and not row.grammar.accept(token):
+                # only when the grammar allowed no token of the vocabulary at all
+                logger.warning("A structured row sampled a token its grammar forbids (%s); ending it.",
+                               row.grammar.error)
+                row.finish_reason = "length"
+            elif token in row.stop_ids or self._completes_stop_string(row):
+                row.finish_reason = "stop"
+            elif len(row.token_ids) >= row.request.max_tokens:
+                row.finish_reason = "length"
+            if row.finish_reason is not None:
+                self._finish(row)
+            else:
+                kept.append(i)
+        batch.keep(kept)
+        if batch.rows:
+            batch.advance()
+
+    def _fits(self, row: DecodeRow) -> bool:
+        """Whether `row` fits a static cache slot (prompt + max_tokens within its columns)."""
+        return len(row.request.prompt_ids) + row.request.max_tokens <= self.static_cache_len
+
+    def _slot_step(self, device: torch.device) -> StaticStep:
+        """The static cache and its decode step (allocated at the first static batch, kept for the engine's life)."""
+        if self._static_step is None:
+            probe = DynamicCache(config=self._model.config)  # one token through the model: each layer's KV shape
+            self._model(input_ids=torch.full((1, 1), self._pad_id, device=device), use_cache=True,
+                        **{self._cache_kwarg: probe})
+            cache = SlotCache(probe, slots=self.max_batch_size, length=self.static_cache_len)
+            self._static_step = StaticStep(self._model, self._cache_kwarg, cache, self._pad_id)
+        return self._static_step
+
+    def _grammar_masked(self, logits: torch.Tensor, rows: list[DecodeRow], constrained: list[int]) -> torch.Tensor:
+        """`logits` with what each constrained row's grammar forbids set to -inf (other rows unchanged)."""
+        bitmask = torch.empty((len(constrained), bitmask_words(self._vocab_size)), dtype=torch.int32)  # [rows, words]
+        for k, i in enumerate(constrained):
+            grammar = rows[i].grammar
+            assert grammar is not None
+            grammar.fill_bitmask(bitmask[k])
+        index = torch.tensor(constrained, dtype=torch.long, device=logits.device)  # [rows]
+        return mask_logits(logits, bitmask, index)
+
+    def _completes_stop_string(self, row: DecodeRow) -> bool:
+        stops = row.request.stop_strings
+        if not stops:
+            return False
+        window = _STOP_WINDOW_TOKENS_PER_CHAR * max(len(s) for s in stops) + 1
+        tail = self._tokenizer.decode(row.token_ids[-window:], skip_special_tokens=False)
+        return any(s and s in tail for s in stops)
+
+

@@ -1,0 +1,99 @@
+"""The built-in engine's GPU switches give what the plain path gives (needs CUDA; skipped without it).
+
+`random:qwen3-0.6b` (the real shape, random weights, no download) with a LoRA adapter whose B
+matrices are non-zero, so the adapter changes every logit. In float32 the switches (merged
+LoRA, sdpa decode attention) change rounding only, so the sampled tokens are the same and
+the logprobs agree to float tolerance; in bfloat16 each switch's logprobs still match an
+unbatched forward of what it sampled to bfloat16 tolerance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+import torch
+
+from artrl.serve import GenerationRequest, TransformersEngine
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+MODEL = "random:qwen3-0.6b"
+
+
+def _model(dtype: str) -> tuple[Any, Any]:
+    from artrl.train.modeling import add_lora, load_base_model
+    from artrl.types import InternalModelConfig
+
+    cfg = InternalModelConfig(device="cuda", dtype=dtype)
+    model, tokenizer = load_base_model(MODEL, cfg)
+    model = add_lora(model, cfg)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator, device="cuda", dtype=p.dtype) * 0.02)
+    return model.eval(), tokenizer
+
+
+def _requests(tokenizer: Any) -> list[GenerationRequest]:
+    prompts = ["Tell me about the weather.", "What is 2 + 3?", "Name three colours, please, in order."]
+    ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+    return [GenerationRequest(prompt_ids=ids[0], max_tokens=12, temperature=0.0),
+            GenerationRequest(prompt_ids=ids[1], n=3, max_tokens=12, temperature=1.0, seed=7),
+            GenerationRequest(prompt_ids=ids[2], max_tokens=12, temperature=0.8, top_p=0.9, seed=8)]
+
+
+def _serve(model: Any, tokenizer: Any, *, merge_lora: bool, attn: str | None, **switches: Any) -> list[list[Any]]:
+    engine = TransformersEngine(model, tokenizer, merge_lora=merge_lora, attn_implementation=attn,
+                                end_ids=frozenset(), **switches)
+
+    async def all_at_once() -> list[list[Any]]:
+        return list(await asyncio.gather(*(engine.generate(r) for r in _requests(tokenizer))))
+
+    try:
+        return asyncio.run(all_at_once())
+    finally:
+        engine.close()
+
+
+def _recompute(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
+    ids = torch.tensor([prompt + tokens], device="cuda")
+    with torch.no_grad():
+        logprobs = model(input_ids=ids).logits[0].float().log_softmax(-1)  # [seq, vocab]
+    positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(tokens), device="cuda")
+    return logprobs[positions, torch.tensor(tokens, device="cuda")].tolist()
+
+
+@pytest.fixture(scope="module")
+def fp32() -> tuple[Any, Any]:
+    return _model("float32")
+
+
+@pytest.mark.parametrize(("merge_lora", "attn", "switches"), [
+    (True, None, {}), (False, "sdpa", {}), (True, "sdpa", {}),
+    (True, "sdpa", {"static_cache": True, "cuda_graphs": False, "static_cache_len": 256}),
+    (True, "sdpa", {"static_cache": True, "cuda_graphs": True, "static_cache_len": 256}),
+    (False, "sdpa", {"static_cache": True, "cuda_graphs": True, "static_cache_len": 256}),
+])
+def test_switches_sample_what_the_plain_path_samples(fp32: tuple[Any, Any], merge_lora: bool,
+                                                     attn: str | None, switches: dict[str, Any]) -> None:
+    model, tokenizer = fp32
+    plain = _serve(model, tokenizer, merge_lora=False, attn=None)
+    switched = _serve(model, tokenizer, merge_lora=merge_lora, attn=attn, **switches)
+    for a, b in zip(itertools.chain(*plain), itertools.chain(*switched)):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-3
+
+
+def test_bf16_switches_report_the_logprobs_of_what_they_sampled() -> None:
+    model, tokenizer = _model("bfloat16")
+    results = _serve(model, tokenizer, merge_lora=True, attn="sdpa", static_cache=True, cuda_graphs=True)
+    for request, sequences in zip(_requests(tokenizer), results):
+        for result in sequences:
+            expected = _recompute(model, request.prompt_ids, result.token_ids)
+            assert max(abs(a - b) for a, b in zip(result.logprobs, expected)) < 0.1
+    # the trainer's tensors are its own again
+    assert not any(getattr(m, "merged_adapters", []) for m in model.modules())
