@@ -48,15 +48,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..progress import ProgressBar, progress_bar
+from .kernels import apply_kernels, fused_adamw
+from .memory import CallState, MemoryBudget, device_budget, is_out_of_memory, out_of_memory_error
 from ..types import InternalModelConfig, OptimizerConfig
 from .attention import attention_mask_for
 from .logprobs import TokenLogprobModel
 from .loss import LossTerms
 from .modeling import model_max_length
+from .totals import StepTotals
 from .tree_attention import TREE_ATTENTION, TreeLayout
 
 log = logging.getLogger(__name__)
@@ -91,30 +95,34 @@ class BuildContext:
     pad_id: int
     device_type: str  # "cpu" or "cuda": the default per_device_train_batch_size depends on it
     optimizer_steps: int  # optimizer steps taken so far (the SFT shuffle's seed mixes it in)
+    # token budgets the free device memory allows (train/memory.py; None off CUDA): a call that sets neither
+    # per_device_train_batch_size nor max_tokens_per_microbatch cuts its micro-batches by it
+    memory_budget: MemoryBudget | None = None
+    gradient_checkpointing: bool | None = None  # the model config's setting (None: as memory requires)
 
 SAMPLED_DELTA_KEYS = ("sampled_logprob_delta_mean", "sampled_logprob_delta_max", "sampled_logprob_tokens")
 
 
-def new_totals() -> dict[str, float]:
-    """An optimizer step's running figures (sums, except `delta_max`, a maximum)."""
-    return dict(loss=0.0, policy=0.0, kl=0.0, entropy=0.0, clipped=0.0, ratio=0.0, weight=0.0, computed=0.0,
-                kl_ref=0.0, delta_sum=0.0, delta_max=0.0, delta_tokens=0.0)
+def new_totals() -> StepTotals:
+    """An optimizer step's running figures (sums, except `delta_max`, a maximum), added up on the device."""
+    return StepTotals()
 
 
-def _add_sampled_delta(totals: dict[str, float], tb: TokenBatch) -> None:
+def _add_sampled_delta(totals: StepTotals, tb: TokenBatch) -> None:
     """Add |trainer - sampled| logprob over the micro-batch's tokens that carry a sampled logprob.
 
     With precalculate_logprobs the old logprobs were recomputed by the trainer itself; the sampled ones are
-    then `original_logprobs`, and the record is measured against those.
+    then `original_logprobs`, and the record is measured against those. Nothing is read on the host here.
     """
     sampled = tb.original_logprobs if tb.original_logprobs is not None else tb.old_logprobs  # [n]
+    if not sampled.numel():
+        return
     with torch.no_grad():
         known = ~torch.isnan(sampled)  # [n]
-        delta = (tb.logprobs.detach().float() - sampled.float())[known].abs()  # [known]
-    if delta.numel():
-        totals["delta_sum"] += float(delta.sum())
-        totals["delta_max"] = max(totals["delta_max"], float(delta.max()))
-        totals["delta_tokens"] += float(delta.numel())
+        delta = torch.where(known, (tb.logprobs.detach().float() - sampled.float()).abs(), 0.0)  # [n], 0: unknown
+        totals.add("delta_sum", delta.sum())
+        totals.add("delta_max", delta.max())  # >= 0 everywhere, so the zeros of unknown slots change nothing
+        totals.add("delta_tokens", known.sum())
 
 
 @dataclass
@@ -141,6 +149,14 @@ def _unwrap(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def _set_checkpointing(model: Any, on: bool) -> None:
+    """Turn transformers' activation checkpointing of `model`'s layers on or off (non-reentrant)."""
+    if on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
+
+
 class Trainer:
     """Owns the peft model's training state: optimizer, step counter, the model lock."""
 
@@ -162,15 +178,21 @@ class Trainer:
         self.lm_head = inner.get_output_embeddings()
         self.device = next(model.parameters()).device
         self.dtype = next(p for p in inner.parameters() if not p.requires_grad).dtype
+        self.model_config = inner.config
         self.attn_implementation = inner.config._attn_implementation
         self.softcap = getattr(inner.config, "final_logit_softcapping", None)
         self.max_length = model_max_length(inner, self.cfg)
         self.token_model = TokenLogprobModel(self.backbone, self.lm_head, chunk_size=self.cfg.logprob_chunk_size,
                                              softcap=self.softcap)
+        self.kernels = apply_kernels(inner, self.cfg, self.device) if wrap is None else {}
         if wrap is not None:
             wrap(self.token_model)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, **OptimizerConfig().optimizer_settings())
+        # one fused kernel for the whole AdamW step on CUDA (the sharded model keeps torch's default)
+        fused = fused_adamw(self.cfg, self.device) and wrap is None
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, **OptimizerConfig().optimizer_settings(),
+                                           **({"fused": True} if fused else {}))
+        self.sharded = wrap is not None
         self.model_lock = model_lock or threading.RLock()
         self.optimizer_steps = 0
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -179,7 +201,8 @@ class Trainer:
     def build_context(self) -> "BuildContext":
         """What preparing a call for this trainer needs to know of it."""
         return BuildContext(tokenizer=self.tokenizer, end_ids=self.end_ids, max_length=self.max_length,
-                            pad_id=self.pad_id, device_type=self.device.type, optimizer_steps=self.optimizer_steps)
+                            pad_id=self.pad_id, device_type=self.device.type, optimizer_steps=self.optimizer_steps,
+                            memory_budget=device_budget(self), gradient_checkpointing=self.cfg.gradient_checkpointing)
 
     # ------------------------------------------------------------------ randomness
     def _seeded_rng_state(self, seed: int) -> dict[str, torch.Tensor | None]:
@@ -247,13 +270,14 @@ class Trainer:
         dev = self.device
         input_ids = mb.input_ids.to(dev)  # [rows, width]
         extra: dict[str, Any] = {}
-        if self.attn_implementation == TREE_ATTENTION:
-            # a 4-D placeholder makes transformers skip building a seq x seq mask; the layout rules instead
-            mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev)
-            extra[TREE_ATTENTION] = TreeLayout(mb.nodes)
-        else:
-            mask = attention_mask_for(self.attn_implementation, mb.segment_ids.to(dev), mb.parent_ids.to(dev),
-                                      self.dtype)
+        with record_function("artrl/attention_mask"):
+            if self.attn_implementation == TREE_ATTENTION:
+                # a 4-D placeholder makes transformers skip building a seq x seq mask; the layout rules instead
+                mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev)
+                extra[TREE_ATTENTION] = TreeLayout(mb.nodes)
+            else:
+                mask = attention_mask_for(self.attn_implementation, mb.segment_ids.to(dev), mb.parent_ids.to(dev),
+                                          self.dtype)
         sel = mb.trainable_mask  # [rows, width]
         b_idx, t_idx = sel.nonzero(as_tuple=True)  # [n], [n]
         prev = mb.prev_index[b_idx, t_idx]  # [n]
@@ -281,8 +305,10 @@ class Trainer:
         optimizer = optimizer or OptimizerConfig()
         opts = options or StepOptions(need_ref=need_ref)
         bar = progress_bar(total=plan.num_micro_batches, desc=desc, unit="mb", disable=not show_progress, leave=False)
+        # what the call may change, kept to put back if it runs out of device memory half-way
+        state = CallState.take(self)
         try:
-            with self.model_lock, self._own_rng():
+            with self.model_lock, self._own_rng(), self._checkpointing(plan):
                 self.model.train()
                 original = None
                 if opts.precalculate_logprobs:
@@ -294,9 +320,35 @@ class Trainer:
                         for key in SAMPLED_DELTA_KEYS:
                             metrics.pop(key, None)
                     yield metrics
+        except Exception as e:
+            if not is_out_of_memory(e):
+                raise
+            with self.model_lock:
+                state.restore(self)
+            raise out_of_memory_error(self, plan, e) from e
         finally:
             bar.close()
             self.model.eval()
+
+    @contextlib.contextmanager
+    def _checkpointing(self, plan: BatchPlan) -> Iterator[None]:
+        """Activation checkpointing for this call: as configured, or (`gradient_checkpointing=None` on CUDA)
+        on only when the plan's largest micro-batch would not fit the free memory without it."""
+        from .memory import needs_checkpointing
+
+        want = self.cfg.gradient_checkpointing
+        if want is None and self.device.type == "cuda" and not self.sharded:
+            want = needs_checkpointing(self, plan)
+        inner = _unwrap(self.model)
+        before = bool(getattr(inner, "is_gradient_checkpointing", False))
+        if want is None or want == before or not hasattr(inner, "gradient_checkpointing_enable"):
+            yield
+            return
+        _set_checkpointing(inner, want)
+        try:
+            yield
+        finally:
+            _set_checkpointing(inner, before)
 
     def recompute_logprobs(self, packed: PackedRows, plan: BatchPlan, *, chunk_size: int | None = None) -> PackedRows:
         """`packed` with the logprobs of its trainable tokens recomputed by the current weights (no gradient)."""
@@ -320,7 +372,7 @@ class Trainer:
         `original_logprobs` ([rows, row_length]) are the sampled logprobs when `packed.logprobs` were recomputed.
         """
         opts = options or StepOptions(need_ref=need_ref)
-        denom = float(packed.weights[step.rows].sum())
+        denom = float(packed.weights[step.rows].sum())  # host tensors: no device read
         totals = new_totals()
         refs: dict[int, torch.Tensor] = {}
         kl_mean = None
@@ -340,7 +392,7 @@ class Trainer:
 
         The reference logprobs are kept in `refs` (by micro-batch index) for the passes that follow.
         """
-        total, count = 0.0, 0
+        total, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for i, mb in enumerate(micro_batches):
             sub = packed.select(mb.rows, mb.width)
             cur = self.forward_tokens(sub, grad=False, chunk_size=opts.chunk_size)
@@ -349,9 +401,9 @@ class Trainer:
             if refs is not None:
                 refs[i] = ref
             live = cur.weights > 0  # [n]
-            total += float((cur.logprobs - ref)[live].sum())
-            count += int(live.sum())
-        return total, count
+            total += torch.where(live, cur.logprobs - ref, 0.0).sum()  # added up on the device
+            count += int((sub.weights[sub.trainable_mask] > 0).sum())  # host tensors
+        return float(total), count
 
     def micro_step(self, packed: PackedRows, mb: Any, loss_fn: LossFn, denom: float, totals: dict[str, float], *,
                    opts: StepOptions | None = None, need_ref: bool = False, ref: torch.Tensor | None = None,
@@ -368,7 +420,8 @@ class Trainer:
         """
         opts = opts or StepOptions(need_ref=need_ref)
         sub = packed.select(mb.rows, mb.width)
-        totals["computed"] += sub.input_ids.numel()
+        totals.add("computed", sub.input_ids.numel())
+        weight = float(sub.weights[sub.trainable_mask].sum())  # host tensors: whether there is anything to learn
         tb = self.forward_tokens(sub, chunk_size=opts.chunk_size)
         if opts.need_ref:
             tb.ref_logprobs = ref if ref is not None else self.forward_tokens(
@@ -378,19 +431,16 @@ class Trainer:
             rows = torch.as_tensor(mb.rows, dtype=torch.long)
             tb.original_logprobs = original_logprobs[rows, :mb.width][sub.trainable_mask].to(tb.logprobs.device)
         _add_sampled_delta(totals, tb)
-        terms = loss_fn(tb)
-        if denom > 0 and terms.weight_sum > 0:
-            (terms.loss_sum / denom if scale == 1.0 else terms.loss_sum / denom * scale).backward()
-        elif always_backward:
-            (terms.loss_sum * 0.0).backward()
-        totals["loss"] += float(terms.loss_sum.detach()) / max(denom, 1e-12)
-        totals["policy"] += terms.policy_sum
-        totals["kl"] += terms.kl_sum
-        totals["entropy"] += terms.entropy_sum
-        totals["clipped"] += terms.clipped_tokens
-        totals["ratio"] += terms.ratio_sum
-        totals["weight"] += terms.weight_sum
-        totals["kl_ref"] += terms.kl_ref_sum
+        with record_function("artrl/loss"):
+            terms = loss_fn(tb)
+        with record_function("artrl/backward"):
+            if denom > 0 and weight > 0:
+                (terms.loss_sum / denom if scale == 1.0 else terms.loss_sum / denom * scale).backward()
+            elif always_backward:
+                (terms.loss_sum * 0.0).backward()
+        totals.add("loss", terms.loss_sum.detach() / max(denom, 1e-12))
+        for key, value in terms.sums.items():
+            totals.add(key, value)
 
     def _step(self, packed: PackedRows, step: Any, loss_fn: LossFn, lr: float, optimizer: OptimizerConfig,
               opts: StepOptions, bar: ProgressBar, original: torch.Tensor | None = None) -> dict[str, float]:
@@ -402,15 +452,16 @@ class Trainer:
             g.update(settings)
         self.optimizer.zero_grad(set_to_none=True)
         totals = self.accumulate(packed, step, loss_fn, bar=bar, options=opts, original_logprobs=original)
-        computed = int(totals["computed"])
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm or float("inf"))
-        finite = math.isfinite(totals["loss"]) and bool(torch.isfinite(grad_norm))
-        if finite:
-            self.optimizer.step()
-            self.optimizer_steps += 1
-        else:
+        with record_function("artrl/optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm or float("inf"))
+            finite = math.isfinite(totals["loss"]) and bool(torch.isfinite(grad_norm))  # the step's one host read
+            if finite:
+                self.optimizer.step()
+                self.optimizer_steps += 1
+        if not finite:
             log.error("non-finite loss (%s) or gradient norm (%s): optimizer step refused, gradients dropped",
                       totals["loss"], float(grad_norm))
+        computed = int(totals["computed"])
         self.optimizer.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - t0
         w = max(totals["weight"], 1e-12)
