@@ -157,6 +157,8 @@ def _subprocess(mode: str, args: Any) -> dict[str, Any]:
         cmd += ["--attn-implementation", args.attn_implementation]
     if args.logprob_chunk_size:
         cmd += ["--logprob-chunk-size", str(args.logprob_chunk_size)]
+    if args.reference_steps and mode == "reference":
+        cmd += ["--reference-steps", str(args.reference_steps)]
     if args.profile and mode == "ours":
         cmd += ["--profile", "--profile-micro-batches", str(args.profile_micro_batches)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
@@ -182,7 +184,8 @@ def main(args: Any) -> int:
     """Our layout against the reference (`--workers N`: bench/workers_bench.py's main, which the CLI runs)."""
     if getattr(args, "mode", None):
         cfg, mcfg = _configs(args)
-        print(json.dumps(run_mode(args.mode, args.workload, args.scale, args.model, cfg, mcfg,
+        steps = args.reference_steps if args.mode == "reference" and args.reference_steps else None
+        print(json.dumps(run_mode(args.mode, args.workload, args.scale, args.model, cfg, mcfg, max_steps=steps,
                                   profile_micro_batches=args.profile_micro_batches if args.profile else None)))
         return 0
     from ..train.modeling import resolve_device, resolve_dtype
@@ -191,21 +194,23 @@ def main(args: Any) -> int:
     device = resolve_device(mcfg)
     dtype = resolve_dtype(mcfg, device)  # the dtype both runs train in
     before = hardware_peak(device, dtype)
-    ref = _subprocess("reference", args)
-    ours = _subprocess("ours", args)
+    ref = _subprocess("reference", args) if args.only != "ours" else None
+    ours = _subprocess("ours", args) if args.only != "reference" else None
     # measured before and after the runs, the higher one kept: a shared CPU's matmul speed drifts
     peak = max(before, hardware_peak(device, dtype), key=lambda p: p["measured_matmul_tflops"])
-    for r in (ours, ref):
+    for r in (x for x in (ours, ref) if x is not None):
         r["mfu"] = round(r["model_flops"] / r["seconds"] / (peak["peak_tflops"] * 1e12), 4)
         r["mfu_dense_flops"] = round(r["model_flops_dense"] / r["seconds"] / (peak["peak_tflops"] * 1e12), 4)
         r["achieved_tflops"] = round(r["model_flops"] / r["seconds"] / 1e12, 4)
-    print(json.dumps({
-        "bench": "train", "workload": args.workload, "scale": args.scale, "model": args.model,
-        "ratio_tokens_per_s": round(ours["trainable_tokens_per_s"] / ref["trainable_tokens_per_s"], 3),
-        # the ratio ours would reach at the reference's speed per computed token (layout alone)
-        "computed_tokens_ratio": round(ref["computed_tokens"] / ours["computed_tokens"], 3),
-        "mfu": ours["mfu"], "peak": peak, "ours": ours, "reference": ref,
-    }))
+    out: dict[str, Any] = {"bench": "train", "workload": args.workload, "scale": args.scale, "model": args.model}
+    if ours is not None and ref is not None:
+        out["ratio_tokens_per_s"] = round(ours["trainable_tokens_per_s"] / ref["trainable_tokens_per_s"], 3)
+        # the ratio ours would reach at the reference's speed per computed token (layout alone); with
+        # --reference-steps the reference ran only its first rows, so its tokens per row stand for the rest
+        ref_computed = ref["computed_tokens"] * ref["rows"] / max(ref["optimizer_steps"], 1)
+        out["computed_tokens_ratio"] = round(ref_computed / ours["computed_tokens"], 3)
+    out.update({"mfu": ours["mfu"] if ours is not None else None, "peak": peak, "ours": ours, "reference": ref})
+    print(json.dumps(out))
     return 0
 
 
@@ -237,6 +242,10 @@ def add_arguments(p: Any) -> None:
                    help="micro-batches of the profiled call (0: the whole call; default 4)")
     p.add_argument("--attn-implementation", default=None,
                    help="artrl_tree / sdpa / eager / flex_attention (default: flex_attention on GPU, artrl_tree on CPU)")
+    p.add_argument("--only", choices=["ours", "reference"], default=None, help="run one mode only (no ratio)")
+    p.add_argument("--reference-steps", type=int, default=0,
+                   help="the reference mode runs only its first N rows (one optimizer step each; 0: all); its "
+                   "tokens/s stand for the whole call, which costs the same per row")
     p.add_argument("--workers", type=int, default=1,
                    help="N >= 2: train the call on N data-parallel workers (torch.distributed, FSDP2) and report "
                    "tokens/s against one worker, the scaling efficiency and each rank's computed tokens")
