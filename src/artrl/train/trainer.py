@@ -305,10 +305,12 @@ class Trainer:
         optimizer = optimizer or OptimizerConfig()
         opts = options or StepOptions(need_ref=need_ref)
         bar = progress_bar(total=plan.num_micro_batches, desc=desc, unit="mb", disable=not show_progress, leave=False)
-        # what the call may change, kept to put back if it runs out of device memory half-way
-        state = CallState.take(self)
+        state: CallState | None = None
         try:
             with self.model_lock, self._own_rng(), self._checkpointing(plan):
+                # what the call may change, kept to put back if it runs out of device memory half-way (a
+                # sharded trainer's workers restart from the last checkpoint instead: distributed/)
+                state = None if self.sharded else CallState.take(self)
                 self.model.train()
                 original = None
                 if opts.precalculate_logprobs:
@@ -321,7 +323,7 @@ class Trainer:
                             metrics.pop(key, None)
                     yield metrics
         except Exception as e:
-            if not is_out_of_memory(e):
+            if state is None or not is_out_of_memory(e):
                 raise
             with self.model_lock:
                 state.restore(self)
