@@ -75,13 +75,12 @@ def _idle(prof: Any) -> dict[str, float] | None:
         return None
     if not spans:
         return None
-    busy, end = 0, spans[0][0]
+    busy, end = 0, spans[0][0]  # the union of the kernel intervals
     for s, e in spans:
         if e > end:
             busy += e - max(s, end)
             end = e
-    window = spans[-1][1] - spans[0][0]
-    window = max(window, max(e for _, e in spans) - spans[0][0])
+    window = end - spans[0][0]  # first kernel's start to last kernel's end
     return {"device_window_ms": round(window / 1e6, 2), "device_busy_ms": round(busy / 1e6, 2),
             "device_idle_ms": round((window - busy) / 1e6, 2),
             "device_idle_share": round((window - busy) / window, 4) if window else 0.0}
