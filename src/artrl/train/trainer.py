@@ -190,8 +190,11 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         # one fused kernel for the whole AdamW step on CUDA (the sharded model keeps torch's default)
         fused = fused_adamw(self.cfg, self.device) and wrap is None
+        # param-group entries that pick AdamW's implementation; set again each step, since loading a checkpoint
+        # (maybe written on another device) brings its param groups along
+        self._adamw_impl: dict[str, Any] = {"fused": True, "foreach": False} if fused else {}
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, **OptimizerConfig().optimizer_settings(),
-                                           **({"fused": True} if fused else {}))
+                                           **self._adamw_impl)
         self.sharded = wrap is not None
         self.model_lock = model_lock or threading.RLock()
         self.optimizer_steps = 0
@@ -451,7 +454,7 @@ class Trainer:
         max_grad_norm = optimizer.max_grad_norm
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-            g.update(settings)
+            g.update(settings, **self._adamw_impl)
         self.optimizer.zero_grad(set_to_none=True)
         totals = self.accumulate(packed, step, loss_fn, bar=bar, options=opts, original_logprobs=original)
         with record_function("artrl/optimizer"):
