@@ -16,7 +16,7 @@ import artrl as art
 from artrl.errors import ConfigError
 from artrl.train.logprobs import token_logprobs
 from artrl.train.modeling import load_model
-from artrl.train.trainer import Trainer
+from artrl.train.trainer import Trainer, checkpointing_on
 from artrl.types import InternalModelConfig
 
 WORKLOAD = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "seed-like.json")
@@ -28,7 +28,7 @@ def test_the_cpu_path_keeps_its_defaults(tiny_path):
     assert trainer.kernels == {"liger_kernel": False, "compile_layers": False, "fused_optimizer": False}
     assert not trainer.optimizer.defaults.get("fused")
     assert trainer.build_context().memory_budget is None  # no memory-aware budget off CUDA
-    assert not model.get_base_model().is_gradient_checkpointing
+    assert not checkpointing_on(model.get_base_model())
 
 
 @pytest.mark.parametrize("field", ["liger_kernel", "fused_optimizer"])

@@ -111,7 +111,9 @@ def _adapter(backend: art.LocalBackend) -> dict[str, torch.Tensor]:
 
 
 async def _register(path: Path) -> tuple[art.TrainableModel, art.LocalBackend]:
-    model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny")
+    # LoRA dropout draws from the trainer's RNG: a state not put back changes the next call's masks
+    model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny",
+                               _internal_config=art.InternalModelConfig(lora_dropout=0.1))
     backend = art.LocalBackend(path=str(path), show_progress=False)
     await model.register(backend)
     return model, backend
@@ -184,20 +186,28 @@ def test_an_oom_mid_call_leaves_checkpoint_history_and_served_model_untouched(tm
         assert result.step == 2
         done = _adapter(backend)
         backend.close()
-        return done
+        return adapter, done, result.metrics["loss/train"]
 
     async def control():  # the same two calls, without the out-of-memory error in between
         model, backend = await _register(tmp_path / "control")
         await model.train_sft(SFT[:2], config=art.TrainSFTConfig(learning_rate=5e-3))
-        await model.train_sft(SFT, config=art.TrainSFTConfig(**CFG))
+        before = _adapter(backend)
+        result = await model.train_sft(SFT, config=art.TrainSFTConfig(**CFG))
         done = _adapter(backend)
         backend.close()
-        return done
+        return before, done, result.metrics["loss/train"]
 
-    recovered = asyncio.run(main())
-    expected = asyncio.run(control())
-    for k in expected:  # the rolled-back call changed nothing the next call depends on (weights, moments, RNG)
-        torch.testing.assert_close(recovered[k], expected[k], rtol=0, atol=0)
+    before, recovered, loss = asyncio.run(main())
+    want_before, expected, want_loss = asyncio.run(control())
+    # The rolled-back call changed nothing the next call depends on (weights, AdamW moments and step, the step
+    # count that seeds the SFT shuffle, the RNG of the dropout masks): its update is the control's. Not bit for
+    # bit: inference between calls (the replies above) moves later float32 CPU kernels by ~1e-7 even without a
+    # failed call, and AdamW magnifies that where a gradient is near zero; a state not put back changes the
+    # update by a large part of itself.
+    assert loss == pytest.approx(want_loss, rel=1e-5)
+    got = torch.cat([(recovered[k] - before[k]).flatten() for k in sorted(expected)])
+    want = torch.cat([(expected[k] - want_before[k]).flatten() for k in sorted(expected)])
+    assert torch.linalg.vector_norm(got - want) <= 1e-3 * torch.linalg.vector_norm(want)
 
 
 def test_other_errors_pass_through_unchanged(tmp_path, monkeypatch):

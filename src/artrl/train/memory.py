@@ -181,8 +181,9 @@ def out_of_memory_error(trainer: "Trainer", plan: "BatchPlan", e: BaseException)
     """The error that ends a call which ran out of device memory: what it ran, and what to lower."""
     largest = max((mb.tokens for step in plan.steps for mb in step.micro_batches), default=0)
     rows = plan.max_rows_per_micro_batch
-    checkpointing = bool(getattr(getattr(trainer.model, "get_base_model", lambda: trainer.model)(),
-                                 "is_gradient_checkpointing", False))
+    from .trainer import _unwrap, checkpointing_on
+
+    checkpointing = checkpointing_on(_unwrap(trainer.model))
     where = str(trainer.device)
     if trainer.device.type == "cuda":
         where += f" ({torch.cuda.memory_allocated(trainer.device) / 1e9:.1f} GB allocated now)"

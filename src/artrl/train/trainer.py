@@ -149,6 +149,15 @@ def _unwrap(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def checkpointing_on(model: Any) -> bool:
+    """Whether transformers' activation checkpointing is on in `model` (named is_activation_checkpointing since
+    transformers 5.x, is_gradient_checkpointing before)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
+
+
 def _set_checkpointing(model: Any, on: bool) -> None:
     """Turn transformers' activation checkpointing of `model`'s layers on or off (non-reentrant)."""
     if on:
@@ -345,7 +354,7 @@ class Trainer:
         if want is None and self.device.type == "cuda" and not self.sharded:
             want = needs_checkpointing(self, plan)
         inner = _unwrap(self.model)
-        before = bool(getattr(inner, "is_gradient_checkpointing", False))
+        before = checkpointing_on(inner)
         if want is None or want == before or not hasattr(inner, "gradient_checkpointing_enable"):
             yield
             return
