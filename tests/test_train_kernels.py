@@ -16,7 +16,8 @@ import artrl as art
 from artrl.errors import ConfigError
 from artrl.train.logprobs import token_logprobs
 from artrl.train.modeling import load_model
-from artrl.train.trainer import Trainer, checkpointing_on
+from artrl.train.memory import checkpointing_on
+from artrl.train.trainer import Trainer
 from artrl.types import InternalModelConfig
 
 WORKLOAD = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "seed-like.json")

@@ -27,7 +27,9 @@ last checkpoint's state, and ends the call with `TrainOutOfMemoryError`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +115,42 @@ def device_budget(trainer: "Trainer") -> MemoryBudget | None:
     return budget_for(config, trainer.dtype, cfg.logprob_chunk_size, free_bytes(trainer.device))
 
 
+def checkpointing_on(model: Any) -> bool:
+    """Whether transformers' activation checkpointing is on in `model` (named is_activation_checkpointing since
+    transformers 5.x, is_gradient_checkpointing before)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
+
+
+def set_checkpointing(model: Any, on: bool) -> None:
+    """Turn transformers' activation checkpointing of `model`'s layers on or off (non-reentrant)."""
+    if on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
+
+
+@contextlib.contextmanager
+def call_checkpointing(trainer: "Trainer", model: Any, plan: "BatchPlan") -> Iterator[None]:
+    """Activation checkpointing of `model` (the transformers model) for one call: as configured, or
+    (`gradient_checkpointing=None` on CUDA) on only when the plan's largest micro-batch would not fit the free
+    memory without it; put back as it was afterwards."""
+    want = trainer.cfg.gradient_checkpointing
+    if want is None and trainer.device.type == "cuda" and not trainer.sharded:
+        want = needs_checkpointing(trainer, plan)
+    before = checkpointing_on(model)
+    if want is None or want == before or not hasattr(model, "gradient_checkpointing_enable"):
+        yield
+        return
+    set_checkpointing(model, want)
+    try:
+        yield
+    finally:
+        set_checkpointing(model, before)
+
+
 def needs_checkpointing(trainer: "Trainer", plan: "BatchPlan") -> bool:
     """Whether the plan's largest micro-batch would not fit the free memory without activation checkpointing."""
     budget = device_budget(trainer)
@@ -181,9 +219,8 @@ def out_of_memory_error(trainer: "Trainer", plan: "BatchPlan", e: BaseException)
     """The error that ends a call which ran out of device memory: what it ran, and what to lower."""
     largest = max((mb.tokens for step in plan.steps for mb in step.micro_batches), default=0)
     rows = plan.max_rows_per_micro_batch
-    from .trainer import _unwrap, checkpointing_on
-
-    checkpointing = checkpointing_on(_unwrap(trainer.model))
+    model = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
+    checkpointing = checkpointing_on(model)
     where = str(trainer.device)
     if trainer.device.type == "cuda":
         where += f" ({torch.cuda.memory_allocated(trainer.device) / 1e9:.1f} GB allocated now)"

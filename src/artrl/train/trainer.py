@@ -54,7 +54,8 @@ from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..progress import ProgressBar, progress_bar
 from .kernels import apply_kernels, fused_adamw
-from .memory import CallState, MemoryBudget, device_budget, is_out_of_memory, out_of_memory_error
+from .memory import (CallState, MemoryBudget, call_checkpointing, device_budget, is_out_of_memory,
+                     out_of_memory_error)
 from ..types import InternalModelConfig, OptimizerConfig
 from .attention import attention_mask_for
 from .logprobs import TokenLogprobModel
@@ -149,21 +150,6 @@ def _unwrap(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def checkpointing_on(model: Any) -> bool:
-    """Whether transformers' activation checkpointing is on in `model` (named is_activation_checkpointing since
-    transformers 5.x, is_gradient_checkpointing before)."""
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(model), name):
-            return bool(getattr(model, name))
-    return False
-
-
-def _set_checkpointing(model: Any, on: bool) -> None:
-    """Turn transformers' activation checkpointing of `model`'s layers on or off (non-reentrant)."""
-    if on:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_disable()
 
 
 class Trainer:
@@ -319,7 +305,7 @@ class Trainer:
         bar = progress_bar(total=plan.num_micro_batches, desc=desc, unit="mb", disable=not show_progress, leave=False)
         state: CallState | None = None
         try:
-            with self.model_lock, self._own_rng(), self._checkpointing(plan):
+            with self.model_lock, self._own_rng(), call_checkpointing(self, _unwrap(self.model), plan):
                 # what the call may change, kept to put back if it runs out of device memory half-way (a
                 # sharded trainer's workers restart from the last checkpoint instead: distributed/)
                 state = None if self.sharded else CallState.take(self)
@@ -344,25 +330,6 @@ class Trainer:
             bar.close()
             self.model.eval()
 
-    @contextlib.contextmanager
-    def _checkpointing(self, plan: BatchPlan) -> Iterator[None]:
-        """Activation checkpointing for this call: as configured, or (`gradient_checkpointing=None` on CUDA)
-        on only when the plan's largest micro-batch would not fit the free memory without it."""
-        from .memory import needs_checkpointing
-
-        want = self.cfg.gradient_checkpointing
-        if want is None and self.device.type == "cuda" and not self.sharded:
-            want = needs_checkpointing(self, plan)
-        inner = _unwrap(self.model)
-        before = checkpointing_on(inner)
-        if want is None or want == before or not hasattr(inner, "gradient_checkpointing_enable"):
-            yield
-            return
-        _set_checkpointing(inner, want)
-        try:
-            yield
-        finally:
-            _set_checkpointing(inner, before)
 
     def recompute_logprobs(self, packed: PackedRows, plan: BatchPlan, *, chunk_size: int | None = None) -> PackedRows:
         """`packed` with the logprobs of its trainable tokens recomputed by the current weights (no gradient)."""
