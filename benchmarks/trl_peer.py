@@ -3,7 +3,7 @@
 Both sides train the same base model (the same random-init or local weights), the same LoRA
 (rank, alpha, dropout 0, the same target modules), on the same trajectories (a user turn
 and an assistant reply of random words, drawn from `--seed`), with the same effective batch
-(`--batch-size` trajectories per optimizer step), the same learning rate, and the loss on the
+(`--batch-size` trajectories per optimizer step, in the same order), the same learning rate, and the loss on the
 assistant tokens only (TRL: prompt-completion data, completion-only loss). TRL runs
 padding-free (the step's trajectories flattened into one row with position ids; transformers
 masks across them) and with Liger's kernels where liger_kernel imports on CUDA. Each side runs
@@ -154,6 +154,9 @@ def run_trl(args: Any) -> dict[str, Any]:
         bf16=cuda, use_cpu=not cuda, report_to="none", save_strategy="no", logging_steps=10**6,
         dataloader_num_workers=0, seed=args.seed, optim="adamw_torch_fused" if cuda else "adamw_torch",
         weight_decay=0.0, max_grad_norm=1.0,
+        # in order, as artrl's side (shuffle=False): each timed step trains the same trajectories on both sides
+        **({"train_sampling_strategy": "sequential"} if "train_sampling_strategy" in SFTConfig.__dataclass_fields__
+           else {}),
     )
     ends: list[float] = []
 
