@@ -29,6 +29,12 @@ built with this lock, so generation and training take turns on one device.
 `end_ids` (the ids that close an assistant turn) are given by the session,
 which hands the same set to the inference engine.
 
+On a GPU (train/memory.py, train/kernels.py, docs/performance.md): a step's figures are added up on the
+device and read once per step (train/totals.py), never per micro-batch; AdamW runs fused; activation
+checkpointing follows the free memory unless configured; an out-of-memory error puts the adapter, the
+optimizer state, the step count and the RNG state back as they were before the call and raises
+`TrainOutOfMemoryError`. The parts of a pass carry `record_function` ranges for `bench train --profile`.
+
 Randomness (e.g. LoRA dropout) comes from the trainer's own generator state,
 seeded from the model config and saved in checkpoints: a train call runs inside
 `torch.random.fork_rng` with that state, so the caller's process-wide RNGs are
@@ -53,13 +59,13 @@ from torch.profiler import record_function
 from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..progress import ProgressBar, progress_bar
-from .kernels import apply_kernels, fused_adamw
-from .memory import (CallState, MemoryBudget, call_checkpointing, device_budget, is_out_of_memory,
-                     out_of_memory_error)
 from ..types import InternalModelConfig, OptimizerConfig
 from .attention import attention_mask_for
+from .kernels import apply_kernels, fused_adamw
 from .logprobs import TokenLogprobModel
 from .loss import LossTerms
+from .memory import (CallState, MemoryBudget, call_checkpointing, device_budget, is_out_of_memory,
+                     out_of_memory_error)
 from .modeling import model_max_length
 from .totals import StepTotals
 from .tree_attention import TREE_ATTENTION, TreeLayout
@@ -148,8 +154,6 @@ class StepOptions:
 
 def _unwrap(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 
 
 class Trainer:
