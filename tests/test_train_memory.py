@@ -224,3 +224,20 @@ def test_other_errors_pass_through_unchanged(tmp_path, monkeypatch):
         backend.close()
 
     asyncio.run(main())
+
+
+def test_a_call_turns_checkpointing_on_only_for_itself(tiny_path):
+    from artrl.preprocess.plan import BatchPlan
+    from artrl.train.memory import call_checkpointing, checkpointing_on
+    from artrl.train.modeling import load_model
+
+    model, tok = load_model(str(tiny_path))  # loaded without checkpointing
+    inner = model.get_base_model()
+    assert not checkpointing_on(inner)
+    trainer = Trainer(model, tok, art.InternalModelConfig(gradient_checkpointing=True))
+    with call_checkpointing(trainer, inner, BatchPlan()):
+        assert checkpointing_on(inner)
+    assert not checkpointing_on(inner)  # put back after the call
+    auto = Trainer(model, tok, art.InternalModelConfig())  # None on a CPU: left as it is
+    with call_checkpointing(auto, inner, BatchPlan()):
+        assert not checkpointing_on(inner)

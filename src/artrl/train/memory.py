@@ -125,9 +125,16 @@ def checkpointing_on(model: Any) -> bool:
 
 
 def set_checkpointing(model: Any, on: bool) -> None:
-    """Turn transformers' activation checkpointing of `model`'s layers on or off (non-reentrant)."""
-    if on:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    """Turn transformers' activation checkpointing of `model`'s layers on or off (non-reentrant), under its
+    current name (activation_checkpointing_* since transformers 5.x) or its older one."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        if on:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.activation_checkpointing_disable()
+    elif on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_disable()
 
@@ -141,7 +148,8 @@ def call_checkpointing(trainer: "Trainer", model: Any, plan: "BatchPlan") -> Ite
     if want is None and trainer.device.type == "cuda" and not trainer.sharded:
         want = needs_checkpointing(trainer, plan)
     before = checkpointing_on(model)
-    if want is None or want == before or not hasattr(model, "gradient_checkpointing_enable"):
+    if want is None or want == before or not (hasattr(model, "activation_checkpointing_enable")
+                                              or hasattr(model, "gradient_checkpointing_enable")):
         yield
         return
     set_checkpointing(model, want)
