@@ -8,6 +8,7 @@
 #   train-0.6b       bench train at --scale 1, ours vs reference, + a profile table  train-qwen3-0.6b.json
 #   train-8b         the same at the 8B shape (reference: its first rows only)       train-qwen3-8b.json
 #   kernels          A/B of the kernel switches on the 0.6B shape, ours only, short  kernels.json
+#                    (the --compile-layers arm runs after the demo)
 #   trl              TRL's SFTTrainer vs train_sft at both shapes (trl_peer.py)      trl.json
 #   serve            bench serve one-at-a-time and 64 concurrent, both shapes        serve.json
 #   demo             artrl demo --json                                               demo.json
@@ -16,7 +17,8 @@
 # Each stage runs under its own `timeout` (its budget, or what is left of the cap); one that
 # fails or times out adds a line with its exit code and stderr tail to its file, and the next
 # stage runs. Each figure is printed as its stage finishes. Budgets (seconds, GPU): env 10,
-# train-0.6b 75, train-8b 120, kernels 3x15, trl 35+45, serve 15+35+20+40, demo 30
+# train-0.6b 75, train-8b 120, kernels 2x15, trl 35+45, serve 15+35+20+40, demo 30, compiled arm
+# what is left (up to 60)
 # (GPU_SH_BUDGET_FACTOR multiplies them: 8 in --cpu-smoke).
 #
 #   benchmarks/gpu.sh OUTDIR              on a CUDA machine
@@ -47,6 +49,7 @@ if [[ "$mode" == "--cpu-smoke" ]]; then
   train_large=(--scale 0.05 --reference-steps 2)
   ab_scale=0.05
   ab_variants=("default" "--gradient-checkpointing" "--logprob-chunk-size 256")
+  ab_last=()  # compiling on a CPU takes minutes
   trl_small=(--trajectories 8 --batch-size 4 --prompt-words 20 --completion-words 20)
   trl_large=(--trajectories 8 --batch-size 4 --prompt-words 10 --completion-words 10)
   serve_many=(--requests 8 --concurrency 8 --max-tokens 8)
@@ -58,8 +61,10 @@ else
   train_small=(--scale 1 --profile --profile-micro-batches 4)
   train_large=(--scale 1 --reference-steps 12 --profile --profile-micro-batches 2)
   ab_scale=0.25
-  # the defaults (memory-aware budget and checkpointing, Liger when it imports, no compile) against each switch
-  ab_variants=("default" "--no-liger-kernel" "--compile-layers")
+  # the defaults (memory-aware budget and checkpointing, Liger when it imports, no compile) against each switch;
+  # the compiled arm runs last (its compile time is the least predictable)
+  ab_variants=("default" "--no-liger-kernel")
+  ab_last=("--compile-layers")
   trl_small=(--trajectories 48 --batch-size 16 --prompt-words 300 --completion-words 300)
   trl_large=(--trajectories 16 --batch-size 8 --prompt-words 300 --completion-words 300 --trl-per-device 4)
   serve_many=(--requests 64 --concurrency 64 --max-tokens 64)
@@ -146,6 +151,11 @@ stage "serve $(tag $large) concurrent" 40 serve.json \
   "${cli[@]}" bench serve --model "$large" --device $dev "${serve_many[@]}"
 
 stage demo 30 demo.json "${cli[@]}" demo --model "$small" --device $dev --json ${demo_args[@]+"${demo_args[@]}"}
+
+for v in ${ab_last[@]+"${ab_last[@]}"}; do
+  stage "kernels $v" 60 kernels.json "${cli[@]}" bench train --workload "$workload" --model "$small" \
+    --device $dev --scale $ab_scale --only ours $v
+done
 
 # training workers (docs/distributed.md): only where there are at least 2 devices, outside the time cap
 if (( ngpu >= 2 )); then
