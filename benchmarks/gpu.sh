@@ -1,46 +1,87 @@
 #!/usr/bin/env bash
-# GPU benchmark: random-init Qwen3-0.6B- and Qwen3-8B-shaped models (no download), the seed-like
-# workload at full length, bf16, flex_attention (block-sparse), LoRA. Prints and writes one JSON
-# file per model (MFU, tokens/s, peak memory, ratio to the reference one-row-per-step trainer),
-# plus the serve benchmark. Needs PyTorch, transformers and peft (+ this repo's src/); the few other
-# packages artrl imports are installed from carried wheels when missing (benchmarks/gpu_wheels.sh).
+# GPU benchmark, staged: everything artrl claims about speed on one GPU, in one run of at most
+# ~8 minutes on one H200 (GPU_SH_SECONDS, default 470, caps the whole run), random-init
+# Qwen3-0.6B- and Qwen3-8B-shaped models (no download), the seed-like workload, bf16.
 #
-# With 2 or more GPUs it also runs the training-worker tests (tests/test_distributed.py on CUDA,
-# NCCL, float32: the adapter of 2 workers equals one process's, a killed worker, resume across
-# worker counts, a second "machine" through torchrun) and `bench train --workers N` for N = 2 and
-# N = all GPUs (tokens/s against one GPU, scaling efficiency, each rank's computed tokens).
+#   stage            what                                                            file (JSON lines)
+#   env              versions, device, free memory, which optional kernels import   env.json
+#   train-0.6b       bench train at --scale 1, ours vs reference, + a profile table  train-qwen3-0.6b.json
+#   train-8b         the same at the 8B shape (reference: its first rows only)       train-qwen3-8b.json
+#   kernels          A/B of the kernel switches on the 0.6B shape, ours only, short  kernels.json
+#                    (the --compile-layers arm runs after the demo, then the serve A/B:
+#                    --static-cache and --merge-lora off on the 0.6B shape, into serve.json)
+#   trl              TRL's SFTTrainer vs train_sft at both shapes (trl_peer.py)      trl.json
+#   serve            bench serve, LoRA on: 64 concurrent, then 8 one at a time, both  serve.json
+#   demo             artrl demo --json (4 RL steps on a GPU)                         demo.json
+#   workers          (2+ GPUs only) distributed tests and bench train --workers N    workers.json
 #
-#   benchmarks/gpu.sh OUTDIR              on a CUDA machine (about 5-8 minutes on one H200;
-#                                         the worker tests and benches add about 10 on several)
-#   benchmarks/gpu.sh OUTDIR --cpu-smoke  tiny model, small scale: checks the script on a CPU
-set -euo pipefail
+# Each stage runs under its own `timeout` (its budget, or what is left of the cap); one that
+# fails or times out adds a line with its exit code and stderr tail to its file, and the next
+# stage runs. Each figure is printed as its stage finishes. Budgets (seconds, GPU): env 10,
+# train-0.6b 75, train-8b 120, kernels 2x15, trl 35+45, serve 45+60, demo 60, compiled arm
+# what is left (up to 60)
+# (GPU_SH_BUDGET_FACTOR multiplies them: 8 in --cpu-smoke).
+#
+#   benchmarks/gpu.sh OUTDIR              on a CUDA machine
+#   benchmarks/gpu.sh OUTDIR --cpu-smoke  the same stages on the tiny model on a CPU (checks the script)
+#
+# Needs PyTorch, transformers and peft (+ this repo's src/). What artrl imports besides is
+# installed from carried wheels when missing (benchmarks/gpu_wheels.sh); so are Liger Kernel and
+# TRL (gpu_wheels.sh --peer): without them the kernel A/B has no Liger arm and the trl stage
+# records that TRL is missing.
+set -uo pipefail
 out=${1:?usage: benchmarks/gpu.sh OUTDIR [--cpu-smoke]}
+mode=${2:-}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 export PYTHONPATH="$here/../src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 workload=${WORKLOAD:-$here/workloads/seed-like.json}
-if [[ "${2:-}" == "--cpu-smoke" ]]; then
-  models=(artrl/tiny); scale=0.05
-  train_args=(--device cpu)
-  serve_args=(--model artrl/tiny --device cpu --requests 8 --concurrency 4 --max-tokens 8)
-  workers_model=artrl/tiny; worker_counts=(2); test_device=cpu; test_select=(-m "not slow")
+wheels=${GPU_WHEELS:-$here/../.gpu-wheels}
+start=$SECONDS
+failed=0
+
+# --------------------------------------------------------------------------------------- settings
+if [[ "$mode" == "--cpu-smoke" ]]; then
+  # a small CPU, maybe shared: every budget x GPU_SH_BUDGET_FACTOR (default 8), the whole run capped at 3600 s
+  cap=${GPU_SH_SECONDS:-3600}; factor=${GPU_SH_BUDGET_FACTOR:-8}
+  small=artrl/tiny; large=artrl/tiny; dev=cpu
+  train_small=(--scale 0.05 --profile --profile-micro-batches 2)
+  train_large=(--scale 0.05 --reference-steps 2)
+  ab_scale=0.05
+  ab_variants=("default" "--gradient-checkpointing" "--logprob-chunk-size 256")
+  ab_last=()  # compiling on a CPU takes minutes
+  trl_small=(--trajectories 8 --batch-size 4 --prompt-words 20 --completion-words 20)
+  trl_large=(--trajectories 8 --batch-size 4 --prompt-words 10 --completion-words 10)
+  serve_many=(--requests 8 --concurrency 8 --max-tokens 8 --sequential-requests 2)
+  demo_args=(--quick)
+  serve_ab=()  # the switches are CUDA's
+  ngpu=0
 else
-  models=(random:qwen3-0.6b random:qwen3-8b); scale=1
-  train_args=(--device cuda --gradient-checkpointing --max-tokens-per-microbatch 32768)
-  serve_args=(--model random:qwen3-0.6b --device cuda --requests 64 --concurrency 16 --max-tokens 64)
-  workers_model=${WORKERS_MODEL:-random:qwen3-8b}; test_device=cuda; test_select=()
-  ngpu=$("$py" -c "import torch; print(torch.cuda.device_count())")
-  worker_counts=()
-  if (( ngpu >= 2 )); then worker_counts=(2); fi
-  if (( ngpu > 2 )); then worker_counts+=("$ngpu"); fi
+  cap=${GPU_SH_SECONDS:-470}; factor=${GPU_SH_BUDGET_FACTOR:-1}
+  small=random:qwen3-0.6b; large=random:qwen3-8b; dev=cuda
+  train_small=(--scale 1 --profile --profile-micro-batches 4)
+  train_large=(--scale 1 --reference-steps 12 --profile --profile-micro-batches 2)
+  ab_scale=0.25
+  # the defaults (memory-aware budget and checkpointing, Liger when it imports, no compile) against each switch;
+  # the compiled arm runs last (its compile time is the least predictable)
+  ab_variants=("default" "--no-liger-kernel")
+  ab_last=("--compile-layers")
+  trl_small=(--trajectories 48 --batch-size 16 --prompt-words 300 --completion-words 300)
+  trl_large=(--trajectories 16 --batch-size 8 --prompt-words 300 --completion-words 300 --trl-per-device 4)
+  serve_many=(--requests 64 --concurrency 64 --max-tokens 64 --sequential-requests 8)
+  demo_args=(--rl-steps 4)  # SFT warm-up and 4 RL steps: the split between rollouts and training, in budget
+  serve_ab=("--static-cache" "--merge-lora off")
+  ngpu=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 fi
-# artrl also imports the packages in gpu-requirements.txt; a GPU image without internet may lack them:
-# install them from wheels carried along (benchmarks/gpu_wheels.sh makes the folder).
+tag() { local m=${1#random:}; echo "${m//[:\/]/-}"; }
+
+# ------------------------------------------------------------------------- packages from wheels
+# artrl's own imports (gpu-requirements.txt) are required; Liger Kernel and TRL (gpu-peer-requirements.txt)
+# are optional and installed without their dependencies (torch, triton, transformers, accelerate are the image's).
 reqs=$here/gpu-requirements.txt
 modules=$(grep -v '^#' "$reqs" | sed 's/[<>=].*//' | paste -sd, -)
 if ! "$py" -c "import $modules" 2>/dev/null; then
-  wheels=${GPU_WHEELS:-$here/../.gpu-wheels}
   if [[ ! -d "$wheels" ]]; then
     echo "gpu.sh: $py lacks one of $modules and there is no wheel folder $wheels;" \
          "run benchmarks/gpu_wheels.sh where the package registry is reachable and carry .gpu-wheels" >&2
@@ -48,45 +89,94 @@ if ! "$py" -c "import $modules" 2>/dev/null; then
   fi
   "$py" -m pip install --quiet --no-index --find-links "$wheels" -r "$reqs"
 fi
-test_reqs=$here/gpu-test-requirements.txt
-if (( ${#worker_counts[@]} )) && ! "$py" -c "import pytest, hypothesis" 2>/dev/null; then
-  wheels=${GPU_WHEELS:-$here/../.gpu-wheels}
-  if [[ -d "$wheels" ]]; then
-    "$py" -m pip install --quiet --no-index --find-links "$wheels" -r "$test_reqs" || true
-  fi
+if [[ -d "$wheels" ]] && ! "$py" -c "import trl, datasets, liger_kernel" 2>/dev/null; then
+  "$py" -m pip install --quiet --no-index --no-deps --find-links "$wheels" -r "$here/gpu-peer-requirements.txt" \
+    2>/dev/null || echo "gpu.sh: some optional peer packages are not in $wheels (gpu_wheels.sh --peer)" >&2
 fi
-"$py" - <<'PY' | tee "$out/env.json"
-import json, platform, torch, transformers, peft
+
+# ----------------------------------------------------------------------------------------- stages
+# stage NAME BUDGET FILE CMD...: run CMD under timeout min(BUDGET, time left), record it (gpu_record.py)
+stage() {
+  local name=$1 budget=$(( $2 * factor )) file=$3; shift 3
+  local left=$(( cap - (SECONDS - start) ))
+  local limit=$(( budget < left ? budget : left ))
+  local so se t0 rc
+  so=$(mktemp); se=$(mktemp)
+  if (( limit < 3 )); then
+    echo '{"skipped": "the run'"'"'s time cap was reached"}' > "$so"; rc=0
+  else
+    t0=$SECONDS
+    timeout --kill-after=10 "$limit" "$@" > "$so" 2> "$se"
+    rc=$?
+  fi
+  "$py" "$here/gpu_record.py" "$name" "$out/$file" "$rc" "$(( SECONDS - ${t0:-$SECONDS} ))" "$so" "$se"
+  (( rc == 0 )) || failed=$(( failed + 1 ))
+  rm -f "$so" "$se"
+}
+for f in env train-$(tag $small) train-$(tag $large) kernels trl serve demo workers; do rm -f "$out/$f.json"; done
+cli=("$py" -m artrl.cli)
+
+stage env 10 env.json "$py" - <<'PY'
+import importlib.util, json, platform, torch, transformers, peft
 info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "peft": peft.__version__, "cuda": torch.cuda.is_available()}
+        "peft": peft.__version__, "cuda": torch.cuda.is_available(),
+        "liger_kernel": importlib.util.find_spec("liger_kernel") is not None,
+        "trl": importlib.util.find_spec("trl") is not None,
+        "flash_attn": importlib.util.find_spec("flash_attn") is not None}
 if torch.cuda.is_available():
-    info["device_name"] = torch.cuda.get_device_name(0)
+    free, total = torch.cuda.mem_get_info()
+    info.update(device_name=torch.cuda.get_device_name(0), device_count=torch.cuda.device_count(),
+                free_gb=round(free / 1e9, 1), total_gb=round(total / 1e9, 1))
 print(json.dumps(info))
 PY
-for m in "${models[@]}"; do
-  name=${m//[:\/]/-}
-  "$py" -m artrl.cli bench train --workload "$workload" --scale "$scale" --model "$m" "${train_args[@]}" \
-    | tee "$out/train-$name.json"
+
+stage train-0.6b 75 "train-$(tag $small).json" \
+  "${cli[@]}" bench train --workload "$workload" --model "$small" --device $dev "${train_small[@]}"
+stage train-8b 120 "train-$(tag $large).json" \
+  "${cli[@]}" bench train --workload "$workload" --model "$large" --device $dev "${train_large[@]}"
+
+for v in "${ab_variants[@]}"; do
+  # shellcheck disable=SC2086  # a variant is a few words of flags
+  stage "kernels ${v}" 15 kernels.json "${cli[@]}" bench train --workload "$workload" --model "$small" \
+    --device $dev --scale $ab_scale --only ours $( [[ $v == default ]] || echo $v )
 done
-"$py" -m artrl.cli bench serve "${serve_args[@]}" | tee "$out/serve.json"
-# training workers (docs/distributed.md): only where there are at least 2 devices to put them on
-if (( ${#worker_counts[@]} )); then
-  if "$py" -c "import pytest, hypothesis" 2>/dev/null; then
-    set +e  # run the benches below even when a test fails; the exit code says so at the end
-    ARTRL_TEST_DEVICE=$test_device "$py" -m pytest -q -p no:cacheprovider ${test_select[@]+"${test_select[@]}"} \
-      "$here/../tests/test_distributed.py" 2>&1 | tee "$out/test-distributed.txt"
-    test_rc=${PIPESTATUS[0]}
-    set -e
-  else
-    echo "gpu.sh: pytest or hypothesis missing (carry them: benchmarks/gpu_wheels.sh); worker tests skipped" \
-      | tee "$out/test-distributed.txt"
-    test_rc=0
+
+stage "trl $(tag $small)" 35 trl.json "$py" "$here/trl_peer.py" --model "$small" --device $dev "${trl_small[@]}"
+stage "trl $(tag $large)" 45 trl.json "$py" "$here/trl_peer.py" --model "$large" --device $dev "${trl_large[@]}"
+
+# 64 concurrent requests, then 8 of them one at a time (the ratio; 64 one at a time would not fit a slow engine)
+stage "serve $(tag $small)" 45 serve.json "${cli[@]}" bench serve --model "$small" --device $dev --lora "${serve_many[@]}"
+stage "serve $(tag $large)" 60 serve.json "${cli[@]}" bench serve --model "$large" --device $dev --lora "${serve_many[@]}"
+
+stage demo 60 demo.json "${cli[@]}" demo --model "$small" --device $dev --json ${demo_args[@]+"${demo_args[@]}"}
+
+for v in ${ab_last[@]+"${ab_last[@]}"}; do
+  stage "kernels $v" 60 kernels.json "${cli[@]}" bench train --workload "$workload" --model "$small" \
+    --device $dev --scale $ab_scale --only ours $v
+done
+
+# the built-in engine's GPU switches against their defaults, in what is left of the cap (docs/engines.md)
+for v in ${serve_ab[@]+"${serve_ab[@]}"}; do
+  # shellcheck disable=SC2086  # a variant is a few words of flags
+  stage "serve $(tag $small) $v" 40 serve.json "${cli[@]}" bench serve --model "$small" --device $dev --lora \
+    "${serve_many[@]}" $v
+done
+
+# training workers (docs/distributed.md): only where there are at least 2 devices, outside the time cap
+if (( ngpu >= 2 )); then
+  cap=$(( SECONDS - start + 1200 ))
+  if "$py" -c "import pytest, hypothesis" 2>/dev/null || { [[ -d "$wheels" ]] && "$py" -m pip install --quiet \
+      --no-index --find-links "$wheels" -r "$here/gpu-test-requirements.txt"; }; then
+    stage "workers tests" 600 workers.json env ARTRL_TEST_DEVICE=cuda "$py" -m pytest -q -p no:cacheprovider \
+      "$here/../tests/test_distributed.py"
   fi
-  for n in "${worker_counts[@]}"; do
-    "$py" -m artrl.cli bench train --workload "$workload" --scale "$scale" --model "$workers_model" \
-      "${train_args[@]}" --workers "$n" | tee "$out/train-workers-$n.json"
+  counts=(2); (( ngpu > 2 )) && counts+=("$ngpu")
+  for n in "${counts[@]}"; do
+    stage "workers $n" 300 workers.json "${cli[@]}" bench train --workload "$workload" --scale 1 \
+      --model "$large" --device cuda --gradient-checkpointing --max-tokens-per-microbatch 32768 --workers "$n"
   done
-  if (( test_rc != 0 )); then echo "gpu.sh: the worker tests failed (see $out/test-distributed.txt)" >&2; exit 1; fi
-else
-  echo "gpu.sh: fewer than 2 GPUs; the training-worker tests and bench need 2 or more" >&2
 fi
+
+echo "gpu.sh: $(( SECONDS - start )) s; $failed stage(s) failed or timed out; results in $out:" >&2
+ls "$out" >&2
+exit $(( failed > 0 ))

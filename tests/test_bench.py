@@ -52,3 +52,21 @@ def test_bench_pack_scales_the_reference_layout(capsys):
     assert out["reference"]["row_length"] == 768  # ART's multiple of 2048, scaled like the lengths
     assert out["reference"]["rows"] == 88  # as at full length (88 x 6144): the layout keeps its shape
     assert out["reference"]["computed_tokens"] == 88 * 768 > out["computed_tokens"]
+
+
+def test_bench_serve_sends_the_requests_each_run_names(capsys):
+    assert main(["bench", "serve", "--model", "artrl/tiny", "--device", "cpu", "--requests", "3",
+                 "--concurrency", "3", "--max-tokens", "4", "--sequential-requests", "1", "--lora"]) == 0
+    out = _json(capsys)
+    assert out["engine"] == "builtin" and out["lora"] is True
+    assert out["concurrent"]["requests"] == 3 and out["concurrent"]["concurrency"] == 3
+    assert out["sequential"]["requests"] == 1 and out["sequential"]["concurrency"] == 1
+    assert 0 < out["sequential"]["completion_tokens"] <= 4 and 0 < out["concurrent"]["completion_tokens"] <= 12
+    assert out["ratio_tokens_per_s"] > 0
+
+
+def test_bench_serve_refuses_a_sequential_run_longer_than_the_concurrent_one():
+    from artrl.bench.serve_bench import run_serve_bench
+
+    with pytest.raises(ValueError, match="sequential_requests"):
+        run_serve_bench("artrl/tiny", requests=2, sequential_requests=3, device="cpu")

@@ -43,3 +43,13 @@ class WorkerError(ArtrlError, RuntimeError):
     no checkpoint of the failed step; the next train call restarts the workers from
     the latest complete checkpoint.
     """
+
+
+class TrainOutOfMemoryError(ArtrlError, RuntimeError):
+    """A train call ran out of device memory half-way.
+
+    The adapter weights and optimizer state are put back as they were before the call
+    (the last checkpoint's), so the checkpoint, the history and the served model are
+    unchanged; the message says which setting to lower (max_tokens_per_microbatch,
+    per_device_train_batch_size, row_length, gradient checkpointing).
+    """

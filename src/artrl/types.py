@@ -384,7 +384,18 @@ class InternalModelConfig(_Config):
         None, description="None: 'artrl_tree' (per-node SDPA calls following the packed tree, "
         "train/tree_attention.py) on CPU, 'flex_attention' (block-sparse) on GPU. 'sdpa' uses a dense boolean "
         "prefix mask, 'eager' an additive float mask.")
-    gradient_checkpointing: bool = pydantic.Field(False, description="Recompute activations in backward.")
+    gradient_checkpointing: bool | None = pydantic.Field(
+        None, description="Recompute activations in backward. None (the default): off on a CPU; on CUDA on for a "
+        "call only when its largest micro-batch would not fit the free memory without it (train/memory.py).")
+    liger_kernel: bool | None = pydantic.Field(
+        None, description="Liger Kernel's fused RMSNorm, SwiGLU and RoPE in the model's layers (CUDA only; needs "
+        "`pip install liger-kernel`; it patches transformers' module for the model family, process-wide). "
+        "None: on when training on CUDA and liger_kernel imports, else off.")
+    compile_layers: bool | None = pydantic.Field(
+        None, description="torch.compile each decoder layer in place (regional compilation: one compiled graph "
+        "shared by the layers). None: off. A first call pays the compile time.")
+    fused_optimizer: bool | None = pydantic.Field(
+        None, description="AdamW's fused CUDA kernel (fused=True). None: on when training on CUDA.")
     trust_remote_code: bool = pydantic.Field(False, description="Allow model code from the checkpoint.")
     max_length: int | None = pydantic.Field(
         None, ge=16, description="Longest sequence (and row) to train on; None: the model's maximum.")

@@ -58,7 +58,14 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
                     max_tokens: int = 64, device: str | None = None,
                     num_threads: int | None = None, engine_kind: str = "auto", *, lora: bool = False,
                     merge_lora: bool | None = None, attn_implementation: str | None = None,
-                    static_cache: bool = False, cuda_graphs: bool | None = None) -> dict[str, Any]:
+                    static_cache: bool = False, cuda_graphs: bool | None = None,
+                    sequential_requests: int | None = None) -> dict[str, Any]:
+    """The serve benchmark's JSON (module docstring); `sequential_requests` (default `requests`) is how many of
+    the same requests the one-at-a-time run sends: fewer keep a slow engine's run short."""
+    sequential_requests = requests if sequential_requests is None else sequential_requests
+    if requests < 1 or not 1 <= sequential_requests <= requests:
+        raise ValueError(f"need requests >= 1 and 1 <= sequential_requests <= requests, got {requests} and "
+                         f"{sequential_requests}")
     from openai import AsyncOpenAI
 
     from ..chat_format import end_of_turn_ids
@@ -97,7 +104,7 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
                 concurrent = await _run(client, name, requests, concurrency, max_tokens)
                 if batches_before is not None:  # the built-in engine counts its decode batches
                     concurrent["engine_batches"] = engine.batches_served - batches_before
-                sequential = await _run(client, name, requests, 1, max_tokens)
+                sequential = await _run(client, name, sequential_requests, 1, max_tokens)
                 return concurrent, sequential
 
             concurrent, sequential = asyncio.run(main())
@@ -133,6 +140,8 @@ def add_arguments(p: Any) -> None:
                    "KV cache (off by default)")
     p.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto", help="built-in engine, with "
                    "--static-cache: replay the decode step from a CUDA graph (auto: on CUDA)")
+    p.add_argument("--sequential-requests", type=int, default=None, help="requests of the one-at-a-time run "
+                   "(default: --requests; the first N of the same requests)")
     p.add_argument("--engine", choices=("auto", "builtin", "vllm"), default="auto",
                    help="inference engine (default: auto = vLLM when installed and on a GPU, else built-in)")
 
@@ -146,5 +155,6 @@ def main(args: Any) -> int:
     print(json.dumps(run_serve_bench(args.model, args.requests, args.concurrency, args.max_tokens, args.device,
                                      args.threads, args.engine, lora=args.lora, merge_lora=merge,
                                      attn_implementation=args.attn, static_cache=args.static_cache,
-                                     cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs])))
+                                     cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
+                                     sequential_requests=args.sequential_requests)))
     return 0

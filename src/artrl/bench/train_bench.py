@@ -46,7 +46,8 @@ def _peak_memory_mb(device: torch.device) -> float:
 
 
 def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: TrainConfig,
-             model_cfg: InternalModelConfig, max_steps: int | None = None) -> dict[str, Any]:
+             model_cfg: InternalModelConfig, max_steps: int | None = None,
+             profile_micro_batches: int | None = None) -> dict[str, Any]:
     from ..train.modeling import load_model
     from ..train.rl import build_rl, rl_loss_fn
     from ..train.trainer import Trainer
@@ -78,6 +79,10 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
+    peak_mb = round(_peak_memory_mb(trainer.device), 1)
+    profiled = None
+    if profile_micro_batches is not None:
+        profiled = _profile(trainer, packed, plan, loss_fn, cfg, profile_micro_batches)
     trainable = sum(s.trainable_tokens for s in plan.steps)
     real, trainable_check, keys = packed_counts(packed, [r for st in plan.steps for r in st.rows])
     assert trainable_check == trainable
@@ -95,7 +100,7 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
         "seconds": round(seconds, 3),
         "trainable_tokens_per_s": round(trainable / seconds, 1),
         "computed_tokens_per_s": round(sum(m["computed_tokens"] for m in steps) / seconds, 1),
-        "peak_memory_mb": round(_peak_memory_mb(trainer.device), 1),
+        "peak_memory_mb": peak_mb,
         "device": str(trainer.device),
         "skipped_nonfinite_steps": int(sum(m["skipped_nonfinite_steps"] for m in steps)),
         "real_tokens": real,
@@ -104,7 +109,31 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
         "non_embedding_params": shape.non_embedding_params,
         "lora_params": shape.lora_params,
         "dtype": str(trainer.dtype).replace("torch.", ""),
+        "attn_implementation": trainer.attn_implementation,
+        "kernels": trainer.kernels,
+        "gradient_checkpointing": model_cfg.gradient_checkpointing,  # None: as the free memory requires
+        "max_micro_batch_tokens": max(mb.tokens for st in plan.steps for mb in st.micro_batches),
+        **({"profile": profiled} if profiled is not None else {}),
     }
+
+
+def _profile(trainer: Any, packed: Any, plan: Any, loss_fn: Any, cfg: TrainConfig, micro_batches: int) -> dict:
+    """A further call under torch.profiler: the first optimizer step cut to `micro_batches` micro-batches
+    (0: the whole call), after the timed one, so profiling does not slow the figures above."""
+    import copy
+
+    from .train_profile import profile_call
+
+    cut = copy.copy(plan)
+    if micro_batches:
+        first = plan.steps[0]
+        mbs = first.micro_batches[:micro_batches]
+        cut.steps = [type(first)(mbs, first.trainable_tokens, first.sequences)]
+    table = profile_call(lambda: list(trainer.run(packed, cut, loss_fn, [cfg.learning_rate] * len(cut.steps),
+                                                  optimizer=cfg, show_progress=False)),
+                         trainer.model, trainer.device)
+    table["micro_batches"] = cut.num_micro_batches
+    return table
 
 
 def _subprocess(mode: str, args: Any) -> dict[str, Any]:
@@ -120,10 +149,18 @@ def _subprocess(mode: str, args: Any) -> dict[str, Any]:
         cmd += ["--max-tokens-per-microbatch", str(args.max_tokens_per_microbatch)]
     if args.device:
         cmd += ["--device", args.device]
-    if args.gradient_checkpointing:
-        cmd += ["--gradient-checkpointing"]
+    for flag in ("gradient_checkpointing", "liger_kernel", "compile_layers", "fused_optimizer"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            cmd += [f"--{'' if value else 'no-'}{flag.replace('_', '-')}"]
     if args.attn_implementation:
         cmd += ["--attn-implementation", args.attn_implementation]
+    if args.logprob_chunk_size:
+        cmd += ["--logprob-chunk-size", str(args.logprob_chunk_size)]
+    if args.reference_steps and mode == "reference":
+        cmd += ["--reference-steps", str(args.reference_steps)]
+    if args.profile and mode == "ours":
+        cmd += ["--profile", "--profile-micro-batches", str(args.profile_micro_batches)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     if out.returncode != 0:
         raise SystemExit(f"artrl bench train: the {mode} run failed (exit {out.returncode}); its last output:\n"
@@ -136,15 +173,20 @@ def _configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
                       max_tokens_per_microbatch=args.max_tokens_per_microbatch or None,
                       groups_per_optimizer_step=args.groups_per_optimizer_step or None,
                       grad_accumulation_sequences=args.grad_accumulation_sequences or None)
+    extra = {"logprob_chunk_size": args.logprob_chunk_size} if args.logprob_chunk_size else {}
     return cfg, InternalModelConfig(device=args.device, gradient_checkpointing=args.gradient_checkpointing,
-                                    attn_implementation=args.attn_implementation or None)
+                                    attn_implementation=args.attn_implementation or None,
+                                    liger_kernel=args.liger_kernel, compile_layers=args.compile_layers,
+                                    fused_optimizer=args.fused_optimizer, **extra)
 
 
 def main(args: Any) -> int:
     """Our layout against the reference (`--workers N`: bench/workers_bench.py's main, which the CLI runs)."""
     if getattr(args, "mode", None):
         cfg, mcfg = _configs(args)
-        print(json.dumps(run_mode(args.mode, args.workload, args.scale, args.model, cfg, mcfg)))
+        steps = args.reference_steps if args.mode == "reference" and args.reference_steps else None
+        print(json.dumps(run_mode(args.mode, args.workload, args.scale, args.model, cfg, mcfg, max_steps=steps,
+                                  profile_micro_batches=args.profile_micro_batches if args.profile else None)))
         return 0
     from ..train.modeling import resolve_device, resolve_dtype
 
@@ -152,21 +194,23 @@ def main(args: Any) -> int:
     device = resolve_device(mcfg)
     dtype = resolve_dtype(mcfg, device)  # the dtype both runs train in
     before = hardware_peak(device, dtype)
-    ref = _subprocess("reference", args)
-    ours = _subprocess("ours", args)
+    ref = _subprocess("reference", args) if args.only != "ours" else None
+    ours = _subprocess("ours", args) if args.only != "reference" else None
     # measured before and after the runs, the higher one kept: a shared CPU's matmul speed drifts
     peak = max(before, hardware_peak(device, dtype), key=lambda p: p["measured_matmul_tflops"])
-    for r in (ours, ref):
+    for r in (x for x in (ours, ref) if x is not None):
         r["mfu"] = round(r["model_flops"] / r["seconds"] / (peak["peak_tflops"] * 1e12), 4)
         r["mfu_dense_flops"] = round(r["model_flops_dense"] / r["seconds"] / (peak["peak_tflops"] * 1e12), 4)
         r["achieved_tflops"] = round(r["model_flops"] / r["seconds"] / 1e12, 4)
-    print(json.dumps({
-        "bench": "train", "workload": args.workload, "scale": args.scale, "model": args.model,
-        "ratio_tokens_per_s": round(ours["trainable_tokens_per_s"] / ref["trainable_tokens_per_s"], 3),
-        # the ratio ours would reach at the reference's speed per computed token (layout alone)
-        "computed_tokens_ratio": round(ref["computed_tokens"] / ours["computed_tokens"], 3),
-        "mfu": ours["mfu"], "peak": peak, "ours": ours, "reference": ref,
-    }))
+    out: dict[str, Any] = {"bench": "train", "workload": args.workload, "scale": args.scale, "model": args.model}
+    if ours is not None and ref is not None:
+        out["ratio_tokens_per_s"] = round(ours["trainable_tokens_per_s"] / ref["trainable_tokens_per_s"], 3)
+        # the ratio ours would reach at the reference's speed per computed token (layout alone); with
+        # --reference-steps the reference ran only its first rows, so its tokens per row stand for the rest
+        ref_computed = ref["computed_tokens"] * ref["rows"] / max(ref["optimizer_steps"], 1)
+        out["computed_tokens_ratio"] = round(ref_computed / ours["computed_tokens"], 3)
+    out.update({"mfu": ours["mfu"] if ours is not None else None, "peak": peak, "ours": ours, "reference": ref})
+    print(json.dumps(out))
     return 0
 
 
@@ -182,13 +226,36 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--grad-accumulation-sequences", type=int, default=None,
                    help="packed rows per optimizer step instead (packing-dependent; default: unset)")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
-    p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
+    bool_flag = argparse_bool()
+    p.add_argument("--gradient-checkpointing", action=bool_flag, default=None,
+                   help="recompute activations in backward (default: on a GPU only when a micro-batch would not fit "
+                   "without it; off on a CPU)")
+    p.add_argument("--liger-kernel", action=bool_flag, default=None,
+                   help="Liger's fused RMSNorm/SwiGLU/RoPE (default: on a GPU when liger_kernel imports)")
+    p.add_argument("--compile-layers", action=bool_flag, default=None,
+                   help="torch.compile each decoder layer (default: off)")
+    p.add_argument("--fused-optimizer", action=bool_flag, default=None, help="fused AdamW (default: on a GPU)")
+    p.add_argument("--logprob-chunk-size", type=int, default=0, help="tokens per LM-head chunk (0: the default)")
+    p.add_argument("--profile", action="store_true",
+                   help="after the timed call, profile one more call of ours (torch.profiler) and add the table")
+    p.add_argument("--profile-micro-batches", type=int, default=4,
+                   help="micro-batches of the profiled call (0: the whole call; default 4)")
     p.add_argument("--attn-implementation", default=None,
                    help="artrl_tree / sdpa / eager / flex_attention (default: flex_attention on GPU, artrl_tree on CPU)")
+    p.add_argument("--only", choices=["ours", "reference"], default=None, help="run one mode only (no ratio)")
+    p.add_argument("--reference-steps", type=int, default=0,
+                   help="the reference mode runs only its first N rows (one optimizer step each; 0: all); its "
+                   "tokens/s stand for the whole call, which costs the same per row")
     p.add_argument("--workers", type=int, default=1,
                    help="N >= 2: train the call on N data-parallel workers (torch.distributed, FSDP2) and report "
                    "tokens/s against one worker, the scaling efficiency and each rank's computed tokens")
     p.add_argument("--mode", choices=["reference", "ours"], default=None, help=argparse_hidden())
+
+
+def argparse_bool() -> Any:
+    import argparse
+
+    return argparse.BooleanOptionalAction
 
 
 def argparse_hidden() -> str:

@@ -37,12 +37,24 @@ def build_batches(units: Sequence[Sequence[TokenizedSequence]], config: BatchCon
                   units_per_step: int | None, rows_per_step: int | None = None) -> BuiltCall:
     """Units -> optimizer steps -> rows -> micro-batches with `config`'s batch settings (RL and SFT alike)."""
     max_length = min(ctx.max_length, config.max_row_length or ctx.max_length)
+    max_tokens = config.max_tokens_per_microbatch
+    if (max_tokens is None and config.per_device_train_batch_size is None and ctx.memory_budget is not None
+            and rows_per_step is None):
+        # the free device memory sets the token budget (train/memory.py); never below the longest sequence
+        # that the row limits keep, so the memory changes the layout only, never what is trained
+        longest = min(max((len(s) for unit in units for s in unit), default=0),
+                      config.row_length or max_length)
+        max_tokens, checkpointing = ctx.memory_budget.choose(longest, ctx.gradient_checkpointing)
+        if config.row_length is not None:
+            max_tokens = max(max_tokens, config.row_length)
+        log.info("token budget %d per micro-batch from %.1f GB free device memory (activation checkpointing %s)",
+                 max_tokens, ctx.memory_budget.free_bytes / 1e9, "on" if checkpointing else "off")
     return build_call(
         units, units_per_step=units_per_step, rows_per_step=rows_per_step, row_length=config.row_length,
         max_length=max_length, on_too_long=config.on_too_long, share_prompts=config.share_prompts,
         pad_id=ctx.pad_id,
         per_device_train_batch_size=config.resolved_per_device_train_batch_size(ctx.device_type, rows_per_step),
-        max_tokens_per_microbatch=config.max_tokens_per_microbatch)
+        max_tokens_per_microbatch=max_tokens)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 DEFAULT_CHUNK_SIZE = 1024
@@ -79,8 +80,10 @@ class TokenLogprobModel(torch.nn.Module):
         """input_ids, position_ids: [rows, width]; rows, prev, targets: [n] -> (logprobs [n], entropy [n]).
 
         `chunk_size`: tokens per LM-head chunk for this pass (None: the module's own)."""
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               use_cache=False, **extra).last_hidden_state  # [rows, width, hidden]
-        h = hidden[rows, prev]  # [n, hidden]
-        return token_logprobs(h, self.lm_head, targets, chunk_size=chunk_size or self.chunk_size,
-                              softcap=self.softcap)
+        with record_function("artrl/forward"):
+            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                   use_cache=False, **extra).last_hidden_state  # [rows, width, hidden]
+        with record_function("artrl/logprobs"):
+            h = hidden[rows, prev]  # [n, hidden]
+            return token_logprobs(h, self.lm_head, targets, chunk_size=chunk_size or self.chunk_size,
+                                  softcap=self.softcap)

@@ -59,14 +59,43 @@ import torch
 
 @dataclass
 class LossTerms:
+    """A micro-batch's loss and figures. The figures stay 0-d detached tensors on the loss's device, so the
+    trainer adds them up without a host sync per micro-batch (it reads them once per optimizer step); the
+    float properties read one (for callers outside the training loop)."""
+
     loss_sum: torch.Tensor  # scalar, sum of w_t * l_t (with grad)
-    weight_sum: float
-    policy_sum: float
-    kl_sum: float
-    entropy_sum: float
-    clipped_tokens: float
-    ratio_sum: float
-    kl_ref_sum: float = 0.0  # sum of w_t * (new_t - ref_t): ART's kl_policy_ref once divided by weight_sum
+    sums: dict[str, torch.Tensor]  # detached scalars: weight, policy, kl, entropy, clipped, ratio, kl_ref
+
+    def _value(self, key: str) -> float:
+        return float(self.sums[key])
+
+    @property
+    def weight_sum(self) -> float:
+        return self._value("weight")
+
+    @property
+    def policy_sum(self) -> float:
+        return self._value("policy")
+
+    @property
+    def kl_sum(self) -> float:
+        return self._value("kl")
+
+    @property
+    def entropy_sum(self) -> float:
+        return self._value("entropy")
+
+    @property
+    def clipped_tokens(self) -> float:
+        return self._value("clipped")
+
+    @property
+    def ratio_sum(self) -> float:
+        return self._value("ratio")
+
+    @property
+    def kl_ref_sum(self) -> float:  # sum of w_t * (new_t - ref_t): ART's kl_policy_ref once divided by weight_sum
+        return self._value("kl_ref")
 
 
 def sequence_mean(values: torch.Tensor, sequence_ids: torch.Tensor) -> torch.Tensor:
@@ -158,26 +187,23 @@ def policy_loss(
         d = ref - new
         kl = torch.exp(d) - d - 1  # [n], k3 estimator, >= 0
     total = per_token + beta * kl
-    return LossTerms(
-        loss_sum=(weights * total).sum(),
-        weight_sum=float(weights.sum()),
-        policy_sum=float((weights * per_token).sum().detach()),
-        kl_sum=float((weights * kl).sum().detach()),
-        entropy_sum=float((weights * entropy).sum().detach()),
-        clipped_tokens=float(((ratio.detach() != clipped.detach()) & (weights > 0)).sum()),
-        ratio_sum=float((weights * ratio.detach()).sum()),
-        kl_ref_sum=float((weights * kl_ref).sum()),
-    )
+    with torch.no_grad():
+        sums = dict(
+            weight=weights.sum(),
+            policy=(weights * per_token).sum(),
+            kl=(weights * kl).sum(),
+            entropy=(weights * entropy).sum(),
+            clipped=((ratio != clipped) & (weights > 0)).sum().to(weights.dtype),
+            ratio=(weights * ratio).sum(),
+            kl_ref=(weights * kl_ref).sum(),
+        )
+    return LossTerms(loss_sum=(weights * total).sum(), sums=sums)
 
 
 def sft_loss(new: torch.Tensor, weights: torch.Tensor, entropy: torch.Tensor) -> LossTerms:
     """Negative log-likelihood of the assistant tokens: l_t = -new_t."""
-    return LossTerms(
-        loss_sum=-(weights * new).sum(),
-        weight_sum=float(weights.sum()),
-        policy_sum=float(-(weights * new).sum().detach()),
-        kl_sum=0.0,
-        entropy_sum=float((weights * entropy).sum().detach()),
-        clipped_tokens=0.0,
-        ratio_sum=float(weights.sum()),
-    )
+    with torch.no_grad():
+        zero = weights.new_zeros(())
+        sums = dict(weight=weights.sum(), policy=-(weights * new).sum(), kl=zero, entropy=(weights * entropy).sum(),
+                    clipped=zero, ratio=weights.sum(), kl_ref=zero)
+    return LossTerms(loss_sum=-(weights * new).sum(), sums=sums)

@@ -29,6 +29,12 @@ built with this lock, so generation and training take turns on one device.
 `end_ids` (the ids that close an assistant turn) are given by the session,
 which hands the same set to the inference engine.
 
+On a GPU (train/memory.py, train/kernels.py, docs/performance.md): a step's figures are added up on the
+device and read once per step (train/totals.py), never per micro-batch; AdamW runs fused; activation
+checkpointing follows the free memory unless configured; an out-of-memory error puts the adapter, the
+optimizer state, the step count and the RNG state back as they were before the call and raises
+`TrainOutOfMemoryError`. The parts of a pass carry `record_function` ranges for `bench train --profile`.
+
 Randomness (e.g. LoRA dropout) comes from the trainer's own generator state,
 seeded from the model config and saved in checkpoints: a train call runs inside
 `torch.random.fork_rng` with that state, so the caller's process-wide RNGs are
@@ -48,15 +54,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..progress import ProgressBar, progress_bar
 from ..types import InternalModelConfig, OptimizerConfig
 from .attention import attention_mask_for
+from .kernels import apply_kernels, fused_adamw
 from .logprobs import TokenLogprobModel
 from .loss import LossTerms
+from .memory import (CallState, MemoryBudget, call_checkpointing, device_budget, is_out_of_memory,
+                     out_of_memory_error)
 from .modeling import model_max_length
+from .totals import StepTotals
 from .tree_attention import TREE_ATTENTION, TreeLayout
 
 log = logging.getLogger(__name__)
@@ -91,30 +102,34 @@ class BuildContext:
     pad_id: int
     device_type: str  # "cpu" or "cuda": the default per_device_train_batch_size depends on it
     optimizer_steps: int  # optimizer steps taken so far (the SFT shuffle's seed mixes it in)
+    # token budgets the free device memory allows (train/memory.py; None off CUDA): a call that sets neither
+    # per_device_train_batch_size nor max_tokens_per_microbatch cuts its micro-batches by it
+    memory_budget: MemoryBudget | None = None
+    gradient_checkpointing: bool | None = None  # the model config's setting (None: as memory requires)
 
 SAMPLED_DELTA_KEYS = ("sampled_logprob_delta_mean", "sampled_logprob_delta_max", "sampled_logprob_tokens")
 
 
-def new_totals() -> dict[str, float]:
-    """An optimizer step's running figures (sums, except `delta_max`, a maximum)."""
-    return dict(loss=0.0, policy=0.0, kl=0.0, entropy=0.0, clipped=0.0, ratio=0.0, weight=0.0, computed=0.0,
-                kl_ref=0.0, delta_sum=0.0, delta_max=0.0, delta_tokens=0.0)
+def new_totals() -> StepTotals:
+    """An optimizer step's running figures (sums, except `delta_max`, a maximum), added up on the device."""
+    return StepTotals()
 
 
-def _add_sampled_delta(totals: dict[str, float], tb: TokenBatch) -> None:
+def _add_sampled_delta(totals: StepTotals, tb: TokenBatch) -> None:
     """Add |trainer - sampled| logprob over the micro-batch's tokens that carry a sampled logprob.
 
     With precalculate_logprobs the old logprobs were recomputed by the trainer itself; the sampled ones are
-    then `original_logprobs`, and the record is measured against those.
+    then `original_logprobs`, and the record is measured against those. Nothing is read on the host here.
     """
     sampled = tb.original_logprobs if tb.original_logprobs is not None else tb.old_logprobs  # [n]
+    if not sampled.numel():
+        return
     with torch.no_grad():
         known = ~torch.isnan(sampled)  # [n]
-        delta = (tb.logprobs.detach().float() - sampled.float())[known].abs()  # [known]
-    if delta.numel():
-        totals["delta_sum"] += float(delta.sum())
-        totals["delta_max"] = max(totals["delta_max"], float(delta.max()))
-        totals["delta_tokens"] += float(delta.numel())
+        delta = torch.where(known, (tb.logprobs.detach().float() - sampled.float()).abs(), 0.0)  # [n], 0: unknown
+        totals.add("delta_sum", delta.sum())
+        totals.add("delta_max", delta.max())  # >= 0 everywhere, so the zeros of unknown slots change nothing
+        totals.add("delta_tokens", known.sum())
 
 
 @dataclass
@@ -162,15 +177,24 @@ class Trainer:
         self.lm_head = inner.get_output_embeddings()
         self.device = next(model.parameters()).device
         self.dtype = next(p for p in inner.parameters() if not p.requires_grad).dtype
+        self.model_config = inner.config
         self.attn_implementation = inner.config._attn_implementation
         self.softcap = getattr(inner.config, "final_logit_softcapping", None)
         self.max_length = model_max_length(inner, self.cfg)
         self.token_model = TokenLogprobModel(self.backbone, self.lm_head, chunk_size=self.cfg.logprob_chunk_size,
                                              softcap=self.softcap)
+        self.kernels = apply_kernels(inner, self.cfg, self.device) if wrap is None else {}
         if wrap is not None:
             wrap(self.token_model)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, **OptimizerConfig().optimizer_settings())
+        # one fused kernel for the whole AdamW step on CUDA (the sharded model keeps torch's default)
+        fused = fused_adamw(self.cfg, self.device) and wrap is None
+        # param-group entries that pick AdamW's implementation; set again each step, since loading a checkpoint
+        # (maybe written on another device) brings its param groups along
+        self._adamw_impl: dict[str, Any] = {"fused": True, "foreach": False} if fused else {}
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, **OptimizerConfig().optimizer_settings(),
+                                           **self._adamw_impl)
+        self.sharded = wrap is not None
         self.model_lock = model_lock or threading.RLock()
         self.optimizer_steps = 0
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -179,7 +203,8 @@ class Trainer:
     def build_context(self) -> "BuildContext":
         """What preparing a call for this trainer needs to know of it."""
         return BuildContext(tokenizer=self.tokenizer, end_ids=self.end_ids, max_length=self.max_length,
-                            pad_id=self.pad_id, device_type=self.device.type, optimizer_steps=self.optimizer_steps)
+                            pad_id=self.pad_id, device_type=self.device.type, optimizer_steps=self.optimizer_steps,
+                            memory_budget=device_budget(self), gradient_checkpointing=self.cfg.gradient_checkpointing)
 
     # ------------------------------------------------------------------ randomness
     def _seeded_rng_state(self, seed: int) -> dict[str, torch.Tensor | None]:
@@ -247,13 +272,14 @@ class Trainer:
         dev = self.device
         input_ids = mb.input_ids.to(dev)  # [rows, width]
         extra: dict[str, Any] = {}
-        if self.attn_implementation == TREE_ATTENTION:
-            # a 4-D placeholder makes transformers skip building a seq x seq mask; the layout rules instead
-            mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev)
-            extra[TREE_ATTENTION] = TreeLayout(mb.nodes)
-        else:
-            mask = attention_mask_for(self.attn_implementation, mb.segment_ids.to(dev), mb.parent_ids.to(dev),
-                                      self.dtype)
+        with record_function("artrl/attention_mask"):
+            if self.attn_implementation == TREE_ATTENTION:
+                # a 4-D placeholder makes transformers skip building a seq x seq mask; the layout rules instead
+                mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev)
+                extra[TREE_ATTENTION] = TreeLayout(mb.nodes)
+            else:
+                mask = attention_mask_for(self.attn_implementation, mb.segment_ids.to(dev), mb.parent_ids.to(dev),
+                                          self.dtype)
         sel = mb.trainable_mask  # [rows, width]
         b_idx, t_idx = sel.nonzero(as_tuple=True)  # [n], [n]
         prev = mb.prev_index[b_idx, t_idx]  # [n]
@@ -281,8 +307,12 @@ class Trainer:
         optimizer = optimizer or OptimizerConfig()
         opts = options or StepOptions(need_ref=need_ref)
         bar = progress_bar(total=plan.num_micro_batches, desc=desc, unit="mb", disable=not show_progress, leave=False)
+        state: CallState | None = None
         try:
-            with self.model_lock, self._own_rng():
+            with self.model_lock, self._own_rng(), call_checkpointing(self, _unwrap(self.model), plan):
+                # what the call may change, kept to put back if it runs out of device memory half-way (a
+                # sharded trainer's workers restart from the last checkpoint instead: distributed/)
+                state = None if self.sharded else CallState.take(self)
                 self.model.train()
                 original = None
                 if opts.precalculate_logprobs:
@@ -294,9 +324,16 @@ class Trainer:
                         for key in SAMPLED_DELTA_KEYS:
                             metrics.pop(key, None)
                     yield metrics
+        except Exception as e:
+            if state is None or not is_out_of_memory(e):
+                raise
+            with self.model_lock:
+                state.restore(self)
+            raise out_of_memory_error(self, plan, e) from e
         finally:
             bar.close()
             self.model.eval()
+
 
     def recompute_logprobs(self, packed: PackedRows, plan: BatchPlan, *, chunk_size: int | None = None) -> PackedRows:
         """`packed` with the logprobs of its trainable tokens recomputed by the current weights (no gradient)."""
@@ -320,7 +357,7 @@ class Trainer:
         `original_logprobs` ([rows, row_length]) are the sampled logprobs when `packed.logprobs` were recomputed.
         """
         opts = options or StepOptions(need_ref=need_ref)
-        denom = float(packed.weights[step.rows].sum())
+        denom = float(packed.weights[step.rows].sum())  # host tensors: no device read
         totals = new_totals()
         refs: dict[int, torch.Tensor] = {}
         kl_mean = None
@@ -340,7 +377,7 @@ class Trainer:
 
         The reference logprobs are kept in `refs` (by micro-batch index) for the passes that follow.
         """
-        total, count = 0.0, 0
+        total, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for i, mb in enumerate(micro_batches):
             sub = packed.select(mb.rows, mb.width)
             cur = self.forward_tokens(sub, grad=False, chunk_size=opts.chunk_size)
@@ -349,9 +386,9 @@ class Trainer:
             if refs is not None:
                 refs[i] = ref
             live = cur.weights > 0  # [n]
-            total += float((cur.logprobs - ref)[live].sum())
-            count += int(live.sum())
-        return total, count
+            total += torch.where(live, cur.logprobs - ref, 0.0).sum()  # added up on the device
+            count += int((sub.weights[sub.trainable_mask] > 0).sum())  # host tensors
+        return float(total), count
 
     def micro_step(self, packed: PackedRows, mb: Any, loss_fn: LossFn, denom: float, totals: dict[str, float], *,
                    opts: StepOptions | None = None, need_ref: bool = False, ref: torch.Tensor | None = None,
@@ -368,7 +405,8 @@ class Trainer:
         """
         opts = opts or StepOptions(need_ref=need_ref)
         sub = packed.select(mb.rows, mb.width)
-        totals["computed"] += sub.input_ids.numel()
+        totals.add("computed", sub.input_ids.numel())
+        weight = float(sub.weights[sub.trainable_mask].sum())  # host tensors: whether there is anything to learn
         tb = self.forward_tokens(sub, chunk_size=opts.chunk_size)
         if opts.need_ref:
             tb.ref_logprobs = ref if ref is not None else self.forward_tokens(
@@ -378,19 +416,16 @@ class Trainer:
             rows = torch.as_tensor(mb.rows, dtype=torch.long)
             tb.original_logprobs = original_logprobs[rows, :mb.width][sub.trainable_mask].to(tb.logprobs.device)
         _add_sampled_delta(totals, tb)
-        terms = loss_fn(tb)
-        if denom > 0 and terms.weight_sum > 0:
-            (terms.loss_sum / denom if scale == 1.0 else terms.loss_sum / denom * scale).backward()
-        elif always_backward:
-            (terms.loss_sum * 0.0).backward()
-        totals["loss"] += float(terms.loss_sum.detach()) / max(denom, 1e-12)
-        totals["policy"] += terms.policy_sum
-        totals["kl"] += terms.kl_sum
-        totals["entropy"] += terms.entropy_sum
-        totals["clipped"] += terms.clipped_tokens
-        totals["ratio"] += terms.ratio_sum
-        totals["weight"] += terms.weight_sum
-        totals["kl_ref"] += terms.kl_ref_sum
+        with record_function("artrl/loss"):
+            terms = loss_fn(tb)
+        with record_function("artrl/backward"):
+            if denom > 0 and weight > 0:
+                (terms.loss_sum / denom if scale == 1.0 else terms.loss_sum / denom * scale).backward()
+            elif always_backward:
+                (terms.loss_sum * 0.0).backward()
+        totals.add("loss", terms.loss_sum.detach() / max(denom, 1e-12))
+        for key, value in terms.sums.items():
+            totals.add(key, value)
 
     def _step(self, packed: PackedRows, step: Any, loss_fn: LossFn, lr: float, optimizer: OptimizerConfig,
               opts: StepOptions, bar: ProgressBar, original: torch.Tensor | None = None) -> dict[str, float]:
@@ -399,18 +434,19 @@ class Trainer:
         max_grad_norm = optimizer.max_grad_norm
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-            g.update(settings)
+            g.update(settings, **self._adamw_impl)
         self.optimizer.zero_grad(set_to_none=True)
         totals = self.accumulate(packed, step, loss_fn, bar=bar, options=opts, original_logprobs=original)
-        computed = int(totals["computed"])
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm or float("inf"))
-        finite = math.isfinite(totals["loss"]) and bool(torch.isfinite(grad_norm))
-        if finite:
-            self.optimizer.step()
-            self.optimizer_steps += 1
-        else:
+        with record_function("artrl/optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm or float("inf"))
+            finite = math.isfinite(totals["loss"]) and bool(torch.isfinite(grad_norm))  # the step's one host read
+            if finite:
+                self.optimizer.step()
+                self.optimizer_steps += 1
+        if not finite:
             log.error("non-finite loss (%s) or gradient norm (%s): optimizer step refused, gradients dropped",
                       totals["loss"], float(grad_norm))
+        computed = int(totals["computed"])
         self.optimizer.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - t0
         w = max(totals["weight"], 1e-12)

@@ -1,0 +1,88 @@
+"""Kernel switches of the trainer on CUDA, each from a maintained library and each switchable.
+
+* `liger_kernel`: Liger Kernel's fused RMSNorm, SwiGLU MLP and RoPE (Triton), put into the
+  loaded model by `liger_kernel.transformers._apply_liger_kernel_to_instance`, which
+  knows the model families Liger supports (Qwen3, Llama, Mistral, ...). Liger's fused
+  linear cross-entropy is not used: it returns a reduced loss, while the RL loss needs
+  each token's log-probability with its own gradient; our LM head (train/logprobs.py)
+  already never holds more than a chunk of logits. Liger patches the transformers
+  module of the family as well as the instance, i.e. process-wide.
+* `compile_layers`: `module.compile()` on each decoder layer (regional compilation:
+  the layers share one compiled graph; the module tree and its state-dict keys stay
+  as they are, so adapters save and load unchanged).
+* `fused_optimizer`: AdamW with `fused=True`, one kernel for the whole step.
+
+Defaults (`None`): Liger and the fused optimizer on when training on CUDA (Liger only if it
+imports), compilation off; on a CPU all off, so the CPU path is what it was.
+`benchmarks/gpu.sh` A/Bs each on the device.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+from ..types import InternalModelConfig
+
+log = logging.getLogger(__name__)
+
+
+def liger_available() -> bool:
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def fused_adamw(cfg: InternalModelConfig, device: torch.device) -> bool:
+    """Whether the trainer's AdamW runs fused."""
+    if cfg.fused_optimizer is None:
+        return device.type == "cuda"
+    if cfg.fused_optimizer and device.type != "cuda":
+        raise ConfigError(f"fused_optimizer=True needs a CUDA device; the model is on {device}. Leave it None.")
+    return cfg.fused_optimizer
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers of a transformers causal LM (`model.model.layers` for Llama/Qwen-style ones)."""
+    base = getattr(model, getattr(model, "base_model_prefix", "model"), model)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ConfigError(f"compile_layers: found no decoder layers (`.layers`) in {type(base).__name__}; "
+                          "set compile_layers=False.")
+    return list(layers)
+
+
+def apply_liger(model: torch.nn.Module) -> None:
+    """Liger's RMSNorm, SwiGLU and RoPE in `model` (a transformers PreTrainedModel), in place."""
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False)
+
+
+def apply_kernels(model: torch.nn.Module, cfg: InternalModelConfig, device: torch.device) -> dict[str, Any]:
+    """Apply the configured kernels to `model` (the transformers model under the adapter); returns what was
+    applied, e.g. {"liger_kernel": True, "compile_layers": False, "fused_optimizer": True}."""
+    cuda = device.type == "cuda"
+    liger = cfg.liger_kernel
+    if liger is None:
+        liger = cuda and liger_available()
+    elif liger and not cuda:
+        raise ConfigError(f"liger_kernel=True needs a CUDA device (Liger's kernels are Triton); the model is on "
+                          f"{device}. Leave it None or False.")
+    elif liger and not liger_available():
+        raise ConfigError("liger_kernel=True but liger_kernel is not installed: `pip install liger-kernel`, or "
+                          "leave it None.")
+    if liger:
+        apply_liger(model)
+    compile_layers = bool(cfg.compile_layers)
+    if compile_layers:
+        for layer in decoder_layers(model):
+            layer.compile()
+    applied = {"liger_kernel": bool(liger), "compile_layers": compile_layers,
+               "fused_optimizer": fused_adamw(cfg, device)}
+    if cuda:
+        log.info("trainer kernels: %s", ", ".join(f"{k}={v}" for k, v in applied.items()))
+    return applied
