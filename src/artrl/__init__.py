@@ -9,7 +9,7 @@ from .auto_trajectory import auto_trajectory, capture_auto_trajectory
 from .backend import Backend
 from .batches import trajectory_group_batches
 from .errors import (ArtrlError, CheckpointError, ConfigError, NonFiniteError, PackingError,
-                     TrajectoryError, WorkerError)
+                     TrainOutOfMemoryError, TrajectoryError, WorkerError)
 from .gather import GatherError, gather_trajectories, gather_trajectory_groups
 from .local import LocalBackend
 from .model import Model, TrainableModel
@@ -31,6 +31,6 @@ __all__ = [
     "yield_trajectory",
     # artrl's own
     "ArtrlError", "CheckpointError", "ConfigError", "GatherError", "History", "InternalModelConfig",
-    "NonFiniteError", "PackingError", "TrajectoryError", "WorkerError", "choice_from_completion", "rewards",
+    "NonFiniteError", "PackingError", "TrainOutOfMemoryError", "TrajectoryError", "WorkerError", "choice_from_completion", "rewards",
     "schedules", "utils",
 ]
