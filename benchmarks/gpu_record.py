@@ -17,7 +17,9 @@ from typing import Any
 
 HEADLINES = ("mfu", "ratio_tokens_per_s", "computed_tokens_ratio", "trainable_tokens_per_s", "seconds",
              "peak_memory_mb", "max_micro_batch_tokens", "completion_tokens_per_s", "requests_per_s",
-             "device_name", "torch", "liger_kernel", "trl", "error")
+             "device_name", "torch", "liger_kernel", "trl", "error",
+             # the demo's: wall time, its split, decode speed while sampling, rewards
+             "wall_s", "rollout_s", "train_s", "rollout_completion_tokens_per_s", "val_reward_after_rl")
 PARTS = ("ours", "reference", "artrl", "trl", "concurrent", "sequential")
 
 
