@@ -24,6 +24,9 @@ def test_bench_serve_reports_the_same_json_for_either_engine() -> None:
     builtin["concurrent"].pop("engine_batches")  # the built-in engine's own count of decode batches
     assert vllm["threads"] is None  # vLLM sets its threads in its own processes
     builtin["threads"] = None
+    for switch in ("merge_lora", "attn_implementation", "static_cache", "cuda_graphs"):  # the built-in engine's
+        assert vllm[switch] is None
+        builtin[switch] = None
     assert shape(vllm) == shape(builtin)
     for report in (builtin, vllm):
         assert report["concurrent"]["completion_tokens"] == report["sequential"]["completion_tokens"] > 0
