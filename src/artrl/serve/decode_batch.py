@@ -89,22 +89,27 @@ class DecodeBatch:
 
     # ------------------------------------------------------------------ joining
 
-    def admit(self, rows: Sequence[Any], prompts: Sequence[list[int]], prompt_of_row: Sequence[int],
-              keys: Sequence[int], temperature: Sequence[float], top_p: Sequence[float]) -> None:
-        """Prefill `prompts` (one forward) and add `rows` (row j samples from prompts[prompt_of_row[j]])."""
-        device = self.device
+    def _prefill(self, prompts: Sequence[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One forward over `prompts`, left-padded to the longest: their cache, attention mask [prompts, width],
+        position ids [prompts, width] and last-position logits [prompts, vocab] (float32)."""
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)  # [prompts, width]
         mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [prompts, width]
         for i, prompt in enumerate(prompts):
             input_ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
             mask[i, width - len(prompt):] = 1
-        input_ids, mask = input_ids.to(device), mask.to(device)
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [prompts, width]
         cache = DynamicCache(config=self._model.config)
         out = self._model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
                           logits_to_keep=1, **{self._cache_kwarg: cache})
-        logits = out.logits[:, -1, :].float()  # [prompts, vocab]
+        return cache, mask, position_ids, out.logits[:, -1, :].float()
+
+    def admit(self, rows: Sequence[Any], prompts: Sequence[list[int]], prompt_of_row: Sequence[int],
+              keys: Sequence[int], temperature: Sequence[float], top_p: Sequence[float]) -> None:
+        """Prefill `prompts` (one forward) and add `rows` (row j samples from prompts[prompt_of_row[j]])."""
+        device = self.device
+        cache, mask, position_ids, logits = self._prefill(prompts)
         positions = position_ids[:, -1] + 1  # [prompts]
         if list(prompt_of_row) != list(range(len(prompts))):  # n samples of one prompt: repeat its prefill
             index = torch.tensor(prompt_of_row, dtype=torch.long, device=device)  # [rows]
@@ -127,7 +132,7 @@ class DecodeBatch:
         if not self.can_join:
             raise RuntimeError("this batch's cache cannot take new rows (check can_join first)")
         assert self.mask is not None
-        total = max(self.mask.shape[1], width)
+        total = max(self.mask.shape[1], mask.shape[1])
         for mine, theirs in zip(self.cache.layers, cache.layers):
             mine.keys = torch.cat([_pad_left(mine.keys, total, 2), _pad_left(theirs.keys, total, 2)])
             mine.values = torch.cat([_pad_left(mine.values, total, 2), _pad_left(theirs.values, total, 2)])

@@ -160,18 +160,8 @@ class StaticDecodeBatch(DecodeBatch):
         free = sorted(set(range(cache.slots)) - set(self.slot_of))
         if len(rows) > len(free):
             raise RuntimeError(f"{len(rows)} rows cannot join: {len(free)} free slots")
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)  # [prompts, width]
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [prompts, width]
-        for i, prompt in enumerate(prompts):
-            input_ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            mask[i, width - len(prompt):] = 1
-        input_ids, mask = input_ids.to(device), mask.to(device)
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [prompts, width]
-        prefilled = DynamicCache(config=self._model.config)
-        out = self._model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                          logits_to_keep=1, **{self._cache_kwarg: prefilled})
-        logits = out.logits[:, -1, :].float()  # [prompts, vocab]
+        prefilled, mask, _, logits = self._prefill(prompts)
+        width = mask.shape[1]
         slots = free[:len(rows)]
         for slot, p in zip(slots, prompt_of_row):  # the prompt's right-aligned columns -> the slot's first ones
             n = len(prompts[p])
