@@ -90,7 +90,8 @@ class Admission:
     def release(self, ticket: Ticket) -> None:
         """The ticket's group was dropped: its slot goes to the next scenario."""
         if self._live[ticket.target] <= 0:
-            raise RuntimeError(f"ticket {ticket} released twice")
+            raise RuntimeError(f"ticket {ticket} released, but target step {ticket.target} has no live ticket: more "
+                               "tickets released than admitted")
         self._live[ticket.target] -= 1
         self._first_open = min(self._first_open, ticket.target)
 
