@@ -105,8 +105,10 @@ class _Batch:
 class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     """Async three-stage pipeline of rollouts, training and eval; see the module docstring.
 
-    The constructor is ART 0.5.18's (names, defaults and checks); `clock` (seconds, monotonic) is artrl's,
-    for tests. `max_steps_off_policy` bounds how many steps older than the weights a trained group's
+    The constructor is ART 0.5.18's (names, defaults and checks). artrl adds two keywords: `train_kwargs`,
+    more keywords for every `backend.train` call (TrainConfig fields, e.g. the off-policy correction
+    `precalculate_logprobs=True, truncated_importance_sampling=2.0`; docs/pipeline.md), and `clock` (seconds,
+    monotonic), for tests. `max_steps_off_policy` bounds how many steps older than the weights a trained group's
     policy version may be (0: on policy, the synchronous loop)."""
 
     def __init__(self, model: Any, backend: Any, rollout_fn: RolloutFn, scenarios: AsyncIterator[ScenarioT] |
@@ -120,7 +122,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                  total_scenarios: int | None = None, eval_every_n_steps: int = 20, eval_at_start: bool = True,
                  save_checkpoint: bool = True, checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
                  checkpoint_retention_interval: int = 1, resume: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 train_kwargs: dict[str, Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         checks = [(num_rollout_workers <= 0, "num_rollout_workers must be > 0"),
                   (min_batch_size <= 0, "min_batch_size must be > 0"),
                   (max_batch_size is not None and max_batch_size <= 0, "max_batch_size must be > 0"),
@@ -150,6 +152,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.checkpoint_retention_strategy = checkpoint_retention_strategy
         self.checkpoint_retention_interval = checkpoint_retention_interval
         self.resume = resume
+        self.train_kwargs = dict(train_kwargs or {})
+        reserved = sorted(set(self.train_kwargs) & {"learning_rate", "loss_fn", "loss_fn_config", "normalize_advantages",
+                                                    "adam_params", "packed_sequence_length", "save_checkpoint"})
+        if reserved:
+            raise ValueError(f"train_kwargs={reserved} are PipelineTrainer's own arguments; pass them as such")
         self.clock = clock
         self.bound = StalenessBound(max_steps_off_policy)
         self.state = PipelineState()
@@ -456,7 +463,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         # every group of this call was pulled before this write, so a resumed run never trains one again
         self._persist(current)
         self._status.note_training_start(len(groups))
-        kwargs: dict[str, Any] = {"learning_rate": self.learning_rate, "loss_fn": self.loss_fn,
+        kwargs: dict[str, Any] = {**self.train_kwargs, "learning_rate": self.learning_rate, "loss_fn": self.loss_fn,
                                   "loss_fn_config": self.loss_fn_config,
                                   "normalize_advantages": self.normalize_advantages,
                                   "save_checkpoint": self.save_checkpoint and eval_step,
