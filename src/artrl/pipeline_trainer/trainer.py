@@ -16,7 +16,7 @@ Three stages run as coroutines of one `asyncio.TaskGroup`, linked by queues:
 * The trainer takes `min_batch_size` groups (then whatever else is queued, up to
   `max_batch_size`), drops stale ones (counted: `train/discarded_stale_groups`),
   sets aside groups with no reward spread (logged under split "discarded"; after
-  `discard_queue_multiplier * min_batch_size` of them in a row of steps it stops:
+  `discard_queue_multiplier * min_batch_size` of them since the last train call it stops:
   "model collapse"), raises if every rollout of a group failed, trains the batch in
   admission order and writes one train row with the pipeline's figures.
 * The eval stage runs `eval_fn` on the steps the trainer schedules.
@@ -517,8 +517,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._collapse_triggered = True
         self.state.done = True
         self._stop.set()
-        log.error("MODEL COLLAPSE DETECTED - training stopped: %d trajectory groups in a row of steps had no reward "
-                  "spread (every rollout of the group scored the same), so the policy may have collapsed. Lower "
+        log.error("MODEL COLLAPSE DETECTED - training stopped: %d trajectory groups since the last train step had no "
+                  "reward spread (every rollout of the group scored the same), so the policy may have collapsed. Lower "
                   "the learning rate, check that the reward varies and the prompts are diverse, or use smaller "
                   "batches. To relax this failsafe raise discard_queue_multiplier (now %d; it stops after %d * "
                   "min_batch_size = %d such groups).", self._discard_queue_limit, self.discard_queue_multiplier,
