@@ -1,0 +1,80 @@
+"""ART 0.5.18's own PipelineTrainer programs run on artrl (examples/art_pipeline/, edited only as their
+docstrings list), small, on a local model, and their history rows carry the pipeline's keys.
+
+The untrained tiny model answers gibberish, so every group would score the same and the pipeline would set
+every group aside (ART's "model collapse" stop) without training. The fixture first teaches the tiny model
+the answer words with a few SFT calls and saves it as a local model directory: a "local model" in ART's
+sense, which the programs take through their BASE_MODEL variable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import artrl as art
+from artrl.run import storage
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "art_pipeline"
+PIPELINE_KEYS = ("train/steps_off_policy", "train/discarded_stale_groups", "time/step_wall_s",
+                 "throughput/step_trainer_idle_s", "time/step_trainer_s", "time/step_actor_s", "train/reward")
+
+
+@pytest.fixture(scope="module")
+def word_model(tmp_path_factory) -> Path:
+    """The tiny model after a few SFT calls on yes/no/maybe answers, saved as a plain model directory."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import yes_no_maybe_pipeline as ynm
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    out = tmp_path_factory.mktemp("word_model")
+
+    async def main() -> None:
+        backend = art.LocalBackend(path=str(out / "runs"), show_progress=False)
+        model = art.TrainableModel(name="words", project="prep", base_model="artrl/tiny")
+        await model.register(backend)
+        answers = itertools.cycle(["maybe", "no", "yes", "ok"])
+        data = [art.Trajectory(messages_and_choices=[{"role": "user", "content": s["prompt"]},
+                                                     {"role": "assistant", "content": next(answers)}], reward=0.0)
+                for s in ynm.build_scenarios() for _ in range(2)]
+        for _ in range(6):
+            await model.train_sft(data, config=art.TrainSFTConfig(learning_rate=3e-3, batch_size=16))
+        session = backend._runs["words"]
+        session.trainer.model.merge_and_unload().save_pretrained(out / "model")
+        session.trainer.tokenizer.save_pretrained(out / "model")
+        backend.close()
+
+    asyncio.run(main())
+    return out / "model"
+
+
+def run_program(name: str, tmp_path: Path, **env: str) -> list[dict]:
+    art_path = tmp_path / ".art"
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
+                "ART_PATH": str(art_path), "PYTHONPATH": str(ROOT / "src"), **env}
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name)], cwd=tmp_path, env=full_env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    (history,) = art_path.glob("*/models/*/" + storage.HISTORY_FILE)
+    return [json.loads(line) for line in history.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_yes_no_maybe_pipeline_runs_on_artrl(tmp_path, word_model):
+    rows = run_program("yes_no_maybe_pipeline.py", tmp_path, BASE_MODEL=str(word_model), MAX_STEPS="2",
+                       ROLLOUTS_PER_SCENARIO="4", EVAL_TRAJECTORY_COUNT="2")
+    train = [r for r in rows if r.get("split") == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    for key in PIPELINE_KEYS:
+        assert all(key in r for r in train), key
+    assert all(r["train/steps_off_policy"] <= 4 for r in train)  # the program's bound (ART's default, 4)
+    assert [r["step"] for r in rows if r.get("split") == "val"] == [2]  # EVAL_EVERY_N_STEPS=2, not at start
