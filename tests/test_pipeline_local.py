@@ -224,3 +224,12 @@ def test_bound_zero_pipeline_is_the_synchronous_loop(tmp_path):
     assert moved, "the adapter must have moved for the comparison to mean something"
     for k in sync_weights:
         torch.testing.assert_close(pipe_weights[k], sync_weights[k], rtol=1e-5, atol=1e-7)
+
+
+def test_cost_calculator_is_a_no_op_by_default_and_settable():
+    model = art.TrainableModel(name="c", project="p", base_model="artrl/tiny")
+    assert model.cost_calculator(10, 5, "train") == {}
+    model.set_cost_calculator(lambda p, c, ctx: {f"costs/{ctx}/usd": (p + c) * 1e-6})
+    assert model.cost_calculator(10, 5, "train") == {"costs/train/usd": pytest.approx(1.5e-5)}
+    model.set_cost_calculator(None)
+    assert model.cost_calculator(10, 5, "eval") == {}
