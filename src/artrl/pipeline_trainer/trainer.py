@@ -37,7 +37,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
@@ -46,8 +46,8 @@ from ..local.adapter_leases import LeaseRegistry
 from ..run import storage
 from ..trajectories import Trajectory, TrajectoryGroup
 from .checkpoint_retention import (CHECKPOINT_CREATED_AT_METRIC, CHECKPOINT_EVAL_COMPLETED_METRIC,
-                                   CHECKPOINT_SAVED_METRIC, CheckpointInfo, CheckpointRetentionContext,
-                                   CheckpointRetentionStrategy, steps_to_delete)
+                                   CHECKPOINT_SAVED_METRIC, CheckpointRetentionContext, CheckpointRetentionStrategy,
+                                   checkpoint_infos, steps_to_delete)
 from .messages import EvalStop, GroupReady, ScenariosExhausted
 from .state import PIPELINE_STATE_KEY, PipelineState, SavedState
 from .staleness import Admission, StalenessBound, Ticket
@@ -625,7 +625,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         strategy = self.checkpoint_retention_strategy
         if strategy is None or step % self.checkpoint_retention_interval:
             return
-        infos = self._checkpoint_infos()
+        infos = checkpoint_infos(self._run_dir(), self.state.completed_eval_steps)
         protected = self.protected_steps(step)
         eligible = [c for c in infos if c.step not in protected]
         if not eligible:
@@ -634,21 +634,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if delete:
             keep = sorted({c.step for c in infos} - delete)
             await self.backend._delete_checkpoint_files(self.model, keep)
-
-    def _checkpoint_infos(self) -> list[CheckpointInfo]:
-        run = self._run_dir()
-        metrics = _metrics_by_step(run / storage.HISTORY_FILE)
-        infos = []
-        for step in storage.list_checkpoints(run):
-            path = storage.checkpoint_dir(run, step)
-            m = metrics.get(step, {})
-            created = m.get(CHECKPOINT_CREATED_AT_METRIC, path.stat().st_ctime)
-            infos.append(CheckpointInfo(
-                step=step, path=str(path), created_at=datetime.fromtimestamp(created, timezone.utc),
-                is_eval_step=(step in self.state.completed_eval_steps or m.get(CHECKPOINT_EVAL_COMPLETED_METRIC, 0) > 0
-                              or any(k.startswith(("val/", "test/")) for k in m)),
-                metrics=m))
-        return infos
 
     # ------------------------------------------------------------------ scenario metadata
     @staticmethod
@@ -674,16 +659,3 @@ def _eval_groups(items: list[Trajectory | TrajectoryGroup]) -> list[TrajectoryGr
     groups = [i for i in items or [] if isinstance(i, TrajectoryGroup)]
     loose = [i for i in items or [] if not isinstance(i, TrajectoryGroup)]
     return groups + ([TrajectoryGroup(loose)] if loose else [])
-
-
-def _metrics_by_step(history: Path) -> dict[int, dict[str, float]]:
-    """Each step's numeric history values, averaged per key (what retention strategies rank by)."""
-    sums: dict[int, dict[str, list[float]]] = {}
-    for row in storage.read_jsonl(history) if history.exists() else []:
-        step = row.get("step")
-        if not isinstance(step, int):
-            continue
-        for key, value in row.items():
-            if key not in ("step", "recorded_at") and isinstance(value, (int, float)) and not isinstance(value, bool):
-                sums.setdefault(step, {}).setdefault(key, []).append(float(value))
-    return {step: {k: sum(v) / len(v) for k, v in d.items()} for step, d in sums.items()}
