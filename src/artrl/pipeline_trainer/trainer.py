@@ -7,8 +7,8 @@ Three stages run as coroutines of one `asyncio.TaskGroup`, linked by queues:
                    each under a lease of the        call per batch, then      leased checkpoint)
                    version it started on)           model.log, state, retention)
 
-* A worker pulls a scenario and an admission ticket (staleness.py), waits on the
-  `policy_updated` condition until the ticket may start, rolls out inside
+* A worker pulls a scenario, waits (in pull order) until admission (staleness.py) gives
+  it a ticket for a step within the bound of the current policy version, rolls out inside
   `backend.adapter_lease(model, version)` (every turn samples `name@version`), stamps
   `initial_policy_version` / `final_policy_version` on the trajectories and queues
   the group. A rollout that raises is logged and counted, its ticket freed; the
@@ -22,7 +22,7 @@ Three stages run as coroutines of one `asyncio.TaskGroup`, linked by queues:
 * The eval stage runs `eval_fn` on the steps the trainer schedules.
 
 A stop (`request_stop()`, SIGINT, SIGTERM) lets a train call in progress finish, then
-ends; rollouts in flight are cancelled. Waits are on conditions, queues and events
+ends; rollouts in flight are cancelled. Waits are on events, queues and the stop event
 only; timings use the injectable `clock`.
 
 Unlike ART, `LocalBackend` is accepted in every configuration (one CPU machine, one
@@ -32,6 +32,7 @@ GPU): ART refuses it outside "dedicated mode" (separate trainer and inference GP
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import signal
 import time
@@ -89,6 +90,22 @@ def _aiter(scenarios: Iterable[T] | AsyncIterator[T]) -> AsyncIterator[T]:
 def _zero_variance(group: TrajectoryGroup) -> bool:
     rewards = [t.reward for t in group.trajectories]
     return len(rewards) <= 1 or all(abs(r - rewards[0]) <= 1e-12 for r in rewards[1:])
+
+
+class _Changes:
+    """Wakes every waiter when something admission depends on changes (a new policy version, a freed
+    ticket, a worker admitted, a stop). `notify()` is synchronous, so it works from any code path."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait_for(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            await self._event.wait()
 
 
 class _Batch:
@@ -168,6 +185,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._leases = LeaseRegistry()  # steps rollouts and evals use now: retention never deletes them
         self._scheduled_eval_steps: set[int] = set()
         self._stop = asyncio.Event()
+        self._changes = _Changes()
+        self._waiting: list[int] = []  # pulled scenarios waiting for admission (a heap of their indices)
         self._admission: Admission | None = None
         self._queue: asyncio.Queue[GroupReady | ScenariosExhausted] | None = None
         self._eval_queue: asyncio.Queue[int | EvalStop] | None = None
@@ -211,6 +230,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self.state.scenario_offset = await self._skip_scenarios(saved.scenario_offset)
             self.state.total_scenarios_consumed = max(self.state.total_scenarios_consumed, self.state.scenario_offset)
         self._stop = asyncio.Event()
+        self._changes = _Changes()
+        self._waiting = []
         self._admission = Admission(self.bound, self.min_batch_size, start_step)
         maxsize = self.queue_maxsize or max(1, self.max_steps_off_policy * self.max_batch_size)
         self._queue = asyncio.Queue(maxsize=maxsize)
@@ -242,10 +263,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             return
         self.state.done = True
         self._stop.set()
-        try:
-            asyncio.get_running_loop().create_task(self._notify_policy())
-        except RuntimeError:
-            pass
+        self._changes.notify()
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         loop = asyncio.get_running_loop()
@@ -268,10 +286,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 loop.remove_signal_handler(sig)
         return restore
 
-    async def _notify_policy(self) -> None:
-        async with self.state.policy_updated:
-            self.state.policy_updated.notify_all()
-
     # ------------------------------------------------------------------ scenarios
     async def _skip_scenarios(self, count: int) -> int:
         skipped = 0
@@ -285,9 +299,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             skipped += 1
         return skipped
 
-    async def _pull(self) -> tuple[int, Any, Ticket] | None:
-        """The next scenario, its index in the stream and its admission ticket; None when they are used up."""
-        assert self._admission is not None
+    async def _pull(self) -> tuple[int, Any] | None:
+        """The next scenario and its index in the stream; None when they are used up."""
         async with self._scenario_lock:
             if self.state.done:
                 return None
@@ -298,7 +311,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             index = self.state.scenario_offset
             self.state.scenario_offset += 1
             self.state.total_scenarios_consumed += 1
-            return index, scenario, self._admission.admit()
+            heapq.heappush(self._waiting, index)  # waiting for admission from now on, in pull order
+            return index, scenario
 
     # ------------------------------------------------------------------ leases
     @asynccontextmanager
@@ -319,22 +333,40 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         assert self._queue is not None
         await self._queue.put(ScenariosExhausted())
 
+    async def _admit(self, index: int) -> Ticket | None:
+        """Wait until scenario `index` is the first waiting one and admission has a ticket within the bound
+        of the current policy version; the ticket, or None on a stop."""
+        assert self._admission is not None
+        admission = self._admission
+        try:
+            await self._changes.wait_for(lambda: self.state.done or (
+                self._waiting[0] == index and admission.may_admit(self.state.policy_version)))
+        finally:
+            self._waiting.remove(index)
+            heapq.heapify(self._waiting)
+            self._changes.notify()  # the next waiting scenario may be admitted now
+        return None if self.state.done else admission.admit()
+
+    def _release(self, ticket: Ticket) -> None:
+        """A dropped group's ticket: its slot goes to the next waiting scenario."""
+        assert self._admission is not None
+        self._admission.release(ticket)
+        self._changes.notify()
+
     async def _rollout_worker(self, worker_id: int) -> None:
         assert self._queue is not None and self._admission is not None
         while not self.state.done:
             pulled = await self._pull()
             if pulled is None:
                 return
-            index, scenario, ticket = pulled
+            index, scenario = pulled
+            waited_from = self.clock()
+            ticket = await self._admit(index)
+            if ticket is None:
+                return
             self._status.note_rollout_started()
             queued = errored = False
             try:
-                waited_from = self.clock()
-                async with self.state.policy_updated:
-                    await self.state.policy_updated.wait_for(
-                        lambda: self.state.done or self._admission.may_start(ticket, self.state.policy_version))
-                if self.state.done:
-                    return
                 idle_s = self.clock() - waited_from
                 version = self.state.policy_version
                 token = self.model.activate_metrics_context("train")
@@ -365,7 +397,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                             type(exc).__module__, type(exc).__name__, exc, _scenario_context(scenario))
             finally:
                 if not queued:
-                    self._admission.release(ticket)  # the slot goes to the next scenario
+                    self._release(ticket)
                 self._status.note_rollout_finished(errored=errored)
 
     # ------------------------------------------------------------------ training stage
@@ -398,10 +430,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                                f"{msg.scenario_index}). First exception ({first.type}): {first.message}")
         if self.bound.is_stale(msg.initial_version, step):
             batch.discarded += 1
-            self._admission.release(msg.ticket)
+            self._release(msg.ticket)
             return
         if _zero_variance(group):
-            self._admission.release(msg.ticket)
+            self._release(msg.ticket)
             self._discard_queue.append(group)
             self._status.note_zero_variance_discarded(1)
             if len(self._discard_queue) >= self._discard_queue_limit:
@@ -449,7 +481,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self.state.done = True
             self._stop.set()
             self._persist(current)
-            await self._notify_policy()
+            self._changes.notify()
 
     async def _train_step(self, current: int, batch: _Batch, step_started: float, trainer_idle_s: float) -> int:
         ready = sorted(batch.ready, key=lambda m: m.ticket.seq)  # admission order: the synchronous loop's order
@@ -457,9 +489,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         off_policy = [current - m.initial_version for m in ready]
         expected = current + 1
         eval_step = self._should_eval(expected)
-        async with self.state.policy_updated:
-            self.state.next_training_step = expected
-            self.state.policy_updated.notify_all()
+        self.state.next_training_step = expected
         # every group of this call was pulled before this write, so a resumed run never trains one again
         self._persist(current)
         self._status.note_training_start(len(groups))
@@ -477,10 +507,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             trainer_s = self.clock() - call_started
             self._status.note_training_end()
         step = int(result.step)
-        async with self.state.policy_updated:
-            self.state.policy_version = step
-            self.state.next_training_step = step
-            self.state.policy_updated.notify_all()
+        self.state.policy_version = step
+        self.state.next_training_step = step
+        self._changes.notify()  # rollouts meant for the next steps may start
         self._log_checkpoint_saved(result)
         await self._prune_model_adapters(step)
         await self._run_checkpoint_retention(step)
