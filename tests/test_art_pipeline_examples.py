@@ -104,7 +104,7 @@ def test_yes_no_maybe_pipeline_runs_on_artrl(tmp_path, word_model):
 def test_binary_prefix_tool_pipeline_runs_on_artrl(tmp_path, guess_model):
     rows = run_program("binary_prefix_tool_pipeline.py", tmp_path, BASE_MODEL=str(guess_model), MAX_STEPS="2",
                        MIN_BATCH_SIZE="2", NUM_ROLLOUT_WORKERS="4", ROLLOUTS_PER_SCENARIO="4",
-                       MAX_STEPS_OFF_POLICY="1", MAX_TOKENS="24", ROLLOUT_TEMPERATURE="0.7", EVAL_AT_START="0",
+                       MAX_STEPS_OFF_POLICY="1", MAX_TOKENS="40", ROLLOUT_TEMPERATURE="0.7", EVAL_AT_START="0",
                        EVAL_EVERY_N_STEPS="2", SCENARIO_COUNT="200")
     train = [r for r in rows if r.get("split") == "train"]
     assert [r["step"] for r in train] == [1, 2]
