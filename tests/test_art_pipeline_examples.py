@@ -22,6 +22,9 @@ import pytest
 import artrl as art
 from artrl.run import storage
 
+pytest.importorskip("dotenv", reason="ART's programs import python-dotenv (pip install -e '.[art-examples]')")
+pytest.importorskip("polars", reason="binary_prefix_tool_pipeline imports polars (pip install -e '.[art-examples]')")
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "art_pipeline"
 PIPELINE_KEYS = ("train/steps_off_policy", "train/discarded_stale_groups", "time/step_wall_s",
