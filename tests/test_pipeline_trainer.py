@@ -7,7 +7,6 @@ Every run is under `asyncio.timeout` and ends with no task left running. Interle
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import signal

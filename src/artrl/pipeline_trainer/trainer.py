@@ -155,7 +155,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         for failed, message in checks:
             if failed:
                 raise ValueError(message)
-        self.model, self.backend, self.rollout_fn, self.config, self.eval_fn = model, backend, rollout_fn, config, eval_fn
+        self.model, self.backend, self.rollout_fn = model, backend, rollout_fn
+        self.config, self.eval_fn = config, eval_fn
         self.num_rollout_workers = num_rollout_workers
         self.min_batch_size = min_batch_size
         self.max_batch_size = max_batch_size if max_batch_size is not None else 10 * min_batch_size
@@ -165,13 +166,15 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.normalize_advantages, self.adam_params = normalize_advantages, adam_params
         self.packed_sequence_length, self.max_steps = packed_sequence_length, max_steps
         self.discard_queue_multiplier = discard_queue_multiplier
-        self.eval_every_n_steps, self.eval_at_start, self.save_checkpoint = eval_every_n_steps, eval_at_start, save_checkpoint
+        self.eval_every_n_steps, self.eval_at_start = eval_every_n_steps, eval_at_start
+        self.save_checkpoint = save_checkpoint
         self.checkpoint_retention_strategy = checkpoint_retention_strategy
         self.checkpoint_retention_interval = checkpoint_retention_interval
         self.resume = resume
         self.train_kwargs = dict(train_kwargs or {})
-        reserved = sorted(set(self.train_kwargs) & {"learning_rate", "loss_fn", "loss_fn_config", "normalize_advantages",
-                                                    "adam_params", "packed_sequence_length", "save_checkpoint"})
+        own = {"learning_rate", "loss_fn", "loss_fn_config", "normalize_advantages", "adam_params",
+               "packed_sequence_length", "save_checkpoint"}
+        reserved = sorted(set(self.train_kwargs) & own)
         if reserved:
             raise ValueError(f"train_kwargs={reserved} are PipelineTrainer's own arguments; pass them as such")
         self.clock = clock
@@ -638,7 +641,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         given = getattr(result, "checkpoint_path", None)
         path = Path(given) if isinstance(given, str) and given else storage.checkpoint_dir(self._run_dir(), step)
         if path.exists():
-            self._checkpoint_row(step, {CHECKPOINT_SAVED_METRIC: 1.0, CHECKPOINT_CREATED_AT_METRIC: path.stat().st_ctime})
+            self._checkpoint_row(step, {CHECKPOINT_SAVED_METRIC: 1.0,
+                                        CHECKPOINT_CREATED_AT_METRIC: path.stat().st_ctime})
 
     async def _prune_model_adapters(self, step: int) -> None:
         prune = getattr(self.backend, "prune_model_adapters", None)
