@@ -1,6 +1,6 @@
 """A small calculator MCP server (the `mcp` package), for examples/langgraph_mcp_agent.py and the tests.
 
-Tools: `add(a, b)` and `multiply(a, b)` on integers; one resource, `calc://about`.
+Tools: `add(a, b)` and `multiply(a, b)` on integers from -1000 to 1000; one resource, `calc://about`.
 Run it as a stdio subprocess (the default: what `artrl.mcp.McpServer.stdio(...)` starts) or
 over streamable HTTP (`--http PORT`, endpoint `/mcp`).
 
@@ -13,19 +13,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+from typing import Annotated
+
+from pydantic import Field
 
 from mcp.server.mcpserver import MCPServer  # mcp 2's FastMCP
+
+# Bounded operands: a model sampling under the tool's JSON schema (tool_choice "required") writes short numbers
+Operand = Annotated[int, Field(ge=-1000, le=1000)]
 
 
 def build(faults: bool = False) -> MCPServer:
     server = MCPServer("calculator")
 
     @server.tool(description="Add two integers and return the sum.")
-    def add(a: int, b: int) -> int:
+    def add(a: Operand, b: Operand) -> int:
         return a + b
 
     @server.tool(description="Multiply two integers and return the product.")
-    def multiply(a: int, b: int) -> int:
+    def multiply(a: Operand, b: Operand) -> int:
         return a * b
 
     @server.resource("calc://about", name="about", description="What this calculator does.")
@@ -34,7 +40,7 @@ def build(faults: bool = False) -> MCPServer:
 
     if faults:
         @server.tool(description="Always raises.")
-        def fail(reason: str) -> str:
+        def fail(reason: Annotated[str, Field(max_length=20)]) -> str:
             raise RuntimeError(f"fail was asked to fail: {reason}")
 
         @server.tool(description="Never answers.")

@@ -155,10 +155,16 @@ def test_artrl_imports_without_the_extras_and_names_the_extra_to_install() -> No
             "for name in ('langgraph', 'langchain_core', 'langchain_openai', 'mcp'):\n"
             "    sys.modules[name] = None\n"  # as if not installed
             "import artrl, artrl.mcp.types\n"
-            "assert not [m for m in sys.modules if m.startswith(('langgraph', 'langchain', 'mcp.'))]\n"
+            "loaded = [m for m, v in sys.modules.items() if v is not None and m.startswith(('langgraph', 'langchain', 'mcp'))]\n"
+            "assert not loaded, loaded\n"
             "try:\n"
             "    import artrl.langgraph\n"
             "except ImportError as e:\n"
+            "    print(e)\n"
+            "from artrl.mcp import MCPClient\n"
+            "try:\n"
+            "    MCPClient.stdio('python')\n"
+            "except ImportError as e:\n"
             "    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "pip install 'artrl[langgraph]'" in out, out
+    assert "pip install 'artrl[langgraph]'" in out and "pip install 'artrl[mcp]'" in out, out

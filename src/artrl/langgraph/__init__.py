@@ -10,6 +10,8 @@ Where ART logs LangChain messages and re-tokenizes them, each assistant turn her
 server's own `Choice`, with its token record (prompt ids, sampled ids, logprobs), so the
 agent trains on exactly what it sampled (rollout.py says how, docs/integrations.md shows it).
 
+`mcp_tools(client)` turns the tools of an `artrl.mcp.MCPClient` into LangChain tools.
+
 Needs the `langgraph` extra: `pip install 'artrl[langgraph]'`.
 """
 
@@ -24,6 +26,7 @@ except ImportError as e:
         f"artrl.langgraph needs LangChain and LangGraph ({e.name} is not installed); install the extra: "
         "pip install 'artrl[langgraph]'") from e
 
+from .mcp_tools import mcp_tools
 from .rollout import MissingRecordError, init_chat_model, wrap_rollout
 
-__all__ = ["wrap_rollout", "init_chat_model", "MissingRecordError"]
+__all__ = ["wrap_rollout", "init_chat_model", "MissingRecordError", "mcp_tools"]
