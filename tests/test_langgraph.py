@@ -132,6 +132,19 @@ def test_langgraph_rollouts_train_on_exactly_their_record(tmp_path, caplog) -> N
             assert t.messages_and_choices[2] == {"role": "assistant", "content": "I will add them."}
             with pytest.raises(MissingRecordError, match="main conversation, item 2"):
                 await wrap_rollout(model, rollout_fn(model, prefill="I will add them."), on_missing_record="raise")(3)
+
+            # a sync node (LangGraph runs it in a worker thread; the chat model's sync client records too)
+            async def sync_rollout() -> art.Trajectory:
+                llm = init_chat_model(max_tokens=8)
+                graph = StateGraph(MessagesState)
+                graph.add_node("agent", lambda state: {"messages": [llm.invoke(state["messages"])]})
+                graph.add_edge(START, "agent")
+                graph.add_edge("agent", END)
+                await graph.compile().ainvoke({"messages": [HumanMessage("Hi.")]})
+                return art.Trajectory()
+
+            [choice] = sampled(await wrap_rollout(model, sync_rollout)())
+            assert choice.model_extra["token_ids"] and choice.model_extra["prompt_token_ids"]
             del backend
 
     asyncio.run(main())
