@@ -10,9 +10,12 @@ be at float tolerance and every sampled turn trained on its record (docs/token-r
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -181,3 +184,75 @@ def test_artrl_imports_without_the_extras_and_names_the_extra_to_install() -> No
             "    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "pip install 'artrl[langgraph]'" in out and "pip install 'artrl[mcp]'" in out, out
+
+
+# --------------------------------------------------------------------------- other servers (a fake endpoint)
+
+
+class _Endpoint(BaseHTTPRequestHandler):
+    """A chat-completions endpoint: our record for "ours", none for anything else; SSE when streamed."""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        last = body["messages"][-1]["content"]
+        lp = {"content": [{"token": "o", "logprob": -0.5, "bytes": [111], "top_logprobs": []}]}
+        if body.get("stream"):
+            chunks = [{"id": "s", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                       "choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}, "logprobs": lp,
+                                    "token_ids": [7], "finish_reason": "stop"}]}]
+            payload, kind = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + \
+                b"data: [DONE]\n\n", "text/event-stream"
+        else:
+            record = {"token_ids": [7], "prompt_token_ids": [1, 2, 3]} if last == "ours" else {}
+            payload = json.dumps({"id": "c", "object": "chat.completion", "created": 1, "model": "m", "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"},
+                 "logprobs": lp, **record}]}).encode()
+            kind = "application/json"
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Any:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Endpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield art.Model(name="m", project="p", inference_base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
+                    inference_api_key="k")
+    server.shutdown()
+    server.server_close()
+
+
+def test_turns_without_a_record_are_named(endpoint: Any, caplog: Any) -> None:
+    async def rollout() -> art.Trajectory:
+        llm = init_chat_model()
+        await llm.ainvoke([HumanMessage("ours")])
+        await llm.ainvoke([SystemMessage("another conversation"), HumanMessage("foreign")])
+        return art.Trajectory(reward=1.0)
+
+    with caplog.at_level(logging.WARNING, logger="artrl.langgraph"):
+        t = asyncio.run(wrap_rollout(endpoint, rollout)())
+    assert t.reward == 1.0 and sampled(t)[0].model_extra["prompt_token_ids"] == [1, 2, 3]
+    assert "additional history 0, item 2: a sampled turn without token ids" in caplog.text
+    assert "main conversation" not in caplog.text  # the turn with a record is not named
+    with pytest.raises(MissingRecordError, match="additional history 0, item 2"):
+        asyncio.run(wrap_rollout(endpoint, rollout, on_missing_record="raise")())
+
+
+def test_streamed_turns_are_recorded_from_their_chunks(endpoint: Any, caplog: Any) -> None:
+    async def rollout() -> art.Trajectory:
+        await init_chat_model(streaming=True).ainvoke([HumanMessage("ours")])
+        return art.Trajectory()
+
+    with caplog.at_level(logging.WARNING, logger="artrl.langgraph"):
+        t = asyncio.run(wrap_rollout(endpoint, rollout)())
+    [choice] = sampled(t)
+    assert choice.message.content == "ok" and choice.model_extra["token_ids"] == [7]
+    assert choice.logprobs.content[0].logprob == -0.5
+    # these chunks carry no prompt ids: named, not silently rendered
+    assert "the main conversation, item 1: a sampled turn without token ids" in caplog.text
