@@ -18,7 +18,8 @@ a CPU with the tiny model (docs/integrations.md records a run).
    (`tool_choice="required"`, strict schemas: the server's grammar keeps the call valid); the
    last allowed turn gets no tools.
 4. A checker grades each trajectory: 0.5 when a tool answered, up to 0.5 more as the final
-   reply states the last tool result (the longest piece of it found in the reply). A few RL steps follow (ART's loop: gather groups, train).
+   reply states the last tool result (the longest piece of it found in the reply). A few RL steps
+   follow (ART's loop: gather groups, train).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 The graph is a ReAct loop (model node -> ToolNode while the model calls tools) on
 `init_chat_model()`; a summariser node then asks the same model in a fresh conversation
 (an additional history). The first turn is bound with `tool_choice="any"`, which the server
-enforces with a grammar, so every rollout holds a real tool call and its result. After one RL call, `train/sampled_logprob_delta_max` must
-be at float tolerance and every sampled turn trained on its record (docs/token-record.md).
+enforces with a grammar, so every rollout holds a real tool call and its result. After one RL call,
+`train/sampled_logprob_delta_max` must be at float tolerance and every sampled turn trained on its record
+(docs/token-record.md).
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ def test_artrl_imports_without_the_extras_and_names_the_extra_to_install() -> No
             "for name in ('langgraph', 'langchain_core', 'langchain_openai', 'mcp'):\n"
             "    sys.modules[name] = None\n"  # as if not installed
             "import artrl, artrl.mcp.types\n"
-            "loaded = [m for m, v in sys.modules.items() if v is not None and m.startswith(('langgraph', 'langchain', 'mcp'))]\n"
+            "loaded = [m for m, v in sys.modules.items()\n"
+            "          if v is not None and m.startswith(('langgraph', 'langchain', 'mcp'))]\n"
             "assert not loaded, loaded\n"
             "try:\n"
             "    import artrl.langgraph\n"

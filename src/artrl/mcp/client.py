@@ -131,8 +131,8 @@ class MCPClient:
 
     async def list_tools(self) -> list[MCPTool]:
         result = await self._request("list the tools", lambda s: s.list_tools())
-        tools = [MCPTool(name=t.name, description=t.description or "", parameters=dict(_field(t, "input_schema", "inputSchema") or {}))
-                 for t in result.tools]
+        tools = [MCPTool(name=t.name, description=t.description or "",
+                         parameters=dict(_field(t, "input_schema", "inputSchema") or {})) for t in result.tools]
         self._tools = {t.name: t for t in tools}
         return tools
 
