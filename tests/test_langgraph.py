@@ -19,6 +19,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import pydantic
 import pytest
 
 pytest.importorskip("langgraph")
@@ -148,6 +149,21 @@ def test_langgraph_rollouts_train_on_exactly_their_record(tmp_path, caplog) -> N
                 return art.Trajectory()
 
             [choice] = sampled(await wrap_rollout(model, sync_rollout)())
+            assert choice.model_extra["token_ids"] and choice.model_extra["prompt_token_ids"]
+
+            # structured output (ART's agents use it for their final answers): the server's grammar, on the record
+            class Answer(pydantic.BaseModel):
+                total: int = pydantic.Field(ge=0, le=99)
+
+            answers = []
+
+            async def structured_rollout() -> art.Trajectory:
+                answers.append(await init_chat_model(max_tokens=16).with_structured_output(Answer).ainvoke(
+                    [HumanMessage("Add 1 and 2.")]))
+                return art.Trajectory()
+
+            [choice] = sampled(await wrap_rollout(model, structured_rollout)())
+            assert isinstance(answers[0], Answer) and json.loads(choice.message.content) == answers[0].model_dump()
             assert choice.model_extra["token_ids"] and choice.model_extra["prompt_token_ids"]
             del backend
 
