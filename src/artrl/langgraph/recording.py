@@ -16,11 +16,16 @@ rollout makes elsewhere (a judge, another client) are not taken for the agent's 
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import functools
 import logging
+import threading
+import weakref
 from typing import Any
 
 from ..auto_trajectory import AutoTrajectoryContext, _chat_request, _choice, _tee_class
+from ..model import OPENAI_CLIENT_TIMEOUT_S
 from ..trajectories import Trajectory
 
 log = logging.getLogger(__name__)
@@ -79,9 +84,44 @@ def _http_module() -> Any:
         return httpx
 
 
-def recording_clients(**client_kwargs: Any) -> tuple[Any, Any]:
-    """A sync and an async http client whose transports record chat completions (for ChatOpenAI)."""
+_sync_client: Any = None
+_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+_clients_lock = threading.Lock()
+
+
+def recording_clients() -> tuple[Any, Any]:
+    """The sync and async http clients whose transports record chat completions (for ChatOpenAI).
+
+    Shared, so rollouts reuse connections (LangChain caches its default clients the same way):
+    one sync client per process, one async client per event loop (an async client's
+    connections belong to the loop that opened them). The recorder is looked up per request.
+    """
+    global _sync_client
+    try:
+        loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    with _clients_lock:
+        if _sync_client is None:
+            _sync_client = _new_client(sync=True)
+        if loop is None:
+            return _sync_client, _new_client(sync=False)
+        if loop not in _async_clients:
+            _async_clients[loop] = _new_client(sync=False)
+        return _sync_client, _async_clients[loop]
+
+
+def _new_client(sync: bool) -> Any:
     http = _http_module()
+    timeout = http.Timeout(OPENAI_CLIENT_TIMEOUT_S, connect=5.0)  # as model.openai_client(): long rollouts
+    if sync:
+        return http.Client(transport=_transports(http)[0](), timeout=timeout)
+    return http.AsyncClient(transport=_transports(http)[1](), timeout=timeout)
+
+
+@functools.cache
+def _transports(http: Any) -> tuple[type, type]:
+    """Transport classes over `http` (httpx or httpx2) that record what they carry."""
 
     class RecordingTransport(http.BaseTransport):
         def __init__(self) -> None:
@@ -105,5 +145,4 @@ def recording_clients(**client_kwargs: Any) -> tuple[Any, Any]:
         async def aclose(self) -> None:
             await self._inner.aclose()
 
-    return (http.Client(transport=RecordingTransport(), **client_kwargs),
-            http.AsyncClient(transport=RecordingAsyncTransport(), **client_kwargs))
+    return RecordingTransport, RecordingAsyncTransport
