@@ -128,9 +128,16 @@ class LocalBackend(Backend):
     async def register(self, model: "Model") -> None:
         from ..model import TrainableModel
 
-        storage.run_dir(self._path, model.project, model.name).mkdir(parents=True, exist_ok=True)
+        run = storage.run_dir(self._path, model.project, model.name)
+        new_dir = not run.exists()
+        run.mkdir(parents=True, exist_ok=True)
         if isinstance(model, TrainableModel):
-            await asyncio.to_thread(self._load, model)
+            try:
+                await asyncio.to_thread(self._load, model)
+            except BaseException:
+                if new_dir and not any(run.iterdir()):
+                    run.rmdir()  # a failed load leaves nothing behind (the session wrote nothing either)
+                raise
             model.inference_base_url = self.base_url
             model.inference_api_key = self._api_key or "artrl-local"
             model.inference_model_name = model.name

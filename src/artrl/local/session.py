@@ -4,9 +4,12 @@ It owns the weights (a peft model loaded once), the trainer, the inference
 engine (serve/factory.py picks it; the built-in one serves the trainer's own
 model), the run directory and the step counter:
 
-* `TrainingSession.open` loads the base model with a fresh LoRA adapter, computes
-  the end-of-turn ids once for the trainer and the engine, checks the run
-  directory belongs to this base model, removes what an interrupted write left
+* `TrainingSession.open` checks the base model name can be loaded
+  (train/model_source.py: seconds, not transformers' minute of retries) and
+  that the run directory belongs to this base model, loads the base model with
+  a fresh LoRA adapter, computes the end-of-turn ids once for the trainer and
+  the engine, then (only once the load succeeded: a failed load writes nothing)
+  records the base model in model.json, removes what an interrupted write left
   behind, and resumes from the latest complete checkpoint (or writes checkpoint
   0), which the engine then serves as the live weights.
 * `train` prepares one RL or SFT call (train/prepare.py: tokenized, validated,
@@ -85,19 +88,25 @@ class TrainingSession:
         from ..chat_format import end_of_turn_ids
         from ..train.trainer import Trainer
 
-        run.mkdir(parents=True, exist_ok=True)
+        from ..train.model_source import check_model_source
+
+        check_model_source(base_model)  # in seconds, with the way out (never the network for artrl's names)
         _check_run_owner(run, base_model)
-        storage.write_json_atomic(run / storage.MODEL_FILE, {"name": name, "project": project,
-                                                             "base_model": base_model, "config": cfg.model_dump()})
-        removed = storage.clean_temporaries(run)
-        if removed:
-            log.warning("removed %d temporary files or checkpoint directories left by an interrupted write", removed)
         peft_model, tok = cls._load_weights(base_model, cfg)
         # one definition of what ends a turn, for the trainer and the engine alike
         trainer = Trainer(peft_model, tok, cfg, end_ids=end_of_turn_ids(tok, peft_model))
         engine = cls._open_engine(trainer, cfg, base_model)
         session = cls(name, run, base_model, cfg, trainer, engine)
         try:
+            # written only once the model has loaded: a name that failed to load must not claim the run
+            # directory, or correcting base_model would be refused as "belongs to another base model"
+            run.mkdir(parents=True, exist_ok=True)
+            storage.write_json_atomic(run / storage.MODEL_FILE, {"name": name, "project": project,
+                                                                 "base_model": base_model, "config": cfg.model_dump()})
+            removed = storage.clean_temporaries(run)
+            if removed:
+                log.warning("removed %d temporary files or checkpoint directories left by an interrupted write",
+                            removed)
             latest = storage.latest_checkpoint(run)
             if latest is None:
                 path = checkpoint.save(trainer, run, 0, base_model, None)  # a new run's untrained weights

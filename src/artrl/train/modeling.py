@@ -72,12 +72,13 @@ def default_target_modules(model: torch.nn.Module) -> list[str] | str:
 def resolve_name(base_model: str) -> str:
     from ..tiny import BUILTIN_MODELS, TINY_MODEL_NAME, resolve_model_path
 
+    from .model_source import OWN_PREFIXES, check_model_source
+
     if base_model in RANDOM_CONFIGS:
         return resolve_model_path(TINY_MODEL_NAME)  # random models borrow the tiny tokenizer
-    if base_model.startswith(("/", "./", "../", "~")) and not Path(base_model).expanduser().exists():
-        known = sorted([*BUILTIN_MODELS, *RANDOM_CONFIGS])
-        raise ConfigError(f"base model {base_model!r} looks like a local path, but nothing is there. Use an "
-                          f"existing model directory, a Hugging Face model id, or one of {known}.")
+    if base_model not in BUILTIN_MODELS and (base_model.startswith(OWN_PREFIXES) or (
+            base_model.startswith(("/", "./", "../", "~")) and not Path(base_model).expanduser().exists())):
+        check_model_source(base_model)  # raises: not built in, or no such path (never the network)
     return resolve_model_path(base_model)
 
 

@@ -1,0 +1,95 @@
+"""Where a base model comes from, checked before anything loads it.
+
+A `base_model` is one of four things, tried in this order:
+
+* a built-in model ("artrl/tiny", "artrl/bench-100m"): built offline, never fetched;
+* a random-init shape ("random:qwen3-0.6b", "random:qwen3-8b"): built in memory, never fetched;
+* a local directory;
+* a Hugging Face model id, loaded from the local Hugging Face cache or the hub.
+
+`check_model_source` answers in seconds, with the way out, where transformers would
+answer after about 50 s of retries against the hub with a message of its own:
+
+* a name in artrl's namespace ("artrl/..." or "random:...") that is not built in
+  is refused at once and never reaches the network (a typo, usually);
+* a hub id whose config is in the local cache is taken as is;
+* otherwise one request to the hub (no retries) says whether the model exists and
+  can be reached; a missing, gated or unreachable model is refused with the
+  built-in names, `HF_HUB_OFFLINE=1` and the local-path route in the message. A hub
+  that answers with another error (rate limit, server error) is logged and the load
+  goes on, so a passing hub hiccup never blocks a model that would load.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: Names in artrl's own namespace: never a Hugging Face id, never looked up on the network.
+OWN_PREFIXES = ("artrl/", "random:")
+_PROBE_TIMEOUT_S = 10.0
+
+
+def known_models() -> list[str]:
+    """The built-in models and random-init shapes, sorted."""
+    from ..tiny import BUILTIN_MODELS
+    from .modeling import RANDOM_CONFIGS
+
+    return sorted([*BUILTIN_MODELS, *RANDOM_CONFIGS])
+
+
+def _ways_out(base_model: str) -> str:
+    return (f"Ways out: a built-in model (no download) {known_models()}; a local model directory (a path "
+            "holding config.json, the weights and the tokenizer, e.g. one saved with save_pretrained or "
+            "`hf download`); or, for a Hugging Face id, its files in the local cache (download "
+            f"them once with network, e.g. `hf download {base_model}`, then set HF_HUB_OFFLINE=1 "
+            "to load them without asking the hub). See docs/getting-started.md.")
+
+
+def check_model_source(base_model: str) -> None:
+    """Raise ConfigError, fast and with the remedy, if `base_model` cannot be loaded; see the module docstring."""
+    from ..tiny import BUILTIN_MODELS
+    from .modeling import RANDOM_CONFIGS
+
+    if base_model in BUILTIN_MODELS or base_model in RANDOM_CONFIGS:
+        return
+    if base_model.startswith(OWN_PREFIXES):
+        raise ConfigError(f"base model {base_model!r} is not a built-in model; artrl's built-in models are "
+                          f"{known_models()} (nothing under 'artrl/' or 'random:' is looked up on the network).")
+    path = Path(base_model).expanduser()
+    if path.exists():
+        return
+    if base_model.startswith(("/", "./", "../", "~")):
+        raise ConfigError(f"base model {base_model!r} looks like a local path, but nothing is there. Use an "
+                          f"existing model directory, a Hugging Face model id, or one of {known_models()}.")
+    _check_hub_model(base_model)
+
+
+def _check_hub_model(repo_id: str) -> None:
+    import huggingface_hub
+    from huggingface_hub import errors as hub_errors
+
+    if isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json"), str):
+        return  # in the local cache: transformers loads it (with HF_HUB_OFFLINE=1 without asking the hub)
+    try:
+        huggingface_hub.model_info(repo_id, timeout=_PROBE_TIMEOUT_S)
+    except hub_errors.OfflineModeIsEnabled as e:
+        raise ConfigError(f"base model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is "
+                          f"set, so it cannot be downloaded. {_ways_out(repo_id)}") from e
+    except hub_errors.GatedRepoError as e:
+        raise ConfigError(f"base model {repo_id!r} is gated on the Hugging Face hub: accept its licence on its "
+                          "page and log in (`hf auth login` or HF_TOKEN), or use another model. "
+                          f"{_ways_out(repo_id)}") from e
+    except hub_errors.RepositoryNotFoundError as e:
+        raise ConfigError(f"base model {repo_id!r} is neither a local directory nor a model on the Hugging Face "
+                          "hub (or it is private: log in with `hf auth login` or HF_TOKEN). Check the "
+                          f"spelling. {_ways_out(repo_id)}") from e
+    except hub_errors.HfHubHTTPError as e:  # the hub answered, with something else: let the load try
+        log.warning("the Hugging Face hub answered %s about %r; loading it anyway", str(e)[:200], repo_id)
+    except Exception as e:  # no answer: DNS, connection, timeout
+        raise ConfigError(f"base model {repo_id!r} is not in the local Hugging Face cache and the hub cannot be "
+                          f"reached ({type(e).__name__}: {str(e)[:200]}). {_ways_out(repo_id)}") from e
