@@ -80,6 +80,7 @@ class TrainingSession:
         self.engine = engine
         self.step = 0
         self.history_record: dict[str, Any] | None = None  # the latest checkpoint's own history line
+        self._warned_no_metric: set[str] = set()  # delete_checkpoints' metrics already warned about
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -171,9 +172,11 @@ class TrainingSession:
         best = history.best_logged_step(self.run, best_checkpoint_metric, steps)
         if best is not None:
             keep.add(best)
-        else:
+        elif best_checkpoint_metric not in self._warned_no_metric:  # once per run: a loop calls this every step
+            self._warned_no_metric.add(best_checkpoint_metric)
             log.warning("no logged step has %r (log it with model.log(..., split='val')); keeping only the latest "
-                        "checkpoint %d", best_checkpoint_metric, steps[-1])
+                        "checkpoint (%d now) until one does; this is said once per run", best_checkpoint_metric,
+                        steps[-1])
         return self.delete_checkpoint_files(sorted(keep))
 
     def delete_checkpoint_files(self, steps_to_keep: list[int]) -> list[int]:
