@@ -43,6 +43,7 @@ from ..notices import notice_once
 from ..trajectories import Trajectory, TrajectoryGroup
 from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
 from ..run import storage
+from ..tiny import TINY_MODEL_NAME
 from .session import TrainingSession
 
 if TYPE_CHECKING:
@@ -227,6 +228,11 @@ class LocalBackend(Backend):
             self._served.add(model.name, session.engine)
             self._served.add_base(model.base_model, session.engine)
             log.info("registered %s/%s (%s) at step %d", model.project, model.name, model.base_model, session.step)
+            if model.base_model == TINY_MODEL_NAME and session.step == 0:
+                log.info("%s is untrained (random weights, gibberish answers): RL alone on it rarely finds a reward "
+                         "to learn from, so expect a flat reward. For a run that learns, warm it up with "
+                         "train_sft first (examples/sft_then_rl.py, `artrl demo`), or use a real model "
+                         "(docs/getting-started.md).", TINY_MODEL_NAME)
 
     def close(self) -> _Done:
         """Stop generation, the server and release the models; works awaited (ART) or called plainly.

@@ -1,0 +1,24 @@
+"""The examples' --help is their whole docstring: what to run first, and what a step that trains nothing does."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.mark.parametrize("script, says", [
+    ("rl_loop.py", ["Run examples/sft_then_rl.py first", "still advances, with the same weights"]),
+    ("sft_then_rl.py", ["SFT warm-up, then RL", "skips the warm-up"]),
+])
+def test_help_shows_the_docstring(script, says):
+    out = subprocess.run([sys.executable, str(EXAMPLES / script), "--help"], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    flat = " ".join(out.split())
+    for text in says:
+        assert text in flat, out
+    assert "do not advance" not in flat
