@@ -91,12 +91,14 @@ class TrainingSession:
 
         from ..train.model_source import check_model_source
 
-        check_model_source(base_model)  # in seconds, with the way out (never the network for artrl's names)
+        # in seconds, with the way out (never the network for artrl's names); a cached model whose hub does not
+        # answer loads from its cached directory, so nothing below waits on the network
+        source = check_model_source(base_model) or base_model
         _check_run_owner(run, base_model)
-        peft_model, tok = cls._load_weights(base_model, cfg)
+        peft_model, tok = cls._load_weights(source, cfg)
         # one definition of what ends a turn, for the trainer and the engine alike
         trainer = Trainer(peft_model, tok, cfg, end_ids=end_of_turn_ids(tok, peft_model))
-        engine = cls._open_engine(trainer, cfg, base_model)
+        engine = cls._open_engine(trainer, cfg, source)
         session = cls(name, run, base_model, cfg, trainer, engine)
         try:
             # written only once the model has loaded: a name that failed to load must not claim the run
