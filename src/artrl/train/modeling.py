@@ -22,16 +22,9 @@ import torch
 
 from ..errors import ConfigError
 from ..types import InternalModelConfig
+from .model_source import OWN_PREFIXES, RANDOM_CONFIGS, check_model_source  # RANDOM_CONFIGS: also read from here
 
 log = logging.getLogger(__name__)
-
-# Random-init models of real shapes (no download), for GPU benchmarks: "random:qwen3-8b" etc.
-RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
-    "random:qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                              num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "random:qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                            num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
-}
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -71,8 +64,6 @@ def default_target_modules(model: torch.nn.Module) -> list[str] | str:
 
 def resolve_name(base_model: str) -> str:
     from ..tiny import BUILTIN_MODELS, TINY_MODEL_NAME, resolve_model_path
-
-    from .model_source import OWN_PREFIXES, check_model_source
 
     if base_model in RANDOM_CONFIGS:
         return resolve_model_path(TINY_MODEL_NAME)  # random models borrow the tiny tokenizer
