@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pathlib
-import subprocess
+import runpy
 import sys
 
 import pytest
@@ -15,9 +15,12 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
     ("rl_loop.py", ["Run examples/sft_then_rl.py first", "still advances, with the same weights"]),
     ("sft_then_rl.py", ["SFT warm-up, then RL", "skips the warm-up"]),
 ])
-def test_help_shows_the_docstring(script, says):
-    out = subprocess.run([sys.executable, str(EXAMPLES / script), "--help"], capture_output=True, text=True,
-                         check=True, timeout=120).stdout
+def test_help_shows_the_docstring(script, says, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [script, "--help"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(EXAMPLES / script), run_name="__main__")
+    assert done.value.code == 0
+    out = capsys.readouterr().out
     flat = " ".join(out.split())
     for text in says:
         assert text in flat, out
