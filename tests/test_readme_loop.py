@@ -36,3 +36,25 @@ def test_the_readme_loop_runs_as_printed_and_says_what_it_shows(tmp_path):
     assert log.count("no logged step has 'val/reward'") == 1  # once per run, not every step
     assert "artrl/tiny is untrained" in log and "examples/sft_then_rl.py" in log
     assert "rl step 3: 100%" in log  # the trainer's bar leaves its last state in a redirected log
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return "".join(c for c in heading.strip().lower() if c.isalnum() or c in " -_").replace(" ", "-")
+
+
+def test_the_first_hours_links_lead_somewhere():
+    """README.md and docs/getting-started.md: every relative link names a file that exists, and its #anchor a
+    heading of that file."""
+    import re
+
+    for page in (README, README.parent / "docs" / "getting-started.md"):
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            assert file.exists(), f"{page.name}: link to {target} names no file"
+            if anchor:
+                headings = {_anchor(h) for h in re.findall(r"^#+ (.+)$", file.read_text(), re.M)}
+                assert anchor in headings, f"{page.name}: link to {target}: no such heading in {file.name}"
