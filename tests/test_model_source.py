@@ -157,7 +157,7 @@ def test_a_failed_register_writes_nothing_and_the_corrected_name_then_works(tmp_
     with pytest.raises(ConfigError, match="cannot be reached"):
         asyncio.run(register("Qwen/Qwen3-0.6B"))
     assert not (run / storage.MODEL_FILE).exists()
-    assert not run.exists()  # not even an empty directory
+    assert not tmp_path.joinpath("demo").exists()  # not even an empty directory
     assert asyncio.run(register("artrl/tiny")) == 0
     assert (run / storage.MODEL_FILE).exists()
 

@@ -130,14 +130,15 @@ class LocalBackend(Backend):
         from ..model import TrainableModel
 
         run = storage.run_dir(self._path, model.project, model.name)
-        new_dir = not run.exists()
+        created = [d for d in (run, *run.parents) if not d.exists()]  # deepest first
         run.mkdir(parents=True, exist_ok=True)
         if isinstance(model, TrainableModel):
             try:
                 await asyncio.to_thread(self._load, model)
             except BaseException:
-                if new_dir and not any(run.iterdir()):
-                    run.rmdir()  # a failed load leaves nothing behind (the session wrote nothing either)
+                for d in created:  # a failed load leaves nothing behind (the session wrote nothing either)
+                    if d.is_dir() and not any(d.iterdir()):
+                        d.rmdir()
                 raise
             model.inference_base_url = self.base_url
             model.inference_api_key = self._api_key or "artrl-local"
