@@ -230,8 +230,8 @@ class LocalBackend(Backend):
             self._served.add_base(model.base_model, session.engine)
             log.info("registered %s/%s (%s) at step %d", model.project, model.name, model.base_model, session.step)
             if model.base_model == TINY_MODEL_NAME and session.step == 0:
-                log.info("%s is untrained (random weights, gibberish answers): RL alone on it rarely finds a reward "
-                         "to learn from, so expect a flat reward. For a run that learns, warm it up with "
+                log.info("%s is untrained (random weights, gibberish answers): RL can only reinforce what it says by "
+                         "chance, so a reward it never earns by luck stays flat. To teach it a task, warm it up with "
                          "train_sft first (examples/sft_then_rl.py, `artrl demo`), or use a real model "
                          "(docs/getting-started.md).", TINY_MODEL_NAME)
 

@@ -87,9 +87,8 @@ class TrainingSession:
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
              cfg: InternalModelConfig) -> "TrainingSession":
         from ..chat_format import end_of_turn_ids
-        from ..train.trainer import Trainer
-
         from ..train.model_source import check_model_source
+        from ..train.trainer import Trainer
 
         # in seconds, with the way out (never the network for artrl's names); a cached model whose hub does not
         # answer loads from its cached directory, so nothing below waits on the network
