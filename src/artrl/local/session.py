@@ -4,9 +4,12 @@ It owns the weights (a peft model loaded once), the trainer, the inference
 engine (serve/factory.py picks it; the built-in one serves the trainer's own
 model), the run directory and the step counter:
 
-* `TrainingSession.open` loads the base model with a fresh LoRA adapter, computes
-  the end-of-turn ids once for the trainer and the engine, checks the run
-  directory belongs to this base model, removes what an interrupted write left
+* `TrainingSession.open` checks the base model name can be loaded
+  (train/model_source.py: seconds, not transformers' minute of retries) and
+  that the run directory belongs to this base model, loads the base model with
+  a fresh LoRA adapter, computes the end-of-turn ids once for the trainer and
+  the engine, then (only once the load succeeded: a failed load writes nothing)
+  records the base model in model.json, removes what an interrupted write left
   behind, and resumes from the latest complete checkpoint (or writes checkpoint
   0), which the engine then serves as the live weights.
 * `train` prepares one RL or SFT call (train/prepare.py: tokenized, validated,
@@ -77,27 +80,35 @@ class TrainingSession:
         self.engine = engine
         self.step = 0
         self.history_record: dict[str, Any] | None = None  # the latest checkpoint's own history line
+        self._warned_no_metric: set[str] = set()  # delete_checkpoints' metrics already warned about
 
     # ------------------------------------------------------------------ opening
     @classmethod
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
              cfg: InternalModelConfig) -> "TrainingSession":
         from ..chat_format import end_of_turn_ids
+        from ..train.model_source import check_model_source
         from ..train.trainer import Trainer
 
-        run.mkdir(parents=True, exist_ok=True)
+        # in seconds, with the way out (never the network for artrl's names); a cached model whose hub does not
+        # answer loads from its cached directory, so nothing below waits on the network
+        source = check_model_source(base_model) or base_model
         _check_run_owner(run, base_model)
-        storage.write_json_atomic(run / storage.MODEL_FILE, {"name": name, "project": project,
-                                                             "base_model": base_model, "config": cfg.model_dump()})
-        removed = storage.clean_temporaries(run)
-        if removed:
-            log.warning("removed %d temporary files or checkpoint directories left by an interrupted write", removed)
-        peft_model, tok = cls._load_weights(base_model, cfg)
+        peft_model, tok = cls._load_weights(source, cfg)
         # one definition of what ends a turn, for the trainer and the engine alike
         trainer = Trainer(peft_model, tok, cfg, end_ids=end_of_turn_ids(tok, peft_model))
-        engine = cls._open_engine(trainer, cfg, base_model)
+        engine = cls._open_engine(trainer, cfg, source)
         session = cls(name, run, base_model, cfg, trainer, engine)
         try:
+            # written only once the model has loaded: a name that failed to load must not claim the run
+            # directory, or correcting base_model would be refused as "belongs to another base model"
+            run.mkdir(parents=True, exist_ok=True)
+            storage.write_json_atomic(run / storage.MODEL_FILE, {"name": name, "project": project,
+                                                                 "base_model": base_model, "config": cfg.model_dump()})
+            removed = storage.clean_temporaries(run)
+            if removed:
+                log.warning("removed %d temporary files or checkpoint directories left by an interrupted write",
+                            removed)
             latest = storage.latest_checkpoint(run)
             if latest is None:
                 path = checkpoint.save(trainer, run, 0, base_model, None)  # a new run's untrained weights
@@ -162,9 +173,11 @@ class TrainingSession:
         best = history.best_logged_step(self.run, best_checkpoint_metric, steps)
         if best is not None:
             keep.add(best)
-        else:
+        elif best_checkpoint_metric not in self._warned_no_metric:  # once per run: a loop calls this every step
+            self._warned_no_metric.add(best_checkpoint_metric)
             log.warning("no logged step has %r (log it with model.log(..., split='val')); keeping only the latest "
-                        "checkpoint %d", best_checkpoint_metric, steps[-1])
+                        "checkpoint (%d now) until one does; this is said once per run", best_checkpoint_metric,
+                        steps[-1])
         return self.delete_checkpoint_files(sorted(keep))
 
     def delete_checkpoint_files(self, steps_to_keep: list[int]) -> list[int]:
