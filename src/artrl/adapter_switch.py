@@ -118,3 +118,31 @@ def load_adapter_weights(model: Any, path: str | Path) -> None:
         raise ValueError(f"the adapter in {path} does not match the model's adapter {active!r} "
                          f"({len(unexpected)} unexpected, {len(missing)} missing tensors, e.g. "
                          f"{(unexpected or missing)[0]!r}); was it trained with another LoRA configuration?")
+
+
+def serving_copy(model: Any) -> Any:
+    """A copy of peft model `model` for an inference engine, sharing every frozen tensor with it.
+
+    The trainer keeps training `model` while the engine decodes with the copy: the copy's modules,
+    its adapter registry, active adapter and forward hooks are its own, so a decode thread and a
+    training thread never touch the same module. Every frozen parameter (the base weights, frozen
+    adapters) becomes a new `Parameter` over the *same storage* (no memory for the base), every buffer is
+    the same tensor, and only the trainable tensors (the LoRA adapter being trained) are copied. So
+    rebinding a copied parameter's `.data` (serve/merged_lora.py) leaves the trainer's parameter alone.
+    Make the copy before the trainer applies anything to its modules (kernels, compiled layers).
+    """
+    import copy
+
+    import torch
+
+    _peft_model(model, "a serving copy")
+    memo: dict[int, Any] = {}
+    for p in model.parameters():
+        if not p.requires_grad:
+            memo[id(p)] = torch.nn.Parameter(p.data, requires_grad=False)
+    for b in model.buffers():
+        memo[id(b)] = b
+    served = copy.deepcopy(model, memo)
+    for p in served.parameters():
+        p.requires_grad_(False)
+    return served.eval()
