@@ -88,10 +88,14 @@ def _peft_model(model: Any, what: str) -> Any:
 def load_frozen_adapter(model: Any, name: str, path: str | Path) -> None:
     """Load the peft adapter saved in `path` into `model` as `name`, frozen; the active adapter stays.
 
-    Callers hold the model lock. A failed load leaves no half-injected adapter behind.
+    Callers hold the model lock. A failed load leaves no half-injected adapter behind. The process's random
+    streams are left as they were (peft initialises the new layers randomly before it loads their tensors).
     """
+    import torch
+
     _peft_model(model, f"adapter {name!r} from {path}")
-    with preserved_training_state(model):
+    device = next(model.parameters()).device
+    with preserved_training_state(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         try:
             model.load_adapter(str(path), adapter_name=name, is_trainable=False)
         except Exception:

@@ -115,11 +115,11 @@ class AdapterVersions:
 
     def unload_named(self, name: str) -> bool:
         """Forget the named adapter `name` (and unload its tensors unless it aliases a version). False when a
-        row still uses it (nothing changes)."""
+        row still uses what it names (nothing changes)."""
         if name not in self.named:
             return True
         target = self.alias.get(name, name)
-        if name not in self.alias and self.in_use[name] > 0:
+        if self.in_use[target] > 0:
             return False
         if name in self.alias:
             del self.alias[name]
