@@ -11,11 +11,11 @@ and `set_adapter` also flip `requires_grad` flags (`set_adapter(name)` makes
 module's train/eval mode and each parameter's `requires_grad` and restores them
 afterwards. Callers hold the model lock, so nobody sees the model mid-switch.
 
-Loading a saved adapter onto the shared model is here too: a checkpoint as a
-frozen adapter of its own (`load_frozen_adapter`: a `name@step` the engine
-serves, a KL reference the trainer reads), or a checkpoint's tensors into the
-active adapter (`load_adapter_weights`: an engine that does not share the
-trainer's model taking the live weights).
+Loading a saved adapter is here too: a checkpoint as a frozen adapter of its
+own (`load_frozen_adapter`: a policy version or a `name@step` the engine
+serves, a KL reference the trainer reads). And the copy an inference engine
+decodes while a trainer trains (`serving_copy`: its own modules, adapters and
+hooks over the trainer's frozen tensors, docs/engines.md).
 
 Used by the inference engine (serve/) and the trainer (train/); it imports neither.
 """
@@ -102,26 +102,6 @@ def load_frozen_adapter(model: Any, name: str, path: str | Path) -> None:
             if name in model.peft_config:  # peft may have injected the adapter before its weights failed
                 model.delete_adapter(name)
             raise
-
-
-def load_adapter_weights(model: Any, path: str | Path) -> None:
-    """Copy the adapter tensors saved in `path` into `model`'s active adapter (callers hold the model lock).
-
-    Raises ValueError when the saved tensors do not match the active adapter's (another LoRA configuration).
-    """
-    from peft import set_peft_model_state_dict
-    from peft.utils import load_peft_weights
-
-    _peft_model(model, f"the adapter weights in {path}")
-    weights = load_peft_weights(str(path), device=str(next(model.parameters()).device))
-    active = model.active_adapter
-    result = set_peft_model_state_dict(model, weights, adapter_name=active)
-    unexpected = list(getattr(result, "unexpected_keys", None) or [])
-    missing = [k for k in getattr(result, "missing_keys", None) or [] if ".lora_" in k and f".{active}." in k]
-    if unexpected or missing:
-        raise ValueError(f"the adapter in {path} does not match the model's adapter {active!r} "
-                         f"({len(unexpected)} unexpected, {len(missing)} missing tensors, e.g. "
-                         f"{(unexpected or missing)[0]!r}); was it trained with another LoRA configuration?")
 
 
 def serving_copy(model: Any) -> Any:
