@@ -220,6 +220,29 @@ def test_a_running_row_keeps_its_version_across_set_live_weights(setup: dict[str
     assert engine.live_step == 2
 
 
+def test_the_rows_of_one_request_share_the_version_it_started_on(setup: dict[str, Any],
+                                                                  loop: asyncio.AbstractEventLoop) -> None:
+    """n=3 with room for 2 rows: the third joins after a new version went live, and still samples the first."""
+    model, tokenizer, paths = setup["model"], setup["tokenizer"], setup["paths"]
+    engine = TransformersEngine(model, tokenizer, max_batch_size=2, end_ids=frozenset())
+    request = GenerationRequest(prompt_ids=prompt_of(tokenizer, "count to three"), n=3, max_tokens=4, seed=5)
+    try:
+        engine.set_live_weights(paths[1], 1)
+        batches = engine.batches_served
+        hook = StepHook(engine, at=2, action=lambda: engine.set_live_weights(paths[2], 2))
+        try:
+            results = submit(loop, engine, request).result(120)
+        finally:
+            hook.remove()
+    finally:
+        engine.close()
+    assert engine.batches_served == batches + 1 and engine.live_step == 2
+    assert [r.policy_version for r in results] == [1, 1, 1]
+    v1 = reference(setup, 1)
+    for result in results:
+        assert close(result.logprobs, recompute(v1, request.prompt_ids, result.token_ids))
+
+
 def test_name_at_the_live_step_and_the_live_name_agree(setup: dict[str, Any],
                                                          loop: asyncio.AbstractEventLoop) -> None:
     model, tokenizer, paths = setup["model"], setup["tokenizer"], setup["paths"]

@@ -5,9 +5,10 @@ on its worker thread while it holds the model lock; the other half queues reques
 owns the worker. At every step boundary:
 
 1. waiting rows join while there is room (`_join`), in arrival order, whatever their
-   adapter: each row's adapter is resolved as it joins (serve/adapter_versions.py:
-   `adapter=None` is the live policy version *now*) and held until the row ends, so a
-   row never sees its weights change and no version it uses is unloaded;
+   adapter: a request's adapter is resolved when its first row joins
+   (serve/adapter_versions.py: `adapter=None` is the live policy version *now*; its `n`
+   rows all take it) and held by each row until it ends, so a row never sees its
+   weights change and no version it uses is unloaded;
 2. every row samples one token (`_step`): grammar masks first (serve/structured.py),
    then one batched draw on the device and one host transfer;
 3. each row records its token and checks its ends (end-of-turn or stop ids, stop
@@ -140,10 +141,10 @@ class DecodeLoop:
     def _drain(self, waiting: collections.deque[DecodeRow]) -> None:  # the engine's: takes what is queued
         raise NotImplementedError
 
-    @staticmethod
-    def _skip_over(waiting: collections.deque[DecodeRow]) -> None:
+    def _skip_over(self, waiting: collections.deque[DecodeRow]) -> None:
         """Drop waiting rows whose request needs nothing more (failed, or its caller left)."""
         if any(row.pending.over for row in waiting):
+            self._release([row for row in waiting if row.pending.over])
             kept = [row for row in waiting if not row.pending.over]
             waiting.clear()
             waiting.extend(kept)
@@ -261,13 +262,15 @@ class DecodeLoop:
         while waiting and len(batch) + len(newcomers) < self.max_batch_size and \
                 (not static or self._fits(waiting[0])):
             row = waiting.popleft()
-            try:
-                row.adapter, row.version = self._versions.resolve(row.request.adapter)
-            except Exception as error:  # its adapter was unloaded since the request was checked
-                self._fail(row.pending, error)
-                continue
-            self._versions.hold(row.adapter)
-            row.held = True
+            if not row.held:  # the request's first row to join: all its rows run what it resolves to now
+                try:
+                    adapter, version = self._versions.resolve(row.request.adapter)
+                except Exception as error:  # its adapter was unloaded since the request was checked
+                    self._fail(row.pending, error)
+                    continue
+                for sibling in (row, *(r for r in waiting if r.pending is row.pending)):
+                    sibling.adapter, sibling.version, sibling.held = adapter, version, True
+                    self._versions.hold(adapter)
             newcomers.append(row)
         if not newcomers:
             return
