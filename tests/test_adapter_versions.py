@@ -299,6 +299,22 @@ def test_prune_never_unloads_a_version_a_row_uses(setup: dict[str, Any], loop: a
     assert served.with_versions("m@1", [reloaded])[0].policy_version == 1
 
 
+def test_idle_versions_are_bounded_without_a_pruner(setup: dict[str, Any]) -> None:
+    from artrl.serve.adapter_versions import IDLE_VERSIONS_KEPT
+
+    model, tokenizer, paths = setup["model"], setup["tokenizer"], setup["paths"]
+    engine = TransformersEngine(model, tokenizer)
+    try:
+        for step in range(1, IDLE_VERSIONS_KEPT + 5):
+            engine.set_live_weights(paths[1 + step % 3], step)
+            if step == 1:
+                engine.load_adapter("m@1", paths[2])  # version 1's checkpoint: a name that keeps version 1
+    finally:
+        engine.close()
+    last = IDLE_VERSIONS_KEPT + 4
+    assert engine.loaded_versions == [1, *range(last - IDLE_VERSIONS_KEPT, last + 1)]
+
+
 # ---- serving while training ---------------------------------------------------------------------------
 
 SFT_DATA = [art.Trajectory(messages_and_choices=[{"role": "user", "content": f"Say {w}."},

@@ -15,6 +15,11 @@ model, next to the checkpoints loaded by name (`name@step`, serve/models.py):
   `name@<live step>` and `name` run the same adapter and report the same version.
 * **Leases.** Every admitted row holds its adapter (`hold` / `release`); `prune` and
   `unload_named` never remove an adapter a row holds, nor the live version.
+* **Bounded without a pruner.** A version that is not live, that no row holds and no
+  name aliases is reachable only by a later `name@step` request (which would load it
+  from its checkpoint again). The `IDLE_VERSIONS_KEPT` newest such versions stay loaded
+  for those; older ones are unloaded when a new version goes live, so a synchronous
+  loop that never calls `prune` does not pile up one adapter per step.
 
 Not thread-safe by itself: the engine calls every method on its decode worker, or while it
 holds the model lock with the worker outside a batch (serve/transformers_engine.py).
@@ -36,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 #: peft's name for "no adapter" in a mixed-adapter batch (`adapter_names=[...]`).
 PEFT_BASE = "__base__"
+#: Versions kept loaded that nothing uses (not live, held by no row, named by no alias): see the module docstring.
+IDLE_VERSIONS_KEPT = 4
 
 
 def _same_path(a: str, b: str) -> bool:
@@ -78,6 +85,10 @@ class AdapterVersions:
         self.versions[step], self.step_of[name], self.paths[name] = name, step, str(path)
         self.live_step = step
         self._delete_retired()
+        aliased = set(self.alias.values())
+        idle = [s for s, n in self.versions.items() if s != step and self.in_use[n] <= 0 and n not in aliased]
+        if len(idle) > IDLE_VERSIONS_KEPT:
+            self.prune(set(self.versions) - set(sorted(idle)[:len(idle) - IDLE_VERSIONS_KEPT]))
         return name
 
     def prune(self, retain: Iterable[int]) -> list[int]:

@@ -237,6 +237,12 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         return self._versions.live_step
 
     @property
+    def live_adapter(self) -> str | None:
+        """The peft adapter of `model` that `adapter=None` runs now (the live version's, or the adapter active
+        when the engine was built; None for a model without adapters)."""
+        return self._versions.resolve(None)[0]
+
+    @property
     def loaded_versions(self) -> list[int]:
         """Steps of the policy versions loaded."""
         return sorted(self._versions.versions)
