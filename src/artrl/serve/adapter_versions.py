@@ -69,6 +69,8 @@ class AdapterVersions:
         self.live_adapter: str | None = model.active_adapter if self.is_peft else None
         self._retired: set[str] = set()  # replaced versions, deleted once no row holds them
         self._serial = itertools.count()
+        #: Bumped whenever an adapter is loaded or unloaded: tensors of a name may have moved (a CUDA graph key).
+        self.generation = 0
 
     # ------------------------------------------------------------------ versions
     def add_version(self, path: str, step: int) -> str:
@@ -78,6 +80,7 @@ class AdapterVersions:
             self.live_step = step
             return current
         name = f"artrl_v{step}_{next(self._serial)}"
+        self.generation += 1
         load_frozen_adapter(self.model, name, path)
         if current is not None:  # the step was written again (a failed call redone): the old tensors retire
             self._retired.add(current)
@@ -120,6 +123,7 @@ class AdapterVersions:
         if version is not None:
             self.alias[name] = version
         else:
+            self.generation += 1
             load_frozen_adapter(self.model, name, path)
             self.paths[name] = str(path)
         self.named[name] = str(path)
@@ -168,6 +172,7 @@ class AdapterVersions:
 
     # ------------------------------------------------------------------ helpers
     def _delete(self, name: str) -> None:
+        self.generation += 1
         self.model.delete_adapter(name)
         self.paths.pop(name, None)
 

@@ -251,7 +251,9 @@ class DecodeLoop:
 
     def _graph_key(self) -> Any:
         """What a CUDA graph of the current single-adapter mode computes with (see StaticStep.run)."""
-        return None if self._entered is _MIXED or self._entered is _NOTHING else ("adapter", self._entered)
+        if self._entered is _MIXED or self._entered is _NOTHING:
+            return None
+        return ("adapter", self._entered, self._versions.generation)  # a reloaded name has new tensors
 
     def _join(self, batch: DecodeBatch, waiting: collections.deque[DecodeRow]) -> None:
         """Prefill the waiting rows that fit, first come first served, and add them to `batch`."""

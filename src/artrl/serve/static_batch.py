@@ -144,7 +144,8 @@ class StaticStep:
                 self._forward()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: a trainer launching kernels from its own thread meanwhile is not an error of the capture
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self.logits = self._forward()
         self._graph = graph
         self.captures += 1
