@@ -28,8 +28,12 @@ Compared with OpenAI's API (and vLLM's server), this one:
    "code"}}` with a 4xx status for anything the client got wrong, including
    request-body validation errors (400, never a 500 with a traceback);
 6. refuses oversized work before doing it: bodies over `max_body_bytes` (413),
-   `n` over `max_n`, `max_tokens` beyond the context, and messages with more
-   characters than the context could hold as tokens (400, before tokenizing);
+   `n` over `max_n`, more messages or tools than `max_messages` / `max_tools`, a
+   `response_format` over `max_schema_chars`, `max_tokens` beyond the context, and
+   messages and tool definitions with more characters than the context could hold
+   as tokens (400 naming the limit, before validating or rendering). A large prompt
+   (`INLINE_RENDER_CHARS`) is rendered and tokenized on a worker thread, at most
+   `RENDER_THREADS` at once, so it never delays another request's answer;
 7. drops a request whose client disconnects: the engine is told to stop (a queued
    request never runs, a running one stops at its next decoding step).
 """
@@ -40,6 +44,7 @@ import asyncio
 import dataclasses
 import functools
 import hmac
+import json
 import logging
 import time
 import uuid
@@ -68,6 +73,19 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_N = 32
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 1024
+DEFAULT_MAX_MESSAGES = 2048
+"""Most messages one request may hold (a long agent rollout of 1,000 tool calls holds about 2,000)."""
+DEFAULT_MAX_TOOLS = 128
+"""Most tools one request may offer (OpenAI's limit)."""
+DEFAULT_MAX_SCHEMA_CHARS = 100_000
+"""Longest `response_format` one request may send, in characters of its JSON (it is compiled into a grammar)."""
+INLINE_RENDER_CHARS = 16_384
+"""Requests with more characters to render than this (or more than `INLINE_RENDER_MESSAGES` messages) render and
+tokenize on a worker thread, so they never hold up the event loop; smaller ones render in place (about 0.1 ms,
+less than the hand-off to a thread would cost them)."""
+INLINE_RENDER_MESSAGES = 64
+RENDER_THREADS = 2
+"""Large prompts rendered at once; more wait their turn (bounds the memory abusive requests can take)."""
 
 
 class ChatCompletionRequest(BaseModel):
@@ -261,8 +279,46 @@ def _max_token_chars(tokenizer: Any) -> int:
     return max((len(token) for token in tokenizer.get_vocab()), default=1) or 1
 
 
-def _precheck(body: ChatCompletionRequest, messages: list[dict[str, Any]], tokenizer: Any, max_model_len: int,
-              max_n: int) -> None:
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may hold, checked before any of it is validated, rendered or tokenized (`create_app`)."""
+
+    max_n: int = DEFAULT_MAX_N
+    max_messages: int = DEFAULT_MAX_MESSAGES
+    max_tools: int = DEFAULT_MAX_TOOLS
+    max_schema_chars: int = DEFAULT_MAX_SCHEMA_CHARS
+
+
+def _check_counts(body: ChatCompletionRequest, limits: RequestLimits) -> None:
+    """The cheap bounds (list lengths, schema size), before the messages are even validated."""
+    _check(len(body.messages) <= limits.max_messages,
+           f"messages holds {len(body.messages)} messages; this server takes at most {limits.max_messages} per "
+           "request (create_app(max_messages=...)).", "messages")
+    tools = body.tools or []
+    _check(len(tools) <= limits.max_tools,
+           f"tools holds {len(tools)} tools; this server takes at most {limits.max_tools} per request "
+           "(create_app(max_tools=...)).", "tools")
+    if body.response_format is not None:
+        chars = len(json.dumps(body.response_format))
+        _check(chars <= limits.max_schema_chars,
+               f"response_format is {chars} characters of JSON; this server takes at most {limits.max_schema_chars} "
+               "(create_app(max_schema_chars=...)).", "response_format")
+
+
+def _rendered_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+    """Characters of what the chat template will render: contents, tool call names and arguments, tool schemas."""
+    chars = 0
+    for message in messages:
+        chars += len(message.get("content") or "")
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            arguments = function.get("arguments")
+            chars += len(str(function.get("name", ""))) + (
+                len(arguments) if isinstance(arguments, str) else len(json.dumps(arguments)))
+    return chars + (len(json.dumps(tools)) if tools else 0)
+
+
+def _precheck(body: ChatCompletionRequest, chars: int, tokenizer: Any, max_model_len: int, max_n: int) -> None:
     """Refuse what is too big before rendering or tokenizing anything (the rest: `GenerationRequest.check`)."""
     n = 1 if body.n is None else body.n
     _check(n <= max_n, f"n must be between 1 and {max_n}, got {n}", "n")
@@ -275,12 +331,12 @@ def _precheck(body: ChatCompletionRequest, messages: list[dict[str, Any]], token
             f"length is {max_model_len} tokens, prompt included). Lower {param}.",
             param,
         )
-    chars = sum(len(m.get("content") or "") for m in messages)
     most = max_model_len * _max_token_chars(tokenizer)
     _check(
         chars <= most,
-        f"The messages hold {chars} characters, more than {max_model_len} tokens (this model's maximum context "
-        f"length) can spell with this tokenizer (at most {most} characters). Shorten the messages.",
+        f"The messages and tools hold {chars} characters, more than {max_model_len} tokens (this model's maximum "
+        f"context length) can spell with this tokenizer (at most {most} characters). Shorten the messages or the "
+        "tool definitions.",
         "messages",
     )
 
@@ -379,11 +435,16 @@ def create_app(
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     api_key: str | None = None,
     record_cache_tokens: int = DEFAULT_RECORD_CACHE_TOKENS,
+    max_messages: int = DEFAULT_MAX_MESSAGES,
+    max_tools: int = DEFAULT_MAX_TOOLS,
+    max_schema_chars: int = DEFAULT_MAX_SCHEMA_CHARS,
 ) -> fastapi.FastAPI:
     """The FastAPI app serving `resolver`'s models.
 
     max_n: most choices one request may ask for; max_body_bytes: larger request
-    bodies get 413; default_max_tokens: completion budget when the request sets none
+    bodies get 413; max_messages, max_tools, max_schema_chars: most messages, tools and
+    characters of `response_format` JSON one request may hold (400 naming the limit,
+    before anything is rendered); default_max_tokens: completion budget when the request sets none
     (capped by what the context leaves); api_key: when set, every route (health
     included) requires `Authorization: Bearer <api_key>`; record_cache_tokens: sampled
     ids kept per tokenizer to spell earlier turns of later prompts with the ids the
@@ -395,7 +456,19 @@ def create_app(
         app.add_middleware(_ApiKey, api_key=api_key)
     app.state.api_key = api_key
     prompts = PromptBuilder(record_cache_tokens)
+    limits = RequestLimits(max_n, max_messages, max_tools, max_schema_chars)
+    render_slots: list[asyncio.Semaphore] = []  # made on the server's loop, at its first large prompt
     warned_fields: set[str] = set()
+
+    async def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                     end_ids: frozenset[int], chars: int) -> list[int]:
+        """The prompt's ids; a large prompt renders on a worker thread (`INLINE_RENDER_CHARS`), RENDER_THREADS at once."""
+        if chars <= INLINE_RENDER_CHARS and len(messages) <= INLINE_RENDER_MESSAGES:
+            return prompts.prompt_ids(tokenizer, messages, tools, end_ids)
+        if not render_slots:
+            render_slots.append(asyncio.Semaphore(RENDER_THREADS))
+        async with render_slots[0]:
+            return await asyncio.to_thread(prompts.prompt_ids, tokenizer, messages, tools, end_ids)
 
     @app.exception_handler(APIError)
     async def _api_error(_: fastapi.Request, error: APIError) -> JSONResponse:
@@ -449,17 +522,19 @@ def create_app(
             raise APIError(500, str(error), param="model", code="checkpoint_unreadable", type="server_error") \
                 from error
         tokenizer = engine.tokenizer
+        _check_counts(body, limits)
         _check_tool_choice(body)
         structured = _structured(body, engine)
         try:
             messages = request_messages(body.messages)
         except InvalidRequestError as error:
             raise APIError(400, str(error), param="messages") from error
-        _precheck(body, messages, tokenizer, engine.max_model_len, max_n)
+        tools = body.tools if body.tool_choice != "none" else None
+        chars = _rendered_chars(messages, tools)
+        _precheck(body, chars, tokenizer, engine.max_model_len, max_n)
         end_ids = engine.end_of_turn_ids
         try:
-            tools = body.tools if body.tool_choice != "none" else None
-            prompt_ids = prompts.prompt_ids(tokenizer, messages, tools, end_ids)
+            prompt_ids = await render(tokenizer, messages, tools, end_ids, chars)
         except InvalidRequestError as error:
             raise APIError(400, str(error), param="messages") from error
         request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, default_max_tokens, structured)
