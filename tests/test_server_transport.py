@@ -133,3 +133,104 @@ def test_oversized_requests_get_a_400_naming_the_limit_before_rendering(
     error = response.json()["error"]
     assert fragment in error["message"] and error["param"] in ("messages", "tools", "response_format"), error
     assert tokenizer.renders == 0, "refused after rendering"
+
+
+# --------------------------------------------------------------------------- timeouts, keep-alive, HTTP errors
+
+
+@pytest.fixture(scope="module")
+def strict() -> Iterator[ServerHandle]:
+    """A server with short deadlines: 0.5 s for a request head, 0.5 s between two parts of a body."""
+    engine = ScriptedEngine.from_text(build_tiny_tokenizer(), "ok", max_model_len=8192)
+    with start_server(create_app(ServedModels("m", engine), body_timeout=0.5), head_timeout=0.5) as running:
+        yield running
+
+
+def _response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """Read one HTTP/1.1 response with a Content-Length: (status, headers, body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before a whole head: {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    while len(body) < int(headers["content-length"]):
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed inside the body"
+        body += chunk
+    return int(lines[0].split()[1]), headers, body
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server closed the connection (reads until end of stream)."""
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def _connect(handle: ServerHandle) -> socket.socket:
+    sock = socket.create_connection((handle.host, handle.port), timeout=20)  # bounds a hung test only
+    return sock
+
+
+GET_HEALTH = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+
+
+def test_a_connection_is_reused_after_common_clients_idle_expiry(handle: ServerHandle) -> None:
+    """httpx and Node keep an idle connection 5 s; the server keeps it longer, so reusing it at ~5 s never races."""
+    import time
+
+    sock = _connect(handle)
+    sock.sendall(GET_HEALTH)
+    assert _response(sock)[0] == 200
+    time.sleep(5.5)  # past uvicorn's default keep-alive (5 s), the delay under test
+    sock.sendall(GET_HEALTH)
+    assert _response(sock)[0] == 200
+    sock.close()
+
+
+def test_a_request_head_sent_too_slowly_gets_408_and_is_closed(strict: ServerHandle) -> None:
+    sock = _connect(strict)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")  # and never the rest of the head
+    status, headers, body = _response(sock)
+    assert (status, headers["content-type"]) == (408, "application/json")
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+    assert _closed(sock)
+
+
+def test_a_body_shorter_than_its_length_gets_408_and_is_closed(strict: ServerHandle) -> None:
+    sock = _connect(strict)
+    body = json.dumps(chat(1)).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n" % (len(body) + 100) + body)
+    status, headers, answer = _response(sock)
+    assert (status, headers["content-type"]) == (408, "application/json")
+    assert "stopped arriving" in json.loads(answer)["error"]["message"]
+    assert _closed(sock)
+
+
+def test_a_slow_request_that_completes_is_answered(strict: ServerHandle) -> None:
+    """The deadlines are per request head and per pause: an idle kept-alive connection and a whole body pass."""
+    sock = _connect(strict)
+    body = json.dumps(chat(1)).encode()
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+               b"content-length: %d\r\n\r\n" % len(body) + body)
+    sock.sendall(request)
+    assert _response(sock)[0] == 200
+    sock.sendall(request)  # the same connection, for the next request
+    assert _response(sock)[0] == 200
+    sock.close()
+
+
+def test_a_malformed_request_line_gets_openais_error_json(handle: ServerHandle) -> None:
+    sock = _connect(handle)
+    sock.sendall(b"NOT AN HTTP REQUEST\r\n\r\n")
+    status, headers, body = _response(sock)
+    assert (status, headers["content-type"]) == (400, "application/json")
+    assert json.loads(body)["error"]["code"] == "invalid_http_request"
+    assert _closed(sock)

@@ -26,7 +26,9 @@ Compared with OpenAI's API (and vLLM's server), this one:
    that cannot enforce it;
 5. returns every error as OpenAI's `{"error": {"message", "type", "param",
    "code"}}` with a 4xx status for anything the client got wrong, including
-   request-body validation errors (400, never a 500 with a traceback);
+   request-body validation errors (400, never a 500 with a traceback), a body
+   that stops arriving (408, `body_timeout`) and, from the HTTP layer below the
+   app, malformed or too slow request heads (serve/http_protocol.py);
 6. refuses oversized work before doing it: bodies over `max_body_bytes` (413),
    `n` over `max_n`, more messages or tools than `max_messages` / `max_tools`, a
    `response_format` over `max_schema_chars`, `max_tokens` beyond the context, and
@@ -73,6 +75,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_N = 32
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 1024
+DEFAULT_BODY_TIMEOUT_S = 30.0
+"""Seconds a request body may pause between two of its parts before the request is answered 408."""
 DEFAULT_MAX_MESSAGES = 2048
 """Most messages one request may hold (a long agent rollout of 1,000 tool calls holds about 2,000)."""
 DEFAULT_MAX_TOOLS = 128
@@ -150,10 +154,10 @@ class _ApiKey:
 
 
 class _BodyLimit:
-    """ASGI middleware refusing request bodies over `max_bytes` with 413."""
+    """ASGI middleware refusing request bodies over `max_bytes` (413) or slower than `timeout` seconds a part (408)."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: Any, max_bytes: int, timeout: float) -> None:
+        self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -164,30 +168,42 @@ class _BodyLimit:
         for key, value in scope.get("headers", []):
             if key == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
                 return await _error_response(too_large)(scope, receive, send)
-        seen, exceeded = 0, False
+        seen, body_done = 0, False
+        failed: APIError | None = None
 
         async def limited_receive() -> dict:
-            nonlocal seen, exceeded
-            message = await receive()
+            nonlocal seen, body_done, failed
+            if body_done:  # afterwards the app only waits for a disconnect: no deadline
+                return await receive()
+            try:
+                async with asyncio.timeout(self.timeout):
+                    message = await receive()
+            except TimeoutError:
+                failed = APIError(408, f"The request body stopped arriving: nothing for {self.timeout:g} s "
+                                       f"after {seen} bytes.", code="request_timeout")
+                raise _BodyRefused() from None
             seen += len(message.get("body", b""))
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
             if seen > self.max_bytes:
-                exceeded = True
-                raise _BodyTooLarge()
+                failed = too_large
+                raise _BodyRefused()
             return message
 
         async def guarded_send(message: dict) -> None:
-            if not exceeded:  # the app may turn _BodyTooLarge into its own error; ours goes out instead
+            if failed is None:  # the app may turn _BodyRefused into its own error; ours goes out instead
                 await send(message)
 
         try:
             await self.app(scope, limited_receive, guarded_send)
-        except _BodyTooLarge:
+        except _BodyRefused:
             pass
-        if exceeded:
-            await _error_response(too_large)(scope, receive, send)
+        if failed is not None:
+            response = _error_response(failed)
+            response.headers["connection"] = "close"
+            await response(scope, receive, send)
 
 
-class _BodyTooLarge(Exception):
+class _BodyRefused(Exception):
     pass
 
 
@@ -438,20 +454,22 @@ def create_app(
     max_messages: int = DEFAULT_MAX_MESSAGES,
     max_tools: int = DEFAULT_MAX_TOOLS,
     max_schema_chars: int = DEFAULT_MAX_SCHEMA_CHARS,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> fastapi.FastAPI:
     """The FastAPI app serving `resolver`'s models.
 
     max_n: most choices one request may ask for; max_body_bytes: larger request
     bodies get 413; max_messages, max_tools, max_schema_chars: most messages, tools and
     characters of `response_format` JSON one request may hold (400 naming the limit,
-    before anything is rendered); default_max_tokens: completion budget when the request sets none
+    before anything is rendered); body_timeout: seconds a request body may pause
+    (408 after); default_max_tokens: completion budget when the request sets none
     (capped by what the context leaves); api_key: when set, every route (health
     included) requires `Authorization: Bearer <api_key>`; record_cache_tokens: sampled
     ids kept per tokenizer to spell earlier turns of later prompts with the ids the
     model sampled (module docstring, point 1).
     """
     app = fastapi.FastAPI(title="artrl inference server")
-    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes, timeout=body_timeout)
     if api_key:
         app.add_middleware(_ApiKey, api_key=api_key)
     app.state.api_key = api_key
