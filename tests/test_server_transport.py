@@ -234,3 +234,12 @@ def test_a_malformed_request_line_gets_openais_error_json(handle: ServerHandle) 
     assert (status, headers["content-type"]) == (400, "application/json")
     assert json.loads(body)["error"]["code"] == "invalid_http_request"
     assert _closed(sock)
+
+
+def test_invalid_json_names_the_position_not_a_parameter(handle: ServerHandle, gated: Any) -> None:
+    server, _ = gated
+    response = httpx.post(f"{server.base_url}/chat/completions", content=b'{"model": "m", "messages": [}',
+                          headers={"content-type": "application/json"}, timeout=60)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] is None and error["code"] == "invalid_json", error
+    assert "not valid JSON" in error["message"] and "character 28" in error["message"], error

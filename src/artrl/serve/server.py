@@ -496,6 +496,11 @@ def create_app(
     async def _validation_error(_: fastapi.Request, error: RequestValidationError) -> JSONResponse:
         problems = error.errors()
         first = problems[0] if problems else {}
+        if first.get("type") == "json_invalid":  # its loc is a character offset, not a parameter
+            position = next((str(p) for p in first.get("loc", ()) if p != "body"), "?")
+            reason = (first.get("ctx") or {}).get("error", first.get("msg"))
+            return _error_response(APIError(400, f"The request body is not valid JSON: {reason} at character "
+                                                 f"{position}.", code="invalid_json"))
         loc = [str(part) for part in first.get("loc", ()) if part != "body"]
         message = "; ".join(
             f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}" for e in problems
