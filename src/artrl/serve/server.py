@@ -21,8 +21,8 @@ Compared with OpenAI's API (and vLLM's server), this one:
    by a grammar, as are `response_format` `json_object` and `json_schema`
    (serve/structured.py: the reply is valid JSON for the schema, or calls the
    tools with valid arguments, unless `max_tokens` cuts it: `finish_reason`
-   "length"). A schema the grammar library cannot compile is a 400 naming
-   `response_format` or `tool_choice`; so is a structured request to an engine
+   "length"). A schema the grammar library cannot compile, or a recursive one, is a
+   400 naming `response_format`, `tools` or `tool_choice`; so is a structured request to an engine
    that cannot enforce it;
 5. returns every error as OpenAI's `{"error": {"message", "type", "param",
    "code"}}` with a 4xx status for anything the client got wrong, including
