@@ -62,7 +62,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from artrl.chat_format import completion_text, cut_at_stop
 from artrl.errors import CheckpointError
 from artrl.serve.background import ServerHandle, start_server
-from artrl.serve.chat import DEFAULT_RECORD_CACHE_TOKENS, PromptBuilder, request_messages
+from artrl.serve.chat import DEFAULT_RECORD_CACHE_BYTES, PromptBuilder, request_messages
 from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult, InvalidRequestError
 from artrl.serve.models import ModelNotFoundError, ServedModels
 from artrl.serve.structured import StructuredOutput, StructuredOutputError, structured_output
@@ -450,7 +450,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     api_key: str | None = None,
-    record_cache_tokens: int = DEFAULT_RECORD_CACHE_TOKENS,
+    record_cache_bytes: int = DEFAULT_RECORD_CACHE_BYTES,
     max_messages: int = DEFAULT_MAX_MESSAGES,
     max_tools: int = DEFAULT_MAX_TOOLS,
     max_schema_chars: int = DEFAULT_MAX_SCHEMA_CHARS,
@@ -464,16 +464,17 @@ def create_app(
     before anything is rendered); body_timeout: seconds a request body may pause
     (408 after); default_max_tokens: completion budget when the request sets none
     (capped by what the context leaves); api_key: when set, every route (health
-    included) requires `Authorization: Bearer <api_key>`; record_cache_tokens: sampled
-    ids kept per tokenizer to spell earlier turns of later prompts with the ids the
-    model sampled (module docstring, point 1).
+    included) requires `Authorization: Bearer <api_key>`; record_cache_bytes: memory the
+    cache of returned completions may take per tokenizer (serve/chat.py), which spells
+    earlier turns of later prompts with the ids the model sampled (module docstring,
+    point 1); the least recently used go first.
     """
     app = fastapi.FastAPI(title="artrl inference server")
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes, timeout=body_timeout)
     if api_key:
         app.add_middleware(_ApiKey, api_key=api_key)
     app.state.api_key = api_key
-    prompts = PromptBuilder(record_cache_tokens)
+    prompts = PromptBuilder(record_cache_bytes)
     limits = RequestLimits(max_n, max_messages, max_tools, max_schema_chars)
     render_slots: list[asyncio.Semaphore] = []  # made on the server's loop, at its first large prompt
     warned_fields: set[str] = set()
