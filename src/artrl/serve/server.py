@@ -12,7 +12,9 @@ Compared with OpenAI's API (and vLLM's server), this one:
    server returned with the ids it sampled, where the chat template renders that
    message unchanged (`chat_format.render_prompt`), so the turns of a multi-turn
    rollout extend one another's record;
-2. supports no streaming (`stream: true` -> 400) and only text content;
+2. streams (`stream: true`) as OpenAI's server-sent chunks, written once the generation
+   has finished, the token record on each choice's last chunk (serve/streaming.py); only
+   text content;
 3. stop strings cut the text at the first stop string; the token ids (and
    logprobs) end with the token that completed it;
 4. parses Qwen/Hermes `<tool_call>` blocks into `tool_calls` when the request
@@ -55,7 +57,7 @@ from typing import Any
 
 import fastapi
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -65,6 +67,7 @@ from artrl.serve.background import ServerHandle, start_server
 from artrl.serve.chat import DEFAULT_RECORD_CACHE_BYTES, PromptBuilder, request_messages
 from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult, InvalidRequestError
 from artrl.serve.models import ModelNotFoundError, ServedModels
+from artrl.serve.streaming import sse
 from artrl.serve.structured import StructuredOutput, StructuredOutputError, structured_output
 from artrl.serve.tool_calls import parse_tool_calls, tool_call_syntax
 
@@ -530,9 +533,7 @@ def create_app(
         return {"object": "list", "data": data}
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, http: fastapi.Request) -> JSONResponse:
-        if body.stream:
-            raise APIError(400, "streaming is not supported; set stream=false", param="stream")
+    async def chat_completions(body: ChatCompletionRequest, http: fastapi.Request) -> fastapi.Response:
         unknown = set(body.model_extra or {}) - _IGNORED_FIELDS - warned_fields
         if unknown:
             logger.warning("Ignoring unsupported chat completion parameters: %s", sorted(unknown))
@@ -588,6 +589,10 @@ def create_app(
             },
             "prompt_token_ids": prompt_ids,
         }
+        if body.stream:
+            options = (body.model_extra or {}).get("stream_options")
+            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            return StreamingResponse(sse(response, tokenizer, include_usage), media_type="text/event-stream")
         return JSONResponse(response)
 
     return app
