@@ -12,7 +12,8 @@ server-sent events ending with `data: [DONE]`:
    function's `name` and its whole `arguments` string, after the content before them;
 4. a last chunk with `delta: {}` and `finish_reason` (and the logprobs of tokens no piece
    carried: the end-of-turn id, a tool call's tokens), carrying the choice's token record
-   (`token_ids`, `prompt_token_ids`), exactly as the non-streamed choice has them, so a
+   (`token_ids`, `prompt_token_ids`, and any other key the server adds to a choice), exactly
+   as the non-streamed choice has them, so a
    client that keeps the last chunk of each choice keeps the record (docs/token-record.md);
 5. with `stream_options: {"include_usage": true}`, a final chunk with no choices and the
    `usage`; every chunk has `"usage": null` before it, as OpenAI's do.
@@ -29,6 +30,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from typing import Any
+
+
+_OPENAI_CHOICE_KEYS = frozenset({"index", "message", "finish_reason", "logprobs"})
+"""A choice's keys that chunks spell their own way; every other key (the token record) rides on the last chunk."""
 
 
 def _chunk(response: dict[str, Any], choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -75,9 +80,9 @@ def chunks(response: dict[str, Any], tokenizer: Any, include_usage: bool) -> Ite
                 "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}}]},
                 "logprobs": None, "finish_reason": None}], **usage)
         rest = {"content": entries[sent:]} if logprobs is not None and entries[sent:] else None  # e.g. end of turn
+        record = {k: v for k, v in choice.items() if k not in _OPENAI_CHOICE_KEYS}  # token_ids, prompt_token_ids...
         yield _chunk(response, [{"index": index, "delta": {}, "logprobs": rest,
-                                 "finish_reason": choice["finish_reason"], "token_ids": choice["token_ids"],
-                                 "prompt_token_ids": choice["prompt_token_ids"]}], **usage)
+                                 "finish_reason": choice["finish_reason"], **record}], **usage)
     if include_usage:
         yield _chunk(response, [], usage=response["usage"])
 
