@@ -31,6 +31,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import artrl as art
 from artrl.trajectories import revalidate
 from artrl.chat_format import (
+    encode,
     end_of_turn_ids,
     message_of,
     render_prompt,
@@ -60,6 +61,28 @@ def family_end_ids(name: str, tokenizer: Any) -> frozenset[int]:
 
 def turn_end(name: str) -> str:
     return FAMILIES[name]["turn_end"] if name != "tiny" else "<|im_end|>"
+
+
+# --------------------------------------------------------------------------- encoding
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=40) | st.sampled_from(["<|im_end|>\nhi", "a <|im_start|>user b", "  two  spaces"]))
+def test_encode_gives_the_wrappers_ids_whatever_state_the_backend_was_left_in(tokenizers, text):
+    """`encode` skips the wrapper's batch of one for a plain fast tokenizer; a backend left padding or
+    truncating (a caller's earlier `tokenizer(..., padding=...)`), or special tokens split, must not change
+    the ids."""
+    import copy
+
+    for name, tokenizer in tokenizers.items():
+        expected = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        assert encode(tokenizer, text) == expected, name
+        left = copy.deepcopy(tokenizer)
+        left._tokenizer.enable_padding(length=64, pad_id=0)
+        left._tokenizer.enable_truncation(max_length=2)
+        assert encode(left, text) == expected, name
+        split = copy.deepcopy(tokenizer)
+        split.split_special_tokens = True
+        assert encode(split, text) == list(split(text, add_special_tokens=False)["input_ids"]), name
 
 
 # --------------------------------------------------------------------------- validation and normalisation

@@ -349,3 +349,29 @@ def test_static_cache_slots_sample_what_the_dynamic_cache_samples(
         assert_exact(model, request.prompt_ids, mine)
     with pytest.raises(ValueError, match="CUDA"):
         TransformersEngine(model, tokenizer, static_cache=True, cuda_graphs=True)
+
+
+def test_a_model_left_in_train_mode_decodes_in_eval_mode_and_is_left_in_train_mode(
+        tmp_path: pathlib.Path, loop: asyncio.AbstractEventLoop) -> None:
+    """A trainer may leave the shared model in train mode: a batch runs without dropout (its logprobs are the
+    eval-mode forward's) and hands the model back in the modes it found, module by module."""
+    base, tokenizer = load_tiny(tmp_path)
+    torch.manual_seed(5)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                            lora_dropout=0.5, init_lora_weights=False))
+    model.train()
+    modes = {name: module.training for name, module in model.named_modules()}
+    assert all(modes.values())
+    prompt = prompt_of(tokenizer, "what is the weather")
+    engine = TransformersEngine(model, tokenizer, end_ids=frozenset())
+    try:
+        results = submit(loop, engine, GenerationRequest(prompt_ids=prompt, max_tokens=6, seed=2)).result(120)
+        with engine.model_lock:  # the worker restores the modes after answering
+            assert {name: module.training for name, module in model.named_modules()} == modes
+            model.eval()
+            try:
+                assert_exact(model, prompt, results)
+            finally:
+                model.train()
+    finally:
+        engine.close()

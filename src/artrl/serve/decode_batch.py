@@ -95,16 +95,23 @@ class DecodeBatch:
         position ids [prompts, width] and last-position logits [prompts, vocab] (float32). `adapters`: extra
         forward arguments choosing each prompt's adapter (peft's `adapter_names`), or None."""
         width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)  # [prompts, width]
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [prompts, width]
-        for i, prompt in enumerate(prompts):
-            input_ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            mask[i, width - len(prompt):] = 1
+        padded = any(len(p) != width for p in prompts)
+        if padded:
+            input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)  # [prompts, width]
+            mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [prompts, width]
+            for i, prompt in enumerate(prompts):
+                input_ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+                mask[i, width - len(prompt):] = 1
+        else:  # one prompt, or all of one length: no padding to write
+            input_ids = torch.tensor(prompts, dtype=torch.long)  # [prompts, width]
+            mask = torch.ones((len(prompts), width), dtype=torch.long)  # [prompts, width]
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [prompts, width]
         cache = DynamicCache(config=self._model.config)
-        out = self._model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                          logits_to_keep=1, **{self._cache_kwarg: cache}, **(adapters or {}))
+        # Without padding the model's own causal mask is the whole mask: passing none spares building a padding
+        # mask each prefill (the same logits; the batch keeps `mask` for its later steps).
+        out = self._model(input_ids=input_ids, attention_mask=mask if padded else None, position_ids=position_ids,
+                          use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache}, **(adapters or {}))
         return cache, mask, position_ids, out.logits[:, -1, :].float()
 
     def admit(self, rows: Sequence[Any], prompts: Sequence[list[int]], prompt_of_row: Sequence[int],

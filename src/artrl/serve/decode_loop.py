@@ -173,9 +173,8 @@ class DecodeLoop:
         batch = DecodeBatch(self._model, self._cache_kwarg, self._pad_id, device)
         attention = "sdpa" if static else self._attn_implementation  # the static step's 4-D mask needs sdpa
         try:
-            with preserved_training_state(self._model), attention_for_serving(self._model, attention), \
-                    torch.inference_mode():
-                self._model.eval()
+            with preserved_training_state(self._model, eval_mode=True), \
+                    attention_for_serving(self._model, attention), torch.inference_mode():
                 try:
                     if static:
                         batch = StaticDecodeBatch(self._model, self._cache_kwarg, self._pad_id, device,
