@@ -43,6 +43,11 @@ OPENAI_CLIENT_TIMEOUT_S = 1200.0
 """Request timeout of `Model.openai_client()` (ART's: 1200 s, 5 s to connect)."""
 
 
+def _no_cost(_prompt_tokens: int | None, _completion_tokens: int | None, _cost_context: str) -> dict[str, float]:
+    """ART's default cost calculator: no cost."""
+    return {}
+
+
 class Model(pydantic.BaseModel):
     """A model that serves inference (ART's `Model`); `TrainableModel` can also train.
 
@@ -297,12 +302,23 @@ class TrainableModel(Model):
     trainable: bool = True
 
     _internal_config: InternalModelConfig | None = pydantic.PrivateAttr(default=None)
+    _cost_calculator: Any = pydantic.PrivateAttr(default=None)
 
     def __init__(self, *, _internal_config: InternalModelConfig | dict[str, Any] | None = None, **data: Any) -> None:
         super().__init__(**data)
         if isinstance(_internal_config, dict):
             _internal_config = InternalModelConfig(**_internal_config)
         self._internal_config = _internal_config
+
+    @property
+    def cost_calculator(self) -> Any:
+        """ART's per-call cost hook, `(prompt_tokens, completion_tokens, cost_context) -> {metric: dollars}`;
+        by default one that reports no cost (ART's no-op calculator)."""
+        return self._cost_calculator if self._cost_calculator is not None else _no_cost
+
+    def set_cost_calculator(self, calculator: Any) -> None:
+        """Set the cost hook (None: back to the no-op one), as ART's `set_cost_calculator`."""
+        self._cost_calculator = calculator
 
     def internal_config(self) -> InternalModelConfig:
         return self._internal_config or InternalModelConfig()

@@ -29,10 +29,11 @@ process serves, torch.distributed workers train (docs/distributed.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import threading
-from collections.abc import Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,7 @@ from ..notices import notice_once
 from ..trajectories import Trajectory, TrajectoryGroup
 from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
 from ..run import storage
+from .adapter_leases import LeaseRegistry, pin_inference_step, pinned_inference_step
 from .session import TrainingSession
 
 if TYPE_CHECKING:
@@ -112,6 +114,7 @@ class LocalBackend(Backend):
         self._server: Any = None
         self._served: Any = None
         self._lock = threading.Lock()
+        self._leases: dict[str, LeaseRegistry] = {}  # model name -> steps leased by rollouts and evals now
         self.show_progress = show_progress
 
     # ------------------------------------------------------------------ lifecycle
@@ -262,7 +265,35 @@ class LocalBackend(Backend):
         `name` is returned because it is the same weights without loading the latest checkpoint a second
         time as its own adapter (docs/art-compatibility.md)."""
         base = model.inference_model_name or model.name
+        if step is None:
+            step = pinned_inference_step(model.name)  # inside adapter_lease(model, step): that checkpoint
         return base if step is None else f"{base}@{step}"
+
+    # ------------------------------------------------------------------ leases (ART 0.5.18, PipelineTrainer)
+    def leases(self, model: "Model") -> LeaseRegistry:
+        """The registry of `model`'s steps leased now (created on first use)."""
+        return self._leases.setdefault(model.name, LeaseRegistry())
+
+    @contextlib.asynccontextmanager
+    async def adapter_lease(self, model: "Model", step: int) -> AsyncIterator[None]:
+        """ART's `adapter_lease`: inside it, this asyncio context's `model.get_inference_name()` is
+        `name@step`, so every turn of a rollout samples from checkpoint `step` while the trainer writes newer
+        ones; the step counts as leased (`leases(model).active_steps()`) until the block ends."""
+        async with pin_inference_step(model.name, step), self.leases(model).hold(step):
+            yield
+
+    async def prune_model_adapters(self, model: "Model", *, retain_steps: Iterable[int]) -> set[int]:
+        """ART's `prune_model_adapters`: let the server free the checkpoint adapters of `model` it loaded
+        for steps outside `retain_steps` and outside every active lease. Checkpoint files are never deleted
+        here (that is `_delete_checkpoint_files`). Returns the steps kept; a server that cannot free
+        adapters keeps them all."""
+        retain = set(retain_steps) | self.leases(model).active_steps()
+        prune = getattr(self._served, "prune", None)
+        if callable(prune):
+            pruned = prune(model.inference_model_name or model.name, retain)
+            if inspect.isawaitable(pruned):
+                await pruned
+        return retain
 
     async def _delete_checkpoint_files(self, model: "TrainableModel", steps_to_keep: list[int]) -> None:
         """ART's hook: delete the model's checkpoints except `steps_to_keep` (the latest always stays)."""
@@ -290,8 +321,10 @@ class LocalBackend(Backend):
 
     # ------------------------------------------------------------------ training
     async def train(self, model: "TrainableModel", trajectory_groups: Iterable[TrajectoryGroup], *,
-                    config: TrainConfig | None = None, save_checkpoint: bool = True, verbose: bool = False,
-                    **kwargs: Any) -> LocalTrainResult:
+                    config: TrainConfig | None = None, loss_fn: str | None = None,
+                    loss_fn_config: dict[str, Any] | None = None, normalize_advantages: bool = True,
+                    adam_params: object | None = None, packed_sequence_length: int | None = None,
+                    save_checkpoint: bool = True, verbose: bool = False, **kwargs: Any) -> LocalTrainResult:
         """One RL train call (ART's `backend.train`); returns the new step, its metrics and checkpoint.
 
         Keyword arguments are `TrainConfig` fields, which include every keyword of ART's
@@ -301,12 +334,20 @@ class LocalBackend(Backend):
         precalculate_logprobs, allow_training_without_logprobs, plot_tensors, truncated_importance_sampling,
         scale_learning_rate_by_reward_std_dev, logprob_calculation_chunk_size,
         num_trajectories_learning_rate_multiplier_power; and artrl's own (groups_per_optimizer_step, beta, batching).
+        ART 0.5.18's keywords (`art_train_overrides`): `loss_fn` "cispo" or "ppo" (TrainConfig.loss),
+        `normalize_advantages=False` turns `scale_rewards` off (ART's alias), `packed_sequence_length` is the
+        packed row length (TrainConfig.row_length, at most the model's max_length); `loss_fn_config` and
+        `adam_params` must be None, as in ART's LocalBackend (ConfigError otherwise).
         `save_checkpoint` and `verbose` mean what they mean in ART (TrainingSession.train). As in ART, the
         groups are not logged and no history row is written (call `model.log(...)`, as in ART).
         When `_train_model` is replaced by an async generator of per-step metrics (ART's hook protocol, on the
         instance or in a subclass), this iterates it as ART's `LocalBackend.train` does (backend_hooks.py).
         """
         groups = list(trajectory_groups)
+        kwargs.update(art_train_overrides(loss_fn=loss_fn, loss_fn_config=loss_fn_config,
+                                          normalize_advantages=normalize_advantages, adam_params=adam_params,
+                                          packed_sequence_length=packed_sequence_length,
+                                          max_length=_internal_config(model).max_length))
         if inspect.isasyncgenfunction(self._train_model):  # replaced by a hook on ART's protocol (backend_hooks.py)
             cfg = InternalModelConfig().call_config(config or TrainConfig(), kwargs)
             run = storage.run_dir(self._path, model.project, model.name)
@@ -342,6 +383,44 @@ class LocalBackend(Backend):
         cfg = session.cfg.call_config(config, overrides)
         return asyncio.to_thread(session.train, kind, data, cfg, show_progress=self.show_progress, verbose=verbose,
                                  save_checkpoint=save_checkpoint, history_row=history_row)
+
+
+def art_train_overrides(*, loss_fn: str | None, loss_fn_config: dict[str, Any] | None, normalize_advantages: bool,
+                        adam_params: object | None, packed_sequence_length: int | None,
+                        max_length: int | None) -> dict[str, Any]:
+    """ART 0.5.18's `LocalBackend.train` keywords as TrainConfig fields; refuses what ART's LocalBackend refuses.
+
+    ART: `loss_fn` "cispo" (the default) or "ppo" is its `ppo` flag; `normalize_advantages=False` sets
+    `scale_rewards=False` (centre the group's rewards, do not divide by their std); `loss_fn_config` and
+    `adam_params` are for other backends and raise; `packed_sequence_length` is the packed row length and may
+    not exceed the model's maximum length. ART also asks it to be a multiple of its logprob chunk size, a
+    constraint of its own kernels that artrl's chunked logprobs do not have (docs/art-compatibility.md)."""
+    out: dict[str, Any] = {}
+    if loss_fn is not None:
+        if loss_fn not in ("cispo", "ppo"):
+            raise ConfigError(f"backend.train(loss_fn={loss_fn!r}): LocalBackend supports loss_fn='cispo' (the "
+                              "default) or 'ppo', as ART's LocalBackend does (TrainConfig.loss='gspo' is artrl's own).")
+        out["loss"] = loss_fn
+    if loss_fn_config is not None:
+        raise ConfigError(f"backend.train(loss_fn_config={loss_fn_config!r:.120}): LocalBackend requires "
+                          "loss_fn_config=None, as ART's does; set the loss's options as keywords (epsilon, "
+                          "epsilon_high, importance_sampling_level, ...).")
+    if adam_params is not None:
+        raise ConfigError(f"backend.train(adam_params={adam_params!r:.120}): LocalBackend requires adam_params=None, "
+                          "as ART's does; set learning_rate per call, and AdamW's betas / epsilon / weight decay in "
+                          "InternalModelConfig (adam_beta1, adam_beta2, adam_epsilon, weight_decay).")
+    if not normalize_advantages:
+        out["scale_rewards"] = False
+    if packed_sequence_length is not None:
+        if isinstance(packed_sequence_length, bool) or not isinstance(packed_sequence_length, int) \
+                or packed_sequence_length < 16:
+            raise ConfigError(f"backend.train(packed_sequence_length={packed_sequence_length!r}): give the packed "
+                              "row length in tokens, an int >= 16 (or None to choose it automatically).")
+        if max_length is not None and packed_sequence_length > max_length:
+            raise ConfigError(f"packed_sequence_length ({packed_sequence_length}) exceeds the model's max_length "
+                              f"({max_length}); lower it, or raise InternalModelConfig.max_length.")
+        out["row_length"] = packed_sequence_length
+    return out
 
 
 def _no_s3(method: str, path: Path, model: "Model", kwargs: dict[str, Any]) -> ConfigError:

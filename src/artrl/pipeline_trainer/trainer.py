@@ -1,0 +1,682 @@
+"""`PipelineTrainer`: rollouts, training and eval overlapped, with bounded staleness (ART 0.5.18's API).
+
+Three stages run as coroutines of one `asyncio.TaskGroup`, linked by queues:
+
+    scenarios --> rollout workers --GroupReady--> training stage --step--> eval stage
+                  (num_rollout_workers,            (backend.train, one       (eval_fn on a
+                   each under a lease of the        call per batch, then      leased checkpoint)
+                   version it started on)           model.log, state, retention)
+
+* A worker pulls a scenario and an admission ticket (staleness.py), waits on the
+  `policy_updated` condition until the ticket may start, rolls out inside
+  `backend.adapter_lease(model, version)` (every turn samples `name@version`), stamps
+  `initial_policy_version` / `final_policy_version` on the trajectories and queues
+  the group. A rollout that raises is logged and counted, its ticket freed; the
+  pipeline goes on.
+* The trainer takes `min_batch_size` groups (then whatever else is queued, up to
+  `max_batch_size`), drops stale ones (counted: `train/discarded_stale_groups`),
+  sets aside groups with no reward spread (logged under split "discarded"; after
+  `discard_queue_multiplier * min_batch_size` of them in a row of steps it stops:
+  "model collapse"), raises if every rollout of a group failed, trains the batch in
+  admission order and writes one train row with the pipeline's figures.
+* The eval stage runs `eval_fn` on the steps the trainer schedules.
+
+A stop (`request_stop()`, SIGINT, SIGTERM) lets a train call in progress finish, then
+ends; rollouts in flight are cancelled. Waits are on conditions, queues and events
+only; timings use the injectable `clock`.
+
+Unlike ART, `LocalBackend` is accepted in every configuration (one CPU machine, one
+GPU): ART refuses it outside "dedicated mode" (separate trainer and inference GPUs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Generic, TypeVar, cast
+
+from ..errors import ConfigError
+from ..local.adapter_leases import LeaseRegistry
+from ..run import storage
+from ..trajectories import Trajectory, TrajectoryGroup
+from .checkpoint_retention import (CHECKPOINT_CREATED_AT_METRIC, CHECKPOINT_EVAL_COMPLETED_METRIC,
+                                   CHECKPOINT_SAVED_METRIC, CheckpointInfo, CheckpointRetentionContext,
+                                   CheckpointRetentionStrategy, steps_to_delete)
+from .messages import EvalStop, GroupReady, ScenariosExhausted
+from .state import PIPELINE_STATE_KEY, PipelineState, SavedState
+from .staleness import Admission, StalenessBound, Ticket
+from .status import StatusReporter
+from .types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
+
+log = logging.getLogger("artrl.pipeline_trainer")
+T = TypeVar("T")
+
+
+def make_group_rollout_fn(single_rollout_fn: SingleRolloutFn, n: int = 4) -> RolloutFn:
+    """A `RolloutFn` that runs `single_rollout_fn` n times in parallel; exceptions land in the group's
+    `exceptions` (a group whose every rollout failed makes the trainer raise, as in ART)."""
+
+    async def group_rollout(model: Any, scenario: Any, config: Any) -> TrajectoryGroup:
+        if n <= 0:
+            return TrajectoryGroup([])
+        results = await asyncio.gather(*(single_rollout_fn(model, scenario, config) for _ in range(n)),
+                                       return_exceptions=True)
+        for r in results:  # a cancellation is not a failed rollout
+            if isinstance(r, asyncio.CancelledError):
+                raise r
+        return TrajectoryGroup(results)
+
+    return group_rollout
+
+
+def _aiter(scenarios: Iterable[T] | AsyncIterator[T]) -> AsyncIterator[T]:
+    if hasattr(scenarios, "__anext__"):
+        return cast(AsyncIterator[T], scenarios)
+
+    async def gen() -> AsyncIterator[T]:
+        for item in scenarios:  # type: ignore[union-attr]
+            yield item
+
+    return gen()
+
+
+def _zero_variance(group: TrajectoryGroup) -> bool:
+    rewards = [t.reward for t in group.trajectories]
+    return len(rewards) <= 1 or all(abs(r - rewards[0]) <= 1e-12 for r in rewards[1:])
+
+
+class _Batch:
+    """What one collection for a train call produced."""
+
+    def __init__(self) -> None:
+        self.ready: list[GroupReady] = []
+        self.discarded = 0
+        self.exhausted = False
+        self.stopped = False
+        self.collapsed = False
+
+
+class PipelineTrainer(Generic[ScenarioT, ConfigT]):
+    """Async three-stage pipeline of rollouts, training and eval; see the module docstring.
+
+    The constructor is ART 0.5.18's (names, defaults and checks); `clock` (seconds, monotonic) is artrl's,
+    for tests. `max_steps_off_policy` bounds how many steps older than the weights a trained group's
+    policy version may be (0: on policy, the synchronous loop)."""
+
+    def __init__(self, model: Any, backend: Any, rollout_fn: RolloutFn, scenarios: AsyncIterator[ScenarioT] |
+                 Iterable[ScenarioT], config: ConfigT, eval_fn: EvalFn | None = None, *,
+                 num_rollout_workers: int = 16, min_batch_size: int = 4, max_batch_size: int | None = None,
+                 max_steps_off_policy: int = 4, queue_maxsize: int | None = None, learning_rate: float = 1e-5,
+                 loss_fn: str = "cispo", loss_fn_config: dict | None = None, normalize_advantages: bool = True,
+                 adam_params: object | None = None, packed_sequence_length: int | None = None,
+                 max_steps: int | None = None, discard_queue_multiplier: int = 100,
+                 log_interval_seconds: float = 60.0, status_ewa_alpha: float = 0.2,
+                 total_scenarios: int | None = None, eval_every_n_steps: int = 20, eval_at_start: bool = True,
+                 save_checkpoint: bool = True, checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
+                 checkpoint_retention_interval: int = 1, resume: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        checks = [(num_rollout_workers <= 0, "num_rollout_workers must be > 0"),
+                  (min_batch_size <= 0, "min_batch_size must be > 0"),
+                  (max_batch_size is not None and max_batch_size <= 0, "max_batch_size must be > 0"),
+                  (max_batch_size is not None and max_batch_size < min_batch_size,
+                   "max_batch_size must be >= min_batch_size"),
+                  (max_steps_off_policy < 0, "max_steps_off_policy must be >= 0"),
+                  (queue_maxsize is not None and queue_maxsize <= 0, "queue_maxsize must be > 0"),
+                  (eval_every_n_steps < 0, "eval_every_n_steps must be >= 0"),
+                  (max_steps is not None and max_steps < 0, "max_steps must be >= 0"),
+                  (log_interval_seconds <= 0, "log_interval_seconds must be > 0"),
+                  (discard_queue_multiplier <= 0, "discard_queue_multiplier must be > 0"),
+                  (checkpoint_retention_interval <= 0, "checkpoint_retention_interval must be > 0")]
+        for failed, message in checks:
+            if failed:
+                raise ValueError(message)
+        self.model, self.backend, self.rollout_fn, self.config, self.eval_fn = model, backend, rollout_fn, config, eval_fn
+        self.num_rollout_workers = num_rollout_workers
+        self.min_batch_size = min_batch_size
+        self.max_batch_size = max_batch_size if max_batch_size is not None else 10 * min_batch_size
+        self.max_steps_off_policy = max_steps_off_policy
+        self.queue_maxsize = queue_maxsize
+        self.learning_rate, self.loss_fn, self.loss_fn_config = learning_rate, loss_fn, loss_fn_config
+        self.normalize_advantages, self.adam_params = normalize_advantages, adam_params
+        self.packed_sequence_length, self.max_steps = packed_sequence_length, max_steps
+        self.discard_queue_multiplier = discard_queue_multiplier
+        self.eval_every_n_steps, self.eval_at_start, self.save_checkpoint = eval_every_n_steps, eval_at_start, save_checkpoint
+        self.checkpoint_retention_strategy = checkpoint_retention_strategy
+        self.checkpoint_retention_interval = checkpoint_retention_interval
+        self.resume = resume
+        self.clock = clock
+        self.bound = StalenessBound(max_steps_off_policy)
+        self.state = PipelineState()
+        self._scenarios = _aiter(scenarios)
+        self._scenario_lock = asyncio.Lock()
+        self._discard_queue: list[TrajectoryGroup] = []
+        self._discard_queue_limit = discard_queue_multiplier * min_batch_size
+        self._collapse_triggered = False
+        self._leases = LeaseRegistry()  # steps rollouts and evals use now: retention never deletes them
+        self._scheduled_eval_steps: set[int] = set()
+        self._stop = asyncio.Event()
+        self._admission: Admission | None = None
+        self._queue: asyncio.Queue[GroupReady | ScenariosExhausted] | None = None
+        self._eval_queue: asyncio.Queue[int | EvalStop] | None = None
+        self._status = StatusReporter(get_scenario_offset=lambda: self.state.scenario_offset,
+                                      log_interval_seconds=log_interval_seconds, status_ewa_alpha=status_ewa_alpha,
+                                      total_scenarios=total_scenarios, num_workers=num_rollout_workers, clock=clock)
+        self._log_interval = log_interval_seconds
+        self._validate_backend_support()
+
+    # ------------------------------------------------------------------ checks
+    def _validate_backend_support(self) -> None:
+        """ART's checks for LocalBackend (loss and optimizer options), without ART's dedicated-mode refusal."""
+        from ..local.backend import LocalBackend
+
+        if not isinstance(self.backend, LocalBackend):
+            return
+        if self.loss_fn not in ("cispo", "ppo"):
+            raise ConfigError(f"PipelineTrainer(loss_fn={self.loss_fn!r}) with LocalBackend: loss_fn must be "
+                              "'cispo' or 'ppo', as in ART.")
+        if self.loss_fn_config is not None:
+            raise ConfigError("PipelineTrainer with LocalBackend requires loss_fn_config=None, as in ART.")
+        if self.adam_params is not None:
+            raise ConfigError("PipelineTrainer with LocalBackend requires adam_params=None, as in ART; AdamW's "
+                              "settings are InternalModelConfig's (adam_beta1, adam_beta2, adam_epsilon).")
+
+    # ------------------------------------------------------------------ run
+    async def train(self, *, handle_signals: bool = True) -> None:
+        """Run the pipeline until the scenarios end, `max_steps` steps are trained, a stop is requested or
+        the model collapses."""
+        start_step = await self.model.get_step()
+        saved = SavedState.from_state_file(self.model.read_state()) if self.resume else SavedState()
+        if saved.training_step is not None and saved.training_step != start_step:
+            log.warning("the pipeline state was written at step %d but the model is at step %d; resuming from "
+                        "step %d with scenario offset %d", saved.training_step, start_step, start_step,
+                        saved.scenario_offset)
+        self.state = PipelineState(policy_version=start_step, next_training_step=start_step,
+                                   total_scenarios_consumed=saved.total_scenarios_consumed,
+                                   last_eval_step=saved.last_eval_step,
+                                   completed_eval_steps=set(saved.completed_eval_steps))
+        if saved.scenario_offset:
+            self.state.scenario_offset = await self._skip_scenarios(saved.scenario_offset)
+            self.state.total_scenarios_consumed = max(self.state.total_scenarios_consumed, self.state.scenario_offset)
+        self._stop = asyncio.Event()
+        self._admission = Admission(self.bound, self.min_batch_size, start_step)
+        maxsize = self.queue_maxsize or max(1, self.max_steps_off_policy * self.max_batch_size)
+        self._queue = asyncio.Queue(maxsize=maxsize)
+        self._eval_queue = asyncio.Queue()
+        if self.eval_fn is not None and self.eval_at_start:
+            self._schedule_eval(start_step)
+            self._persist(start_step)
+        self._status.start(initial_step=start_step)
+        restore = self._install_signal_handlers() if handle_signals else (lambda: None)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                rollouts = tg.create_task(self._rollout_stage(), name="rollout_stage")
+                tg.create_task(self._eval_stage(self._eval_queue), name="eval_stage")
+                status = tg.create_task(self._status_loop(), name="status_loop")
+                try:
+                    await self._training_stage(start_step)
+                finally:
+                    rollouts.cancel()  # rollouts in flight are not needed any more
+                    status.cancel()
+                    self._eval_queue.put_nowait(EvalStop())  # queued evals still run
+        finally:
+            restore()
+            self._status.flush()
+            self._status.close()
+
+    def request_stop(self) -> None:
+        """Stop cleanly: a train call in progress finishes, nothing new starts."""
+        if self.state.done:
+            return
+        self.state.done = True
+        self._stop.set()
+        try:
+            asyncio.get_running_loop().create_task(self._notify_policy())
+        except RuntimeError:
+            pass
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+
+        def on_signal(sig: signal.Signals) -> None:
+            if not self.state.done:
+                log.warning("%s received: stopping after the current step", sig.name)
+            self.request_stop()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, on_signal, sig)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue  # not the main thread, or no signal support: request_stop() still works
+
+        def restore() -> None:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+        return restore
+
+    async def _notify_policy(self) -> None:
+        async with self.state.policy_updated:
+            self.state.policy_updated.notify_all()
+
+    # ------------------------------------------------------------------ scenarios
+    async def _skip_scenarios(self, count: int) -> int:
+        skipped = 0
+        while skipped < count:
+            try:
+                await anext(self._scenarios)
+            except StopAsyncIteration:
+                log.warning("the scenarios ended after %d of the %d already pulled in the resumed run", skipped,
+                            count)
+                break
+            skipped += 1
+        return skipped
+
+    async def _pull(self) -> tuple[int, Any, Ticket] | None:
+        """The next scenario, its index in the stream and its admission ticket; None when they are used up."""
+        assert self._admission is not None
+        async with self._scenario_lock:
+            if self.state.done:
+                return None
+            try:
+                scenario = await anext(self._scenarios)
+            except StopAsyncIteration:
+                return None
+            index = self.state.scenario_offset
+            self.state.scenario_offset += 1
+            self.state.total_scenarios_consumed += 1
+            return index, scenario, self._admission.admit()
+
+    # ------------------------------------------------------------------ leases
+    @asynccontextmanager
+    async def _adapter_lease(self, step: int) -> AsyncIterator[None]:
+        async with self._leases.hold(step):
+            lease = getattr(self.backend, "adapter_lease", None)
+            if lease is None:
+                yield
+                return
+            async with lease(self.model, step):
+                yield
+
+    # ------------------------------------------------------------------ rollout stage
+    async def _rollout_stage(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for i in range(self.num_rollout_workers):
+                tg.create_task(self._rollout_worker(i), name=f"rollout_worker_{i}")
+        assert self._queue is not None
+        await self._queue.put(ScenariosExhausted())
+
+    async def _rollout_worker(self, worker_id: int) -> None:
+        assert self._queue is not None and self._admission is not None
+        while not self.state.done:
+            pulled = await self._pull()
+            if pulled is None:
+                return
+            index, scenario, ticket = pulled
+            self._status.note_rollout_started()
+            queued = errored = False
+            try:
+                waited_from = self.clock()
+                async with self.state.policy_updated:
+                    await self.state.policy_updated.wait_for(
+                        lambda: self.state.done or self._admission.may_start(ticket, self.state.policy_version))
+                if self.state.done:
+                    return
+                idle_s = self.clock() - waited_from
+                version = self.state.policy_version
+                token = self.model.activate_metrics_context("train")
+                started = self.clock()
+                try:
+                    async with self._adapter_lease(version):
+                        group = await self.rollout_fn(self.model, scenario, self.config)
+                finally:
+                    token.var.reset(token)
+                rollout_s = self.clock() - started
+                if not isinstance(group, TrajectoryGroup):
+                    raise TypeError(f"rollout_fn returned a {type(group).__name__}, not a TrajectoryGroup")
+                self._apply_scenario_metadata(group, scenario)
+                for t in group.trajectories:
+                    if t.initial_policy_version is None:
+                        t.initial_policy_version = version
+                    if t.final_policy_version is None:
+                        t.final_policy_version = self.state.policy_version
+                await self._queue.put(GroupReady(group, ticket, index, version, rollout_s, idle_s))
+                queued = True
+                self._status.note_group_enqueued(group)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                errored = True
+                self.state.failed_rollouts += 1
+                log.warning("worker %d: rollout of scenario %d failed (%s.%s): %r%s", worker_id, index,
+                            type(exc).__module__, type(exc).__name__, exc, _scenario_context(scenario))
+            finally:
+                if not queued:
+                    self._admission.release(ticket)  # the slot goes to the next scenario
+                self._status.note_rollout_finished(errored=errored)
+
+    # ------------------------------------------------------------------ training stage
+    async def _next(self) -> GroupReady | ScenariosExhausted | None:
+        """The next message, or None once a stop is requested (whichever comes first)."""
+        assert self._queue is not None
+        if self._stop.is_set():
+            return None
+        get = asyncio.ensure_future(self._queue.get())
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({get, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (get, stop):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(get, stop, return_exceptions=True)
+        if get.done() and not get.cancelled():
+            return get.result()
+        return None
+
+    def _take(self, msg: GroupReady, step: int, batch: _Batch) -> None:
+        """Accept, discard (stale) or set aside (no reward spread) one group for the call from `step`."""
+        assert self._admission is not None
+        self._status.note_group_dequeued(msg.group)
+        group = msg.group
+        if not group.trajectories and group.exceptions:
+            first = group.exceptions[0]
+            raise RuntimeError(f"All {len(group.exceptions)} rollouts in group failed (scenario "
+                               f"{msg.scenario_index}). First exception ({first.type}): {first.message}")
+        if self.bound.is_stale(msg.initial_version, step):
+            batch.discarded += 1
+            self._admission.release(msg.ticket)
+            return
+        if _zero_variance(group):
+            self._admission.release(msg.ticket)
+            self._discard_queue.append(group)
+            self._status.note_zero_variance_discarded(1)
+            if len(self._discard_queue) >= self._discard_queue_limit:
+                self._trigger_collapse()
+                batch.collapsed = True
+            return
+        batch.ready.append(msg)
+
+    async def _collect(self, step: int) -> _Batch:
+        assert self._queue is not None
+        batch = _Batch()
+        while len(batch.ready) < self.min_batch_size and not batch.collapsed:
+            msg = await self._next()
+            if msg is None:
+                batch.stopped = True
+                return batch
+            if isinstance(msg, ScenariosExhausted):
+                batch.exhausted = True
+                return batch
+            self._take(msg, step, batch)
+        while len(batch.ready) < self.max_batch_size and not batch.collapsed and not self._queue.empty():
+            msg = self._queue.get_nowait()
+            if isinstance(msg, ScenariosExhausted):
+                batch.exhausted = True
+                break
+            self._take(msg, step, batch)
+        return batch
+
+    async def _training_stage(self, start_step: int) -> None:
+        current = start_step
+        stop_at = current + self.max_steps if self.max_steps is not None else None
+        try:
+            while stop_at is None or current < stop_at:
+                step_started = self.clock()
+                batch = await self._collect(current)
+                trainer_idle_s = self.clock() - step_started
+                self.state.discarded_stale_groups += batch.discarded
+                self._status.note_stale(batch.discarded)
+                if batch.collapsed or batch.stopped or not batch.ready:
+                    break
+                current = await self._train_step(current, batch, step_started, trainer_idle_s)
+                if batch.exhausted or self._stop.is_set():
+                    break
+        finally:
+            self.state.done = True
+            self._stop.set()
+            self._persist(current)
+            await self._notify_policy()
+
+    async def _train_step(self, current: int, batch: _Batch, step_started: float, trainer_idle_s: float) -> int:
+        ready = sorted(batch.ready, key=lambda m: m.ticket.seq)  # admission order: the synchronous loop's order
+        groups = [m.group for m in ready]
+        off_policy = [current - m.initial_version for m in ready]
+        expected = current + 1
+        eval_step = self._should_eval(expected)
+        async with self.state.policy_updated:
+            self.state.next_training_step = expected
+            self.state.policy_updated.notify_all()
+        # every group of this call was pulled before this write, so a resumed run never trains one again
+        self._persist(current)
+        self._status.note_training_start(len(groups))
+        kwargs: dict[str, Any] = {"learning_rate": self.learning_rate, "loss_fn": self.loss_fn,
+                                  "loss_fn_config": self.loss_fn_config,
+                                  "normalize_advantages": self.normalize_advantages,
+                                  "save_checkpoint": self.save_checkpoint and eval_step,
+                                  "adam_params": self.adam_params}
+        if self.packed_sequence_length is not None:
+            kwargs["packed_sequence_length"] = self.packed_sequence_length
+        call_started = self.clock()
+        try:
+            result = await self.backend.train(self.model, groups, **kwargs)
+        finally:
+            trainer_s = self.clock() - call_started
+            self._status.note_training_end()
+        step = int(result.step)
+        async with self.state.policy_updated:
+            self.state.policy_version = step
+            self.state.next_training_step = step
+            self.state.policy_updated.notify_all()
+        self._log_checkpoint_saved(result)
+        await self._prune_model_adapters(step)
+        await self._run_checkpoint_retention(step)
+        step_s = self.clock() - step_started
+        self._status.note_training_batch(groups, step=step, step_seconds=step_s)
+        metrics: dict[str, float] = {
+            "discarded_stale_groups": float(self.state.discarded_stale_groups),
+            "steps_off_policy": sum(off_policy) / len(off_policy),
+            "steps_off_policy_max": float(max(off_policy)),
+            "time/step_wall_s": step_s,
+            "throughput/step_trainer_idle_s": trainer_idle_s,
+            "time/step_trainer_s": trainer_s,
+        }
+        actor_s = sum(m.rollout_s for m in ready)
+        actor_idle_s = sum(m.actor_idle_s for m in ready)
+        if actor_s > 0:
+            metrics["time/step_actor_s"] = actor_s
+        if actor_idle_s > 0:
+            metrics["throughput/step_actor_idle_s"] = actor_idle_s
+        metrics.update({k: v for k, v in result.metrics.items() if k not in metrics})
+        await self.model.log(groups, split="train", step=step, metrics=metrics)
+        if self._discard_queue:
+            await self.model.log(self._discard_queue[:50], split="discarded", step=step)
+            self._discard_queue.clear()
+        if eval_step:
+            self._schedule_eval(step)
+        self._persist(step)
+        return step
+
+    # ------------------------------------------------------------------ collapse
+    def _trigger_collapse(self) -> None:
+        if self._collapse_triggered:
+            return
+        self._collapse_triggered = True
+        self.state.done = True
+        self._stop.set()
+        log.error("MODEL COLLAPSE DETECTED - training stopped: %d trajectory groups in a row of steps had no reward "
+                  "spread (every rollout of the group scored the same), so the policy may have collapsed. Lower "
+                  "the learning rate, check that the reward varies and the prompts are diverse, or use smaller "
+                  "batches. To relax this failsafe raise discard_queue_multiplier (now %d; it stops after %d * "
+                  "min_batch_size = %d such groups).", self._discard_queue_limit, self.discard_queue_multiplier,
+                  self.discard_queue_multiplier, self._discard_queue_limit)
+
+    # ------------------------------------------------------------------ eval stage
+    def _should_eval(self, step: int) -> bool:
+        return (self.eval_fn is not None and self.eval_every_n_steps > 0
+                and step - self.state.last_eval_step >= self.eval_every_n_steps)
+
+    def _schedule_eval(self, step: int) -> None:
+        assert self._eval_queue is not None
+        self._scheduled_eval_steps.add(step)
+        self.state.last_eval_step = step
+        self._eval_queue.put_nowait(step)
+
+    async def _eval_stage(self, queue: "asyncio.Queue[int | EvalStop]") -> None:
+        while True:
+            item = await queue.get()
+            if isinstance(item, EvalStop):
+                return
+            await self._run_eval(item)
+
+    async def _run_eval(self, step: int) -> None:
+        assert self.eval_fn is not None
+        self._status.note_val_started(step)
+        reward: float | None = None
+        completed = False
+        started = self.clock()
+        try:
+            token = self.model.activate_metrics_context("eval")
+            try:
+                async with self._adapter_lease(step):
+                    result = await self.eval_fn(self.model, step, self.config)
+            finally:
+                token.var.reset(token)
+            elapsed = self.clock() - started
+            splits = result if isinstance(result, dict) else {"val": result}
+            timing: dict[str, float] | None = {"time/step_eval_s": elapsed}
+            for split, items in splits.items():
+                groups = _eval_groups(items)
+                trajectories = [t for g in groups for t in g.trajectories]
+                if split == "val" and trajectories:
+                    reward = sum(t.reward for t in trajectories) / len(trajectories)
+                if groups:
+                    await self.model.log(groups, split=split, step=step, metrics=timing)
+                    timing = None
+            if timing is not None:
+                await self.model.log(None, split="val", step=step, metrics=timing)
+            self._checkpoint_row(step, {CHECKPOINT_EVAL_COMPLETED_METRIC: 1.0})
+            completed = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("eval at step %d failed (%s): %r", step, type(exc).__name__, exc)
+        finally:
+            self._scheduled_eval_steps.discard(step)
+            if completed:
+                self.state.completed_eval_steps.add(step)
+                self._persist(self.state.next_training_step)
+            self._status.note_val_finished(step, reward)
+
+    async def _status_loop(self) -> None:
+        """One status line every log_interval_seconds (a timer; cancelled when training ends)."""
+        while True:
+            self._status.log_if_due()
+            await asyncio.sleep(self._log_interval)
+
+    # ------------------------------------------------------------------ state, history, checkpoints
+    def _persist(self, training_step: int) -> None:
+        self.model.merge_state({PIPELINE_STATE_KEY: self.state.payload(training_step)})
+
+    def _run_dir(self) -> Path:
+        return Path(self.model._get_output_dir())
+
+    def _checkpoint_row(self, step: int, metrics: dict[str, float]) -> None:
+        """ART's checkpoint rows in history.jsonl (`checkpoint/...` keys, no split prefix)."""
+        row: dict[str, Any] = {k: v for k, v in metrics.items() if v == v}
+        history = getattr(self.model, "_run_history", None)
+        started = history().started if callable(history) else time.time()
+        row.update({"training_step": step, "time/wall_clock_sec": time.time() - started, "step": step,
+                    "split": "checkpoint", "recorded_at": datetime.now().isoformat()})
+        self._run_dir().mkdir(parents=True, exist_ok=True)
+        storage.append_jsonl(self._run_dir() / storage.HISTORY_FILE, row)
+
+    def _log_checkpoint_saved(self, result: Any) -> None:
+        step = int(result.step)
+        given = getattr(result, "checkpoint_path", None)
+        path = Path(given) if isinstance(given, str) and given else storage.checkpoint_dir(self._run_dir(), step)
+        if path.exists():
+            self._checkpoint_row(step, {CHECKPOINT_SAVED_METRIC: 1.0, CHECKPOINT_CREATED_AT_METRIC: path.stat().st_ctime})
+
+    async def _prune_model_adapters(self, step: int) -> None:
+        prune = getattr(self.backend, "prune_model_adapters", None)
+        if prune is None:
+            return
+        await prune(self.model, retain_steps=set(range(max(0, step - self.max_steps_off_policy), step + 1)))
+
+    def protected_steps(self, current_step: int) -> set[int]:
+        """Checkpoints retention never deletes: the current step, leased steps, steps with an eval scheduled."""
+        return {current_step} | self._leases.active_steps() | self._scheduled_eval_steps
+
+    async def _run_checkpoint_retention(self, step: int) -> None:
+        strategy = self.checkpoint_retention_strategy
+        if strategy is None or step % self.checkpoint_retention_interval:
+            return
+        infos = self._checkpoint_infos()
+        protected = self.protected_steps(step)
+        eligible = [c for c in infos if c.step not in protected]
+        if not eligible:
+            return
+        delete = steps_to_delete(CheckpointRetentionContext(current_step=step, checkpoints=eligible), strategy)
+        if delete:
+            keep = sorted({c.step for c in infos} - delete)
+            await self.backend._delete_checkpoint_files(self.model, keep)
+
+    def _checkpoint_infos(self) -> list[CheckpointInfo]:
+        run = self._run_dir()
+        metrics = _metrics_by_step(run / storage.HISTORY_FILE)
+        infos = []
+        for step in storage.list_checkpoints(run):
+            path = storage.checkpoint_dir(run, step)
+            m = metrics.get(step, {})
+            created = m.get(CHECKPOINT_CREATED_AT_METRIC, path.stat().st_ctime)
+            infos.append(CheckpointInfo(
+                step=step, path=str(path), created_at=datetime.fromtimestamp(created, timezone.utc),
+                is_eval_step=(step in self.state.completed_eval_steps or m.get(CHECKPOINT_EVAL_COMPLETED_METRIC, 0) > 0
+                              or any(k.startswith(("val/", "test/")) for k in m)),
+                metrics=m))
+        return infos
+
+    # ------------------------------------------------------------------ scenario metadata
+    @staticmethod
+    def _apply_scenario_metadata(group: TrajectoryGroup, scenario: Any) -> None:
+        """ART: a scenario's scalar `metadata` goes on the group (`scenario_id`, other keys as `scenario_<key>`)."""
+        metadata = scenario.get("metadata") if isinstance(scenario, dict) else None
+        if not isinstance(metadata, dict):
+            return
+        for key, value in metadata.items():
+            if isinstance(key, str) and (value is None or isinstance(value, (str, int, float, bool))):
+                group.metadata["scenario_id" if key == "scenario_id" else f"scenario_{key}"] = value
+
+
+def _scenario_context(scenario: Any) -> str:
+    metadata = scenario.get("metadata") if isinstance(scenario, dict) else None
+    if not isinstance(metadata, dict):
+        return ""
+    fields = [f"{k}={metadata[k]!r}" for k in ("scenario_id", "epoch", "scenario_index") if k in metadata]
+    return f" [{' '.join(fields)}]" if fields else ""
+
+
+def _eval_groups(items: list[Trajectory | TrajectoryGroup]) -> list[TrajectoryGroup]:
+    groups = [i for i in items or [] if isinstance(i, TrajectoryGroup)]
+    loose = [i for i in items or [] if not isinstance(i, TrajectoryGroup)]
+    return groups + ([TrajectoryGroup(loose)] if loose else [])
+
+
+def _metrics_by_step(history: Path) -> dict[int, dict[str, float]]:
+    """Each step's numeric history values, averaged per key (what retention strategies rank by)."""
+    sums: dict[int, dict[str, list[float]]] = {}
+    for row in storage.read_jsonl(history) if history.exists() else []:
+        step = row.get("step")
+        if not isinstance(step, int):
+            continue
+        for key, value in row.items():
+            if key not in ("step", "recorded_at") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                sums.setdefault(step, {}).setdefault(key, []).append(float(value))
+    return {step: {k: sum(v) / len(v) for k, v in d.items()} for step, d in sums.items()}
