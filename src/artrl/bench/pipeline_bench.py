@@ -95,8 +95,9 @@ class PipelineBenchConfig:
     """Which arms to run (both by default; one alone for a quick look)."""
 
     def check(self) -> None:
-        if self.prompt_words < 0:
-            raise ConfigError(f"bench pipeline: prompt_words={self.prompt_words}; it must be >= 0")
+        if self.prompt_words < 0 or self.result_words < 0:
+            raise ConfigError(f"bench pipeline: prompt_words={self.prompt_words} and result_words="
+                              f"{self.result_words} must be >= 0")
         for name in ("turns", "groups_per_step", "rollouts_per_group", "steps", "max_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"bench pipeline: {name}={getattr(self, name)}; it must be >= 1")
@@ -134,7 +135,8 @@ class PipelineBenchConfig:
         parts = ["artrl", "bench", "pipeline", "--turns", self.turns, "--tool-latency", self.tool_latency_s,
                  "--groups-per-step", self.groups_per_step, "--rollouts-per-group", self.rollouts_per_group,
                  "--steps", self.steps, "--max-steps-off-policy", self.max_steps_off_policy,
-                 "--max-tokens", self.max_tokens, "--prompt-words", self.prompt_words, "--model", self.model, "--learning-rate", self.learning_rate,
+                 "--max-tokens", self.max_tokens, "--prompt-words", self.prompt_words,
+                 "--result-words", self.result_words, "--model", self.model, "--learning-rate", self.learning_rate,
                  "--loss-fn", self.loss_fn, "--seed", self.seed]
         if self.rollout_workers is not None:
             parts += ["--rollout-workers", self.rollout_workers]
@@ -289,7 +291,8 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
         "turns": cfg.turns, "tool_latency_s": cfg.tool_latency_s, "groups_per_step": cfg.groups_per_step,
         "rollouts_per_group": cfg.rollouts_per_group, "steps": cfg.steps,
         "max_steps_off_policy": cfg.max_steps_off_policy, "rollout_workers": cfg.workers,
-        "max_tokens": cfg.max_tokens, "prompt_words": cfg.prompt_words, "loss_fn": cfg.loss_fn, "learning_rate": cfg.learning_rate, **arms}
+        "max_tokens": cfg.max_tokens, "prompt_words": cfg.prompt_words,
+        "result_words": cfg.result_words, "loss_fn": cfg.loss_fn, "learning_rate": cfg.learning_rate, **arms}
     if "sync" in arms and "pipeline" in arms and arms["pipeline"]["wall_s"] > 0:
         out["ratio_sync_over_pipeline"] = round(arms["sync"]["wall_s"] / arms["pipeline"]["wall_s"], 3)
     if "sync" in arms and arms["sync"]["train_s"] > 0:  # where the workload sits: >1 rollouts dominate
@@ -325,6 +328,8 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help=f"tokens per turn (default {d.max_tokens})")
     p.add_argument("--prompt-words", type=int, default=d.prompt_words,
                    help=f"words of the agent's system prompt (default {d.prompt_words})")
+    p.add_argument("--result-words", type=int, default=d.result_words,
+                   help=f"words of each tool result (default {d.result_words})")
     p.add_argument("--model", default=d.model, help=f"base model (default {d.model})")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
     p.add_argument("--train-threads", type=int, default=None, help="trainer threads on a CPU (default: the cores "
@@ -340,7 +345,8 @@ def config_from_args(args: Any) -> PipelineBenchConfig:
     return PipelineBenchConfig(
         turns=args.turns, tool_latency_s=args.tool_latency, groups_per_step=args.groups_per_step,
         rollouts_per_group=args.rollouts_per_group, steps=args.steps, max_steps_off_policy=args.max_steps_off_policy,
-        rollout_workers=args.rollout_workers, max_tokens=args.max_tokens, prompt_words=args.prompt_words, model=args.model, device=args.device,
+        rollout_workers=args.rollout_workers, max_tokens=args.max_tokens, prompt_words=args.prompt_words,
+        result_words=args.result_words, model=args.model, device=args.device,
         train_threads=args.train_threads, learning_rate=args.learning_rate, loss_fn=args.loss_fn, seed=args.seed,
         arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()))
 
