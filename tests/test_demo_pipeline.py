@@ -88,8 +88,13 @@ def test_plot_is_a_png(tmp_path):
 @pytest.mark.slow  # an SFT warm-up and three short RL runs on the tiny model (about a minute)
 def test_pipeline_demo_end_to_end(tmp_path):
     cfg = demo.DemoConfig.quick()
-    result = asyncio.run(demo_pipeline.run_pipeline_demo(tmp_path, config=cfg, bounds=(0, 2), device="cpu"))
-    assert [a.name for a in result.arms] == ["sync", "pipeline-0", "pipeline-2"]
+
+    async def run():
+        async with asyncio.timeout(600):  # a stuck pipeline fails here instead of hanging the suite
+            return await demo_pipeline.run_pipeline_demo(tmp_path, config=cfg, bounds=(1, 2), device="cpu")
+
+    result = asyncio.run(run())
+    assert [a.name for a in result.arms] == ["sync", "pipeline-1", "pipeline-2"]
     for arm in result.arms:
         steps = [s for s, _ in arm.step_times]
         assert steps == list(range(2, cfg.rl_steps + 2))  # step 1 is the warm-up every arm starts from

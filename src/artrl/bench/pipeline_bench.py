@@ -15,7 +15,8 @@ normalize_advantages, adam_params=None, save_checkpoint=False)`, the keywords th
 training stage passes (it saves checkpoints only at eval steps, and this bench has no eval).
 
 What is measured, the same way in both arms (each arm's clock starts after its model is
-registered and one warm-up request is answered, and stops when its last train call returns):
+registered and one warm-up request is answered, and stops when its last train call returns;
+before either arm, one untimed synchronous step on a throwaway model warms the process up):
 
 * `wall_s`; `train_s`: time inside train calls; `rollout_s`: time during which at least one
   rollout group was in flight (overlaps counted once).
@@ -68,7 +69,7 @@ class PipelineBenchConfig:
     """Groups (scenarios) per train call."""
     rollouts_per_group: int = 4
     """Rollouts per group (the group of group-relative advantages)."""
-    steps: int = 6
+    steps: int = 8
     """Train calls per arm."""
     max_steps_off_policy: int = 1
     """The pipeline's staleness bound (ART's PipelineTrainer argument)."""
@@ -77,10 +78,12 @@ class PipelineBenchConfig:
     (max_steps_off_policy + 1), enough to fill every step the bound lets run ahead."""
     max_tokens: int = 8
     """Completion budget of each turn."""
-    prompt_words: int = 200
+    prompt_words: int = 50
     """Words of the agent's system prompt (its tool manual): the trainer's share of the work grows with it."""
-    result_words: int = 0
-    """Words of each tool result (the context every later turn carries)."""
+    result_words: int = 200
+    """Words of each tool result (the context every later turn carries): the trainer processes them for every
+    rollout, the engine only prefills them, so they set how training-heavy a step is (at 200, on the tiny
+    model on a CPU, a train call takes about 1.5x the decoding of its rollouts)."""
     model: str = "artrl/tiny"
     """Base model (a Hugging Face name, a path, artrl/tiny or random:<shape>)."""
     device: str | None = None
@@ -270,6 +273,11 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
     arms: dict[str, Any] = {}
     scenarios = cfg.steps * cfg.groups_per_step
     try:
+        # process-wide warm-up, untimed: one synchronous step on a throwaway model (the first train calls and
+        # decodes of a process pay one-off costs that made whichever arm ran first about twice as slow)
+        warm = TrainableModel(name="bench-warmup", project=PROJECT, base_model=cfg.model, _internal_config=internal)
+        await warm.register(backend)
+        await run_sync(backend, warm, dataclasses.replace(cfg, steps=1), ArmRecord())
         for arm in cfg.arms:
             model = TrainableModel(name=f"bench-{arm}", project=PROJECT, base_model=cfg.model,
                                    _internal_config=internal)
