@@ -24,6 +24,13 @@ def test_busy_time_counts_overlaps_once_and_clips_to_the_window():
     assert Intervals().busy(0.0, 1.0) == 0.0
 
 
+def test_overlap_is_the_time_both_sets_run():
+    a, b = Intervals([(0.0, 4.0), (6.0, 8.0)]), Intervals([(3.0, 7.0), (7.5, 9.0)])
+    assert a.overlap(b, 0.0, 10.0) == pytest.approx(1.0 + 1.0 + 0.5)  # [3,4], [6,7], [7.5,8]
+    assert b.overlap(a, 0.0, 10.0) == pytest.approx(2.5)
+    assert a.overlap(Intervals(), 0.0, 10.0) == 0.0
+
+
 def test_reward_is_the_share_of_vowels_among_letters():
     assert vowel_share(["abc", "de"]) == pytest.approx(2 / 5)
     assert vowel_share(["1 2 3", None]) == 0.0
@@ -78,8 +85,11 @@ def test_bench_pipeline_runs_both_arms_on_the_same_work(capsys, tmp_path):
         assert arm["steps"] >= 1 and arm["groups_trained"] + arm["groups_discarded"] == 4
         assert 0 <= arm["trainer_idle_fraction"] <= 1 and 0 <= arm["actor_idle_fraction"] <= 1
         assert 0 < arm["train_s"] <= arm["wall_s"] and 0 < arm["rollout_s"] <= arm["wall_s"]
+        assert 0 < arm["request_s"] <= arm["rollout_s"]  # requests run inside rollouts
+        assert 0 <= arm["request_during_train_s"] <= min(arm["request_s"], arm["train_s"])
     assert sync["steps"] == 2 and sync["groups_trained"] == 4
     assert sync["mean_staleness"] == sync["max_staleness"] == 0  # the synchronous loop is on-policy
+    assert sync["request_during_train_s"] == pytest.approx(0, abs=1e-3)  # it never samples while training
     assert 0 <= pipe["max_staleness"] <= out["max_steps_off_policy"]
     assert out["ratio_sync_over_pipeline"] == round(sync["wall_s"] / pipe["wall_s"], 3)
     assert out["threads"] == {"train": out["threads"]["train"], "engine": 1} and out["threads"]["train"] >= 1

@@ -59,6 +59,11 @@ class Intervals:
     def add(self, start: float, end: float) -> None:
         self.spans.append((start, end))
 
+    def overlap(self, other: "Intervals", start: float, end: float) -> float:
+        """Seconds of [start, end] during which a span of this set and a span of `other` were both running."""
+        both = Intervals(self.spans + other.spans)
+        return self.busy(start, end) + other.busy(start, end) - both.busy(start, end)
+
     def busy(self, start: float, end: float) -> float:
         """Seconds of [start, end] during which at least one span was running (overlaps counted once)."""
         total, cursor = 0.0, start
@@ -110,6 +115,9 @@ class AgentRollouts:
     def __init__(self, workload: AgentWorkload) -> None:
         self.workload = workload
         self.intervals = Intervals()
+        """When rollout groups were in flight."""
+        self.requests = Intervals()
+        """When model requests were in flight (decoding, or waiting for the engine)."""
 
     async def rollout(self, model: Any, scenario: dict[str, Any], index: int) -> Trajectory:
         w = self.workload
@@ -123,9 +131,13 @@ class AgentRollouts:
                 observation = {"role": "user", "content": w.tool_result(turn)}
                 messages.append(observation)
                 record.append(observation)
-            completion = await client.chat.completions.create(
-                model=model.get_inference_name(), messages=messages, max_tokens=w.max_tokens, temperature=1.0,
-                logprobs=True, seed=request_seed(w.seed, scenario["id"], index, turn))
+            sent = time.perf_counter()
+            try:
+                completion = await client.chat.completions.create(
+                    model=model.get_inference_name(), messages=messages, max_tokens=w.max_tokens, temperature=1.0,
+                    logprobs=True, seed=request_seed(w.seed, scenario["id"], index, turn))
+            finally:
+                self.requests.add(sent, time.perf_counter())
             choice = choice_from_completion(completion)
             record.append(choice)
             messages.append({"role": "assistant", "content": choice.message.content or ""})

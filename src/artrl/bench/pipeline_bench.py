@@ -19,7 +19,9 @@ registered and one warm-up request is answered, and stops when its last train ca
 before either arm, one untimed synchronous step on a throwaway model warms the process up):
 
 * `wall_s`; `train_s`: time inside train calls; `rollout_s`: time during which at least one
-  rollout group was in flight (overlaps counted once).
+  rollout group was in flight (overlaps counted once); `request_s`: time during which at least one
+  model request was in flight, and `request_during_train_s` the part of it that overlapped a train
+  call (requests the engine may hold back while the trainer has the model).
 * `trainer_idle_fraction` = 1 - train_s / wall_s; `actor_idle_fraction` = 1 - rollout_s / wall_s:
   the share of the run in which the trainer, or every actor, had nothing to do.
 * `mean_staleness` / `max_staleness` over trained groups: the step the trainer trained from minus
@@ -158,6 +160,7 @@ class ArmRecord:
 
     wall_s: float = 0.0
     rollouts: Intervals = dataclasses.field(default_factory=Intervals)
+    requests: Intervals = dataclasses.field(default_factory=Intervals)
     trains: Intervals = dataclasses.field(default_factory=Intervals)
     staleness: list[int] = dataclasses.field(default_factory=list)
     train_calls: int = 0
@@ -168,6 +171,8 @@ class ArmRecord:
         train_s, rollout_s = self.trains.busy(start, end), self.rollouts.busy(start, end)
         trained = len(self.staleness)
         return {"wall_s": round(wall, 3), "train_s": round(train_s, 3), "rollout_s": round(rollout_s, 3),
+                "request_s": round(self.requests.busy(start, end), 3),
+                "request_during_train_s": round(self.requests.overlap(self.trains, start, end), 3),
                 "trainer_idle_fraction": round(1 - train_s / wall, 4) if wall > 0 else None,
                 "actor_idle_fraction": round(1 - rollout_s / wall, 4) if wall > 0 else None,
                 "steps": self.train_calls, "groups_trained": trained, "groups_discarded": scenarios - trained,
@@ -212,7 +217,7 @@ async def _warm_up(rollouts: AgentRollouts, model: Any, cfg: PipelineBenchConfig
 async def run_sync(backend: Any, model: Any, cfg: PipelineBenchConfig, record: ArmRecord) -> None:
     """The synchronous loop: gather a step's groups, train on them, log them, repeat."""
     rollouts = AgentRollouts(cfg.workload)
-    record.rollouts = rollouts.intervals
+    record.rollouts, record.requests = rollouts.intervals, rollouts.requests
     scenarios = cfg.workload.scenarios(cfg.steps * cfg.groups_per_step)
     for s in range(cfg.steps):
         version = await model.get_step()
@@ -233,7 +238,7 @@ async def run_pipeline(backend: Any, model: Any, cfg: PipelineBenchConfig, recor
         raise ConfigError(f"bench pipeline: artrl.pipeline_trainer is not importable ({e}); run with "
                           "--arms sync, or on a tree that has it") from e
     rollouts = AgentRollouts(cfg.workload)
-    record.rollouts = rollouts.intervals
+    record.rollouts, record.requests = rollouts.intervals, rollouts.requests
     kwargs = cfg.train_kwargs()
     trainer = PipelineTrainer(
         model, backend, rollouts.rollout_group, cfg.workload.scenarios(cfg.steps * cfg.groups_per_step), cfg,
