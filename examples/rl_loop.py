@@ -7,10 +7,11 @@ then per step: gather a group of 8 rollouts for each question through the
 model's OpenAI-compatible endpoint, delete old checkpoints, train on the groups.
 A validation pass on held-out phrasings is logged at the end (`val/reward`).
 
-The model is shared with examples/sft_then_rl.py (same --path and --name). Run
-that first: the untrained tiny model almost never answers with a colour word,
-so every answer in a group earns the same reward, the group has no advantage
-to learn from, and the steps do not advance (each such step is logged).
+Run examples/sft_then_rl.py first: the model is shared with it (same --path
+and --name). On the untrained tiny model almost no answer names a colour, so
+every answer in a group earns the same reward and the group has no advantage to
+learn from; such a step still advances, with the same weights (as in ART), and
+the log says "nothing was trained" for it.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=10, help="RL steps to run (default 10)")
     p.add_argument("--questions", type=int, default=32, help="questions per step, 8 rollouts each (default 32)")
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")

@@ -79,7 +79,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=20, help="RL steps (default 20)")
     p.add_argument("--sft-epochs", type=int, default=20, help="passes over the 96 warm-up examples (default 20)")
     p.add_argument("--questions", type=int, default=32, help="questions per RL step, 8 rollouts each (default 32)")

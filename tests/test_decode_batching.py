@@ -146,7 +146,7 @@ def test_a_request_joins_a_running_batch_leaves_it_early_and_samples_what_it_sam
         assert [[t for t, _ in step] for step in a.top_logprobs] == [[t for t, _ in step] for step in b.top_logprobs]
 
 
-def test_rows_of_another_adapter_wait_for_their_own_batch(
+def test_rows_of_another_adapter_join_the_running_batch(
         live: tuple[PeftModel, Any], loop: asyncio.AbstractEventLoop, tmp_path: pathlib.Path) -> None:
     model, tokenizer = live
     torch.manual_seed(4)
@@ -176,9 +176,11 @@ def test_rows_of_another_adapter_wait_for_their_own_batch(
             pause.remove()
     finally:
         engine.close()
-    # the named adapter's rows waited for a batch of their own; the later live request, queued behind
-    # them, did not overtake them (first come, first served), so it came in a third batch
-    assert engine.batches_served == batches + 3
+    # the named adapter's rows and the later live request joined the running batch (one forward for both
+    # adapters, peft's adapter_names), each row with its own adapter's logprobs
+    assert engine.batches_served == batches + 1
+    assert pause.shapes[3] == (2, len(prompt))  # the newcomers' prefill: the named request's prompt and the other
+    assert pause.shapes[4] == (5, 1)  # then 2 + 2 + 1 rows decode together
     assert_exact(model, prompt, live_results)
     assert_exact(model, prompt[1:], more_results)
     reference = PeftModel.from_pretrained(load_tiny(tmp_path / "cache")[0], tmp_path / "other").eval()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from dataclasses import replace as dataclass_replace
 from typing import Any
 
 import pytest
@@ -97,3 +98,50 @@ def test_bf16_switches_report_the_logprobs_of_what_they_sampled() -> None:
             assert max(abs(a - b) for a, b in zip(result.logprobs, expected)) < 0.1
     # the trainer's tensors are its own again
     assert not any(getattr(m, "merged_adapters", []) for m in model.modules())
+
+
+def test_versions_in_mixed_batches_sample_alike_with_every_switch(fp32: tuple[Any, Any], tmp_path: Any) -> None:
+    """A serving copy holding two policy versions and the base: each request alone and all in one mixed batch,
+    plain and with merged LoRA + static slots + CUDA graphs, sample the same; the trainer's tensors stay."""
+    from artrl.serve.engine import BASE_WEIGHTS
+
+    model, tokenizer = fp32
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    paths = []
+    for step in (1, 2):
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.mul_(-1.5)
+        paths.append(str(tmp_path / f"{step:04d}"))
+        model.save_pretrained(paths[-1])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(before[name])
+    requests = [dataclass_replace(r, adapter=a) for r, a in zip(_requests(tokenizer), ["m@1", None, BASE_WEIGHTS])]
+
+    def serve(**switches: Any) -> tuple[list[list[Any]], list[list[Any]]]:
+        engine = TransformersEngine(model, tokenizer, end_ids=frozenset(), serve_copy=True, **switches)
+        try:
+            engine.set_live_weights(paths[0], 1)
+            engine.load_adapter("m@1", paths[0])
+            engine.set_live_weights(paths[1], 2)
+            alone = [asyncio.run(engine.generate(r)) for r in requests]
+
+            async def together() -> list[list[Any]]:
+                return list(await asyncio.gather(*(engine.generate(r) for r in requests)))
+
+            return alone, asyncio.run(together())
+        finally:
+            engine.close()
+
+    plain_alone, plain_mixed = serve(merge_lora=False, attn_implementation="sdpa")
+    fast_alone, fast_mixed = serve(merge_lora=True, attn_implementation="sdpa", static_cache=True,
+                                   cuda_graphs=True, static_cache_len=256)
+    for run in (plain_mixed, fast_alone, fast_mixed):
+        for a, b in zip(itertools.chain(*plain_alone), itertools.chain(*run)):
+            assert a.token_ids == b.token_ids and a.policy_version == b.policy_version
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-3
+    assert [r[0].policy_version for r in plain_mixed] == [1, 2, None]
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), name

@@ -200,11 +200,12 @@ async def _register(path: Path, **kw):
 
 
 def _adapter(backend) -> dict[str, torch.Tensor]:
-    """The SERVED model's adapter (the driver's copy, which serves the new weights)."""
+    """The SERVED adapter: the policy version the driver's engine serves (the checkpoint the workers wrote)."""
     from peft import get_peft_model_state_dict
 
-    model = backend._runs["m"].trainer.model
-    return {k: v.detach().float().cpu().clone() for k, v in get_peft_model_state_dict(model).items()}
+    engine = backend._runs["m"].engine
+    state = get_peft_model_state_dict(engine.model, adapter_name=engine.live_adapter)
+    return {k: v.detach().float().cpu().clone() for k, v in state.items()}
 
 
 def _assert_same_update(got, want, before):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import json
 
 import pytest
@@ -134,3 +135,22 @@ def test_checkpoint_from_another_base_model_is_refused(tmp_path):
             await model.register(art.LocalBackend(path=str(tmp_path)))
 
     asyncio.run(main())
+
+
+def test_delete_checkpoints_warns_once_per_run_about_a_missing_metric(tmp_path, caplog):
+    """A loop calls delete_checkpoints every step; the 'no logged step has val/reward' warning came every step."""
+    async def main():
+        model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny")
+        backend = art.LocalBackend(path=str(tmp_path), show_progress=False)
+        await model.register(backend)
+        sft = [art.Trajectory(messages_and_choices=[{"role": "user", "content": "q"},
+                                                    {"role": "assistant", "content": "a"}], reward=0.0)]
+        with caplog.at_level(logging.WARNING, logger="artrl"):
+            for _ in range(3):
+                await model.train_sft(sft, config=art.TrainSFTConfig(learning_rate=1e-4))
+                await model.delete_checkpoints()
+        backend.close()
+
+    asyncio.run(main())
+    warned = [r for r in caplog.records if "no logged step has 'val/reward'" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in warned]

@@ -151,3 +151,17 @@ def test_seed_like_workload_targets():
     auto = pack(groups, max_length=32768)
     assert auto.stats.computed_tokens <= 0.75 * ref.stats.computed_tokens
     assert auto.stats.padding_fraction < 0.05
+
+
+@pytest.mark.parametrize("shape, line", [
+    ([[1]], "1 micro-batch of 1 row; 1 optimizer step"),
+    ([[1], [1]], "2 micro-batches of 1 row; 2 optimizer steps"),
+    ([[2]], "1 micro-batch of 2 rows; 1 optimizer step"),
+    ([[2, 1]], "2 micro-batches of <=2 rows; 1 optimizer step"),
+])
+def test_the_plan_line_speaks_plain_english(shape, line):
+    """No "1 micro-batches of <=1 rows": singular where one, "<=" only where micro-batches may differ."""
+    from artrl.preprocess.plan import BatchPlan, MicroBatch, OptimizerStep
+
+    plan = BatchPlan(steps=[OptimizerStep([MicroBatch(list(range(n)), 8) for n in step], 8, 1) for step in shape])
+    assert plan.describe() == line

@@ -130,3 +130,14 @@ def test_saved_state_round_trip_and_checks():
         SavedState.from_state_file({PIPELINE_STATE_KEY: {"scenario_offset": "7"}})
     with pytest.raises(ConfigError, match="completed_eval_steps"):
         SavedState.from_state_file({PIPELINE_STATE_KEY: {"completed_eval_steps": "0,4"}})
+
+
+def test_may_admit_follows_the_first_open_target():
+    adm = Admission(StalenessBound(1), groups_per_step=2, start_step=0)
+    tickets = []
+    while adm.may_admit(0):
+        tickets.append(adm.admit())
+    assert [t.target for t in tickets] == [0, 0, 1, 1]  # (bound + 1) * groups_per_step at version 0
+    adm.release(tickets[0])  # a dropped group: its slot is open again at version 0
+    assert adm.may_admit(0) and adm.admit().target == 0 and not adm.may_admit(0)
+    assert adm.may_admit(1)

@@ -7,7 +7,6 @@ Every run is under `asyncio.timeout` and ends with no task left running. Interle
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import signal
@@ -363,5 +362,25 @@ def test_eval_stage_retention_and_history_keys(tmp_path):
         assert [r["step"] for r in saved] == [1, 2, 3, 4, 5, 6]
         state = model.read_state()["_pipeline_trainer"]
         assert state["completed_eval_steps"] == [0, 3, 6] and state["training_step"] == 6
+
+    asyncio.run(main())
+
+
+def test_slots_freed_by_dropped_groups_go_to_scenarios_already_waiting(tmp_path):
+    """Every worker has already pulled its next scenario when the first groups are dropped (no reward spread);
+    their freed slots must reach those waiting scenarios, or nothing would ever train."""
+    async def main():
+        backend = FakeBackend()
+        model = await make_model(tmp_path, backend)
+
+        async def rollout(model, scenario, config):
+            flat = scenario["metadata"]["scenario_id"] < 4
+            return group(scenario, rewards=(1.0, 1.0) if flat else (0.0, 1.0))
+
+        trainer = PipelineTrainer(model, backend, rollout, scenarios(40), None, num_rollout_workers=4,
+                                  min_batch_size=2, max_steps_off_policy=1, max_steps=3)
+        await run(trainer)
+        assert backend.step == 3 and not {0, 1, 2, 3} & set(backend.trained())
+        assert trainer._status.zero_var == 4
 
     asyncio.run(main())

@@ -83,3 +83,14 @@ def test_a_gathers_bar_in_a_log_is_a_few_lines_with_the_final_means(monkeypatch)
     out = sys.stderr.getvalue()
     assert len(groups) == 20 and "200/200" in out and "reward=0.5" in out
     assert out.count("\r") <= 3, out
+
+
+def test_a_bar_that_clears_itself_on_a_terminal_still_leaves_its_last_state_in_a_log():
+    """The trainer's per-call bar is made with leave=False; in a log it used to end as a blank line."""
+    out = updates(io.StringIO(), n=8, leave=False)
+    assert "8/8" in out and out.rstrip("\n").endswith("]")
+    master, slave = os.openpty()
+    with os.fdopen(slave, "w") as terminal:
+        with progress_bar(total=1, file=terminal, leave=False) as live:
+            assert live.leave is False  # a terminal keeps the caller's choice
+    os.close(master)

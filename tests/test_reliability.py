@@ -3,7 +3,8 @@
 * The kill test forks a training process per trial and SIGKILLs it at random
   points, most of them inside `storage.write_checkpoint`; the next trial is a new
   process that must resume at the latest complete checkpoint with a history
-  that has exactly one train record per step.
+  that has exactly one train record per step. Its pipelined variant
+  (PipelineTrainer) also checks that no scenario is ever trained twice.
 * Torn JSONL lines (a crash mid-append) are skipped and reported, never parsed.
 * A resumed run reproduces the uninterrupted run's next step (loss and adapter
   weights) for SFT, RL, and a run that switches between them.
@@ -238,6 +239,155 @@ def test_sigkill_during_checkpoint_writes_never_loses_more_than_the_step_in_prog
                "torn_history_lines": max(t["resumed"]["torn_history_lines"] for t in trials),
                "final_step": trials[-1]["resumed"]["step"]}
     print("kill test:", json.dumps(summary))
+
+
+# --------------------------------------------------------------------------- the kill test, pipelined
+
+PIPELINE_KILL_DRIVER = textwrap.dedent('''
+    """Kill-test driver for a pipelined run: forks one process per trial, each resumes the run and trains
+    with PipelineTrainer (rollouts through the server, leased checkpoints) until it is SIGKILLed. Before each
+    train call the process reports the call's step and scenarios; the driver learns which calls took effect
+    from the step the next trial resumes at."""
+    import asyncio, json, os, random, select, signal, sys, time, traceback
+
+    import artrl as art
+    import artrl.local.backend, artrl.serve, artrl.train.call, artrl.train.trainer, artrl.train.modeling  # noqa
+    import artrl.train.rl, peft, transformers, openai  # noqa
+    from transformers import Qwen3ForCausalLM  # noqa: load the lazy module before forking
+    from artrl.pipeline_trainer import PipelineTrainer
+    from artrl.run import storage
+
+    ROOT, TRIALS, SEED = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    RUN = storage.run_dir(ROOT, "killpipe", "m")
+
+
+    def temporaries():
+        roots = [RUN, RUN / storage.CHECKPOINTS_DIR]
+        return sum(1 for r in roots if r.is_dir() for p in r.iterdir() if p.name.startswith(storage.TMP_PREFIX))
+
+
+    def child(wfd, final):
+        def say(**msg):
+            os.write(wfd, (json.dumps(msg) + "\\\\n").encode())
+
+        expected, tmp_before = storage.latest_checkpoint(RUN), temporaries()
+
+        async def rollout(model, scenario, config):
+            i = scenario["metadata"]["scenario_id"]
+
+            async def one(j):
+                msgs = [{"role": "user", "content": f"Count to {i % 7}."}]
+                resp = await model.openai_client().chat.completions.create(
+                    model=model.get_inference_name(), messages=msgs, max_tokens=4, logprobs=True, seed=i * 10 + j)
+                choice = art.choice_from_completion(resp)
+                return art.Trajectory(messages_and_choices=msgs + [choice], reward=len(choice.message.content) + j)
+
+            return art.TrajectoryGroup(await asyncio.gather(one(0), one(1)))
+
+        async def main():
+            model = art.TrainableModel(name="m", project="killpipe", base_model="artrl/tiny")
+            backend = art.LocalBackend(path=ROOT, show_progress=False)
+            await model.register(backend)
+            state = (model.read_state() or {}).get("_pipeline_trainer", {})
+            say(ev="resumed", step=await model.get_step(), expected=expected, tmp_before=tmp_before,
+                tmp_after=temporaries(), checkpoints=storage.list_checkpoints(RUN),
+                offset=state.get("scenario_offset", 0))
+            if final:
+                backend.close()
+                return
+            real = backend.train
+
+            async def spy(model, groups, **kwargs):
+                say(ev="train", step=await model.get_step(), scenarios=[g.metadata["scenario_id"] for g in groups])
+                return await real(model, groups, **kwargs)
+
+            backend.train = spy
+            scenarios = [{"metadata": {"scenario_id": i}} for i in range(100000)]
+            trainer = PipelineTrainer(model, backend, rollout, scenarios, None, num_rollout_workers=3,
+                                      min_batch_size=2, max_steps_off_policy=1, learning_rate=1e-4,
+                                      eval_fn=None, log_interval_seconds=3600)
+            await trainer.train(handle_signals=False)
+
+        asyncio.run(main())
+
+
+    def run_trial(rng, final):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            code = 0
+            try:
+                child(w, final)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(w)
+        events, buf, kill_at, trains_before_kill = [], b"", None, rng.randrange(1, 4)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            timeout = 0.5 if kill_at is None else max(0.0, kill_at - time.monotonic())
+            ready, _, _ = select.select([r], [], [], timeout)
+            if kill_at is not None and time.monotonic() >= kill_at:
+                break
+            if not ready:
+                continue
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\\\\n")
+            for line in lines:
+                ev = json.loads(line)
+                events.append(ev)
+                if not final and kill_at is None and ev["ev"] == "train":
+                    trains_before_kill -= 1
+                    if trains_before_kill == 0:  # somewhere in this call, its checkpoint write, or the next rollouts
+                        kill_at = time.monotonic() + rng.uniform(0.0, 1.5)
+        if not final:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(r)
+        return events
+
+
+    rng = random.Random(SEED)
+    print(json.dumps([run_trial(rng, final=t == TRIALS) for t in range(TRIALS + 1)]))
+''')
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_pipelined_run_resumes_without_training_a_scenario_twice(tmp_path):
+    script = tmp_path / "kill_pipeline_driver.py"
+    script.write_text(PIPELINE_KILL_DRIVER)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "runs"), "6", "20261"], capture_output=True,
+                          text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    trials = json.loads(proc.stdout.strip().splitlines()[-1])
+    trained: list[int] = []  # every scenario whose train call produced a step that a later trial resumed from
+    steps: list[int] = []  # the step each call that took effect trained from
+    for before, after in zip(trials, trials[1:]):
+        resumed = next(e for e in after if e["ev"] == "resumed")
+        # it resumed at the latest complete checkpoint on disk; leftovers of a killed write are gone
+        assert resumed["step"] == (resumed["expected"] or 0) and resumed["checkpoints"][-1] == resumed["step"]
+        assert resumed["tmp_after"] == 0
+        calls = [e for e in before if e["ev"] == "train"]
+        assert calls, f"a trial trained nothing before it was killed: {before}"
+        trained += [s for e in calls if e["step"] < resumed["step"] for s in e["scenarios"]]
+        steps += [e["step"] for e in calls if e["step"] < resumed["step"]]
+        # every scenario of a call that took effect was counted as pulled in the saved state
+        assert all(s < resumed["offset"] for e in calls if e["step"] < resumed["step"] for s in e["scenarios"])
+    assert len(trained) == len(set(trained)), f"scenarios trained twice: {sorted(trained)}"
+    final = next(e for e in trials[-1] if e["ev"] == "resumed")
+    assert final["step"] >= 6 and steps == list(range(final["step"]))  # one call per step, none lost or repeated
+    print("pipelined kill test:", json.dumps({"trials": len(trials) - 1, "final_step": final["step"],
+                                              "scenarios_trained": len(trained),
+                                              "temporaries_found_on_resume": sum(
+                                                  next(e for e in t if e["ev"] == "resumed")["tmp_before"]
+                                                  for t in trials)}))
 
 
 # --------------------------------------------------------------------------- torn lines, partial checkpoints

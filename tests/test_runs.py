@@ -57,3 +57,19 @@ def test_runs_show_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
         show(tmp_path)
     assert cli(["runs", "show", str(tmp_path)]) == 2
     assert "pass a run directory" in capsys.readouterr().err
+
+
+def test_the_plot_gives_sft_and_rl_losses_an_axis_each(tmp_path, monkeypatch):
+    """Cross-entropy (~2 nats) and the policy loss (~0) on one axis flattened the RL curve into a line."""
+    import matplotlib.pyplot as plt
+
+    from artrl.runs import StepRow, plot_run
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to look at it
+    table = [StepRow(1, "sft", loss=2.1), StepRow(2, "sft", loss=1.4),
+             StepRow(3, "rl", train_reward=0.4, loss=-0.02), StepRow(4, "rl", train_reward=0.6, loss=0.01)]
+    plot_run(table, tmp_path / "run.png")
+    (fig,) = figures
+    loss_axes = {ax.get_ylabel(): [tuple(line.get_xdata()) for line in ax.get_lines()] for ax in fig.axes[1:]}
+    assert loss_axes == {"SFT loss": [(1, 2)], "RL loss": [(3, 4)]}

@@ -216,3 +216,21 @@ def test_allow_training_without_logprobs_trains_assistant_dicts_as_on_policy_as_
     assert [tok.decode(ids) for ids, _ in runs] == ["a plain dict<|im_end|>", "sampled<|im_end|>"]
     assert all(math.isnan(x) for x in runs[0][1])  # no sampled logprobs: ratio 1
     assert art_meaning.stats.turns_missing_logprobs == 2  # one dict per trajectory, counted
+
+
+def test_an_assistant_dict_in_rl_data_is_explained_once_per_call(tok, caplog):
+    """A first-hour trap: the reply appended as {"role": "assistant", ...} instead of the Choice. RL skips it;
+    the warning must say that RL trains the server's Choice objects, and how to train text (SFT, or ART's
+    allow_training_without_logprobs), once for the call rather than once per trajectory."""
+    g = TrajectoryGroup([Trajectory(messages_and_choices=[{"role": "user", "content": "hi"},
+                                                          {"role": "assistant", "content": f"reply {r}"}], reward=r)
+                         for r in (0.0, 1.0, 0.5, 0.25)])
+    with caplog.at_level("WARNING", logger="artrl"):
+        res = tokenize_groups([g], tok)
+    assert res.sequences == [] and res.stats.trajectories_without_trainable_tokens == 4
+    (record,) = [r for r in caplog.records if "no trainable turn" in r.getMessage()]
+    msg = record.getMessage()
+    assert "Choice objects the inference server returned" in msg
+    assert "train_sft" in msg and "allow_training_without_logprobs=True" in msg
+    assert "group 0 trajectory 2 and 1 more" in msg
+    assert tokenize_groups([g], tok, allow_training_without_logprobs=True).stats.trajectories_without_trainable_tokens == 0

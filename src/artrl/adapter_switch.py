@@ -11,11 +11,11 @@ and `set_adapter` also flip `requires_grad` flags (`set_adapter(name)` makes
 module's train/eval mode and each parameter's `requires_grad` and restores them
 afterwards. Callers hold the model lock, so nobody sees the model mid-switch.
 
-Loading a saved adapter onto the shared model is here too: a checkpoint as a
-frozen adapter of its own (`load_frozen_adapter`: a `name@step` the engine
-serves, a KL reference the trainer reads), or a checkpoint's tensors into the
-active adapter (`load_adapter_weights`: an engine that does not share the
-trainer's model taking the live weights).
+Loading a saved adapter is here too: a checkpoint as a frozen adapter of its
+own (`load_frozen_adapter`: a policy version or a `name@step` the engine
+serves, a KL reference the trainer reads). And the copy an inference engine
+decodes while a trainer trains (`serving_copy`: its own modules, adapters and
+hooks over the trainer's frozen tensors, docs/engines.md).
 
 Used by the inference engine (serve/) and the trainer (train/); it imports neither.
 """
@@ -88,10 +88,14 @@ def _peft_model(model: Any, what: str) -> Any:
 def load_frozen_adapter(model: Any, name: str, path: str | Path) -> None:
     """Load the peft adapter saved in `path` into `model` as `name`, frozen; the active adapter stays.
 
-    Callers hold the model lock. A failed load leaves no half-injected adapter behind.
+    Callers hold the model lock. A failed load leaves no half-injected adapter behind. The process's random
+    streams are left as they were (peft initialises the new layers randomly before it loads their tensors).
     """
+    import torch
+
     _peft_model(model, f"adapter {name!r} from {path}")
-    with preserved_training_state(model):
+    device = next(model.parameters()).device
+    with preserved_training_state(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         try:
             model.load_adapter(str(path), adapter_name=name, is_trainable=False)
         except Exception:
@@ -100,21 +104,29 @@ def load_frozen_adapter(model: Any, name: str, path: str | Path) -> None:
             raise
 
 
-def load_adapter_weights(model: Any, path: str | Path) -> None:
-    """Copy the adapter tensors saved in `path` into `model`'s active adapter (callers hold the model lock).
+def serving_copy(model: Any) -> Any:
+    """A copy of peft model `model` for an inference engine, sharing every frozen tensor with it.
 
-    Raises ValueError when the saved tensors do not match the active adapter's (another LoRA configuration).
+    The trainer keeps training `model` while the engine decodes with the copy: the copy's modules,
+    its adapter registry, active adapter and forward hooks are its own, so a decode thread and a
+    training thread never touch the same module. Every frozen parameter (the base weights, frozen
+    adapters) becomes a new `Parameter` over the *same storage* (no memory for the base), every buffer is
+    the same tensor, and only the trainable tensors (the LoRA adapter being trained) are copied. So
+    rebinding a copied parameter's `.data` (serve/merged_lora.py) leaves the trainer's parameter alone.
+    Make the copy before the trainer applies anything to its modules (kernels, compiled layers).
     """
-    from peft import set_peft_model_state_dict
-    from peft.utils import load_peft_weights
+    import copy
 
-    _peft_model(model, f"the adapter weights in {path}")
-    weights = load_peft_weights(str(path), device=str(next(model.parameters()).device))
-    active = model.active_adapter
-    result = set_peft_model_state_dict(model, weights, adapter_name=active)
-    unexpected = list(getattr(result, "unexpected_keys", None) or [])
-    missing = [k for k in getattr(result, "missing_keys", None) or [] if ".lora_" in k and f".{active}." in k]
-    if unexpected or missing:
-        raise ValueError(f"the adapter in {path} does not match the model's adapter {active!r} "
-                         f"({len(unexpected)} unexpected, {len(missing)} missing tensors, e.g. "
-                         f"{(unexpected or missing)[0]!r}); was it trained with another LoRA configuration?")
+    import torch
+
+    _peft_model(model, "a serving copy")
+    memo: dict[int, Any] = {}
+    for p in model.parameters():
+        if not p.requires_grad:
+            memo[id(p)] = torch.nn.Parameter(p.data, requires_grad=False)
+    for b in model.buffers():
+        memo[id(b)] = b
+    served = copy.deepcopy(model, memo)
+    for p in served.parameters():
+        p.requires_grad_(False)
+    return served.eval()

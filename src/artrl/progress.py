@@ -6,7 +6,8 @@ tqdm does by default. Written to anything else (stderr redirected to a file, a
 pipe, a CI log) each redraw would stay in the file, which made `artrl demo 2>
 demo.log` megabytes of bar states; there the bar redraws at most every
 `LOG_INTERVAL_S` seconds (tqdm's `mininterval`), so a log gets its first state,
-one line every few seconds of a long stage, and its last. A notebook keeps its
+one line every few seconds of a long stage, and its last (also for a bar made with
+`leave=False`, which on a terminal clears itself when done). A notebook keeps its
 live widget. `TQDM_MININTERVAL` in the environment (tqdm's own override) wins
 over our choice, and `disable=True` hides a bar wherever it goes.
 """
@@ -39,7 +40,13 @@ def is_live(stream: TextIO | None = None) -> bool:
 
 
 def progress_bar(*args: Any, **kwargs: Any) -> ProgressBar:
-    """`tqdm.auto.tqdm(*args, **kwargs)`, redrawing at most every LOG_INTERVAL_S seconds unless on a terminal."""
-    if not is_live(kwargs.get("file")) and "mininterval" not in kwargs and "TQDM_MININTERVAL" not in os.environ:
-        kwargs["mininterval"] = LOG_INTERVAL_S
+    """`tqdm.auto.tqdm(*args, **kwargs)`, redrawing at most every LOG_INTERVAL_S seconds unless on a terminal.
+
+    Off a terminal a bar also keeps its last state (`leave=True`): `leave=False` (a bar that tidies itself away
+    on a terminal, as the trainer's per-call bar does) would otherwise write a blank over it, and a log would
+    never say how far the stage got."""
+    if not is_live(kwargs.get("file")):
+        if "mininterval" not in kwargs and "TQDM_MININTERVAL" not in os.environ:
+            kwargs["mininterval"] = LOG_INTERVAL_S
+        kwargs["leave"] = True
     return ProgressBar(*args, **kwargs)

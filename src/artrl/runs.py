@@ -12,7 +12,8 @@ row per step merges that step's history rows:
 `train reward` at step s is the mean reward of the rollouts that trained step s
 (sampled with the weights of step s-1; ART logs a train call's groups at the
 step it produces). The PNG has two panels, reward and loss per step, with SFT
-steps shaded.
+steps shaded; SFT and RL losses (cross-entropy and policy loss: different
+scales) each have their own y axis.
 """
 
 from __future__ import annotations
@@ -94,6 +95,15 @@ def format_table(table: list[StepRow]) -> str:
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)
 
 
+def loss_series(table: list[StepRow]) -> dict[str, list[tuple[int, float]]]:
+    """(step, loss) points per kind of train call ("sft", "rl", ...), in the order the kinds first appear."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for r in table:
+        if r.loss is not None:
+            out.setdefault(r.kind or "train", []).append((r.step, r.loss))
+    return out
+
+
 def plot_run(table: list[StepRow], path: str | Path, title: str | None = None) -> Path:
     """Reward (train, val) and loss per step as a PNG (matplotlib, Agg); SFT steps shaded."""
     import matplotlib
@@ -106,27 +116,44 @@ def plot_run(table: list[StepRow], path: str | Path, title: str | None = None) -
                                       gridspec_kw={"height_ratios": [3, 2]})
     try:
         series = [("train_reward", top, ".", "train reward (rollouts that trained the step)"),
-                  ("val_reward", top, "o", "validation reward"), ("loss", bottom, ".", "loss/train")]
+                  ("val_reward", top, "o", "validation reward")]
         for attr, ax, marker, label in series:
             points = [(r.step, getattr(r, attr)) for r in table if getattr(r, attr) is not None]
             if points:
                 ax.plot(*zip(*points), marker=marker, label=label)
+        # SFT's loss (cross-entropy, nats/token) and RL's (policy loss, around 0) are different quantities on
+        # different scales: one y axis each, RL's on the right where both kinds were trained
+        losses = loss_series(table)
+        loss_axes = []
+        for i, (kind, points) in enumerate(losses.items()):
+            ax = bottom if i == 0 else bottom.twinx()
+            colour = f"C{2 + i}"
+            ax.plot(*zip(*points), marker=".", color=colour, label=f"{kind.upper()} loss")
+            ax.set_ylabel(f"{kind.upper()} loss", color=colour)
+            loss_axes.append(ax)
+        previous = None
         for r in table:
             if r.kind == "sft":
                 for ax in (top, bottom):
                     ax.axvspan(r.step - 1, r.step, color="0.9", zorder=0)
-                top.annotate("SFT", xy=(r.step - 0.5, 0.97), xycoords=("data", "axes fraction"), ha="center",
-                             va="top", color="0.4")
+                if previous != "sft":  # one label per run of SFT steps
+                    top.annotate("SFT", xy=(r.step - 0.5, 0.97), xycoords=("data", "axes fraction"), ha="left",
+                                 va="top", color="0.4")
+            previous = r.kind
         top.set_ylabel("mean reward")
-        bottom.set_ylabel("loss")
+        if not losses:
+            bottom.set_ylabel("loss")
         bottom.set_xlabel("step")
         from matplotlib.ticker import MaxNLocator
 
         bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
-        for ax in (top, bottom):
-            ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(loc="best")
+        top.grid(alpha=0.3)
+        bottom.grid(alpha=0.3)
+        if top.get_legend_handles_labels()[0]:
+            top.legend(loc="best")
+        if loss_axes:
+            handles = [h for ax in loss_axes for h in ax.get_legend_handles_labels()[0]]
+            bottom.legend(handles, [str(h.get_label()) for h in handles], loc="best")
         if title:
             top.set_title(title)
         fig.tight_layout()

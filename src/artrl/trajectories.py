@@ -67,6 +67,33 @@ class PydanticException(pydantic.BaseModel):
                    traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)))
 
 
+#: The field of a sampled choice, set by artrl's server, naming the policy version (training step) that
+#: sampled it (docs/token-record.md).
+POLICY_VERSION_FIELD = "policy_version"
+
+
+def choice_policy_version(item: Any) -> int | None:
+    """The policy version (training step) that sampled `item`, as artrl's server records it on each choice;
+    None for a message, or a choice from a server that does not say."""
+    if isinstance(item, Choice):
+        value = (item.model_extra or {}).get(POLICY_VERSION_FIELD)
+    elif isinstance(item, dict):
+        value = item.get(POLICY_VERSION_FIELD)
+    else:
+        value = getattr(item, POLICY_VERSION_FIELD, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def sampled_policy_versions(trajectory: Any) -> list[int]:
+    """The policy version of every sampled turn of `trajectory` that records one, in order (its
+    `additional_histories` after its own turns). A pipelined trainer reads a trajectory's staleness here:
+    the first and last of them are its `initial_policy_version` and `final_policy_version`."""
+    histories = [trajectory.messages_and_choices,
+                 *(h.messages_and_choices for h in getattr(trajectory, "additional_histories", []))]
+    versions = [choice_policy_version(item) for items in histories for item in items]
+    return [v for v in versions if v is not None]
+
+
 def get_messages(messages_and_choices: MessagesAndChoices) -> Messages:
     """The chat messages of a conversation, as ART gives them to a chat template.
 

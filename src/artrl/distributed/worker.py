@@ -78,13 +78,16 @@ class Worker:
 
     def start(self) -> None:
         from ..run import checkpoint as local_checkpoint
+        from ..train.model_source import check_model_source
         from ..train.modeling import load_model, resolve_name
         from ..train.trainer import Trainer
         from .sharding import ShardedTrainer
 
         # before the process group exists: transformers writes nothing on ranks > 0 once it does, so a first
-        # build of the tiny model must happen here
-        resolve_name(self.base_model)
+        # build of the tiny model must happen here; a cached hub model whose hub does not answer loads from its
+        # cached directory (train/model_source.py)
+        source = check_model_source(self.base_model) or self.base_model
+        resolve_name(source)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
@@ -94,7 +97,7 @@ class Worker:
         if latest is None:
             raise CheckpointError(f"{self.run} has no complete checkpoint; the driver writes checkpoint 0 before it "
                                   "starts the workers. Is --run-dir the run directory of a registered model?")
-        model, tok = load_model(self.base_model, self.cfg)
+        model, tok = load_model(source, self.cfg)
         plain = Trainer(model, tok, self.cfg)
         restored = local_checkpoint.restore(plain, self.run, latest, self.base_model)
         plain.optimizer_steps = restored.optimizer_steps

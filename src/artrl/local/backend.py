@@ -44,6 +44,7 @@ from ..notices import notice_once
 from ..trajectories import Trajectory, TrajectoryGroup
 from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
 from ..run import storage
+from ..tiny import TINY_MODEL_NAME
 from .adapter_leases import LeaseRegistry, pin_inference_step, pinned_inference_step
 from .session import TrainingSession
 
@@ -131,9 +132,17 @@ class LocalBackend(Backend):
     async def register(self, model: "Model") -> None:
         from ..model import TrainableModel
 
-        storage.run_dir(self._path, model.project, model.name).mkdir(parents=True, exist_ok=True)
+        run = storage.run_dir(self._path, model.project, model.name)
+        created = [d for d in (run, *run.parents) if not d.exists()]  # deepest first
+        run.mkdir(parents=True, exist_ok=True)
         if isinstance(model, TrainableModel):
-            await asyncio.to_thread(self._load, model)
+            try:
+                await asyncio.to_thread(self._load, model)
+            except BaseException:
+                for d in created:  # a failed load leaves nothing behind (the session wrote nothing either)
+                    if d.is_dir() and not any(d.iterdir()):
+                        d.rmdir()
+                raise
             model.inference_base_url = self.base_url
             model.inference_api_key = self._api_key or "artrl-local"
             model.inference_model_name = model.name
@@ -223,6 +232,11 @@ class LocalBackend(Backend):
             self._served.add(model.name, session.engine)
             self._served.add_base(model.base_model, session.engine)
             log.info("registered %s/%s (%s) at step %d", model.project, model.name, model.base_model, session.step)
+            if model.base_model == TINY_MODEL_NAME and session.step == 0:
+                log.info("%s is untrained (random weights, gibberish answers): RL can only reinforce what it says by "
+                         "chance, so a reward it never earns by luck stays flat. To teach it a task, warm it up with "
+                         "train_sft first (examples/sft_then_rl.py, `artrl demo`), or use a real model "
+                         "(docs/getting-started.md).", TINY_MODEL_NAME)
 
     def close(self) -> _Done:
         """Stop generation, the server and release the models; works awaited (ART) or called plainly.

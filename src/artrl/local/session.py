@@ -1,19 +1,24 @@
 """A training session: one registered trainable model on this machine.
 
 It owns the weights (a peft model loaded once), the trainer, the inference
-engine (serve/factory.py picks it; the built-in one serves the trainer's own
-model), the run directory and the step counter:
+engine (serve/factory.py picks it; the built-in one decodes a copy of the
+trainer's model that shares its frozen base tensors, made before the trainer
+applies its kernels), the run directory and the step counter:
 
-* `TrainingSession.open` loads the base model with a fresh LoRA adapter, computes
-  the end-of-turn ids once for the trainer and the engine, checks the run
-  directory belongs to this base model, removes what an interrupted write left
+* `TrainingSession.open` checks the base model name can be loaded
+  (train/model_source.py: seconds, not transformers' minute of retries) and
+  that the run directory belongs to this base model, loads the base model with
+  a fresh LoRA adapter, computes the end-of-turn ids once for the trainer and
+  the engine, then (only once the load succeeded: a failed load writes nothing)
+  records the base model in model.json, removes what an interrupted write left
   behind, and resumes from the latest complete checkpoint (or writes checkpoint
   0), which the engine then serves as the live weights.
 * `train` prepares one RL or SFT call (train/prepare.py: tokenized, validated,
   packed and planned, once) and runs it inside the engine's `training()` (the
-  built-in engine's model lock: inference waits while the shared weights
-  change), advances the step, writes the checkpoint, and hands it to the engine
-  (`set_live_weights`). The step's history row is not written here: model.train
+  built-in engine holds nothing there: it keeps answering requests from the
+  versions it holds; vLLM may sleep), advances the step, writes the checkpoint,
+  and hands it to the engine (`set_live_weights`: the next policy version, which
+  rows joining a batch from then on sample from). The step's history row is not written here: model.train
   / train_sft write it after the call returns, as ART does, and backend.train
   writes none. For the former the checkpoint carries the row's trainer part, so
   a crash between the checkpoint and the row loses nothing: `open` appends it
@@ -77,27 +82,41 @@ class TrainingSession:
         self.engine = engine
         self.step = 0
         self.history_record: dict[str, Any] | None = None  # the latest checkpoint's own history line
+        self._warned_no_metric: set[str] = set()  # delete_checkpoints' metrics already warned about
 
     # ------------------------------------------------------------------ opening
     @classmethod
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
              cfg: InternalModelConfig) -> "TrainingSession":
         from ..chat_format import end_of_turn_ids
+        from ..train.model_source import check_model_source
         from ..train.trainer import Trainer
 
-        run.mkdir(parents=True, exist_ok=True)
+        # in seconds, with the way out (never the network for artrl's names); a cached model whose hub does not
+        # answer loads from its cached directory, so nothing below waits on the network
+        source = check_model_source(base_model) or base_model
         _check_run_owner(run, base_model)
-        storage.write_json_atomic(run / storage.MODEL_FILE, {"name": name, "project": project,
-                                                             "base_model": base_model, "config": cfg.model_dump()})
-        removed = storage.clean_temporaries(run)
-        if removed:
-            log.warning("removed %d temporary files or checkpoint directories left by an interrupted write", removed)
-        peft_model, tok = cls._load_weights(base_model, cfg)
+        peft_model, tok = cls._load_weights(source, cfg)
         # one definition of what ends a turn, for the trainer and the engine alike
-        trainer = Trainer(peft_model, tok, cfg, end_ids=end_of_turn_ids(tok, peft_model))
-        engine = cls._open_engine(trainer, cfg, base_model)
+        end_ids = end_of_turn_ids(tok, peft_model)
+        # the engine first: the built-in one copies the model's modules before the trainer applies its kernels
+        engine = cls._open_engine(peft_model, tok, end_ids, cfg, source)
+        try:
+            trainer = Trainer(peft_model, tok, cfg, end_ids=end_ids)
+        except BaseException:
+            engine.close()
+            raise
         session = cls(name, run, base_model, cfg, trainer, engine)
         try:
+            # written only once the model has loaded: a name that failed to load must not claim the run
+            # directory, or correcting base_model would be refused as "belongs to another base model"
+            run.mkdir(parents=True, exist_ok=True)
+            storage.write_json_atomic(run / storage.MODEL_FILE, {"name": name, "project": project,
+                                                                 "base_model": base_model, "config": cfg.model_dump()})
+            removed = storage.clean_temporaries(run)
+            if removed:
+                log.warning("removed %d temporary files or checkpoint directories left by an interrupted write",
+                            removed)
             latest = storage.latest_checkpoint(run)
             if latest is None:
                 path = checkpoint.save(trainer, run, 0, base_model, None)  # a new run's untrained weights
@@ -113,23 +132,21 @@ class TrainingSession:
             raise
         return session
 
-    #: Whether the built-in engine serves the trainer's own model (a worker session trains elsewhere).
-    SHARES_TRAINER_MODEL = True
-
     @classmethod
-    def _open_engine(cls, trainer: Any, cfg: InternalModelConfig, base_model: str) -> Any:
-        """The inference engine `cfg.inference_engine` names (serve/factory.py), with the trainer's end ids."""
+    def _open_engine(cls, model: Any, tokenizer: Any, end_ids: frozenset[int], cfg: InternalModelConfig,
+                     base_model: str) -> Any:
+        """The inference engine `cfg.inference_engine` names (serve/factory.py), with the trainer's end ids.
+
+        The built-in one decodes a copy of `model` sharing its frozen tensors (`serve_copy`): the trainer (here,
+        or the workers' copy restored into `model`) never shares a module with the decode thread."""
         from ..serve.factory import open_engine, resolve_engine_kind
         from ..train.modeling import RANDOM_CONFIGS, resolve_name
 
         on_disk = base_model not in RANDOM_CONFIGS
-        kind = resolve_engine_kind(cfg.inference_engine, trainer.device.type, weights_on_disk=on_disk)
-        # the built-in engine serves trainer.model, so it takes the trainer's lock (a worker session restores
-        # checkpoints into that model too); it shares the trainer's *weights* only where this process trains
-        builtin = kind == "builtin"
-        return open_engine(kind, tokenizer=trainer.tokenizer, end_ids=trainer.end_ids, cfg=cfg, model=trainer.model,
-                           shares_trainer_weights=builtin and cls.SHARES_TRAINER_MODEL,
-                           model_lock=trainer.model_lock if builtin else None,
+        device = next(model.parameters()).device
+        kind = resolve_engine_kind(cfg.inference_engine, device.type, weights_on_disk=on_disk)
+        return open_engine(kind, tokenizer=tokenizer, end_ids=end_ids, cfg=cfg, model=model,
+                           serve_copy=kind == "builtin",
                            base_model_path=resolve_name(base_model) if on_disk else None)
 
     @classmethod
@@ -162,9 +179,11 @@ class TrainingSession:
         best = history.best_logged_step(self.run, best_checkpoint_metric, steps)
         if best is not None:
             keep.add(best)
-        else:
+        elif best_checkpoint_metric not in self._warned_no_metric:  # once per run: a loop calls this every step
+            self._warned_no_metric.add(best_checkpoint_metric)
             log.warning("no logged step has %r (log it with model.log(..., split='val')); keeping only the latest "
-                        "checkpoint %d", best_checkpoint_metric, steps[-1])
+                        "checkpoint (%d now) until one does; this is said once per run", best_checkpoint_metric,
+                        steps[-1])
         return self.delete_checkpoint_files(sorted(keep))
 
     def delete_checkpoint_files(self, steps_to_keep: list[int]) -> list[int]:
@@ -237,8 +256,8 @@ class TrainingSession:
 
     @contextlib.contextmanager
     def _training(self) -> Iterator[None]:
-        """Held for a whole call: the engine's `training()` (the built-in engine sharing the model: its model
-        lock, so inference waits while the shared weights change)."""
+        """Held for a whole call: the engine's `training()` (nothing for the built-in engine, which decodes its
+        own copy; vLLM may sleep)."""
         with self.engine.training():
             yield
 

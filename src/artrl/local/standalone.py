@@ -57,7 +57,7 @@ def build_app(args: Any) -> Any:
         if adapter is not None:
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, str(adapter))  # the adapter set_live_weights fills
+            model = PeftModel.from_pretrained(model, str(adapter))  # a peft model: set_live_weights adds versions
         ends = end_of_turn_ids(tok, model)
     else:
         model, tok = None, load_tokenizer(args.model, cfg)

@@ -3,11 +3,10 @@
 The same session as session.py (run directory, step counter, checkpoints,
 the served weights), with three differences:
 
-* its model is loaded for serving only, on `inference_gpu_ids[0]` when given;
-  inference keeps answering during a train call (the engine does not share a
-  trainer's weights, so no model lock is held: the workers train their own
-  sharded copy), and the engine takes each checkpoint as the live weights once
-  it is complete (`set_live_weights`, as in one process);
+* its model is loaded for serving only, on `inference_gpu_ids[0]` when given
+  (the workers train their own sharded copy); the engine serves each complete
+  checkpoint as a policy version (`set_live_weights`), exactly as in one process,
+  and inference keeps answering during a train call;
 * a call is prepared here, as in one process (tokenized, packed, planned once),
   and the prepared call goes to the `WorkerGroup` (distributed/group.py): the
   workers train, the session decides as in one process (empty call, all steps
@@ -49,7 +48,6 @@ class WorkerSession(TrainingSession):
 
     workers: WorkerGroup
     _calls: threading.Lock
-    SHARES_TRAINER_MODEL = False  # the model here only serves; the workers train their own copy
 
     @classmethod
     def open(cls, run: Path, *, name: str, project: str, base_model: str,

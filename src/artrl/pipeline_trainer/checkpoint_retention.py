@@ -10,9 +10,12 @@ never delete a protected step, whatever it returns.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import datetime, timezone
+from pathlib import Path
 
 from pydantic import BaseModel, Field
+
+from ..run import storage
 
 CHECKPOINT_CREATED_AT_METRIC = "checkpoint/created_at_unix"
 CHECKPOINT_EVAL_COMPLETED_METRIC = "checkpoint/eval_completed"
@@ -62,3 +65,31 @@ def steps_to_delete(context: CheckpointRetentionContext, strategy: CheckpointRet
     """The eligible steps the strategy does not keep (what it returns outside the eligible set is ignored)."""
     eligible = {c.step for c in context.checkpoints}
     return eligible - (set(strategy(context)) & eligible)
+
+
+def metrics_by_step(history: Path) -> dict[int, dict[str, float]]:
+    """Each step's numeric history values, averaged per key (what strategies rank checkpoints by)."""
+    values: dict[int, dict[str, list[float]]] = {}
+    for row in storage.read_jsonl(history) if history.exists() else []:
+        step = row.get("step")
+        if not isinstance(step, int):
+            continue
+        for key, value in row.items():
+            if key not in ("step", "recorded_at") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                values.setdefault(step, {}).setdefault(key, []).append(float(value))
+    return {step: {k: sum(v) / len(v) for k, v in d.items()} for step, d in values.items()}
+
+
+def checkpoint_infos(run: Path, completed_eval_steps: set[int]) -> list[CheckpointInfo]:
+    """Every complete checkpoint of the run directory with its step's logged metrics, oldest first."""
+    metrics = metrics_by_step(run / storage.HISTORY_FILE)
+    infos = []
+    for step in storage.list_checkpoints(run):
+        path = storage.checkpoint_dir(run, step)
+        m = metrics.get(step, {})
+        created = m.get(CHECKPOINT_CREATED_AT_METRIC, path.stat().st_ctime)
+        is_eval = (step in completed_eval_steps or m.get(CHECKPOINT_EVAL_COMPLETED_METRIC, 0) > 0
+                   or any(k.startswith(("val/", "test/")) for k in m))
+        infos.append(CheckpointInfo(step=step, path=str(path), created_at=datetime.fromtimestamp(created, timezone.utc),
+                                    is_eval_step=is_eval, metrics=m))
+    return infos

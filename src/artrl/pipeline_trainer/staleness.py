@@ -12,12 +12,13 @@ artrl counts from the weights the gradient is taken at (docs/art-compatibility.m
 the guarantee, checked when the trainer takes a group.
 
 **Admission** (`Admission`) saves the work that would be thrown away, and makes
-`max_steps_off_policy=0` the synchronous loop. Each pulled scenario gets a ticket
-naming the step it is meant to be trained from, its *target*: the earliest step
-that has fewer than `groups_per_step` live tickets. A ticket is live until its group
-is dropped (the rollout failed, the group was stale or had no reward spread), which
-frees the slot for the next scenario. A rollout may start once the policy version
-is at least `target - max_steps_off_policy`. So at most `(bound + 1) * groups_per_step`
+`max_steps_off_policy=0` the synchronous loop. Pulled scenarios wait in pull order;
+the first of them gets a ticket naming the step it is meant to be trained from, its
+*target*: the earliest step that has fewer than `groups_per_step` live tickets, and
+only once the policy version is at least `target - max_steps_off_policy` (`may_admit`);
+then its rollout starts. A ticket is live until its group is dropped (the rollout
+failed, the group was stale or had no reward spread), which frees the slot for the
+next scenario. So at most `(bound + 1) * groups_per_step`
 groups are in the making at once, and with bound 0 the groups of step `s` are
 exactly the next `groups_per_step` scenarios, all sampled from version `s`.
 
@@ -97,6 +98,11 @@ class Admission:
 
     def may_start(self, ticket: Ticket, policy_version: int) -> bool:
         return self.bound.may_start(ticket.target, policy_version)
+
+    def may_admit(self, policy_version: int) -> bool:
+        """Whether the next ticket (`admit()`) may start on `policy_version`. Tickets are issued only then, so a
+        slot freed by a dropped group goes to the next scenario even while later scenarios already wait."""
+        return self.bound.may_start(self._first_open, policy_version)
 
     def live(self, target: int) -> int:
         return self._live[target]

@@ -19,7 +19,6 @@ Fields are checked on load: a wrong type is a ConfigError naming the field.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +39,6 @@ class PipelineState:
     completed_eval_steps: set[int] = field(default_factory=set)
     discarded_stale_groups: int = 0
     failed_rollouts: int = 0
-    policy_updated: asyncio.Condition = field(default_factory=asyncio.Condition)
     done: bool = False
 
     def payload(self, training_step: int) -> dict[str, Any]:

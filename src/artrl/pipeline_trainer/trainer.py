@@ -7,8 +7,8 @@ Three stages run as coroutines of one `asyncio.TaskGroup`, linked by queues:
                    each under a lease of the        call per batch, then      leased checkpoint)
                    version it started on)           model.log, state, retention)
 
-* A worker pulls a scenario and an admission ticket (staleness.py), waits on the
-  `policy_updated` condition until the ticket may start, rolls out inside
+* A worker pulls a scenario, waits (in pull order) until admission (staleness.py) gives
+  it a ticket for a step within the bound of the current policy version, rolls out inside
   `backend.adapter_lease(model, version)` (every turn samples `name@version`), stamps
   `initial_policy_version` / `final_policy_version` on the trajectories and queues
   the group. A rollout that raises is logged and counted, its ticket freed; the
@@ -16,13 +16,13 @@ Three stages run as coroutines of one `asyncio.TaskGroup`, linked by queues:
 * The trainer takes `min_batch_size` groups (then whatever else is queued, up to
   `max_batch_size`), drops stale ones (counted: `train/discarded_stale_groups`),
   sets aside groups with no reward spread (logged under split "discarded"; after
-  `discard_queue_multiplier * min_batch_size` of them in a row of steps it stops:
+  `discard_queue_multiplier * min_batch_size` of them since the last train call it stops:
   "model collapse"), raises if every rollout of a group failed, trains the batch in
   admission order and writes one train row with the pipeline's figures.
 * The eval stage runs `eval_fn` on the steps the trainer schedules.
 
 A stop (`request_stop()`, SIGINT, SIGTERM) lets a train call in progress finish, then
-ends; rollouts in flight are cancelled. Waits are on conditions, queues and events
+ends; rollouts in flight are cancelled. Waits are on events, queues and the stop event
 only; timings use the injectable `clock`.
 
 Unlike ART, `LocalBackend` is accepted in every configuration (one CPU machine, one
@@ -32,12 +32,13 @@ GPU): ART refuses it outside "dedicated mode" (separate trainer and inference GP
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
@@ -46,8 +47,8 @@ from ..local.adapter_leases import LeaseRegistry
 from ..run import storage
 from ..trajectories import Trajectory, TrajectoryGroup
 from .checkpoint_retention import (CHECKPOINT_CREATED_AT_METRIC, CHECKPOINT_EVAL_COMPLETED_METRIC,
-                                   CHECKPOINT_SAVED_METRIC, CheckpointInfo, CheckpointRetentionContext,
-                                   CheckpointRetentionStrategy, steps_to_delete)
+                                   CHECKPOINT_SAVED_METRIC, CheckpointRetentionContext, CheckpointRetentionStrategy,
+                                   checkpoint_infos, steps_to_delete)
 from .messages import EvalStop, GroupReady, ScenariosExhausted
 from .state import PIPELINE_STATE_KEY, PipelineState, SavedState
 from .staleness import Admission, StalenessBound, Ticket
@@ -91,6 +92,22 @@ def _zero_variance(group: TrajectoryGroup) -> bool:
     return len(rewards) <= 1 or all(abs(r - rewards[0]) <= 1e-12 for r in rewards[1:])
 
 
+class _Changes:
+    """Wakes every waiter when something admission depends on changes (a new policy version, a freed
+    ticket, a worker admitted, a stop). `notify()` is synchronous, so it works from any code path."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait_for(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            await self._event.wait()
+
+
 class _Batch:
     """What one collection for a train call produced."""
 
@@ -105,8 +122,10 @@ class _Batch:
 class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     """Async three-stage pipeline of rollouts, training and eval; see the module docstring.
 
-    The constructor is ART 0.5.18's (names, defaults and checks); `clock` (seconds, monotonic) is artrl's,
-    for tests. `max_steps_off_policy` bounds how many steps older than the weights a trained group's
+    The constructor is ART 0.5.18's (names, defaults and checks). artrl adds two keywords: `train_kwargs`,
+    more keywords for every `backend.train` call (TrainConfig fields, e.g. the off-policy correction
+    `precalculate_logprobs=True, truncated_importance_sampling=2.0`; docs/pipeline.md), and `clock` (seconds,
+    monotonic), for tests. `max_steps_off_policy` bounds how many steps older than the weights a trained group's
     policy version may be (0: on policy, the synchronous loop)."""
 
     def __init__(self, model: Any, backend: Any, rollout_fn: RolloutFn, scenarios: AsyncIterator[ScenarioT] |
@@ -120,7 +139,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                  total_scenarios: int | None = None, eval_every_n_steps: int = 20, eval_at_start: bool = True,
                  save_checkpoint: bool = True, checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
                  checkpoint_retention_interval: int = 1, resume: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 train_kwargs: dict[str, Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         checks = [(num_rollout_workers <= 0, "num_rollout_workers must be > 0"),
                   (min_batch_size <= 0, "min_batch_size must be > 0"),
                   (max_batch_size is not None and max_batch_size <= 0, "max_batch_size must be > 0"),
@@ -136,7 +155,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         for failed, message in checks:
             if failed:
                 raise ValueError(message)
-        self.model, self.backend, self.rollout_fn, self.config, self.eval_fn = model, backend, rollout_fn, config, eval_fn
+        self.model, self.backend, self.rollout_fn = model, backend, rollout_fn
+        self.config, self.eval_fn = config, eval_fn
         self.num_rollout_workers = num_rollout_workers
         self.min_batch_size = min_batch_size
         self.max_batch_size = max_batch_size if max_batch_size is not None else 10 * min_batch_size
@@ -146,10 +166,17 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.normalize_advantages, self.adam_params = normalize_advantages, adam_params
         self.packed_sequence_length, self.max_steps = packed_sequence_length, max_steps
         self.discard_queue_multiplier = discard_queue_multiplier
-        self.eval_every_n_steps, self.eval_at_start, self.save_checkpoint = eval_every_n_steps, eval_at_start, save_checkpoint
+        self.eval_every_n_steps, self.eval_at_start = eval_every_n_steps, eval_at_start
+        self.save_checkpoint = save_checkpoint
         self.checkpoint_retention_strategy = checkpoint_retention_strategy
         self.checkpoint_retention_interval = checkpoint_retention_interval
         self.resume = resume
+        self.train_kwargs = dict(train_kwargs or {})
+        own = {"learning_rate", "loss_fn", "loss_fn_config", "normalize_advantages", "adam_params",
+               "packed_sequence_length", "save_checkpoint"}
+        reserved = sorted(set(self.train_kwargs) & own)
+        if reserved:
+            raise ValueError(f"train_kwargs={reserved} are PipelineTrainer's own arguments; pass them as such")
         self.clock = clock
         self.bound = StalenessBound(max_steps_off_policy)
         self.state = PipelineState()
@@ -161,6 +188,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._leases = LeaseRegistry()  # steps rollouts and evals use now: retention never deletes them
         self._scheduled_eval_steps: set[int] = set()
         self._stop = asyncio.Event()
+        self._changes = _Changes()
+        self._waiting: list[int] = []  # pulled scenarios waiting for admission (a heap of their indices)
         self._admission: Admission | None = None
         self._queue: asyncio.Queue[GroupReady | ScenariosExhausted] | None = None
         self._eval_queue: asyncio.Queue[int | EvalStop] | None = None
@@ -204,6 +233,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self.state.scenario_offset = await self._skip_scenarios(saved.scenario_offset)
             self.state.total_scenarios_consumed = max(self.state.total_scenarios_consumed, self.state.scenario_offset)
         self._stop = asyncio.Event()
+        self._changes = _Changes()
+        self._waiting = []
         self._admission = Admission(self.bound, self.min_batch_size, start_step)
         maxsize = self.queue_maxsize or max(1, self.max_steps_off_policy * self.max_batch_size)
         self._queue = asyncio.Queue(maxsize=maxsize)
@@ -235,10 +266,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             return
         self.state.done = True
         self._stop.set()
-        try:
-            asyncio.get_running_loop().create_task(self._notify_policy())
-        except RuntimeError:
-            pass
+        self._changes.notify()
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         loop = asyncio.get_running_loop()
@@ -261,10 +289,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 loop.remove_signal_handler(sig)
         return restore
 
-    async def _notify_policy(self) -> None:
-        async with self.state.policy_updated:
-            self.state.policy_updated.notify_all()
-
     # ------------------------------------------------------------------ scenarios
     async def _skip_scenarios(self, count: int) -> int:
         skipped = 0
@@ -278,9 +302,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             skipped += 1
         return skipped
 
-    async def _pull(self) -> tuple[int, Any, Ticket] | None:
-        """The next scenario, its index in the stream and its admission ticket; None when they are used up."""
-        assert self._admission is not None
+    async def _pull(self) -> tuple[int, Any] | None:
+        """The next scenario and its index in the stream; None when they are used up."""
         async with self._scenario_lock:
             if self.state.done:
                 return None
@@ -291,7 +314,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             index = self.state.scenario_offset
             self.state.scenario_offset += 1
             self.state.total_scenarios_consumed += 1
-            return index, scenario, self._admission.admit()
+            heapq.heappush(self._waiting, index)  # waiting for admission from now on, in pull order
+            return index, scenario
 
     # ------------------------------------------------------------------ leases
     @asynccontextmanager
@@ -312,22 +336,40 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         assert self._queue is not None
         await self._queue.put(ScenariosExhausted())
 
+    async def _admit(self, index: int) -> Ticket | None:
+        """Wait until scenario `index` is the first waiting one and admission has a ticket within the bound
+        of the current policy version; the ticket, or None on a stop."""
+        assert self._admission is not None
+        admission = self._admission
+        try:
+            await self._changes.wait_for(lambda: self.state.done or (
+                self._waiting[0] == index and admission.may_admit(self.state.policy_version)))
+        finally:
+            self._waiting.remove(index)
+            heapq.heapify(self._waiting)
+            self._changes.notify()  # the next waiting scenario may be admitted now
+        return None if self.state.done else admission.admit()
+
+    def _release(self, ticket: Ticket) -> None:
+        """A dropped group's ticket: its slot goes to the next waiting scenario."""
+        assert self._admission is not None
+        self._admission.release(ticket)
+        self._changes.notify()
+
     async def _rollout_worker(self, worker_id: int) -> None:
         assert self._queue is not None and self._admission is not None
         while not self.state.done:
             pulled = await self._pull()
             if pulled is None:
                 return
-            index, scenario, ticket = pulled
+            index, scenario = pulled
+            waited_from = self.clock()
+            ticket = await self._admit(index)
+            if ticket is None:
+                return
             self._status.note_rollout_started()
             queued = errored = False
             try:
-                waited_from = self.clock()
-                async with self.state.policy_updated:
-                    await self.state.policy_updated.wait_for(
-                        lambda: self.state.done or self._admission.may_start(ticket, self.state.policy_version))
-                if self.state.done:
-                    return
                 idle_s = self.clock() - waited_from
                 version = self.state.policy_version
                 token = self.model.activate_metrics_context("train")
@@ -358,7 +400,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                             type(exc).__module__, type(exc).__name__, exc, _scenario_context(scenario))
             finally:
                 if not queued:
-                    self._admission.release(ticket)  # the slot goes to the next scenario
+                    self._release(ticket)
                 self._status.note_rollout_finished(errored=errored)
 
     # ------------------------------------------------------------------ training stage
@@ -391,10 +433,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                                f"{msg.scenario_index}). First exception ({first.type}): {first.message}")
         if self.bound.is_stale(msg.initial_version, step):
             batch.discarded += 1
-            self._admission.release(msg.ticket)
+            self._release(msg.ticket)
             return
         if _zero_variance(group):
-            self._admission.release(msg.ticket)
+            self._release(msg.ticket)
             self._discard_queue.append(group)
             self._status.note_zero_variance_discarded(1)
             if len(self._discard_queue) >= self._discard_queue_limit:
@@ -442,7 +484,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self.state.done = True
             self._stop.set()
             self._persist(current)
-            await self._notify_policy()
+            self._changes.notify()
 
     async def _train_step(self, current: int, batch: _Batch, step_started: float, trainer_idle_s: float) -> int:
         ready = sorted(batch.ready, key=lambda m: m.ticket.seq)  # admission order: the synchronous loop's order
@@ -450,13 +492,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         off_policy = [current - m.initial_version for m in ready]
         expected = current + 1
         eval_step = self._should_eval(expected)
-        async with self.state.policy_updated:
-            self.state.next_training_step = expected
-            self.state.policy_updated.notify_all()
+        self.state.next_training_step = expected
         # every group of this call was pulled before this write, so a resumed run never trains one again
         self._persist(current)
         self._status.note_training_start(len(groups))
-        kwargs: dict[str, Any] = {"learning_rate": self.learning_rate, "loss_fn": self.loss_fn,
+        kwargs: dict[str, Any] = {**self.train_kwargs, "learning_rate": self.learning_rate, "loss_fn": self.loss_fn,
                                   "loss_fn_config": self.loss_fn_config,
                                   "normalize_advantages": self.normalize_advantages,
                                   "save_checkpoint": self.save_checkpoint and eval_step,
@@ -470,10 +510,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             trainer_s = self.clock() - call_started
             self._status.note_training_end()
         step = int(result.step)
-        async with self.state.policy_updated:
-            self.state.policy_version = step
-            self.state.next_training_step = step
-            self.state.policy_updated.notify_all()
+        self.state.policy_version = step
+        self.state.next_training_step = step
+        self._changes.notify()  # rollouts meant for the next steps may start
         self._log_checkpoint_saved(result)
         await self._prune_model_adapters(step)
         await self._run_checkpoint_retention(step)
@@ -510,8 +549,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._collapse_triggered = True
         self.state.done = True
         self._stop.set()
-        log.error("MODEL COLLAPSE DETECTED - training stopped: %d trajectory groups in a row of steps had no reward "
-                  "spread (every rollout of the group scored the same), so the policy may have collapsed. Lower "
+        log.error("MODEL COLLAPSE DETECTED - training stopped: %d trajectory groups since the last train step had no "
+                  "reward spread (every rollout of the group scored the same), so the policy may have collapsed. Lower "
                   "the learning rate, check that the reward varies and the prompts are diverse, or use smaller "
                   "batches. To relax this failsafe raise discard_queue_multiplier (now %d; it stops after %d * "
                   "min_batch_size = %d such groups).", self._discard_queue_limit, self.discard_queue_multiplier,
@@ -602,7 +641,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         given = getattr(result, "checkpoint_path", None)
         path = Path(given) if isinstance(given, str) and given else storage.checkpoint_dir(self._run_dir(), step)
         if path.exists():
-            self._checkpoint_row(step, {CHECKPOINT_SAVED_METRIC: 1.0, CHECKPOINT_CREATED_AT_METRIC: path.stat().st_ctime})
+            self._checkpoint_row(step, {CHECKPOINT_SAVED_METRIC: 1.0,
+                                        CHECKPOINT_CREATED_AT_METRIC: path.stat().st_ctime})
 
     async def _prune_model_adapters(self, step: int) -> None:
         prune = getattr(self.backend, "prune_model_adapters", None)
@@ -618,7 +658,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         strategy = self.checkpoint_retention_strategy
         if strategy is None or step % self.checkpoint_retention_interval:
             return
-        infos = self._checkpoint_infos()
+        infos = checkpoint_infos(self._run_dir(), self.state.completed_eval_steps)
         protected = self.protected_steps(step)
         eligible = [c for c in infos if c.step not in protected]
         if not eligible:
@@ -627,21 +667,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if delete:
             keep = sorted({c.step for c in infos} - delete)
             await self.backend._delete_checkpoint_files(self.model, keep)
-
-    def _checkpoint_infos(self) -> list[CheckpointInfo]:
-        run = self._run_dir()
-        metrics = _metrics_by_step(run / storage.HISTORY_FILE)
-        infos = []
-        for step in storage.list_checkpoints(run):
-            path = storage.checkpoint_dir(run, step)
-            m = metrics.get(step, {})
-            created = m.get(CHECKPOINT_CREATED_AT_METRIC, path.stat().st_ctime)
-            infos.append(CheckpointInfo(
-                step=step, path=str(path), created_at=datetime.fromtimestamp(created, timezone.utc),
-                is_eval_step=(step in self.state.completed_eval_steps or m.get(CHECKPOINT_EVAL_COMPLETED_METRIC, 0) > 0
-                              or any(k.startswith(("val/", "test/")) for k in m)),
-                metrics=m))
-        return infos
 
     # ------------------------------------------------------------------ scenario metadata
     @staticmethod
@@ -667,16 +692,3 @@ def _eval_groups(items: list[Trajectory | TrajectoryGroup]) -> list[TrajectoryGr
     groups = [i for i in items or [] if isinstance(i, TrajectoryGroup)]
     loose = [i for i in items or [] if not isinstance(i, TrajectoryGroup)]
     return groups + ([TrajectoryGroup(loose)] if loose else [])
-
-
-def _metrics_by_step(history: Path) -> dict[int, dict[str, float]]:
-    """Each step's numeric history values, averaged per key (what retention strategies rank by)."""
-    sums: dict[int, dict[str, list[float]]] = {}
-    for row in storage.read_jsonl(history) if history.exists() else []:
-        step = row.get("step")
-        if not isinstance(step, int):
-            continue
-        for key, value in row.items():
-            if key not in ("step", "recorded_at") and isinstance(value, (int, float)) and not isinstance(value, bool):
-                sums.setdefault(step, {}).setdefault(key, []).append(float(value))
-    return {step: {k: sum(v) / len(v) for k, v in d.items()} for step, d in sums.items()}

@@ -74,8 +74,10 @@ class BatchPlan:
         return max((len(mb.rows) for s in self.steps for mb in s.micro_batches), default=0)
 
     def describe(self) -> str:
-        n = len(self.steps)
-        return (f"{self.num_micro_batches} micro-batches of <={self.max_rows_per_micro_batch} rows; "
+        n, mbs, rows = len(self.steps), self.num_micro_batches, self.max_rows_per_micro_batch
+        # "<=" only where micro-batches may differ: one micro-batch, or one row each, is exact
+        size = f"{rows} row{'' if rows == 1 else 's'}" if mbs == 1 or rows == 1 else f"<={rows} rows"
+        return (f"{mbs} micro-batch{'' if mbs == 1 else 'es'} of {size}; "
                 f"{n} optimizer step{'' if n == 1 else 's'}")
 
 

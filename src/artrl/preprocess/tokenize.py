@@ -342,6 +342,29 @@ def group_advantages(rewards: Sequence[float], scale: bool) -> list[float]:
     return adv
 
 
+def _has_assistant_dict(traj: Trajectory) -> bool:
+    """Whether a turn of `traj` (or of its additional histories) is an assistant message given as a plain dict."""
+    return any(isinstance(item, dict) and item.get("role") == "assistant"
+               for h in (traj, *traj.additional_histories) for item in h.messages_and_choices)
+
+
+def _warn_untrainable(skipped: list[tuple[int, int, bool]], train_dicts: bool) -> None:
+    """One warning per call for the trajectories with no trainable turn, saying why and what to do."""
+    where = ", ".join(f"group {gi} trajectory {ti}" for gi, ti, _ in skipped[:3]) + (
+        f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+    if not train_dicts and any(has_dict for _, _, has_dict in skipped):
+        log.warning(
+            "%d trajectories have no trainable turn and were skipped (%s): their assistant turns are plain dicts. "
+            "RL trains the Choice objects the inference server returned (response.choices[0], which carry the "
+            "prompt and sampled token ids and their logprobs), not text: put the Choice itself in "
+            "messages_and_choices. To train on text replies, use model.train_sft(...), or "
+            "TrainConfig(allow_training_without_logprobs=True) to train such turns as on-policy (ART's option).",
+            len(skipped), where)
+    else:
+        log.warning("%d trajectories have no trainable turn (no Choice%s) and were skipped (%s)", len(skipped),
+                    ", no assistant message" if train_dicts else "", where)
+
+
 def _tokenize_trajectory(
     traj: Trajectory, tokenizer: Any, train_on: Literal["sampled", "assistant"], gi: int, ti: int,
     advantage: float, stats: TokenizeStats, train_dicts: bool, end_ids: Collection[int] | None,
@@ -378,6 +401,7 @@ def tokenize_groups(
     """
     stats = TokenizeStats()
     result = TokenizeResult(groups=[], stats=stats)
+    untrainable: list[tuple[int, int, bool]] = []  # (group, trajectory, has an assistant dict)
     for gi, group in enumerate(groups):
         if not isinstance(group, TrajectoryGroup):
             raise TrajectoryError(f"groups[{gi}] has type {type(group).__name__}; expected a TrajectoryGroup.")
@@ -408,11 +432,12 @@ def tokenize_groups(
                 )
             if not got:
                 stats.trajectories_without_trainable_tokens += 1
-                log.warning("group %d, trajectory %d has no trainable turn (no Choice%s); skipped", gi, ti,
-                            ", no assistant message" if allow_training_without_logprobs else "")
+                untrainable.append((gi, ti, _has_assistant_dict(traj)))
             seqs += got
         if seqs:
             result.groups.append(seqs)
+    if untrainable:
+        _warn_untrainable(untrainable, allow_training_without_logprobs)
     stats.sequences = len(result.sequences)
     stats.trainable_tokens = sum(s.n_trainable for s in result.sequences)
     if stats.turns_missing_logprobs:

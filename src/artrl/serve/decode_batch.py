@@ -1,6 +1,6 @@
 """The running decode batch of the built-in engine: rows join at step boundaries and leave when done.
 
-A `DecodeBatch` holds, for the rows decoding together (all with the same adapter), one
+A `DecodeBatch` holds, for the rows decoding together (of one adapter or several), one
 KV cache, one attention mask and the per-row sampling state, all on the model's device:
 
 ```
@@ -89,9 +89,11 @@ class DecodeBatch:
 
     # ------------------------------------------------------------------ joining
 
-    def _prefill(self, prompts: Sequence[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prefill(self, prompts: Sequence[list[int]], adapters: dict[str, Any] | None = None
+                 ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One forward over `prompts`, left-padded to the longest: their cache, attention mask [prompts, width],
-        position ids [prompts, width] and last-position logits [prompts, vocab] (float32)."""
+        position ids [prompts, width] and last-position logits [prompts, vocab] (float32). `adapters`: extra
+        forward arguments choosing each prompt's adapter (peft's `adapter_names`), or None."""
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)  # [prompts, width]
         mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [prompts, width]
@@ -102,14 +104,16 @@ class DecodeBatch:
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [prompts, width]
         cache = DynamicCache(config=self._model.config)
         out = self._model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                          logits_to_keep=1, **{self._cache_kwarg: cache})
+                          logits_to_keep=1, **{self._cache_kwarg: cache}, **(adapters or {}))
         return cache, mask, position_ids, out.logits[:, -1, :].float()
 
     def admit(self, rows: Sequence[Any], prompts: Sequence[list[int]], prompt_of_row: Sequence[int],
-              keys: Sequence[int], temperature: Sequence[float], top_p: Sequence[float]) -> None:
-        """Prefill `prompts` (one forward) and add `rows` (row j samples from prompts[prompt_of_row[j]])."""
+              keys: Sequence[int], temperature: Sequence[float], top_p: Sequence[float],
+              adapters: dict[str, Any] | None = None) -> None:
+        """Prefill `prompts` (one forward; `adapters`: see `_prefill`) and add `rows` (row j samples from
+        prompts[prompt_of_row[j]])."""
         device = self.device
-        cache, mask, position_ids, logits = self._prefill(prompts)
+        cache, mask, position_ids, logits = self._prefill(prompts, adapters)
         positions = position_ids[:, -1] + 1  # [prompts]
         if list(prompt_of_row) != list(range(len(prompts))):  # n samples of one prompt: repeat its prefill
             index = torch.tensor(prompt_of_row, dtype=torch.long, device=device)  # [rows]
@@ -190,13 +194,16 @@ class DecodeBatch:
                 layer.keys, layer.values = layer.keys[:, :, cut:], layer.values[:, :, cut:]
             self.mask = self.mask[:, cut:]
 
-    def advance(self) -> None:
-        """Feed every row's sampled token through the model: the next step's logits."""
+    def advance(self, adapter_names: list[str] | None = None, graph_key: Any = None) -> None:
+        """Feed every row's sampled token through the model: the next step's logits. `adapter_names`: each
+        row's adapter (peft's mixed-adapter forward), or None: the model's active adapter for every row.
+        `graph_key`: see `StaticDecodeBatch.advance` (unused here)."""
         assert self.mask is not None and self.positions is not None and self.counters is not None
         self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.rows), 1))], dim=-1)  # [batch, width + 1]
+        extra = {"adapter_names": adapter_names} if adapter_names is not None else {}
         out = self._model(input_ids=self._tokens[:, None], attention_mask=self.mask,
                           position_ids=self.positions[:, None], use_cache=True,
-                          **{self._cache_kwarg: self.cache})
+                          **{self._cache_kwarg: self.cache}, **extra)
         self.logits = out.logits[:, -1, :].float()  # [batch, vocab]
         self.positions = self.positions + 1
         self.counters = self.counters + 1

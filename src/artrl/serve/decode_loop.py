@@ -1,13 +1,14 @@
-"""The built-in engine's decode loop: one batch of one adapter, from its first row to its last.
+"""The built-in engine's decode loop: one batch, from its first row to its last, whatever their adapters.
 
 `DecodeLoop` is the half of `TransformersEngine` (serve/transformers_engine.py) that runs
 on its worker thread while it holds the model lock; the other half queues requests and
-owns the worker. A batch (serve/decode_batch.py) serves the adapter of the first waiting
-row. At every step boundary:
+owns the worker. At every step boundary:
 
-1. waiting rows of that adapter join while there is room (`_join`), in arrival order,
-   stopping at the first row of another adapter, so rows of two adapters never share a
-   forward pass and a stream of one adapter's requests cannot starve another's;
+1. waiting rows join while there is room (`_join`), in arrival order, whatever their
+   adapter: a request's adapter is resolved when its first row joins
+   (serve/adapter_versions.py: `adapter=None` is the live policy version *now*; its `n`
+   rows all take it) and held by each row until it ends, so a row never sees its
+   weights change and no version it uses is unloaded;
 2. every row samples one token (`_step`): grammar masks first (serve/structured.py),
    then one batched draw on the device and one host transfer;
 3. each row records its token and checks its ends (end-of-turn or stop ids, stop
@@ -16,9 +17,19 @@ row. At every step boundary:
    whose request failed, leaves too;
 4. the rows that remain run their next forward.
 
-The batch ends when no row is left and no waiting row can join. Around it: the adapter's
-serving state (artrl/adapter_switch.py), the live adapter's merged weights when enabled
-(serve/merged_lora.py), the serving attention (serve/attention_switch.py), inference mode.
+**Adapters in one forward.** When every row of a forward runs one adapter, the model runs
+it as its active adapter (`_enter`: peft's `set_adapter`, or `disable_adapter` for the base
+weights), with merged weights when enabled (serve/merged_lora.py) and a CUDA graph when the
+batch has one (serve/static_batch.py): the plain, fastest path. When rows of several
+adapters (or the base weights) share a forward, it passes peft's `adapter_names`, one per
+row ("mixed adapter batches": each LoRA layer runs the base matmul for all rows, then each
+adapter's A and B on its own rows); merged weights and graphs are left for that forward.
+A row's logits are the same either way (tests/test_adapter_versions.py). A newcomers'
+prefill never switches the running rows' mode: it runs mixed unless the batch is empty.
+
+The batch ends when no row is left and no waiting row can join. Around it: eval mode with
+every module's mode and `requires_grad` restored afterwards (artrl/adapter_switch.py), the
+serving attention (serve/attention_switch.py), inference mode.
 """
 
 from __future__ import annotations
@@ -27,13 +38,15 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-from artrl.adapter_switch import serving
+from artrl.adapter_switch import preserved_training_state
+from artrl.serve.adapter_versions import PEFT_BASE, AdapterVersions
 from artrl.serve.attention_switch import attention_for_serving
 from artrl.serve.decode_batch import DecodeBatch
 from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult
@@ -79,16 +92,34 @@ class DecodeRow:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str | None = None
     grammar: RowGrammar | None = None  # this row's grammar state, when the request is structured
+    adapter: str | None = None  # the adapter it runs, resolved when it joins (adapter_versions.resolve)
+    version: int | None = None  # the policy version (training step) that adapter holds, if known
+    held: bool = False  # it holds `adapter` (released when it leaves)
 
     @property
     def request(self) -> GenerationRequest:
         return self.pending.request
 
 
+@dataclass
+class EngineTask:
+    """Work on the engine's model (load or unload an adapter) the decode worker runs at a step boundary."""
+
+    fn: Callable[[], Any]
+    future: concurrent.futures.Future
+
+
+#: `DecodeLoop._entered` values besides an adapter name: nothing switched in, or a mixed-adapter forward.
+_NOTHING, _MIXED = object(), object()
+
+
 class DecodeLoop:
     """The decode-loop half of `TransformersEngine`; the engine sets every attribute used here."""
 
     _model: Any
+    _versions: AdapterVersions
+    _entered: Any
+    _mode: contextlib.ExitStack | None
     _tokenizer: Any
     _vocab_size: int
     _cache_kwarg: str
@@ -110,10 +141,10 @@ class DecodeLoop:
     def _drain(self, waiting: collections.deque[DecodeRow]) -> None:  # the engine's: takes what is queued
         raise NotImplementedError
 
-    @staticmethod
-    def _skip_over(waiting: collections.deque[DecodeRow]) -> None:
+    def _skip_over(self, waiting: collections.deque[DecodeRow]) -> None:
         """Drop waiting rows whose request needs nothing more (failed, or its caller left)."""
         if any(row.pending.over for row in waiting):
+            self._release([row for row in waiting if row.pending.over])
             kept = [row for row in waiting if not row.pending.over]
             waiting.clear()
             waiting.extend(kept)
@@ -129,71 +160,140 @@ class DecodeLoop:
         pending.results[row.sample] = GenerationResult(
             token_ids=row.token_ids, logprobs=row.logprobs,
             top_logprobs=row.top_logprobs if row.request.top_logprobs > 0 else None,
-            finish_reason=row.finish_reason or "length")  # type: ignore[arg-type]
+            finish_reason=row.finish_reason or "length", policy_version=row.version)  # type: ignore[arg-type]
         pending.remaining -= 1
         if pending.remaining == 0 and not pending.future.done():
             pending.future.set_result(list(pending.results))
 
     def _run(self, waiting: collections.deque[DecodeRow]) -> None:
-        """Decode one batch of the adapter of the first waiting row, taking in its newcomers, until it drains."""
-        adapter = waiting[0].request.adapter
+        """Decode one batch from the first waiting row, taking in newcomers of any adapter, until it drains."""
         device = next(self._model.parameters()).device
         self.batches_served += 1
         static = self.static_cache and self._fits(waiting[0])
         batch = DecodeBatch(self._model, self._cache_kwarg, self._pad_id, device)
-        merged = self._merger.merged_live_adapter() if self._merger is not None and adapter is None \
-            else contextlib.nullcontext()
         attention = "sdpa" if static else self._attn_implementation  # the static step's 4-D mask needs sdpa
         try:
-            with serving(self._model, adapter), merged, attention_for_serving(self._model, attention), \
+            with preserved_training_state(self._model), attention_for_serving(self._model, attention), \
                     torch.inference_mode():
-                if static:  # a captured graph computes with the live adapter's weights: no other adapter replays it
-                    batch = StaticDecodeBatch(self._model, self._cache_kwarg, self._pad_id, device,
-                                              self._slot_step(device), graph=self.cuda_graphs and adapter is None)
-                while True:
-                    if not self._stopping:
-                        self._drain(waiting)
-                    self._skip_over(waiting)
-                    self._join(batch, waiting, adapter)
-                    if not batch.rows:
-                        break
-                    if self._closed:
-                        raise EngineClosedError(
-                            f"the inference engine was closed while decoding {len(batch)} rows")
-                    self._step(batch)
+                self._model.eval()
+                try:
+                    if static:
+                        batch = StaticDecodeBatch(self._model, self._cache_kwarg, self._pad_id, device,
+                                                  self._slot_step(device), graph=self.cuda_graphs)
+                    while True:
+                        if not self._stopping:
+                            self._drain(waiting)
+                        self._skip_over(waiting)
+                        self._join(batch, waiting)
+                        if not batch.rows:
+                            break
+                        if self._closed:
+                            raise EngineClosedError(
+                                f"the inference engine was closed while decoding {len(batch)} rows")
+                        self._step(batch)
+                finally:
+                    self._leave_mode()
         except Exception as error:
             if isinstance(error, EngineClosedError):
                 logger.info("%s", error)
             else:
-                logger.exception("Decoding %d rows (adapter=%r) failed", len(batch), adapter)
+                logger.exception("Decoding %d rows (adapters %s) failed", len(batch),
+                                 sorted({str(r.adapter) for r in batch.rows}))
             for row in batch.rows:
                 self._fail(row.pending, error)
-        logger.debug("Batch %d done (adapter %r)", self.batches_served, adapter)
+        finally:
+            self._release(batch.rows)
+        logger.debug("Batch %d done", self.batches_served)
 
-    def _join(self, batch: DecodeBatch, waiting: collections.deque[DecodeRow], adapter: str | None) -> None:
-        """Prefill the waiting rows of `adapter` that fit, first come first served, and add them to `batch`."""
+    # ------------------------------------------------------------------ adapters
+    def _release(self, rows: list[DecodeRow]) -> None:
+        for row in rows:
+            if row.held:
+                self._versions.release(row.adapter)
+                row.held = False
+
+    def _leave_mode(self) -> None:
+        """Undo `_enter` (merged weights, the switched adapter); the next forward enters what it needs."""
+        mode, self._mode, self._entered = self._mode, None, _NOTHING
+        if mode is not None:
+            mode.close()
+
+    def _enter(self, target: Any) -> None:
+        """Make the model run `target` for every row: an adapter name, PEFT_BASE, None (a model without
+        adapters), or _MIXED (nothing switched: the forward passes `adapter_names`)."""
+        if target is self._entered or (isinstance(target, str) and target == self._entered):
+            return
+        self._leave_mode()
+        mode = contextlib.ExitStack()
+        try:
+            if target == PEFT_BASE:
+                mode.enter_context(self._model.disable_adapter())
+            elif isinstance(target, str):
+                mode.enter_context(_active_adapter(self._model, target))
+                if self._merger is not None:
+                    mode.enter_context(self._merger.merged_live_adapter())
+        except BaseException:
+            mode.close()
+            raise
+        self._mode, self._entered = mode, target
+
+    def _adapter_names(self, adapters: list[str | None], *, switch: bool) -> list[str] | None:
+        """Set the model up for a forward whose rows run `adapters`; returns peft's `adapter_names` for it, or
+        None when the model runs one adapter for all (switched to it only when `switch`)."""
+        distinct = set(adapters)
+        if len(distinct) == 1:
+            only = adapters[0]
+            if switch or self._entered is _NOTHING or only == self._entered:
+                self._enter(only)
+                return None
+        self._enter(_MIXED)
+        return [PEFT_BASE if a is None else a for a in adapters]
+
+    def _graph_key(self) -> Any:
+        """What a CUDA graph of the current single-adapter mode computes with (see StaticStep.run)."""
+        if self._entered is _MIXED or self._entered is _NOTHING:
+            return None
+        return ("adapter", self._entered, self._versions.generation)  # a reloaded name has new tensors
+
+    def _join(self, batch: DecodeBatch, waiting: collections.deque[DecodeRow]) -> None:
+        """Prefill the waiting rows that fit, first come first served, and add them to `batch`."""
         if not waiting or self._closed or not batch.can_join:
             return
         newcomers: list[DecodeRow] = []
         static = isinstance(batch, StaticDecodeBatch)
         while waiting and len(batch) + len(newcomers) < self.max_batch_size and \
-                waiting[0].request.adapter == adapter and (not static or self._fits(waiting[0])):
-            newcomers.append(waiting.popleft())
+                (not static or self._fits(waiting[0])):
+            row = waiting.popleft()
+            if not row.held:  # the request's first row to join: all its rows run what it resolves to now
+                try:
+                    adapter, version = self._versions.resolve(row.request.adapter)
+                except Exception as error:  # its adapter was unloaded since the request was checked
+                    self._fail(row.pending, error)
+                    continue
+                for sibling in (row, *(r for r in waiting if r.pending is row.pending)):
+                    sibling.adapter, sibling.version, sibling.held = adapter, version, True
+                    self._versions.hold(adapter)
+            newcomers.append(row)
         if not newcomers:
             return
         prompts: list[list[int]] = []
+        prompt_adapters: list[str | None] = []
         prompt_of: dict[int, int] = {}
-        for row in newcomers:  # the n samples of one request share one prefilled prompt
+        for row in newcomers:  # the n samples of one request share one prefilled prompt (and its adapter)
             if id(row.pending) not in prompt_of:
                 prompt_of[id(row.pending)] = len(prompts)
                 prompts.append(row.request.prompt_ids)
+                prompt_adapters.append(row.adapter)
         try:
+            names = self._adapter_names(prompt_adapters, switch=not batch.rows)
             batch.admit(newcomers, prompts, [prompt_of[id(r.pending)] for r in newcomers],
                         [r.key for r in newcomers], [r.request.temperature for r in newcomers],
-                        [r.request.top_p for r in newcomers])
+                        [r.request.top_p for r in newcomers],
+                        {"adapter_names": names} if names is not None else None)
         except Exception as error:
             for row in newcomers:  # they never joined: `_run` fails the batch's own rows
                 self._fail(row.pending, error)
+            self._release(newcomers)
             raise
 
     def _step(self, batch: DecodeBatch) -> None:
@@ -231,9 +331,12 @@ class DecodeLoop:
                 self._finish(row)
             else:
                 kept.append(i)
+        kept_set = set(kept)
+        self._release([row for i, row in enumerate(rows) if i not in kept_set])
         batch.keep(kept)
         if batch.rows:
-            batch.advance()
+            names = self._adapter_names([row.adapter for row in batch.rows], switch=True)
+            batch.advance(names, self._graph_key())
 
     def _fits(self, row: DecodeRow) -> bool:
         """Whether `row` fits a static cache slot (prompt + max_tokens within its columns)."""
@@ -268,3 +371,15 @@ class DecodeLoop:
         return any(s and s in tail for s in stops)
 
 
+@contextlib.contextmanager
+def _active_adapter(model: Any, adapter: str) -> Iterator[None]:
+    """`adapter` as the peft model's active adapter inside; the previous one restored on exit."""
+    previous = model.active_adapter
+    if previous == adapter:
+        yield
+        return
+    model.set_adapter(adapter, inference_mode=True)
+    try:
+        yield
+    finally:
+        model.set_adapter(previous, inference_mode=True)

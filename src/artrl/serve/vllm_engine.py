@@ -121,6 +121,7 @@ class VLLMEngine(InferenceEngine):
         self._lora_ids = itertools.count(1)
         self._named: dict[str, Any] = {}  # adapter name -> LoRARequest
         self._live: Any = None  # the LoRARequest `adapter=None` serves; None: the base weights
+        self._live_steps: dict[int, int] = {}  # lora id of a live adapter -> its step (policy version)
         self._users: collections.Counter[int] = collections.Counter()  # lora id -> requests running with it
         self._retired: set[int] = set()  # superseded live adapters to remove once unused
         self._tasks: set[asyncio.Task] = set()
@@ -248,6 +249,9 @@ class VLLMEngine(InferenceEngine):
             assert final is not None and final.finished
             results = [_result(o, request.top_logprobs, self._closed) for o in sorted(final.outputs,
                                                                                      key=lambda o: o.index)]
+            if lora is not None and request.adapter is None:  # the policy version it was resolved to
+                for result in results:
+                    result.policy_version = self._live_steps.get(lora.lora_int_id)
             self.requests_served += 1
             self.rows_served += len(results)
             return results
@@ -308,6 +312,7 @@ class VLLMEngine(InferenceEngine):
         self._refuse_if_closed()
         lora = LoRARequest(f"artrl-live-step-{step}", next(self._lora_ids), path)
         await self._llm.add_lora(lora)
+        self._live_steps[lora.lora_int_id] = step
         previous, self._live = self._live, lora
         if previous is not None:
             self._retire(previous.lora_int_id)

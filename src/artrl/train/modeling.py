@@ -22,16 +22,9 @@ import torch
 
 from ..errors import ConfigError
 from ..types import InternalModelConfig
+from .model_source import OWN_PREFIXES, RANDOM_CONFIGS, check_model_source  # RANDOM_CONFIGS: also read from here
 
 log = logging.getLogger(__name__)
-
-# Random-init models of real shapes (no download), for GPU benchmarks: "random:qwen3-8b" etc.
-RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
-    "random:qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                              num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "random:qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                            num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
-}
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -74,10 +67,9 @@ def resolve_name(base_model: str) -> str:
 
     if base_model in RANDOM_CONFIGS:
         return resolve_model_path(TINY_MODEL_NAME)  # random models borrow the tiny tokenizer
-    if base_model.startswith(("/", "./", "../", "~")) and not Path(base_model).expanduser().exists():
-        known = sorted([*BUILTIN_MODELS, *RANDOM_CONFIGS])
-        raise ConfigError(f"base model {base_model!r} looks like a local path, but nothing is there. Use an "
-                          f"existing model directory, a Hugging Face model id, or one of {known}.")
+    if base_model not in BUILTIN_MODELS and (base_model.startswith(OWN_PREFIXES) or (
+            base_model.startswith(("/", "./", "../", "~")) and not Path(base_model).expanduser().exists())):
+        check_model_source(base_model)  # raises: not built in, or no such path (never the network)
     return resolve_model_path(base_model)
 
 

@@ -1,0 +1,117 @@
+"""ART 0.5.18's own PipelineTrainer programs run on artrl (examples/art_pipeline/, edited only as their
+docstrings list), small, on a local model, and their history rows carry the pipeline's keys.
+
+The untrained tiny model answers gibberish, so every group would score the same and the pipeline would set
+every group aside (ART's "model collapse" stop) without training. The fixtures first teach the tiny model
+the programs' answers (the words; a make_guess call with a short binary guess) with a few SFT calls and save
+it as a local model directory, which the programs take through their BASE_MODEL variable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import artrl as art
+from artrl.run import storage
+
+pytest.importorskip("dotenv", reason="ART's programs import python-dotenv (pip install -e '.[art-examples]')")
+pytest.importorskip("polars", reason="binary_prefix_tool_pipeline imports polars (pip install -e '.[art-examples]')")
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "art_pipeline"
+PIPELINE_KEYS = ("train/steps_off_policy", "train/discarded_stale_groups", "time/step_wall_s",
+                 "throughput/step_trainer_idle_s", "time/step_trainer_s", "time/step_actor_s", "train/reward")
+
+
+def example(name: str):
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(EXAMPLES))
+
+
+def sft_tiny(out: Path, data: list[art.Trajectory], learning_rate: float, calls: int) -> Path:
+    """The tiny model after `calls` SFT calls on `data`, saved (adapter merged) as a plain model directory."""
+    async def main() -> None:
+        backend = art.LocalBackend(path=str(out / "runs"), show_progress=False)
+        model = art.TrainableModel(name="prep", project="prep", base_model="artrl/tiny")
+        await model.register(backend)
+        for _ in range(calls):
+            await model.train_sft(data, config=art.TrainSFTConfig(learning_rate=learning_rate, batch_size=16))
+        session = backend._runs["prep"]
+        session.trainer.model.merge_and_unload().save_pretrained(out / "model")
+        session.trainer.tokenizer.save_pretrained(out / "model")
+        backend.close()
+
+    asyncio.run(main())
+    return out / "model"
+
+
+@pytest.fixture(scope="module")
+def word_model(tmp_path_factory) -> Path:
+    ynm = example("yes_no_maybe_pipeline")
+    answers = itertools.cycle(["maybe", "no", "yes", "ok"])
+    data = [art.Trajectory(messages_and_choices=[{"role": "user", "content": s["prompt"]},
+                                                 {"role": "assistant", "content": next(answers)}], reward=0.0)
+            for s in ynm.build_scenarios() for _ in range(2)]
+    return sft_tiny(tmp_path_factory.mktemp("word_model"), data, 3e-3, 6)
+
+
+@pytest.fixture(scope="module")
+def guess_model(tmp_path_factory) -> Path:
+    bp = example("binary_prefix_tool_pipeline")
+    guesses = itertools.cycle(["1", "0", "11", "10"])
+    call = lambda g: {"id": "c1", "type": "function",  # noqa: E731
+                      "function": {"name": bp.TOOL_NAME, "arguments": json.dumps({"guess": g})}}
+    data = [art.Trajectory(messages_and_choices=[{"role": "system", "content": bp.SYSTEM_PROMPT},
+                                                 {"role": "user", "content": bp.USER_PROMPT},
+                                                 {"role": "assistant", "content": "",
+                                                  "tool_calls": [call(next(guesses))]}], tools=bp.TOOLS, reward=0.0)
+            for _ in range(48)]
+    return sft_tiny(tmp_path_factory.mktemp("guess_model"), data, 1e-2, 8)
+
+
+def run_program(name: str, tmp_path: Path, **env: str) -> list[dict]:
+    art_path = tmp_path / ".art"
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
+                "ART_PATH": str(art_path), "PYTHONPATH": str(ROOT / "src"), **env}
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name)], cwd=tmp_path, env=full_env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    (history,) = art_path.glob("*/models/*/" + storage.HISTORY_FILE)
+    return [json.loads(line) for line in history.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_yes_no_maybe_pipeline_runs_on_artrl(tmp_path, word_model):
+    rows = run_program("yes_no_maybe_pipeline.py", tmp_path, BASE_MODEL=str(word_model), MAX_STEPS="2",
+                       ROLLOUTS_PER_SCENARIO="4", EVAL_TRAJECTORY_COUNT="2")
+    train = [r for r in rows if r.get("split") == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    for key in PIPELINE_KEYS:
+        assert all(key in r for r in train), key
+    assert all(r["train/steps_off_policy"] <= 4 for r in train)  # the program's bound (ART's default, 4)
+    assert [r["step"] for r in rows if r.get("split") == "val"] == [2]  # EVAL_EVERY_N_STEPS=2, not at start
+
+
+@pytest.mark.slow
+def test_binary_prefix_tool_pipeline_runs_on_artrl(tmp_path, guess_model):
+    rows = run_program("binary_prefix_tool_pipeline.py", tmp_path, BASE_MODEL=str(guess_model), MAX_STEPS="2",
+                       MIN_BATCH_SIZE="2", NUM_ROLLOUT_WORKERS="4", ROLLOUTS_PER_SCENARIO="4",
+                       MAX_STEPS_OFF_POLICY="1", MAX_TOKENS="40", ROLLOUT_TEMPERATURE="0.7", EVAL_AT_START="0",
+                       EVAL_EVERY_N_STEPS="2", SCENARIO_COUNT="200")
+    train = [r for r in rows if r.get("split") == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    for key in (*PIPELINE_KEYS, "train/prefix_len", "train/tool_call_found"):
+        assert all(key in r for r in train), key
+    assert all(r["train/steps_off_policy_max"] <= 1 for r in train)
+    assert [r["step"] for r in rows if r.get("split") == "val"] == [2]
