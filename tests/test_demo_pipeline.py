@@ -106,7 +106,8 @@ def test_pipeline_demo_end_to_end(tmp_path):
         assert arm.groups_trained >= 1 and max(arm.staleness) <= (arm.max_steps_off_policy or 0)
         run = storage.run_dir(tmp_path, demo_pipeline.PROJECT, arm.name)
         rows = [json.loads(line) for line in (run / storage.HISTORY_FILE).read_text().splitlines()]
-        assert sorted(r["step"] for r in rows if r["split"] == "val" and "val/reward" in r) == steps
+        # the warm-up's validation at step 1 (copied with its history), then each step's
+        assert sorted(r["step"] for r in rows if r["split"] == "val" and "val/reward" in r) == [1] + steps
     assert result.arms[0].staleness == [0] * result.arms[0].groups_trained  # the synchronous loop is on-policy
     assert result.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "pipeline-2" in demo_pipeline.summary(result)

@@ -23,9 +23,9 @@ Choices, and what they simplify:
 2. **Wall time is the time to produce a step**: seconds from the arm's start (after its model is
    registered) to the end of the train call that produced the step; the SFT adapter is step 1 at
    0 s for every arm. An arm's `wall_s` is that of its last step.
-3. **One warm-up for all arms**: the SFT checkpoint is copied into each arm's fresh run directory,
-   which resumes from it (a run resumes from its latest complete checkpoint), so the arms start
-   from the same weights and optimizer state.
+3. **One warm-up for all arms**: the SFT checkpoint (and the history up to it) is copied into each
+   arm's fresh run directory, which resumes from it (a run resumes from its latest complete
+   checkpoint), so the arms start from the same weights and optimizer state.
 4. **A constant learning rate** (`learning_rate`, default 1e-3, between the demo's cosine ends):
    PipelineTrainer takes one rate, and the synchronous arm uses the same.
 """
@@ -266,6 +266,8 @@ async def run_pipeline_demo(path: str | Path = "./.art", *, config: demo.DemoCon
             (run / storage.CHECKPOINTS_DIR).mkdir(parents=True)
             shutil.copytree(storage.checkpoint_dir(runs[WARMUP_NAME], sft_step),
                             storage.checkpoint_dir(run, sft_step))
+            # the warm-up's history too (its SFT row, its validation at step 1): the arm's run reads as one run
+            shutil.copy2(runs[WARMUP_NAME] / storage.HISTORY_FILE, run / storage.HISTORY_FILE)
             model = TrainableModel(name=arm.name, project=PROJECT, base_model=base_model, _internal_config=internal)
             await model.register(backend)  # resumes from the warm-up's checkpoint
             models[arm.name] = model
