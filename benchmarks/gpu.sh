@@ -20,7 +20,7 @@
 # Each stage runs under its own `timeout` (its budget, or what is left of the cap); one that
 # fails or times out adds a line with its exit code and stderr tail to its file, and the next
 # stage runs. Each figure is printed as its stage finishes. Budgets (seconds, GPU): env 10,
-# train-0.6b 75, train-8b 120, kernels 2x15, trl 35+45, serve 45+60, demo 60, pipeline 60, compiled arm
+# train-0.6b 75, train-8b 120, kernels 2x15, trl 35+45, serve 45+60, demo 60, pipeline 90, compiled arm
 # what is left (up to 60)
 # (GPU_SH_BUDGET_FACTOR multiplies them: 8 in --cpu-smoke).
 #
@@ -158,7 +158,7 @@ stage "serve $(tag $large)" 60 serve.json "${cli[@]}" bench serve --model "$larg
 stage demo 60 demo.json "${cli[@]}" demo --model "$small" --device $dev --json ${demo_args[@]+"${demo_args[@]}"}
 
 # the synchronous RL loop against PipelineTrainer on the same model and work (docs/performance.md, Pipelined RL)
-stage pipeline 60 pipeline.json "${cli[@]}" bench pipeline --model "$small" --device $dev "${pipeline_args[@]}"
+stage pipeline 90 pipeline.json "${cli[@]}" bench pipeline --model "$small" --device $dev "${pipeline_args[@]}"
 
 for v in ${ab_last[@]+"${ab_last[@]}"}; do
   stage "kernels $v" 60 kernels.json "${cli[@]}" bench train --workload "$workload" --model "$small" \

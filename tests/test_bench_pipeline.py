@@ -93,5 +93,6 @@ def test_bench_pipeline_runs_both_arms_on_the_same_work(capsys, tmp_path):
     assert 0 <= pipe["max_staleness"] <= out["max_steps_off_policy"]
     assert out["ratio_sync_over_pipeline"] == round(sync["wall_s"] / pipe["wall_s"], 3)
     assert out["threads"] == {"train": out["threads"]["train"], "engine": 1} and out["threads"]["train"] >= 1
+    assert out["engine"] == "builtin" and out["device"] == "cpu"
     assert shlex.split(out["command"])[:3] == ["artrl", "bench", "pipeline"]
     assert "--tool-latency 0.01" in out["command"] and "--turns 2" in out["command"]

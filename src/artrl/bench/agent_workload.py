@@ -1,10 +1,12 @@
 """The agent workload of `artrl bench pipeline`: multi-turn rollouts whose tool calls take time.
 
-An episode starts from a system prompt of `prompt_words` words (the agent's tool manual: most of
-what the trainer processes, little of what the engine decodes) and the task, then runs `turns` rounds of: the policy answers (one chat completion through the served
+An episode starts from a system prompt of `prompt_words` words (the agent's tool manual) and the
+task, then runs `turns` rounds of: the policy answers (one chat completion through the served
 model, `max_tokens` at temperature 1, seeded), then a "tool" runs for `tool_latency_s` seconds
-(an `asyncio.sleep`: the agent waits, the machine is free) and its result comes back as the
-next user message. The reward is graded from what was sampled, so groups have reward spread.
+(an `asyncio.sleep`: the agent waits, the machine is free) and its result, `result_words` words,
+comes back as the next user message. Later turns carry every earlier result: the trainer
+processes all of it for every rollout, the engine only prefills it, so `result_words` sets how
+training-heavy a step is. The reward is graded from what was sampled, so groups have reward spread.
 
 Choices, and what they simplify:
 

@@ -207,7 +207,7 @@ def _timed_backend_class() -> type:
     return TimedLocalBackend
 
 
-async def _warm_up(rollouts: AgentRollouts, model: Any, cfg: PipelineBenchConfig) -> None:
+async def _warm_up(model: Any, cfg: PipelineBenchConfig) -> None:
     """One request, untimed: the first decode's allocations stay out of the arm's clock."""
     await model.openai_client().chat.completions.create(
         model=model.get_inference_name(), messages=[{"role": "user", "content": "warm up"}], max_tokens=2,
@@ -288,7 +288,7 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
                                    _internal_config=internal)
             await model.register(backend)
             record = ArmRecord()
-            await _warm_up(AgentRollouts(cfg.workload), model, cfg)
+            await _warm_up(model, cfg)
             backend.record = record
             start = time.perf_counter()
             await ARMS[arm](backend, model, cfg, record)
@@ -298,8 +298,13 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
             log.info("bench pipeline: %s arm %s", arm, arms[arm])
     finally:
         await backend.close()
+    from ..serve.factory import resolve_engine_kind
+    from ..train.modeling import RANDOM_CONFIGS
+
+    engine = resolve_engine_kind(internal.inference_engine, device.type,
+                                 weights_on_disk=cfg.model not in RANDOM_CONFIGS)
     out: dict[str, Any] = {
-        "bench": "pipeline", "model": cfg.model, "device": str(device),
+        "bench": "pipeline", "model": cfg.model, "device": str(device), "engine": engine,
         "threads": {"train": torch.get_num_threads() if device.type == "cpu" else None, "engine": engine_threads},
         "turns": cfg.turns, "tool_latency_s": cfg.tool_latency_s, "groups_per_step": cfg.groups_per_step,
         "rollouts_per_group": cfg.rollouts_per_group, "steps": cfg.steps,
