@@ -99,7 +99,7 @@ def test_yes_no_maybe_pipeline_runs_on_artrl(tmp_path, word_model):
     assert [r["step"] for r in train] == [1, 2]
     for key in PIPELINE_KEYS:
         assert all(key in r for r in train), key
-    assert all(r["train/steps_off_policy"] <= 4 for r in train)  # the program's bound (ART's default, 4)
+    assert all(r["train/staleness_max"] <= 4 for r in train)  # the program's bound (ART's default, 4)
     assert [r["step"] for r in rows if r.get("split") == "val"] == [2]  # EVAL_EVERY_N_STEPS=2, not at start
 
 
@@ -113,5 +113,6 @@ def test_binary_prefix_tool_pipeline_runs_on_artrl(tmp_path, guess_model):
     assert [r["step"] for r in train] == [1, 2]
     for key in (*PIPELINE_KEYS, "train/prefix_len", "train/tool_call_found"):
         assert all(key in r for r in train), key
-    assert all(r["train/steps_off_policy_max"] <= 1 for r in train)
+    assert all(r["train/staleness_max"] <= 1 for r in train)
+    assert all(r["train/steps_off_policy"] == pytest.approx(r["train/staleness"] + 1) for r in train)
     assert [r["step"] for r in rows if r.get("split") == "val"] == [2]

@@ -44,10 +44,12 @@ def health(base_url: str) -> int | None:
 
 
 def server_answers(base_url: str) -> bool:
-    """Open (True) or closed (False): anything else (an error status, no answer) fails the test."""
+    """Open (True) or closed (False): anything else (an error status, no answer) fails the test.
+
+    A backend's server checks its key on every route, so an open one answers this keyless GET with 401."""
     status = health(base_url)
-    assert status in (200, None), f"GET /health answered {status}"
-    return status == 200
+    assert status in (200, 401, None), f"GET /health answered {status}"
+    return status is not None
 
 
 # --------------------------------------------------------------------------- constructor
@@ -207,6 +209,32 @@ def test_openai_server_config_sets_the_key_and_notices_the_rest(tmp_path, caplog
     noticed = [r.getMessage() for r in caplog.records if r.name == "artrl.notices"]
     assert len(noticed) == 3 and any("tool_call_parser" in m for m in noticed)
     assert any("enforce_eager" in m for m in noticed) and any("log_file" in m for m in noticed)
+
+
+def test_the_key_a_model_is_given_is_the_key_the_server_checks(tmp_path):
+    """Without api_key the backend makes one: requests without it or with another get 401, the model's client passes."""
+    import openai
+
+    async def main():
+        backend = art.LocalBackend(path=str(tmp_path), show_progress=False)
+        model = tiny_model()
+        await model.register(backend)
+        refused = []
+        for key in ("artrl-local", "wrong"):
+            client = openai.AsyncOpenAI(base_url=model.inference_base_url, api_key=key, max_retries=0)
+            try:
+                await client.models.list()
+            except openai.AuthenticationError as error:
+                refused.append(error.status_code)
+        names = [m.id for m in (await model.openai_client().models.list()).data]
+        other = art.LocalBackend(path=str(tmp_path / "other"), show_progress=False)._api_key
+        status = health(model.inference_base_url)
+        backend.close()
+        return model, status, refused, names, other
+
+    model, status, refused, names, other = asyncio.run(main())
+    assert status == 401 and refused == [401, 401] and "m" in names
+    assert model.inference_api_key.startswith("artrl-") and model.inference_api_key != other  # one per backend
 
 
 def test_register_takes_arts_openai_client_config(tmp_path, caplog):

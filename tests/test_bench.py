@@ -65,6 +65,19 @@ def test_bench_serve_sends_the_requests_each_run_names(capsys):
     assert out["ratio_tokens_per_s"] > 0
 
 
+def test_bench_serve_latency_reports_requests_next_to_the_bare_forward(capsys):
+    assert main(["bench", "serve", "--latency", "--model", "artrl/tiny", "--device", "cpu", "--requests", "3",
+                 "--concurrency", "5"]) == 0
+    out = _json(capsys)
+    assert (out["bench"], out["engine"], out["max_tokens"], out["requests"], out["concurrency"]) == \
+        ("serve_latency", "builtin", 1, 3, 5)
+    for run in ("sequential", "engine_generate", "bare_forward"):
+        assert 0 < out[run]["p50_ms"] <= out[run]["p99_ms"], run
+    assert out["ratio_mean"] == round(out["sequential"]["mean_ms"] / out["bare_forward"]["mean_ms"], 2)
+    assert out["ratio_p50"] == round(out["sequential"]["p50_ms"] / out["bare_forward"]["p50_ms"], 2)
+    assert out["concurrent_ms_per_request"] > 0 and out["prompt_tokens"] > 0
+
+
 def test_bench_serve_refuses_a_sequential_run_longer_than_the_concurrent_one():
     from artrl.bench.serve_bench import run_serve_bench
 

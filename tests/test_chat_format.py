@@ -381,3 +381,28 @@ def test_a_request_the_template_cannot_render_is_a_400(tokenizers):
         {"role": "system", "content": "s"}, {"role": "user", "content": "u"}]})
     assert response.status_code == 400 and "System role not supported" in response.json()["error"]["message"]
     assert engine.prompts == []
+
+
+def test_the_record_cache_is_bounded_in_bytes_and_memory_levels_off():
+    """Distinct completions, far more than fit: the count against max_bytes stays under it, the memory the cache
+    really holds (tracemalloc) stays near it, and the newest completions are the ones kept."""
+    import tracemalloc
+
+    limit = 512 * 1024
+    recent = RecentCompletions(max_bytes=limit)
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        held = []
+        for i in range(20_000):
+            text = f"answer {i}: the sky is blue"
+            recent.add({"role": "assistant", "content": text}, [1, 2, i], list(range(i % 50 + 1)), text, 7)
+            if i % 5_000 == 4_999:
+                held.append(tracemalloc.get_traced_memory()[0] - start)
+    finally:
+        tracemalloc.stop()
+    assert 0 < recent.nbytes <= limit
+    assert max(held) < 1.1 * limit, held  # the estimate covers what Python really holds
+    assert max(held) - min(held) < 0.1 * limit, held  # levelled off
+    assert recent.get({"role": "assistant", "content": "answer 19999: the sky is blue"})
+    assert not recent.get({"role": "assistant", "content": "answer 0: the sky is blue"})

@@ -134,6 +134,12 @@ def test_every_trained_group_is_within_the_bound_and_discards_are_exact(tmp_path
         discarded = trainer.state.discarded_stale_groups
         assert len(trained) + discarded == 40  # every group is trained or counted as stale, exactly
         assert train_rows(model)[-1]["train/discarded_stale_groups"] == discarded
+        for row, (from_step, groups) in zip(train_rows(model), backend.calls):
+            off = [from_step - version for _, version in groups]
+            assert row["train/staleness"] == pytest.approx(sum(off) / len(off))
+            assert row["train/staleness_max"] == max(off) <= bound
+            # ART's figure counts from the step the call produced: one more
+            assert row["train/steps_off_policy"] == pytest.approx(sum(off) / len(off) + 1)
         if bound == 0:  # admission: exactly one step's groups per version, in scenario order
             assert discarded == 0
             assert [g for _, gs in backend.calls for g in gs] == [(i, i // 3) for i in range(39)] + [(39, 13)]
@@ -352,7 +358,7 @@ def test_eval_stage_retention_and_history_keys(tmp_path):
         left = storage.list_checkpoints(backend.run)  # 3 stays if its eval was still running at step 6
         assert 6 in left and set(left) <= {3, 6}
         rows = train_rows(model)
-        for key in ("train/steps_off_policy", "train/steps_off_policy_max", "train/discarded_stale_groups",
+        for key in ("train/steps_off_policy", "train/staleness", "train/staleness_max", "train/discarded_stale_groups",
                     "time/step_wall_s", "throughput/step_trainer_idle_s", "time/step_trainer_s", "time/step_actor_s",
                     "loss/train"):
             assert all(key in r for r in rows), key

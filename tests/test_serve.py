@@ -331,7 +331,8 @@ def test_server_cuts_at_stop_strings_an_engine_ignored(client: openai.OpenAI, li
 
 
 def test_checkpoint_adapter_is_served_as_name_at_step(
-    client: openai.OpenAI, live: tuple[PeftModel, Any], checkpoint: tuple[pathlib.Path, PeftModel]
+    client: openai.OpenAI, live: tuple[PeftModel, Any], checkpoint: tuple[pathlib.Path, PeftModel],
+    engine: TransformersEngine,
 ) -> None:
     model, _ = live
     _, reference = checkpoint
@@ -341,7 +342,8 @@ def test_checkpoint_adapter_is_served_as_name_at_step(
         model="m@1", messages=user("hello there"), max_tokens=10, logprobs=True, seed=3
     )
     assert completion.model == "m@1"
-    assert model.training
+    with engine.model_lock:  # as a trainer does: the batch restores the modes before it lets the lock go, which
+        assert model.training  # may be after its request was answered
     assert_logprobs_match(completion, reference)  # the adapter's weights were used ...
     prompt_ids, ids = completion.model_extra["prompt_token_ids"], token_ids(completion.choices[0])
     served = [entry.logprob for entry in completion.choices[0].logprobs.content]
@@ -390,7 +392,6 @@ def test_model_lock_holds_inference_back(client: openai.OpenAI, engine: Transfor
         ({"logprobs": True, "top_logprobs": 50}, "top_logprobs"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 10**6}, "max_tokens"),
-        ({"stream": True}, "stream"),
         ({"tool_choice": "sometimes"}, "tool_choice"),
         ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "other"}}}, "tool_choice"),
         ({"messages": [{"role": "robot", "content": "beep"}]}, "messages"),
@@ -402,8 +403,6 @@ def test_invalid_parameters_are_400(client: openai.OpenAI, kwargs: dict[str, Any
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(**kwargs)
     assert info.value.param == param
-    if param == "stream":
-        assert "streaming is not supported" in info.value.message
 
 
 def test_unreadable_checkpoint_is_a_clear_error_and_serving_goes_on(

@@ -252,3 +252,65 @@ def test_constrained_replies_train_on_their_record(tmp_path: pathlib.Path, tok: 
             del backend
 
     asyncio.run(main())
+
+
+# ---- recursive schemas: refused, never an invalid reply that says "stop" ----------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from artrl.serve.structured import recursive_ref  # noqa: E402
+
+LEAVES = st.sampled_from([{"type": "string", "maxLength": 8}, {"type": "integer", "minimum": 0, "maximum": 9},
+                          {"type": "boolean"}, {"enum": ["a", "b"]}, {"$ref": "#/$defs/leaf"},
+                          {"$ref": "#/$defs/node"}, {"$ref": "#"}])
+
+
+def _schemas(leaf: st.SearchStrategy) -> st.SearchStrategy:
+    """Objects and arrays of `leaf`s, a few levels deep; some of the leaves are references (maybe recursive)."""
+    def grow(inner: st.SearchStrategy) -> st.SearchStrategy:
+        objects = st.dictionaries(st.sampled_from(["a", "b", "c"]), inner, min_size=1, max_size=3).flatmap(
+            lambda props: st.builds(lambda required: {"type": "object", "properties": props,
+                                                      "required": required, "additionalProperties": False},
+                                    st.lists(st.sampled_from(sorted(props)), unique=True)))
+        arrays = inner.map(lambda items: {"type": "array", "items": items, "maxItems": 2})
+        return objects | arrays
+    return st.recursive(leaf, grow, max_leaves=4)
+
+
+SCHEMAS = st.builds(
+    lambda root, node: {**root, "$defs": {"leaf": {"type": "string", "maxLength": 4}, "node": node}}
+    if isinstance(root, dict) and root.get("type") == "object" else
+    {"type": "object", "properties": {"x": root}, "required": ["x"], "additionalProperties": False,
+     "$defs": {"leaf": {"type": "string", "maxLength": 4}, "node": node}},
+    _schemas(LEAVES), _schemas(LEAVES))
+
+
+@pytest.mark.parametrize("schema", [
+    {"$ref": "#"},
+    {"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]},
+])
+def test_recursive_schemas_of_the_report_are_refused(client: openai.OpenAI, schema: dict[str, Any]) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="m", messages=ASK, max_tokens=20, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert info.value.body["param"] == "response_format" and "recursive" in info.value.body["message"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schema=SCHEMAS, seed=st.integers(0, 1000))
+def test_every_reply_that_stops_is_valid_for_its_schema(client: openai.OpenAI, schema: dict[str, Any],
+                                                        seed: int) -> None:
+    """Random schemas, some recursive through $defs or "#": refused with a 400, or every stopped reply is valid."""
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    try:
+        reply = client.chat.completions.create(model="m", messages=ASK, n=3, seed=seed, max_tokens=48,
+                                               response_format=response_format)
+    except openai.BadRequestError as error:
+        assert recursive_ref(schema) is not None, error.body
+        assert "recursive" in error.body["message"]
+        return
+    assert recursive_ref(schema) is None
+    for choice in reply.choices:
+        if choice.finish_reason == "stop":
+            assert valid(parsed(choice.message.content), schema), (choice.message.content, schema)

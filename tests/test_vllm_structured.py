@@ -254,3 +254,17 @@ def test_constrained_replies_train_on_their_record(served: Served, tok: Any) -> 
 
     metrics = asyncio.run(main())
     assert metrics["train/sampled_logprob_delta_max"] < 1e-3, metrics
+
+
+def test_a_streamed_reply_is_the_non_streamed_one(served: Served) -> None:
+    """`stream=true` on the vLLM engine: the chunks add up to the seeded non-streamed reply and carry its record."""
+    kwargs = {"n": 2, "seed": 3, "max_tokens": 16, "logprobs": True}
+    whole = served.create(**kwargs)
+    chunks = list(served.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    for choice in whole.choices:
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == choice.index]
+        assert "".join(m.delta.content or "" for m in mine) == choice.message.content
+        assert mine[-1].finish_reason == choice.finish_reason
+        assert mine[-1].model_extra["token_ids"] == choice.model_extra["token_ids"]
+        assert mine[-1].model_extra["prompt_token_ids"] == choice.model_extra["prompt_token_ids"]
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()

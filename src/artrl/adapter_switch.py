@@ -35,17 +35,22 @@ BASE_WEIGHTS = "artrl:base-weights"
 
 @contextlib.contextmanager
 def preserved_training_state(model: Any) -> Iterator[None]:
-    """Restore every module's train/eval mode and every parameter's requires_grad on exit."""
-    modes = {module: module.training for module in model.modules()}
-    grads = {name: p.requires_grad for name, p in model.named_parameters()}
+    """Restore every module's train/eval mode and every parameter's requires_grad on exit.
+
+    Entered around every decode batch, so a lone request pays for it: only what changed is written back
+    (`Module.__setattr__` costs microseconds a module), and the parameters are walked once, not by name twice.
+    """
+    modes = [(module, module.training) for module in model.modules()]
+    grads = [(p, p.requires_grad) for p in model.parameters()]
     try:
         yield
     finally:
-        for module, training in modes.items():
-            module.training = training
-        for name, p in model.named_parameters():
-            if name in grads and p.requires_grad != grads[name]:
-                p.requires_grad_(grads[name])
+        for module, training in modes:
+            if module.training != training:
+                module.training = training
+        for p, requires_grad in grads:
+            if p.requires_grad != requires_grad:
+                p.requires_grad_(requires_grad)
 
 
 @contextlib.contextmanager
@@ -53,7 +58,8 @@ def serving(model: Any, adapter: str | None) -> Iterator[None]:
     """Eval mode, with `adapter` active (None: keep the active one; BASE_WEIGHTS: every adapter off);
     all restored on exit."""
     with preserved_training_state(model):
-        model.eval()
+        if any(module.training for module in model.modules()):  # eval() itself walks and writes every module
+            model.eval()
         if adapter is None:
             yield
             return

@@ -6,6 +6,13 @@ the engine `--engine` names (serve/factory.py; default auto), then sends `--requ
 sequentially. Each request has its own seed, so both runs sample the same
 tokens. Prints one JSON line: completion tokens/s and latency percentiles for
 each run, and their ratio.
+
+`--latency` measures what a request costs besides the model's work instead (`run_latency_bench`): one short
+question with `max_tokens=1`, sent `--requests` times one at a time (mean, p50, p99), the same prompt ids
+through the engine's `generate` without the server, the bare forward pass + argmax of the same ids with
+transformers in this process (the model's work), their ratio, and the time per request when
+`--concurrency` of them are in flight at once. A multi-turn agent waits for every turn, so this is what
+each turn of a rollout pays on top of its tokens.
 """
 
 from __future__ import annotations
@@ -54,6 +61,122 @@ async def _run(client: Any, model: str, n: int, concurrency: int, max_tokens: in
             "latency_mean_s": round(statistics.fmean(lat), 3)}
 
 
+LATENCY_QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+def _open_engine(model_name: str, cfg: Any, lora: bool = False) -> tuple[str, Any, Any, Any]:
+    """(engine kind, engine, tokenizer, the transformers model or None) for `cfg`, as LocalBackend opens them."""
+    from ..chat_format import end_of_turn_ids
+    from ..serve.factory import open_engine, resolve_engine_kind
+    from ..train.modeling import (RANDOM_CONFIGS, add_lora, load_base_model, load_generation_config,
+                                  load_tokenizer, resolve_device, resolve_name)
+
+    on_disk = model_name not in RANDOM_CONFIGS
+    kind = resolve_engine_kind(cfg.inference_engine, resolve_device(cfg).type, weights_on_disk=on_disk)
+    if kind == "builtin":
+        model, tok = load_base_model(model_name, cfg)
+        ends = end_of_turn_ids(tok, model)
+        if lora:  # as the trainer serves it: a fresh LoRA adapter on every projection
+            model = add_lora(model, cfg)
+    else:
+        model, tok = None, load_tokenizer(model_name, cfg)
+        ends = end_of_turn_ids(tok, load_generation_config(model_name, cfg))
+    engine = open_engine(kind, tokenizer=tok, end_ids=ends, cfg=cfg, model=model,
+                         base_model_path=resolve_name(model_name) if on_disk else None)
+    return kind, engine, tok, model
+
+
+def _stats_ms(seconds: list[float]) -> dict[str, float]:
+    return {"mean_ms": round(1000 * statistics.fmean(seconds), 3), "p50_ms": round(1000 * _percentile(seconds, 50), 3),
+            "p99_ms": round(1000 * _percentile(seconds, 99), 3)}
+
+
+def _bare_forward_s(model: Any, prompt_ids: list[int], runs: int, threads: int | None) -> list[float]:
+    """Seconds of each of `runs` forward passes + argmax of `prompt_ids` (after 5 untimed), on `threads` threads."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt_ids], device=device)  # [1, prompt]
+    before = torch.get_num_threads()
+    if threads and device.type == "cpu":
+        torch.set_num_threads(threads)  # the decode worker's count, set the same way (per thread)
+    times = []
+    try:
+        with torch.inference_mode():
+            for i in range(runs + 5):
+                t0 = time.perf_counter()
+                # as the engine's prefill: the last position's logits only
+                token = model(input_ids=ids, logits_to_keep=1).logits[:, -1].argmax(-1)  # [1]
+                token.tolist()  # on a GPU: wait for it, as the engine does
+                if i >= 5:
+                    times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    return times
+
+
+def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concurrency: int = 256,
+                      device: str | None = None, num_threads: int | None = None,
+                      engine_kind: str = "auto") -> dict[str, Any]:
+    """The `--latency` JSON (module docstring): sequential `max_tokens=1` requests against the bare forward."""
+    if requests < 1 or concurrency < 1:
+        raise ValueError(f"need requests >= 1 and concurrency >= 1, got {requests} and {concurrency}")
+    from openai import AsyncOpenAI
+
+    from ..chat_format import render_prompt
+    from ..serve import ServedModels, create_app, start_server
+    from ..serve.engine import GenerationRequest
+    from ..train.modeling import load_base_model, resolve_device
+    from ..types import InternalModelConfig
+
+    threads = {"inference_cpu_threads": num_threads} if num_threads is not None else {}  # else LocalBackend's
+    cfg = InternalModelConfig(device=device, inference_engine=engine_kind, **threads)
+    dev = resolve_device(cfg)
+    kind, engine, tok, model = _open_engine(model_name, cfg)
+    prompt_ids = render_prompt(tok, LATENCY_QUESTION, None, end_ids=engine.end_of_turn_ids)
+    name = "bench"
+    try:
+        with start_server(create_app(ServedModels(name, engine))) as handle:
+            client = AsyncOpenAI(base_url=handle.base_url, api_key="bench", max_retries=0, timeout=600)
+
+            async def one() -> float:
+                t0 = time.perf_counter()
+                r = await client.chat.completions.create(model=name, messages=LATENCY_QUESTION, max_tokens=1)
+                assert r.usage.completion_tokens == 1, r.usage
+                return time.perf_counter() - t0
+
+            async def engine_alone() -> float:
+                t0 = time.perf_counter()
+                await engine.generate(GenerationRequest(prompt_ids=prompt_ids, max_tokens=1))
+                return time.perf_counter() - t0
+
+            async def main() -> tuple[list[float], list[float], float]:
+                for _ in range(10):  # warm-up: connection, caches, first batches
+                    await one()
+                    await engine_alone()
+                sequential = [await one() for _ in range(requests)]
+                direct = [await engine_alone() for _ in range(requests)]
+                await asyncio.gather(*(one() for _ in range(min(concurrency, 32))))  # warm-up of batching
+                t0 = time.perf_counter()
+                await asyncio.gather(*(one() for _ in range(concurrency)))
+                return sequential, direct, time.perf_counter() - t0
+
+            sequential, direct, concurrent_s = asyncio.run(main())
+    finally:
+        engine.close()
+    if model is None:  # vLLM runs its model in its own processes: the same weights with transformers, here
+        model, _ = load_base_model(model_name, cfg)
+    forward = _bare_forward_s(model, prompt_ids, requests, cfg.inference_cpu_threads if dev.type == "cpu" else None)
+    seq, fwd = _stats_ms(sequential), _stats_ms(forward)
+    return {"bench": "serve_latency", "model": model_name, "engine": kind, "device": str(dev),
+            "threads": None if kind == "vllm" else
+            (cfg.inference_cpu_threads if dev.type == "cpu" else None) or torch.get_num_threads(),
+            "prompt_tokens": len(prompt_ids), "max_tokens": 1, "requests": requests,
+            "sequential": seq, "engine_generate": _stats_ms(direct), "bare_forward": fwd,
+            "ratio_mean": round(seq["mean_ms"] / fwd["mean_ms"], 2),
+            "ratio_p50": round(seq["p50_ms"] / fwd["p50_ms"], 2),
+            "concurrency": concurrency, "max_batch_size": cfg.inference_max_batch_size,
+            "concurrent_ms_per_request": round(1000 * concurrent_s / concurrency, 3)}
+
+
 def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurrency: int = 16,
                     max_tokens: int = 64, device: str | None = None,
                     num_threads: int | None = None, engine_kind: str = "auto", *, lora: bool = False,
@@ -68,11 +191,8 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
                          f"{sequential_requests}")
     from openai import AsyncOpenAI
 
-    from ..chat_format import end_of_turn_ids
     from ..serve import ServedModels, create_app, start_server
-    from ..serve.factory import open_engine, resolve_engine_kind
-    from ..train.modeling import (RANDOM_CONFIGS, add_lora, load_base_model, load_generation_config,
-                                  load_tokenizer, resolve_device, resolve_name)
+    from ..train.modeling import resolve_device
     from ..types import InternalModelConfig
 
     threads = {"inference_cpu_threads": num_threads} if num_threads is not None else {}  # else LocalBackend's
@@ -81,18 +201,7 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
                               inference_attn_implementation=attn_implementation,
                               inference_static_cache=static_cache, inference_cuda_graphs=cuda_graphs, **threads)
     dev = resolve_device(cfg)
-    on_disk = model_name not in RANDOM_CONFIGS
-    kind = resolve_engine_kind(cfg.inference_engine, dev.type, weights_on_disk=on_disk)
-    if kind == "builtin":
-        model, tok = load_base_model(model_name, cfg)
-        ends = end_of_turn_ids(tok, model)
-        if lora:  # as the trainer serves it: a fresh LoRA adapter on every projection
-            model = add_lora(model, cfg)
-    else:
-        model, tok = None, load_tokenizer(model_name, cfg)
-        ends = end_of_turn_ids(tok, load_generation_config(model_name, cfg))
-    engine = open_engine(kind, tokenizer=tok, end_ids=ends, cfg=cfg, model=model,
-                         base_model_path=resolve_name(model_name) if on_disk else None)
+    kind, engine, _, _ = _open_engine(model_name, cfg, lora)
     name = "bench"
     try:
         with start_server(create_app(ServedModels(name, engine))) as handle:
@@ -125,8 +234,13 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
 
 def add_arguments(p: Any) -> None:
     p.add_argument("--model", default="artrl/tiny", help="base model name or path")
-    p.add_argument("--requests", type=int, default=32, help="requests per run")
-    p.add_argument("--concurrency", type=int, default=16, help="requests in flight in the concurrent run")
+    p.add_argument("--latency", action="store_true", help="per-request overhead instead of throughput: "
+                   "sequential max_tokens=1 requests against the bare forward pass (module docstring); "
+                   "--requests (default 200) and --concurrency (default 256) apply, the other options but "
+                   "--model, --device, --threads and --engine do not")
+    p.add_argument("--requests", type=int, default=None, help="requests per run (default 32; --latency: 200)")
+    p.add_argument("--concurrency", type=int, default=None, help="requests in flight in the concurrent run "
+                   "(default 16; --latency: 256)")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each request")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads of the decode worker (default: LocalBackend's, 1 on CPU)")
@@ -151,8 +265,13 @@ def main(args: Any) -> int:
 
     # the JSON line is this command's only standard output: vLLM (and its processes) log to stderr instead
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    if args.latency:
+        print(json.dumps(run_latency_bench(args.model, args.requests or 200, args.concurrency or 256, args.device,
+                                           args.threads, args.engine)))
+        return 0
     merge = {"auto": None, "on": True, "off": False}[args.merge_lora]
-    print(json.dumps(run_serve_bench(args.model, args.requests, args.concurrency, args.max_tokens, args.device,
+    print(json.dumps(run_serve_bench(args.model, args.requests or 32, args.concurrency or 16, args.max_tokens,
+                                     args.device,
                                      args.threads, args.engine, lora=args.lora, merge_lora=merge,
                                      attn_implementation=args.attn, static_cache=args.static_cache,
                                      cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import secrets
 import threading
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from pathlib import Path
@@ -84,7 +85,8 @@ class LocalBackend(Backend):
             `costs/gpu` metric); None: detected from the GPU name (H200: $3), none on CPU or unknown GPUs.
         host, port: where the inference server listens (loopback and a free port by default).
             Any non-loopback host requires `api_key`.
-        api_key: when set, every server route requires `Authorization: Bearer <api_key>`.
+        api_key: every server route requires `Authorization: Bearer <api_key>`. None: a random key made for
+            this backend, checked the same way; `model.inference_api_key` and `model.openai_client()` carry it.
         show_progress: tqdm bars during training.
     """
 
@@ -109,7 +111,8 @@ class LocalBackend(Backend):
         self._gpu_cost_per_hour_usd = float(gpu_cost_per_hour_usd) if gpu_cost_per_hour_usd is not None else None
         self._host = host
         self._port = port
-        self._api_key = api_key
+        # the key the server checks; the one a client learns (model.inference_api_key) is always this one
+        self._api_key = api_key or f"artrl-{secrets.token_urlsafe(18)}"
         self._runs: dict[str, TrainingSession] = {}
         self._engine_args: dict[str, Any] = {}  # from _openai_client_config (ART), under each model's own
         self._server: Any = None
@@ -144,7 +147,7 @@ class LocalBackend(Backend):
                         d.rmdir()
                 raise
             model.inference_base_url = self.base_url
-            model.inference_api_key = self._api_key or "artrl-local"
+            model.inference_api_key = self._api_key
             model.inference_model_name = model.name
 
     async def _prepare_backend_for_training(self, model: "TrainableModel",
@@ -157,7 +160,7 @@ class LocalBackend(Backend):
         """
         self._apply_server_config(config or {})
         await self.register(model)
-        return self.base_url, self._api_key or "artrl-local"
+        return self.base_url, self._api_key
 
     def _apply_server_config(self, config: dict[str, Any]) -> None:
         server_args = dict(config.get("server_args") or {})

@@ -3,9 +3,9 @@
 Words, as ART's: the *policy version* of a rollout is the step of the checkpoint it
 samples from (its lease); a train call *from* step `s` computes its gradient at the
 weights of step `s` and produces step `s + 1`. A group that started on version `v` and
-is trained from step `s` is `s - v` steps off policy (0: on policy). ART's history
-figure `train/steps_off_policy` counts from the step the call produces, one more;
-artrl counts from the weights the gradient is taken at (docs/art-compatibility.md).
+is trained from step `s` is `s - v` steps stale (0: on policy; artrl's `train/staleness`).
+ART's history figure `train/steps_off_policy`, kept with ART's meaning, counts from the
+step the call produces, one more (docs/pipeline.md).
 
 **The rule** (`StalenessBound`, pure, table-tested): a group is stale at step `s` when
 `v < s - max_steps_off_policy`; stale groups are never trained, only counted. This is

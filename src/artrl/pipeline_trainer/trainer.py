@@ -520,8 +520,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._status.note_training_batch(groups, step=step, step_seconds=step_s)
         metrics: dict[str, float] = {
             "discarded_stale_groups": float(self.state.discarded_stale_groups),
-            "steps_off_policy": sum(off_policy) / len(off_policy),
-            "steps_off_policy_max": float(max(off_policy)),
+            # ART's figure: counted from the step this call produced, so 1 when on policy
+            "steps_off_policy": sum(off_policy) / len(off_policy) + (step - current),
+            # artrl's own: counted from the weights the gradient was taken at (0 on policy, <= the bound)
+            "staleness": sum(off_policy) / len(off_policy),
+            "staleness_max": float(max(off_policy)),
             "time/step_wall_s": step_s,
             "throughput/step_trainer_idle_s": trainer_idle_s,
             "time/step_trainer_s": trainer_s,

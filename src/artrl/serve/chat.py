@@ -15,6 +15,7 @@ only applies them to HTTP requests and responses:
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from array import array
@@ -33,8 +34,13 @@ from artrl.chat_format import (
 from artrl.errors import TrajectoryError
 from artrl.serve.engine import InvalidRequestError
 
-DEFAULT_RECORD_CACHE_TOKENS = 4_000_000
-"""Sampled token ids the server keeps per tokenizer to spell earlier turns of later prompts (~16 MB of ids)."""
+DEFAULT_RECORD_CACHE_BYTES = 64 * 1024 * 1024
+"""Memory the server's record cache may take per tokenizer (ids, texts, keys and their Python objects), to spell
+earlier turns of later prompts with the ids sampled; about 80,000 completions of 64 tokens."""
+
+_ENTRY_OVERHEAD_BYTES = 400
+"""Python objects around one cached completion besides its ids and strings (dict slot, key tuple, list, record,
+array header); measured with tracemalloc (tests/test_chat_format.py checks the total against it)."""
 
 
 def request_messages(messages: Any) -> list[Message]:
@@ -56,34 +62,50 @@ class RecentCompletions:
     """A bounded cache of recent completions, keyed by the assistant message returned for them.
 
     The server adds every completion it returns; `render_prompt` looks up the assistant
-    messages of a later request here to reuse their sampled ids. Bounded by the number of
-    token ids held (oldest messages go first); a few completions per message are kept (the
-    same text sampled from several prompts), newest first.
+    messages of a later request here to reuse their sampled ids. Bounded in bytes
+    (`max_bytes`: the ids, the texts, the keys and an estimate of the Python objects around
+    them, `nbytes`); the least recently used messages go first. A few completions per
+    message are kept (the same text sampled from several prompts), newest first.
     """
 
     PER_MESSAGE = 4
 
-    def __init__(self, max_tokens: int = 4_000_000) -> None:
-        self.max_tokens = max_tokens
+    def __init__(self, max_bytes: int = DEFAULT_RECORD_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
         self._items: OrderedDict[Any, list[SampledCompletion]] = OrderedDict()
-        self._tokens = 0
+        self._bytes = 0
         self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held, as counted against `max_bytes`."""
+        return self._bytes
+
+    @staticmethod
+    def _key_bytes(key: Any) -> int:
+        content, calls = key
+        return sys.getsizeof(content) + sum(sys.getsizeof(name) + sys.getsizeof(args) for name, args in calls)
+
+    @staticmethod
+    def _entry_bytes(entry: SampledCompletion) -> int:
+        return _ENTRY_OVERHEAD_BYTES + entry.token_ids.itemsize * len(entry.token_ids) + sys.getsizeof(entry.text)
 
     def add(self, message: Message, prompt_ids: Sequence[int], completion: Sequence[int], text: str,
             end_id: int | None) -> None:
         entry = SampledCompletion(hash(tuple(prompt_ids)), array("i", completion), text, end_id)
         key = message_key(message)
         with self._lock:
-            entries = self._items.pop(key, [])
-            entries = [entry, *(e for e in entries if e != entry)]
-            for dropped in entries[self.PER_MESSAGE:]:
-                self._tokens -= len(dropped.token_ids)
-            entries = entries[: self.PER_MESSAGE]
-            self._tokens += len(entry.token_ids)
-            self._items[key] = entries
-            while self._tokens > self.max_tokens and len(self._items) > 1:
-                _, old = self._items.popitem(last=False)
-                self._tokens -= sum(len(e.token_ids) for e in old)
+            entries = self._items.pop(key, None)
+            if entries is None:
+                entries = []
+                self._bytes += self._key_bytes(key)
+            kept = [entry, *(e for e in entries if e != entry)]
+            self._bytes += sum(self._entry_bytes(e) for e in kept[: self.PER_MESSAGE]) - \
+                sum(self._entry_bytes(e) for e in entries)
+            self._items[key] = kept[: self.PER_MESSAGE]
+            while self._bytes > self.max_bytes and self._items:
+                old_key, old = self._items.popitem(last=False)
+                self._bytes -= self._key_bytes(old_key) + sum(self._entry_bytes(e) for e in old)
 
     def get(self, message: Message) -> list[SampledCompletion]:
         with self._lock:
@@ -100,8 +122,8 @@ class RecentCompletions:
 class PromptBuilder:
     """Renders prompts; remembers the completions returned, one cache per tokenizer."""
 
-    def __init__(self, max_tokens: int = DEFAULT_RECORD_CACHE_TOKENS) -> None:
-        self.max_tokens = max_tokens
+    def __init__(self, max_bytes: int = DEFAULT_RECORD_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
         self._caches: weakref.WeakKeyDictionary[Any, RecentCompletions] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
@@ -109,7 +131,7 @@ class PromptBuilder:
         with self._lock:
             cache = self._caches.get(tokenizer)
             if cache is None:
-                cache = self._caches[tokenizer] = RecentCompletions(self.max_tokens)
+                cache = self._caches[tokenizer] = RecentCompletions(self.max_bytes)
             return cache
 
     def prompt_ids(self, tokenizer: Any, messages: list[Message], tools: list[dict[str, Any]] | None,

@@ -13,7 +13,9 @@ Compared with OpenAI's API (and vLLM's server), this one:
    message unchanged (`chat_format.render_prompt`), so the turns of a multi-turn
    rollout extend one another's record. Each choice also says which policy version
    (training step) sampled it: `policy_version`;
-2. supports no streaming (`stream: true` -> 400) and only text content;
+2. streams (`stream: true`) as OpenAI's server-sent chunks, written once the generation
+   has finished, the token record on each choice's last chunk (serve/streaming.py); only
+   text content;
 3. stop strings cut the text at the first stop string; the token ids (and
    logprobs) end with the token that completed it;
 4. parses Qwen/Hermes `<tool_call>` blocks into `tool_calls` when the request
@@ -22,15 +24,21 @@ Compared with OpenAI's API (and vLLM's server), this one:
    by a grammar, as are `response_format` `json_object` and `json_schema`
    (serve/structured.py: the reply is valid JSON for the schema, or calls the
    tools with valid arguments, unless `max_tokens` cuts it: `finish_reason`
-   "length"). A schema the grammar library cannot compile is a 400 naming
-   `response_format` or `tool_choice`; so is a structured request to an engine
+   "length"). A schema the grammar library cannot compile, or a recursive one, is a
+   400 naming `response_format`, `tools` or `tool_choice`; so is a structured request to an engine
    that cannot enforce it;
 5. returns every error as OpenAI's `{"error": {"message", "type", "param",
    "code"}}` with a 4xx status for anything the client got wrong, including
-   request-body validation errors (400, never a 500 with a traceback);
+   request-body validation errors (400, never a 500 with a traceback), a body
+   that stops arriving (408, `body_timeout`) and, from the HTTP layer below the
+   app, malformed or too slow request heads (serve/http_protocol.py);
 6. refuses oversized work before doing it: bodies over `max_body_bytes` (413),
-   `n` over `max_n`, `max_tokens` beyond the context, and messages with more
-   characters than the context could hold as tokens (400, before tokenizing);
+   `n` over `max_n`, more messages or tools than `max_messages` / `max_tools`, a
+   `response_format` over `max_schema_chars`, `max_tokens` beyond the context, and
+   messages and tool definitions with more characters than the context could hold
+   as tokens (400 naming the limit, before validating or rendering). A large prompt
+   (`INLINE_RENDER_CHARS`) is rendered and tokenized on a worker thread, at most
+   `RENDER_THREADS` at once, so it never delays another request's answer;
 7. drops a request whose client disconnects: the engine is told to stop (a queued
    request never runs, a running one stops at its next decoding step).
 """
@@ -38,9 +46,11 @@ Compared with OpenAI's API (and vLLM's server), this one:
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import dataclasses
 import functools
 import hmac
+import json
 import logging
 import time
 import uuid
@@ -49,16 +59,18 @@ from typing import Any
 
 import fastapi
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
+import pydantic
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from artrl.chat_format import completion_text, cut_at_stop
 from artrl.errors import CheckpointError
 from artrl.serve.background import ServerHandle, start_server
-from artrl.serve.chat import DEFAULT_RECORD_CACHE_TOKENS, PromptBuilder, request_messages
+from artrl.serve.chat import DEFAULT_RECORD_CACHE_BYTES, PromptBuilder, request_messages
 from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult, InvalidRequestError
 from artrl.serve.models import ModelNotFoundError, ServedModels
+from artrl.serve.streaming import sse
 from artrl.serve.structured import StructuredOutput, StructuredOutputError, structured_output
 from artrl.serve.tool_calls import parse_tool_calls, tool_call_syntax
 
@@ -69,6 +81,24 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_N = 32
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 1024
+DEFAULT_BODY_TIMEOUT_S = 30.0
+"""Seconds a request body may pause between two of its parts before the request is answered 408."""
+DEFAULT_MAX_MESSAGES = 2048
+"""Most messages one request may hold (a long agent rollout of 1,000 tool calls holds about 2,000)."""
+DEFAULT_MAX_TOOLS = 128
+"""Most tools one request may offer (OpenAI's limit)."""
+DEFAULT_MAX_SCHEMA_CHARS = 100_000
+"""Longest `response_format` one request may send, in characters of its JSON (it is compiled into a grammar)."""
+INLINE_RENDER_CHARS = 16_384
+"""Requests with more characters to render than this (or more than `INLINE_RENDER_MESSAGES` messages) render and
+tokenize on a worker thread, so they never hold up the event loop; smaller ones render in place (about 0.1 ms,
+less than the hand-off to a thread would cost them)."""
+INLINE_RENDER_MESSAGES = 64
+INLINE_PARSE_BYTES = 256 * 1024
+"""Request bodies larger than this are parsed and validated on a worker thread (a 6 MB body of 200,000 messages
+takes about 0.5 s), smaller ones in place."""
+RENDER_THREADS = 2
+"""Large prompts rendered at once; more wait their turn (bounds the memory abusive requests can take)."""
 
 
 class ChatCompletionRequest(BaseModel):
@@ -133,10 +163,10 @@ class _ApiKey:
 
 
 class _BodyLimit:
-    """ASGI middleware refusing request bodies over `max_bytes` with 413."""
+    """ASGI middleware refusing request bodies over `max_bytes` (413) or slower than `timeout` seconds a part (408)."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: Any, max_bytes: int, timeout: float) -> None:
+        self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -147,31 +177,59 @@ class _BodyLimit:
         for key, value in scope.get("headers", []):
             if key == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
                 return await _error_response(too_large)(scope, receive, send)
-        seen, exceeded = 0, False
+        seen, body_done = 0, False
+        failed: APIError | None = None
 
         async def limited_receive() -> dict:
-            nonlocal seen, exceeded
-            message = await receive()
+            nonlocal seen, body_done, failed
+            if body_done:  # afterwards the app only waits for a disconnect: no deadline
+                return await receive()
+            try:
+                async with asyncio.timeout(self.timeout):
+                    message = await receive()
+            except TimeoutError:
+                failed = APIError(408, f"The request body stopped arriving: nothing for {self.timeout:g} s "
+                                       f"after {seen} bytes.", code="request_timeout")
+                raise _BodyRefused() from None
             seen += len(message.get("body", b""))
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
             if seen > self.max_bytes:
-                exceeded = True
-                raise _BodyTooLarge()
+                failed = too_large
+                raise _BodyRefused()
             return message
 
         async def guarded_send(message: dict) -> None:
-            if not exceeded:  # the app may turn _BodyTooLarge into its own error; ours goes out instead
+            if failed is None:  # the app may turn _BodyRefused into its own error; ours goes out instead
                 await send(message)
 
         try:
             await self.app(scope, limited_receive, guarded_send)
-        except _BodyTooLarge:
+        except _BodyRefused:
             pass
-        if exceeded:
-            await _error_response(too_large)(scope, receive, send)
+        if failed is not None:
+            response = _error_response(failed)
+            response.headers["connection"] = "close"
+            await response(scope, receive, send)
 
 
-class _BodyTooLarge(Exception):
+class _BodyRefused(Exception):
     pass
+
+
+def _release_memory() -> None:
+    """Give the C heap's free memory back to the system (glibc keeps what a large request's objects used)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _parse_body(raw: bytes) -> ChatCompletionRequest:
+    """The request body, checked (a failure is the RequestValidationError FastAPI would raise, answered 400)."""
+    try:
+        return ChatCompletionRequest.model_validate_json(raw)
+    except pydantic.ValidationError as error:
+        raise RequestValidationError(error.errors(include_url=False)) from error
 
 
 def _check(condition: bool, message: str, param: str) -> None:
@@ -262,8 +320,46 @@ def _max_token_chars(tokenizer: Any) -> int:
     return max((len(token) for token in tokenizer.get_vocab()), default=1) or 1
 
 
-def _precheck(body: ChatCompletionRequest, messages: list[dict[str, Any]], tokenizer: Any, max_model_len: int,
-              max_n: int) -> None:
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may hold, checked before any of it is validated, rendered or tokenized (`create_app`)."""
+
+    max_n: int = DEFAULT_MAX_N
+    max_messages: int = DEFAULT_MAX_MESSAGES
+    max_tools: int = DEFAULT_MAX_TOOLS
+    max_schema_chars: int = DEFAULT_MAX_SCHEMA_CHARS
+
+
+def _check_counts(body: ChatCompletionRequest, limits: RequestLimits) -> None:
+    """The cheap bounds (list lengths, schema size), before the messages are even validated."""
+    _check(len(body.messages) <= limits.max_messages,
+           f"messages holds {len(body.messages)} messages; this server takes at most {limits.max_messages} per "
+           "request (create_app(max_messages=...)).", "messages")
+    tools = body.tools or []
+    _check(len(tools) <= limits.max_tools,
+           f"tools holds {len(tools)} tools; this server takes at most {limits.max_tools} per request "
+           "(create_app(max_tools=...)).", "tools")
+    if body.response_format is not None:
+        chars = len(json.dumps(body.response_format))
+        _check(chars <= limits.max_schema_chars,
+               f"response_format is {chars} characters of JSON; this server takes at most {limits.max_schema_chars} "
+               "(create_app(max_schema_chars=...)).", "response_format")
+
+
+def _rendered_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+    """Characters of what the chat template will render: contents, tool call names and arguments, tool schemas."""
+    chars = 0
+    for message in messages:
+        chars += len(message.get("content") or "")
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            arguments = function.get("arguments")
+            chars += len(str(function.get("name", ""))) + (
+                len(arguments) if isinstance(arguments, str) else len(json.dumps(arguments)))
+    return chars + (len(json.dumps(tools)) if tools else 0)
+
+
+def _precheck(body: ChatCompletionRequest, chars: int, tokenizer: Any, max_model_len: int, max_n: int) -> None:
     """Refuse what is too big before rendering or tokenizing anything (the rest: `GenerationRequest.check`)."""
     n = 1 if body.n is None else body.n
     _check(n <= max_n, f"n must be between 1 and {max_n}, got {n}", "n")
@@ -276,12 +372,12 @@ def _precheck(body: ChatCompletionRequest, messages: list[dict[str, Any]], token
             f"length is {max_model_len} tokens, prompt included). Lower {param}.",
             param,
         )
-    chars = sum(len(m.get("content") or "") for m in messages)
     most = max_model_len * _max_token_chars(tokenizer)
     _check(
         chars <= most,
-        f"The messages hold {chars} characters, more than {max_model_len} tokens (this model's maximum context "
-        f"length) can spell with this tokenizer (at most {most} characters). Shorten the messages.",
+        f"The messages and tools hold {chars} characters, more than {max_model_len} tokens (this model's maximum "
+        f"context length) can spell with this tokenizer (at most {most} characters). Shorten the messages or the "
+        "tool definitions.",
         "messages",
     )
 
@@ -381,24 +477,48 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     api_key: str | None = None,
-    record_cache_tokens: int = DEFAULT_RECORD_CACHE_TOKENS,
+    record_cache_bytes: int = DEFAULT_RECORD_CACHE_BYTES,
+    max_messages: int = DEFAULT_MAX_MESSAGES,
+    max_tools: int = DEFAULT_MAX_TOOLS,
+    max_schema_chars: int = DEFAULT_MAX_SCHEMA_CHARS,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> fastapi.FastAPI:
     """The FastAPI app serving `resolver`'s models.
 
     max_n: most choices one request may ask for; max_body_bytes: larger request
-    bodies get 413; default_max_tokens: completion budget when the request sets none
+    bodies get 413; max_messages, max_tools, max_schema_chars: most messages, tools and
+    characters of `response_format` JSON one request may hold (400 naming the limit,
+    before anything is rendered); body_timeout: seconds a request body may pause
+    (408 after); default_max_tokens: completion budget when the request sets none
     (capped by what the context leaves); api_key: when set, every route (health
-    included) requires `Authorization: Bearer <api_key>`; record_cache_tokens: sampled
-    ids kept per tokenizer to spell earlier turns of later prompts with the ids the
-    model sampled (module docstring, point 1).
+    included) requires `Authorization: Bearer <api_key>`; record_cache_bytes: memory the
+    cache of returned completions may take per tokenizer (serve/chat.py), which spells
+    earlier turns of later prompts with the ids the model sampled (module docstring,
+    point 1); the least recently used go first.
     """
     app = fastapi.FastAPI(title="artrl inference server")
-    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes, timeout=body_timeout)
     if api_key:
         app.add_middleware(_ApiKey, api_key=api_key)
     app.state.api_key = api_key
-    prompts = PromptBuilder(record_cache_tokens)
+    prompts = PromptBuilder(record_cache_bytes)
+    limits = RequestLimits(max_n, max_messages, max_tools, max_schema_chars)
+    render_slots: list[asyncio.Semaphore] = []  # made on the server's loop, at its first large prompt
     warned_fields: set[str] = set()
+
+    async def off_loop(fn: Any, *args: Any) -> Any:
+        """`fn(*args)` on a worker thread, RENDER_THREADS at once: CPU work a large request brings."""
+        if not render_slots:
+            render_slots.append(asyncio.Semaphore(RENDER_THREADS))
+        async with render_slots[0]:
+            return await asyncio.to_thread(fn, *args)
+
+    async def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                     end_ids: frozenset[int], chars: int) -> list[int]:
+        """The prompt's ids; a large prompt renders on a worker thread (`INLINE_RENDER_CHARS`)."""
+        if chars <= INLINE_RENDER_CHARS and len(messages) <= INLINE_RENDER_MESSAGES:
+            return prompts.prompt_ids(tokenizer, messages, tools, end_ids)
+        return await off_loop(prompts.prompt_ids, tokenizer, messages, tools, end_ids)
 
     @app.exception_handler(APIError)
     async def _api_error(_: fastapi.Request, error: APIError) -> JSONResponse:
@@ -408,6 +528,10 @@ def create_app(
     async def _validation_error(_: fastapi.Request, error: RequestValidationError) -> JSONResponse:
         problems = error.errors()
         first = problems[0] if problems else {}
+        if first.get("type") == "json_invalid":  # its loc, if any, is a character offset, not a parameter
+            reason = str(first.get("msg", "")).removeprefix("Invalid JSON: ")
+            return _error_response(APIError(400, f"The request body is not valid JSON: {reason}.",
+                                            code="invalid_json"))
         loc = [str(part) for part in first.get("loc", ()) if part != "body"]
         message = "; ".join(
             f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}" for e in problems
@@ -436,9 +560,17 @@ def create_app(
         return {"object": "list", "data": data}
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, http: fastapi.Request) -> JSONResponse:
-        if body.stream:
-            raise APIError(400, "streaming is not supported; set stream=false", param="stream")
+    async def chat_completions(http: fastapi.Request) -> fastapi.Response:
+        raw = await http.body()  # parsed here, not by FastAPI: a large body is parsed off the event loop
+        if len(raw) <= INLINE_PARSE_BYTES:
+            return await answer(_parse_body(raw), http)
+        try:
+            return await answer(await off_loop(_parse_body, raw), http)
+        finally:
+            del raw
+            await off_loop(_release_memory)  # what parsing a large body took goes back to the system
+
+    async def answer(body: ChatCompletionRequest, http: fastapi.Request) -> fastapi.Response:
         unknown = set(body.model_extra or {}) - _IGNORED_FIELDS - warned_fields
         if unknown:
             logger.warning("Ignoring unsupported chat completion parameters: %s", sorted(unknown))
@@ -452,17 +584,19 @@ def create_app(
             raise APIError(500, str(error), param="model", code="checkpoint_unreadable", type="server_error") \
                 from error
         tokenizer = engine.tokenizer
+        _check_counts(body, limits)
         _check_tool_choice(body)
         structured = _structured(body, engine)
         try:
             messages = request_messages(body.messages)
         except InvalidRequestError as error:
             raise APIError(400, str(error), param="messages") from error
-        _precheck(body, messages, tokenizer, engine.max_model_len, max_n)
+        tools = body.tools if body.tool_choice != "none" else None
+        chars = _rendered_chars(messages, tools)
+        _precheck(body, chars, tokenizer, engine.max_model_len, max_n)
         end_ids = engine.end_of_turn_ids
         try:
-            tools = body.tools if body.tool_choice != "none" else None
-            prompt_ids = prompts.prompt_ids(tokenizer, messages, tools, end_ids)
+            prompt_ids = await render(tokenizer, messages, tools, end_ids, chars)
         except InvalidRequestError as error:
             raise APIError(400, str(error), param="messages") from error
         request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, default_max_tokens, structured)
@@ -493,6 +627,10 @@ def create_app(
             },
             "prompt_token_ids": prompt_ids,
         }
+        if body.stream:
+            options = (body.model_extra or {}).get("stream_options")
+            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            return StreamingResponse(sse(response, tokenizer, include_usage), media_type="text/event-stream")
         return JSONResponse(response)
 
     return app

@@ -1,0 +1,245 @@
+"""The server against careless and hostile clients: its connections, and the bounds on what one request may cost."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import fastapi
+import httpx
+import pytest
+
+from artrl.serve import ServedModels, ServerHandle, create_app, start_server
+from artrl.serve.scripted import ScriptedEngine
+from artrl.serve.server import DEFAULT_MAX_MESSAGES, DEFAULT_MAX_SCHEMA_CHARS, DEFAULT_MAX_TOOLS, INLINE_RENDER_MESSAGES
+from artrl.tiny import build_tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def handle() -> Iterator[ServerHandle]:
+    app = fastapi.FastAPI()
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    with start_server(app) as running:
+        yield running
+
+
+def test_connections_have_nagle_off(handle: ServerHandle) -> None:
+    """With Nagle's algorithm on, a response sent in two writes waits for the client's delayed ACK (~40 ms)."""
+    client = http.client.HTTPConnection(handle.host, handle.port)
+    client.request("GET", "/health")
+    assert client.getresponse().read() == b'{"status":"ok"}'
+    local = client.sock.getsockname()
+    served = [c.transport.get_extra_info("socket") for c in handle._server.server_state.connections]
+    ours = [s for s in served if s.getpeername() == local]
+    assert len(ours) == 1, f"the server's end of {local} among {[s.getpeername() for s in served]}"
+    assert ours[0].getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    client.close()
+
+
+# --------------------------------------------------------------------------- bounds before the work
+
+
+class GatedTokenizer:
+    """The tiny tokenizer, whose chat template waits for `release` (after setting `entered`) on long conversations:
+    a request's rendering held open for as long as a test needs."""
+
+    def __init__(self, tokenizer: Any, min_messages: int) -> None:
+        self._tokenizer, self._min = tokenizer, min_messages
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.renders = 0
+
+    def apply_chat_template(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        self.renders += 1
+        if len(messages) >= self._min:
+            self.entered.set()
+            assert self.release.wait(60), "the test never released the gate"
+        return self._tokenizer.apply_chat_template(messages, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
+
+    def __len__(self) -> int:
+        return len(self._tokenizer)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._tokenizer(*args, **kwargs)
+
+
+@pytest.fixture()
+def gated() -> Iterator[tuple[ServerHandle, GatedTokenizer]]:
+    tokenizer = GatedTokenizer(build_tiny_tokenizer(), min_messages=INLINE_RENDER_MESSAGES + 1)
+    engine = ScriptedEngine.from_text(tokenizer, "ok", max_model_len=8192)
+    with start_server(create_app(ServedModels("m", engine))) as running:
+        yield running, tokenizer
+
+
+def chat(messages: int, **kw: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}] * messages, "max_tokens": 1, **kw}
+
+
+def test_a_request_answers_while_a_large_one_renders(gated: tuple[ServerHandle, GatedTokenizer]) -> None:
+    """Ordered by events: the large request is inside its rendering when the small one is sent and answered."""
+    handle, tokenizer = gated
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(base_url=handle.base_url, timeout=60) as client, asyncio.timeout(20):
+            large = asyncio.create_task(client.post("/chat/completions", json=chat(INLINE_RENDER_MESSAGES + 1)))
+            assert await asyncio.to_thread(tokenizer.entered.wait, 30)
+            try:
+                small = await client.post("/chat/completions", json=chat(1))
+                assert small.status_code == 200, small.text
+                assert not large.done()  # still rendering: the small one did not wait for it
+            finally:
+                tokenizer.release.set()
+            answer = await large
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["usage"]["prompt_tokens"] > small.json()["usage"]["prompt_tokens"]
+
+    asyncio.run(scenario())
+
+
+LIMITED = {
+    "messages": (chat(DEFAULT_MAX_MESSAGES + 1), f"at most {DEFAULT_MAX_MESSAGES}"),
+    "many_empty_messages": ({"model": "m", "messages": [{"role": "user", "content": ""}] * 200_000}, "at most"),
+    "tools": (chat(1, tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(DEFAULT_MAX_TOOLS + 1)]),
+              f"at most {DEFAULT_MAX_TOOLS}"),
+    "tool_description": (chat(1, tools=[{"type": "function", "function": {"name": "f", "description": "d" * 5_000_000}}]),
+                         "characters"),
+    "tool_call_arguments": ({"model": "m", "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function", "function": {
+            "name": "f", "arguments": json.dumps({"a": "x" * 5_000_000})}}]}]}, "characters"),
+    "response_format": (chat(1, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "description": "d" * (DEFAULT_MAX_SCHEMA_CHARS + 1)}}}), f"at most {DEFAULT_MAX_SCHEMA_CHARS}"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LIMITED))
+def test_oversized_requests_get_a_400_naming_the_limit_before_rendering(
+        gated: tuple[ServerHandle, GatedTokenizer], name: str) -> None:
+    handle, tokenizer = gated
+    body, fragment = LIMITED[name]
+    response = httpx.post(f"{handle.base_url}/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert fragment in error["message"] and error["param"] in ("messages", "tools", "response_format"), error
+    assert tokenizer.renders == 0, "refused after rendering"
+
+
+# --------------------------------------------------------------------------- timeouts, keep-alive, HTTP errors
+
+
+@pytest.fixture(scope="module")
+def strict() -> Iterator[ServerHandle]:
+    """A server with short deadlines: 0.5 s for a request head, 0.5 s between two parts of a body."""
+    engine = ScriptedEngine.from_text(build_tiny_tokenizer(), "ok", max_model_len=8192)
+    with start_server(create_app(ServedModels("m", engine), body_timeout=0.5), head_timeout=0.5) as running:
+        yield running
+
+
+def _response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """Read one HTTP/1.1 response with a Content-Length: (status, headers, body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before a whole head: {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    while len(body) < int(headers["content-length"]):
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed inside the body"
+        body += chunk
+    return int(lines[0].split()[1]), headers, body
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server closed the connection (reads until end of stream)."""
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def _connect(handle: ServerHandle) -> socket.socket:
+    sock = socket.create_connection((handle.host, handle.port), timeout=20)  # bounds a hung test only
+    return sock
+
+
+GET_HEALTH = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+
+
+def test_a_connection_is_reused_after_common_clients_idle_expiry(handle: ServerHandle) -> None:
+    """httpx and Node keep an idle connection 5 s; the server keeps it longer, so reusing it at ~5 s never races."""
+    import time
+
+    sock = _connect(handle)
+    sock.sendall(GET_HEALTH)
+    assert _response(sock)[0] == 200
+    time.sleep(5.5)  # past uvicorn's default keep-alive (5 s), the delay under test
+    sock.sendall(GET_HEALTH)
+    assert _response(sock)[0] == 200
+    sock.close()
+
+
+def test_a_request_head_sent_too_slowly_gets_408_and_is_closed(strict: ServerHandle) -> None:
+    sock = _connect(strict)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")  # and never the rest of the head
+    status, headers, body = _response(sock)
+    assert (status, headers["content-type"]) == (408, "application/json")
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+    assert _closed(sock)
+
+
+def test_a_body_shorter_than_its_length_gets_408_and_is_closed(strict: ServerHandle) -> None:
+    sock = _connect(strict)
+    body = json.dumps(chat(1)).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n" % (len(body) + 100) + body)
+    status, headers, answer = _response(sock)
+    assert (status, headers["content-type"]) == (408, "application/json")
+    assert "stopped arriving" in json.loads(answer)["error"]["message"]
+    assert _closed(sock)
+
+
+def test_a_slow_request_that_completes_is_answered(strict: ServerHandle) -> None:
+    """The deadlines are per request head and per pause: an idle kept-alive connection and a whole body pass."""
+    sock = _connect(strict)
+    body = json.dumps(chat(1)).encode()
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+               b"content-length: %d\r\n\r\n" % len(body) + body)
+    sock.sendall(request)
+    assert _response(sock)[0] == 200
+    sock.sendall(request)  # the same connection, for the next request
+    assert _response(sock)[0] == 200
+    sock.close()
+
+
+def test_a_malformed_request_line_gets_openais_error_json(handle: ServerHandle) -> None:
+    sock = _connect(handle)
+    sock.sendall(b"NOT AN HTTP REQUEST\r\n\r\n")
+    status, headers, body = _response(sock)
+    assert (status, headers["content-type"]) == (400, "application/json")
+    assert json.loads(body)["error"]["code"] == "invalid_http_request"
+    assert _closed(sock)
+
+
+def test_invalid_json_names_the_position_not_a_parameter(handle: ServerHandle, gated: Any) -> None:
+    server, _ = gated
+    response = httpx.post(f"{server.base_url}/chat/completions", content=b'{"model": "m", "messages": [}',
+                          headers={"content-type": "application/json"}, timeout=60)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] is None and error["code"] == "invalid_json", error
+    assert "not valid JSON" in error["message"], error
