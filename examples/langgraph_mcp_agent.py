@@ -95,7 +95,7 @@ async def main(args: argparse.Namespace) -> None:
                 await server.list_tools(), await server.list_resources(), num_scenarios=args.scenarios,
                 custom_instructions="Each task asks to add or multiply two integers between 1 and 20.",
                 generator_model=model.get_inference_name(), generator_base_url=model.inference_base_url,
-                generator_api_key="local", max_task_chars=80, max_tokens=60 * args.scenarios + 40)
+                generator_api_key=model.inference_api_key, max_task_chars=80, max_tokens=60 * args.scenarios + 40)
             log.info("%d scenarios from generate_scenarios, e.g. %r", len(scenarios), scenarios[0].task)
 
             @wrap_rollout(model)

@@ -248,15 +248,18 @@ def test_merged_lora_samples_the_same_and_leaves_the_trainers_tensors_alone(
         assert [r.token_ids for r in merged_results] == [r.token_ids for r in unmerged_results]
         for a, b in zip(merged_results, unmerged_results):
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < TOLERANCE
-        assert_exact(model, prompt, merged_results)
-        # back to the trainer's own tensors, bit for bit, nothing left merged
-        for name, p in model.named_parameters():
-            assert torch.equal(p, before[name]), name
-            assert p.requires_grad == grads[name]
-        assert not any(getattr(m, "merged_adapters", []) for m in model.modules())
+        # a reply may arrive before the worker leaves its batch (and unmerges): under the engine's lock, as a
+        # trainer sharing the model reads it, the batch is over
+        with merged.model_lock:
+            assert_exact(model, prompt, merged_results)
+            # back to the trainer's own tensors, bit for bit, nothing left merged
+            for name, p in model.named_parameters():
+                assert torch.equal(p, before[name]), name
+                assert p.requires_grad == grads[name]
+            assert not any(getattr(m, "merged_adapters", []) for m in model.modules())
 
         # an optimizer-like in-place update of the adapter is served at the next request
-        with torch.no_grad():
+        with merged.model_lock, torch.no_grad():
             for name, p in model.named_parameters():
                 if "lora_A" in name:
                     p.mul_(1.5)
@@ -264,12 +267,13 @@ def test_merged_lora_samples_the_same_and_leaves_the_trainers_tensors_alone(
             rebuilds = merged._merger.rebuilds
             updated = submit(loop, merged, request).result(120)
             assert merged._merger.rebuilds == rebuilds + adapted
-            assert_exact(model, prompt, updated)
+            with merged.model_lock:
+                assert_exact(model, prompt, updated)
             again = submit(loop, merged, request).result(120)
             assert merged._merger.rebuilds == rebuilds + adapted  # unchanged adapter: the merged copies are reused
             assert [r.token_ids for r in again] == [r.token_ids for r in updated]
         finally:
-            with torch.no_grad():
+            with merged.model_lock, torch.no_grad():
                 for name, p in model.named_parameters():
                     p.copy_(before[name])
     finally:

@@ -183,7 +183,7 @@ def test_faults_reached_by_a_langgraph_agent_fail_only_their_rollout_and_scenari
                 scenarios = await generate_scenarios(
                     [MCPTool.from_dict(t["function"]) for t in tools.values()], num_scenarios=3,
                     generator_model=model.get_inference_name(), generator_base_url=model.inference_base_url,
-                    generator_api_key="local", max_task_chars=60, max_tokens=400)
+                    generator_api_key=model.inference_api_key, max_task_chars=60, max_tokens=400)
                 assert len(scenarios) == 3 and all(1 <= s.difficulty <= 5 and len(s.task) <= 60 for s in scenarios)
 
                 lc_tools = await mcp_tools(server)
