@@ -13,12 +13,14 @@
 #   trl              TRL's SFTTrainer vs train_sft at both shapes (trl_peer.py)      trl.json
 #   serve            bench serve, LoRA on: 64 concurrent, then 8 one at a time, both  serve.json
 #   demo             artrl demo --json (4 RL steps on a GPU)                         demo.json
+#   pipeline         bench pipeline: the synchronous loop vs PipelineTrainer, tools   pipeline.json
+#                    that take time (one tool latency; the JSON says rollout/train)
 #   workers          (2+ GPUs only) distributed tests and bench train --workers N    workers.json
 #
 # Each stage runs under its own `timeout` (its budget, or what is left of the cap); one that
 # fails or times out adds a line with its exit code and stderr tail to its file, and the next
 # stage runs. Each figure is printed as its stage finishes. Budgets (seconds, GPU): env 10,
-# train-0.6b 75, train-8b 120, kernels 2x15, trl 35+45, serve 45+60, demo 60, compiled arm
+# train-0.6b 75, train-8b 120, kernels 2x15, trl 35+45, serve 45+60, demo 60, pipeline 90, compiled arm
 # what is left (up to 60)
 # (GPU_SH_BUDGET_FACTOR multiplies them: 8 in --cpu-smoke).
 #
@@ -55,6 +57,8 @@ if [[ "$mode" == "--cpu-smoke" ]]; then
   trl_large=(--trajectories 8 --batch-size 4 --prompt-words 10 --completion-words 10)
   serve_many=(--requests 8 --concurrency 8 --max-tokens 8 --sequential-requests 2)
   demo_args=(--quick)
+  pipeline_args=(--steps 3 --groups-per-step 2 --rollouts-per-group 2 --turns 2 --tool-latency 0.1 --max-tokens 4
+                 --prompt-words 20 --result-words 10)
   serve_ab=()  # the switches are CUDA's
   ngpu=0
 else
@@ -71,6 +75,9 @@ else
   trl_large=(--trajectories 16 --batch-size 8 --prompt-words 300 --completion-words 300 --trl-per-device 4)
   serve_many=(--requests 64 --concurrency 64 --max-tokens 64 --sequential-requests 8)
   demo_args=(--rl-steps 4)  # SFT warm-up and 4 RL steps: the split between rollouts and training, in budget
+  # both arms, 6 train calls each of 8 groups x 8 rollouts, 3 turns of 32 tokens with a 0.5 s tool after each
+  pipeline_args=(--steps 6 --groups-per-step 8 --rollouts-per-group 8 --turns 3 --tool-latency 0.5 --max-tokens 32
+                 --prompt-words 200 --result-words 100)
   serve_ab=("--static-cache" "--merge-lora off")
   ngpu=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 fi
@@ -113,7 +120,7 @@ stage() {
   (( rc == 0 )) || failed=$(( failed + 1 ))
   rm -f "$so" "$se"
 }
-for f in env train-$(tag $small) train-$(tag $large) kernels trl serve demo workers; do rm -f "$out/$f.json"; done
+for f in env train-$(tag $small) train-$(tag $large) kernels trl serve demo pipeline workers; do rm -f "$out/$f.json"; done
 cli=("$py" -m artrl.cli)
 
 stage env 10 env.json "$py" - <<'PY'
@@ -149,6 +156,9 @@ stage "serve $(tag $small)" 45 serve.json "${cli[@]}" bench serve --model "$smal
 stage "serve $(tag $large)" 60 serve.json "${cli[@]}" bench serve --model "$large" --device $dev --lora "${serve_many[@]}"
 
 stage demo 60 demo.json "${cli[@]}" demo --model "$small" --device $dev --json ${demo_args[@]+"${demo_args[@]}"}
+
+# the synchronous RL loop against PipelineTrainer on the same model and work (docs/performance.md, Pipelined RL)
+stage pipeline 90 pipeline.json "${cli[@]}" bench pipeline --model "$small" --device $dev "${pipeline_args[@]}"
 
 for v in ${ab_last[@]+"${ab_last[@]}"}; do
   stage "kernels $v" 60 kernels.json "${cli[@]}" bench train --workload "$workload" --model "$small" \

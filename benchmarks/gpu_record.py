@@ -19,8 +19,11 @@ HEADLINES = ("mfu", "ratio_tokens_per_s", "computed_tokens_ratio", "trainable_to
              "peak_memory_mb", "max_micro_batch_tokens", "completion_tokens_per_s", "requests_per_s",
              "device_name", "torch", "liger_kernel", "trl", "error",
              # the demo's: wall time, its split, decode speed while sampling, rewards
-             "wall_s", "rollout_s", "train_s", "rollout_completion_tokens_per_s", "val_reward_after_rl")
-PARTS = ("ours", "reference", "artrl", "trl", "concurrent", "sequential")
+             "wall_s", "rollout_s", "train_s", "rollout_completion_tokens_per_s", "val_reward_after_rl",
+             # bench pipeline's: the ratio, where the workload sits, each arm's idle shares and staleness
+             "ratio_sync_over_pipeline", "sync_rollout_over_train", "trainer_idle_fraction", "actor_idle_fraction",
+             "mean_staleness")
+PARTS = ("ours", "reference", "artrl", "trl", "concurrent", "sequential", "sync", "pipeline")
 
 
 def headline(record: dict[str, Any]) -> str:

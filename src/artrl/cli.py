@@ -8,6 +8,7 @@
     artrl bench train --workload F --workers N   N data-parallel workers against one
     artrl bench serve               inference throughput, concurrent vs sequential
     artrl bench learn               learning per rollout: artrl's train step vs a plain GRPO step
+    artrl bench pipeline            the synchronous RL loop vs ART's PipelineTrainer, tools that take time
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_runs_args(runs)
 
-    bench = sub.add_parser("bench", help="benchmarks (pack/train/serve print one JSON line; learn a table)")
+    bench = sub.add_parser("bench", help="benchmarks (pack/train/serve/pipeline print one JSON line; learn a table)")
     bsub = bench.add_subparsers(dest="bench", required=True)
     bp = bsub.add_parser("pack", help="packing: our layout vs the reference (ART) layout")
     bp.add_argument("--workload", required=True, help=DEFAULT_WORKLOAD_HELP)
@@ -60,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     from .bench.learn_bench import add_arguments as add_learn_args
 
     add_learn_args(bl)
+    bpl = bsub.add_parser("pipeline", help="the synchronous RL loop vs PipelineTrainer on an agent workload whose "
+                          "tools take time")
+    from .bench.pipeline_bench import add_arguments as add_pipeline_args
+
+    add_pipeline_args(bpl)
     return p
 
 
@@ -93,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
             return run(args)
         if args.command == "bench" and args.bench == "learn":
             from .bench.learn_bench import main as run
+            return run(args)
+        if args.command == "bench" and args.bench == "pipeline":
+            from .bench.pipeline_bench import main as run
             return run(args)
     except ArtrlError as e:
         print(f"artrl: error: {e}", file=sys.stderr)

@@ -355,6 +355,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available, else cpu)")
     p.add_argument("--json", action="store_true", help="print one JSON line of timings and rewards on standard "
                    "output at the end (the readable summary goes to standard error)")
+    p.add_argument("--pipeline", action="store_true", help="instead: one SFT warm-up, then the RL stage three "
+                   "ways, the synchronous loop and PipelineTrainer at each --bounds value; validation reward "
+                   "against wall time, and a plot (src/artrl/demo_pipeline.py)")
+    p.add_argument("--bounds", default="1,4", help="with --pipeline: the max_steps_off_policy of each pipelined "
+                   "arm (default 1,4)")
+    p.add_argument("--learning-rate", type=float, default=1e-3, help="with --pipeline: the constant RL learning "
+                   "rate of every arm (default 1e-3)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -366,6 +373,10 @@ def main(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Loading weights" of the 1M-parameter model
+    if getattr(args, "pipeline", False):
+        from .demo_pipeline import main as run_pipeline
+
+        return run_pipeline(args)
     result = asyncio.run(run_demo(args.path, rl_steps=args.rl_steps, seed=args.seed, quick=args.quick,
                                   base_model=args.model, device=args.device))
     if args.json:

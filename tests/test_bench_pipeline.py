@@ -1,0 +1,98 @@
+"""`artrl bench pipeline`: the two arms do the same work, the JSON's figures agree with each other,
+and the printed command reproduces the run. Speed is not checked here (the bench measures it)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from artrl.bench.agent_workload import AgentWorkload, Intervals, vowel_share
+from artrl.bench.pipeline_bench import PipelineBenchConfig, config_from_args
+from artrl.cli import _parser, main
+from artrl.errors import ConfigError
+
+
+def test_busy_time_counts_overlaps_once_and_clips_to_the_window():
+    iv = Intervals()
+    for span in [(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (5.5, 5.7), (-1.0, 0.5), (9.0, 12.0)]:
+        iv.add(*span)
+    # [0,3] (the first two overlap, the third starts before the window) + [5,6] + [9,10] (clipped)
+    assert iv.busy(0.0, 10.0) == pytest.approx(3.0 + 1.0 + 1.0)
+    assert iv.busy(3.5, 4.5) == 0.0
+    assert Intervals().busy(0.0, 1.0) == 0.0
+
+
+def test_overlap_is_the_time_both_sets_run():
+    a, b = Intervals([(0.0, 4.0), (6.0, 8.0)]), Intervals([(3.0, 7.0), (7.5, 9.0)])
+    assert a.overlap(b, 0.0, 10.0) == pytest.approx(1.0 + 1.0 + 0.5)  # [3,4], [6,7], [7.5,8]
+    assert b.overlap(a, 0.0, 10.0) == pytest.approx(2.5)
+    assert a.overlap(Intervals(), 0.0, 10.0) == 0.0
+
+
+def test_reward_is_the_share_of_vowels_among_letters():
+    assert vowel_share(["abc", "de"]) == pytest.approx(2 / 5)
+    assert vowel_share(["1 2 3", None]) == 0.0
+    assert vowel_share(["AEIOU!"]) == 1.0
+
+
+def test_scenarios_carry_ids_and_the_prompt_and_results_have_the_asked_length():
+    w = AgentWorkload(prompt_words=30, result_words=12)
+    sc = w.scenarios(3)
+    assert [s["id"] for s in sc] == [0, 1, 2] and [s["metadata"]["scenario_id"] for s in sc] == [0, 1, 2]
+    assert len(w.system_prompt().split()) == 1 + 30  # "Tools:" and the words
+    assert len(w.tool_result(1).split("\n", 1)[1].split()) == 12
+    assert "\n" not in AgentWorkload(result_words=0).tool_result(1)
+
+
+def test_the_printed_command_parses_back_to_the_same_config():
+    cfg = PipelineBenchConfig(turns=3, tool_latency_s=0.25, groups_per_step=5, rollouts_per_group=3, steps=7,
+                              max_steps_off_policy=2, rollout_workers=9, max_tokens=5, prompt_words=11,
+                              result_words=13, model="artrl/tiny", device="cpu", train_threads=1,
+                              learning_rate=3e-4, loss_fn="ppo", seed=4, arms=("pipeline",))
+    argv = shlex.split(cfg.command())
+    assert argv[:3] == ["artrl", "bench", "pipeline"]
+    assert config_from_args(_parser().parse_args(argv[1:] + ["--path", "/x"])) == cfg
+    assert config_from_args(_parser().parse_args(shlex.split(PipelineBenchConfig().command())[1:])) \
+        == PipelineBenchConfig()
+
+
+@pytest.mark.parametrize("field, value", [("turns", 0), ("rollouts_per_group", 1), ("tool_latency_s", -1.0),
+                                          ("max_steps_off_policy", -1), ("loss_fn", "sft"), ("arms", ("async",)),
+                                          ("rollout_workers", 0)])
+def test_config_refuses_values_that_cannot_run(field, value):
+    with pytest.raises(ConfigError, match=field.split("_s")[0] if field != "arms" else "arms"):
+        PipelineBenchConfig(**{field: value}).check()
+
+
+def test_workers_default_to_what_the_bound_lets_run_ahead():
+    assert PipelineBenchConfig(groups_per_step=4, max_steps_off_policy=0).workers == 4
+    assert PipelineBenchConfig(groups_per_step=4, max_steps_off_policy=2).workers == 12
+    assert PipelineBenchConfig(groups_per_step=4, rollout_workers=5).workers == 5
+
+
+def test_bench_pipeline_runs_both_arms_on_the_same_work(capsys, tmp_path):
+    argv = ["bench", "pipeline", "--steps", "2", "--groups-per-step", "2", "--rollouts-per-group", "2",
+            "--turns", "2", "--tool-latency", "0.01", "--max-tokens", "3", "--prompt-words", "5", "--device", "cpu",
+            "--path", str(tmp_path)]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1  # the JSON line is the only standard output (the pipeline's status goes to stderr)
+    out = json.loads(lines[0])
+    sync, pipe = out["sync"], out["pipeline"]
+    for arm in (sync, pipe):
+        assert arm["steps"] >= 1 and arm["groups_trained"] + arm["groups_discarded"] == 4
+        assert 0 <= arm["trainer_idle_fraction"] <= 1 and 0 <= arm["actor_idle_fraction"] <= 1
+        assert 0 < arm["train_s"] <= arm["wall_s"] and 0 < arm["rollout_s"] <= arm["wall_s"]
+        assert 0 < arm["request_s"] <= arm["rollout_s"]  # requests run inside rollouts
+        assert 0 <= arm["request_during_train_s"] <= min(arm["request_s"], arm["train_s"])
+    assert sync["steps"] == 2 and sync["groups_trained"] == 4
+    assert sync["mean_staleness"] == sync["max_staleness"] == 0  # the synchronous loop is on-policy
+    assert sync["request_during_train_s"] == pytest.approx(0, abs=1e-3)  # it never samples while training
+    assert 0 <= pipe["max_staleness"] <= out["max_steps_off_policy"]
+    assert out["ratio_sync_over_pipeline"] == round(sync["wall_s"] / pipe["wall_s"], 3)
+    assert out["threads"] == {"train": out["threads"]["train"], "engine": 1} and out["threads"]["train"] >= 1
+    assert out["engine"] == "builtin" and out["device"] == "cpu"
+    assert shlex.split(out["command"])[:3] == ["artrl", "bench", "pipeline"]
+    assert "--tool-latency 0.01" in out["command"] and "--turns 2" in out["command"]
