@@ -141,7 +141,8 @@ def gate(engine: TransformersEngine, monkeypatch: pytest.MonkeyPatch) -> threadi
 
     def gated(batch: Any) -> None:
         step(batch)
-        go.wait(timeout=30)  # bounds a broken run only: the test sets it once it has read what it needs
+        if not go.wait(timeout=30):  # bounds a broken run only: the test sets it once it has read what it needs
+            go.set()
 
     monkeypatch.setattr(engine, "_step", gated)
     yield go
@@ -178,6 +179,12 @@ def test_the_first_content_chunk_comes_while_the_row_is_still_decoding(
     assert streamed == [e.logprob for e in whole.choices[0].logprobs.content]
     assert chunks[-1]["choices"][0]["token_ids"] == ids
     assert chunks[-1]["choices"][0]["policy_version"] == whole.choices[0].model_extra["policy_version"]
+
+
+def test_a_streamed_request_the_engine_refuses_is_an_error_response(server: ServerHandle) -> None:
+    body = {"model": "m", "messages": ASK, "max_tokens": 4, "stream": True, "logprobs": True, "top_logprobs": 50}
+    response = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=120)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "top_logprobs"
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_row(
@@ -253,3 +260,15 @@ def test_text_stream_lets_out_only_a_prefix_of_the_final_content(text: str, data
         content = parse_tool_calls(content)[0] or ""
     assert content.startswith(out) and stop not in out
     assert stream.text == whole
+
+
+@pytest.mark.parametrize("text", [TOOL_TEXT, "  " + TOOL_TEXT + "\n", " no call here ", "<tool_call>\n{bad}\n</tool_call>"])
+def test_text_stream_holds_back_what_parsing_tool_calls_strips(text: str) -> None:
+    tokenizer = _tiny_tokenizer()
+    stream = TextStream(tokenizer, frozenset(), [], TOOL_CALL_START)
+    out = ""
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        stream.add(token)
+        out += stream.take()[0]
+    assert (parse_tool_calls(text)[0] or "").startswith(out)
+    assert out == ("Let me check." if text == TOOL_TEXT else "")

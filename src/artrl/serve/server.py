@@ -13,9 +13,13 @@ Compared with OpenAI's API (and vLLM's server), this one:
    message unchanged (`chat_format.render_prompt`), so the turns of a multi-turn
    rollout extend one another's record. Each choice also says which policy version
    (training step) sampled it: `policy_version`;
-2. streams (`stream: true`) as OpenAI's server-sent chunks, written once the generation
-   has finished, the token record on each choice's last chunk (serve/streaming.py); only
-   text content;
+2. streams (`stream: true`) as OpenAI's server-sent chunks, the token record on each
+   choice's last chunk (serve/streaming.py). From an engine that hands tokens over as
+   they are sampled (`streams_tokens`: the built-in one) content deltas go out as they
+   come, stop strings and tool calls held back (serve/stream_text.py), tool-call deltas
+   and the last chunks when the generation ends; from others (vLLM) the chunks are cut
+   from the finished reply. An error before the first token is an error response, one
+   after it an `{"error": ...}` event;
 3. stop strings cut the text at the first stop string; the token ids (and
    logprobs) end with the token that completed it;
 4. parses Qwen/Hermes `<tool_call>` blocks into `tool_calls` when the request
