@@ -59,8 +59,8 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import fastapi
@@ -659,7 +659,7 @@ def create_app(
         request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, default_max_tokens, structured)
         as_ids = bool(body.return_tokens_as_token_ids)
 
-        def respond(results: list[GenerationResult], head: dict[str, Any] | None = None) -> dict[str, Any]:
+        def respond(results: list[GenerationResult]) -> dict[str, Any]:
             """The chat completion of the finished `results` (the record cache remembers each choice)."""
             results = resolver.with_versions(body.model, results)  # `name@step` sampled version `step`
             if not body.logprobs:  # top_logprobs are checked whatever `logprobs` says, and shown only when asked
@@ -670,9 +670,12 @@ def create_app(
                 for i, result in enumerate(results)
             ]
             completion_tokens = sum(len(choice["token_ids"]) for choice in choices)
+            head = _head(body)
             return {
-                **(head or _head(body)),
+                "id": head["id"],
                 "object": "chat.completion",
+                "created": head["created"],
+                "model": head["model"],
                 "choices": choices,
                 "usage": {
                     "prompt_tokens": len(prompt_ids),
