@@ -254,6 +254,28 @@ def test_n_sequences_come_back_in_order_and_differ(case: EngineCase, prompts: li
         assert len({tuple(r.token_ids) for r in results}) > 1  # each sample draws on its own
 
 
+def test_an_engine_that_streams_hands_over_every_token_before_it_answers(
+        case: EngineCase, prompts: list[list[int]]) -> None:
+    """Point 8: on_token sees each sample's tokens, logprobs and top logprobs, in order, all before `generate`
+    returns; and they are the tokens of the same request sampled without it."""
+    if not case.engine.streams_tokens:
+        pytest.skip(f"{type(case.engine).__name__} hands no tokens over (it streams from the finished reply)")
+    request = GenerationRequest(prompts[0], n=3, max_tokens=8, seed=7, top_logprobs=2)
+    events: list[tuple[int, int, float, Any]] = []
+
+    async def generate() -> tuple[list[GenerationResult], int]:
+        results = await case.engine.generate(request, on_token=lambda *event: events.append(event))
+        return results, len(events)
+
+    results, seen = asyncio.run(generate())
+    assert seen == len(events) == sum(len(r.token_ids) for r in results)
+    for sample, result in enumerate(results):
+        mine = [e[1:] for e in events if e[0] == sample]
+        assert [(t, lp, top) for t, lp, top in mine] == list(zip(result.token_ids, result.logprobs,
+                                                                 result.top_logprobs or []))
+    assert [r.token_ids for r in run(case.engine, request)] == [r.token_ids for r in results]
+
+
 def test_a_seed_reproduces_its_samples(case: EngineCase, prompts: list[list[int]]) -> None:
     needs_sampling(case)
     request = GenerationRequest(prompts[1], n=2, max_tokens=8, seed=11, top_logprobs=2)

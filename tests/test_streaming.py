@@ -4,8 +4,10 @@ the non-streamed one (on each choice's last chunk)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,15 +16,24 @@ import httpx
 import openai
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from artrl.serve import ServedModels, ServerHandle, TransformersEngine, create_app, start_server
 from artrl.serve.scripted import ScriptedEngine
+from artrl.serve.stream_text import TextStream
+from artrl.serve.tool_calls import TOOL_CALL_START, parse_tool_calls
 from artrl.tiny import load_tiny
 
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather.", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 TOOL_TEXT = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 ASK = [{"role": "user", "content": "Tell me a story about the weather."}]
+
+
+@functools.cache
+def _tiny_tokenizer() -> Any:
+    return load_tiny()[1]
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +122,153 @@ def test_a_streamed_request_whose_client_left_is_dropped(server: ServerHandle, e
             assert time.monotonic() < deadline
             time.sleep(0.01)
     assert engine.rows_served == rows
+
+
+# ---------------------------------------------------------------------------------------------- live streaming
+
+LONG = {"model": "m", "messages": ASK, "seed": 3, "max_tokens": 200, "temperature": 1.0}
+
+
+def _data(line: str) -> dict[str, Any]:
+    return json.loads(line.removeprefix("data: "))
+
+
+@pytest.fixture
+def gate(engine: TransformersEngine, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Hold the decode worker after each step of a streamed request (its token handed over) until the test sets
+    it; batches of plain requests run freely."""
+    go = threading.Event()
+    step = engine._step
+
+    def gated(batch: Any) -> None:
+        streamed = any(row.pending.on_token is not None for row in batch.rows)
+        step(batch)
+        if streamed and not go.wait(timeout=30):  # bounds a broken run only: the test sets it once it has read what it needs
+            go.set()
+
+    monkeypatch.setattr(engine, "_step", gated)
+    yield go
+    go.set()
+
+
+def _first_content(lines: Iterator[str]) -> dict[str, Any]:
+    for line in lines:
+        if line and line != "data: [DONE]":
+            chunk = _data(line)
+            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                return chunk
+    raise AssertionError("the stream ended without content")
+
+
+def test_the_first_content_chunk_comes_while_the_row_is_still_decoding(
+        client: openai.OpenAI, server: ServerHandle, engine: TransformersEngine, gate: threading.Event) -> None:
+    whole = client.chat.completions.create(**LONG, logprobs=True)
+    ids = whole.choices[0].model_extra["token_ids"]
+    assert whole.choices[0].finish_reason == "length" and engine.tokenizer.decode(ids[:1]).isascii()  # as designed
+    rows, steps = engine.rows_served, engine.decode_steps
+    with httpx.stream("POST", f"{server.base_url}/chat/completions", json={**LONG, "stream": True},
+                      timeout=120) as response:
+        lines = response.iter_lines()
+        first = _first_content(lines)
+        assert engine.rows_served == rows and engine.decode_steps == steps + 1  # one token sampled, row decoding
+        gate.set()
+        chunks = [first] + [_data(line) for line in lines if line and line != "data: [DONE]"]
+    assert first["choices"][0]["delta"]["content"] == engine.tokenizer.decode(ids[:1])
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == whole.choices[0].message.content
+    streamed = [e["logprob"] for c in chunks for e in (c["choices"][0]["logprobs"] or {}).get("content") or []]
+    assert streamed == [e.logprob for e in whole.choices[0].logprobs.content]
+    assert chunks[-1]["choices"][0]["token_ids"] == ids
+    assert chunks[-1]["choices"][0]["policy_version"] == whole.choices[0].model_extra["policy_version"]
+
+
+def test_a_streamed_request_the_engine_refuses_is_an_error_response(server: ServerHandle) -> None:
+    body = {"model": "m", "messages": ASK, "max_tokens": 4, "stream": True, "logprobs": True, "top_logprobs": 50}
+    response = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=120)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "top_logprobs"
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_row(
+        server: ServerHandle, engine: TransformersEngine, gate: threading.Event) -> None:
+    rows, abandoned, cut = engine.rows_served, engine.requests_abandoned, engine.rows_abandoned
+    with httpx.stream("POST", f"{server.base_url}/chat/completions", json={**LONG, "stream": True},
+                      timeout=120) as response:
+        _first_content(response.iter_lines())
+    deadline = time.monotonic() + 60  # bounds a hung test only
+    while engine.requests_abandoned != abandoned + 1:  # the server cancelled the generation
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    gate.set()
+    while engine.rows_abandoned != cut + 1:  # the row left at its next step
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert engine.rows_served == rows
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_stop_strings_never_reach_the_stream(client: openai.OpenAI, seed: int) -> None:
+    """Stop strings cut from a reply's middle, several tokens long: the stream ends where the reply does."""
+    kwargs = {"model": "m", "messages": ASK, "seed": seed, "max_tokens": 48, "logprobs": True}
+    text = client.chat.completions.create(**kwargs).choices[0].message.content
+    assert len(text) > 20
+    for stop in (text[8:14], text[len(text) // 2:len(text) // 2 + 5]):
+        whole = client.chat.completions.create(**kwargs, stop=[stop]).choices[0]
+        deltas = [c.choices[0] for c in client.chat.completions.create(**kwargs, stop=[stop], stream=True)]
+        content = "".join(d.delta.content or "" for d in deltas)
+        assert stop not in content and content == whole.message.content
+        assert deltas[-1].model_extra["token_ids"] == whole.model_extra["token_ids"]
+        assert [e.logprob for d in deltas if d.logprobs for e in d.logprobs.content] == \
+            [e.logprob for e in whole.logprobs.content]
+
+
+def test_structured_replies_stream_as_they_answer(client: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    for extra in ({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}},
+                  {"tools": [WEATHER_TOOL], "tool_choice": "required"}):
+        kwargs = {"model": "m", "messages": ASK, "seed": 4, "max_tokens": 60, "n": 2, **extra}
+        whole = client.chat.completions.create(**kwargs)
+        chunks = list(client.chat.completions.create(**kwargs, stream=True))
+        for choice in whole.choices:
+            mine = [c.choices[0] for c in chunks if c.choices[0].index == choice.index]
+            assert "".join(m.delta.content or "" for m in mine) == (choice.message.content or "")
+            calls = [(c.function.name, c.function.arguments) for m in mine for c in m.delta.tool_calls or []]
+            assert calls == [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+            assert mine[-1].finish_reason == choice.finish_reason
+            assert mine[-1].model_extra["token_ids"] == choice.model_extra["token_ids"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from(list("ab é🌍世界, the\n<tool_call>")), min_size=1, max_size=40),
+       data=st.data())
+def test_text_stream_lets_out_only_a_prefix_of_the_final_content(text: str, data: st.DataObject) -> None:
+    """Fed a reply token by token, whatever is let out never holds a split character or a stop string, and is a
+    prefix of the content the server answers (cut at the first stop string, tool calls parsed)."""
+    tokenizer = _tiny_tokenizer()
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    whole = tokenizer.decode(ids)
+    start = data.draw(st.integers(0, len(whole) - 1))
+    stop = whole[start:start + data.draw(st.integers(1, 4))]
+    tools = data.draw(st.booleans())
+    stream = TextStream(tokenizer, frozenset(), [stop], TOOL_CALL_START if tools else None)
+    out = ""
+    for token in ids:
+        stream.add(token)
+        piece, _ = stream.take()
+        assert "\ufffd" not in piece
+        out += piece
+    content = whole[:whole.find(stop)]
+    if tools:
+        content = parse_tool_calls(content)[0] or ""
+    assert content.startswith(out) and stop not in out
+    assert stream.text == whole
+
+
+@pytest.mark.parametrize("text", [TOOL_TEXT, "  " + TOOL_TEXT + "\n", " no call here ", "<tool_call>\n{bad}\n</tool_call>"])
+def test_text_stream_holds_back_what_parsing_tool_calls_strips(text: str) -> None:
+    tokenizer = _tiny_tokenizer()
+    stream = TextStream(tokenizer, frozenset(), [], TOOL_CALL_START)
+    out = ""
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        stream.add(token)
+        out += stream.take()[0]
+    assert (parse_tool_calls(text)[0] or "").startswith(out)
+    assert out == ("Let me check." if text == TOOL_TEXT else "")

@@ -11,7 +11,8 @@ owns the worker. At every step boundary:
    weights change and no version it uses is unloaded;
 2. every row samples one token (`_step`): grammar masks first (serve/structured.py),
    then one batched draw on the device and one host transfer;
-3. each row records its token and checks its ends (end-of-turn or stop ids, stop
+3. each row records its token (handing it over at once when its request streams:
+   `Pending.on_token`) and checks its ends (end-of-turn or stop ids, stop
    strings, `max_tokens`, a grammar that allows nothing); a finished row leaves the batch
    and its request is answered when its last row is done; a row whose caller left, or
    whose request failed, leaves too;
@@ -72,6 +73,7 @@ class Pending:
     grammar: CompiledGrammar | None = None  # request.structured, compiled
     results: list[GenerationResult | None] = field(default_factory=list)  # one per sample, as rows finish
     remaining: int = 0  # rows not finished yet
+    on_token: Callable[[int, int, float, list[tuple[int, float]] | None], None] | None = None  # streaming
 
     @property
     def over(self) -> bool:
@@ -317,6 +319,8 @@ class DecodeLoop:
             n_top = row.request.top_logprobs
             if n_top > 0:
                 row.top_logprobs.append([(int(t), v) for t, v in zip(record[2:2 + n_top], record[2 + k:2 + k + n_top])])
+            if row.pending.on_token is not None:  # a streamed request: hand the token over as it is taken
+                row.pending.on_token(row.sample, token, record[1], row.top_logprobs[-1] if n_top > 0 else None)
             if row.grammar is not None and not row.grammar.accept(token):
                 # only when the grammar allowed no token of the vocabulary at all
                 logger.warning("A structured row sampled a token its grammar forbids (%s); ending it.",

@@ -38,6 +38,11 @@ and tokenizes prompts, and the engine only samples. What every engine promises
    there, so no request waits for a train call (an engine built to share a model its
    owner steps in place holds its model lock there); vLLM may free the device
    meanwhile (sleep mode).
+8. **Tokens as they are sampled (optional).** An engine with `streams_tokens` takes
+   `generate(request, on_token=f)` and calls `f(sample, token_id, logprob, top_logprobs)`
+   on the caller's event loop for every token as its row takes it (in order within a
+   sample, all of them before `generate` returns; `top_logprobs` None unless asked); the
+   server streams from it (serve/streaming.py). Without `on_token` nothing is handed over.
 
 Two implementations: `TransformersEngine` (serve/transformers_engine.py, the
 built-in one) and vLLM's; `serve/factory.py` picks one.
@@ -58,6 +63,9 @@ if TYPE_CHECKING:
     from artrl.serve.structured import StructuredOutput
 
 FinishReason = Literal["stop", "length"]
+
+TokenSink = Callable[[int, int, float, "list[tuple[int, float]] | None"], None]
+"""`on_token(sample, token_id, logprob, top_logprobs)`: a sampled token handed over (module docstring, point 8)."""
 
 #: Most `top_logprobs` one request may ask for (OpenAI's and vLLM's default limit).
 MAX_TOP_LOGPROBS = 20
@@ -179,6 +187,8 @@ class InferenceEngine(abc.ABC):
 
     #: Whether `generate` enforces `GenerationRequest.structured`; the server refuses such requests otherwise.
     structured_outputs: bool = False
+    #: Whether `generate` takes `on_token` and hands each token over as it is sampled (module docstring, point 8).
+    streams_tokens: bool = False
 
     @abc.abstractmethod
     async def generate(self, request: GenerationRequest) -> list[GenerationResult]:

@@ -13,9 +13,13 @@ Compared with OpenAI's API (and vLLM's server), this one:
    message unchanged (`chat_format.render_prompt`), so the turns of a multi-turn
    rollout extend one another's record. Each choice also says which policy version
    (training step) sampled it: `policy_version`;
-2. streams (`stream: true`) as OpenAI's server-sent chunks, written once the generation
-   has finished, the token record on each choice's last chunk (serve/streaming.py); only
-   text content;
+2. streams (`stream: true`) as OpenAI's server-sent chunks, the token record on each
+   choice's last chunk (serve/streaming.py). From an engine that hands tokens over as
+   they are sampled (`streams_tokens`: the built-in one) content deltas go out as they
+   come, stop strings and tool calls held back (serve/stream_text.py), tool-call deltas
+   and the last chunks when the generation ends; from others (vLLM) the chunks are cut
+   from the finished reply. An error before the first token is an error response, one
+   after it an `{"error": ...}` event;
 3. stop strings cut the text at the first stop string; the token ids (and
    logprobs) end with the token that completed it;
 4. parses Qwen/Hermes `<tool_call>` blocks into `tool_calls` when the request
@@ -46,6 +50,7 @@ Compared with OpenAI's API (and vLLM's server), this one:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -54,6 +59,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,9 +76,10 @@ from artrl.serve.background import ServerHandle, start_server
 from artrl.serve.chat import DEFAULT_RECORD_CACHE_BYTES, PromptBuilder, request_messages
 from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult, InvalidRequestError
 from artrl.serve.models import ModelNotFoundError, ServedModels
-from artrl.serve.streaming import sse
+from artrl.serve.stream_text import TextStream
+from artrl.serve.streaming import LiveStream, sse
 from artrl.serve.structured import StructuredOutput, StructuredOutputError, structured_output
-from artrl.serve.tool_calls import parse_tool_calls, tool_call_syntax
+from artrl.serve.tool_calls import TOOL_CALL_START, parse_tool_calls, tool_call_syntax
 
 __all__ = ["ServedModels", "ServerHandle", "create_app", "start_server"]
 
@@ -405,6 +412,56 @@ async def _generate_unless_disconnected(engine: Any, request: GenerationRequest,
     return generation.result()
 
 
+def _head(body: ChatCompletionRequest) -> dict[str, Any]:
+    """A new completion's id, creation time and model."""
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
+
+
+@contextlib.contextmanager
+def _engine_errors(body: ChatCompletionRequest) -> Iterator[None]:
+    """The engine's refusals and closing as the API errors the client gets."""
+    try:
+        yield
+    except InvalidRequestError as error:  # a StructuredOutputError's problem names response_format / tool_choice
+        raise _refused(error, body) from error
+    except EngineClosedError as error:  # the program is exiting or the backend was closed
+        raise APIError(503, str(error), code="engine_closed", type="server_error") from error
+
+
+def _stream_error(error: BaseException) -> dict[str, Any]:
+    """An engine failure after a stream began, as the `{"error": ...}` event OpenAI's streams end with."""
+    if isinstance(error, EngineClosedError):
+        return {"error": {"message": str(error), "type": "server_error", "param": None, "code": "engine_closed"}}
+    return {"error": {"message": f"Internal server error: {type(error).__name__}: {error}", "type": "server_error",
+                      "param": None, "code": None}}
+
+
+async def _until_started(generation: asyncio.Future, started: asyncio.Event, http: fastapi.Request) -> None:
+    """Wait until the generation's first token (or its end); a failure before it is raised here, answered as an
+    error response; a client that disconnects before it drops the generation (499)."""
+
+    async def disconnected() -> None:
+        while (await http.receive())["type"] != "http.disconnect":
+            pass
+
+    first = asyncio.ensure_future(started.wait())
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({generation, first, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        generation.cancel()
+        raise
+    finally:
+        watcher.cancel()
+        first.cancel()
+    if watcher in done and not (generation in done or first in done):
+        generation.cancel()
+        logger.info("client disconnected; its generation request was dropped")
+        raise APIError(499, "client closed the request", code="client_closed_request")
+    if generation.done() and generation.exception() is not None:
+        generation.result()  # raises it
+
+
 def _cut_at_stop(tokenizer: Any, result: GenerationResult, text: str, stops: list[str]) -> tuple[str, GenerationResult]:
     """Cut `text` before the first stop string and the tokens after the one that completed it."""
     cut = cut_at_stop(tokenizer, result.token_ids, text, stops)
@@ -600,36 +657,63 @@ def create_app(
         except InvalidRequestError as error:
             raise APIError(400, str(error), param="messages") from error
         request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, default_max_tokens, structured)
-        try:
+        as_ids = bool(body.return_tokens_as_token_ids)
+
+        def respond(results: list[GenerationResult]) -> dict[str, Any]:
+            """The chat completion of the finished `results` (the record cache remembers each choice)."""
+            results = resolver.with_versions(body.model, results)  # `name@step` sampled version `step`
+            if not body.logprobs:  # top_logprobs are checked whatever `logprobs` says, and shown only when asked
+                results = [dataclasses.replace(result, top_logprobs=None) for result in results]
+            choices = [
+                _choice_json(i, result, body, tokenizer, request.stop_strings, bool(tools), end_ids, prompt_ids,
+                             prompts)
+                for i, result in enumerate(results)
+            ]
+            completion_tokens = sum(len(choice["token_ids"]) for choice in choices)
+            head = _head(body)
+            return {
+                "id": head["id"],
+                "object": "chat.completion",
+                "created": head["created"],
+                "model": head["model"],
+                "choices": choices,
+                "usage": {
+                    "prompt_tokens": len(prompt_ids),
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": len(prompt_ids) + completion_tokens,
+                },
+                "prompt_token_ids": prompt_ids,
+            }
+
+        options = (body.model_extra or {}).get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        if body.stream and getattr(engine, "streams_tokens", False):
+            events: asyncio.Queue = asyncio.Queue()
+            started = asyncio.Event()
+
+            def on_token(*event: Any) -> None:  # on this loop (the engine schedules it here)
+                events.put_nowait(event)
+                started.set()
+
+            generation = asyncio.ensure_future(engine.generate(request, on_token=on_token))
+            with _engine_errors(body):
+                await _until_started(generation, started, http)
+
+            def entry(token: int, logprob: float, top: list[tuple[int, float]] | None) -> dict[str, Any]:
+                one = GenerationResult([token], [logprob], [top] if top is not None and body.logprobs else None,
+                                       "length")
+                return _logprobs_json(tokenizer, one, as_ids)["content"][0]
+
+            tool_tag = TOOL_CALL_START if tools else None
+            live = LiveStream(
+                generation, events,
+                [TextStream(tokenizer, end_ids, request.stop_strings, tool_tag) for _ in range(request.n)],
+                entry, respond, _stream_error, _head(body), include_usage)
+            return StreamingResponse(live.sse(), media_type="text/event-stream")
+        with _engine_errors(body):
             results = await _generate_unless_disconnected(engine, request, http)
-        except InvalidRequestError as error:  # a StructuredOutputError's problem names response_format / tool_choice
-            raise _refused(error, body) from error
-        except EngineClosedError as error:  # the program is exiting or the backend was closed
-            raise APIError(503, str(error), code="engine_closed", type="server_error") from error
-        results = resolver.with_versions(body.model, results)  # `name@step` sampled version `step`
-        if not body.logprobs:  # top_logprobs are checked whatever `logprobs` says, and shown only when asked
-            results = [dataclasses.replace(result, top_logprobs=None) for result in results]
-        choices = [
-            _choice_json(i, result, body, tokenizer, request.stop_strings, bool(tools), end_ids, prompt_ids, prompts)
-            for i, result in enumerate(results)
-        ]
-        completion_tokens = sum(len(choice["token_ids"]) for choice in choices)
-        response = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.model,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt_ids) + completion_tokens,
-            },
-            "prompt_token_ids": prompt_ids,
-        }
+        response = respond(results)
         if body.stream:
-            options = (body.model_extra or {}).get("stream_options")
-            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
             return StreamingResponse(sse(response, tokenizer, include_usage), media_type="text/event-stream")
         return JSONResponse(response)
 

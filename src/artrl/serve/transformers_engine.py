@@ -58,6 +58,10 @@ what it leaves out compared with vLLM:
    advances the matcher. Rows without a grammar are not touched, and a batch with no
    grammar row does no grammar work at all. Logprobs stay the raw, unmasked ones
    (serve/engine.py, point 1), so the token record trains as it does unconstrained.
+8. **Tokens as they are sampled.** `generate(request, on_token=f)` hands each token to
+   `f` on the caller's event loop (`loop.call_soon_threadsafe`) from the step where its
+   row takes it (serve/engine.py, point 8); the server streams from it. A request
+   without `on_token` pays one attribute check per row per step.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ from artrl.serve.engine import (
     GenerationResult,
     InferenceEngine,
     InvalidRequestError,
+    TokenSink,
 )
 from artrl.serve.adapter_versions import AdapterVersions
 from artrl.serve.attention_switch import current_attention
@@ -110,6 +115,7 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
     """
 
     structured_outputs = True
+    streams_tokens = True
 
     def __init__(
         self,
@@ -302,7 +308,9 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         with torch.inference_mode(False):
             return fn()
 
-    async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
+    async def generate(self, request: GenerationRequest, on_token: TokenSink | None = None
+                       ) -> list[GenerationResult]:
+        """Sample `request` (serve/engine.py); `on_token` gets each token on this event loop as its row takes it."""
         if self._closed:
             raise EngineClosedError("TransformersEngine.generate called after close()")
         self.check(request)
@@ -315,6 +323,8 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         with self._counter_lock:
             self._pending += 1
         pending = Pending(request, future, grammar=grammar)
+        if on_token is not None:
+            pending.on_token = _on_loop(asyncio.get_running_loop(), on_token, pending)
         self._queue.put(pending)
         try:
             # cancelling this await cancels `future` too while it is still queued
@@ -421,6 +431,19 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
             except queue.Empty:
                 return
             self._take(item, waiting)
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, on_token: TokenSink, pending: Pending) -> TokenSink:
+    """`on_token` as the decode worker calls it: scheduled on the caller's `loop` (before the request's answer,
+    which the worker sets later); a loop that is gone abandons the request."""
+
+    def hand_over(sample: int, token: int, logprob: float, top: list[tuple[int, float]] | None) -> None:
+        try:
+            loop.call_soon_threadsafe(on_token, sample, token, logprob, top)
+        except RuntimeError:  # the caller's loop closed: nobody reads the rest
+            pending.abandoned = True
+
+    return hand_over
 
 
 def _cache_kwarg_name(model: Any) -> str:
