@@ -83,6 +83,21 @@ def test_streamed_chunks_add_up_to_the_reply_and_carry_its_token_record(client: 
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_a_choice_rebuilt_from_the_stream_is_the_non_streamed_choice(server: ServerHandle) -> None:
+    """What a recorder of streamed replies (auto_trajectory, artrl.langgraph) rebuilds: the same text, logprobs
+    and token record as the non-streamed choice, every record key included."""
+    from artrl.chat_chunks import choice_from_chunks, parse_sse
+
+    body = {"model": "m", "messages": ASK, "n": 2, "seed": 7, "max_tokens": 16, "logprobs": True}
+    whole = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=120).json()
+    raw = httpx.post(f"{server.base_url}/chat/completions", json={**body, "stream": True}, timeout=120).content
+    for expected in whole["choices"]:
+        rebuilt = choice_from_chunks(parse_sse(raw), index=expected["index"]).model_dump(exclude_none=True)
+        want = openai.types.chat.chat_completion.Choice.model_validate(expected).model_dump(exclude_none=True)
+        assert rebuilt == want
+        assert rebuilt["prompt_token_ids"] and rebuilt["token_ids"] and "policy_version" in expected
+
+
 def test_tool_calls_stream_as_deltas(client: openai.OpenAI) -> None:
     kwargs = {"model": "scripted", "messages": ASK, "tools": [WEATHER_TOOL], "max_tokens": 64}
     whole = client.chat.completions.create(**kwargs).choices[0]

@@ -9,7 +9,10 @@ have carried, built by the rules ART uses (`art.openai.update_chat_completion`):
 * a tool call is addressed by its `index`: its `id`, `type` and function `name` are
   set (a server that repeats them in every chunk does not double them, unlike the
   openai SDK's own accumulator), its `arguments` are concatenated;
-* `finish_reason` is the last one sent, "stop" when none was.
+* `finish_reason` is the last one sent, "stop" when none was;
+* every other key of a chunk's choice (the token record a server adds: artrl's server puts
+  `token_ids`, `prompt_token_ids`, `policy_version`, ... on each choice's last chunk) is kept
+  on the choice as it is, so a streamed choice carries the same record as a non-streamed one.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from openai.types.chat.chat_completion import Choice
 
 DATA_PREFIX = "data:"
 DONE = "[DONE]"
+#: The keys of a chunk's choice that are added up above; any other is the server's record, kept as sent.
+_CHUNK_CHOICE_KEYS = frozenset({"index", "delta", "logprobs", "finish_reason", "token_ids"})
 
 
 def parse_sse(content: bytes) -> list[dict[str, Any]]:
@@ -43,6 +48,7 @@ def choice_from_chunks(chunks: list[dict[str, Any]], index: int = 0) -> Choice:
     token_ids: list[int] | None = None
     finish_reason = None
     tool_calls: list[dict[str, Any]] = []
+    record: dict[str, Any] = {}  # the server's own keys (token record), last value wins
     seen = False
     for chunk in chunks:
         for choice in chunk.get("choices") or []:
@@ -57,6 +63,7 @@ def choice_from_chunks(chunks: list[dict[str, Any]], index: int = 0) -> Choice:
                         logprobs[key] = (logprobs[key] or []) + list(choice["logprobs"][key])
             if choice.get("token_ids"):
                 token_ids = (token_ids or []) + list(choice["token_ids"])
+            record.update({k: v for k, v in choice.items() if k not in _CHUNK_CHOICE_KEYS})
             delta = choice.get("delta") or {}
             for key in ("content", "refusal", "reasoning", "reasoning_content"):
                 if delta.get(key):
@@ -67,7 +74,7 @@ def choice_from_chunks(chunks: list[dict[str, Any]], index: int = 0) -> Choice:
         raise ValueError(f"no streamed chunk carries choice {index}")
     if tool_calls:
         message["tool_calls"] = tool_calls
-    choice_data: dict[str, Any] = {"index": index, "finish_reason": finish_reason or "stop", "message": message,
+    choice_data: dict[str, Any] = {**record, "index": index, "finish_reason": finish_reason or "stop", "message": message,
                                    "logprobs": logprobs}
     if token_ids is not None:
         choice_data["token_ids"] = token_ids
