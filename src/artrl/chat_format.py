@@ -64,6 +64,7 @@ from typing import Any, Protocol
 
 import pydantic
 from openai.types.chat.chat_completion import Choice
+from tokenizers import Tokenizer as _RustTokenizer
 
 from .errors import TrajectoryError
 from .types import Message, MessageOrChoice
@@ -270,7 +271,8 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     if not text:
         return []
     backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is not None and getattr(tokenizer, "is_fast", False) and backend.padding is None \
+    # only a Rust `tokenizers.Tokenizer` itself (a wrapper may hold another transformers tokenizer there)
+    if isinstance(backend, _RustTokenizer) and getattr(tokenizer, "is_fast", False) and backend.padding is None \
             and backend.truncation is None \
             and backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False)):
         return backend.encode(text, add_special_tokens=False).ids

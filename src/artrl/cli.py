@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("httpx", "httpx2", "uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
+        if args.command == "demo" and args.pipeline:
+            from .demo_pipeline import main as run
+            return run(args)
         if args.command == "demo":
             from .demo import main as run
             return run(args)

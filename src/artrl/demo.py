@@ -364,8 +364,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "rate of every arm (default 1e-3)")
 
 
-def main(args: argparse.Namespace) -> int:
-    """`artrl demo`: run the demo and print its summary."""
+def quiet_logs(args: argparse.Namespace) -> None:
+    """What the demo's output leaves out unless --verbose: the HTTP loggers, a transformers notice, load bars."""
     if not getattr(args, "verbose", False):
         for name in _NOISY_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
@@ -373,10 +373,11 @@ def main(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Loading weights" of the 1M-parameter model
-    if getattr(args, "pipeline", False):
-        from .demo_pipeline import main as run_pipeline
 
-        return run_pipeline(args)
+
+def main(args: argparse.Namespace) -> int:
+    """`artrl demo`: run the demo and print its summary (`--pipeline`: cli.py runs demo_pipeline.main)."""
+    quiet_logs(args)
     result = asyncio.run(run_demo(args.path, rl_steps=args.rl_steps, seed=args.seed, quick=args.quick,
                                   base_model=args.model, device=args.device))
     if args.json:

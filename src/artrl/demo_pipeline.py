@@ -333,7 +333,8 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    """`artrl demo --pipeline` (demo.main hands over here)."""
+    """`artrl demo --pipeline` (cli.py runs it instead of demo.main)."""
+    demo.quiet_logs(args)
     cfg = demo.DemoConfig.quick() if args.quick else demo.DemoConfig()
     if args.rl_steps is not None:
         cfg = demo.dataclasses.replace(cfg, rl_steps=args.rl_steps)
