@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
+import threading
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -80,3 +83,15 @@ def make_choice(tok):
         return Choice.model_validate(data)
 
     return make
+
+
+@pytest.fixture()
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop running in a thread of its own, for tests that call engines from the main thread."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.close()

@@ -10,7 +10,7 @@ import asyncio
 import concurrent.futures
 import pathlib
 import threading
-from collections.abc import Iterator
+import time
 from typing import Any
 
 import pytest
@@ -49,17 +49,6 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         _adapter(cache, seed).save_pretrained(paths[step])
     _, tokenizer = load_tiny(cache)
     return {"model": _adapter(cache, 3), "tokenizer": tokenizer, "paths": paths, "cache": cache}
-
-
-@pytest.fixture()
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
-    loop.close()
 
 
 def submit(loop: asyncio.AbstractEventLoop, engine: Any, request: GenerationRequest) -> concurrent.futures.Future:
@@ -136,7 +125,9 @@ def test_a_mixed_batch_samples_what_single_adapter_batches_sample(setup: dict[st
         batches, shapes[:] = engine.batches_served, []
         with engine.model_lock:  # hold the worker so all four queue up and start one batch together
             futures = [submit(loop, engine, r) for r in requests]
+            deadline = time.monotonic() + 120  # a bound, not a timing check: requests that never queue fail here
             while engine.pending_requests < len(requests):
+                assert time.monotonic() < deadline, f"{engine.pending_requests} of {len(requests)} requests queued"
                 threading.Event().wait(0.005)
         mixed = [f.result(120) for f in futures]
     finally:

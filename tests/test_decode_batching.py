@@ -11,7 +11,6 @@ import asyncio
 import concurrent.futures
 import pathlib
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -41,17 +40,6 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> tuple[PeftModel, Any]:
             if "lora_B" in name:
                 p.normal_(0.0, 0.5)
     return model.eval(), tokenizer
-
-
-@pytest.fixture()
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
-    loop.close()
 
 
 def submit(loop: asyncio.AbstractEventLoop, engine: TransformersEngine,
