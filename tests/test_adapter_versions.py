@@ -7,7 +7,6 @@ its call on an event, a decode worker held at a step boundary.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import pathlib
 import threading
 import time
@@ -22,6 +21,7 @@ from artrl.serve import GenerationRequest, ServedModels, TransformersEngine
 from artrl.serve.engine import BASE_WEIGHTS
 from artrl.tiny import load_tiny
 from artrl.trajectories import choice_policy_version, sampled_policy_versions
+from engine_helpers import prompt_of, recompute, submit
 
 TOLERANCE = 1e-4
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], lora_dropout=0.0,
@@ -51,28 +51,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"model": _adapter(cache, 3), "tokenizer": tokenizer, "paths": paths, "cache": cache}
 
 
-def submit(loop: asyncio.AbstractEventLoop, engine: Any, request: GenerationRequest) -> concurrent.futures.Future:
-    return asyncio.run_coroutine_threadsafe(engine.generate(request), loop)
-
-
-def recompute(model: Any, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
-    ids = torch.tensor([prompt_ids + token_ids])
-    with torch.no_grad():
-        logprobs = model(input_ids=ids).logits[0].float().log_softmax(-1)  # [seq, vocab]
-    positions = torch.arange(len(prompt_ids) - 1, len(prompt_ids) - 1 + len(token_ids))
-    return logprobs[positions, torch.tensor(token_ids)].tolist()
-
-
 def reference(setup: dict[str, Any], step: int) -> PeftModel:
     return PeftModel.from_pretrained(load_tiny(setup["cache"])[0], setup["paths"][step]).eval()
 
 
 def close(a: list[float], b: list[float]) -> bool:
     return len(a) == len(b) and max((abs(x - y) for x, y in zip(a, b)), default=0.0) < TOLERANCE
-
-
-def prompt_of(tokenizer: Any, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False).input_ids
 
 
 class StepHook:

@@ -8,7 +8,6 @@ step boundary (a forward hook waiting on an event) and queue a request exactly t
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import pathlib
 import threading
 from typing import Any
@@ -23,6 +22,7 @@ from peft.tuners.lora import Linear as LoraLinear
 from artrl.serve import GenerationRequest, TransformersEngine
 from artrl.serve.sampling import row_key, row_uniforms, sample_next_tokens
 from artrl.tiny import load_tiny
+from engine_helpers import prompt_of, recompute, submit
 
 TOLERANCE = 1e-4
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], lora_dropout=0.0,
@@ -40,20 +40,6 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> tuple[PeftModel, Any]:
             if "lora_B" in name:
                 p.normal_(0.0, 0.5)
     return model.eval(), tokenizer
-
-
-def submit(loop: asyncio.AbstractEventLoop, engine: TransformersEngine,
-           request: GenerationRequest) -> concurrent.futures.Future:
-    return asyncio.run_coroutine_threadsafe(engine.generate(request), loop)
-
-
-def recompute(model: Any, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
-    """Unbatched log_softmax(logits)[sampled] for each sampled token."""
-    ids = torch.tensor([prompt_ids + token_ids])
-    with torch.no_grad():
-        logprobs = model(input_ids=ids).logits[0].float().log_softmax(-1)  # [seq, vocab]
-    positions = torch.arange(len(prompt_ids) - 1, len(prompt_ids) - 1 + len(token_ids))
-    return logprobs[positions, torch.tensor(token_ids)].tolist()
 
 
 def assert_exact(model: Any, prompt: list[int], results: list[Any]) -> None:
@@ -80,10 +66,6 @@ class PauseAt:
 
     def remove(self) -> None:
         self.handle.remove()
-
-
-def prompt_of(tokenizer: Any, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False).input_ids
 
 
 def test_a_request_joins_a_running_batch_leaves_it_early_and_samples_what_it_samples_alone(

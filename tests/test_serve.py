@@ -38,6 +38,7 @@ from artrl.serve import (
 )
 from artrl.serve.scripted import ScriptedEngine
 from artrl.tiny import load_tiny
+from engine_helpers import recompute
 
 TOLERANCE = 1e-4
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
@@ -120,15 +121,6 @@ def client(server: ServerHandle) -> openai.OpenAI:
 
 
 # ---- helpers -------------------------------------------------------------------------
-
-
-def recompute(model: Any, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
-    """Unbatched log_softmax(logits)[sampled] for each sampled token."""
-    ids = torch.tensor([prompt_ids + token_ids])
-    with torch.no_grad():
-        logprobs = model(input_ids=ids).logits[0].float().log_softmax(-1)  # [seq, vocab]
-    positions = torch.arange(len(prompt_ids) - 1, len(prompt_ids) - 1 + len(token_ids))
-    return logprobs[positions, torch.tensor(token_ids)].tolist()
 
 
 def token_ids(choice: Any) -> list[int]:

@@ -1,0 +1,31 @@
+"""Helpers the engine tests share: submitting to an engine from the test thread, and the unbatched logprobs a
+sampled sequence must match."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import Any
+
+import torch
+
+from artrl.serve.engine import GenerationRequest
+
+
+def submit(loop: asyncio.AbstractEventLoop, engine: Any, request: GenerationRequest) -> concurrent.futures.Future:
+    """`engine.generate(request)` on `loop` (running in another thread, the `loop` fixture's)."""
+    return asyncio.run_coroutine_threadsafe(engine.generate(request), loop)
+
+
+def recompute(model: Any, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
+    """Unbatched log_softmax(logits)[sampled] for each sampled token."""
+    ids = torch.tensor([prompt_ids + token_ids])
+    with torch.no_grad():
+        logprobs = model(input_ids=ids).logits[0].float().log_softmax(-1)  # [seq, vocab]
+    positions = torch.arange(len(prompt_ids) - 1, len(prompt_ids) - 1 + len(token_ids))
+    return logprobs[positions, torch.tensor(token_ids)].tolist()
+
+
+def prompt_of(tokenizer: Any, text: str) -> list[int]:
+    """`text`'s ids, no special tokens."""
+    return tokenizer(text, add_special_tokens=False).input_ids
