@@ -302,14 +302,11 @@ class LocalBackend(Backend):
     async def prune_model_adapters(self, model: "Model", *, retain_steps: Iterable[int]) -> set[int]:
         """ART's `prune_model_adapters`: let the server free the checkpoint adapters of `model` it loaded
         for steps outside `retain_steps` and outside every active lease. Checkpoint files are never deleted
-        here (that is `_delete_checkpoint_files`). Returns the steps kept; a server that cannot free
-        adapters keeps them all."""
+        here (that is `_delete_checkpoint_files`). Returns the steps kept. `ServedModels.prune` may wait for
+        the decode worker's next step boundary, so it runs off the event loop."""
         retain = set(retain_steps) | self.leases(model).active_steps()
-        prune = getattr(self._served, "prune", None)
-        if callable(prune):
-            pruned = prune(model.inference_model_name or model.name, retain)
-            if inspect.isawaitable(pruned):
-                await pruned
+        if self._served is not None:
+            await asyncio.to_thread(self._served.prune, model.inference_model_name or model.name, retain)
         return retain
 
     async def _delete_checkpoint_files(self, model: "TrainableModel", steps_to_keep: list[int]) -> None:
