@@ -333,7 +333,7 @@ def test_a_model_left_in_train_mode_decodes_in_eval_mode_and_is_left_in_train_mo
     modes = {name: module.training for name, module in model.named_modules()}
     assert all(modes.values())
     prompt = prompt_of(tokenizer, "what is the weather")
-    engine = TransformersEngine(model, tokenizer, end_ids=frozenset())
+    engine = TransformersEngine(model, tokenizer, end_ids=frozenset(), shares_trainer_weights=True)
     try:
         results = submit(loop, engine, GenerationRequest(prompt_ids=prompt, max_tokens=6, seed=2)).result(120)
         with engine.model_lock:  # the worker restores the modes after answering
@@ -343,5 +343,34 @@ def test_a_model_left_in_train_mode_decodes_in_eval_mode_and_is_left_in_train_mo
                 assert_exact(model, prompt, results)
             finally:
                 model.train()
+    finally:
+        engine.close()
+
+
+def test_a_model_the_engine_has_to_itself_stays_in_eval_mode_with_the_adapters_it_loads(
+        tmp_path: pathlib.Path, loop: asyncio.AbstractEventLoop) -> None:
+    """An engine that shares its model with no trainer does not walk it around every batch: the model is put in
+    eval mode once, a version loaded later comes in eval (peft leaves a frozen adapter so), and
+    a caller's `train()` is undone before the next batch. Each batch samples what the eval-mode forward gives."""
+    base, tokenizer = load_tiny(tmp_path / "cache")
+    torch.manual_seed(5)
+    dropout = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.5,
+                         init_lora_weights=False)
+    model = get_peft_model(base, dropout)
+    model.save_pretrained(tmp_path / "v1")
+    model.train()
+    prompt = prompt_of(tokenizer, "what is the weather")
+    engine = TransformersEngine(model, tokenizer, end_ids=frozenset())
+    try:
+        assert not any(module.training for module in model.modules())
+        engine.set_live_weights(str(tmp_path / "v1"), 1)
+        assert not any(module.training for module in model.modules()), "a loaded version brought train mode"
+        model.train()  # a caller's
+        first = submit(loop, engine, GenerationRequest(prompt_ids=prompt, max_tokens=6, seed=2)).result(120)
+        assert first[0].policy_version == 1
+        with engine.model_lock:
+            assert not any(module.training for module in model.modules())
+            model.base_model.set_adapter(engine._versions.resolve(None)[0])
+            assert_exact(model, prompt, first)
     finally:
         engine.close()

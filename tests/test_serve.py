@@ -93,7 +93,7 @@ SCRIPTED_TEXT = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments"
 @pytest.fixture(scope="module")
 def engine(live: tuple[PeftModel, Any]) -> Iterator[TransformersEngine]:
     model, tokenizer = live
-    engine = TransformersEngine(model, tokenizer, max_batch_size=16)
+    engine = TransformersEngine(model, tokenizer, max_batch_size=16, shares_trainer_weights=True)  # as a trainer would
     yield engine
     engine.close()
 

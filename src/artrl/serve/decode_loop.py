@@ -28,9 +28,10 @@ adapter's A and B on its own rows); merged weights and graphs are left for that 
 A row's logits are the same either way (tests/test_adapter_versions.py). A newcomers'
 prefill never switches the running rows' mode: it runs mixed unless the batch is empty.
 
-The batch ends when no row is left and no waiting row can join. Around it: eval mode with
-every module's mode and `requires_grad` restored afterwards (artrl/adapter_switch.py), the
-serving attention (serve/attention_switch.py), inference mode.
+The batch ends when no row is left and no waiting row can join. Around it: eval mode (on a
+model shared with the trainer, with every module's mode and `requires_grad` restored
+afterwards, artrl/adapter_switch.py; a model the engine has to itself just stays in eval:
+`_serving_mode`), the serving attention (serve/attention_switch.py), inference mode.
 """
 
 from __future__ import annotations
@@ -175,8 +176,7 @@ class DecodeLoop:
         batch = DecodeBatch(self._model, self._cache_kwarg, self._pad_id, device)
         attention = "sdpa" if static else self._attn_implementation  # the static step's 4-D mask needs sdpa
         try:
-            with preserved_training_state(self._model, eval_mode=True), \
-                    attention_for_serving(self._model, attention), torch.inference_mode():
+            with self._serving_mode(), attention_for_serving(self._model, attention), torch.inference_mode():
                 try:
                     if static:
                         batch = StaticDecodeBatch(self._model, self._cache_kwarg, self._pad_id, device,
@@ -205,6 +205,18 @@ class DecodeLoop:
         finally:
             self._release(batch.rows)
         logger.debug("Batch %d done", self.batches_served)
+
+    def _serving_mode(self) -> contextlib.AbstractContextManager:
+        """Eval mode for a batch. A model the trainer shares may be in train mode and have any `requires_grad`:
+        every module's mode and flag is saved and restored around the batch (a walk of the model: 0.1-0.2 ms on
+        the tiny model, paid by every lone request). A model the engine has to itself (a serving copy, or a
+        model nobody trains) stays in eval: the engine put it there, adapters it loads come in eval
+        (peft's `load_adapter` leaves a frozen adapter in eval), and only a caller's `train()` on the whole model is undone here."""
+        if self.shares_trainer_weights:
+            return preserved_training_state(self._model, eval_mode=True)
+        if self._model.training:
+            self._model.eval()
+        return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ adapters
     def _release(self, rows: list[DecodeRow]) -> None:

@@ -142,6 +142,8 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
                              "itself; choose one")
         if serve_copy:
             model = serving_copy(model)
+        elif not shares_trainer_weights:
+            model.eval()  # the engine's to serve: it stays in eval (decode_loop._serving_mode)
         #: Whether the engine decodes its own copy of the given model (sharing its frozen tensors).
         self.serve_copy = serve_copy
         self._model = model
