@@ -50,7 +50,7 @@ def test_the_printed_command_parses_back_to_the_same_config():
     cfg = PipelineBenchConfig(turns=3, tool_latency_s=0.25, groups_per_step=5, rollouts_per_group=3, steps=7,
                               max_steps_off_policy=2, rollout_workers=9, max_tokens=5, prompt_words=11,
                               result_words=13, model="artrl/tiny", device="cpu", train_threads=1,
-                              learning_rate=3e-4, loss_fn="ppo", seed=4, arms=("pipeline",))
+                              train_in_worker=True, learning_rate=3e-4, loss_fn="ppo", seed=4, arms=("pipeline",))
     argv = shlex.split(cfg.command())
     assert argv[:3] == ["artrl", "bench", "pipeline"]
     assert config_from_args(_parser().parse_args(argv[1:] + ["--path", "/x"])) == cfg
@@ -75,7 +75,7 @@ def test_workers_default_to_what_the_bound_lets_run_ahead():
 def test_bench_pipeline_runs_both_arms_on_the_same_work(capsys, tmp_path):
     argv = ["bench", "pipeline", "--steps", "2", "--groups-per-step", "2", "--rollouts-per-group", "2",
             "--turns", "2", "--tool-latency", "0.01", "--max-tokens", "3", "--prompt-words", "5", "--device", "cpu",
-            "--path", str(tmp_path)]
+            "--trainer", "here", "--path", str(tmp_path)]
     assert main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1  # the JSON line is the only standard output (the pipeline's status goes to stderr)
@@ -93,6 +93,7 @@ def test_bench_pipeline_runs_both_arms_on_the_same_work(capsys, tmp_path):
     assert 0 <= pipe["max_staleness"] <= out["max_steps_off_policy"]
     assert out["ratio_sync_over_pipeline"] == round(sync["wall_s"] / pipe["wall_s"], 3)
     assert out["threads"] == {"train": out["threads"]["train"], "engine": 1} and out["threads"]["train"] >= 1
-    assert out["engine"] == "builtin" and out["device"] == "cpu"
+    assert out["engine"] == "builtin" and out["device"] == "cpu" and out["train_in_worker"] is False
     assert shlex.split(out["command"])[:3] == ["artrl", "bench", "pipeline"]
     assert "--tool-latency 0.01" in out["command"] and "--turns 2" in out["command"]
+    assert "--trainer here" in out["command"]

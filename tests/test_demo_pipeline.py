@@ -43,12 +43,15 @@ def test_pipeline_options_reach_the_run(monkeypatch, capsys):
     path, kwargs = calls["pipeline"]
     assert path == "/p" and kwargs["bounds"] == (0, 2) and kwargs["learning_rate"] == 0.02
     assert kwargs["device"] == "cpu" and kwargs["base_model"] == demo.BASE_MODEL
+    assert kwargs["train_in_worker"] is None  # --trainer auto: a worker on a CPU (run_pipeline_demo decides)
     cfg = kwargs["config"]
     assert (cfg.rl_steps, cfg.seed, cfg.groups_per_step) == (5, 3, demo.DemoConfig.quick().groups_per_step)
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["bench"] == "demo-pipeline" and report["arms"]["sync"]["val_reward_final"] == 0.6
     assert report["command"].startswith("artrl demo --pipeline --bounds 0,2 --learning-rate 0.02 --seed 3")
     assert "--rl-steps 5" in report["command"] and "--quick" in report["command"]
+    assert main(["demo", "--pipeline", "--quick", "--trainer", "here", "--path", "/p"]) == 0
+    assert calls["pipeline"][1]["train_in_worker"] is False
 
 
 def test_the_default_demo_does_not_run_the_pipeline_comparison(monkeypatch):

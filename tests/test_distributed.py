@@ -134,6 +134,9 @@ def test_worker_settings_say_where_training_runs():
     cfg = art.InternalModelConfig(trainer_gpu_ids=[0], inference_gpu_ids=[1])
     cfg.check()
     assert cfg.distributed and cfg.workers_here == 1
+    lone = art.InternalModelConfig(train_in_worker=True)  # one worker process, beside the serving one
+    lone.check()
+    assert lone.distributed and lone.workers_here == 1
 
 
 def _failure(rank, signal_name="", exitcode=1, message="", timestamp=100):
@@ -263,6 +266,24 @@ def reference(groups, tmp_path_factory) -> OneProcess:
 
 def _train_records(run: Path) -> list[int]:
     return [r["step"] for r in storage.read_jsonl(run / storage.HISTORY_FILE) if r.get("kind")]
+
+
+@pytest.mark.slow
+def test_one_worker_process_trains_like_training_in_this_process(tmp_path, groups, reference):
+    """`train_in_worker`: the trainer runs in a worker process of its own (what PipelineTrainer needs on a CPU,
+    docs/pipeline.md); an RL call and an SFT call there give the one-process steps."""
+
+    async def main():
+        model, backend = await _register(tmp_path, train_in_worker=True)
+        assert backend._runs["m"].workers.world_size == 1
+        for k in range(2):
+            result = await _call(model, k, groups)
+            assert result.step == k + 1 and result.metrics["train/workers"] == 1
+            _assert_same_call(result, reference, k)
+            _assert_same_update(_adapter(backend), reference.adapters[k + 1], reference.adapters[k])
+        backend.close()
+
+    asyncio.run(main())
 
 
 @pytest.mark.slow

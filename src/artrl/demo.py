@@ -362,6 +362,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "arm (default 1,4)")
     p.add_argument("--learning-rate", type=float, default=1e-3, help="with --pipeline: the constant RL learning "
                    "rate of every arm (default 1e-3)")
+    p.add_argument("--trainer", choices=("auto", "worker", "here"), default="auto", help="with --pipeline: where "
+                   "every arm trains: 'worker', a process of its own (InternalModelConfig.train_in_worker); "
+                   "'here', this process; 'auto' (default): a worker on a CPU, here on a GPU (docs/pipeline.md)")
 
 
 def quiet_logs(args: argparse.Namespace) -> None:

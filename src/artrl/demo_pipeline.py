@@ -107,6 +107,7 @@ class PipelineDemoResult:
     device: str = "cpu"
     base_model: str = demo.BASE_MODEL
     seed: int = 0
+    train_in_worker: bool = False
 
 
 class _ClockedBackend(LocalBackend):
@@ -236,8 +237,11 @@ def plot_curves(arms: list[ArmResult], path: Path, title: str) -> Path:
 async def run_pipeline_demo(path: str | Path = "./.art", *, config: demo.DemoConfig | None = None,
                             bounds: tuple[int, ...] = DEFAULT_BOUNDS, learning_rate: float = LEARNING_RATE,
                             base_model: str = demo.BASE_MODEL, device: str | None = None,
-                            show_progress: bool = False) -> PipelineDemoResult:
-    """Run the warm-up and the arms under `<path>/artrl-demo-pipeline/` (replaced) and measure them."""
+                            train_in_worker: bool | None = None, show_progress: bool = False) -> PipelineDemoResult:
+    """Run the warm-up and the arms under `<path>/artrl-demo-pipeline/` (replaced) and measure them.
+
+    `train_in_worker`: every model trains in a worker process of its own (None: on a CPU only; in one process the
+    trainer and the decode thread take turns on the interpreter lock, docs/pipeline.md)."""
     cfg = config or demo.DemoConfig()
     cfg.check()
     if any(b < 0 for b in bounds) or len(set(bounds)) != len(bounds):
@@ -248,6 +252,9 @@ async def run_pipeline_demo(path: str | Path = "./.art", *, config: demo.DemoCon
     runs = {n: _fresh(root, n) for n in names}
     internal = InternalModelConfig(seed=cfg.seed, device=device)
     device_name = str(resolve_device(internal))
+    if train_in_worker is None:
+        train_in_worker = device_name == "cpu"
+    internal = internal.model_copy(update={"train_in_worker": train_in_worker})
     backend = _ClockedBackend(path=str(root), show_progress=show_progress)
     arms = [ArmResult("sync", None)] + [ArmResult(f"pipeline-{b}", b) for b in bounds]
     models: dict[str, TrainableModel] = {}
@@ -290,12 +297,13 @@ async def run_pipeline_demo(path: str | Path = "./.art", *, config: demo.DemoCon
                        f"{cfg.seed}: synchronous vs pipelined RL")
     return PipelineDemoResult(root=root / PROJECT, plot_path=plot, val_after_sft=val_after_sft, arms=arms,
                               seconds=time.perf_counter() - started, device=device_name, base_model=base_model,
-                              seed=cfg.seed)
+                              seed=cfg.seed, train_in_worker=train_in_worker)
 
 
 def summary(result: PipelineDemoResult) -> str:
     lines = ["", "artrl demo --pipeline: done",
-             f"  validation reward after SFT : {result.val_after_sft:.3f}   (every arm starts here, at 0 s)"]
+             f"  validation reward after SFT : {result.val_after_sft:.3f}   (every arm starts here, at 0 s)",
+             f"  trainer     : {'a worker process of each model' if result.train_in_worker else 'this process'}"]
     sync = next((a for a in result.arms if a.name == "sync"), None)
     for arm in result.arms:
         final = arm.val_rewards[-1][1] if arm.val_rewards else float("nan")
@@ -309,7 +317,8 @@ def summary(result: PipelineDemoResult) -> str:
 
 def summary_json(result: PipelineDemoResult, command: str) -> str:
     return json.dumps({"bench": "demo-pipeline", "model": result.base_model, "device": result.device,
-                       "seed": result.seed, "val_reward_after_sft": result.val_after_sft,
+                       "seed": result.seed, "train_in_worker": result.train_in_worker,
+                       "val_reward_after_sft": result.val_after_sft,
                        "wall_s": round(result.seconds, 2), "arms": {a.name: a.report() for a in result.arms},
                        "command": command})
 
@@ -328,6 +337,7 @@ def command_line(args: argparse.Namespace) -> str:
     parts += ["--quick"] if args.quick else []
     parts += ["--rl-steps", str(args.rl_steps)] if args.rl_steps is not None else []
     parts += ["--device", args.device] if args.device else []
+    parts += ["--trainer", args.trainer] if getattr(args, "trainer", "auto") != "auto" else []
     parts += ["--json"] if args.json else []
     return " ".join(parts)
 
@@ -341,7 +351,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = demo.dataclasses.replace(cfg, seed=args.seed)
     bounds = parse_bounds(args.bounds)
     result = asyncio.run(run_pipeline_demo(args.path, config=cfg, bounds=bounds, learning_rate=args.learning_rate,
-                                           base_model=args.model, device=args.device))
+                                           base_model=args.model, device=args.device,
+                                           train_in_worker={"worker": True, "here": False}.get(args.trainer)))
     command = command_line(args)
     if args.json:
         print(summary(result), file=sys.stderr, flush=True)

@@ -460,6 +460,11 @@ class InternalModelConfig(_Config):
         1, ge=1, description="Training worker processes on this machine, one per device, in one torch.distributed "
         "group (FSDP2-sharded model, NCCL on GPUs, gloo on CPU). 1 (the default) trains in the serving process. "
         "With trainer_gpu_ids, it is their number.")
+    train_in_worker: bool = pydantic.Field(
+        False, description="Train in a worker process even with one worker (num_workers=1, no trainer_gpu_ids). On "
+        "a CPU this is what lets PipelineTrainer overlap training with rollouts: in one process the trainer and the "
+        "engine's decode thread take turns on one interpreter lock, and each slows the other (docs/pipeline.md). "
+        "Each train call then costs a checkpoint round trip (the worker writes it, this process loads it to serve).")
     trainer_gpu_ids: list[int] | None = pydantic.Field(
         None, description="ART's name: the GPUs of the training workers, one worker each (this machine's "
         "CUDA device indices). Training then runs in worker processes, even on one GPU.")
@@ -480,7 +485,7 @@ class InternalModelConfig(_Config):
     @property
     def distributed(self) -> bool:
         """Whether training runs in worker processes (docs/distributed.md) rather than in this one."""
-        return self.num_workers > 1 or self.trainer_gpu_ids is not None or self.num_nodes > 1
+        return self.num_workers > 1 or self.trainer_gpu_ids is not None or self.num_nodes > 1 or self.train_in_worker
 
     def check(self) -> None:
         """Cross-field checks of the worker settings (called when a model is registered)."""

@@ -29,9 +29,11 @@ before either arm, one untimed synchronous step on a throwaway model warms the p
   `max_steps_off_policy` for the pipeline; ART's logged `steps_off_policy` is this plus one).
 * `groups_trained`, `groups_discarded` (scenarios not trained: stale, no reward spread, or failed).
 
-Threads: one process, so the trainer (torch's intra-op threads, set here with
-`torch.set_num_threads`) and the built-in engine's decode worker (`inference_cpu_threads`, 1)
-share the cores; on a CPU the trainer gets the cores the engine does not use (at least 1).
+Where training runs (`--trainer`): on a CPU, by default, each arm's model trains in a worker process
+of its own (`InternalModelConfig.train_in_worker`, docs/pipeline.md), with the cores the engine's
+decode thread (`inference_cpu_threads`, 1) does not use; in this process (`--trainer here`) the
+trainer (torch's intra-op threads, set here with `torch.set_num_threads`) and the decode thread
+share the cores and the interpreter lock. Both arms train the same way.
 """
 
 from __future__ import annotations
@@ -91,7 +93,11 @@ class PipelineBenchConfig:
     device: str | None = None
     """cpu / cuda; None: cuda when available."""
     train_threads: int | None = None
-    """torch intra-op threads of the trainer on a CPU; None: the cores minus the engine's decode thread."""
+    """torch intra-op threads of the trainer on a CPU when it trains in this process; None: the cores minus the
+    engine's decode thread."""
+    train_in_worker: bool | None = None
+    """Each arm's model trains in a worker process of its own (`InternalModelConfig.train_in_worker`); None: on a
+    CPU only, where in one process the trainer and the decode thread take turns on the interpreter lock."""
     learning_rate: float = 1e-4
     loss_fn: str = "cispo"
     """ART 0.5.18's loss_fn of backend.train and PipelineTrainer: cispo or ppo."""
@@ -149,6 +155,8 @@ class PipelineBenchConfig:
             parts += ["--device", self.device]
         if self.train_threads is not None:
             parts += ["--train-threads", self.train_threads]
+        if self.train_in_worker is not None:
+            parts += ["--trainer", "worker" if self.train_in_worker else "here"]
         if tuple(self.arms) != ("sync", "pipeline"):
             parts += ["--arms", ",".join(self.arms)]
         return shlex.join(str(p) for p in parts)
@@ -255,6 +263,18 @@ async def run_pipeline(backend: Any, model: Any, cfg: PipelineBenchConfig, recor
 ARMS = {"sync": run_sync, "pipeline": run_pipeline}
 
 
+def _train_threads(in_worker: bool, engine_threads: int | None) -> int:
+    """The trainer's torch threads on a CPU: this process's, or what the worker group gives a lone worker
+    (distributed/group.py: OMP_NUM_THREADS when set, else the cores the decode thread leaves)."""
+    import torch
+
+    if not in_worker:
+        return torch.get_num_threads()
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return int(os.environ["OMP_NUM_THREADS"])
+    return max(1, (os.cpu_count() or 1) - (engine_threads or 0))
+
+
 def _engine_threads(cfg: Any, device_type: str) -> int | None:
     return cfg.inference_cpu_threads if device_type == "cpu" else None
 
@@ -270,6 +290,8 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
     internal = InternalModelConfig(seed=cfg.seed, device=cfg.device,
                                    inference_max_batch_size=max(32, min(concurrency, 256)))
     device = resolve_device(internal)
+    in_worker = device.type == "cpu" if cfg.train_in_worker is None else cfg.train_in_worker
+    internal = internal.model_copy(update={"train_in_worker": in_worker})
     engine_threads = _engine_threads(internal, device.type)
     if device.type == "cpu":
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -305,7 +327,8 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
                                  weights_on_disk=cfg.model not in RANDOM_CONFIGS)
     out: dict[str, Any] = {
         "bench": "pipeline", "model": cfg.model, "device": str(device), "engine": engine,
-        "threads": {"train": torch.get_num_threads() if device.type == "cpu" else None, "engine": engine_threads},
+        "train_in_worker": in_worker, "threads": {"train": _train_threads(in_worker, engine_threads) if
+                                                  device.type == "cpu" else None, "engine": engine_threads},
         "turns": cfg.turns, "tool_latency_s": cfg.tool_latency_s, "groups_per_step": cfg.groups_per_step,
         "rollouts_per_group": cfg.rollouts_per_group, "steps": cfg.steps,
         "max_steps_off_policy": cfg.max_steps_off_policy, "rollout_workers": cfg.workers,
@@ -352,6 +375,8 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
     p.add_argument("--train-threads", type=int, default=None, help="trainer threads on a CPU (default: the cores "
                    "minus the engine's decode thread, at least 1)")
+    p.add_argument("--trainer", choices=("auto", "worker", "here"), default="auto", help="where each arm trains: "
+                   "'worker', a process of its own; 'here', this process; 'auto' (default): a worker on a CPU")
     p.add_argument("--learning-rate", type=float, default=d.learning_rate, help=f"default {d.learning_rate}")
     p.add_argument("--loss-fn", choices=LOSS_FNS, default=d.loss_fn, help=f"default {d.loss_fn}")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -365,7 +390,8 @@ def config_from_args(args: Any) -> PipelineBenchConfig:
         rollouts_per_group=args.rollouts_per_group, steps=args.steps, max_steps_off_policy=args.max_steps_off_policy,
         rollout_workers=args.rollout_workers, max_tokens=args.max_tokens, prompt_words=args.prompt_words,
         result_words=args.result_words, model=args.model, device=args.device,
-        train_threads=args.train_threads, learning_rate=args.learning_rate, loss_fn=args.loss_fn, seed=args.seed,
+        train_threads=args.train_threads, train_in_worker={"worker": True, "here": False}.get(args.trainer),
+        learning_rate=args.learning_rate, loss_fn=args.loss_fn, seed=args.seed,
         arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()))
 
 

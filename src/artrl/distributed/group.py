@@ -131,8 +131,12 @@ class WorkerGroup:
         if self.cfg.trainer_gpu_ids is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.cfg.trainer_gpu_ids)
         if not self._on_gpu() and "OMP_NUM_THREADS" not in os.environ:
-            # torchrun would set 1; share this machine's cores among the workers instead
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.cfg.workers_here))
+            # torchrun would set 1; share this machine's cores among the workers instead, less the cores the
+            # serving process's decode thread takes when a lone worker trains beside it (train_in_worker)
+            cores = os.cpu_count() or 1
+            if self.cfg.workers_here == 1:
+                cores -= self.cfg.inference_cpu_threads or 0
+            env["OMP_NUM_THREADS"] = str(max(1, cores // self.cfg.workers_here))
         cmd = [sys.executable, "-m", "artrl.distributed.launch", *self.command()]
         log.info("starting %d training worker(s) here (generation %d): %s", self.cfg.workers_here, self.generation,
                  " ".join(cmd))
