@@ -71,8 +71,9 @@ def test_bench_serve_latency_reports_requests_next_to_the_bare_forward(capsys):
     out = _json(capsys)
     assert (out["bench"], out["engine"], out["max_tokens"], out["requests"], out["concurrency"]) == \
         ("serve_latency", "builtin", 1, 3, 5)
-    for run in ("sequential", "engine_generate", "bare_forward"):
+    for run in ("sequential", "sequential_httpx_client", "engine_generate", "bare_forward"):
         assert 0 < out[run]["p50_ms"] <= out[run]["p99_ms"], run
+    assert out["client"] == "AiohttpTransport"  # what model.openai_client() gives a rollout on the local server
     assert out["ratio_mean"] == round(out["sequential"]["mean_ms"] / out["bare_forward"]["mean_ms"], 2)
     assert out["ratio_p50"] == round(out["sequential"]["p50_ms"] / out["bare_forward"]["p50_ms"], 2)
     assert out["concurrent_ms_per_request"] > 0 and out["prompt_tokens"] > 0

@@ -28,6 +28,10 @@ Choices, and what they simplify:
    checkpoint), so the arms start from the same weights and optimizer state.
 4. **A constant learning rate** (`learning_rate`, default 1e-3, between the demo's cosine ends):
    PipelineTrainer takes one rate, and the synchronous arm uses the same.
+5. **On a CPU every model trains in a worker process** (`train_in_worker`; `--trainer here` for
+   this process): in one process the trainer and the engine's decode thread take turns on the
+   interpreter lock, and the pipelined arms were slower than the synchronous one (docs/pipeline.md).
+   Every arm trains the same way, so each pays the same checkpoint round trip per call.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ class Model(pydantic.BaseModel):
         "WANDB_API_KEY is set (ART's default); []: none.")
 
     _backend: Any = pydantic.PrivateAttr(default=None)
-    _client: Any = pydantic.PrivateAttr(default=None)
+    _clients: Any = pydantic.PrivateAttr(default=None)
     _history: Any = pydantic.PrivateAttr(default=None)
     _wandb_config: dict[str, Any] = pydantic.PrivateAttr(default_factory=dict)
 
@@ -120,8 +120,10 @@ class Model(pydantic.BaseModel):
     def openai_client(self, **kwargs: Any):
         """An `openai.AsyncOpenAI` client pointed at this model's inference server.
 
-        The same client (and its connection pool) is returned on every call without kwargs,
-        so rollouts may call this per request as ART code does.
+        Without kwargs the client is cached, so rollouts may call this per request as ART code does: for a
+        local server, inside a running event loop, one client per loop on the SDK's aiohttp transport
+        (closed when that loop ends); otherwise one client on the SDK's default httpx transport
+        (artrl/openai_clients.py). With kwargs, a new client on the default transport each call.
         """
         from openai import AsyncOpenAI, Timeout
 
@@ -131,15 +133,21 @@ class Model(pydantic.BaseModel):
                                   "`await model.register(backend)`")
             raise ConfigError(f"prompted model {self.name!r} needs inference_base_url (and inference_api_key) "
                               "to make an OpenAI client")
-        key = (self.inference_base_url, self.inference_api_key)
-        if not kwargs and self._client is not None and self._client[0] == key:
-            return self._client[1]
-        cache = not kwargs  # only the defaults: cache it
-        kwargs.setdefault("timeout", Timeout(OPENAI_CLIENT_TIMEOUT_S, connect=5.0))  # ART's: long rollouts
-        client = AsyncOpenAI(base_url=self.inference_base_url, api_key=self.inference_api_key or "artrl", **kwargs)
-        if cache:
-            self._client = (key, client)
-        return client
+        base_url, api_key = self.inference_base_url, self.inference_api_key or "artrl"
+        timeout = Timeout(OPENAI_CLIENT_TIMEOUT_S, connect=5.0)  # ART's: long rollouts
+        if kwargs:
+            kwargs.setdefault("timeout", timeout)
+            return AsyncOpenAI(base_url=base_url, api_key=api_key, **kwargs)
+        if self._clients is None:
+            from .openai_clients import OpenAIClients
+
+            self._clients = OpenAIClients()
+
+        def make(http_client: Any) -> Any:
+            extra = {"http_client": http_client} if http_client is not None else {}
+            return AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout, **extra)
+
+        return self._clients.get(base_url, api_key, make)
 
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
         """Parameters for `litellm.completion` (ART's): model name (`hosted_vllm/` for trainable models),

@@ -8,7 +8,9 @@ tokens. Prints one JSON line: completion tokens/s and latency percentiles for
 each run, and their ratio.
 
 `--latency` measures what a request costs besides the model's work instead (`run_latency_bench`): one short
-question with `max_tokens=1`, sent `--requests` times one at a time (mean, p50, p99), the same prompt ids
+question with `max_tokens=1`, sent `--requests` times one at a time (mean, p50, p99) with the client
+`model.openai_client()` gives a rollout (`client`: its transport, artrl/openai_clients.py) and again with the
+SDK's default httpx client (`sequential_httpx_client`), the same prompt ids
 through the engine's `generate` without the server, the bare forward pass + argmax of the same ids with
 transformers in this process (the model's work), their ratio, and the time per request when
 `--concurrency` of them are in flight at once. A multi-turn agent waits for every turn, so this is what
@@ -122,6 +124,7 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
     from openai import AsyncOpenAI
 
     from ..chat_format import render_prompt
+    from ..model import Model
     from ..serve import ServedModels, create_app, start_server
     from ..serve.engine import GenerationRequest
     from ..train.modeling import load_base_model, resolve_device
@@ -135,9 +138,14 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
     name = "bench"
     try:
         with start_server(create_app(ServedModels(name, engine))) as handle:
-            client = AsyncOpenAI(base_url=handle.base_url, api_key="bench", max_retries=0, timeout=600)
+            # the user's client: what `model.openai_client()` gives inside a rollout's event loop; and the SDK's
+            # default (httpx) client, for comparison
+            user = Model(name=name, project="bench", inference_base_url=handle.base_url, inference_api_key="bench")
+            plain = AsyncOpenAI(base_url=handle.base_url, api_key="bench", max_retries=0, timeout=600)
+            clients: dict[str, Any] = {}
 
-            async def one() -> float:
+            async def one(which: str = "user") -> float:
+                client = clients[which]
                 t0 = time.perf_counter()
                 r = await client.chat.completions.create(model=name, messages=LATENCY_QUESTION, max_tokens=1)
                 assert r.usage.completion_tokens == 1, r.usage
@@ -148,18 +156,24 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
                 await engine.generate(GenerationRequest(prompt_ids=prompt_ids, max_tokens=1))
                 return time.perf_counter() - t0
 
-            async def main() -> tuple[list[float], list[float], float]:
+            async def main() -> tuple[list[float], list[float], list[float], float]:
+                clients.update(user=user.openai_client(), plain=plain)
                 for _ in range(10):  # warm-up: connection, caches, first batches
                     await one()
+                    await one("plain")
                     await engine_alone()
                 sequential = [await one() for _ in range(requests)]
+                with_httpx = [await one("plain") for _ in range(requests)]
                 direct = [await engine_alone() for _ in range(requests)]
                 await asyncio.gather(*(one() for _ in range(min(concurrency, 32))))  # warm-up of batching
                 t0 = time.perf_counter()
                 await asyncio.gather(*(one() for _ in range(concurrency)))
-                return sequential, direct, time.perf_counter() - t0
+                concurrent = time.perf_counter() - t0
+                await plain.close()
+                return sequential, with_httpx, direct, concurrent
 
-            sequential, direct, concurrent_s = asyncio.run(main())
+            sequential, with_httpx, direct, concurrent_s = asyncio.run(main())
+            transport = type(clients["user"]._client._transport).__name__
     finally:
         engine.close()
     if model is None:  # vLLM runs its model in its own processes: the same weights with transformers, here
@@ -170,7 +184,8 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
             "threads": None if kind == "vllm" else
             (cfg.inference_cpu_threads if dev.type == "cpu" else None) or torch.get_num_threads(),
             "prompt_tokens": len(prompt_ids), "max_tokens": 1, "requests": requests,
-            "sequential": seq, "engine_generate": _stats_ms(direct), "bare_forward": fwd,
+            "client": transport, "sequential": seq, "sequential_httpx_client": _stats_ms(with_httpx),
+            "engine_generate": _stats_ms(direct), "bare_forward": fwd,
             "ratio_mean": round(seq["mean_ms"] / fwd["mean_ms"], 2),
             "ratio_p50": round(seq["p50_ms"] / fwd["p50_ms"], 2),
             "concurrency": concurrency, "max_batch_size": cfg.inference_max_batch_size,

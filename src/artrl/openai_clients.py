@@ -1,0 +1,101 @@
+"""The `openai.AsyncOpenAI` clients `Model.openai_client()` hands out: aiohttp for the local server.
+
+Every turn of every rollout is a request to the model's server, and with `LocalBackend` that server
+(and its decode thread) runs in the rollouts' own process: the client's Python work is paid on every
+turn and competes with the server for the interpreter lock. With the `openai` SDK's default transport
+(httpx) the client was the largest share of a lone request's cost, more than the server and the engine
+together around the forward pass; its aiohttp transport (`openai.DefaultAioHttpClient`, the SDK's
+`aiohttp` extra) costs less: docs/performance.md, "What a lone request costs besides the model".
+
+An aiohttp session belongs to the event loop it first ran on, so:
+
+1. **One client per running event loop**, for a loopback server (127.0.0.0/8, ::1, localhost) when
+   aiohttp is installed. A later `asyncio.run` gets a client of its own instead of one bound to a closed
+   loop.
+2. **Closed with its loop.** An async generator is started on the loop when the client is made; the loop
+   finalises it when it shuts down its async generators (`asyncio.run` does, at its end), and its
+   `finally` closes the client, so no "Unclosed client session" is reported.
+3. **Everything else keeps the SDK's default httpx client, one cached for all loops as before**: a call
+   made outside a running loop (no loop to bind a session to), a server on another host (where the
+   network, not the client, is the cost), or aiohttp missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from .serve.background import is_loopback
+
+
+def aiohttp_available() -> bool:
+    """Whether the `openai` SDK can make its aiohttp transport here (its `aiohttp` extra is installed)."""
+    try:
+        from openai import DefaultAioHttpClient
+
+        DefaultAioHttpClient().__class__  # noqa: B018 -- constructing is the SDK's own check
+    except (ImportError, RuntimeError):
+        return False
+    return True
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _close_with(loop: asyncio.AbstractEventLoop, client: Any) -> Any:
+    """Start an async generator on `loop` whose finalisation closes `client`; returns it (keep it alive:
+    a loop holds its generators weakly)."""
+
+    async def closer() -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await client.close()
+
+    generator = closer()
+    asyncio.ensure_future(generator.__anext__(), loop=loop)
+    return generator
+
+
+class OpenAIClients:
+    """The clients of one model, for one (base_url, api_key) at a time (module docstring)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[str, str] | None = None
+        self._httpx: Any = None
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, Any]] = \
+            weakref.WeakKeyDictionary()
+        self._aiohttp: bool | None = None
+
+    def get(self, base_url: str, api_key: str, make: Callable[..., Any]) -> Any:
+        """The cached client for `base_url` and `api_key`; `make(http_client=...)` builds one (None: the SDK's
+        default httpx client)."""
+        key = (base_url, api_key)
+        if key != self._key:
+            self._key, self._httpx, self._per_loop = key, None, weakref.WeakKeyDictionary()
+        loop = _running_loop()
+        host = urlsplit(base_url).hostname or ""
+        if loop is not None and is_loopback(host) and self._use_aiohttp():
+            held = self._per_loop.get(loop)
+            if held is None:
+                from openai import DefaultAioHttpClient
+
+                client = make(http_client=DefaultAioHttpClient())
+                held = (client, _close_with(loop, client))
+                self._per_loop[loop] = held
+            return held[0]
+        if self._httpx is None:
+            self._httpx = make(http_client=None)
+        return self._httpx
+
+    def _use_aiohttp(self) -> bool:
+        if self._aiohttp is None:
+            self._aiohttp = aiohttp_available()
+        return self._aiohttp
