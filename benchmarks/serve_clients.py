@@ -5,7 +5,9 @@
 Serves the model with the built-in engine in this process (`start_server`, as `LocalBackend` does)
 and sends `--requests` sequential chat completions, in `--rounds` rounds, with each of:
 
-* `openai`: `AsyncOpenAI(...).chat.completions.create` (what an agent's rollout calls);
+* `openai`: `AsyncOpenAI(...).chat.completions.create` on the SDK's default transport (httpx);
+* `openai_aiohttp`: the same on the SDK's aiohttp transport (what `model.openai_client()` gives a
+  rollout for the local server, artrl/openai_clients.py);
 * `httpx`: `httpx.AsyncClient.post` of the same JSON body, the response parsed with `.json()`;
 * `raw`: the same HTTP/1.1 request written on one kept-alive socket (TCP_NODELAY) and the response
   read by its content-length: no client library at all.
@@ -36,7 +38,7 @@ def main() -> None:
     args = p.parse_args()
 
     import httpx
-    from openai import AsyncOpenAI
+    from openai import AsyncOpenAI, DefaultAioHttpClient
 
     from artrl.chat_format import end_of_turn_ids
     from artrl.serve import ServedModels, create_app, start_server
@@ -54,6 +56,8 @@ def main() -> None:
         with start_server(create_app(ServedModels("m", engine))) as handle:
             async def measure() -> dict[str, list[float]]:
                 client = AsyncOpenAI(base_url=handle.base_url, api_key="x", max_retries=0)
+                aio = AsyncOpenAI(base_url=handle.base_url, api_key="x", max_retries=0,
+                                  http_client=DefaultAioHttpClient())
                 plain = httpx.AsyncClient(base_url=handle.base_url)
                 reader, writer = await asyncio.open_connection(handle.host, handle.port)
                 writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -62,6 +66,9 @@ def main() -> None:
 
                 async def with_openai() -> None:
                     await client.chat.completions.create(model="m", messages=QUESTION, max_tokens=1)
+
+                async def with_aiohttp() -> None:
+                    await aio.chat.completions.create(model="m", messages=QUESTION, max_tokens=1)
 
                 async def with_httpx() -> None:
                     response = await plain.post("/chat/completions", content=body,
@@ -80,7 +87,8 @@ def main() -> None:
 
                 medians: dict[str, list[float]] = {}
                 for _ in range(args.rounds):
-                    for name, one in (("openai", with_openai), ("httpx", with_httpx), ("raw", raw)):
+                    for name, one in (("openai", with_openai), ("openai_aiohttp", with_aiohttp), ("httpx", with_httpx),
+                                      ("raw", raw)):
                         for _ in range(10):  # warm-up
                             await one()
                         times = []
@@ -92,6 +100,7 @@ def main() -> None:
                 writer.close()
                 await plain.aclose()
                 await client.close()
+                await aio.close()
                 return medians
 
             medians = asyncio.run(measure())
