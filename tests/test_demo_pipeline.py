@@ -72,6 +72,11 @@ def test_bounds_are_checked():
             asyncio.run(demo_pipeline.run_pipeline_demo("/nowhere", config=demo.DemoConfig.quick(), bounds=bad))
 
 
+def test_rollout_workers_run_one_step_ahead_whatever_the_bound():
+    assert demo_pipeline.rollout_workers(32, 0) == 32  # the synchronous loop's
+    assert demo_pipeline.rollout_workers(32, 1) == demo_pipeline.rollout_workers(32, 4) == 64
+
+
 def test_curve_puts_the_warm_up_at_zero_seconds_and_each_step_at_its_time():
     arm = ArmResult("pipeline-1", 1, step_times=[(2, 3.0), (3, 5.5), (4, 8.0)],
                     val_rewards=[(1, 0.2), (3, 0.5), (4, 0.7)], staleness=[0, 1, 1, 0])

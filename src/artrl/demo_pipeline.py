@@ -28,7 +28,9 @@ Choices, and what they simplify:
    checkpoint), so the arms start from the same weights and optimizer state.
 4. **A constant learning rate** (`learning_rate`, default 1e-3, between the demo's cosine ends):
    PipelineTrainer takes one rate, and the synchronous arm uses the same.
-5. **On a CPU every model trains in a worker process** (`train_in_worker`; `--trainer here` for
+5. **Rollout workers**: two steps' groups for any bound above 0 (`rollout_workers`): the bound then
+   limits how old a trained group may be, not how many are decoded at once.
+6. **On a CPU every model trains in a worker process** (`train_in_worker`; `--trainer here` for
    this process): in one process the trainer and the engine's decode thread take turns on the
    interpreter lock, and the pipelined arms were slower than the synchronous one (docs/pipeline.md).
    Every arm trains the same way, so each pays the same checkpoint round trip per call.
@@ -184,7 +186,7 @@ async def _run_pipeline(backend: Any, model: Any, cfg: demo.DemoConfig, lr: floa
     bound = arm.max_steps_off_policy or 0
     trainer = PipelineTrainer(
         model, backend, _rollout_fn(cfg, arm), _question_stream(cfg, random.Random(cfg.seed + 1)), None,
-        num_rollout_workers=cfg.groups_per_step * (bound + 1), min_batch_size=cfg.groups_per_step,
+        num_rollout_workers=rollout_workers(cfg.groups_per_step, bound), min_batch_size=cfg.groups_per_step,
         max_batch_size=cfg.groups_per_step, max_steps_off_policy=bound, learning_rate=lr, loss_fn=LOSS_FN,
         normalize_advantages=kw["normalize_advantages"], max_steps=cfg.rl_steps, eval_at_start=False,
         save_checkpoint=True, resume=False, log_interval_seconds=30.0)
@@ -325,6 +327,14 @@ def summary_json(result: PipelineDemoResult, command: str) -> str:
                        "val_reward_after_sft": result.val_after_sft,
                        "wall_s": round(result.seconds, 2), "arms": {a.name: a.report() for a in result.arms},
                        "command": command})
+
+
+def rollout_workers(groups_per_step: int, bound: int) -> int:
+    """PipelineTrainer's rollout workers for an arm: one step's groups, plus one step's more when the bound lets
+    rollouts run ahead, whatever the bound. A demo rollout is all decoding: more groups in flight make each
+    slower and older, not the decoding faster (bound 4 with five steps' groups in flight ran 0.90-1.02x the
+    synchronous loop's speed, its first train call waiting for all of them)."""
+    return groups_per_step * (min(bound, 1) + 1)
 
 
 def parse_bounds(text: str) -> tuple[int, ...]:
