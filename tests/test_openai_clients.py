@@ -15,7 +15,7 @@ import openai
 import pytest
 
 import artrl as art
-from artrl.openai_clients import aiohttp_available
+from artrl.openai_clients import aiohttp_available, transport_of
 from artrl.serve import ServedModels, create_app, start_server
 from artrl.serve.scripted import ScriptedEngine
 from artrl.tiny import build_tiny_tokenizer
@@ -32,10 +32,6 @@ def base_url() -> Iterator[str]:
         yield handle.base_url
 
 
-def _transport(client: openai.AsyncOpenAI) -> str:
-    return type(client._client._transport).__name__  # the SDK's http client, then its transport
-
-
 def test_each_event_loop_gets_its_own_aiohttp_client_closed_when_the_loop_ends(base_url, caplog):
     model = art.Model(name="m", project="p", inference_base_url=base_url, inference_api_key="k")
 
@@ -47,7 +43,7 @@ def test_each_event_loop_gets_its_own_aiohttp_client_closed_when_the_loop_ends(b
 
     caplog.set_level(logging.ERROR, logger="asyncio")
     first, text = asyncio.run(turn())
-    assert text == "hello" and _transport(first) == "AiohttpTransport"
+    assert text == "hello" and transport_of(first) == "AiohttpTransport"
     assert first.is_closed()  # closed when its loop shut down
     second, text = asyncio.run(turn())  # a new loop: a client of its own, not the closed one
     assert text == "hello" and second is not first
@@ -59,14 +55,14 @@ def test_each_event_loop_gets_its_own_aiohttp_client_closed_when_the_loop_ends(b
 def test_outside_a_loop_or_for_another_host_the_httpx_client_is_shared(base_url):
     local = art.Model(name="m", project="p", inference_base_url=base_url, inference_api_key="k")
     outside = local.openai_client()  # no running loop: no loop to bind an aiohttp session to
-    assert local.openai_client() is outside and _transport(outside) != "AiohttpTransport"
+    assert local.openai_client() is outside and transport_of(outside) != "AiohttpTransport"
     remote = art.Model(name="openai/gpt-4o", project="p", inference_base_url="https://api.openai.com/v1",
                        inference_api_key="sk-x")
 
     async def inside() -> openai.AsyncOpenAI:
         return remote.openai_client()
 
-    assert _transport(asyncio.run(inside())) != "AiohttpTransport"
+    assert transport_of(asyncio.run(inside())) != "AiohttpTransport"
     assert (outside.timeout.read, outside.timeout.connect) == (1200.0, 5.0)
 
 

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 OPENAI_CLIENT_TIMEOUT_S = 1200.0
 """Request timeout of `Model.openai_client()` (ART's: 1200 s, 5 s to connect)."""
+OPENAI_CONNECT_TIMEOUT_S = 5.0
+"""Connect timeout of `Model.openai_client()` (ART's)."""
 
 
 def _no_cost(_prompt_tokens: int | None, _completion_tokens: int | None, _cost_context: str) -> dict[str, float]:
@@ -125,8 +127,6 @@ class Model(pydantic.BaseModel):
         (closed when that loop ends); otherwise one client on the SDK's default httpx transport
         (artrl/openai_clients.py). With kwargs, a new client on the default transport each call.
         """
-        from openai import AsyncOpenAI, Timeout
-
         if self.inference_base_url is None:
             if self.trainable:
                 raise ConfigError(f"model {self.name!r} has no inference server yet; call "
@@ -134,20 +134,16 @@ class Model(pydantic.BaseModel):
             raise ConfigError(f"prompted model {self.name!r} needs inference_base_url (and inference_api_key) "
                               "to make an OpenAI client")
         base_url, api_key = self.inference_base_url, self.inference_api_key or "artrl"
-        timeout = Timeout(OPENAI_CLIENT_TIMEOUT_S, connect=5.0)  # ART's: long rollouts
         if kwargs:
-            kwargs.setdefault("timeout", timeout)
+            from openai import AsyncOpenAI, Timeout
+
+            kwargs.setdefault("timeout", Timeout(OPENAI_CLIENT_TIMEOUT_S, connect=OPENAI_CONNECT_TIMEOUT_S))
             return AsyncOpenAI(base_url=base_url, api_key=api_key, **kwargs)
         if self._clients is None:
             from .openai_clients import OpenAIClients
 
             self._clients = OpenAIClients()
-
-        def make(http_client: Any) -> Any:
-            extra = {"http_client": http_client} if http_client is not None else {}
-            return AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout, **extra)
-
-        return self._clients.get(base_url, api_key, make)
+        return self._clients.get(base_url, api_key, (OPENAI_CLIENT_TIMEOUT_S, OPENAI_CONNECT_TIMEOUT_S))
 
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
         """Parameters for `litellm.completion` (ART's): model name (`hosted_vllm/` for trainable models),

@@ -23,23 +23,30 @@ An aiohttp session belongs to the event loop it first ran on, so:
 from __future__ import annotations
 
 import asyncio
+import functools
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
 from .serve.background import is_loopback
 
 
+@functools.cache
 def aiohttp_available() -> bool:
     """Whether the `openai` SDK can make its aiohttp transport here (its `aiohttp` extra is installed)."""
     try:
         from openai import DefaultAioHttpClient
 
-        DefaultAioHttpClient().__class__  # noqa: B018 -- constructing is the SDK's own check
+        DefaultAioHttpClient()  # the SDK checks its extra when the client is made (no session is opened yet)
     except (ImportError, RuntimeError):
         return False
     return True
+
+
+def transport_of(client: Any) -> str:
+    """The name of the HTTP transport under an `openai` client (`AiohttpTransport` or httpx's)."""
+    return type(client._client._transport).__name__  # the SDK's http client, then its transport
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -65,37 +72,41 @@ def _close_with(loop: asyncio.AbstractEventLoop, client: Any) -> Any:
 
 
 class OpenAIClients:
-    """The clients of one model, for one (base_url, api_key) at a time (module docstring)."""
+    """The clients of one model, for one (base_url, api_key) at a time (module docstring). Called per request:
+    a cached client costs a loop lookup."""
 
     def __init__(self) -> None:
         self._key: tuple[str, str] | None = None
+        self._local = False  # the server is on this machine's loopback
         self._httpx: Any = None
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, Any]] = \
             weakref.WeakKeyDictionary()
-        self._aiohttp: bool | None = None
 
-    def get(self, base_url: str, api_key: str, make: Callable[..., Any]) -> Any:
-        """The cached client for `base_url` and `api_key`; `make(http_client=...)` builds one (None: the SDK's
-        default httpx client)."""
-        key = (base_url, api_key)
-        if key != self._key:
-            self._key, self._httpx, self._per_loop = key, None, weakref.WeakKeyDictionary()
+    def get(self, base_url: str, api_key: str, timeout: tuple[float, float]) -> Any:
+        """The cached `openai.AsyncOpenAI` client for `base_url` and `api_key`; a new one is made with `timeout`
+        (read, connect seconds)."""
+        if (base_url, api_key) != self._key:
+            self._key, self._httpx, self._per_loop = (base_url, api_key), None, weakref.WeakKeyDictionary()
+            self._local = is_loopback(urlsplit(base_url).hostname or "")
         loop = _running_loop()
-        host = urlsplit(base_url).hostname or ""
-        if loop is not None and is_loopback(host) and self._use_aiohttp():
+        if loop is not None and self._local and aiohttp_available():
             held = self._per_loop.get(loop)
             if held is None:
                 from openai import DefaultAioHttpClient
 
-                client = make(http_client=DefaultAioHttpClient())
+                client = self._make(timeout, DefaultAioHttpClient())
                 held = (client, _close_with(loop, client))
                 self._per_loop[loop] = held
             return held[0]
         if self._httpx is None:
-            self._httpx = make(http_client=None)
+            self._httpx = self._make(timeout, None)
         return self._httpx
 
-    def _use_aiohttp(self) -> bool:
-        if self._aiohttp is None:
-            self._aiohttp = aiohttp_available()
-        return self._aiohttp
+    def _make(self, timeout: tuple[float, float], http_client: Any) -> Any:
+        from openai import AsyncOpenAI, Timeout
+
+        assert self._key is not None
+        base_url, api_key = self._key
+        extra = {"http_client": http_client} if http_client is not None else {}
+        return AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=Timeout(timeout[0], connect=timeout[1]),
+                           **extra)

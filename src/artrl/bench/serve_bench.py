@@ -125,6 +125,7 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
 
     from ..chat_format import render_prompt
     from ..model import Model
+    from ..openai_clients import transport_of
     from ..serve import ServedModels, create_app, start_server
     from ..serve.engine import GenerationRequest
     from ..train.modeling import load_base_model, resolve_device
@@ -173,7 +174,7 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
                 return sequential, with_httpx, direct, concurrent
 
             sequential, with_httpx, direct, concurrent_s = asyncio.run(main())
-            transport = type(clients["user"]._client._transport).__name__
+            transport = transport_of(clients["user"])
     finally:
         engine.close()
     if model is None:  # vLLM runs its model in its own processes: the same weights with transformers, here

@@ -25,7 +25,7 @@ import weakref
 from typing import Any
 
 from ..auto_trajectory import AutoTrajectoryContext, _chat_request, _choice, _tee_class
-from ..model import OPENAI_CLIENT_TIMEOUT_S
+from ..model import OPENAI_CLIENT_TIMEOUT_S, OPENAI_CONNECT_TIMEOUT_S
 from ..trajectories import Trajectory
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def recording_clients() -> tuple[Any, Any]:
 
 def _new_client(sync: bool) -> Any:
     http = _http_module()
-    timeout = http.Timeout(OPENAI_CLIENT_TIMEOUT_S, connect=5.0)  # as model.openai_client(): long rollouts
+    timeout = http.Timeout(OPENAI_CLIENT_TIMEOUT_S, connect=OPENAI_CONNECT_TIMEOUT_S)  # as model.openai_client(): long rollouts
     if sync:
         return http.Client(transport=_transports(http)[0](), timeout=timeout)
     return http.AsyncClient(transport=_transports(http)[1](), timeout=timeout)
