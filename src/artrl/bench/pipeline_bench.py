@@ -265,18 +265,6 @@ async def run_pipeline(backend: Any, model: Any, cfg: PipelineBenchConfig, recor
 ARMS = {"sync": run_sync, "pipeline": run_pipeline}
 
 
-def _train_threads(in_worker: bool, engine_threads: int | None) -> int:
-    """The trainer's torch threads on a CPU: this process's, or what the worker group gives a lone worker
-    (distributed/group.py: OMP_NUM_THREADS when set, else the cores the decode thread leaves)."""
-    import torch
-
-    if not in_worker:
-        return torch.get_num_threads()
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        return int(os.environ["OMP_NUM_THREADS"])
-    return max(1, (os.cpu_count() or 1) - (engine_threads or 0))
-
-
 def _engine_threads(cfg: Any, device_type: str) -> int | None:
     return cfg.inference_cpu_threads if device_type == "cpu" else None
 
@@ -284,6 +272,7 @@ def _engine_threads(cfg: Any, device_type: str) -> int | None:
 async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
     import torch
 
+    from ..distributed.group import cpu_worker_threads
     from ..model import TrainableModel
     from ..train.modeling import resolve_device
     from ..types import InternalModelConfig
@@ -329,8 +318,9 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
                                  weights_on_disk=cfg.model not in RANDOM_CONFIGS)
     out: dict[str, Any] = {
         "bench": "pipeline", "model": cfg.model, "device": str(device), "engine": engine,
-        "train_in_worker": in_worker, "threads": {"train": _train_threads(in_worker, engine_threads) if
-                                                  device.type == "cpu" else None, "engine": engine_threads},
+        "train_in_worker": in_worker,
+        "threads": {"train": (cpu_worker_threads(internal) if in_worker else torch.get_num_threads())
+                    if device.type == "cpu" else None, "engine": engine_threads},
         "turns": cfg.turns, "tool_latency_s": cfg.tool_latency_s, "groups_per_step": cfg.groups_per_step,
         "rollouts_per_group": cfg.rollouts_per_group, "steps": cfg.steps,
         "max_steps_off_policy": cfg.max_steps_off_policy, "rollout_workers": cfg.workers,

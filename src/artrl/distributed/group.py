@@ -50,6 +50,18 @@ _CONSEQUENCE = re.compile(r"closed by peer|reset by peer|broken pipe|connection 
                           r"communicator was aborted|ProcessGroup\w* .*(abort|error)|SIGTERM", re.I)
 
 
+def cpu_worker_threads(cfg: InternalModelConfig) -> int:
+    """torch threads of each training worker on a CPU: OMP_NUM_THREADS when set; else this machine's cores shared
+    among the workers, less those of the serving process's decode thread when a lone worker trains beside it
+    (train_in_worker)."""
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return int(os.environ["OMP_NUM_THREADS"])
+    cores = os.cpu_count() or 1
+    if cfg.workers_here == 1:
+        cores -= cfg.inference_cpu_threads or 0
+    return max(1, cores // cfg.workers_here)
+
+
 @dataclass
 class Trained:
     """What rank 0 reports after a call ran (before anything is written)."""
@@ -131,12 +143,7 @@ class WorkerGroup:
         if self.cfg.trainer_gpu_ids is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.cfg.trainer_gpu_ids)
         if not self._on_gpu() and "OMP_NUM_THREADS" not in os.environ:
-            # torchrun would set 1; share this machine's cores among the workers instead, less the cores the
-            # serving process's decode thread takes when a lone worker trains beside it (train_in_worker)
-            cores = os.cpu_count() or 1
-            if self.cfg.workers_here == 1:
-                cores -= self.cfg.inference_cpu_threads or 0
-            env["OMP_NUM_THREADS"] = str(max(1, cores // self.cfg.workers_here))
+            env["OMP_NUM_THREADS"] = str(cpu_worker_threads(self.cfg))  # torchrun would set 1
         cmd = [sys.executable, "-m", "artrl.distributed.launch", *self.command()]
         log.info("starting %d training worker(s) here (generation %d): %s", self.cfg.workers_here, self.generation,
                  " ".join(cmd))
