@@ -24,11 +24,10 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-import torch
 
 from artrl.errors import ConfigError
 from artrl.serve import ServedModels, ServerHandle, TransformersEngine, create_app, start_server
-from artrl.tiny import load_tiny
+from engine_helpers import one_thread_engine
 
 CLIENTS = 64
 REQUESTS_PER_CLIENT = 5
@@ -48,15 +47,8 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 120.0) -> bool:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[TransformersEngine]:
-    # One intra-op thread: the tiny model's decode steps are microseconds of work, and on a small
-    # shared CPU, spinning OpenMP workers starve the server's event loop (a 50x slowdown here).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model, tokenizer = load_tiny()
-    engine = TransformersEngine(model, tokenizer, max_batch_size=32)
-    yield engine
-    engine.close()
-    torch.set_num_threads(threads)
+    with one_thread_engine(max_batch_size=32) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")

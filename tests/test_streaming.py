@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +23,7 @@ from artrl.serve.scripted import ScriptedEngine
 from artrl.serve.stream_text import TextStream
 from artrl.serve.tool_calls import TOOL_CALL_START, parse_tool_calls
 from artrl.tiny import load_tiny
+from engine_helpers import one_thread_engine
 
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather.", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -38,13 +38,8 @@ def _tiny_tokenizer() -> Any:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[TransformersEngine]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model, tokenizer = load_tiny()
-    engine = TransformersEngine(model, tokenizer, max_batch_size=8)
-    yield engine
-    engine.close()
-    torch.set_num_threads(threads)
+    with one_thread_engine(max_batch_size=8) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")
