@@ -18,7 +18,7 @@ import time
 import torch
 
 from artrl.bench.flops import ModelShape, hardware_peak
-from artrl.train.modeling import load_model, resolve_device, resolve_dtype
+from artrl.models.loading import load_model, resolve_device, resolve_dtype
 from artrl.types import InternalModelConfig
 
 

@@ -43,7 +43,7 @@ def main() -> None:
     from artrl.chat_format import end_of_turn_ids
     from artrl.serve import ServedModels, create_app, start_server
     from artrl.serve.factory import open_engine
-    from artrl.train.modeling import load_base_model
+    from artrl.models.loading import load_base_model
     from artrl.types import InternalModelConfig
 
     torch.set_num_threads(1)

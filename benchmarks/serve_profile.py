@@ -72,7 +72,7 @@ def main() -> None:
     from artrl.serve.chat import PromptBuilder
     from artrl.serve.decode_loop import DecodeLoop
     from artrl.serve.factory import open_engine
-    from artrl.train.modeling import load_base_model
+    from artrl.models.loading import load_base_model
     from artrl.types import InternalModelConfig
 
     torch.set_num_threads(args.threads)

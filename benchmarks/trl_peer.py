@@ -75,7 +75,7 @@ def _model_cfg(args: Any) -> Any:
 def run_artrl(args: Any) -> dict[str, Any]:
     import artrl as art
     from artrl.train.call import run_call
-    from artrl.train.modeling import load_model
+    from artrl.models.loading import load_model
     from artrl.train.sft import prepare_sft
     from artrl.train.trainer import Trainer
 
@@ -127,7 +127,7 @@ def run_trl(args: Any) -> dict[str, Any]:
     from trl import SFTConfig, SFTTrainer
 
     from artrl.train.kernels import liger_available
-    from artrl.train.modeling import default_target_modules, load_base_model
+    from artrl.models.loading import default_target_modules, load_base_model
 
     cfg = _model_cfg(args)
     model, tok = load_base_model(args.model, cfg)

@@ -54,7 +54,7 @@ def tiny_path() -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def tok(tiny_path: pathlib.Path):
-    from artrl.train.modeling import load_tokenizer
+    from artrl.models.loading import load_tokenizer
 
     return load_tokenizer(str(tiny_path))
 

@@ -15,7 +15,7 @@ import artrl as art
 from artrl import notices
 from artrl.serve import GenerationRequest, TransformersEngine
 from artrl.serve.engine import EngineClosedError
-from artrl.train.modeling import load_base_model, load_model
+from artrl.models.loading import load_base_model, load_model
 from artrl.types import InternalModelConfig
 
 PROBE = [{"role": "user", "content": "Name a colour."}]

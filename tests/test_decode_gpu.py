@@ -25,7 +25,7 @@ MODEL = "random:qwen3-0.6b"
 
 
 def _model(dtype: str) -> tuple[Any, Any]:
-    from artrl.train.modeling import add_lora, load_base_model
+    from artrl.models.loading import add_lora, load_base_model
     from artrl.types import InternalModelConfig
 
     cfg = InternalModelConfig(device="cuda", dtype=dtype)

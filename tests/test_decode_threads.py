@@ -7,7 +7,7 @@ import asyncio
 import torch
 
 from artrl.serve import GenerationRequest, TransformersEngine
-from artrl.train.modeling import load_model
+from artrl.models.loading import load_model
 from artrl.types import InternalModelConfig
 
 

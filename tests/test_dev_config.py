@@ -55,12 +55,13 @@ def test_dev_configs_take_a_mapping_like_arts_typeddicts():
 def test_nested_config_maps_onto_flat_fields(caplog):
     nested = art.dev.InternalModelConfig(
         init_args=art.dev.InitArgs(max_seq_length=512, dtype="bf16", trust_remote_code=True,
-                                   use_gradient_checkpointing="unsloth", random_state=7),
+                                   use_gradient_checkpointing="unsloth", random_state=7, load_in_4bit=False,
+                                   load_in_8bit=True),
         peft_args=art.dev.PeftArgs(r=4, lora_alpha=32, lora_dropout=0.05, target_modules=["q_proj", "v_proj"],
                                    use_rslora=True),
         trainer_args=art.dev.TrainerArgs(per_device_train_batch_size=3, gradient_accumulation_steps=4,
                                          adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6, weight_decay=0.1,
-                                         max_grad_norm=0.5),
+                                         max_grad_norm=0.5, optim="paged_adamw_8bit"),
         engine_args=art.dev.EngineArgs(max_num_seqs=6, max_model_len=1024),
     )
     assert isinstance(nested, dict)  # a TypedDict, as in ART
@@ -73,11 +74,12 @@ def test_nested_config_maps_onto_flat_fields(caplog):
     assert (cfg.per_device_train_batch_size, cfg.grad_accumulation_sequences, cfg.adam_beta1, cfg.adam_beta2,
             cfg.adam_epsilon, cfg.weight_decay, cfg.max_grad_norm) == (3, 4, 0.8, 0.95, 1e-6, 0.1, 0.5)
     assert (cfg.inference_max_batch_size, cfg.inference_max_length) == (6, 1024)
+    assert (cfg.load_in_4bit, cfg.load_in_8bit, cfg.optim) == (False, True, "paged_adamw_8bit")
     assert notice_lines(caplog) == []  # everything given here has a meaning
 
 
 @pytest.mark.parametrize(("section", "key", "value", "why"), [
-    ("init_args", "load_in_4bit", True, "no bitsandbytes quantisation"),
+    ("init_args", "full_finetuning", True, "LoRA adapter only"),
     ("init_args", "fast_inference", True, "Unsloth's embedded vLLM"),
     ("trainer_args", "lr_scheduler_type", "constant", "Hugging Face's Trainer"),
     ("trainer_args", "learning_rate", 1e-5, "each train call's learning_rate"),
@@ -101,7 +103,7 @@ def test_ignored_nested_keys_are_noticed_once_each(caplog, section, key, value, 
 def test_engine_args_are_kept_for_vllm_and_noticed_once_when_the_builtin_engine_opens(
         caplog, tiny_path, tok, key, value, why):
     from artrl.serve.factory import open_engine
-    from artrl.train.modeling import load_model
+    from artrl.models.loading import load_model
 
     with caplog.at_level(logging.WARNING, logger=NOTICES):
         cfg = art.InternalModelConfig(engine_args={key: value, "max_num_seqs": 3})

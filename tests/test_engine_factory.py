@@ -59,7 +59,7 @@ def test_open_vllm_without_its_module_is_a_config_error(monkeypatch: pytest.Monk
 
 def test_the_builtin_engine_takes_the_settings_and_the_end_ids_it_is_given(tiny_path: pathlib.Path,
                                                                             tok: Any) -> None:
-    from artrl.train.modeling import load_model
+    from artrl.models.loading import load_model
 
     cfg = art.InternalModelConfig(inference_max_batch_size=3, inference_max_length=64, inference_cpu_threads=2)
     model, _ = load_model(str(tiny_path), cfg)

@@ -10,7 +10,7 @@ import pytest
 import artrl as art
 from artrl.errors import ConfigError
 from artrl.run import storage
-from artrl.train import model_source
+from artrl.models import source as model_source
 
 
 @pytest.fixture

@@ -41,12 +41,13 @@ KILL_DRIVER = textwrap.dedent('''
     import asyncio, json, os, random, select, signal, statistics, sys, time, traceback
 
     import artrl as art
-    import artrl.local.backend, artrl.serve, artrl.train.call, artrl.train.trainer, artrl.train.modeling  # noqa
+    import artrl.local.backend, artrl.serve, artrl.train.call, artrl.train.trainer, artrl.models.loading  # noqa
     import artrl.train.rl, artrl.train.sft, peft, transformers  # noqa
     from transformers import Qwen3ForCausalLM  # noqa: load the lazy module before forking
     from artrl.run import storage
 
     ROOT, MIN_TRIALS, MIN_IN_WRITE, MAX_TRIALS, SEED = sys.argv[1], *map(int, sys.argv[2:6])
+    INTERNAL = json.loads(sys.argv[6])  # the model's InternalModelConfig fields
     RUN = storage.run_dir(ROOT, "kill", "m")
     DATA = [art.Trajectory(messages_and_choices=[{"role": "user", "content": f"Say {w}."},
                                                  {"role": "assistant", "content": f"{w} {w}"}], reward=0.0)
@@ -91,7 +92,8 @@ KILL_DRIVER = textwrap.dedent('''
         storage.write_checkpoint = traced
 
         async def main():
-            model = art.TrainableModel(name="m", project="kill", base_model="artrl/tiny")
+            model = art.TrainableModel(name="m", project="kill", base_model="artrl/tiny",
+                                       _internal_config=art.InternalModelConfig(**INTERNAL))
             backend = art.LocalBackend(path=ROOT, show_progress=False)
             await model.register(backend)
             step = await model.get_step()
@@ -199,21 +201,33 @@ KILL_DRIVER = textwrap.dedent('''
 ''')
 
 
-def _kill_trials(tmp_path: Path, min_trials: int, min_in_write: int, max_trials: int) -> list[dict]:
+def _kill_trials(tmp_path: Path, min_trials: int, min_in_write: int, max_trials: int,
+                 internal: dict | None = None) -> list[dict]:
     script = tmp_path / "kill_driver.py"
     script.write_text(KILL_DRIVER)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "runs"), str(min_trials), str(min_in_write),
-                           str(max_trials), "20260"], capture_output=True, text=True, timeout=900, env=env)
+                           str(max_trials), "20260", json.dumps(internal or {})], capture_output=True, text=True,
+                          timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# The model kinds the kill test runs on: the tiny model, and 4-bit base weights with 8-bit optimizer states
+# (lora_rank 32 makes the adapter's larger tensors reach bitsandbytes' 4096-element minimum for 8-bit state),
+# on fewer trials.
+KILL_KINDS = {"dense": ({}, 20, 12), "4bit-8bit-states": (
+    {"load_in_4bit": True, "dtype": "float32", "optim": "paged_adamw_8bit", "lora_rank": 32}, 8, 5)}
+
+
 @pytest.mark.slow
-def test_sigkill_during_checkpoint_writes_never_loses_more_than_the_step_in_progress(tmp_path):
-    trials = _kill_trials(tmp_path, min_trials=20, min_in_write=12, max_trials=60)
+@pytest.mark.parametrize("kind", sorted(KILL_KINDS))
+def test_sigkill_during_checkpoint_writes_never_loses_more_than_the_step_in_progress(tmp_path, kind):
+    internal, min_trials, min_in_write = KILL_KINDS[kind]
+    trials = _kill_trials(tmp_path, min_trials=min_trials, min_in_write=min_in_write, max_trials=3 * min_trials,
+                          internal=internal)
     killed = [t for t in trials if t["killed"]]
-    assert len(killed) >= 20 and sum(t["in_write"] for t in killed) >= 12
+    assert len(killed) >= min_trials and sum(t["in_write"] for t in killed) >= min_in_write
     previous = None
     for t in trials:
         r = t["resumed"]
@@ -230,7 +244,7 @@ def test_sigkill_during_checkpoint_writes_never_loses_more_than_the_step_in_prog
             low = previous["exited"] if previous["exited"] is not None else 0
             assert low <= r["step"] <= previous["entered"], (previous, t)
         previous = t
-    assert trials[-1]["resumed"]["step"] >= 10, "the run should have made progress across the kills"
+    assert trials[-1]["resumed"]["step"] >= min_trials // 2, "the run should have made progress across the kills"
     run = storage.run_dir(tmp_path / "runs", "kill", "m")
     records = storage.read_jsonl(run / storage.HISTORY_FILE)
     assert [r["step"] for r in records if "kind" in r] == list(range(1, trials[-1]["resumed"]["step"] + 1))
@@ -251,7 +265,7 @@ PIPELINE_KILL_DRIVER = textwrap.dedent('''
     import asyncio, json, os, random, select, signal, sys, time, traceback
 
     import artrl as art
-    import artrl.local.backend, artrl.serve, artrl.train.call, artrl.train.trainer, artrl.train.modeling  # noqa
+    import artrl.local.backend, artrl.serve, artrl.train.call, artrl.train.trainer, artrl.models.loading  # noqa
     import artrl.train.rl, peft, transformers, openai  # noqa
     from transformers import Qwen3ForCausalLM  # noqa: load the lazy module before forking
     from artrl.pipeline_trainer import PipelineTrainer
@@ -559,14 +573,20 @@ def _reseed(seed: int) -> None:
     random.seed(seed)
 
 
-@pytest.mark.parametrize("kinds", [("sft", "sft", "sft"), ("rl", "rl", "rl"), ("sft", "rl", "sft", "rl")],
-                         ids=["sft", "rl", "sft-then-rl"])
-def test_resume_reproduces_the_uninterrupted_next_step(tmp_path, make_choice, kinds):
+# 4-bit base weights with 8-bit optimizer states (lora_rank 32: the larger adapter tensors reach bitsandbytes'
+# 4096-element minimum for 8-bit state, the smaller keep float32 state)
+QUANTIZED = {"load_in_4bit": True, "dtype": "float32", "optim": "adamw_8bit", "lora_rank": 32}
+
+
+@pytest.mark.parametrize("kinds,extra", [(("sft", "sft", "sft"), {}), (("rl", "rl", "rl"), {}),
+                                         (("sft", "rl", "sft", "rl"), {}), (("rl", "sft", "rl"), QUANTIZED)],
+                         ids=["sft", "rl", "sft-then-rl", "4bit-8bit-states"])
+def test_resume_reproduces_the_uninterrupted_next_step(tmp_path, make_choice, kinds, extra):
     """Optimizer moments, the trainer's RNG (LoRA dropout draws from it), step and schedule position are
     restored; the process-wide RNGs play no part (reseeded differently before the resumed step)."""
     groups = _rl_groups(make_choice)
     k = len(kinds) - 1
-    internal = {"lora_dropout": 0.1}
+    internal = {"lora_dropout": 0.1, **extra}
 
     async def main():
         _reseed(0)
@@ -585,6 +605,9 @@ def test_resume_reproduces_the_uninterrupted_next_step(tmp_path, make_choice, ki
         assert await model.get_step() == k
         resumed = await _step(model, kinds[k], groups)
         got = _adapter(backend)
+        if extra.get("optim") == "adamw_8bit":  # the states really are 8-bit where bitsandbytes keeps them so
+            state = backend._runs["m"].trainer.optimizer.state.values()
+            assert any(s["state1"].dtype == torch.uint8 for s in state), "no 8-bit optimizer state"
         backend.close()
 
         a, b = straight[k].metrics, resumed.metrics

@@ -293,7 +293,7 @@ def test_the_api_key_is_checked_on_every_route(engine):
 def test_no_remote_code_unless_asked_for(monkeypatch, tiny_path):
     import transformers
 
-    from artrl.train.modeling import load_base_model
+    from artrl.models.loading import load_base_model
     from artrl.types import InternalModelConfig
 
     seen: list[Any] = []

@@ -11,7 +11,7 @@ import torch
 
 import artrl as art
 from artrl.errors import CheckpointError
-from artrl.train.modeling import load_model
+from artrl.models.loading import load_model
 from artrl.train.trainer import Trainer
 
 SFT_DATA = [art.Trajectory(messages_and_choices=[{"role": "user", "content": f"Say {w}."},

@@ -23,6 +23,8 @@ import pytest
 import artrl as art
 from artrl.chat_format import message_of
 
+from model_kinds import KINDS
+
 SYSTEM = {"role": "system", "content": "You add numbers with the add tool."}
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
@@ -124,9 +126,13 @@ async def check_record(model: art.TrainableModel, groups: list[art.TrajectoryGro
     return honest
 
 
-def test_multi_turn_rollouts_train_on_exactly_their_record(tmp_path, tok):
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_multi_turn_rollouts_train_on_exactly_their_record(tmp_path, tok, kind):
+    base_model, config = KINDS[kind]
+
     async def main() -> None:
-        model = art.TrainableModel(name="agent", project="record", base_model="artrl/tiny")
+        model = art.TrainableModel(name="agent", project="record", base_model=base_model,
+                                   _internal_config=art.InternalModelConfig(**config))
         async with art.LocalBackend(path=str(tmp_path), show_progress=False) as backend:
             await model.register(backend)
             client = model.openai_client()
@@ -185,7 +191,7 @@ def test_the_measure_is_a_max_over_the_first_optimizer_steps_micro_batches(tiny_
     import torch
 
     from artrl.train.call import run_call
-    from artrl.train.modeling import load_model
+    from artrl.models.loading import load_model
     from artrl.train.rl import prepare_rl
     from artrl.train.trainer import Trainer
 

@@ -12,7 +12,7 @@ from artrl.preprocess.plan import plan_batches
 from artrl.preprocess.tokenize import tokenize_groups
 from artrl.train.call import run_call
 from artrl.train.trainer import Trainer
-from artrl.train.modeling import load_model
+from artrl.models.loading import load_model
 from artrl.train.rl import _rl_loss, prepare_rl
 from artrl.train.sft import prepare_sft
 from artrl.trajectories import Trajectory, TrajectoryGroup

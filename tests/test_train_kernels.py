@@ -15,7 +15,7 @@ import torch
 import artrl as art
 from artrl.errors import ConfigError
 from artrl.train.logprobs import token_logprobs
-from artrl.train.modeling import load_model
+from artrl.models.loading import load_model
 from artrl.train.memory import checkpointing_on
 from artrl.train.trainer import Trainer
 from artrl.types import InternalModelConfig

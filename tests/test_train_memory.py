@@ -229,7 +229,7 @@ def test_other_errors_pass_through_unchanged(tmp_path, monkeypatch):
 def test_a_call_turns_checkpointing_on_only_for_itself(tiny_path):
     from artrl.preprocess.plan import BatchPlan
     from artrl.train.memory import call_checkpointing, checkpointing_on
-    from artrl.train.modeling import load_model
+    from artrl.models.loading import load_model
 
     model, tok = load_model(str(tiny_path))  # loaded without checkpointing
     inner = model.get_base_model()

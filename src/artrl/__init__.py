@@ -4,7 +4,11 @@
 docs/art-compatibility.md (every ART name and its status here).
 """
 
-from . import dev, rewards, schedules, utils
+from .models.quantization import quiet_kernels_notice as _quiet_kernels_notice
+
+_quiet_kernels_notice()  # before anything imports bitsandbytes (models/quantization.py says why)
+
+from . import dev, rewards, schedules, utils  # noqa: E402
 from .auto_trajectory import auto_trajectory, capture_auto_trajectory
 from .backend import Backend
 from .batches import trajectory_group_batches

@@ -135,8 +135,8 @@ def serving_copy(model: Any) -> Any:
     The trainer keeps training `model` while the engine decodes with the copy: the copy's modules,
     its adapter registry, active adapter and forward hooks are its own, so a decode thread and a
     training thread never touch the same module. Every frozen parameter (the base weights, frozen
-    adapters) becomes a new `Parameter` over the *same storage* (no memory for the base), every buffer is
-    the same tensor, and only the trainable tensors (the LoRA adapter being trained) are copied. So
+    adapters) becomes a new `Parameter` over the *same storage* (no memory for the base; a quantised weight is
+    shared as the same object), every buffer is the same tensor, and only the trainable tensors (the LoRA adapter being trained) are copied. So
     rebinding a copied parameter's `.data` (serve/merged_lora.py) leaves the trainer's parameter alone.
     Make the copy before the trainer applies anything to its modules (kernels, compiled layers).
     """
@@ -148,7 +148,9 @@ def serving_copy(model: Any) -> Any:
     memo: dict[int, Any] = {}
     for p in model.parameters():
         if not p.requires_grad:
-            memo[id(p)] = torch.nn.Parameter(p.data, requires_grad=False)
+            # a quantised weight (bitsandbytes' Params4bit / Int8Params) carries its quantisation state beside its
+            # data: the copy holds the very same parameter (nothing rebinds one: no merged LoRA on quantised weights)
+            memo[id(p)] = p if type(p) is not torch.nn.Parameter else torch.nn.Parameter(p.data, requires_grad=False)
     for b in model.buffers():
         memo[id(b)] = b
     served = copy.deepcopy(model, memo)

@@ -60,7 +60,7 @@ from .local import LocalBackend
 from .run import storage
 from .model import TrainableModel
 from .tasks import colours
-from .train.modeling import resolve_device
+from .models.loading import resolve_device
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import InternalModelConfig, TrainConfig, TrainSFTConfig
 
@@ -74,7 +74,7 @@ GROUP_SIZE = 8
 """Rollouts per question in an RL step (the group of group-relative advantages)."""
 
 _NOISY_LOGGERS = ("httpx", "httpx2", "httpcore", "uvicorn", "uvicorn.access", "uvicorn.error", "openai",
-                  "matplotlib", "artrl.local.backend", "artrl.serve.background", "artrl.train.modeling")
+                  "matplotlib", "artrl.local.backend", "artrl.serve.background", "artrl.models.loading")
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ from .local import LocalBackend
 from .model import TrainableModel
 from .run import storage
 from .tasks import colours
-from .train.modeling import resolve_device
+from .models.loading import resolve_device
 from .trajectories import TrajectoryGroup
 from .types import InternalModelConfig, TrainSFTConfig
 

@@ -378,8 +378,24 @@ class InternalModelConfig(_Config):
         None, description="Modules to adapt. None: the attention and MLP projections for "
         "Llama/Qwen/Mistral-style models (q,k,v,o,gate,up,down_proj), else peft's 'all-linear'.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = pydantic.Field(
-        "auto", description="Weights dtype: 'auto' = float32 on CPU, bfloat16 on GPU.")
+        "auto", description="Weights dtype (and the compute dtype of quantised weights): 'auto' = float32 on CPU, "
+        "bfloat16 on GPU and for quantised weights everywhere.")
     device: str | None = pydantic.Field(None, description="'cpu', 'cuda', 'cuda:1'...; None: cuda if available.")
+    load_in_4bit: bool | None = pydantic.Field(
+        None, description="ART: 4-bit NF4 base weights with double quantisation (bitsandbytes, CPU or CUDA), about "
+        "0.52 bytes a weight, the LoRA adapter on top (models/quantization.py). None: ART's default, 4-bit, for a "
+        "Hugging Face checkpoint (hub id or local directory); full precision for artrl's own models (built-ins, "
+        "random: shapes).")
+    load_in_8bit: bool = pydantic.Field(
+        False, description="ART: 8-bit LLM.int8 base weights (bitsandbytes), about 1 byte a weight.")
+    optim: str | None = pydantic.Field(
+        None, description="ART (trainer_args.optim): the optimizer of the LoRA adapter: 'adamw_torch', "
+        "'adamw_torch_fused', 'adamw_8bit' (= 'adamw_bnb_8bit'), 'paged_adamw_8bit', 'paged_adamw_32bit' "
+        "(train/optimizers.py). None: 'adamw_torch', fused on CUDA (fused_optimizer); ART's default is "
+        "'paged_adamw_8bit' (docs/art-compatibility.md says why artrl's differs).")
+    check_memory: bool = pydantic.Field(
+        True, description="Before the model loads, refuse (ConfigError naming settings that fit) a model whose "
+        "memory plan does not fit the device (models/memory_plan.py). False: load anyway.")
     attn_implementation: str | None = pydantic.Field(
         None, description="None: 'artrl_tree' (per-node SDPA calls following the packed tree, "
         "train/tree_attention.py) on CPU, 'flex_attention' (block-sparse) on GPU. 'sdpa' uses a dense boolean "
@@ -488,7 +504,13 @@ class InternalModelConfig(_Config):
         return self.num_workers > 1 or self.trainer_gpu_ids is not None or self.num_nodes > 1 or self.train_in_worker
 
     def check(self) -> None:
-        """Cross-field checks of the worker settings (called when a model is registered)."""
+        """Cross-field checks (called when a model is registered): the base weights, the optimizer, the workers."""
+        if self.load_in_4bit and self.load_in_8bit:
+            raise ConfigError("load_in_4bit=True and load_in_8bit=True: choose one (4-bit NF4 takes about half the "
+                              "memory of 8-bit; ART's default is 4-bit).")
+        from .train.optimizers import optim_spec
+
+        optim_spec(self.optim)  # an unknown name, or bitsandbytes missing, is refused at register time
         t, i = self.trainer_gpu_ids, self.inference_gpu_ids
         if t is not None:
             if not t or len(set(t)) != len(t) or min(t) < 0:

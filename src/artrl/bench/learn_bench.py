@@ -78,7 +78,7 @@ YARDSTICK_STD_EPS: Final = 1e-4
 """The yardstick's optimizer, clipping and advantage settings (TRL GRPOTrainer / transformers defaults)."""
 
 _NOISY_LOGGERS: Final = ("httpx", "httpcore", "openai", "uvicorn", "uvicorn.access", "uvicorn.error",
-                         "artrl.local.backend", "artrl.train.call", "artrl.train.modeling", "artrl.serve.background",
+                         "artrl.local.backend", "artrl.train.call", "artrl.models.loading", "artrl.serve.background",
                          "artrl.serve.models")
 
 
@@ -227,7 +227,7 @@ class YardstickArm:
         from ..chat_format import end_of_turn_ids
         from ..serve import ServedModels, create_app, start_server
         from ..serve.factory import open_engine
-        from ..train.modeling import load_model
+        from ..models.loading import load_model
 
         cfg = self.internal
         self.model, tok = await asyncio.to_thread(load_model, self.base_model, cfg)

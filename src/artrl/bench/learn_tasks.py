@@ -210,7 +210,7 @@ def _merge(base_model: str, adapter_dir: str, out: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from ..tiny import resolve_model_path
-    from ..train.modeling import load_tokenizer
+    from ..models.loading import load_tokenizer
 
     path = resolve_model_path(base_model)
     base: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

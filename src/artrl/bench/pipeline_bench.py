@@ -274,7 +274,7 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
 
     from ..distributed.group import cpu_worker_threads
     from ..model import TrainableModel
-    from ..train.modeling import resolve_device
+    from ..models.loading import resolve_device
     from ..types import InternalModelConfig
 
     concurrency = cfg.groups_per_step * cfg.rollouts_per_group * (cfg.max_steps_off_policy + 1)
@@ -312,10 +312,10 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
     finally:
         await backend.close()
     from ..serve.factory import resolve_engine_kind
-    from ..train.modeling import RANDOM_CONFIGS
+    from ..models.loading import RANDOM_SHAPES
 
     engine = resolve_engine_kind(internal.inference_engine, device.type,
-                                 weights_on_disk=cfg.model not in RANDOM_CONFIGS)
+                                 weights_on_disk=cfg.model not in RANDOM_SHAPES)
     out: dict[str, Any] = {
         "bench": "pipeline", "model": cfg.model, "device": str(device), "engine": engine,
         "train_in_worker": in_worker,

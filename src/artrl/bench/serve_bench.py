@@ -70,10 +70,10 @@ def _open_engine(model_name: str, cfg: Any, lora: bool = False) -> tuple[str, An
     """(engine kind, engine, tokenizer, the transformers model or None) for `cfg`, as LocalBackend opens them."""
     from ..chat_format import end_of_turn_ids
     from ..serve.factory import open_engine, resolve_engine_kind
-    from ..train.modeling import (RANDOM_CONFIGS, add_lora, load_base_model, load_generation_config,
+    from ..models.loading import (RANDOM_SHAPES, add_lora, load_base_model, load_generation_config,
                                   load_tokenizer, resolve_device, resolve_name)
 
-    on_disk = model_name not in RANDOM_CONFIGS
+    on_disk = model_name not in RANDOM_SHAPES
     kind = resolve_engine_kind(cfg.inference_engine, resolve_device(cfg).type, weights_on_disk=on_disk)
     if kind == "builtin":
         model, tok = load_base_model(model_name, cfg)
@@ -128,7 +128,7 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
     from ..openai_clients import transport_of
     from ..serve import ServedModels, create_app, start_server
     from ..serve.engine import GenerationRequest
-    from ..train.modeling import load_base_model, resolve_device
+    from ..models.loading import load_base_model, resolve_device
     from ..types import InternalModelConfig
 
     threads = {"inference_cpu_threads": num_threads} if num_threads is not None else {}  # else LocalBackend's
@@ -208,7 +208,7 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
     from openai import AsyncOpenAI
 
     from ..serve import ServedModels, create_app, start_server
-    from ..train.modeling import resolve_device
+    from ..models.loading import resolve_device
     from ..types import InternalModelConfig
 
     threads = {"inference_cpu_threads": num_threads} if num_threads is not None else {}  # else LocalBackend's

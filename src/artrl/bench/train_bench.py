@@ -48,7 +48,7 @@ def _peak_memory_mb(device: torch.device) -> float:
 def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: TrainConfig,
              model_cfg: InternalModelConfig, max_steps: int | None = None,
              profile_micro_batches: int | None = None) -> dict[str, Any]:
-    from ..train.modeling import load_model
+    from ..models.loading import load_model
     from ..train.rl import build_rl, rl_loss_fn
     from ..train.trainer import Trainer
 
@@ -188,7 +188,7 @@ def main(args: Any) -> int:
         print(json.dumps(run_mode(args.mode, args.workload, args.scale, args.model, cfg, mcfg, max_steps=steps,
                                   profile_micro_batches=args.profile_micro_batches if args.profile else None)))
         return 0
-    from ..train.modeling import resolve_device, resolve_dtype
+    from ..models.loading import resolve_device, resolve_dtype
 
     _, mcfg = _configs(args)
     device = resolve_device(mcfg)

@@ -35,7 +35,7 @@ def run_rank(args: Any) -> dict[str, Any] | None:
 
     from ..distributed.sharding import ShardedTrainer
     from ..preprocess.plan import OptimizerStep
-    from ..train.modeling import load_model, resolve_device, resolve_name
+    from ..models.loading import load_model, resolve_device, resolve_name
     from ..train.rl import build_rl, rl_loss_fn
     from .train_bench import _configs, _peak_memory_mb
     from .workload import load_workload, workload_groups

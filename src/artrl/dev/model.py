@@ -12,6 +12,7 @@ turns either shape (or a mix) into the flat one:
     init_args/peft_args.use_gradient_checkpointing,
     trainer_args.gradient_checkpointing             -> gradient_checkpointing
     init_args/peft_args.random_state                -> seed
+    init_args.load_in_4bit / load_in_8bit           -> load_in_4bit / load_in_8bit (models/quantization.py)
     init_args/engine_args.trust_remote_code         -> trust_remote_code
     peft_args.r / lora_alpha / lora_dropout /
     target_modules / use_rslora                     -> lora_rank / lora_alpha / lora_dropout /
@@ -22,6 +23,7 @@ turns either shape (or a mix) into the flat one:
     trainer_args.gradient_accumulation_steps        -> grad_accumulation_sequences (rows per step, call default)
     trainer_args.adam_beta1 / adam_beta2 /
     adam_epsilon / weight_decay / max_grad_norm     -> the same names (call defaults)
+    trainer_args.optim                              -> optim (train/optimizers.py)
 
 `engine_args` are vLLM's engine arguments: the whole section is also kept as
 artrl's `engine_args` field, which reaches vLLM when it serves the model
@@ -31,7 +33,7 @@ cannot apply, and each unmapped one is noticed once when that engine opens
 known then.
 
 Every other key is accepted and logged once per process (notices.py) with the
-reason it has no effect: Unsloth's quantised loading (`load_in_4bit`), the
+reason it has no effect: Unsloth's full fine-tuning (`full_finetuning`), the
 Hugging Face Trainer's own loop (`lr_scheduler_type`, `logging_steps`), GPU
 splits and Tinker. When two keys give one field different values, the first
 in the order flat key, init_args, peft_args, trainer_args, engine_args wins,
@@ -182,6 +184,7 @@ _SAME: Converter = lambda v: v  # noqa: E731
 # section -> ART key -> (artrl field, converter)
 MAPPED: dict[str, dict[str, tuple[str, Converter]]] = {
     "init_args": {"max_seq_length": ("max_length", _SAME), "dtype": ("dtype", _dtype),
+                  "load_in_4bit": ("load_in_4bit", _SAME), "load_in_8bit": ("load_in_8bit", _SAME),
                   "trust_remote_code": ("trust_remote_code", _SAME),
                   "use_gradient_checkpointing": ("gradient_checkpointing", _checkpointing),
                   "random_state": ("seed", _SAME)},
@@ -194,7 +197,7 @@ MAPPED: dict[str, dict[str, tuple[str, Converter]]] = {
                      "gradient_accumulation_steps": ("grad_accumulation_sequences", _SAME),
                      "adam_beta1": ("adam_beta1", _SAME), "adam_beta2": ("adam_beta2", _SAME),
                      "adam_epsilon": ("adam_epsilon", _SAME), "weight_decay": ("weight_decay", _SAME),
-                     "max_grad_norm": ("max_grad_norm", _SAME),
+                     "max_grad_norm": ("max_grad_norm", _SAME), "optim": ("optim", _SAME),
                      "gradient_checkpointing": ("gradient_checkpointing", _checkpointing)},
     "engine_args": {"max_num_seqs": ("inference_max_batch_size", _SAME),
                     "max_model_len": ("inference_max_length", _SAME),
@@ -211,9 +214,6 @@ _SECTION_REASON = {
                    "(inference_engine='vllm' applies it)",
 }
 _KEY_REASON = {
-    ("init_args", "load_in_4bit"): "artrl loads weights in `dtype` (no bitsandbytes quantisation); ART "
-                                   "loads 4-bit weights by default",
-    ("init_args", "load_in_8bit"): "artrl loads weights in `dtype` (no bitsandbytes quantisation)",
     ("init_args", "full_finetuning"): "artrl trains a LoRA adapter only",
     ("init_args", "model_name"): "the weights are `base_model` (and the run's latest checkpoint)",
     ("init_args", "fast_inference"): "it starts Unsloth's embedded vLLM; artrl serves with its own engine "

@@ -37,6 +37,7 @@ from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..progress import ProgressBar
 from ..types import InternalModelConfig, OptimizerConfig
+from ..models.structure import decoder_layers
 from ..train.logprobs import TokenLogprobModel
 from ..train.trainer import LossFn, StepOptions, Trainer, new_totals
 from .balance import padding_batch, split_step
@@ -53,17 +54,6 @@ def _combine(totals: dict[str, float], device: torch.device) -> dict[str, float]
     dist.all_reduce(sums)
     dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
     return {k: (m if k.endswith("_max") else v) for k, v, m in zip(keys, sums.tolist(), maxima.tolist())}
-
-
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks of a transformers model (the classes it names in `_no_split_modules`)."""
-    names: set[str] = set()
-    for m in model.modules():
-        names.update(getattr(m, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if not layers:
-        raise ValueError(f"found no decoder layers to shard in {type(model).__name__} (looked for {sorted(names)})")
-    return layers
 
 
 def shard(token_model: TokenLogprobModel) -> None:

@@ -78,14 +78,14 @@ class Worker:
 
     def start(self) -> None:
         from ..run import checkpoint as local_checkpoint
-        from ..train.model_source import check_model_source
-        from ..train.modeling import load_model, resolve_name
+        from ..models.source import check_model_source
+        from ..models.loading import load_model, resolve_name
         from ..train.trainer import Trainer
         from .sharding import ShardedTrainer
 
         # before the process group exists: transformers writes nothing on ranks > 0 once it does, so a first
         # build of the tiny model must happen here; a cached hub model whose hub does not answer loads from its
-        # cached directory (train/model_source.py)
+        # cached directory (models/source.py)
         source = check_model_source(self.base_model) or self.base_model
         resolve_name(source)
         if self.device.type == "cuda":

@@ -6,7 +6,7 @@ trainer's model that shares its frozen base tensors, made before the trainer
 applies its kernels), the run directory and the step counter:
 
 * `TrainingSession.open` checks the base model name can be loaded
-  (train/model_source.py: seconds, not transformers' minute of retries) and
+  (models/source.py: seconds, not transformers' minute of retries) and
   that the run directory belongs to this base model, loads the base model with
   a fresh LoRA adapter, computes the end-of-turn ids once for the trainer and
   the engine, then (only once the load succeeded: a failed load writes nothing)
@@ -89,7 +89,7 @@ class TrainingSession:
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
              cfg: InternalModelConfig) -> "TrainingSession":
         from ..chat_format import end_of_turn_ids
-        from ..train.model_source import check_model_source
+        from ..models.source import check_model_source
         from ..train.trainer import Trainer
 
         # in seconds, with the way out (never the network for artrl's names); a cached model whose hub does not
@@ -140,9 +140,9 @@ class TrainingSession:
         The built-in one decodes a copy of `model` sharing its frozen tensors (`serve_copy`): the trainer (here,
         or the workers' copy restored into `model`) never shares a module with the decode thread."""
         from ..serve.factory import open_engine, resolve_engine_kind
-        from ..train.modeling import RANDOM_CONFIGS, resolve_name
+        from ..models.loading import RANDOM_SHAPES, resolve_name
 
-        on_disk = base_model not in RANDOM_CONFIGS
+        on_disk = base_model not in RANDOM_SHAPES
         device = next(model.parameters()).device
         kind = resolve_engine_kind(cfg.inference_engine, device.type, weights_on_disk=on_disk)
         return open_engine(kind, tokenizer=tokenizer, end_ids=end_ids, cfg=cfg, model=model,
@@ -152,7 +152,7 @@ class TrainingSession:
     @classmethod
     def _load_weights(cls, base_model: str, cfg: InternalModelConfig) -> tuple[Any, Any]:
         """(peft model, tokenizer) this session trains and serves."""
-        from ..train.modeling import load_model
+        from ..models.loading import load_model
 
         return load_model(base_model, cfg)
 

@@ -39,7 +39,7 @@ def build_app(args: Any) -> Any:
     from ..serve.factory import open_engine, resolve_engine_kind
     from ..serve.models import ServedModels
     from ..serve.server import create_app
-    from ..train.modeling import (RANDOM_CONFIGS, load_base_model, load_generation_config, load_tokenizer,
+    from ..models.loading import (RANDOM_SHAPES, load_base_model, load_generation_config, load_tokenizer,
                                   resolve_device, resolve_name)
     from ..types import InternalModelConfig
     from ..run import storage
@@ -49,7 +49,7 @@ def build_app(args: Any) -> Any:
                           "holding it can use the model")
     cfg = InternalModelConfig(device=args.device, trust_remote_code=args.trust_remote_code,
                               inference_max_batch_size=args.max_batch_size, inference_engine=args.engine)
-    on_disk = args.model not in RANDOM_CONFIGS
+    on_disk = args.model not in RANDOM_SHAPES
     kind = resolve_engine_kind(cfg.inference_engine, resolve_device(cfg).type, weights_on_disk=on_disk)
     adapter, run = _adapter_and_run(args.checkpoint)
     if kind == "builtin":

@@ -66,7 +66,7 @@ class WorkerSession(TrainingSession):
 
     @classmethod
     def _load_weights(cls, base_model: str, cfg: InternalModelConfig) -> tuple[Any, Any]:
-        from ..train.modeling import load_model
+        from ..models.loading import load_model
 
         return load_model(base_model, serving_config(cfg))
 

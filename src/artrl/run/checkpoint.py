@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 # keys of optimizer.pt
 OPTIMIZER_KEY = "optimizer"
+OPTIM_NAME_KEY = "optim"  # the optimizer that wrote OPTIMIZER_KEY (train/optimizers.py); absent: torch's AdamW
 TRAINER_RNG_KEY = "trainer_rng"
 LEGACY_TORCH_RNG_KEY = "torch_rng"
 
@@ -51,25 +52,35 @@ class Restored:
 
 
 def save(trainer: Any, run: Path, step: int, base_model: str, history_record: dict[str, Any] | None, *,
-         adapter_state: dict[str, torch.Tensor] | None = None, optimizer_state: dict[str, Any] | None = None) -> Path:
+         adapter_state: dict[str, torch.Tensor] | None = None, optimizer_state: dict[str, Any] | None = None,
+         optimizer_name: str | None = None) -> Path:
     """Write checkpoint `step` of `trainer` (adapter, optimizer, RNG, trainer state) atomically.
 
     `adapter_state` (the model's parameter names -> tensors) and `optimizer_state` (as
     `Optimizer.state_dict()` keys it) replace what the trainer's model and optimizer hold: a sharded
-    trainer passes the full tensors it gathered from every rank (distributed/checkpoint.py).
+    trainer passes the full tensors it gathered from every rank (distributed/checkpoint.py), with the name of
+    the optimizer whose format they are in (`optimizer_name`; None: the trainer's own).
     """
     adapter = {} if adapter_state is None else {"state_dict": adapter_state}
 
     def write(tmp: Path) -> None:
         trainer.model.save_pretrained(str(tmp), selected_adapters=["default"], **adapter)
         optimizer = trainer.optimizer.state_dict() if optimizer_state is None else optimizer_state
-        torch.save({OPTIMIZER_KEY: optimizer, TRAINER_RNG_KEY: trainer.rng_state()}, tmp / storage.OPTIMIZER_FILE)
+        torch.save({OPTIMIZER_KEY: optimizer, OPTIM_NAME_KEY: optimizer_name or trainer.optim.name,
+                    TRAINER_RNG_KEY: trainer.rng_state()}, tmp / storage.OPTIMIZER_FILE)
         with open(tmp / storage.TRAINER_STATE_FILE, "w") as fh:
             json.dump({"step": step, "optimizer_steps": trainer.optimizer_steps, "base_model": base_model,
                        "history_record": history_record}, fh)
 
     with trainer.model_lock:
         return storage.write_checkpoint(run, step, write, {"base_model": base_model})
+
+
+def load_optimizer_state(trainer: Any, saved: dict[str, Any], saved_optim: str | None) -> None:
+    """A checkpoint's optimizer state into `trainer`'s optimizer, whichever optimizer wrote it."""
+    from ..train.optimizers import load_state
+
+    load_state(trainer.optimizer, saved, saved_optim, trainer.optim)
 
 
 def _unreadable(path: Path, what: str, error: BaseException) -> CheckpointError:
@@ -131,7 +142,7 @@ def restore(trainer: Any, run: Path, step: int, base_model: str) -> Restored:
             f"configuration, or is its adapter file damaged? {DELETE_ADVICE}")
     with trainer.model_lock:
         try:
-            trainer.optimizer.load_state_dict(opt[OPTIMIZER_KEY])
+            load_optimizer_state(trainer, opt[OPTIMIZER_KEY], opt.get(OPTIM_NAME_KEY))
         except (ValueError, KeyError, RuntimeError) as e:
             raise CheckpointError(f"checkpoint {path} has optimizer state that does not fit this model ({e}); "
                                   f"was it trained with another LoRA configuration? {DELETE_ADVICE}") from e

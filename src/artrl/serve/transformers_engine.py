@@ -39,7 +39,8 @@ what it leaves out compared with vLLM:
    switches for a GPU, each on by default on CUDA only: `merge_lora` serves a batch
    whose rows all run one adapter from merged copies of the adapted weights
    (serve/merged_lora.py: the copy's own parameters point at them, the shared storage
-   is never written), `attn_implementation` decodes with 'sdpa' instead of the
+   is never written; never for quantised base weights, which would need a full-precision
+   copy of each adapted weight), `attn_implementation` decodes with 'sdpa' instead of the
    trainer's attention (serve/attention_switch.py).
 5. **A caller that stops waiting frees its rows.** Cancelling `generate` (the server
    does when the HTTP client disconnects) cancels a queued request outright; a
@@ -81,6 +82,8 @@ import torch
 from artrl import shutdown
 from artrl.adapter_switch import NotPeftModelError, serving_copy
 from artrl.chat_format import end_of_turn_ids
+from artrl.errors import ConfigError
+from artrl.models.quantization import quantization_of
 from artrl.serve.engine import (
     BASE_WEIGHTS,
     EngineClosedError,
@@ -171,8 +174,13 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         self.live_weights: tuple[str, int] | None = None
         self._grammars = GrammarCompiler(tokenizer, self._vocab_size, self._eos_ids)
         device = next(model.parameters()).device
+        quantized = quantization_of(model)
+        if merge_lora and quantized:
+            raise ConfigError(f"inference_merge_lora=True: the base weights are {quantized}, and a LoRA adapter "
+                              "cannot be merged into them without a full-precision copy of every adapted weight; "
+                              "leave inference_merge_lora None (off for quantised weights).")
         if merge_lora is None:
-            merge_lora = device.type == "cuda"
+            merge_lora = device.type == "cuda" and not quantized
         #: Whether the live adapter is served from merged weights (serve/merged_lora.py).
         self.merge_lora = merge_lora
         # sharing the trainer's model: its optimizer may change the adapter in any way between batches

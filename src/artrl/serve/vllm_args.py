@@ -52,7 +52,7 @@ GPU_MEMORY_SHARE = {True: 0.79, False: 0.55}  # ART's get_model_config, by enabl
 
 def device_and_dtype(device: str | None, dtype: str, cuda_available: bool) -> tuple[str, str]:
     """(device type, dtype name) vLLM runs with for a model config's `device` and `dtype`: the trainer's rule
-    (train/modeling.py: cuda when available; "auto" = bfloat16 on a GPU, float32 on CPU)."""
+    (models/loading.py: cuda when available; "auto" = bfloat16 on a GPU, float32 on CPU)."""
     device_type = device.split(":")[0] if device else ("cuda" if cuda_available else "cpu")
     if dtype == "auto":
         dtype = "bfloat16" if device_type == "cuda" else "float32"

@@ -45,13 +45,13 @@ def fused_adamw(cfg: InternalModelConfig, device: torch.device) -> bool:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder layers of a transformers causal LM (`model.model.layers` for Llama/Qwen-style ones)."""
-    base = getattr(model, getattr(model, "base_model_prefix", "model"), model)
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        raise ConfigError(f"compile_layers: found no decoder layers (`.layers`) in {type(base).__name__}; "
-                          "set compile_layers=False.")
-    return list(layers)
+    """The decoder layers of a transformers causal LM (models/structure.py), or a ConfigError for compile_layers."""
+    from ..models.structure import decoder_layers as layers_of
+
+    try:
+        return layers_of(model)
+    except ValueError as e:
+        raise ConfigError(f"compile_layers: {e}; set compile_layers=False.") from e
 
 
 def apply_liger(model: torch.nn.Module) -> None:

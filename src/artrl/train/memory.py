@@ -14,7 +14,8 @@ The estimate errs high: on the Qwen3-0.6B shape it says 2.3 MB per token
 without checkpointing, where a measured peak gave 1.8 MB.
 
 With `gradient_checkpointing=None` (the default) checkpointing is on for a call
-only when its largest micro-batch would not fit without it; the budget is
+only when its largest micro-batch would not fit without it (on a CPU, against the
+host's available memory; micro-batches there stay as configured); the budget is
 never below the call's longest sequence, so what is trained never depends on
 the memory (a too-long trajectory follows `on_too_long` against the model's
 and the user's limits only).
@@ -63,32 +64,26 @@ class MemoryBudget:
 
 
 def bytes_per_token(config: Any, dtype: torch.dtype, checkpointing: bool) -> int:
-    """Activation bytes one token keeps for backward in a decoder-only transformer (an upper estimate).
+    """Activation bytes one token keeps for backward (models/memory_plan.py's estimate, for a model config)."""
+    from ..models.memory_plan import ModelShape, bytes_per_token as per_token
 
-    Per layer, in the weights' dtype: the residual and norm outputs and LoRA inputs (~10 x hidden), q, k, v
-    and the attention output twice each, the MLP's gate, up, activation, product and LoRA input
-    (5 x intermediate); plus float32 copies made by RMSNorm (4 x hidden x 4 bytes).
-    """
-    hidden = int(config.hidden_size)
-    inter = int(getattr(config, "intermediate_size", 4 * hidden))
-    heads = int(config.num_attention_heads)
-    kv = int(getattr(config, "num_key_value_heads", heads) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
-    layers = int(config.num_hidden_layers)
-    size = torch.finfo(dtype).bits // 8
-    per_layer = size * (10 * hidden + 2 * (heads + 2 * kv) * head_dim + 5 * inter) + 16 * hidden
-    if checkpointing:
-        return layers * hidden * size + per_layer  # each layer's input, and one layer's activations at a time
-    return layers * per_layer
+    return per_token(ModelShape.of(config), torch.finfo(dtype).bits // 8, checkpointing)
 
 
 def head_bytes(config: Any, chunk_size: int) -> int:
-    """The LM head's working set for one chunk: float32 logits, log-softmax, its exp and a gradient."""
-    return 4 * 4 * chunk_size * int(config.vocab_size)
+    """The LM head's working set for one chunk (models/memory_plan.py)."""
+    from ..models.memory_plan import head_bytes as head
+
+    return head(int(config.vocab_size), chunk_size)
 
 
 def free_bytes(device: torch.device) -> int:
-    """Free device memory, counting what torch's caching allocator reserved but does not use."""
+    """Free device memory, counting what torch's caching allocator reserved but does not use; on a CPU the host's
+    available memory."""
+    if device.type != "cuda":
+        from ..models.memory_plan import host_available_bytes
+
+        return host_available_bytes()
     free, _ = torch.cuda.mem_get_info(device)
     return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
 
@@ -104,9 +99,10 @@ def budget_for(config: Any, dtype: torch.dtype, chunk_size: int, free: int) -> M
     return MemoryBudget(tokens(False), tokens(True), int(free))
 
 
-def device_budget(trainer: "Trainer") -> MemoryBudget | None:
-    """The trainer's budgets now (None off CUDA, or when workers elsewhere train)."""
-    if trainer.device.type != "cuda" or trainer.sharded:
+def device_budget(trainer: "Trainer", host: bool = False) -> MemoryBudget | None:
+    """The trainer's budgets now (None off CUDA unless `host`: a CPU's host memory; None when workers elsewhere
+    train)."""
+    if trainer.device.type not in (("cuda", "cpu") if host else ("cuda",)) or trainer.sharded:
         return None
     cfg = trainer.cfg
     if cfg.num_workers != 1 or cfg.trainer_gpu_ids is not None or cfg.num_nodes != 1:
@@ -145,7 +141,7 @@ def call_checkpointing(trainer: "Trainer", model: Any, plan: "BatchPlan") -> Ite
     (`gradient_checkpointing=None` on CUDA) on only when the plan's largest micro-batch would not fit the free
     memory without it; put back as it was afterwards."""
     want = trainer.cfg.gradient_checkpointing
-    if want is None and trainer.device.type == "cuda" and not trainer.sharded:
+    if want is None and not trainer.sharded:
         want = needs_checkpointing(trainer, plan)
     before = checkpointing_on(model)
     if want is None or want == before or not (hasattr(model, "activation_checkpointing_enable")
@@ -160,12 +156,15 @@ def call_checkpointing(trainer: "Trainer", model: Any, plan: "BatchPlan") -> Ite
 
 
 def needs_checkpointing(trainer: "Trainer", plan: "BatchPlan") -> bool:
-    """Whether the plan's largest micro-batch would not fit the free memory without activation checkpointing."""
-    budget = device_budget(trainer)
+    """Whether the plan's largest micro-batch would not fit the free memory (the host's, on a CPU) without activation
+    checkpointing."""
+    budget = device_budget(trainer, host=True)
     if budget is None:
         return False
     largest = max((mb.tokens for step in plan.steps for mb in step.micro_batches), default=0)
     on = largest > budget.tokens
+    if not on and trainer.device.type == "cpu":
+        return False  # the usual case on a CPU: said nothing before, says nothing now
     log.info("activation checkpointing %s: largest micro-batch %d tokens, %d fit without it (%.1f GB free)",
              "on" if on else "off", largest, budget.tokens, budget.free_bytes / 1e9)
     return on

@@ -64,9 +64,10 @@ from .attention import attention_mask_for
 from .kernels import apply_kernels, fused_adamw
 from .logprobs import TokenLogprobModel
 from .loss import LossTerms
+from .optimizers import build_optimizer, optim_spec
 from .memory import (CallState, MemoryBudget, call_checkpointing, device_budget, is_out_of_memory,
                      out_of_memory_error)
-from .modeling import model_max_length
+from ..models.loading import model_max_length
 from .totals import StepTotals
 from .tree_attention import TREE_ATTENTION, TreeLayout
 
@@ -176,7 +177,8 @@ class Trainer:
         self.backbone = getattr(inner, inner.base_model_prefix)  # e.g. Qwen3Model
         self.lm_head = inner.get_output_embeddings()
         self.device = next(model.parameters()).device
-        self.dtype = next(p for p in inner.parameters() if not p.requires_grad).dtype
+        # the dtype activations run in: the frozen floating weights' (a quantised model's packed weights are not)
+        self.dtype = next(p for p in inner.parameters() if not p.requires_grad and p.is_floating_point()).dtype
         self.model_config = inner.config
         self.attn_implementation = inner.config._attn_implementation
         self.softcap = getattr(inner.config, "final_logit_softcapping", None)
@@ -187,18 +189,22 @@ class Trainer:
         if wrap is not None:
             wrap(self.token_model)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        # one fused kernel for the whole AdamW step on CUDA (the sharded model keeps torch's default)
+        # ART's trainer_args.optim (train/optimizers.py); torch's AdamW runs one fused kernel for the whole step on
+        # CUDA (the sharded model keeps torch's default)
+        self.optim = optim_spec(self.cfg.optim)
         fused = fused_adamw(self.cfg, self.device) and wrap is None
-        # param-group entries that pick AdamW's implementation; set again each step, since loading a checkpoint
-        # (maybe written on another device) brings its param groups along
-        self._adamw_impl: dict[str, Any] = {"fused": True, "foreach": False} if fused else {}
-        self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, **OptimizerConfig().optimizer_settings(),
-                                           **self._adamw_impl)
+        # `_adamw_impl`: param-group entries that pick torch AdamW's implementation; set again each step, since
+        # loading a checkpoint (maybe written on another device) brings its param groups along
+        self.optimizer, self._adamw_impl = self._build_optimizer(fused)
         self.sharded = wrap is not None
         self.model_lock = model_lock or threading.RLock()
         self.optimizer_steps = 0
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._rng = self._seeded_rng_state(self.cfg.seed)
+
+    def _build_optimizer(self, fused: bool) -> tuple[Any, dict[str, Any]]:
+        """The adapter's optimizer (a sharded trainer steps each rank's shards: distributed/sharding.py)."""
+        return build_optimizer(self.params, self.optim, fused=fused)
 
     def build_context(self) -> "BuildContext":
         """What preparing a call for this trainer needs to know of it."""

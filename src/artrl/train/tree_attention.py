@@ -9,7 +9,7 @@ holding a whole group cost no more attention than the group's sequences run
 one by one, and no seq x seq mask is ever built.
 
 It is made known to transformers as the attention implementation "artrl_tree"
-by `register()`, which the model loader (train/modeling.py) calls when it picks
+by `register()`, which the model loader (models/loading.py) calls when it picks
 this implementation; importing this module changes no global state. A forward
 call that passes `artrl_tree=TreeLayout(...)` uses it; any other call
 (generation with a KV cache, a plain forward) falls through to transformers' own

@@ -3,7 +3,8 @@
 A `base_model` is one of four things, tried in this order:
 
 * a built-in model ("artrl/tiny", "artrl/bench-100m"): built offline, never fetched;
-* a random-init shape ("random:qwen3-0.6b", "random:qwen3-8b"): built in memory, never fetched;
+* a random-init shape ("random:qwen3-0.6b" ... "random:qwen3-32b", models/shapes.py): built in memory, never
+  fetched;
 * a local directory;
 * a Hugging Face model id, loaded from the local Hugging Face cache or the hub.
 
@@ -41,21 +42,12 @@ log = logging.getLogger(__name__)
 OWN_PREFIXES = ("artrl/", "random:")
 _PROBE_TIMEOUT_S = 10.0
 
-# Random-init models of real shapes (no download), for GPU benchmarks: "random:qwen3-8b" etc.
-RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
-    "random:qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                              num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "random:qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                            num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
-}
-
-
-
 def known_models() -> list[str]:
     """The built-in models and random-init shapes, sorted."""
     from ..tiny import BUILTIN_MODELS
+    from .shapes import RANDOM_SHAPES
 
-    return sorted([*BUILTIN_MODELS, *RANDOM_CONFIGS])
+    return sorted([*BUILTIN_MODELS, *RANDOM_SHAPES])
 
 
 def _ways_out(base_model: str) -> str:
@@ -71,8 +63,9 @@ def check_model_source(base_model: str) -> str | None:
     directory to load instead of the name when the hub cannot be reached (None: load the name itself).
     See the module docstring."""
     from ..tiny import BUILTIN_MODELS
+    from .shapes import RANDOM_SHAPES
 
-    if base_model in BUILTIN_MODELS or base_model in RANDOM_CONFIGS:
+    if base_model in BUILTIN_MODELS or base_model in RANDOM_SHAPES:
         return None
     if base_model.startswith(OWN_PREFIXES):
         raise ConfigError(f"base model {base_model!r} is not a built-in model; artrl's built-in models are "

@@ -1,14 +1,20 @@
-"""Loading a causal LM with a LoRA adapter: transformers + peft, nothing hand-rolled.
+"""Loading a base model and its LoRA adapter: transformers + peft (+ bitsandbytes), nothing hand-rolled.
 
-`load_model("artrl/tiny")` builds (once) and loads the offline tiny model;
-any other name is a Hugging Face model id or a local path, loaded with
-`AutoModelForCausalLM` (weights must be present locally or reachable).
+Every caller that needs a model (the training session, the training workers, `artrl serve`, the
+benchmarks) loads it here. A `base_model` is one of (models/source.py checks which, in seconds):
 
-Defaults: float32 on CPU, bfloat16 on GPU; tree attention ("artrl_tree": one
-SDPA call per packed node, train/tree_attention.py) on CPU, flex_attention
-(block-sparse) on GPU; LoRA r=8, alpha=16 on
-the attention and MLP projections of Llama/Qwen/Mistral-style models, peft's
-"all-linear" elsewhere. `trust_remote_code` stays off unless asked for.
+* a built-in ("artrl/tiny", "artrl/bench-100m"): built offline once (tiny.py), loaded from its directory;
+* a random-init shape ("random:qwen3-14b"...; models/shapes.py): built in memory one tensor at a
+  time (models/random_init.py), with the tiny tokenizer;
+* a local directory or a Hugging Face id: `AutoModelForCausalLM.from_pretrained`, which loads and,
+  when quantised, quantises one checkpoint shard at a time.
+
+Defaults: float32 on CPU and bfloat16 on GPU, except quantised base weights, which compute in
+bfloat16 everywhere (as Unsloth); 4-bit NF4 weights for a Hugging Face checkpoint (ART's default)
+and full precision for artrl's own models (models/quantization.py); tree attention ("artrl_tree":
+one SDPA call per packed node, train/tree_attention.py) on CPU, flex_attention (block-sparse) on
+GPU; LoRA r=8, alpha=16 on the attention and MLP projections of Llama/Qwen/Mistral-style models,
+peft's "all-linear" elsewhere. `trust_remote_code` stays off unless asked for.
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ import torch
 
 from ..errors import ConfigError
 from ..types import InternalModelConfig
-from .model_source import OWN_PREFIXES, RANDOM_CONFIGS, check_model_source  # RANDOM_CONFIGS: also read from here
+from .memory_plan import check_model_fits
+from .quantization import Quantization, bnb_config, prepare_quantized, resolve_quantization
+from .shapes import RANDOM_SHAPES, random_config
+from .source import OWN_PREFIXES, check_model_source
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +48,10 @@ def resolve_device(cfg: InternalModelConfig) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def resolve_dtype(cfg: InternalModelConfig, device: torch.device) -> torch.dtype:
+def resolve_dtype(cfg: InternalModelConfig, device: torch.device, quantization: Quantization | None = None) -> torch.dtype:
+    """The dtype of the weights that are not quantised, and the compute dtype of those that are."""
     if cfg.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" or quantization is not None else torch.float32
     return _DTYPES[cfg.dtype]
 
 
@@ -50,7 +60,7 @@ def resolve_attn(cfg: InternalModelConfig, device: torch.device) -> str:
         return cfg.attn_implementation
     if device.type == "cuda":
         return "flex_attention"
-    from .tree_attention import TREE_ATTENTION, register
+    from ..train.tree_attention import TREE_ATTENTION, register
 
     register()
     return TREE_ATTENTION
@@ -65,7 +75,7 @@ def default_target_modules(model: torch.nn.Module) -> list[str] | str:
 def resolve_name(base_model: str) -> str:
     from ..tiny import BUILTIN_MODELS, TINY_MODEL_NAME, resolve_model_path
 
-    if base_model in RANDOM_CONFIGS:
+    if base_model in RANDOM_SHAPES:
         return resolve_model_path(TINY_MODEL_NAME)  # random models borrow the tiny tokenizer
     if base_model not in BUILTIN_MODELS and (base_model.startswith(OWN_PREFIXES) or (
             base_model.startswith(("/", "./", "../", "~")) and not Path(base_model).expanduser().exists())):
@@ -73,14 +83,18 @@ def resolve_name(base_model: str) -> str:
     return resolve_model_path(base_model)
 
 
-def _random_model(base_model: str, device: torch.device, dtype: torch.dtype, attn: str, seed: int) -> Any:
-    from transformers import AutoModelForCausalLM, Qwen3Config
+def load_config(base_model: str, cfg: InternalModelConfig | None = None) -> Any:
+    """The model's transformers config, without its weights (what the memory plan reads)."""
+    from transformers import AutoConfig
 
-    config = Qwen3Config(**RANDOM_CONFIGS[base_model], max_position_embeddings=40960,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), device:
-        torch.manual_seed(seed)
-        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+    cfg = cfg or InternalModelConfig()
+    if base_model in RANDOM_SHAPES:
+        return random_config(base_model)
+    path = resolve_name(base_model)
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    except OSError as e:
+        raise ConfigError(f"could not read the config of model {base_model!r} ({path}): {e}") from e
 
 
 def load_tokenizer(base_model: str, cfg: InternalModelConfig | None = None) -> Any:
@@ -105,7 +119,7 @@ def load_generation_config(base_model: str, cfg: InternalModelConfig | None = No
     has none; for a caller that serves the model without loading its weights here (vLLM)."""
     from transformers import GenerationConfig
 
-    if base_model in RANDOM_CONFIGS:
+    if base_model in RANDOM_SHAPES:
         return None
     cfg = cfg or InternalModelConfig()
     try:
@@ -115,30 +129,56 @@ def load_generation_config(base_model: str, cfg: InternalModelConfig | None = No
 
 
 def load_base_model(base_model: str, cfg: InternalModelConfig | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) without an adapter, on the configured device and dtype."""
+    """(model, tokenizer) without an adapter, on the configured device, dtype and quantisation."""
     from transformers import AutoModelForCausalLM
 
     cfg = cfg or InternalModelConfig()
     device = resolve_device(cfg)
-    dtype = resolve_dtype(cfg, device)
+    quantization = resolve_quantization(cfg, base_model, device.type)
+    dtype = resolve_dtype(cfg, device, quantization)
     path = resolve_name(base_model)
     tok = load_tokenizer(base_model, cfg)
-    if base_model in RANDOM_CONFIGS:
-        model = _random_model(base_model, device, dtype, resolve_attn(cfg, device), cfg.seed)
-        log.info("built random-init %s (%s, %s, %.1fM parameters)", base_model, device, dtype,
-                 sum(p.numel() for p in model.parameters()) / 1e6)
+    # memory is planned before anything loads: a model that cannot fit is refused now, with settings that fit
+    check_model_fits(base_model, cfg, device)
+    what = f"{quantization} weights computing in {dtype}" if quantization else str(dtype)
+    if base_model in RANDOM_SHAPES:
+        from .random_init import build_random_model
+
+        model = build_random_model(random_config(base_model), device=device, dtype=dtype,
+                                   attn_implementation=resolve_attn(cfg, device), seed=cfg.seed,
+                                   quantization=quantization)
+        log.info("built random-init %s (%s, %s, %.1fM parameters)", base_model, device, what, parameter_count(model) / 1e6)
         return model, tok
+    extra: dict[str, Any] = {}
+    if quantization is not None:
+        # quantised shard by shard while loading, straight onto the device
+        extra = {"quantization_config": bnb_config(quantization, dtype), "device_map": {"": device}}
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, attn_implementation=resolve_attn(cfg, device),
-            trust_remote_code=cfg.trust_remote_code)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*inputs will be cast from.*")
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, attn_implementation=resolve_attn(cfg, device),
+                trust_remote_code=cfg.trust_remote_code, **extra)
     except OSError as e:
         raise ConfigError(f"could not load model {base_model!r} ({path}): {e}. artrl downloads nothing at "
                           "run time unless the Hugging Face cache or network provides it.") from None
-    model.to(device)
-    log.info("loaded %s (%s, %s, %s attention, %.1fM parameters)", base_model, device, dtype,
-             model.config._attn_implementation, sum(p.numel() for p in model.parameters()) / 1e6)
+    if quantization is None:
+        model.to(device)
+    else:
+        prepare_quantized(model, quantization)
+    log.info("loaded %s (%s, %s, %s attention, %.1fM parameters)", base_model, device, what,
+             model.config._attn_implementation, parameter_count(model) / 1e6)
     return model, tok
+
+
+def parameter_count(model: Any) -> int:
+    """Parameters of `model`, a 4-bit weight counted as the weights it stands for (bitsandbytes packs two in
+    a byte)."""
+    total = 0
+    for p in model.parameters():
+        shape = getattr(getattr(p, "quant_state", None), "shape", None)
+        total += int(torch.Size(shape).numel()) if shape is not None else p.numel()
+    return total
 
 
 def add_lora(model: Any, cfg: InternalModelConfig | None = None) -> Any:

@@ -1,0 +1,343 @@
+"""The memory plan: what a model will take, worked out from its config before anything loads.
+
+`plan_memory(shape, settings)` is a pure function: from the model's shape (models/shapes.py or
+its config.json) and the run's settings it gives the bytes of every part a LoRA training
+process holds, on the device the model trains on (host RAM on a CPU):
+
+    part          what it counts                                                   when
+    weights       decoder projections (4-bit: ~0.516 B, 8-bit: ~1 B, else the     always
+                  dtype's bytes a weight), embeddings, LM head, norms (dtype)
+    adapter       the LoRA weights in float32: the trained copy, the serving       always
+                  copy and the policy versions the engine keeps (SERVED_ADAPTERS)
+    gradients     float32, one per adapter weight                                  always
+    optimizer     AdamW's two moments: 8 B a weight, 2 B with an 8-bit optim       always
+    runtime       the interpreter, torch, transformers and the server (host)       always
+    engine_cache  the engine's KV cache of `serving_tokens` tokens                 serving
+    activations   one micro-batch of `micro_batch_tokens` tokens kept for          a train step
+                  backward (every layer's, or with checkpointing one input per
+                  layer and one layer at a time), the LM head's chunk, and a 4-bit
+                  layer's weight dequantised for its matmul
+    loading       while weights load: one tensor drawn or read in float32 and,     loading
+                  when quantised, bitsandbytes' working set for it
+
+The peak is the resident parts plus the larger of `loading` and `activations` (a model
+loads before it trains). `check_fits` compares the peak with what the device has and, when
+it does not fit, raises a ConfigError naming the settings that would (`alternatives`):
+4-bit or 8-bit weights, activation checkpointing, an 8-bit optimizer, shorter micro-batches.
+A session runs the check before it loads a model (`check_model_fits`, with `PLAN_TOKENS`
+tokens of micro-batch and of cache: the least a run needs to do anything) and logs the plan;
+`artrl bench memory` prints it beside the measured peak of a train call.
+
+The per-token figures err high (train/memory.py measured 1.8 MB a token where this says 2.3
+on the Qwen3-0.6B shape); `runtime` and the quantisation working sets were measured on this
+project's CPU path (docs/getting-started.md has the table).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+GB = 1e9
+PLAN_TOKENS = 1024  # micro-batch and cache tokens of the check before loading
+SERVED_ADAPTERS = 3  # adapter copies besides the trained one: the serving copy and two policy versions
+RUNTIME_HOST_BYTES = int(0.9e9)  # a training process's own RSS before any weights (CPU; measured, see docs)
+CUDA_CONTEXT_BYTES = int(0.6e9)  # the CUDA context and kernels, outside torch's allocator
+RANDOM_DRAW_ROWS = 8192  # models/random_init.py's chunk of rows drawn in float32
+
+Quantization = Literal["4bit", "8bit"]
+_WEIGHT_BYTES = {"4bit": 0.5 + 1 / 64 + 4 / (64 * 256), "8bit": 1.0}  # models/quantization.py's figures
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes the plan needs of a decoder-only transformer."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+
+    @classmethod
+    def of(cls, config: Any) -> "ModelShape":
+        hidden = int(config.hidden_size)
+        heads = int(config.num_attention_heads)
+        return cls(hidden=hidden, intermediate=int(getattr(config, "intermediate_size", None) or 4 * hidden),
+                   layers=int(config.num_hidden_layers), heads=heads,
+                   kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+                   head_dim=int(getattr(config, "head_dim", None) or hidden // heads), vocab=int(config.vocab_size),
+                   tied=bool(getattr(config, "tie_word_embeddings", False)))
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """A layer's linear projections: name -> (in_features, out_features)."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        h, i = self.hidden, self.intermediate
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def linear_weights(self) -> int:
+        return self.layers * sum(a * b for a, b in self.projections().values())
+
+    def other_weights(self) -> int:
+        """Embeddings, LM head (unless tied), norms."""
+        norms = self.layers * (2 * self.hidden + 2 * self.head_dim) + self.hidden
+        return self.vocab * self.hidden * (1 if self.tied else 2) + norms
+
+    def largest_linear(self) -> tuple[int, int]:
+        return max(self.projections().values(), key=lambda s: s[0] * s[1])
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """What the plan needs of a run's settings (`settings_for` reads them from an InternalModelConfig)."""
+
+    device_type: str = "cpu"
+    quantization: Quantization | None = None
+    dtype_bytes: int = 4  # the dtype of the unquantised weights and of the activations
+    lora_rank: int = 8
+    target_modules: tuple[str, ...] | None = None  # None: the seven projections
+    optim_bits: int = 32
+    gradient_checkpointing: bool = False
+    micro_batch_tokens: int = PLAN_TOKENS
+    logprob_chunk_size: int = 1024
+    serving_tokens: int = PLAN_TOKENS
+    random_init: bool = False  # weights drawn in memory (models/random_init.py) rather than read
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes per part (see the module docstring); `peak` and `available` in bytes."""
+
+    parts: dict[str, int]
+    settings: MemorySettings
+    available: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def resident(self) -> int:
+        return sum(v for k, v in self.parts.items() if k not in ("activations", "loading"))
+
+    @property
+    def peak(self) -> int:
+        return self.resident + max(self.parts["activations"], self.parts["loading"])
+
+    def fits(self) -> bool:
+        return self.available is None or self.peak <= self.available
+
+    def line(self) -> str:
+        what = {None: f"{self.settings.dtype_bytes * 8}-bit", "4bit": "4-bit", "8bit": "8-bit"}[self.settings.quantization]
+        parts = ", ".join(f"{k} {v / GB:.2f}" for k, v in self.parts.items())
+        room = f" of {self.available / GB:.1f} GB available" if self.available is not None else ""
+        return f"memory plan ({what} weights, {self.settings.device_type}): peak {self.peak / GB:.1f} GB{room} ({parts} GB)"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"peak_gb": round(self.peak / GB, 3), "available_gb": None if self.available is None else
+                round(self.available / GB, 3), "parts_gb": {k: round(v / GB, 3) for k, v in self.parts.items()},
+                "settings": asdict(self.settings)}
+
+
+def bytes_per_token(shape: ModelShape, dtype_bytes: int, checkpointing: bool) -> int:
+    """Activation bytes one token keeps for backward in a decoder-only transformer (an upper estimate).
+
+    Per layer, in the compute dtype: the residual and norm outputs and LoRA inputs (~10 x hidden), q, k, v and the
+    attention output twice each, the MLP's gate, up, activation, product and LoRA input (5 x intermediate); plus
+    float32 copies made by RMSNorm (4 x hidden x 4 bytes).
+    """
+    h = shape.hidden
+    per_layer = dtype_bytes * (10 * h + 2 * (shape.heads + 2 * shape.kv_heads) * shape.head_dim
+                               + 5 * shape.intermediate) + 16 * h
+    if checkpointing:
+        return shape.layers * h * dtype_bytes + per_layer  # each layer's input, and one layer's at a time
+    return shape.layers * per_layer
+
+
+def head_bytes(vocab: int, chunk_size: int) -> int:
+    """The LM head's working set for one chunk: float32 logits, log-softmax, its exp and a gradient."""
+    return 4 * 4 * chunk_size * vocab
+
+
+def lora_weights(shape: ModelShape, rank: int, targets: tuple[str, ...] | None) -> int:
+    names = targets if targets is not None else _PROJECTIONS
+    return shape.layers * sum(rank * (a + b) for n, (a, b) in shape.projections().items() if n in names)
+
+
+def plan_memory(shape: ModelShape, s: MemorySettings, available: int | None = None) -> MemoryPlan:
+    """The plan of one training process (see the module docstring). Pure: no device is asked."""
+    weights = int(shape.linear_weights() * (_WEIGHT_BYTES[s.quantization] if s.quantization else s.dtype_bytes)
+                  + shape.other_weights() * s.dtype_bytes)
+    lora = lora_weights(shape, s.lora_rank, s.target_modules)
+    optimizer = lora * (2 if s.optim_bits == 8 else 8)
+    largest = shape.largest_linear()[0] * shape.largest_linear()[1]
+    on_cpu = s.device_type == "cpu"
+    # a 4-bit matmul dequantises its weight: on a CPU through int32 codes and float32 values, on CUDA in a kernel
+    dequant = largest * ((4 + 4 + s.dtype_bytes) if on_cpu else s.dtype_bytes) if s.quantization else 0
+    activations = (s.micro_batch_tokens * bytes_per_token(shape, s.dtype_bytes, s.gradient_checkpointing)
+                   + head_bytes(shape.vocab, min(s.logprob_chunk_size, s.micro_batch_tokens)) + dequant)
+    draw = RANDOM_DRAW_ROWS * shape.largest_linear()[0] * 4 if s.random_init else largest * 4
+    # bitsandbytes' quantiser holds the tensor in float32 twice and its codes as int32 (its CPU path)
+    quantize = largest * (s.dtype_bytes + 4 + 4 + 4 + 1) if s.quantization else 0
+    kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * s.dtype_bytes
+    parts = {
+        "weights": weights,
+        "adapter": lora * 4 * (1 + SERVED_ADAPTERS),
+        "gradients": lora * 4,
+        "optimizer": optimizer,
+        "runtime": RUNTIME_HOST_BYTES if on_cpu else CUDA_CONTEXT_BYTES,
+        "engine_cache": s.serving_tokens * kv_per_token,
+        "activations": int(activations),
+        "loading": int(draw + quantize),
+    }
+    return MemoryPlan(parts=parts, settings=s, available=available)
+
+
+def alternatives(shape: ModelShape, s: MemorySettings, available: int) -> list[tuple[str, MemoryPlan]]:
+    """Changes of settings (as a user writes them) whose plan fits `available` bytes, the least change first."""
+    tries: list[tuple[str, MemorySettings]] = []
+    if s.quantization != "4bit":
+        # quantised weights compute in bf16 by default (models/loading.py)
+        tries.append(("load_in_4bit=True", replace(s, quantization="4bit", dtype_bytes=2)))
+    if s.quantization is None:
+        tries.append(("load_in_8bit=True", replace(s, quantization="8bit", dtype_bytes=2)))
+    if s.quantization is None and s.dtype_bytes == 4:
+        tries.append(("dtype='bfloat16'", replace(s, dtype_bytes=2)))
+    if not s.gradient_checkpointing:
+        tries.append(("gradient_checkpointing=True", replace(s, gradient_checkpointing=True)))
+    if s.optim_bits != 8:
+        tries.append(("optim='paged_adamw_8bit'", replace(s, optim_bits=8)))
+    tries.append(("load_in_4bit=True, gradient_checkpointing=True, optim='paged_adamw_8bit'",
+                  replace(s, quantization="4bit", dtype_bytes=2, gradient_checkpointing=True, optim_bits=8)))
+    out, seen = [], set()
+    for what, settings in tries:
+        plan = plan_memory(shape, settings, available)
+        if plan.fits() and what not in seen:
+            seen.add(what)
+            out.append((what, plan))
+    if not out:  # shorter micro-batches, the rest as is
+        fixed = plan_memory(shape, replace(s, micro_batch_tokens=0), available)
+        per = bytes_per_token(shape, s.dtype_bytes, s.gradient_checkpointing)
+        room = available - fixed.resident - fixed.parts["activations"]
+        if room > 0 and fixed.parts["loading"] <= room and room // per >= 16:
+            n = int(room // per)
+            out.append((f"max_tokens_per_microbatch={n} (and rows no longer)",
+                        plan_memory(shape, replace(s, micro_batch_tokens=n), available)))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- the device side
+
+def available_bytes(device_type: str, device_index: int | None = None) -> int:
+    """What a process may still hold on the device: free GPU memory plus what torch already holds there, or on a
+    CPU the host's available memory (the cgroup's limit too, when lower) plus this process's own RSS."""
+    if device_type == "cuda":
+        import torch
+
+        dev = torch.device("cuda", device_index if device_index is not None else torch.cuda.current_device())
+        free, _ = torch.cuda.mem_get_info(dev)
+        return int(free + torch.cuda.memory_reserved(dev))
+    return host_available_bytes() + current_rss_bytes()
+
+
+def host_available_bytes() -> int:
+    """MemAvailable from /proc/meminfo, or less when a cgroup (v2) limit leaves less."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if avail is None:
+        import psutil  # noqa: PLC0415 -- only where /proc/meminfo is missing
+
+        avail = int(psutil.virtual_memory().available)
+    try:
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        used = int(open("/sys/fs/cgroup/memory.current").read().strip())
+        if limit != "max":
+            avail = min(avail, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def current_rss_bytes() -> int:
+    try:
+        with open(f"/proc/{os.getpid()}/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (ru_maxrss, KiB on Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def settings_for(cfg: Any, base_model: str, device_type: str, **workload: Any) -> MemorySettings:
+    """The plan's settings of InternalModelConfig `cfg` for `base_model` on `device_type` (`workload`:
+    micro_batch_tokens, serving_tokens)."""
+    from ..train.optimizers import optim_spec
+    from .quantization import resolve_quantization
+    from .shapes import RANDOM_SHAPES
+
+    quantization = resolve_quantization(cfg, base_model, device_type)
+    if cfg.dtype == "auto":
+        dtype_bytes = 2 if device_type == "cuda" or quantization else 4
+    else:
+        dtype_bytes = 4 if cfg.dtype == "float32" else 2
+    targets = cfg.target_modules
+    targets = tuple([targets] if isinstance(targets, str) else targets) if targets not in (None, "all-linear") else None
+    checkpointing = bool(cfg.gradient_checkpointing) if cfg.gradient_checkpointing is not None else False
+    return MemorySettings(device_type=device_type, quantization=quantization, dtype_bytes=dtype_bytes,
+                          lora_rank=cfg.lora_rank, target_modules=targets, optim_bits=optim_spec(cfg.optim).bits,
+                          gradient_checkpointing=checkpointing, logprob_chunk_size=cfg.logprob_chunk_size,
+                          random_init=base_model in RANDOM_SHAPES, **workload)
+
+
+def check_model_fits(base_model: str, cfg: Any, device: Any, *, config: Any = None) -> MemoryPlan:
+    """The plan of `base_model` under `cfg` on `device`, logged; raises ConfigError when it does not fit (unless
+    `cfg.check_memory` is False: then a warning). `config`: the model's transformers config (else read)."""
+    from .loading import load_config
+
+    config = config if config is not None else load_config(base_model, cfg)
+    shape = ModelShape.of(config)
+    settings = settings_for(cfg, base_model, device.type)
+    # with gradient_checkpointing=None a call turns it on when it needs to (train/memory.py): plan for the better
+    if cfg.gradient_checkpointing is None:
+        plain = plan_memory(shape, settings)
+        checkpointed = replace(settings, gradient_checkpointing=True)
+        if plan_memory(shape, checkpointed).peak < plain.peak:
+            settings = checkpointed
+    plan = plan_memory(shape, settings, available_bytes(device.type, device.index))
+    # said at INFO where it matters (a model of a gigabyte or more), at DEBUG for the small ones
+    log.log(logging.INFO if plan.parts["weights"] >= GB else logging.DEBUG, "%s: %s", base_model, plan.line())
+    if plan.fits():
+        return plan
+    ways = alternatives(shape, settings, plan.available or 0)
+    remedy = ("; ".join(f"{what} (peak {p.peak / GB:.1f} GB)" for what, p in ways) if ways else
+              "none of 4-bit weights, checkpointing, an 8-bit optimizer or shorter micro-batches is enough here: "
+              "use a smaller model or a device with more memory")
+    message = (f"{base_model} does not fit the memory of this {device.type} device: its plan needs "
+               f"{plan.peak / GB:.1f} GB at its peak and {plan.available / GB:.1f} GB is available ({plan.line()}). "
+               f"Settings that fit: {remedy}. The plan assumes micro-batches of {settings.micro_batch_tokens} tokens "
+               "and errs high; set check_memory=False in the model's InternalModelConfig to load anyway "
+               "(docs/getting-started.md, 'Memory').")
+    if not cfg.check_memory:
+        log.warning("%s (check_memory=False: loading anyway)", message)
+        return plan
+    raise ConfigError(message)

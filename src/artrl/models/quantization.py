@@ -1,0 +1,182 @@
+"""Quantised base weights: 4-bit NF4 (QLoRA) and 8-bit LLM.int8, through bitsandbytes, on CPU and CUDA.
+
+The settings are ART's (`init_args.load_in_4bit`, `load_in_8bit`) and Unsloth's choices for them:
+4-bit is NF4 with double quantisation (the block scales quantised again: about 0.516 bytes a
+weight), computing in the model's dtype (bf16 unless set); 8-bit is LLM.int8 with no fp16
+outlier copy. Only the decoder layers' linear projections are quantised; embeddings, the LM
+head and the norms stay in the model's dtype, as transformers and Unsloth leave them. The LoRA
+adapter sits on top of the quantised layers through peft and trains in float32.
+
+Which models are quantised by default (`resolve_quantization`): ART loads every base model in
+4-bit unless told otherwise, so a Hugging Face checkpoint (a hub id or a local directory) is
+loaded in 4-bit when `load_in_4bit` is left at None. artrl's own models (the built-ins such as
+"artrl/tiny", wherever their directory is, and the "random:" shapes) exist for tests and
+benchmarks, and load in full precision unless asked.
+
+One switch of bitsandbytes is turned off on every 4-bit layer (`prepare_quantized`): on a CPU
+with AVX512-BF16, a Linear4bit in eval mode repacks its weight *in place* for a bf16 inference
+kernel the first time it sees an input without gradient. The packed weight then serves every
+later call, training included, in bf16 and without a backward through it, and a serving copy
+shares that weight with the trainer. Keeping the dequantise-and-matmul path everywhere makes
+the sampler and the trainer compute the same thing (docs/token-record.md) at some decode speed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..types import InternalModelConfig
+
+log = logging.getLogger(__name__)
+
+Quantization = Literal["4bit", "8bit"]
+
+#: Block sizes and bytes per quantised weight (bitsandbytes' defaults for these settings).
+NF4_BLOCKSIZE = 64
+NF4_BYTES_PER_WEIGHT = 0.5 + 1 / NF4_BLOCKSIZE + 4 / (NF4_BLOCKSIZE * 256)  # double quantisation: 8-bit block scales
+INT8_BYTES_PER_WEIGHT = 1.0  # plus one float32 scale per output row (SCB)
+QUANTIZED_DEVICE_TYPES = ("cpu", "cuda")
+BNB_INSTALL_HINT = "pip install bitsandbytes"
+
+_KERNELS_NOTE = "Failed to load CPU gemm_4bit_forward from kernels-community"
+
+
+def bitsandbytes_installed() -> bool:
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
+def resolve_quantization(cfg: "InternalModelConfig", base_model: str, device_type: str) -> Quantization | None:
+    """What base weights `cfg` asks for: "4bit", "8bit" or None (the dtype itself); see the module docstring
+    for the default. Raises ConfigError for a combination that cannot load (both set; a device bitsandbytes
+    does not run on; bitsandbytes missing)."""
+    four, eight = cfg.load_in_4bit, cfg.load_in_8bit
+    if four and eight:
+        raise ConfigError("load_in_4bit=True and load_in_8bit=True: choose one (4-bit NF4 takes about half the "
+                          "memory of 8-bit; ART's default is 4-bit).")
+    if four is None and not eight:
+        four = not is_own_model(base_model)
+    mode: Quantization | None = "4bit" if four else "8bit" if eight else None
+    if mode is None:
+        return None
+    name = "load_in_4bit" if mode == "4bit" else "load_in_8bit"
+    if device_type not in QUANTIZED_DEVICE_TYPES:
+        raise ConfigError(f"{name}=True on a {device_type!r} device: bitsandbytes quantises on "
+                          f"{list(QUANTIZED_DEVICE_TYPES)} only. Set {name}=False (full precision) or use a CPU or "
+                          "CUDA device.")
+    if not bitsandbytes_installed():
+        default = " (the default for a Hugging Face model, as in ART)" if cfg.load_in_4bit is None else ""
+        raise ConfigError(f"{name}=True{default} needs bitsandbytes, which is not installed: {BNB_INSTALL_HINT}. "
+                          f"Or set {name}=False to load the weights in full precision (about 2-4x the memory).")
+    return mode
+
+
+def is_own_model(base_model: str) -> bool:
+    """A model artrl builds itself: a built-in name, a built-in's directory, or a random shape."""
+    from pathlib import Path
+
+    from ..tiny import BUILD_MARKER_FILE, BUILTIN_MODELS
+    from .shapes import RANDOM_SHAPES
+
+    if base_model in BUILTIN_MODELS or base_model in RANDOM_SHAPES:
+        return True
+    path = Path(base_model).expanduser()
+    return path.is_dir() and (path / BUILD_MARKER_FILE).is_file()
+
+
+def import_bitsandbytes() -> Any:
+    import bitsandbytes
+
+    return bitsandbytes
+
+
+class _DropKernelsNotice(logging.Filter):
+    """Drops bitsandbytes' one-line notice, at its import, that an optional CPU kernel could not be fetched from
+    the Hugging Face hub (`pip install kernels`): artrl never fetches code at run time, and bitsandbytes' own CPU
+    kernels run instead. Every other record of that logger passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _KERNELS_NOTE not in str(record.msg)
+
+
+def quiet_kernels_notice() -> None:
+    """Install `_DropKernelsNotice` on bitsandbytes' CPU logger (once; `import artrl` does it, before anything
+    imports bitsandbytes: peft does when it is imported)."""
+    cpu_ops = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    if not any(isinstance(f, _DropKernelsNotice) for f in cpu_ops.filters):
+        cpu_ops.addFilter(_DropKernelsNotice())
+
+
+def bnb_config(mode: Quantization, compute_dtype: "torch.dtype") -> Any:
+    """transformers' BitsAndBytesConfig for `mode`, as Unsloth configures it."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    import_bitsandbytes()
+    if mode == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                  bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_storage=torch.uint8)
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def quantized_linear(linear: "torch.nn.Linear", mode: Quantization, compute_dtype: "torch.dtype") -> Any:
+    """An empty bitsandbytes layer of `linear`'s shape (on the meta device), for models/random_init.py."""
+    bnb = import_bitsandbytes()
+    bias = linear.bias is not None
+    if mode == "4bit":
+        return bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=bias, compute_dtype=compute_dtype,
+                                 compress_statistics=True, quant_type="nf4", device="meta")
+    return bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=bias, has_fp16_weights=False,
+                               threshold=0.0, device="meta")
+
+
+def quantized_weight(layer: Any, data: "torch.Tensor", device: "torch.device") -> Any:
+    """`data` (full precision, on the CPU or `device`) quantised into `layer`'s kind of weight on `device`."""
+    bnb = import_bitsandbytes()
+    if isinstance(layer, bnb.nn.Linear4bit):
+        param = bnb.nn.Params4bit(data, requires_grad=False, quant_type="nf4", compress_statistics=True,
+                                  module=layer)
+    else:
+        param = bnb.nn.Int8Params(data, requires_grad=False, has_fp16_weights=False)
+    return param.to(device)
+
+
+def quantized_modules(model: Any) -> list[tuple[str, Any]]:
+    """(name, module) of every bitsandbytes linear layer in `model`."""
+    if not bitsandbytes_installed():
+        return []
+    bnb = import_bitsandbytes()
+    kinds = (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, kinds)]
+
+
+def quantization_of(model: Any) -> Quantization | None:
+    """"4bit" / "8bit" when `model` (or the model a peft model wraps) holds bitsandbytes layers, else None."""
+    found = quantized_modules(model)
+    if not found:
+        return None
+    bnb = import_bitsandbytes()
+    return "4bit" if isinstance(found[0][1], bnb.nn.Linear4bit) else "8bit"
+
+
+def quantized_params(model: Any) -> list[Any]:
+    """The quantised weights (and their biases) of `model`: frozen, never sharded, never copied."""
+    params = []
+    for _, module in quantized_modules(model):
+        params.extend(module.parameters(recurse=False))
+    return params
+
+
+def prepare_quantized(model: Any, mode: Quantization) -> None:
+    """Mark `model` as quantised for peft, and keep every 4-bit layer on the dequantise-and-matmul path (the
+    module docstring says why)."""
+    setattr(model, "is_loaded_in_4bit" if mode == "4bit" else "is_loaded_in_8bit", True)
+    for _, module in quantized_modules(model):
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
