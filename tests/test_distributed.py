@@ -211,13 +211,13 @@ def _adapter(backend) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().cpu().clone() for k, v in state.items()}
 
 
-def _assert_same_update(got, want, before):
+def _assert_same_update(got, want, before, tolerance=1e-4):
     """The adapter equals the reference relative to how far training moved it."""
     assert got.keys() == want.keys()
     diff = sum(float((got[k] - want[k]).pow(2).sum()) for k in want) ** 0.5
     moved = sum(float((want[k] - before[k]).pow(2).sum()) for k in want) ** 0.5
     assert moved > 0
-    assert diff / moved < 1e-4, (diff, moved)
+    assert diff / moved < tolerance, (diff, moved)
 
 
 # What a call reports that the adapter alone cannot show: AdamW's step hardly changes when every gradient is
@@ -225,10 +225,10 @@ def _assert_same_update(got, want, before):
 SAME_FIGURES = ("loss/grad_norm", "loss/train", "train/mean_ratio")
 
 
-def _assert_same_call(result, reference, k):
+def _assert_same_call(result, reference, k, tolerance=1e-4):
     """Call k's figures equal the one-process run's, and so does the adapter it leaves."""
     for name in SAME_FIGURES:
-        assert result.metrics[name] == pytest.approx(reference.metrics[k][name], rel=1e-4), name
+        assert result.metrics[name] == pytest.approx(reference.metrics[k][name], rel=tolerance), name
 
 
 def _skip_without_devices(n: int) -> None:
@@ -262,6 +262,63 @@ def reference(groups, tmp_path_factory) -> OneProcess:
         return out
 
     return asyncio.run(main())
+
+
+# 4-bit base weights with 8-bit optimizer states: the weights stay whole on each worker, the adapter and the 8-bit
+# moments are sharded (lora_rank 32 gives tensors of at least 4096 elements, whose moments are 8-bit)
+QUANTIZED = {"load_in_4bit": True, "optim": "adamw_8bit", "lora_rank": 32}
+# A checkpoint written by workers holds bitsandbytes' moments in float32; quantised again, a block whose largest
+# moment is negative gets a block scale 0.7% smaller (the 8-bit map's most negative code is -0.993), so the first
+# step after such a resume differs from the uninterrupted run's at this level (measured 5e-3). Within the sharded
+# run, and across a resume in one process, the 8-bit moments are the same bytes (1e-4 holds).
+AFTER_CONVERSION = 2e-2
+
+
+@pytest.fixture(scope="module")
+def reference_quantized(groups, tmp_path_factory) -> OneProcess:
+    """The first three calls of a one-process run with QUANTIZED settings."""
+
+    async def main():
+        model, backend = await _register(tmp_path_factory.mktemp("one-process-quantized"), **QUANTIZED)
+        out = OneProcess([_adapter(backend)], [])
+        for k in range(3):
+            out.metrics.append((await _call(model, k, groups)).metrics)
+            out.adapters.append(_adapter(backend))
+        backend.close()
+        return out
+
+    return asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_two_workers_with_4bit_weights_and_8bit_states_train_like_one_process_and_resume_in_one(
+        tmp_path, groups, reference_quantized):
+    """Two calls on two workers, then the third in one process from their checkpoint: each as the one-process
+    run (the shards split every adapter tensor at a multiple of bitsandbytes' 256-element block, so the 8-bit
+    moments of a shard are the one-process bytes; AFTER_CONVERSION says what the checkpoint costs)."""
+    _skip_without_devices(2)
+    reference = reference_quantized
+
+    async def main():
+        model, backend = await _register(tmp_path, num_workers=2, **QUANTIZED)
+        assert backend._runs["m"].workers.world_size == 2
+        for k in range(2):
+            result = await _call(model, k, groups)
+            assert result.metrics["train/workers"] == 2
+            _assert_same_call(result, reference, k)
+            _assert_same_update(_adapter(backend), reference.adapters[k + 1], reference.adapters[k])
+        backend.close()
+        model, backend = await _register(tmp_path, **QUANTIZED)
+        assert await model.get_step() == 2
+        trainer = backend._runs["m"].trainer
+        # the moments the workers saved (float32, in AdamW's format) are 8-bit again here
+        assert any(s["state1"].dtype == torch.uint8 for s in trainer.optimizer.state.values())
+        result = await _call(model, 2, groups)
+        _assert_same_call(result, reference, 2, AFTER_CONVERSION)
+        _assert_same_update(_adapter(backend), reference.adapters[3], reference.adapters[2], AFTER_CONVERSION)
+        backend.close()
+
+    asyncio.run(main())
 
 
 def _train_records(run: Path) -> list[int]:

@@ -139,3 +139,21 @@ def test_the_loop_on_vllm_rollouts_rl_sft_a_restart_and_tool_calls(tmp_path: pat
 
     asyncio.run(first_session())
     asyncio.run(restarted())
+
+
+def test_4bit_weights_on_vllms_cpu_build_are_one_clear_error_at_register(tmp_path: pathlib.Path,
+                                                                          tiny_path: pathlib.Path) -> None:
+    """vLLM's CPU build cannot serve bitsandbytes weights: registering says so (naming the ways out) before vLLM
+    starts, and the run directory is left as it was."""
+
+    async def main() -> None:
+        model = art.TrainableModel(name="agent", project="vllm4", base_model=str(tiny_path),
+                                   _internal_config={**VLLM, "load_in_4bit": True})
+        backend = art.LocalBackend(path=str(tmp_path), show_progress=False)
+        with pytest.raises(art.ConfigError, match="CPU build has no bitsandbytes") as e:
+            await model.register(backend)
+        assert "inference_engine='builtin'" in str(e.value)
+        backend.close()
+
+    asyncio.run(main())
+    assert not storage.run_dir(tmp_path, "vllm4", "agent").exists()

@@ -300,3 +300,30 @@ def test_a_failed_start_says_that_the_main_script_needs_its_guard(monkeypatch: p
     message = _start_failure(RuntimeError("Engine core initialization failed"))
     assert "Engine core initialization failed" in message and "/home/me/train.py" in message
     assert 'if __name__ == "__main__":' in message
+
+
+# ---- quantised base weights ---------------------------------------------------------------
+
+
+def test_4bit_weights_are_served_by_vllms_bitsandbytes_path_on_a_gpu() -> None:
+    args = arguments(device_type="cuda", dtype="bfloat16", quantization="4bit")
+    assert args["quantization"] == "bitsandbytes" and args["dtype"] == "bfloat16"
+    assert "quantization" not in arguments(device_type="cuda")  # full-precision weights: vLLM's own choice
+
+
+@pytest.mark.parametrize(("quantization", "device_type", "engine_args", "says"), [
+    ("4bit", "cpu", {}, "CPU build has no bitsandbytes"),
+    ("8bit", "cuda", {}, "to 4-bit only"),
+    ("4bit", "cuda", {"quantization": "fp8"}, "engine_args.quantization='fp8'"),
+])
+def test_what_vllm_cannot_serve_is_one_clear_error_before_it_starts(quantization, device_type, engine_args,
+                                                                     says) -> None:
+    with pytest.raises(ConfigError, match=says) as e:
+        arguments(engine_args, device_type=device_type, quantization=quantization)
+    assert "inference_engine='builtin'" in str(e.value) or "load_in_4bit=False" in str(e.value)
+
+
+def test_quantised_weights_compute_in_bf16_by_default() -> None:
+    from artrl.serve.vllm_args import device_and_dtype
+
+    assert device_and_dtype("cpu", "auto", cuda_available=False, quantized=True) == ("cpu", "bfloat16")

@@ -46,9 +46,13 @@ def trainable_names(model: Any) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
-def gather(trainer: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(adapter tensors by parameter name, optimizer state keyed by index), full and on the CPU, on rank 0;
-    empty dicts on the other ranks. A collective: every rank calls it."""
+def gather(trainer: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any], str]:
+    """(adapter tensors by parameter name, optimizer state keyed by index, the name of the optimizer whose format
+    that state is in), full and on the CPU, on rank 0; empty dicts on the other ranks. A collective: every rank
+    calls it. A bitsandbytes optimizer's moments are gathered in float32, in torch AdamW's format."""
+    from ..train.optimizers import DEFAULT_OPTIM
+    from .shard_optimizer import ShardOptimizer, torch_adamw_state
+
     rank0 = dist.get_rank() == 0
     adapter: dict[str, torch.Tensor] = {}
     for name, p in trainer.model.named_parameters():
@@ -56,13 +60,19 @@ def gather(trainer: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
             full = p.full_tensor() if isinstance(p, DTensor) else p
             if rank0:
                 adapter[name] = full.detach().to("cpu", copy=True)
+    if isinstance(trainer.optimizer, ShardOptimizer):
+        moments = trainer.optimizer.full_moments()
+        if not rank0:
+            return {}, {}, DEFAULT_OPTIM
+        cpu = {i: {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in m.items()} for i, m in moments.items()}
+        return adapter, torch_adamw_state(cpu, [p.shape for p in trainer.params]), DEFAULT_OPTIM
     by_name = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=_FULL_ON_CPU)
     if not rank0:
-        return {}, {}
+        return {}, {}, trainer.optim.name
     index = {n: i for i, n in enumerate(trainable_names(trainer.model))}
     return adapter, {"state": {index[n]: s for n, s in by_name["state"].items()},
                      "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
-                                      for g in by_name["param_groups"]]}
+                                      for g in by_name["param_groups"]]}, trainer.optim.name
 
 
 def load_full_optimizer_state(trainer: Any, saved: dict[str, Any], where: str) -> None:

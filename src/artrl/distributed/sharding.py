@@ -20,7 +20,8 @@ The step (`ShardedTrainer.accumulate`): this rank's share of the step's rows
 (balance.py), then zero-weight padding passes until every rank has run the
 same number, then the loss figures summed over ranks, so every rank takes the
 same decision about a non-finite step. Clipping sees the global gradient norm
-(the gradients are DTensors); AdamW steps each rank's shard.
+(the gradients are DTensors); AdamW steps each rank's shard (a bitsandbytes optimizer through
+shard_optimizer.py). Quantised base weights are not sharded: each rank holds them whole.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ from ..preprocess.plan import BatchPlan
 from ..progress import ProgressBar
 from ..types import InternalModelConfig, OptimizerConfig
 from ..models.structure import decoder_layers
+from ..train.optimizers import moments
 from ..train.logprobs import TokenLogprobModel
 from ..train.trainer import LossFn, StepOptions, Trainer, new_totals
 from .balance import padding_batch, split_step
+from .shard_optimizer import ShardOptimizer
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +60,13 @@ def _combine(totals: dict[str, float], device: torch.device) -> dict[str, float]
 
 
 def shard(token_model: TokenLogprobModel) -> None:
-    """fully_shard every decoder layer, then the forward module as the root (in place)."""
+    """fully_shard every decoder layer, then the forward module as the root (in place). Quantised weights
+    (bitsandbytes) stay whole on every rank, as accelerate leaves them: FSDP2 ignores them."""
+    from ..models.quantization import quantized_params
+
     for layer in decoder_layers(token_model.backbone):
-        fully_shard(layer)
-    fully_shard(token_model)
+        fully_shard(layer, ignored_params=set(quantized_params(layer)) or None)
+    fully_shard(token_model, ignored_params=set(quantized_params(token_model)) or None)
     root: Any = token_model
     assert isinstance(root, FSDPModule)
     for m in root.modules():
@@ -94,16 +100,27 @@ class ShardedTrainer(Trainer):
         optimizer state, optimizer step count and RNG state carry over (distributed/checkpoint.py)."""
         from .checkpoint import load_full_optimizer_state, rank_rng_seed
 
-        full = plain.optimizer.state_dict()
         rng = plain.rng_state()
-        sharded = cls(plain.model, plain.tokenizer, plain.cfg)
-        load_full_optimizer_state(sharded, full, where)
+        if plain.optim.bnb:  # bitsandbytes' moments: each rank quantises its slice of the full ones
+            full = moments(plain.optimizer)
+            sharded = cls(plain.model, plain.tokenizer, plain.cfg)
+            sharded.optimizer.load_full_moments(full)
+        else:
+            full = plain.optimizer.state_dict()
+            sharded = cls(plain.model, plain.tokenizer, plain.cfg)
+            load_full_optimizer_state(sharded, full, where)
         sharded.optimizer_steps = plain.optimizer_steps
         if sharded.rank == 0:
             sharded.set_rng_state(rng)
         else:
             sharded.set_rng_state(sharded._seeded_rng_state(rank_rng_seed(rng, sharded.rank)))
         return sharded
+
+    def _build_optimizer(self, fused: bool) -> tuple[Any, dict[str, Any]]:
+        """torch's AdamW takes the DTensors; a bitsandbytes optimizer steps this rank's shards (shard_optimizer.py)."""
+        if self.optim.bnb:
+            return ShardOptimizer(self.params, self.optim), {}
+        return super()._build_optimizer(fused)
 
     def run(self, packed: PackedRows, plan: BatchPlan, loss_fn: LossFn, learning_rates: list[float], *,
             optimizer: OptimizerConfig | None = None, need_ref: bool = False, options: StepOptions | None = None,

@@ -146,10 +146,11 @@ class Worker:
         commit = protocol.get(self.store, protocol.wait_any(self.store, [protocol.COMMIT.format(n=n)]))
         if not commit["write"]:
             return
-        adapter, optimizer = checkpoint.gather(self.trainer)
+        adapter, optimizer, optimizer_name = checkpoint.gather(self.trainer)
         if self.rank == 0:
             path = local_checkpoint.save(self.trainer, self.run, commit["step"], self.base_model, commit["record"],
-                                         adapter_state=adapter, optimizer_state=optimizer)
+                                         adapter_state=adapter, optimizer_state=optimizer,
+                                         optimizer_name=optimizer_name)
             protocol.put(self.store, protocol.DONE.format(n=n), {"path": str(path)})
         self.step = commit["step"]
 

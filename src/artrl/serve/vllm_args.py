@@ -25,6 +25,10 @@ sources, in order of precedence:
    `gpu_memory_utilization` 0.79 (0.55 without sleep mode), as ART's `get_model_config`.
 
 On CPU, vLLM refuses sleep mode: `enable_sleep_mode=True` there is dropped with a notice.
+
+Quantised base weights (`load_in_4bit`, models/quantization.py): vLLM quantises the same checkpoint in flight
+(`quantization="bitsandbytes"`, NF4) on a GPU; its CPU build and 8-bit weights are refused with one clear
+ConfigError before vLLM starts (`quantization_arguments`).
 """
 
 from __future__ import annotations
@@ -50,13 +54,37 @@ CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 GPU_MEMORY_SHARE = {True: 0.79, False: 0.55}  # ART's get_model_config, by enable_sleep_mode
 
 
-def device_and_dtype(device: str | None, dtype: str, cuda_available: bool) -> tuple[str, str]:
+def device_and_dtype(device: str | None, dtype: str, cuda_available: bool,
+                     quantized: bool = False) -> tuple[str, str]:
     """(device type, dtype name) vLLM runs with for a model config's `device` and `dtype`: the trainer's rule
-    (models/loading.py: cuda when available; "auto" = bfloat16 on a GPU, float32 on CPU)."""
+    (models/loading.py: cuda when available; "auto" = bfloat16 on a GPU or for quantised weights, float32 on CPU)."""
     device_type = device.split(":")[0] if device else ("cuda" if cuda_available else "cpu")
     if dtype == "auto":
-        dtype = "bfloat16" if device_type == "cuda" else "float32"
+        dtype = "bfloat16" if device_type == "cuda" or quantized else "float32"
     return device_type, dtype
+
+
+def quantization_arguments(quantization: str | None, device_type: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM's arguments for the trainer's base weights: 4-bit NF4 -> vLLM's in-flight bitsandbytes quantisation
+    (the same NF4 codes from the same checkpoint; vLLM's kernels compute, the train call reports the delta).
+    Raises ConfigError where vLLM cannot serve them: its CPU build, or 8-bit (vLLM quantises in flight to 4-bit
+    only)."""
+    if quantization is None:
+        return {}
+    way_out = ("use inference_engine='builtin' (it decodes with the trainer's own quantised weights), or set "
+               "load_in_4bit=False to serve and train full-precision weights")
+    if quantization == "8bit":
+        raise ConfigError(f"load_in_8bit=True with inference_engine='vllm': vLLM quantises a checkpoint in flight "
+                          f"to 4-bit only, so it cannot serve the trainer's 8-bit weights; {way_out}.")
+    if device_type == "cpu":
+        raise ConfigError(f"4-bit base weights (load_in_4bit, the default for a Hugging Face model) with "
+                          f"inference_engine='vllm' on a CPU: vLLM's CPU build has no bitsandbytes support; "
+                          f"{way_out}.")
+    if given.get("quantization") not in (None, "bitsandbytes"):
+        raise ConfigError(f"engine_args.quantization={given['quantization']!r} with 4-bit base weights: vLLM must "
+                          "serve the trainer's NF4 weights (quantization='bitsandbytes'). Remove it, or set "
+                          "load_in_4bit=False.")
+    return {"quantization": "bitsandbytes"}
 
 
 def lora_rank_slot(rank: int) -> int:
@@ -74,13 +102,16 @@ THROUGH_FIELDS = ("max_num_seqs", "max_model_len", "trust_remote_code")
 
 def engine_arguments(*, model_path: str, device_type: str, dtype: str, max_model_len: int | None, lora_rank: int,
                      seed: int, trust_remote_code: bool, max_num_seqs: int | None,
-                     engine_args: Mapping[str, Any], known: Iterable[str]) -> dict[str, Any]:
+                     engine_args: Mapping[str, Any], known: Iterable[str],
+                     quantization: str | None = None) -> dict[str, Any]:
     """Keyword arguments of `vllm.AsyncEngineArgs` (see the module docstring).
 
     `known`: the argument names vLLM's `AsyncEngineArgs` takes; `max_num_seqs`: sequences per batch when
     the model config sets one (None: vLLM's default); `max_model_len` None: the model's own maximum;
-    `device_type`: "cpu" or "cuda".
+    `device_type`: "cpu" or "cuda"; `quantization`: the trainer's base weights ("4bit", "8bit" or None,
+    `quantization_arguments`).
     """
+    quantized = quantization_arguments(quantization, device_type, engine_args)
     known = set(known)
     given = {key: value for key, value in engine_args.items() if key not in THROUGH_FIELDS}
     for key in ("model", "tokenizer"):
@@ -129,6 +160,7 @@ def engine_arguments(*, model_path: str, device_type: str, dtype: str, max_model
         gib = os.environ.get(CPU_KV_CACHE_ENV) or CPU_KV_CACHE_GIB
         args["kv_cache_memory_bytes"] = int(gib) * 1024**3
     args.update(given)
+    args.update(quantized)
     args.update(FIXED)
     args["logits_processors"] = [*(p for p in processors if p != GRAMMAR_PROCESSOR), GRAMMAR_PROCESSOR]
     args.update(model=model_path, tokenizer=model_path)

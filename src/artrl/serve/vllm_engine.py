@@ -425,11 +425,15 @@ def vllm_engine_arguments(cfg: Any, base_model_path: str) -> dict[str, Any]:
 
     from vllm import AsyncEngineArgs
 
+    from artrl.models.quantization import resolve_quantization
     from artrl.serve.vllm_args import device_and_dtype, engine_arguments
 
-    device_type, dtype = device_and_dtype(cfg.device, cfg.dtype, torch.cuda.is_available())
+    device_type = device_and_dtype(cfg.device, cfg.dtype, torch.cuda.is_available())[0]
+    quantization = resolve_quantization(cfg, str(base_model_path), device_type)
+    device_type, dtype = device_and_dtype(cfg.device, cfg.dtype, torch.cuda.is_available(), quantization is not None)
     explicit = "inference_max_batch_size" in cfg.model_fields_set
     return engine_arguments(model_path=str(base_model_path), device_type=device_type, dtype=dtype,
+                            quantization=quantization,
                             max_model_len=cfg.inference_max_length or cfg.max_length, lora_rank=cfg.lora_rank,
                             seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
                             max_num_seqs=cfg.inference_max_batch_size if explicit else None,
