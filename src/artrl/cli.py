@@ -9,6 +9,7 @@
     artrl bench serve               inference throughput, concurrent vs sequential
     artrl bench learn               learning per rollout: artrl's train step vs a plain GRPO step
     artrl bench pipeline            the synchronous RL loop vs ART's PipelineTrainer, tools that take time
+    artrl bench memory --model M    the memory plan beside the measured peak of one LoRA RL call
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
     from .bench.pipeline_bench import add_arguments as add_pipeline_args
 
     add_pipeline_args(bpl)
+    bm = bsub.add_parser("memory", help="the memory plan of a model beside the measured peak of one LoRA RL call")
+    from .bench.memory_bench import add_arguments as add_memory_args
+
+    add_memory_args(bm)
     return p
 
 
@@ -105,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             return run(args)
         if args.command == "bench" and args.bench == "pipeline":
             from .bench.pipeline_bench import main as run
+            return run(args)
+        if args.command == "bench" and args.bench == "memory":
+            from .bench.memory_bench import main as run
             return run(args)
     except ArtrlError as e:
         print(f"artrl: error: {e}", file=sys.stderr)

@@ -46,7 +46,9 @@ class ModelShape:
         cfg = inner.config
         emb = {id(p) for p in inner.get_input_embeddings().parameters()}
         emb |= {id(p) for p in inner.get_output_embeddings().parameters()}
-        base = sum(p.numel() for p in inner.parameters() if id(p) not in emb and not p.requires_grad)
+        from ..models.quantization import weight_numel
+
+        base = sum(weight_numel(p) for p in inner.parameters() if id(p) not in emb and not p.requires_grad)
         lora = sum(p.numel() for p in inner.parameters() if p.requires_grad)
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads

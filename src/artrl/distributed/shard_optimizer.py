@@ -61,7 +61,8 @@ class ShardOptimizer:
         self._index = [i for i, t in enumerate(self._locals) if t.numel() > 0]
         from ..types import OptimizerConfig
 
-        self.inner = _full_size_rule(bnb_class(spec))([self._locals[i] for i in self._index], lr=1e-5,
+        on_cuda = any(t.device.type == "cuda" for t in self._locals)
+        self.inner = _full_size_rule(bnb_class(spec, paged=spec.paged and on_cuda))([self._locals[i] for i in self._index], lr=1e-5,
                                                       **OptimizerConfig().optimizer_settings())
         self.inner.min_sizes = {(0, k): 0 if params[i].numel() >= MIN_8BIT_SIZE else _NEVER
                                 for k, i in enumerate(self._index)}

@@ -29,7 +29,7 @@ import torch
 from ..errors import ConfigError
 from ..types import InternalModelConfig
 from .memory_plan import check_model_fits
-from .quantization import Quantization, bnb_config, prepare_quantized, resolve_quantization
+from .quantization import Quantization, bnb_config, prepare_quantized, resolve_quantization, weight_numel
 from .shapes import RANDOM_SHAPES, random_config
 from .source import OWN_PREFIXES, check_model_source
 
@@ -174,11 +174,7 @@ def load_base_model(base_model: str, cfg: InternalModelConfig | None = None) -> 
 def parameter_count(model: Any) -> int:
     """Parameters of `model`, a 4-bit weight counted as the weights it stands for (bitsandbytes packs two in
     a byte)."""
-    total = 0
-    for p in model.parameters():
-        shape = getattr(getattr(p, "quant_state", None), "shape", None)
-        total += int(torch.Size(shape).numel()) if shape is not None else p.numel()
-    return total
+    return sum(weight_numel(p) for p in model.parameters())
 
 
 def add_lora(model: Any, cfg: InternalModelConfig | None = None) -> Any:

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 GB = 1e9
 PLAN_TOKENS = 1024  # micro-batch and cache tokens of the check before loading
 SERVED_ADAPTERS = 3  # adapter copies besides the trained one: the serving copy and two policy versions
-RUNTIME_HOST_BYTES = int(0.9e9)  # a training process's own RSS before any weights (CPU; measured, see docs)
+RUNTIME_HOST_BYTES = int(0.6e9)  # a training process's own RSS besides the model (CPU; measured, see docs)
 CUDA_CONTEXT_BYTES = int(0.6e9)  # the CUDA context and kernels, outside torch's allocator
 RANDOM_DRAW_ROWS = 8192  # models/random_init.py's chunk of rows drawn in float32
 

@@ -147,6 +147,18 @@ def quantized_weight(layer: Any, data: "torch.Tensor", device: "torch.device") -
     return param.to(device)
 
 
+def weight_numel(p: Any) -> int:
+    """The weights a parameter stands for: a 4-bit weight packs two in a byte, its quantisation state knows the
+    shape."""
+    shape = getattr(getattr(p, "quant_state", None), "shape", None)
+    if shape is None:
+        return p.numel()
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
 def quantized_modules(model: Any) -> list[tuple[str, Any]]:
     """(name, module) of every bitsandbytes linear layer in `model`."""
     if not bitsandbytes_installed():

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..notices import notice_once
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +83,22 @@ def build_optimizer(params: list[torch.nn.Parameter], spec: OptimSpec, *, fused:
         use_fused = True if spec.fused else fused
         impl = {"fused": True, "foreach": False} if use_fused else {}
         return torch.optim.AdamW(params, lr=1e-5, **settings, **impl), impl
-    return bnb_class(spec)(params, lr=1e-5, min_8bit_size=MIN_8BIT_SIZE, **settings), {}
+    on_cuda = any(p.device.type == "cuda" for p in params)
+    if spec.paged and not on_cuda:
+        notice_once(f"optim.{spec.name}.cpu", f"optim={spec.name!r} on a CPU: bitsandbytes pages optimizer states "
+                    "between GPU and host only on CUDA; here they are ordinary host memory (the same updates).")
+    return bnb_class(spec, paged=spec.paged and on_cuda)(params, lr=1e-5, min_8bit_size=MIN_8BIT_SIZE,
+                                                         **settings), {}
 
 
-def bnb_class(spec: OptimSpec) -> type:
-    """bitsandbytes' optimizer class of a bitsandbytes `spec`."""
+def bnb_class(spec: OptimSpec, paged: bool | None = None) -> type:
+    """bitsandbytes' optimizer class of a bitsandbytes `spec` (`paged`: None follows the spec)."""
     from ..models.quantization import import_bitsandbytes
 
     optim = import_bitsandbytes().optim
-    return {(8, False): optim.AdamW8bit, (8, True): optim.PagedAdamW8bit,
-            (32, True): optim.PagedAdamW32bit}[(spec.bits, spec.paged)]
+    paged = spec.paged if paged is None else paged
+    return {(8, False): optim.AdamW8bit, (8, True): optim.PagedAdamW8bit, (32, False): optim.AdamW32bit,
+            (32, True): optim.PagedAdamW32bit}[(spec.bits, paged)]
 
 
 def is_bnb(optimizer: Any) -> bool:

@@ -1,0 +1,193 @@
+"""`artrl bench memory`: the memory plan of a model beside the measured peak of one LoRA RL train call.
+
+What it runs is what a user's loop runs, through the public API: register the model with a
+LocalBackend (the memory plan is checked there, before anything loads), sample `--groups` x
+`--rollouts` short answers through the local server (`--max-tokens` each), and train one RL
+call on them. One JSON line:
+
+* `plan_register`: the plan the check before loading used (micro-batches and cache of
+  `PLAN_TOKENS` tokens each: the least a run needs), and whether it refused;
+* `plan_workload`: the same plan for this call's own sizes (its largest micro-batch, the
+  tokens the engine held), the figure to compare with the measured peak;
+* `measured`: on a CPU the process's resident memory (GB): `baseline` before the model loads
+  (the interpreter, torch, transformers, the server), `registered` after it loaded,
+  `load_peak`, `train_peak` (each phase's high-water mark: /proc/self/status VmHWM, reset
+  between phases through /proc/self/clear_refs) and `peak` (ru_maxrss, the whole run); on a
+  GPU torch's `max_memory_allocated` per phase;
+* `plan_error`: plan_workload's peak / the measured peak - 1;
+* the train call's tokens/s, the token record's `sampled_logprob_delta_max`, the wall time of
+  each phase.
+
+A model whose plan does not fit (and `--check-memory`, the default) prints
+`{"refused": true, "message": ..., "seconds": ...}`: how long the refusal took.
+Each invocation is one process, so peaks are its own; compare settings by running it twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import resource
+import sys
+import tempfile
+import time
+from typing import Any
+
+GB = 1e9
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="artrl/tiny", help="base model (e.g. random:qwen3-14b; default artrl/tiny)")
+    p.add_argument("--load-in-4bit", action=argparse.BooleanOptionalAction, default=None,
+                   help="4-bit NF4 base weights (default: the model config's rule, models/quantization.py)")
+    p.add_argument("--load-in-8bit", action="store_true", help="8-bit LLM.int8 base weights")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--optim", default=None, help="ART's trainer_args.optim (default adamw_torch)")
+    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--device", default=None, help="cpu, cuda (default: cuda when available)")
+    p.add_argument("--groups", type=int, default=2)
+    p.add_argument("--rollouts", type=int, default=2, help="trajectories per group")
+    p.add_argument("--max-tokens", type=int, default=8, help="tokens each rollout samples")
+    p.add_argument("--check-memory", action=argparse.BooleanOptionalAction, default=True,
+                   help="refuse a model whose plan does not fit (InternalModelConfig.check_memory)")
+    p.add_argument("--path", default=None, help="run directory root (default: a temporary directory)")
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_high_water_mark() -> bool:
+    """Reset VmHWM to the current RSS (Linux: write 5 to clear_refs); False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class _Phases:
+    """Per-phase peaks: host RSS high-water marks on a CPU, torch's max_memory_allocated on a GPU."""
+
+    def __init__(self, device_type: str) -> None:
+        self.cuda = device_type == "cuda"
+        self.figures: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def now_gb(self) -> float:
+        if self.cuda:
+            import torch
+
+            return torch.cuda.memory_allocated() / GB
+        return _status_kb("VmRSS") * 1024 / GB
+
+    def start(self) -> None:
+        self._t = time.perf_counter()
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            _reset_high_water_mark()
+
+    def end(self, name: str) -> None:
+        self.seconds[name] = round(time.perf_counter() - self._t, 2)
+        if self.cuda:
+            import torch
+
+            self.figures[f"{name}_peak"] = torch.cuda.max_memory_allocated() / GB
+        else:
+            self.figures[f"{name}_peak"] = _status_kb("VmHWM") * 1024 / GB
+
+
+async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
+    import artrl as art
+    import artrl.local.backend  # noqa: F401 -- imported before the baseline is read
+    from ..errors import ConfigError
+    from ..models.loading import load_config, resolve_device
+    from ..models.memory_plan import ModelShape, available_bytes, plan_memory, settings_for
+
+    fields: dict[str, Any] = {"dtype": args.dtype, "lora_rank": args.lora_rank, "check_memory": args.check_memory,
+                              "load_in_8bit": args.load_in_8bit}
+    for name in ("load_in_4bit", "optim", "gradient_checkpointing", "device"):
+        if getattr(args, name) is not None:
+            fields[name] = getattr(args, name)
+    cfg = art.InternalModelConfig(**fields)
+    device = resolve_device(cfg)
+    phases = _Phases(device.type)
+    out: dict[str, Any] = {"bench": "memory", "model": args.model, "device": device.type,
+                           "settings": {k: v for k, v in fields.items() if k != "check_memory"}}
+    shape = ModelShape.of(load_config(args.model, cfg))
+    settings = settings_for(cfg, args.model, device.type)
+    out["plan_register"] = plan_memory(shape, settings, available_bytes(device.type, device.index)).as_json()
+    phases.figures["baseline"] = phases.now_gb()
+
+    model = art.TrainableModel(name="memory", project="bench", base_model=args.model, _internal_config=cfg)
+    backend = art.LocalBackend(path=root, show_progress=False)
+    t0 = time.perf_counter()
+    phases.start()
+    try:
+        await model.register(backend)
+    except ConfigError as e:
+        backend.close()
+        return {**out, "refused": True, "seconds": round(time.perf_counter() - t0, 2), "message": str(e)}
+    phases.end("load")
+    phases.figures["registered"] = phases.now_gb()
+    try:
+        client = model.openai_client()
+
+        async def rollout(g: int, k: int) -> art.Trajectory:
+            messages = [{"role": "user", "content": f"Name a colour ({g})."}]
+            reply = await client.chat.completions.create(model=model.get_inference_name(), messages=messages,
+                                                         max_tokens=args.max_tokens, temperature=1.0,
+                                                         seed=100 * g + k)
+            return art.Trajectory(messages_and_choices=[*messages, reply.choices[0]], reward=float(k))
+
+        phases.start()
+        groups = await art.gather_trajectory_groups(
+            (art.TrajectoryGroup(rollout(g, k) for k in range(args.rollouts)) for g in range(args.groups)),
+            pbar_desc=None)
+        phases.end("rollouts")
+        phases.start()
+        result = await model.train(groups, config=art.TrainConfig(learning_rate=1e-5))
+        phases.end("train")
+    finally:
+        backend.close()
+    metrics = result.metrics
+    prompt = max(len(c.model_extra["prompt_token_ids"]) + len(c.model_extra["token_ids"])
+                 for g in groups for t in g for c in t.messages_and_choices if not isinstance(c, dict))
+    rows = args.groups * args.rollouts
+    rows_per_pass = -(-metrics.get("data/rows", 1.0) // max(metrics.get("data/micro_batches", 1.0), 1.0))
+    workload = dataclasses.replace(settings, micro_batch_tokens=int(metrics.get("data/row_length", prompt)
+                                                                    * rows_per_pass),
+                                   serving_tokens=rows * prompt)
+    plan = plan_memory(shape, workload)
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB if device.type == "cpu"
+            else max(phases.figures.get("load_peak", 0.0), phases.figures.get("train_peak", 0.0)))
+    measured = {k: round(v, 3) for k, v in {**phases.figures, "peak": peak}.items()}
+    return {**out, "refused": False, "plan_workload": plan.as_json(), "measured_gb": measured,
+            "plan_error": round(plan.peak / GB / peak - 1, 3),
+            "train_tokens_per_second": round(metrics.get("train/tokens_per_second", 0.0), 2),
+            "computed_tokens": metrics.get("train/computed_tokens"),
+            "sampled_logprob_delta_max": metrics.get("train/sampled_logprob_delta_max"),
+            "seconds": phases.seconds}
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.path is not None:
+        result = asyncio.run(_run(args, args.path))
+    else:
+        with tempfile.TemporaryDirectory(prefix="artrl-bench-memory-") as root:
+            result = asyncio.run(_run(args, root))
+    result["command"] = " ".join(["artrl", *sys.argv[1:]])
+    print(json.dumps(result))
+    return 0
