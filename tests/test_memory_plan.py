@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import replace
 
 import pytest
+import torch
 
 import artrl as art
 from artrl.models import memory_plan
@@ -112,3 +114,29 @@ def test_unset_checkpointing_is_planned_as_a_call_would_choose_it(monkeypatch):
     with pytest.raises(art.ConfigError, match="gradient_checkpointing=True"):
         memory_plan.check_model_fits("random:qwen3-14b", art.InternalModelConfig(
             load_in_4bit=True, gradient_checkpointing=False), torch.device("cpu"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="reads Linux's peak-RSS counters")
+def test_a_prefill_of_several_prompts_never_copies_the_lm_head(tok):
+    """On a CPU, torch's linear over a strided [prompts, 1, hidden] view expands the LM head's weight once per prompt;
+    the engine's prefill asks for the last position by index, so its peak stays well below one copy of the weight."""
+    from artrl.bench.memory_bench import _reset_high_water_mark, _status_kb
+    from artrl.models.random_init import build_random_model
+    from artrl.serve.decode_batch import DecodeBatch
+
+    config = random_config("random:qwen3-0.6b", num_hidden_layers=1, hidden_size=512, intermediate_size=512,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    model = build_random_model(config, device=torch.device("cpu"), dtype=torch.bfloat16,
+                               attn_implementation="sdpa", seed=0).requires_grad_(False)  # frozen, as served
+    head = model.lm_head.weight.numel() * model.lm_head.weight.element_size()  # 156 MB
+    prompts = [tok(f"<|im_start|>user\nName colour {'x' * i}.<|im_end|>\n<|im_start|>assistant\n").input_ids
+               for i in range(4)]
+    batch = DecodeBatch(model, "past_key_values", pad_id=0, device=torch.device("cpu"))
+    with torch.no_grad():
+        batch._prefill(prompts)  # the first call's one-off work
+        assert _reset_high_water_mark()
+        before = _status_kb("VmRSS") * 1024
+        *_, logits = batch._prefill(prompts)  # 4 prompts, one forward
+        grew = _status_kb("VmHWM") * 1024 - before
+    assert logits.shape == (4, config.vocab_size)
+    assert grew < head / 2, f"the prefill of 4 prompts held {grew / 1e6:.0f} MB more; the LM head is {head / 1e6:.0f} MB"

@@ -52,6 +52,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from artrl._fs import fsync_dir, fsync_tree
@@ -115,8 +117,30 @@ BENCH_SHAPE: Final = {
     "head_dim": 64,
     "initializer_range": 0.02,
 }
-BUILTIN_MODELS: Final = {TINY_MODEL_NAME: ("tiny-v1", MODEL_SHAPE), BENCH_MODEL_NAME: ("bench-100m-v1", BENCH_SHAPE)}
-"""Built-in offline models: name -> (cache folder prefix, model shape). All share the tiny tokenizer."""
+TINY_MOE_NAME: Final = "artrl/tiny-moe"
+TINY_MOE_SHAPE: Final = {
+    # the tiny model's attention and width with a Qwen3-MoE feed-forward: 8 experts of width 96, 2 per token
+    # (renormalised top-k, as Qwen3-30B-A3B), in every layer; a 4-layer, 1.6M-parameter model, 0.7M of it active
+    "model_type": "qwen3_moe",
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "moe_intermediate_size": 96,
+    "intermediate_size": 384,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "router_aux_loss_coef": 0.001,
+    "initializer_range": 0.1,
+}
+BUILTIN_MODELS: Final = {TINY_MODEL_NAME: ("tiny-v1", MODEL_SHAPE), BENCH_MODEL_NAME: ("bench-100m-v1", BENCH_SHAPE),
+                         TINY_MOE_NAME: ("tiny-moe-v1", TINY_MOE_SHAPE)}
+"""Built-in offline models: name -> (cache folder prefix, model shape; a shape's "model_type" names the
+architecture, Qwen3 when absent). All share the tiny tokenizer."""
 
 CHAT_TEMPLATE: Final = """\
 {%- macro render_content(content) -%}
@@ -247,11 +271,18 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_tiny_model(tokenizer: PreTrainedTokenizerFast, shape: dict | None = None) -> Qwen3ForCausalLM:
-    """A randomly initialised Qwen3 LM sized for `tokenizer`; bit-identical weights on every call."""
+_ARCHITECTURES: Final = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}
+
+
+def build_tiny_model(tokenizer: PreTrainedTokenizerFast, shape: dict | None = None) -> PreTrainedModel:
+    """A randomly initialised Qwen3 (or, by the shape's "model_type", Qwen3-MoE) LM sized for `tokenizer`;
+    bit-identical weights on every call."""
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
-    config = Qwen3Config(
+    shape = dict(shape if shape is not None else MODEL_SHAPE)
+    model_type = shape.pop("model_type", "qwen3")
+    config_class, model_class = _ARCHITECTURES[model_type]
+    config = config_class(
         vocab_size=len(tokenizer),
         max_position_embeddings=MAX_POSITIONS,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
@@ -261,12 +292,12 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, shape: dict | None = No
         pad_token_id=pad_id,
         dtype=torch.float32,
         attn_implementation="sdpa",
-        **(shape if shape is not None else MODEL_SHAPE),
+        **shape,
     )
     # Seed a private copy of the CPU generator so the caller's random stream is untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        model = Qwen3ForCausalLM(config)
+        model = model_class(config)
     model.generation_config = GenerationConfig(bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id)
     return model.eval()
 

@@ -12,8 +12,8 @@ call on them. One JSON line:
 * `measured`: on a CPU the process's resident memory (GB): `baseline` before the model loads
   (the interpreter, torch, transformers, the server), `registered` after it loaded,
   `load_peak`, `train_peak` (each phase's high-water mark: /proc/self/status VmHWM, reset
-  between phases through /proc/self/clear_refs) and `peak` (ru_maxrss, the whole run); on a
-  GPU torch's `max_memory_allocated` per phase;
+  between phases through /proc/self/clear_refs) and `peak`, the largest of them; on a GPU
+  torch's `max_memory_allocated` per phase;
 * `plan_error`: plan_workload's peak / the measured peak - 1;
 * the train call's tokens/s, the token record's `sampled_logprob_delta_max`, the wall time of
   each phase.
@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import resource
 import sys
 import tempfile
 import time
@@ -113,8 +112,8 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
     import artrl as art
     import artrl.local.backend  # noqa: F401 -- imported before the baseline is read
     from ..errors import ConfigError
-    from ..models.loading import load_config, resolve_device
-    from ..models.memory_plan import ModelShape, available_bytes, plan_memory, settings_for
+    from ..models.loading import resolve_device
+    from ..models.memory_plan import plan_for, plan_memory
 
     fields: dict[str, Any] = {"dtype": args.dtype, "lora_rank": args.lora_rank, "check_memory": args.check_memory,
                               "load_in_8bit": args.load_in_8bit}
@@ -126,9 +125,8 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
     phases = _Phases(device.type)
     out: dict[str, Any] = {"bench": "memory", "model": args.model, "device": device.type,
                            "settings": {k: v for k, v in fields.items() if k != "check_memory"}}
-    shape = ModelShape.of(load_config(args.model, cfg))
-    settings = settings_for(cfg, args.model, device.type)
-    out["plan_register"] = plan_memory(shape, settings, available_bytes(device.type, device.index)).as_json()
+    registered = plan_for(args.model, cfg, device)  # what register checks
+    out["plan_register"] = registered.as_json()
     phases.figures["baseline"] = phases.now_gb()
 
     model = art.TrainableModel(name="memory", project="bench", base_model=args.model, _internal_config=cfg)
@@ -167,12 +165,15 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
                  for g in groups for t in g for c in t.messages_and_choices if not isinstance(c, dict))
     rows = args.groups * args.rollouts
     rows_per_pass = -(-metrics.get("data/rows", 1.0) // max(metrics.get("data/micro_batches", 1.0), 1.0))
-    workload = dataclasses.replace(settings, micro_batch_tokens=int(metrics.get("data/row_length", prompt)
+    # checkpointing as the call ran it: a call with gradient_checkpointing=None turns it on only when its micro-batch
+    # would not fit (train/memory.py), never for this bench's short rollouts
+    workload = dataclasses.replace(registered.settings, gradient_checkpointing=bool(cfg.gradient_checkpointing),
+                                   micro_batch_tokens=int(metrics.get("data/row_length", prompt)
                                                                     * rows_per_pass),
                                    serving_tokens=rows * prompt)
-    plan = plan_memory(shape, workload)
-    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB if device.type == "cpu"
-            else max(phases.figures.get("load_peak", 0.0), phases.figures.get("train_peak", 0.0)))
+    plan = plan_memory(registered.shape, workload)
+    # the largest phase peak (ru_maxrss is no help: resetting VmHWM between phases resets it too)
+    peak = max(v for k, v in phases.figures.items() if k.endswith("_peak"))
     measured = {k: round(v, 3) for k, v in {**phases.figures, "peak": peak}.items()}
     return {**out, "refused": False, "plan_workload": plan.as_json(), "measured_gb": measured,
             "plan_error": round(plan.peak / GB / peak - 1, 3),

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from ..errors import ConfigError
@@ -121,8 +121,8 @@ class MemoryPlan:
 
     parts: dict[str, int]
     settings: MemorySettings
+    shape: ModelShape
     available: int | None = None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def resident(self) -> int:
@@ -198,7 +198,7 @@ def plan_memory(shape: ModelShape, s: MemorySettings, available: int | None = No
         "activations": int(activations),
         "loading": int(draw + quantize),
     }
-    return MemoryPlan(parts=parts, settings=s, available=available)
+    return MemoryPlan(parts=parts, settings=s, shape=shape, available=available)
 
 
 def alternatives(shape: ModelShape, s: MemorySettings, available: int) -> list[tuple[str, MemoryPlan]]:
@@ -309,26 +309,33 @@ def settings_for(cfg: Any, base_model: str, device_type: str, **workload: Any) -
                           random_init=base_model in RANDOM_SHAPES, **workload)
 
 
-def check_model_fits(base_model: str, cfg: Any, device: Any, *, config: Any = None) -> MemoryPlan:
-    """The plan of `base_model` under `cfg` on `device`, logged; raises ConfigError when it does not fit (unless
-    `cfg.check_memory` is False: then a warning). `config`: the model's transformers config (else read)."""
+def plan_for(base_model: str, cfg: Any, device: Any, *, config: Any = None, **workload: Any) -> MemoryPlan:
+    """The plan of `base_model` under InternalModelConfig `cfg` on `device`, with what the device has now.
+    `config`: the model's transformers config (else read); `workload`: micro_batch_tokens, serving_tokens (else
+    PLAN_TOKENS each). With gradient_checkpointing=None a call turns checkpointing on when it needs to
+    (train/memory.py), so the plan takes the cheaper of the two."""
     from .loading import load_config
 
     config = config if config is not None else load_config(base_model, cfg)
     shape = ModelShape.of(config)
-    settings = settings_for(cfg, base_model, device.type)
-    # with gradient_checkpointing=None a call turns it on when it needs to (train/memory.py): plan for the better
+    settings = settings_for(cfg, base_model, device.type, **workload)
     if cfg.gradient_checkpointing is None:
-        plain = plan_memory(shape, settings)
         checkpointed = replace(settings, gradient_checkpointing=True)
-        if plan_memory(shape, checkpointed).peak < plain.peak:
+        if plan_memory(shape, checkpointed).peak < plan_memory(shape, settings).peak:
             settings = checkpointed
-    plan = plan_memory(shape, settings, available_bytes(device.type, device.index))
+    return plan_memory(shape, settings, available_bytes(device.type, device.index))
+
+
+def check_model_fits(base_model: str, cfg: Any, device: Any, *, config: Any = None) -> MemoryPlan:
+    """`plan_for`, logged; raises ConfigError when it does not fit (unless `cfg.check_memory` is False: then a
+    warning)."""
+    plan = plan_for(base_model, cfg, device, config=config)
+    settings = plan.settings
     # said at INFO where it matters (a model of a gigabyte or more), at DEBUG for the small ones
     log.log(logging.INFO if plan.parts["weights"] >= GB else logging.DEBUG, "%s: %s", base_model, plan.line())
     if plan.fits():
         return plan
-    ways = alternatives(shape, settings, plan.available or 0)
+    ways = alternatives(plan.shape, settings, plan.available or 0)
     remedy = ("; ".join(f"{what} (peak {p.peak / GB:.1f} GB)" for what, p in ways) if ways else
               "none of 4-bit weights, checkpointing, an 8-bit optimizer or shorter micro-batches is enough here: "
               "use a smaller model or a device with more memory")

@@ -28,9 +28,20 @@ _QWEN3: dict[str, dict[str, Any]] = {
 _QWEN3_COMMON: dict[str, Any] = dict(max_position_embeddings=40960, rms_norm_eps=1e-6, initializer_range=0.02,
                                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
 
+#: Qwen3's published mixture-of-experts config: 128 experts of width 768, 8 per token, in every layer.
+_QWEN3_MOE: dict[str, dict[str, Any]] = {
+    "random:qwen3-30b-a3b": dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                 num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                                 num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
+                                 mlp_only_layers=[], router_aux_loss_coef=0.001, vocab_size=151936,
+                                 tie_word_embeddings=False),
+}
+
 #: name -> (transformers model_type, config fields)
 RANDOM_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
-    name: ("qwen3", {**_QWEN3_COMMON, **fields}) for name, fields in _QWEN3.items()}
+    **{name: ("qwen3", {**_QWEN3_COMMON, **fields}) for name, fields in _QWEN3.items()},
+    **{name: ("qwen3_moe", {**_QWEN3_COMMON, **fields}) for name, fields in _QWEN3_MOE.items()},
+}
 
 
 def is_random(base_model: str) -> bool:

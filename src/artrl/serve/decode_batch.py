@@ -110,8 +110,12 @@ class DecodeBatch:
         cache = DynamicCache(config=self._model.config)
         # Without padding the model's own causal mask is the whole mask: passing none spares building a padding
         # mask each prefill (the same logits; the batch keeps `mask` for its later steps).
+        # the last position's logits only, picked by index: transformers slices hidden_states[:, -1:, :] for an int,
+        # and on a CPU torch's linear over that strided view expands the LM head's weight once per prompt (a full
+        # [vocab, hidden] copy each: 1.2 GB a prompt at 14B); an index tensor gives a contiguous copy instead
+        last = torch.tensor([width - 1], device=self.device)
         out = self._model(input_ids=input_ids, attention_mask=mask if padded else None, position_ids=position_ids,
-                          use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache}, **(adapters or {}))
+                          use_cache=True, logits_to_keep=last, **{self._cache_kwarg: cache}, **(adapters or {}))
         return cache, mask, position_ids, out.logits[:, -1, :].float()
 
     def admit(self, rows: Sequence[Any], prompts: Sequence[list[int]], prompt_of_row: Sequence[int],

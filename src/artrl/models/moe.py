@@ -1,0 +1,221 @@
+"""Mixture-of-experts models (Qwen3-MoE): what artrl knows of them, and routing replay.
+
+An MoE layer's feed-forward is `num_experts` small MLPs; a router picks `top_k` of them per token
+(Qwen3-MoE: softmax over the experts, the top k, renormalised) and sums their outputs weighted by
+the picked probabilities. transformers 5 keeps a layer's experts as two fused parameters
+(`experts.gate_up_proj` [experts, 2 x width, hidden], `experts.down_proj` [experts, hidden, width])
+and computes them per routed token: its default "grouped_mm" implementation sorts the (token,
+expert) pairs by expert and runs one grouped matrix multiply over them (torch's grouped GEMM
+where the device has one, a loop over the experts that were hit elsewhere); never every expert
+on every token. artrl keeps that (`EXPERTS_IMPLEMENTATION`; tests/test_moe.py checks it against
+the dense reference).
+
+LoRA on the experts: ART's default target modules for an MoE model add "experts" to the
+attention projections; with fused experts that means peft's `target_parameters` on
+`experts.gate_up_proj` and `experts.down_proj` (a rank-r adapter per expert, stored as one
+[experts x r, in] A and one [out, experts x r] B; `lora_targets`). peft adds the adapter to the
+whole expert stack for the length of each forward (W + B A of every expert, one copy of the
+layer's experts), so LoRA on the experts costs that copy per layer in memory; checkpointing
+keeps it to one layer at a time.
+
+Routing replay: the router is a discrete choice, so the experts picked while sampling and while
+training the same token can differ (another batch shape rounds differently, or the policy moved).
+The built-in engine records, for every sampled token, the experts each layer picked when the token
+was fed back in (`RoutingRecorder`; [tokens, layers, top_k] ids, -1 where there is none: the last
+sampled token is never fed back); the server returns them with the token record
+(`encode_routing`), and the trainer makes each router pick the recorded experts for those tokens
+(`RoutingReplay`), with their probabilities taken from its own router logits (so the router still
+gets a gradient). Prompt tokens route freely. `RoutingReplay` also counts the tokens whose own
+choice differs from the record.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+EXPERT_PARAMETERS = ("experts.gate_up_proj", "experts.down_proj")
+EXPERTS_IMPLEMENTATION = "grouped_mm"
+ART_EXPERTS_TARGET = "experts"  # ART's name among target_modules for the experts of an MoE model
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+DENSE_MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+RECORD_KEY = "routed_experts"  # the choice's field holding the record (serve/server.py)
+
+
+def is_moe(config: Any) -> bool:
+    """Whether a transformers config describes a mixture-of-experts model."""
+    return int(getattr(config, "num_experts", 0) or getattr(config, "num_local_experts", 0) or 0) > 0
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    experts: int
+    top_k: int
+    layers: int  # MoE layers (all of them for Qwen3-MoE's defaults)
+    width: int  # one expert's MLP width
+
+
+def moe_shape(config: Any) -> MoeShape | None:
+    if not is_moe(config):
+        return None
+    layers = int(config.num_hidden_layers)
+    step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+    dense = set(getattr(config, "mlp_only_layers", None) or [])
+    sparse = [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
+    return MoeShape(experts=int(getattr(config, "num_experts", 0) or config.num_local_experts),
+                    top_k=int(config.num_experts_per_tok), layers=len(sparse),
+                    width=int(getattr(config, "moe_intermediate_size", 0) or config.intermediate_size))
+
+
+def routers(model: Any) -> list[tuple[int, Any]]:
+    """(MoE layer index 0.., router module) of every sparse layer, in order."""
+    found = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    return list(enumerate(found))
+
+
+def lora_targets(model: Any, target_modules: list[str] | str | None) -> tuple[list[str] | str, list[str] | None]:
+    """(peft target_modules, target_parameters) for `model`: for an MoE model the attention projections (and any dense
+    MLP projections) as modules, the experts as parameters, as ART's default; "experts" in a user's list means the
+    experts' parameters. For a dense model (target_modules, None)."""
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    if not is_moe(model.config):
+        return target_modules, None  # type: ignore[return-value]
+    if target_modules is None:
+        modules = [p for p in (*ATTENTION_PROJECTIONS, *DENSE_MLP_PROJECTIONS) if p in names]
+        return modules, list(EXPERT_PARAMETERS)
+    if isinstance(target_modules, str):
+        return target_modules, None
+    modules = [t for t in target_modules if t != ART_EXPERTS_TARGET]
+    return modules, list(EXPERT_PARAMETERS) if ART_EXPERTS_TARGET in target_modules else None
+
+
+# ----------------------------------------------------------------------------------------- the routing record
+
+def encode_routing(ids: torch.Tensor) -> dict[str, Any]:
+    """A [tokens, layers, top_k] record of expert ids (-1: none) as JSON: little-endian int16, base64."""
+    ids = ids.to(torch.int16).contiguous().cpu()
+    return {"shape": list(ids.shape), "int16": base64.b64encode(ids.numpy().tobytes()).decode("ascii")}
+
+
+def decode_routing(record: Any) -> torch.Tensor:
+    """`encode_routing`'s JSON back to a [tokens, layers, top_k] int16 tensor; ValueError when malformed."""
+    import numpy as np
+
+    try:
+        shape = [int(n) for n in record["shape"]]
+        raw = base64.b64decode(record["int16"], validate=True)
+        if len(shape) != 3 or len(raw) != 2 * shape[0] * shape[1] * shape[2]:
+            raise ValueError(f"{len(raw)} bytes for shape {shape}")
+        return torch.from_numpy(np.frombuffer(raw, dtype="<i2").copy()).view(*shape)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"malformed {RECORD_KEY} record ({e})") from e
+
+
+class RoutingRecorder:
+    """Collects the experts each router picks, forward by forward (the engine's side of routing replay).
+
+    While `recording()` is active, each forward of the model appends one [layers, tokens, top_k] tensor (tokens in the
+    order the routers saw them: the batch's rows, flattened) to `calls`.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.routers = routers(model)
+        self._current: list[torch.Tensor | None] = [None] * len(self.routers)
+        self.calls: list[torch.Tensor] = []
+
+    def _hook(self, layer: int):
+        def hook(module: Any, args: Any, output: Any) -> None:
+            self._current[layer] = output[2].detach()  # router_indices [tokens, top_k]
+            if layer == len(self.routers) - 1:
+                self.calls.append(torch.stack([t for t in self._current if t is not None]))
+        return hook
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator["RoutingRecorder"]:
+        handles = [router.register_forward_hook(self._hook(i)) for i, router in self.routers]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+
+@dataclass
+class ReplayCounts:
+    """What a replayed forward saw: tokens with a record, and those whose own choice differed in some layer."""
+
+    replayed: int = 0
+    rerouted: int = 0
+    _pending: list[torch.Tensor] = field(default_factory=list)
+
+
+class RoutingReplay:
+    """Makes each router pick recorded experts (the trainer's side of routing replay).
+
+    `forced` [tokens, layers, top_k] (tokens as the routers see them: rows x width flattened; -1 rows route freely) is
+    set with `replaying(forced)`. A token with a record takes its recorded experts in every layer, weighted by the
+    router's own probabilities of them (renormalised as the router would); the others keep the router's output bit
+    for bit. `counts` add up the tokens with a record and those whose own top-k differed from it (as sets).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.routers = routers(model)
+        self.forced: torch.Tensor | None = None
+        self.counts = ReplayCounts()
+        self._counted = False
+
+    def _hook(self, layer: int):
+        def hook(module: Any, args: Any, output: Any) -> Any:
+            forced = self.forced
+            if forced is None:
+                return None
+            logits, scores, indices = output  # [T, E], [T, k], [T, k]
+            want = forced[:, layer, :].to(indices.device, torch.long)  # [T, k]
+            if want.shape[0] != indices.shape[0]:
+                raise RuntimeError(f"routing replay: {want.shape[0]} recorded tokens for a router that saw "
+                                   f"{indices.shape[0]}")
+            on = want[:, 0] >= 0  # [T]
+            if not self._counted:  # once per replaying(): a checkpointed layer runs its forward again in backward
+                own = torch.sort(indices, dim=-1).values
+                mine = torch.sort(want.clamp(min=0), dim=-1).values
+                self.counts._pending.append(on & (own != mine).any(-1))  # [T]: this layer chose otherwise
+                if layer == len(self.routers) - 1:
+                    self.counts.replayed += int(on.sum())
+                    self.counts.rerouted += int(torch.stack(self.counts._pending).any(0).sum())
+                    self.counts._pending.clear()
+                    self._counted = True
+            probs = torch.softmax(logits.float(), dim=-1)  # [T, E]
+            picked = probs.gather(-1, want.clamp(min=0))  # [T, k]
+            if getattr(module, "norm_topk_prob", False):
+                picked = picked / picked.sum(-1, keepdim=True)
+            new_scores = torch.where(on[:, None], picked.to(scores.dtype), scores)
+            new_indices = torch.where(on[:, None], want.to(indices.dtype), indices)
+            return logits, new_scores, new_indices
+        return hook
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator["RoutingReplay"]:
+        handles = [router.register_forward_hook(self._hook(i)) for i, router in self.routers]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    @contextlib.contextmanager
+    def replaying(self, forced: torch.Tensor | None) -> Iterator[None]:
+        """Replay `forced` in the forward passes (and their recomputation) inside; counted once."""
+        before, self.forced = self.forced, forced
+        self._counted = False
+        try:
+            yield
+        finally:
+            self.forced = before
