@@ -458,8 +458,9 @@ SFT_DATA = [art.Trajectory(messages_and_choices=[{"role": "user", "content": f"S
             for w in ("red", "blue", "green", "pink")]
 
 
-async def _register(path: Path, **internal) -> tuple[art.TrainableModel, art.LocalBackend]:
-    model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny",
+async def _register(path: Path, base_model: str = "artrl/tiny", **internal) -> tuple[art.TrainableModel,
+                                                                                    art.LocalBackend]:
+    model = art.TrainableModel(name="m", project="p", base_model=base_model,
                                _internal_config=art.InternalModelConfig(**internal))
     backend = art.LocalBackend(path=str(path), show_progress=False)
     await model.register(backend)
@@ -578,9 +579,13 @@ def _reseed(seed: int) -> None:
 QUANTIZED = {"load_in_4bit": True, "dtype": "float32", "optim": "adamw_8bit", "lora_rank": 32}
 
 
+MOE = {"base_model": "artrl/tiny-moe", "lora_dropout": 0.0}  # peft puts no dropout on an adapter of the experts
+
+
 @pytest.mark.parametrize("kinds,extra", [(("sft", "sft", "sft"), {}), (("rl", "rl", "rl"), {}),
-                                         (("sft", "rl", "sft", "rl"), {}), (("rl", "sft", "rl"), QUANTIZED)],
-                         ids=["sft", "rl", "sft-then-rl", "4bit-8bit-states"])
+                                         (("sft", "rl", "sft", "rl"), {}), (("rl", "sft", "rl"), QUANTIZED),
+                                         (("rl", "sft", "rl"), MOE)],
+                         ids=["sft", "rl", "sft-then-rl", "4bit-8bit-states", "moe"])
 def test_resume_reproduces_the_uninterrupted_next_step(tmp_path, make_choice, kinds, extra):
     """Optimizer moments, the trainer's RNG (LoRA dropout draws from it), step and schedule position are
     restored; the process-wide RNGs play no part (reseeded differently before the resumed step)."""

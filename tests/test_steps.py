@@ -22,6 +22,8 @@ from artrl.preprocess.build import build_call, split_units
 from artrl.preprocess.tokenize import TokenizedSequence
 from artrl.train.tree_attention import TreeLayout
 
+from model_kinds import KINDS
+
 
 def _seq(n_prompt: int, n_completion: int, gi: int, ti: int, prompt_token: int) -> TokenizedSequence:
     ids = [prompt_token] * n_prompt + [100 + ti + k for k in range(n_completion)]
@@ -109,13 +111,15 @@ def _groups_api(make_choice) -> list[art.TrajectoryGroup]:
     return groups
 
 
-def _update(path, groups, **config) -> dict[str, torch.Tensor]:
+def _update(path, groups, kind="dense", **config) -> dict[str, torch.Tensor]:
     from peft import get_peft_model_state_dict
+
+    base_model, fields = KINDS[kind]
 
     async def main():
         backend = art.LocalBackend(path=str(path), show_progress=False)
-        model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny",
-                                   _internal_config=art.InternalModelConfig(max_length=128))
+        model = art.TrainableModel(name="m", project="p", base_model=base_model,
+                                   _internal_config=art.InternalModelConfig(max_length=128, **fields))
         await model.register(backend)
         trainer = backend._runs["m"].trainer
         before = {k: v.detach().clone() for k, v in get_peft_model_state_dict(trainer.model).items()}
@@ -127,12 +131,14 @@ def _update(path, groups, **config) -> dict[str, torch.Tensor]:
     return asyncio.run(main())
 
 
-@pytest.mark.parametrize("steps", [{}, {"groups_per_optimizer_step": 2}], ids=["one-step", "groups_per_optimizer_step=2"])
-def test_the_same_groups_give_the_same_update_whatever_the_layout(tmp_path, make_choice, steps):
+@pytest.mark.parametrize("kind,steps", [("dense", {}), ("dense", {"groups_per_optimizer_step": 2}), ("4bit", {}),
+                                        ("moe", {})],
+                         ids=["one-step", "groups_per_optimizer_step=2", "4bit", "moe"])
+def test_the_same_groups_give_the_same_update_whatever_the_layout(tmp_path, make_choice, kind, steps):
     groups = _groups_api(make_choice)
     updates, results = {}, {}
     for name, layout in LAYOUTS.items():
-        updates[name], results[name] = _update(tmp_path / name.replace("=", "-"), groups, **steps, **layout)
+        updates[name], results[name] = _update(tmp_path / name.replace("=", "-"), groups, kind, **steps, **layout)
     n_steps = {r.metrics["data/step_num_gradient_steps"] for r in results.values()}
     assert n_steps == ({1.0} if not steps else {3.0})
     rows = {r.metrics["data/rows"] for r in results.values()}

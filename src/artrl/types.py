@@ -126,7 +126,12 @@ class OptimizerConfig(_Config):
 
 
 # ART options accepted with a notice: they have no effect here (docs/art-compatibility.md).
+_ROUTING_BUNDLE = ("it names an ART Megatron routing bundle; artrl replays the routing its server recorded with "
+                   "each sampled token (moe_routing_replay, on by default)")
 NO_EFFECT_TRAIN_OPTIONS = {
+    "moe_routing_replay_path": _ROUTING_BUNDLE,
+    "moe_routing_replay_bundle": _ROUTING_BUNDLE,
+    "moe_routing_replay_strict": _ROUTING_BUNDLE,
     "scale_learning_rate_by_reward_std_dev": "ART 0.5.17's LocalBackend accepts it but no code path reads it "
                                              "(its learning-rate scaling by the reward std history was removed).",
 }
@@ -207,6 +212,18 @@ class TrainConfig(BatchConfig, OptimizerConfig):
         "power. 0: off.")
     scale_learning_rate_by_reward_std_dev: bool = pydantic.Field(
         False, description="ART 0.5.17 accepts it and no code path reads it; no effect here either (one notice).")
+    # ----------------------------------------------------------------- mixture-of-experts models
+    moe_routing_replay: bool = pydantic.Field(
+        True, description="A mixture-of-experts model's sampled tokens take, in every MoE layer, the experts the "
+        "engine's router picked for them (the token record's routed_experts; train/routing.py). False: the "
+        "trainer's router decides (the call still counts the tokens whose choice differs).")
+    moe_routing_replay_path: str | None = pydantic.Field(
+        None, description="ART 0.5.18 (Megatron back end): a routing bundle to replay from. No effect here: artrl "
+        "replays the routing the server recorded with each sampled token (one notice).")
+    moe_routing_replay_bundle: Any = pydantic.Field(
+        None, description="ART 0.5.18 (Megatron back end): an in-memory routing bundle. No effect here (one notice).")
+    moe_routing_replay_strict: bool = pydantic.Field(
+        True, description="ART 0.5.18 (Megatron back end): fail when a bundle misses a router. No effect here.")
     # ----------------------------------------------------------------- data and engine
     allow_training_without_logprobs: bool = pydantic.Field(
         False, description="ART's meaning: also train the plain assistant message dicts of RL trajectories, "

@@ -1,7 +1,8 @@
 """Model FLOPs of a train step, and the hardware peak to compare them with (MFU).
 
 Per real (non-padding) token of a forward+backward pass, with N the
-non-embedding parameters of the base model:
+non-embedding parameters of the base model that a token runs through (a
+mixture-of-experts layer: top_k of its experts, so MFU counts active parameters):
 
 * dense training:       6 N           (2 N forward, 4 N backward: input and weight gradients)
 * LoRA-aware (default): 4 N + 6 N_lora (frozen base weights need no weight gradient)
@@ -46,10 +47,20 @@ class ModelShape:
         cfg = inner.config
         emb = {id(p) for p in inner.get_input_embeddings().parameters()}
         emb |= {id(p) for p in inner.get_output_embeddings().parameters()}
+        from ..models.moe import moe_shape
         from ..models.quantization import weight_numel
 
-        base = sum(weight_numel(p) for p in inner.parameters() if id(p) not in emb and not p.requires_grad)
-        lora = sum(p.numel() for p in inner.parameters() if p.requires_grad)
+        # a mixture-of-experts layer runs top_k of its experts per token: its expert weights (and their adapters)
+        # count by the active share (models/moe.py)
+        moe = moe_shape(cfg)
+        share = moe.top_k / moe.experts if moe else 1.0
+
+        def active(name: str, p: Any) -> float:
+            return weight_numel(p) * (share if ".experts." in name or name.endswith(".experts") else 1.0)
+
+        named = list(inner.named_parameters())
+        base = int(sum(active(n, p) for n, p in named if id(p) not in emb and not p.requires_grad))
+        lora = int(sum(active(n, p) for n, p in named if p.requires_grad))
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         return cls(base, lora, cfg.num_hidden_layers, heads, head_dim, cfg.hidden_size, cfg.vocab_size)

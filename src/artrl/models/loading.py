@@ -29,6 +29,7 @@ import torch
 from ..errors import ConfigError
 from ..types import InternalModelConfig
 from .memory_plan import check_model_fits
+from .moe import EXPERTS_IMPLEMENTATION, is_moe, lora_targets
 from .quantization import Quantization, bnb_config, prepare_quantized, resolve_quantization, weight_numel
 from .shapes import RANDOM_SHAPES, random_config
 from .source import OWN_PREFIXES, check_model_source
@@ -139,20 +140,25 @@ def load_base_model(base_model: str, cfg: InternalModelConfig | None = None) -> 
     path = resolve_name(base_model)
     tok = load_tokenizer(base_model, cfg)
     # memory is planned before anything loads: a model that cannot fit is refused now, with settings that fit
-    check_model_fits(base_model, cfg, device)
+    config = load_config(base_model, cfg)
+    check_model_fits(base_model, cfg, device, config=config)
     what = f"{quantization} weights computing in {dtype}" if quantization else str(dtype)
     if base_model in RANDOM_SHAPES:
         from .random_init import build_random_model
 
-        model = build_random_model(random_config(base_model), device=device, dtype=dtype,
+        if is_moe(config):
+            config._experts_implementation = EXPERTS_IMPLEMENTATION
+        model = build_random_model(config, device=device, dtype=dtype,
                                    attn_implementation=resolve_attn(cfg, device), seed=cfg.seed,
                                    quantization=quantization)
         log.info("built random-init %s (%s, %s, %.1fM parameters)", base_model, device, what, parameter_count(model) / 1e6)
         return model, tok
     extra: dict[str, Any] = {}
+    if is_moe(config):  # experts per routed token (models/moe.py)
+        extra["experts_implementation"] = EXPERTS_IMPLEMENTATION
     if quantization is not None:
         # quantised shard by shard while loading, straight onto the device
-        extra = {"quantization_config": bnb_config(quantization, dtype), "device_map": {"": device}}
+        extra.update(quantization_config=bnb_config(quantization, dtype), device_map={"": device})
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*inputs will be cast from.*")
@@ -182,9 +188,19 @@ def add_lora(model: Any, cfg: InternalModelConfig | None = None) -> Any:
     from peft import LoraConfig, get_peft_model
 
     cfg = cfg or InternalModelConfig()
-    targets = cfg.target_modules if cfg.target_modules is not None else default_target_modules(model)
+    targets: list[str] | str | None = cfg.target_modules
+    parameters = None
+    if is_moe(model.config):  # the experts are fused parameters: peft's target_parameters (models/moe.py)
+        targets, parameters = lora_targets(model, targets)
+        if parameters and cfg.lora_dropout:
+            raise ConfigError(f"lora_dropout={cfg.lora_dropout} with LoRA on the experts of {type(model).__name__}: "
+                              "peft cannot apply dropout to an adapter on a parameter. Set lora_dropout=0, or leave "
+                              "'experts' out of target_modules.")
+    if targets is None:
+        targets = default_target_modules(model)
     lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=targets, task_type="CAUSAL_LM", bias="none", use_rslora=cfg.use_rslora)
+                      target_modules=targets, target_parameters=parameters, task_type="CAUSAL_LM", bias="none",
+                      use_rslora=cfg.use_rslora)
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(cfg.seed)

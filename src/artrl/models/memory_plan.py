@@ -68,26 +68,56 @@ class ModelShape:
     head_dim: int
     vocab: int
     tied: bool
+    experts: int = 0  # a mixture-of-experts model's experts per layer (0: a dense MLP), models/moe.py
+    top_k: int = 0
+    expert_width: int = 0
 
     @classmethod
     def of(cls, config: Any) -> "ModelShape":
+        from .moe import moe_shape
+
         hidden = int(config.hidden_size)
         heads = int(config.num_attention_heads)
+        moe = moe_shape(config)
         return cls(hidden=hidden, intermediate=int(getattr(config, "intermediate_size", None) or 4 * hidden),
                    layers=int(config.num_hidden_layers), heads=heads,
                    kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
                    head_dim=int(getattr(config, "head_dim", None) or hidden // heads), vocab=int(config.vocab_size),
-                   tied=bool(getattr(config, "tie_word_embeddings", False)))
+                   tied=bool(getattr(config, "tie_word_embeddings", False)),
+                   experts=moe.experts if moe else 0, top_k=moe.top_k if moe else 0,
+                   expert_width=moe.width if moe else 0)
 
     def projections(self) -> dict[str, tuple[int, int]]:
-        """A layer's linear projections: name -> (in_features, out_features)."""
+        """A layer's linear projections: name -> (in_features, out_features) (an MoE layer's attention only)."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         h, i = self.hidden, self.intermediate
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        attention = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+        if self.experts:
+            return attention
+        return {**attention, "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def expert_parameters(self) -> dict[str, tuple[int, int]]:
+        """One expert's fused parameters of a layer: name -> (in, out) (empty for a dense model)."""
+        if not self.experts:
+            return {}
+        h, w = self.hidden, self.expert_width
+        return {"experts.gate_up_proj": (h, 2 * w), "experts.down_proj": (w, h)}
 
     def linear_weights(self) -> int:
+        """The weights bitsandbytes can quantise: the decoder layers' linear projections."""
         return self.layers * sum(a * b for a, b in self.projections().values())
+
+    def expert_weights(self) -> int:
+        """An MoE model's expert weights (fused parameters: never quantised), all layers; the router's too."""
+        if not self.experts:
+            return 0
+        router = self.experts * self.hidden
+        return self.layers * (self.experts * sum(a * b for a, b in self.expert_parameters().values()) + router)
+
+    def active_weights(self) -> int:
+        """Non-embedding weights one token runs through: every projection, and top_k of each layer's experts."""
+        per_expert = sum(a * b for a, b in self.expert_parameters().values())
+        return self.linear_weights() + self.layers * self.top_k * per_expert
 
     def other_weights(self) -> int:
         """Embeddings, LM head (unless tied), norms."""
@@ -155,8 +185,8 @@ def bytes_per_token(shape: ModelShape, dtype_bytes: int, checkpointing: bool) ->
     float32 copies made by RMSNorm (4 x hidden x 4 bytes).
     """
     h = shape.hidden
-    per_layer = dtype_bytes * (10 * h + 2 * (shape.heads + 2 * shape.kv_heads) * shape.head_dim
-                               + 5 * shape.intermediate) + 16 * h
+    mlp = shape.top_k * 5 * shape.expert_width + 4 * shape.experts if shape.experts else 5 * shape.intermediate
+    per_layer = dtype_bytes * (10 * h + 2 * (shape.heads + 2 * shape.kv_heads) * shape.head_dim + mlp) + 16 * h
     if checkpointing:
         return shape.layers * h * dtype_bytes + per_layer  # each layer's input, and one layer's at a time
     return shape.layers * per_layer
@@ -168,22 +198,36 @@ def head_bytes(vocab: int, chunk_size: int) -> int:
 
 
 def lora_weights(shape: ModelShape, rank: int, targets: tuple[str, ...] | None) -> int:
-    names = targets if targets is not None else _PROJECTIONS
-    return shape.layers * sum(rank * (a + b) for n, (a, b) in shape.projections().items() if n in names)
+    """The adapter's weights: r (in + out) per adapted projection, and per expert of an adapted expert parameter
+    (an MoE model's default adapts the experts, as ART's; "experts" among `targets` does too)."""
+    names = targets if targets is not None else (*_PROJECTIONS, "experts")
+    dense = sum(rank * (a + b) for n, (a, b) in shape.projections().items() if n in names)
+    experts = shape.experts * sum(rank * (a + b) for a, b in shape.expert_parameters().values()) \
+        if "experts" in names else 0
+    return shape.layers * (dense + experts)
+
+
+def _adapts_experts(s: MemorySettings) -> bool:
+    return s.target_modules is None or "experts" in s.target_modules
 
 
 def plan_memory(shape: ModelShape, s: MemorySettings, available: int | None = None) -> MemoryPlan:
     """The plan of one training process (see the module docstring). Pure: no device is asked."""
     weights = int(shape.linear_weights() * (_WEIGHT_BYTES[s.quantization] if s.quantization else s.dtype_bytes)
-                  + shape.other_weights() * s.dtype_bytes)
+                  + (shape.expert_weights() + shape.other_weights()) * s.dtype_bytes)
     lora = lora_weights(shape, s.lora_rank, s.target_modules)
     optimizer = lora * (2 if s.optim_bits == 8 else 8)
     largest = shape.largest_linear()[0] * shape.largest_linear()[1]
     on_cpu = s.device_type == "cpu"
     # a 4-bit matmul dequantises its weight: on a CPU through int32 codes and float32 values, on CUDA in a kernel
     dequant = largest * ((4 + 4 + s.dtype_bytes) if on_cpu else s.dtype_bytes) if s.quantization else 0
+    # LoRA on fused experts: peft adds B A to the whole expert stack for each forward (models/moe.py), a layer's
+    # experts in the compute dtype, kept for backward by every layer (one at a time with checkpointing)
+    stack = shape.expert_weights() // max(shape.layers, 1) * s.dtype_bytes
+    experts_lora = stack * (1 if s.gradient_checkpointing else shape.layers) if _adapts_experts(s) else 0
     activations = (s.micro_batch_tokens * bytes_per_token(shape, s.dtype_bytes, s.gradient_checkpointing)
-                   + head_bytes(shape.vocab, min(s.logprob_chunk_size, s.micro_batch_tokens)) + dequant)
+                   + head_bytes(shape.vocab, min(s.logprob_chunk_size, s.micro_batch_tokens)) + dequant
+                   + experts_lora)
     draw = RANDOM_DRAW_ROWS * shape.largest_linear()[0] * 4 if s.random_init else largest * 4
     # bitsandbytes' quantiser holds the tensor in float32 twice and its codes as int32 (its CPU path)
     quantize = largest * (s.dtype_bytes + 4 + 4 + 4 + 1) if s.quantization else 0

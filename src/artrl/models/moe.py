@@ -120,32 +120,35 @@ def decode_routing(record: Any) -> torch.Tensor:
 
 
 class RoutingRecorder:
-    """Collects the experts each router picks, forward by forward (the engine's side of routing replay).
+    """The experts each router picked in the model's latest forward (the engine's side of routing replay).
 
-    While `recording()` is active, each forward of the model appends one [layers, tokens, top_k] tensor (tokens in the
-    order the routers saw them: the batch's rows, flattened) to `calls`.
+    Hooks on the routers of `model` (the engine's own copy) for as long as the recorder lives (`remove()` takes
+    them off): after a forward, `latest` is a [moe layers, tokens, top_k] tensor (tokens in the order the routers
+    saw them: the batch's rows, flattened); `clear()` before a forward whose choices are wanted, so a forward
+    that ran no hook (a replayed CUDA graph) leaves None.
     """
 
     def __init__(self, model: Any) -> None:
         self.routers = routers(model)
         self._current: list[torch.Tensor | None] = [None] * len(self.routers)
-        self.calls: list[torch.Tensor] = []
+        self.latest: torch.Tensor | None = None
+        self._handles = [router.register_forward_hook(self._hook(i)) for i, router in self.routers]
 
     def _hook(self, layer: int):
         def hook(module: Any, args: Any, output: Any) -> None:
             self._current[layer] = output[2].detach()  # router_indices [tokens, top_k]
             if layer == len(self.routers) - 1:
-                self.calls.append(torch.stack([t for t in self._current if t is not None]))
+                self.latest = torch.stack([t for t in self._current if t is not None]).to(torch.int16)
         return hook
 
-    @contextlib.contextmanager
-    def recording(self) -> Iterator["RoutingRecorder"]:
-        handles = [router.register_forward_hook(self._hook(i)) for i, router in self.routers]
-        try:
-            yield self
-        finally:
-            for h in handles:
-                h.remove()
+    def clear(self) -> None:
+        self.latest = None
+        self._current = [None] * len(self.routers)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
 
 
 @dataclass
@@ -169,6 +172,7 @@ class RoutingReplay:
     def __init__(self, model: Any) -> None:
         self.routers = routers(model)
         self.forced: torch.Tensor | None = None
+        self.apply = True
         self.counts = ReplayCounts()
         self._counted = False
 
@@ -178,10 +182,13 @@ class RoutingReplay:
             if forced is None:
                 return None
             logits, scores, indices = output  # [T, E], [T, k], [T, k]
+            if forced.shape[1] != len(self.routers):
+                raise RuntimeError(f"routing replay: a record of {forced.shape[1]} MoE layers for a model of "
+                                   f"{len(self.routers)}")
             want = forced[:, layer, :].to(indices.device, torch.long)  # [T, k]
-            if want.shape[0] != indices.shape[0]:
-                raise RuntimeError(f"routing replay: {want.shape[0]} recorded tokens for a router that saw "
-                                   f"{indices.shape[0]}")
+            if want.shape[0] != indices.shape[0] or want.shape[1] != indices.shape[1]:
+                raise RuntimeError(f"routing replay: a record of {tuple(want.shape)} (tokens, top_k) for a router "
+                                   f"that saw {tuple(indices.shape)}")
             on = want[:, 0] >= 0  # [T]
             if not self._counted:  # once per replaying(): a checkpointed layer runs its forward again in backward
                 own = torch.sort(indices, dim=-1).values
@@ -192,6 +199,8 @@ class RoutingReplay:
                     self.counts.rerouted += int(torch.stack(self.counts._pending).any(0).sum())
                     self.counts._pending.clear()
                     self._counted = True
+            if not self.apply:
+                return None
             probs = torch.softmax(logits.float(), dim=-1)  # [T, E]
             picked = probs.gather(-1, want.clamp(min=0))  # [T, k]
             if getattr(module, "norm_topk_prob", False):
@@ -211,11 +220,12 @@ class RoutingReplay:
                 h.remove()
 
     @contextlib.contextmanager
-    def replaying(self, forced: torch.Tensor | None) -> Iterator[None]:
-        """Replay `forced` in the forward passes (and their recomputation) inside; counted once."""
-        before, self.forced = self.forced, forced
+    def replaying(self, forced: torch.Tensor | None, apply: bool = True) -> Iterator[None]:
+        """Replay `forced` in the forward passes (and their recomputation) inside, counted once; `apply=False`
+        only counts (the router keeps its own choice)."""
+        before, self.forced, self.apply = self.forced, forced, apply
         self._counted = False
         try:
             yield
         finally:
-            self.forced = before
+            self.forced, self.apply = before, True

@@ -112,6 +112,7 @@ def _truncate(seq: TokenizedSequence, n: int) -> TokenizedSequence | None:
         token_ids=seq.token_ids[:n], trainable_mask=seq.trainable_mask[:n], logprobs=seq.logprobs[:n],
         advantage=seq.advantage, weight=seq.weight, group_index=seq.group_index,
         trajectory_index=seq.trajectory_index, history_index=seq.history_index,
+        routing=[(start, r[:n - start]) for start, r in seq.routing if start < n],
     )
 
 
@@ -282,6 +283,7 @@ def _materialize(
     weights = torch.zeros((R, L), dtype=torch.float32)
     sequence_ids = torch.full((R, L), -1, dtype=torch.long)
     lengths = torch.zeros(R, dtype=torch.long)
+    routing = _routing_tensor(trees, R, L)  # [R, L, moe layers, top_k], or None
     sequences: list[TokenizedSequence] = []
     nodes: list[list[Node]] = []
     for r, row in enumerate(assignment):
@@ -331,6 +333,9 @@ def _materialize(
                 mask[0] = False  # nothing precedes the first token, it cannot be predicted
             trainable_mask[r, sl] = mask
             logprobs[r, sl] = torch.tensor(seq.logprobs[tree.p:], dtype=torch.float32)
+            for start, record in seq.routing:  # sampled turns: never in a shared prompt (it ends before them)
+                at = pos + start - tree.p
+                routing[r, at:at + len(record)] = record  # type: ignore[index]
             advantages[r, sl] = seq.advantage
             weights[r, sl] = mask.float() * seq.weight
             sequence_ids[r, sl] = gid
@@ -347,7 +352,19 @@ def _materialize(
     stats.trainable_tokens = int(trainable_mask.sum())
     stats.sequences = len(sequences)
     return PackedRows(input_ids, position_ids, segment_ids, parent_ids, prev_index, trainable_mask, logprobs,
-                      advantages, weights, sequence_ids, lengths, sequences, stats, nodes)
+                      advantages, weights, sequence_ids, lengths, sequences, stats, nodes, routing=routing)
+
+
+def _routing_tensor(trees: Sequence[PromptTree], rows: int, width: int) -> torch.Tensor | None:
+    """An all -1 [rows, width, moe layers, top_k] int16 tensor when some sequence has a routing record."""
+    shapes = {tuple(r.shape[1:]) for t in trees for s in t.sequences for _, r in s.routing}
+    if not shapes:
+        return None
+    if len(shapes) > 1:
+        raise PackingError(f"routing records of different shapes {sorted(shapes)} (moe layers, top_k) in one call: "
+                           "they come from different models")
+    layers, k = shapes.pop()
+    return torch.full((rows, width, layers, k), -1, dtype=torch.int16)
 
 
 def _unique_tokens(trees: Sequence[PromptTree]) -> int:

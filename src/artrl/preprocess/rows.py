@@ -96,6 +96,9 @@ class PackedRows:
     sequences: list[TokenizedSequence]
     stats: PackStats
     nodes: list[list[Node]] = field(default_factory=list)
+    # [rows, row_length, moe layers, top_k] int16: the experts a sampled token's record says each MoE layer picked
+    # (models/moe.py), -1 where there is none; None when no sequence has a record
+    routing: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -116,7 +119,8 @@ class PackedRows:
                              f"{int(self.lengths[idx].max())})")
         tensors = {name: getattr(self, name)[idx, :width] for name in ROW_TENSORS}
         return PackedRows(**tensors, lengths=self.lengths[idx], sequences=self.sequences, stats=self.stats,
-                          nodes=[self.nodes[r] for r in rows])
+                          nodes=[self.nodes[r] for r in rows],
+                          routing=self.routing[idx, :width] if self.routing is not None else None)
 
 
 def concat_packed(parts: Sequence[PackedRows]) -> PackedRows:
@@ -137,5 +141,10 @@ def concat_packed(parts: Sequence[PackedRows]) -> PackedRows:
         for k in ("rows", "computed_tokens", "real_tokens", "unique_tokens", "trainable_tokens", "sequences",
                   "dropped", "truncated"):
             setattr(stats, k, getattr(stats, k) + getattr(p.stats, k))
+    routing = None
+    if any(p.routing is not None for p in parts):
+        shape = next(p.routing.shape[2:] for p in parts if p.routing is not None)
+        routing = torch.cat([p.routing if p.routing is not None else
+                             torch.full((p.num_rows, p.row_length, *shape), -1, dtype=torch.int16) for p in parts])
     return PackedRows(**tensors, sequence_ids=torch.cat(seq_ids), lengths=torch.cat([p.lengths for p in parts]),
-                      sequences=sequences, stats=stats, nodes=[n for p in parts for n in p.nodes])
+                      sequences=sequences, stats=stats, nodes=[n for p in parts for n in p.nodes], routing=routing)

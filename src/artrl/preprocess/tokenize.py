@@ -78,6 +78,9 @@ class TokenizedSequence:
     group_index: int = 0
     trajectory_index: int = 0
     history_index: int = 0  # 0 = main conversation, k = additional_histories[k-1]
+    # an MoE model's routing record of sampled turns (models/moe.py): (first token's index, [tokens, moe layers,
+    # top_k] expert ids, -1 where none), replayed by the trainer; empty without one
+    routing: list[tuple[int, Any]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -165,6 +168,23 @@ def _choice_logprobs(choice: Choice, n_tokens: int, where: str) -> list[float] |
     return values
 
 
+def _choice_routing(choice: Choice, n_tokens: int, where: str) -> Any:
+    """An MoE model's routing record of a Choice ([n_tokens, layers, top_k] int16), or None without one."""
+    from ..models.moe import RECORD_KEY, decode_routing
+
+    record = (choice.model_extra or {}).get(RECORD_KEY)
+    if record is None:
+        return None
+    try:
+        routing = decode_routing(record)
+    except ValueError as e:
+        raise TrajectoryError(f"{where}: {e}. Record the response unchanged.") from e
+    if routing.shape[0] != n_tokens:
+        raise TrajectoryError(f"{where}: the choice has {n_tokens} sampled token ids but a {RECORD_KEY} record of "
+                              f"{routing.shape[0]} tokens; record the response unchanged.")
+    return routing
+
+
 def _record(choice: Choice) -> tuple[Any, list[int]] | None:
     """(prompt ids, sampled ids) the server recorded for a choice, or None without a complete record."""
     prompt = (choice.model_extra or {}).get("prompt_token_ids")
@@ -229,20 +249,21 @@ def tokenize_history(
         if not record[1]:
             raise TrajectoryError(f"{at} is a Choice with no sampled tokens.")
         ids = _check_ids(record[1], at, "token_ids", None)
+        routing = _choice_routing(item, len(ids), at)
         lps = _choice_logprobs(item, len(ids), at)
         if lps is None:
             stats.turns_missing_logprobs += 1
             lps = [math.nan] * len(ids)
         stats.record_turns += 1
         if chain is not None and len(prompt) >= len(chain) and prompt[:len(chain)] == chain.token_ids:
-            _extend(chain, prompt[len(chain):], ids, lps)
+            _extend(chain, prompt[len(chain):], ids, lps, routing)
             continue
         if chain is not None:
             stats.record_splits += 1
             stats.repeated_context_tokens += min(len(prompt), len(chain))  # computed again (an upper bound)
             sequences.append(chain)
         chain = TokenizedSequence(token_ids=[], trainable_mask=[], logprobs=[])
-        _extend(chain, prompt, ids, lps)
+        _extend(chain, prompt, ids, lps, routing)
     if chain is not None:
         sequences.append(chain)
     if rendered:
@@ -251,7 +272,10 @@ def tokenize_history(
     return sequences
 
 
-def _extend(seq: TokenizedSequence, context: Sequence[int], sampled: Sequence[int], logprobs: Sequence[float]) -> None:
+def _extend(seq: TokenizedSequence, context: Sequence[int], sampled: Sequence[int], logprobs: Sequence[float],
+            routing: Any = None) -> None:
+    if routing is not None:
+        seq.routing.append((len(seq.token_ids) + len(context), routing))
     seq.token_ids += [*context, *sampled]
     seq.trainable_mask += [False] * len(context) + [True] * len(sampled)
     seq.logprobs += [math.nan] * len(context) + list(logprobs)

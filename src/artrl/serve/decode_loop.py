@@ -98,6 +98,8 @@ class DecodeRow:
     adapter: str | None = None  # the adapter it runs, resolved when it joins (adapter_versions.resolve)
     version: int | None = None  # the policy version (training step) that adapter holds, if known
     held: bool = False  # it holds `adapter` (released when it leaves)
+    # MoE: [moe layers, top_k] expert ids of each token fed back in (models/moe.py); None once a step had none
+    routing: list[torch.Tensor] | None = field(default_factory=list)
 
     @property
     def request(self) -> GenerationRequest:
@@ -135,6 +137,7 @@ class DecodeLoop:
     static_cache_len: int
     cuda_graphs: bool
     _static_step: StaticStep | None
+    _routing: Any  # models/moe.RoutingRecorder of an MoE model, else None
     max_batch_size: int
     batches_served: int
     rows_served: int
@@ -163,10 +166,20 @@ class DecodeLoop:
         pending.results[row.sample] = GenerationResult(
             token_ids=row.token_ids, logprobs=row.logprobs,
             top_logprobs=row.top_logprobs if row.request.top_logprobs > 0 else None,
-            finish_reason=row.finish_reason or "length", policy_version=row.version)  # type: ignore[arg-type]
+            finish_reason=row.finish_reason or "length", policy_version=row.version,  # type: ignore[arg-type]
+            routed_experts=self._routing_record(row))
         pending.remaining -= 1
         if pending.remaining == 0 and not pending.future.done():
             pending.future.set_result(list(pending.results))
+
+    def _routing_record(self, row: DecodeRow) -> torch.Tensor | None:
+        """[tokens, moe layers, top_k] int16 on the host: each sampled token's experts when it was fed back in,
+        -1 for the last one (never fed); None without a recorder or when a step recorded nothing."""
+        if self._routing is None or row.routing is None or len(row.routing) != len(row.token_ids) - 1:
+            return None
+        layers, k = len(self._routing.routers), self._routing.routers[0][1].top_k if self._routing.routers else 0
+        fed = torch.stack(row.routing).cpu() if row.routing else torch.empty((0, layers, k), dtype=torch.int16)
+        return torch.cat([fed, torch.full((1, layers, k), -1, dtype=torch.int16)])
 
     def _run(self, waiting: collections.deque[DecodeRow]) -> None:
         """Decode one batch from the first waiting row, taking in newcomers of any adapter, until it drains."""
@@ -351,7 +364,17 @@ class DecodeLoop:
         batch.keep(kept)
         if batch.rows:
             names = self._adapter_names([row.adapter for row in batch.rows], switch=True)
+            if self._routing is not None:
+                self._routing.clear()
             batch.advance(names, self._graph_key())
+            if self._routing is not None:  # the experts each row's fed token took, [moe layers, rows, top_k]
+                latest = self._routing.latest
+                for i, row in enumerate(batch.rows):
+                    if row.routing is not None:
+                        if latest is None:
+                            row.routing = None  # a replayed graph runs no hook: no record for this row
+                        else:
+                            row.routing.append(latest[:, i, :])
 
     def _fits(self, row: DecodeRow) -> bool:
         """Whether `row` fits a static cache slot (prompt + max_tokens within its columns)."""

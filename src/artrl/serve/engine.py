@@ -180,6 +180,10 @@ class GenerationResult:
     finish_reason: FinishReason
     #: The policy version (training step of the checkpoint) that sampled it; None when unknown (point 6).
     policy_version: int | None = None
+    #: A mixture-of-experts model's routing record: [len(token_ids), moe layers, top_k] expert ids (int16) each
+    #: layer picked when the token was fed back in, -1 where there is none (the last token); None for a dense
+    #: model or an engine that does not record it (models/moe.py).
+    routed_experts: Any = None
 
 
 class InferenceEngine(abc.ABC):

@@ -72,6 +72,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from artrl.chat_format import completion_text, cut_at_stop
 from artrl.errors import CheckpointError
+from artrl.models.moe import RECORD_KEY as ROUTING_RECORD_KEY, encode_routing
 from artrl.serve.background import ServerHandle, start_server
 from artrl.serve.chat import DEFAULT_RECORD_CACHE_BYTES, PromptBuilder, request_messages
 from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult, InvalidRequestError
@@ -473,6 +474,7 @@ def _cut_at_stop(tokenizer: Any, result: GenerationResult, text: str, stops: lis
         token_ids=result.token_ids[:keep],
         logprobs=result.logprobs[:keep],
         top_logprobs=result.top_logprobs[:keep] if result.top_logprobs is not None else None,
+        routed_experts=result.routed_experts[:keep] if result.routed_experts is not None else None,
         finish_reason="stop",
     )
 
@@ -516,7 +518,7 @@ def _choice_json(
     message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": tool_calls or None}
     sampled_text, end_id = completion_text(tokenizer, result.token_ids, end_ids)
     prompts.remember(tokenizer, message, prompt_ids, result.token_ids, sampled_text, end_id)
-    return {
+    choice = {
         "index": index,
         "message": message,
         "finish_reason": finish_reason,
@@ -525,6 +527,9 @@ def _choice_json(
         "prompt_token_ids": prompt_ids,
         "policy_version": result.policy_version,
     }
+    if result.routed_experts is not None:  # an MoE model's routing record (models/moe.py), replayed in training
+        choice[ROUTING_RECORD_KEY] = encode_routing(result.routed_experts)
+    return choice
 
 
 def create_app(

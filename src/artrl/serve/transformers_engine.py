@@ -83,6 +83,7 @@ from artrl import shutdown
 from artrl.adapter_switch import NotPeftModelError, serving_copy
 from artrl.chat_format import end_of_turn_ids
 from artrl.errors import ConfigError
+from artrl.models.moe import RoutingRecorder, is_moe
 from artrl.models.quantization import quantization_of
 from artrl.serve.engine import (
     BASE_WEIGHTS,
@@ -168,6 +169,8 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         self._pad_id = pad if pad is not None else min(self._eos_ids, default=0)
         self._cache_kwarg = _cache_kwarg_name(model)
         self._versions = AdapterVersions(model)
+        # an MoE model's routing record (models/moe.py): hooks on the routers of the model this engine decodes
+        self._routing = RoutingRecorder(model) if is_moe(model.config) else None
         self._entered: Any = _NOTHING  # the adapter mode of the batch in flight (decode_loop._enter)
         self._mode: contextlib.ExitStack | None = None
         #: The checkpoint `set_live_weights` last made the live weights: (path, step), or None.

@@ -50,7 +50,8 @@ def step_options(config: TrainConfig, ref_adapter: str | None = None) -> StepOpt
     return StepOptions(need_ref=config.needs_reference(), ref_adapter=ref_adapter,
                        kl_step_mean=config.kl_penalty_coef > 0,
                        chunk_size=config.logprob_calculation_chunk_size,
-                       precalculate_logprobs=config.precalculate_logprobs)
+                       precalculate_logprobs=config.precalculate_logprobs,
+                       routing_replay=config.moe_routing_replay)
 
 
 def build_rl(groups: Sequence[Sequence], config: TrainConfig, ctx: BuildContext) -> BuiltCall:

@@ -18,7 +18,9 @@ from typing import Any
 import torch
 
 KEYS = ("loss", "policy", "kl", "entropy", "clipped", "ratio", "weight", "computed", "kl_ref",
-        "delta_sum", "delta_max", "delta_tokens")
+        "delta_sum", "delta_max", "delta_tokens",
+        # a mixture-of-experts model's routing replay (train/routing.py), the first optimizer step's
+        "routing_record", "routing_mismatch", "delta_free_max")
 
 
 class StepTotals(dict):

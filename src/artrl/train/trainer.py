@@ -65,6 +65,7 @@ from .kernels import apply_kernels, fused_adamw
 from .logprobs import TokenLogprobModel
 from .loss import LossTerms
 from .optimizers import build_optimizer, optim_spec
+from .routing import TrainerRouting
 from .memory import (CallState, MemoryBudget, call_checkpointing, device_budget, is_out_of_memory,
                      out_of_memory_error)
 from ..models.loading import model_max_length
@@ -108,7 +109,9 @@ class BuildContext:
     memory_budget: MemoryBudget | None = None
     gradient_checkpointing: bool | None = None  # the model config's setting (None: as memory requires)
 
-SAMPLED_DELTA_KEYS = ("sampled_logprob_delta_mean", "sampled_logprob_delta_max", "sampled_logprob_tokens")
+SAMPLED_DELTA_KEYS = ("sampled_logprob_delta_mean", "sampled_logprob_delta_max", "sampled_logprob_tokens",
+                      # an MoE model's (train/routing.py): measured with the weights that sampled, like the delta
+                      "routing_record_tokens", "routing_mismatch_tokens", "sampled_logprob_delta_max_without_replay")
 
 
 def new_totals() -> StepTotals:
@@ -144,6 +147,8 @@ class StepOptions:
     chunk_size: tokens per LM-head chunk (None: the model config's logprob_chunk_size).
     precalculate_logprobs: before the first step, recompute the old logprobs of every trainable token with
         the current weights; the sampled ones reach the loss as `original_logprobs`.
+    routing_replay: a mixture-of-experts model's tokens with a routing record take the recorded experts
+        (train/routing.py).
     """
 
     need_ref: bool = False
@@ -151,6 +156,7 @@ class StepOptions:
     kl_step_mean: bool = False
     chunk_size: int | None = None
     precalculate_logprobs: bool = False
+    routing_replay: bool = True  # an MoE model replays the routing record (train/routing.py)
 
 
 def _unwrap(model: Any) -> Any:
@@ -185,6 +191,8 @@ class Trainer:
         self.max_length = model_max_length(inner, self.cfg)
         self.token_model = TokenLogprobModel(self.backbone, self.lm_head, chunk_size=self.cfg.logprob_chunk_size,
                                              softcap=self.softcap)
+        # an MoE model: routing replay and router health (its hooks on this model's routers, not a serving copy's)
+        self.routing = TrainerRouting.for_model(inner)
         self.kernels = apply_kernels(inner, self.cfg, self.device) if wrap is None else {}
         if wrap is not None:
             wrap(self.token_model)
@@ -199,6 +207,7 @@ class Trainer:
         self.sharded = wrap is not None
         self.model_lock = model_lock or threading.RLock()
         self.optimizer_steps = 0
+        self._first_step = False  # inside run(): whether the step in progress is the call's first
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._rng = self._seeded_rng_state(self.cfg.seed)
 
@@ -269,11 +278,19 @@ class Trainer:
         with serving(self.model, adapter):  # eval mode, adapter switched; modes and requires_grad restored
             yield
 
+    def routed(self, mb: PackedRows, *, replay: bool = True, count: bool = False,
+               stats: bool = False) -> contextlib.AbstractContextManager:
+        """The routing of an MoE model's passes over `mb` (train/routing.py); nothing for a dense model."""
+        if self.routing is None:
+            return contextlib.nullcontext()
+        return self.routing.replaying(mb.routing, mb.segment_ids >= 0, replay=replay, count=count, stats=stats)
+
     def forward_tokens(self, mb: PackedRows, *, grad: bool = True, adapter: bool = True,
                        ref_adapter: str | None = None, chunk_size: int | None = None) -> TokenBatch:
         """One forward pass over a micro-batch; returns its trainable tokens' logprobs.
 
-        `adapter=False` computes reference logprobs: the base model, or the adapter `ref_adapter`.
+        `adapter=False` computes reference logprobs: the base model, or the adapter `ref_adapter`. An MoE model
+        routes as the caller's `routed` context says (none: freely).
         """
         dev = self.device
         input_ids = mb.input_ids.to(dev)  # [rows, width]
@@ -323,8 +340,10 @@ class Trainer:
                 original = None
                 if opts.precalculate_logprobs:
                     original = packed.logprobs
-                    packed = self.recompute_logprobs(packed, plan, chunk_size=opts.chunk_size)
+                    packed = self.recompute_logprobs(packed, plan, chunk_size=opts.chunk_size,
+                                                     replay=opts.routing_replay)
                 for index, (step, lr) in enumerate(zip(plan.steps, learning_rates)):
+                    self._first_step = index == 0  # its passes run the weights that sampled the data
                     metrics = self._step(packed, step, loss_fn, lr, optimizer, opts, bar, original)
                     if index:  # later passes run updated weights: they no longer measure the record
                         for key in SAMPLED_DELTA_KEYS:
@@ -341,13 +360,16 @@ class Trainer:
             self.model.eval()
 
 
-    def recompute_logprobs(self, packed: PackedRows, plan: BatchPlan, *, chunk_size: int | None = None) -> PackedRows:
+    def recompute_logprobs(self, packed: PackedRows, plan: BatchPlan, *, chunk_size: int | None = None,
+                           replay: bool = True) -> PackedRows:
         """`packed` with the logprobs of its trainable tokens recomputed by the current weights (no gradient)."""
         logprobs = packed.logprobs.clone()  # [rows, row_length]
         for step in plan.steps:
             for mb in step.micro_batches:
                 sub = packed.select(mb.rows, mb.width)
-                new = self.forward_tokens(sub, grad=False, chunk_size=chunk_size).logprobs.to(logprobs.dtype).cpu()
+                with self.routed(sub, replay=replay):
+                    new = self.forward_tokens(sub, grad=False, chunk_size=chunk_size).logprobs
+                new = new.to(logprobs.dtype).cpu()
                 block = logprobs[mb.rows, :mb.width]  # [mb rows, width] (a copy)
                 block[sub.trainable_mask] = new
                 logprobs[mb.rows, :mb.width] = block
@@ -386,9 +408,10 @@ class Trainer:
         total, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for i, mb in enumerate(micro_batches):
             sub = packed.select(mb.rows, mb.width)
-            cur = self.forward_tokens(sub, grad=False, chunk_size=opts.chunk_size)
-            ref = self.forward_tokens(sub, grad=False, adapter=False, ref_adapter=opts.ref_adapter,
-                                      chunk_size=opts.chunk_size).logprobs
+            with self.routed(sub, replay=opts.routing_replay):
+                cur = self.forward_tokens(sub, grad=False, chunk_size=opts.chunk_size)
+                ref = self.forward_tokens(sub, grad=False, adapter=False, ref_adapter=opts.ref_adapter,
+                                          chunk_size=opts.chunk_size).logprobs
             if refs is not None:
                 refs[i] = ref
             live = cur.weights > 0  # [n]
@@ -413,25 +436,50 @@ class Trainer:
         sub = packed.select(mb.rows, mb.width)
         totals.add("computed", sub.input_ids.numel())
         weight = float(sub.weights[sub.trainable_mask].sum())  # host tensors: whether there is anything to learn
-        tb = self.forward_tokens(sub, chunk_size=opts.chunk_size)
-        if opts.need_ref:
-            tb.ref_logprobs = ref if ref is not None else self.forward_tokens(
-                sub, grad=False, adapter=False, ref_adapter=opts.ref_adapter, chunk_size=opts.chunk_size).logprobs
-        tb.kl_mean = kl_mean
-        if original_logprobs is not None:
-            rows = torch.as_tensor(mb.rows, dtype=torch.long)
-            tb.original_logprobs = original_logprobs[rows, :mb.width][sub.trainable_mask].to(tb.logprobs.device)
-        _add_sampled_delta(totals, tb)
-        with record_function("artrl/loss"):
-            terms = loss_fn(tb)
-        with record_function("artrl/backward"):
-            if denom > 0 and weight > 0:
-                (terms.loss_sum / denom if scale == 1.0 else terms.loss_sum / denom * scale).backward()
-            elif always_backward:
-                (terms.loss_sum * 0.0).backward()
+        measure = self._first_step and scale != 0.0  # a padding pass (scale 0) measures nothing
+        counts = self.routing.counts() if self.routing is not None else None
+        # an MoE model's routing (train/routing.py) holds for the forward and for its recomputation in backward
+        with self.routed(sub, replay=opts.routing_replay, count=measure, stats=scale != 0.0):
+            tb = self.forward_tokens(sub, chunk_size=opts.chunk_size)
+            if opts.need_ref:
+                tb.ref_logprobs = ref if ref is not None else self.forward_tokens(
+                    sub, grad=False, adapter=False, ref_adapter=opts.ref_adapter, chunk_size=opts.chunk_size).logprobs
+            tb.kl_mean = kl_mean
+            if original_logprobs is not None:
+                rows = torch.as_tensor(mb.rows, dtype=torch.long)
+                tb.original_logprobs = original_logprobs[rows, :mb.width][sub.trainable_mask].to(tb.logprobs.device)
+            _add_sampled_delta(totals, tb)
+            with record_function("artrl/loss"):
+                terms = loss_fn(tb)
+            with record_function("artrl/backward"):
+                if denom > 0 and weight > 0:
+                    (terms.loss_sum / denom if scale == 1.0 else terms.loss_sum / denom * scale).backward()
+                elif always_backward:
+                    (terms.loss_sum * 0.0).backward()
+        if counts is not None and measure:
+            self._measure_routing(sub, tb, totals, counts, opts)
         totals.add("loss", terms.loss_sum.detach() / max(denom, 1e-12))
         for key, value in terms.sums.items():
             totals.add(key, value)
+
+    def _measure_routing(self, sub: PackedRows, tb: TokenBatch, totals: StepTotals, before: dict[str, float],
+                         opts: StepOptions) -> None:
+        """An MoE micro-batch of the first step: the replay counts it added, and (when it replayed a record) the
+        sampled-logprob delta of one more forward that routes freely, without gradient (train/routing.py)."""
+        assert self.routing is not None
+        after = self.routing.counts()
+        replayed = after["routing_record_tokens"] - before["routing_record_tokens"]
+        totals.add("routing_record", replayed)
+        totals.add("routing_mismatch", after["routing_mismatch_tokens"] - before["routing_mismatch_tokens"])
+        if not replayed or not opts.routing_replay:
+            return  # without replay the pass itself routed freely: its delta is the sampled one
+        with self.routed(sub, replay=False):
+            free = self.forward_tokens(sub, grad=False, chunk_size=opts.chunk_size)
+        sampled = tb.original_logprobs if tb.original_logprobs is not None else tb.old_logprobs  # [n]
+        with torch.no_grad():
+            known = ~torch.isnan(sampled)
+            delta = torch.where(known, (free.logprobs.float() - sampled.float()).abs(), 0.0)  # [n]
+            totals.add("delta_free_max", delta.max() if delta.numel() else 0.0)
 
     def _step(self, packed: PackedRows, step: Any, loss_fn: LossFn, lr: float, optimizer: OptimizerConfig,
               opts: StepOptions, bar: ProgressBar, original: torch.Tensor | None = None) -> dict[str, float]:
@@ -479,5 +527,12 @@ class Trainer:
             metrics["sampled_logprob_delta_mean"] = totals["delta_sum"] / totals["delta_tokens"]
             metrics["sampled_logprob_delta_max"] = totals["delta_max"]
             metrics["sampled_logprob_tokens"] = totals["delta_tokens"]
+        if self.routing is not None:
+            metrics["routing_record_tokens"] = totals["routing_record"]
+            metrics["routing_mismatch_tokens"] = totals["routing_mismatch"]
+            if totals["routing_record"] and opts.routing_replay:
+                metrics["sampled_logprob_delta_max_without_replay"] = totals["delta_free_max"]
+            metrics.update(self.routing.health())
+            self.routing.reset_health()
         bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
         return metrics

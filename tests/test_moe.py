@@ -1,0 +1,195 @@
+"""Mixture-of-experts models (models/moe.py, train/routing.py): experts per routed token, LoRA on the experts,
+the routing record and its replay, router health."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from typing import Any
+
+import pytest
+import torch
+
+import artrl as art
+from artrl.chat_format import message_of
+from artrl.models import moe
+from artrl.models.loading import load_model
+from artrl.models.memory_plan import ModelShape
+from artrl.models.shapes import random_config
+
+TOLERANCE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def tiny_moe():
+    model, tok = load_model("artrl/tiny-moe", art.InternalModelConfig())
+    return model, tok
+
+
+def _dense_reference(experts: Any, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Every expert on every token, weighted by a dense [tokens, experts] routing matrix (zero off the top-k)."""
+    gate_up = torch.einsum("th,eoh->teo", hidden, experts.gate_up_proj)  # [T, E, 2W]
+    gate, up = gate_up.chunk(2, dim=-1)  # [T, E, W] each
+    out = torch.einsum("tew,ehw->teh", experts.act_fn(gate) * up, experts.down_proj)  # [T, E, H]
+    dense = torch.zeros(hidden.shape[0], experts.num_experts).scatter(1, index, weights)  # [T, E]
+    return (out * dense[:, :, None]).sum(1)  # [T, H]
+
+
+@pytest.mark.parametrize("implementation", ["grouped_mm", "eager"])
+def test_experts_are_computed_per_routed_token_as_the_dense_reference(tiny_moe, implementation):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    block = tiny_moe[0].get_base_model().model.layers[1].mlp
+    experts = block.experts.get_base_layer() if hasattr(block.experts, "get_base_layer") else block.experts
+    experts.config._experts_implementation = implementation
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(37, experts.hidden_dim, generator=gen)  # [T, H]
+    try:
+        with torch.no_grad():
+            _, weights, index = block.gate(hidden)  # [T, k] each
+            with FlopCounterMode(display=False) as counter:
+                routed = experts(hidden, index, weights)
+            want = _dense_reference(experts, hidden, index, weights)
+    finally:
+        experts.config._experts_implementation = moe.EXPERTS_IMPLEMENTATION
+    torch.testing.assert_close(routed, want, rtol=1e-5, atol=1e-6)
+    # the work of top_k experts per token, never of every expert (8 experts, 2 per token: a quarter)
+    per_token_expert = 2 * 3 * experts.hidden_dim * experts.intermediate_dim
+    if counter.get_total_flops():  # grouped_mm's kernel may be invisible to the counter
+        assert counter.get_total_flops() <= 37 * 2 * per_token_expert * 1.01
+
+
+def test_lora_reaches_the_experts_under_arts_names(tiny_moe):
+    model, _ = tiny_moe
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert any(".experts." in n and "lora_A" in n for n in trained)  # ART's default adds the experts
+    assert any(".q_proj.lora_A" in n for n in trained) and not any("mlp.gate." in n for n in trained)
+    base = model.get_base_model()
+    assert moe.lora_targets(base, ["q_proj", "experts"]) == (["q_proj"], list(moe.EXPERT_PARAMETERS))
+    assert moe.lora_targets(base, ["q_proj", "v_proj"]) == (["q_proj", "v_proj"], None)
+    with pytest.raises(art.ConfigError, match="lora_dropout=0.1 with LoRA on the experts.*Set lora_dropout=0"):
+        load_model("artrl/tiny-moe", art.InternalModelConfig(lora_dropout=0.1))
+    load_model("artrl/tiny-moe", art.InternalModelConfig(lora_dropout=0.1, target_modules=["q_proj", "v_proj"]))
+
+
+def test_plans_and_flops_count_the_experts_a_token_runs():
+    from artrl.bench.flops import ModelShape as FlopShape
+
+    shape = ModelShape.of(random_config("random:qwen3-30b-a3b"))
+    total = shape.linear_weights() + shape.expert_weights() + shape.other_weights()
+    assert total == pytest.approx(30.5e9, rel=0.01)  # Qwen3-30B-A3B: 30.5B parameters
+    assert shape.active_weights() + shape.other_weights() == pytest.approx(3.3e9, rel=0.02)  # 3.3B active
+    model, _ = load_model("artrl/tiny-moe", art.InternalModelConfig())
+    flops = FlopShape.of(model)
+    config = model.get_base_model().config
+    experts = config.num_hidden_layers * config.num_experts * 3 * config.hidden_size * config.moe_intermediate_size
+    dense = FlopShape.of(load_model("artrl/tiny", art.InternalModelConfig())[0])
+    attention = dense.non_embedding_params - dense.layers * 3 * 128 * 384 - dense.layers * 2 * 128 - 128
+    assert flops.non_embedding_params < attention + experts * 2 / 8 + 10_000
+
+
+def test_the_routing_record_round_trips_and_a_malformed_one_is_refused():
+    ids = torch.randint(-1, 128, (5, 48, 8), dtype=torch.int16)
+    record = moe.encode_routing(ids)
+    assert json.loads(json.dumps(record)) == record and torch.equal(moe.decode_routing(record), ids)
+    for bad in ({"shape": [5, 48, 8], "int16": "AAAA"}, {"shape": [5, 48], "int16": record["int16"]},
+                {"int16": record["int16"]}, {"shape": [5, 48, 8], "int16": "not base64!"}):
+        with pytest.raises(ValueError, match="malformed routed_experts record"):
+            moe.decode_routing(bad)
+
+
+async def _rollout(model: art.TrainableModel, client: Any, i: int, turns: int = 3) -> art.Trajectory:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"Name colour number {i}."}]
+    trajectory = art.Trajectory(messages_and_choices=list(messages), reward=float(i % 3))
+    for turn in range(turns):
+        response = await client.chat.completions.create(model=model.get_inference_name(), messages=messages,
+                                                        max_tokens=12, temperature=1.0, seed=100 * i + turn)
+        choice = response.choices[0]
+        trajectory.messages_and_choices.append(choice)
+        messages.append(json.loads(json.dumps(message_of(choice))))
+        nudge = {"role": "user", "content": "And another?"}
+        messages.append(nudge)
+        trajectory.messages_and_choices.append(nudge)
+    return trajectory
+
+
+def _choices(groups):
+    return [m for g in groups for t in g for m in t.messages_and_choices if not isinstance(m, dict)]
+
+
+def _tampered(groups, every: int = 3) -> tuple[list[art.TrajectoryGroup], int]:
+    """Every `every`-th recorded token (not a turn's last, which has no record) claims experts its router did not
+    pick in the last MoE layer (the ids shifted by one: another set). The last layer's choice for a token changes
+    no other token's routing, so exactly those tokens differ from the trainer's own choice. Returns the groups and
+    how many tokens were changed."""
+    groups = copy.deepcopy(groups)
+    changed = 0
+    for choice in _choices(groups):
+        record = moe.decode_routing(choice.model_extra[moe.RECORD_KEY]).clone()
+        rows = list(range(0, record.shape[0] - 1, every))
+        record[rows, -1] = (record[rows, -1] + 1) % 8
+        changed += len(rows)
+        choice.model_extra[moe.RECORD_KEY] = moe.encode_routing(record)
+    return groups, changed
+
+
+def test_sampled_routing_is_recorded_replayed_and_its_mismatches_counted(tmp_path):
+    """Through the local server: each sampled token's experts come back with the record; training replays them
+    (delta at float tolerance, no mismatch); a record that claims other experts for some tokens is counted token
+    for token and, replayed, moves the logprobs, where routing freely does not."""
+
+    async def main() -> None:
+        model = art.TrainableModel(name="moe", project="record", base_model="artrl/tiny-moe")
+        async with art.LocalBackend(path=str(tmp_path), show_progress=False) as backend:
+            await model.register(backend)
+            client = model.openai_client()
+            groups = await art.gather_trajectory_groups(
+                (art.TrajectoryGroup(_rollout(model, client, 4 * g + k) for k in range(4)) for g in range(2)),
+                pbar_desc=None)
+            sampled = _choices(groups)
+            assert len(sampled) == 8 * 3
+            for choice in sampled:
+                record = moe.decode_routing(choice.model_extra[moe.RECORD_KEY])
+                n = len(choice.model_extra["token_ids"])
+                assert record.shape == (n, 4, 2)  # 4 MoE layers, top-2
+                assert (record[:-1] >= 0).all() and (record[-1] == -1).all()  # the last token is never fed back
+
+            async def measure(data, replay: bool) -> dict[str, float]:
+                config = art.TrainConfig(learning_rate=1e-12, moe_routing_replay=replay)
+                return (await model.train(data, config=config)).metrics
+
+            honest = await measure(groups, replay=True)
+            recorded = sum(len(c.model_extra["token_ids"]) - 1 for c in sampled)
+            assert honest["train/routing_record_tokens"] == recorded
+            assert honest["train/routing_mismatch_tokens"] == 0
+            assert honest["train/sampled_logprob_delta_max"] < TOLERANCE
+            assert honest["train/sampled_logprob_delta_max_without_replay"] < TOLERANCE
+            assert {"train/router_aux_loss", "train/router_expert_load_max", "train/router_expert_load_max_l3"} \
+                <= set(honest)
+
+            wrong, changed = _tampered(groups)
+            replayed = await measure(wrong, replay=True)
+            free = await measure(wrong, replay=False)
+            assert changed > 10 and replayed["train/routing_mismatch_tokens"] == changed
+            assert free["train/routing_mismatch_tokens"] == changed  # counted whether or not it is replayed
+            assert replayed["train/sampled_logprob_delta_max"] > 0.05  # replay forced the claimed experts
+            assert replayed["train/sampled_logprob_delta_max_without_replay"] < TOLERANCE
+            assert free["train/sampled_logprob_delta_max"] < TOLERANCE  # routing freely ignores the record
+            assert "train/sampled_logprob_delta_max_without_replay" not in free
+
+    asyncio.run(main())
+
+
+def test_arts_megatron_bundle_keys_are_accepted_with_a_notice(caplog):
+    import logging
+
+    from artrl import notices
+
+    notices.forget()
+    with caplog.at_level(logging.WARNING, logger="artrl.notices"):
+        config = art.TrainConfig(moe_routing_replay_path="/tmp/bundle", moe_routing_replay_strict=False)
+        config.notice_ignored()
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("moe_routing_replay_path" in line and "no effect" in line for line in lines)
+    notices.forget()
