@@ -27,15 +27,6 @@ def tiny_moe():
     return model, tok
 
 
-def _dense_reference(experts: Any, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Every expert on every token, weighted by a dense [tokens, experts] routing matrix (zero off the top-k)."""
-    gate_up = torch.einsum("th,eoh->teo", hidden, experts.gate_up_proj)  # [T, E, 2W]
-    gate, up = gate_up.chunk(2, dim=-1)  # [T, E, W] each
-    out = torch.einsum("tew,ehw->teh", experts.act_fn(gate) * up, experts.down_proj)  # [T, E, H]
-    dense = torch.zeros(hidden.shape[0], experts.num_experts).scatter(1, index, weights)  # [T, E]
-    return (out * dense[:, :, None]).sum(1)  # [T, H]
-
-
 @pytest.mark.parametrize("implementation", ["grouped_mm", "eager"])
 def test_experts_are_computed_per_routed_token_as_the_dense_reference(tiny_moe, implementation):
     from torch.utils.flop_counter import FlopCounterMode
@@ -50,7 +41,7 @@ def test_experts_are_computed_per_routed_token_as_the_dense_reference(tiny_moe, 
             _, weights, index = block.gate(hidden)  # [T, k] each
             with FlopCounterMode(display=False) as counter:
                 routed = experts(hidden, index, weights)
-            want = _dense_reference(experts, hidden, index, weights)
+            want = moe.dense_experts_forward(experts, hidden, index, weights)
     finally:
         experts.config._experts_implementation = moe.EXPERTS_IMPLEMENTATION
     torch.testing.assert_close(routed, want, rtol=1e-5, atol=1e-6)

@@ -15,7 +15,10 @@ memory (max RSS on CPU, max allocated on GPU) is its own. One warm-up
 micro-batch runs before timing. Prints one JSON line.
 
 With `--workers N` it compares N data-parallel workers with one instead
-(bench/workers_bench.py).
+(bench/workers_bench.py). For a mixture-of-experts model, `--vs-dense-experts` also
+times ours with every expert on every token (models/moe.py's dense reference), and MFU
+counts active parameters (bench/flops.py); `--layers N` cuts a random shape such as
+random:qwen3-30b-a3b to its first N layers so it fits a small machine.
 """
 
 from __future__ import annotations
@@ -47,13 +50,21 @@ def _peak_memory_mb(device: torch.device) -> float:
 
 def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: TrainConfig,
              model_cfg: InternalModelConfig, max_steps: int | None = None,
-             profile_micro_batches: int | None = None) -> dict[str, Any]:
+             profile_micro_batches: int | None = None, layers: int | None = None,
+             dense_experts: bool = False) -> dict[str, Any]:
     from ..models.loading import load_model
+    from ..models.moe import is_moe, use_dense_reference
     from ..train.rl import build_rl, rl_loss_fn
     from ..train.trainer import Trainer
 
     torch.manual_seed(0)
-    model, tok = load_model(model_name, model_cfg)
+    model, tok = load_model(model_name, model_cfg,
+                            shape_overrides={"num_hidden_layers": layers} if layers else None)
+    moe = is_moe(model.get_base_model().config)
+    if dense_experts:
+        if not moe:
+            raise SystemExit(f"--dense-experts: {model_name} is not a mixture-of-experts model")
+        use_dense_reference(model)  # every expert on every token: the reference the routed computation beats
     trainer = Trainer(model, tok, model_cfg)
     groups = workload_groups(load_workload(workload), scale=scale, vocab_size=len(tok))
     if mode == "reference":
@@ -113,6 +124,8 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
         "kernels": trainer.kernels,
         "gradient_checkpointing": model_cfg.gradient_checkpointing,  # None: as the free memory requires
         "max_micro_batch_tokens": max(mb.tokens for st in plan.steps for mb in st.micro_batches),
+        "layers": int(model.get_base_model().config.num_hidden_layers),
+        **({"experts": "dense reference" if dense_experts else "routed"} if moe else {}),
         **({"profile": profiled} if profiled is not None else {}),
     }
 
@@ -161,6 +174,11 @@ def _subprocess(mode: str, args: Any) -> dict[str, Any]:
         cmd += ["--reference-steps", str(args.reference_steps)]
     if args.profile and mode == "ours":
         cmd += ["--profile", "--profile-micro-batches", str(args.profile_micro_batches)]
+    if args.layers:
+        cmd += ["--layers", str(args.layers)]
+    if mode == "dense":  # ours, with every expert on every token
+        cmd[cmd.index("--mode") + 1] = "ours"
+        cmd += ["--dense-experts"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     if out.returncode != 0:
         raise SystemExit(f"artrl bench train: the {mode} run failed (exit {out.returncode}); its last output:\n"
@@ -186,7 +204,8 @@ def main(args: Any) -> int:
         cfg, mcfg = _configs(args)
         steps = args.reference_steps if args.mode == "reference" and args.reference_steps else None
         print(json.dumps(run_mode(args.mode, args.workload, args.scale, args.model, cfg, mcfg, max_steps=steps,
-                                  profile_micro_batches=args.profile_micro_batches if args.profile else None)))
+                                  profile_micro_batches=args.profile_micro_batches if args.profile else None,
+                                  layers=args.layers, dense_experts=args.dense_experts)))
         return 0
     from ..models.loading import resolve_device, resolve_dtype
 
@@ -196,9 +215,10 @@ def main(args: Any) -> int:
     before = hardware_peak(device, dtype)
     ref = _subprocess("reference", args) if args.only != "ours" else None
     ours = _subprocess("ours", args) if args.only != "reference" else None
+    dense = _subprocess("dense", args) if args.vs_dense_experts else None
     # measured before and after the runs, the higher one kept: a shared CPU's matmul speed drifts
     peak = max(before, hardware_peak(device, dtype), key=lambda p: p["measured_matmul_tflops"])
-    for r in (x for x in (ours, ref) if x is not None):
+    for r in (x for x in (ours, ref, dense) if x is not None):
         r["mfu"] = round(r["model_flops"] / r["seconds"] / (peak["peak_tflops"] * 1e12), 4)
         r["mfu_dense_flops"] = round(r["model_flops_dense"] / r["seconds"] / (peak["peak_tflops"] * 1e12), 4)
         r["achieved_tflops"] = round(r["model_flops"] / r["seconds"] / 1e12, 4)
@@ -209,6 +229,10 @@ def main(args: Any) -> int:
         # --reference-steps the reference ran only its first rows, so its tokens per row stand for the rest
         ref_computed = ref["computed_tokens"] * ref["rows"] / max(ref["optimizer_steps"], 1)
         out["computed_tokens_ratio"] = round(ref_computed / ours["computed_tokens"], 3)
+    if dense is not None and ours is not None:  # the same call with every expert on every token
+        out["routed_over_dense_experts_tokens_per_s"] = round(
+            ours["trainable_tokens_per_s"] / dense["trainable_tokens_per_s"], 3)
+        out["dense_experts"] = dense
     out.update({"mfu": ours["mfu"] if ours is not None else None, "peak": peak, "ours": ours, "reference": ref})
     print(json.dumps(out))
     return 0
@@ -249,7 +273,14 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--workers", type=int, default=1,
                    help="N >= 2: train the call on N data-parallel workers (torch.distributed, FSDP2) and report "
                    "tokens/s against one worker, the scaling efficiency and each rank's computed tokens")
+    p.add_argument("--layers", type=int, default=None,
+                   help="a random shape cut to its first N decoder layers, every other dimension kept (a big shape "
+                   "on a small machine)")
+    p.add_argument("--vs-dense-experts", action="store_true",
+                   help="a mixture-of-experts model: also time ours with every expert on every token (the dense "
+                   "reference the routed computation replaces) and report the ratio")
     p.add_argument("--mode", choices=["reference", "ours"], default=None, help=argparse_hidden())
+    p.add_argument("--dense-experts", action="store_true", help=argparse_hidden())
 
 
 def argparse_bool() -> Any:

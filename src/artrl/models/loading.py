@@ -129,18 +129,25 @@ def load_generation_config(base_model: str, cfg: InternalModelConfig | None = No
         return None
 
 
-def load_base_model(base_model: str, cfg: InternalModelConfig | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) without an adapter, on the configured device, dtype and quantisation."""
+def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
+                    shape_overrides: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) without an adapter, on the configured device, dtype and quantisation.
+
+    `shape_overrides`: config fields that replace a random shape's (e.g. `num_hidden_layers` for a benchmark cut
+    to a few layers, every other dimension kept); refused for any other model."""
     from transformers import AutoModelForCausalLM
 
     cfg = cfg or InternalModelConfig()
+    if shape_overrides and base_model not in RANDOM_SHAPES:
+        raise ConfigError(f"shape overrides {sorted(shape_overrides)} apply to random shapes ({sorted(RANDOM_SHAPES)}), "
+                          f"not to {base_model!r}, whose weights fix its shape.")
     device = resolve_device(cfg)
     quantization = resolve_quantization(cfg, base_model, device.type)
     dtype = resolve_dtype(cfg, device, quantization)
     path = resolve_name(base_model)
     tok = load_tokenizer(base_model, cfg)
     # memory is planned before anything loads: a model that cannot fit is refused now, with settings that fit
-    config = load_config(base_model, cfg)
+    config = random_config(base_model, **shape_overrides) if shape_overrides else load_config(base_model, cfg)
     check_model_fits(base_model, cfg, device, config=config)
     what = f"{quantization} weights computing in {dtype}" if quantization else str(dtype)
     if base_model in RANDOM_SHAPES:
@@ -212,9 +219,10 @@ def add_lora(model: Any, cfg: InternalModelConfig | None = None) -> Any:
     return peft_model
 
 
-def load_model(base_model: str, cfg: InternalModelConfig | None = None) -> tuple[Any, Any]:
-    """(peft model with a fresh LoRA adapter, tokenizer)."""
-    model, tok = load_base_model(base_model, cfg)
+def load_model(base_model: str, cfg: InternalModelConfig | None = None, *,
+               shape_overrides: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """(peft model with a fresh LoRA adapter, tokenizer); `shape_overrides`: see `load_base_model`."""
+    model, tok = load_base_model(base_model, cfg, shape_overrides=shape_overrides)
     return add_lora(model, cfg), tok
 
 

@@ -97,6 +97,35 @@ def lora_targets(model: Any, target_modules: list[str] | str | None) -> tuple[li
     return modules, list(EXPERT_PARAMETERS) if ART_EXPERTS_TARGET in target_modules else None
 
 
+DENSE_REFERENCE = "artrl_dense_reference"
+
+
+def dense_experts_forward(experts: Any, hidden: torch.Tensor, top_k_index: torch.Tensor,
+                          top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The dense reference of a fused experts module's forward: every expert on every token, weighted by the
+    [tokens, experts] routing matrix (zero off each token's top-k). What a routed implementation must equal, and
+    what `artrl bench train --dense-experts` times against it; never used to train."""
+    gate_up = torch.einsum("th,eoh->teo", hidden, experts.gate_up_proj)  # [T, E, 2W]
+    gate, up = gate_up.chunk(2, dim=-1)  # [T, E, W] each
+    out = torch.einsum("tew,ehw->teh", experts.act_fn(gate) * up, experts.down_proj)  # [T, E, H]
+    dense = torch.zeros(hidden.shape[0], experts.num_experts, dtype=out.dtype, device=out.device)  # [T, E]
+    dense = dense.scatter(1, top_k_index, top_k_weights.to(out.dtype))
+    return (out * dense[:, :, None]).sum(1)  # [T, H]
+
+
+def use_dense_reference(model: Any) -> None:
+    """Make `model`'s experts run `dense_experts_forward` (registered under DENSE_REFERENCE with transformers'
+    experts interface, its extension point; for benchmarks and tests)."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    if DENSE_REFERENCE not in ALL_EXPERTS_FUNCTIONS:
+        ALL_EXPERTS_FUNCTIONS[DENSE_REFERENCE] = dense_experts_forward
+    for m in model.modules():
+        config = getattr(m, "config", None)
+        if config is not None and hasattr(config, "_experts_implementation"):
+            config._experts_implementation = DENSE_REFERENCE
+
+
 # ----------------------------------------------------------------------------------------- the routing record
 
 def encode_routing(ids: torch.Tensor) -> dict[str, Any]:
