@@ -311,3 +311,17 @@ def test_no_remote_code_unless_asked_for(monkeypatch, tiny_path):
     seen.clear()
     load_base_model(str(tiny_path), InternalModelConfig(device="cpu", trust_remote_code=True))
     assert seen and all(v is True for v in seen)
+
+
+def test_artrl_serve_passes_its_body_bounds_to_the_app():
+    import argparse
+
+    from artrl.local.standalone import add_arguments, build_app
+    from artrl.serve.guards import BodyLimit
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    for argv, pause, deadline in (([], 30.0, 60.0), (["--body-timeout", "2", "--body-deadline", "5"], 2.0, 5.0)):
+        app, _ = build_app(parser.parse_args(["--engine", "builtin", "--device", "cpu", *argv]))
+        (limit,) = [m for m in app.user_middleware if m.cls is BodyLimit]
+        assert (limit.kwargs["pause"], limit.kwargs["deadline"]) == (pause, deadline), argv
