@@ -4,8 +4,12 @@ Starts the OpenAI-compatible server in-process on 127.0.0.1 (a free port) with
 the engine `--engine` names (serve/factory.py; default auto), then sends `--requests` chat completions with the real
 `openai` client: first all at once (at most `--concurrency` in flight), then
 sequentially. Each request has its own seed, so both runs sample the same
-tokens. Prints one JSON line: completion tokens/s and latency percentiles for
-each run, and their ratio.
+tokens. Prints one JSON line: completion tokens/s and latency percentiles (p50, p90,
+p99, max) for each run, and their ratio; with the built-in engine, each run's
+`oldest_waiter_s` (the longest a request waited in the engine's queue before its
+first row joined a batch) and `admission_wait_p99_s`: under a saturated queue the
+engine admits in arrival order (serve/decode_loop.py), so no request waits much
+longer than the others.
 
 `--latency` measures what a request costs besides the model's work instead (`run_latency_bench`): one short
 question with `max_tokens=1`, sent `--requests` times one at a time (mean, p50, p99) with the client
@@ -45,8 +49,10 @@ async def _one(client: Any, model: str, i: int, max_tokens: int) -> tuple[int, f
     return r.usage.completion_tokens, time.perf_counter() - t0
 
 
-async def _run(client: Any, model: str, n: int, concurrency: int, max_tokens: int) -> dict[str, Any]:
+async def _run(client: Any, model: str, n: int, concurrency: int, max_tokens: int, engine: Any = None
+               ) -> dict[str, Any]:
     sem = asyncio.Semaphore(concurrency)
+    admitted = getattr(engine, "requests_admitted", None)
 
     async def limited(i: int) -> tuple[int, float]:
         async with sem:
@@ -60,7 +66,17 @@ async def _run(client: Any, model: str, n: int, concurrency: int, max_tokens: in
     return {"requests": n, "concurrency": concurrency, "completion_tokens": tokens, "seconds": round(wall, 3),
             "completion_tokens_per_s": round(tokens / wall, 1), "latency_p50_s": round(_percentile(lat, 50), 3),
             "latency_p90_s": round(_percentile(lat, 90), 3), "latency_p99_s": round(_percentile(lat, 99), 3),
-            "latency_mean_s": round(statistics.fmean(lat), 3)}
+            "latency_max_s": round(max(lat), 3), "latency_mean_s": round(statistics.fmean(lat), 3),
+            **_admission(engine, admitted)}
+
+
+def _admission(engine: Any, admitted_before: int | None) -> dict[str, float]:
+    """The built-in engine's queue waits of the requests admitted since `admitted_before` (none for vLLM)."""
+    if admitted_before is None:
+        return {}
+    count = min(engine.requests_admitted - admitted_before, len(engine.admission_waits))
+    waits = list(engine.admission_waits)[-count:] if count else [0.0]
+    return {"oldest_waiter_s": round(max(waits), 3), "admission_wait_p99_s": round(_percentile(waits, 99), 3)}
 
 
 LATENCY_QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
@@ -226,10 +242,10 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
             async def main() -> tuple[dict[str, Any], dict[str, Any]]:
                 await _one(client, name, 0, 4)  # warm-up
                 batches_before = getattr(engine, "batches_served", None)
-                concurrent = await _run(client, name, requests, concurrency, max_tokens)
+                concurrent = await _run(client, name, requests, concurrency, max_tokens, engine)
                 if batches_before is not None:  # the built-in engine counts its decode batches
                     concurrent["engine_batches"] = engine.batches_served - batches_before
-                sequential = await _run(client, name, sequential_requests, 1, max_tokens)
+                sequential = await _run(client, name, sequential_requests, 1, max_tokens, engine)
                 return concurrent, sequential
 
             concurrent, sequential = asyncio.run(main())

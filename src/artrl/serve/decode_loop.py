@@ -4,11 +4,13 @@
 on its worker thread while it holds the model lock; the other half queues requests and
 owns the worker. At every step boundary:
 
-1. waiting rows join while there is room (`_join`), in arrival order, whatever their
-   adapter: a request's adapter is resolved when its first row joins
-   (serve/adapter_versions.py: `adapter=None` is the live policy version *now*; its `n`
-   rows all take it) and held by each row until it ends, so a row never sees its
-   weights change and no version it uses is unloaded;
+1. waiting rows join while there is room (`_join`), in the order their requests reached
+   `generate`, whatever their adapter: nothing overtakes a waiting row (a request of `n` rows
+   with fewer free places takes those, its other rows the next ones), and each request's wait
+   from `generate` to its first row joining is kept (`admission_waits`). A request's adapter
+   is resolved when its first row joins (serve/adapter_versions.py: `adapter=None` is the
+   live policy version *now*; its `n` rows all take it) and held by each row until it ends,
+   so a row never sees its weights change and no version it uses is unloaded;
 2. every row samples one token (`_step`): grammar masks first (serve/structured.py),
    then one batched draw on the device and one host transfer;
 3. each row records its token (handing it over at once when its request streams:
@@ -40,6 +42,7 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +78,7 @@ class Pending:
     results: list[GenerationResult | None] = field(default_factory=list)  # one per sample, as rows finish
     remaining: int = 0  # rows not finished yet
     on_token: Callable[[int, int, float, list[tuple[int, float]] | None], None] | None = None  # streaming
+    queued_at: float = field(default_factory=time.monotonic)  # when `generate` queued it
 
     @property
     def over(self) -> bool:
@@ -140,6 +144,8 @@ class DecodeLoop:
     rows_served: int
     rows_abandoned: int
     decode_steps: int
+    admission_waits: collections.deque[float]
+    requests_admitted: int
 
     def _drain(self, waiting: collections.deque[DecodeRow]) -> None:  # the engine's: takes what is queued
         raise NotImplementedError
@@ -278,6 +284,8 @@ class DecodeLoop:
                 (not static or self._fits(waiting[0])):
             row = waiting.popleft()
             if not row.held:  # the request's first row to join: all its rows run what it resolves to now
+                self.requests_admitted += 1
+                self.admission_waits.append(time.monotonic() - row.pending.queued_at)
                 try:
                     adapter, version = self._versions.resolve(row.request.adapter)
                 except Exception as error:  # its adapter was unloaded since the request was checked
