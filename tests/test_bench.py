@@ -68,10 +68,12 @@ def test_bench_serve_sends_the_requests_each_run_names(capsys):
         assert out[run]["latency_p99_s"] <= out[run]["latency_max_s"], run
 
 
-def test_bench_serve_latency_reports_requests_next_to_the_bare_forward(capsys):
+@pytest.mark.parametrize("lora", [False, True])
+def test_bench_serve_latency_reports_requests_next_to_the_bare_forward(capsys, lora):
     assert main(["bench", "serve", "--latency", "--model", "artrl/tiny", "--device", "cpu", "--requests", "3",
-                 "--concurrency", "5"]) == 0
+                 "--concurrency", "5", *(["--lora"] if lora else [])]) == 0
     out = _json(capsys)
+    assert out["lora"] is lora
     assert (out["bench"], out["engine"], out["max_tokens"], out["requests"], out["concurrency"]) == \
         ("serve_latency", "builtin", 1, 3, 5)
     for run in ("sequential", "sequential_httpx_client", "engine_generate", "bare_forward"):

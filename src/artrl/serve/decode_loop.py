@@ -29,6 +29,12 @@ row ("mixed adapter batches": each LoRA layer runs the base matmul for all rows,
 adapter's A and B on its own rows); merged weights and graphs are left for that forward.
 A row's logits are the same either way (tests/test_adapter_versions.py). A newcomers'
 prefill never switches the running rows' mode: it runs mixed unless the batch is empty.
+On the engine's own serving copy (`serve_copy`, what a training session serves) the mode
+stays entered after a batch, so the next batch of the same adapter, the usual case, switches
+nothing: peft's `set_adapter` walks every module, and switching in and back out cost a lone
+request on the tiny model about as much as its forward. On a model someone else holds (the
+trainer's, or a caller's) the mode is left after every batch, so its active adapter and its
+tensors are its own between batches; on any model, before adapters are loaded or unloaded.
 
 The batch ends when no row is left and no waiting row can join. Around it: eval mode (on a
 model shared with the trainer, with every module's mode and `requires_grad` restored
@@ -132,6 +138,8 @@ class DecodeLoop:
     _cache_kwarg: str
     _pad_id: int
     _closed: bool
+    shares_trainer_weights: bool
+    serve_copy: bool
     _stopping: bool
     _merger: Any
     _attn_implementation: str | None
@@ -199,8 +207,10 @@ class DecodeLoop:
                                 f"the inference engine was closed while decoding {len(batch)} rows")
                         self._step(batch)
                 finally:
-                    self._leave_mode()
+                    if not self.serve_copy:  # a model others hold gets its own adapter and tensors back
+                        self._leave_mode()
         except Exception as error:
+            self._leave_mode()  # whatever the failed batch had switched in
             if isinstance(error, EngineClosedError):
                 logger.info("%s", error)
             else:
@@ -232,7 +242,9 @@ class DecodeLoop:
                 row.held = False
 
     def _leave_mode(self) -> None:
-        """Undo `_enter` (merged weights, the switched adapter); the next forward enters what it needs."""
+        """Undo `_enter` (merged weights, the switched adapter); the next forward enters what it needs. Called
+        before adapters are loaded or unloaded, after a failed batch, and after every batch unless the engine
+        decodes its own serving copy, which keeps its mode between batches (module docstring)."""
         mode, self._mode, self._entered = self._mode, None, _NOTHING
         if mode is not None:
             mode.close()
