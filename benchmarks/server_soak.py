@@ -194,12 +194,13 @@ class _Tracebacks(logging.Handler):
             self.count += 1
 
 
-def _disconnects(handle: Any, clients: int) -> dict[str, Any]:
+def _disconnects(handle: Any, metrics: Any, clients: int) -> dict[str, Any]:
+    """`clients` clients that send half a body and close; `metrics`: the app's ServerMetrics (None: a tree
+    without them)."""
     tracebacks = _Tracebacks()
     loggers = [logging.getLogger(n) for n in ("artrl", "uvicorn", "uvicorn.error", "uvicorn.asgi")]
     for lg in loggers:
         lg.addHandler(tracebacks)
-    metrics = getattr(handle, "_metrics", None)
     before = metrics.disconnects_mid_body if metrics is not None else None
     try:
         for _ in range(clients):
@@ -338,12 +339,11 @@ def main() -> None:
     try:
         app = create_app(ServedModels("m", engine), **options)
         with start_server(app, head_timeout=args.head_timeout) as handle:
-            handle._metrics = getattr(app.state, "metrics", None)
             abuse = asyncio.run(_abuse(handle.base_url, args.abuse_repeats))
             rss["after_abuse"] = _rss_mib()
             slow = _slow(handle.host, handle.port, args.slow_connections, args.head_timeout)
             trickle = _trickle(handle.host, handle.port, args.trickles, args.trickle_interval, args.body_deadline)
-            disconnect = _disconnects(handle, args.disconnects)
+            disconnect = _disconnects(handle, getattr(app.state, "metrics", None), args.disconnects)
             rss["after_slow_trickle_disconnect"] = _rss_mib()
             load = [asyncio.run(_load(handle.base_url, engine, args.load_requests, args.load_concurrency, kind))
                     for kind in args.load_clients.split(",")]

@@ -65,7 +65,6 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import fastapi
