@@ -1,31 +1,50 @@
 """Soak and abuse of the local server: what hostile and careless clients cost the others, and where memory goes.
 
     python benchmarks/server_soak.py [--rounds 10] [--requests 100] [--n 32] [--slow-connections 200]
+        [--trickles 100] [--disconnects 200] [--load-requests 1000] [--load-concurrency 64]
 
-Loopback only, bounded (each phase has a fixed number of requests; the slow connections are
-closed by the server's own deadlines). Serves the tiny model with the built-in engine in this
+Loopback only, bounded (each phase has a fixed number of requests; slow and trickling connections
+are ended by the server's own deadlines). Serves the tiny model with the built-in engine in this
 process, as `LocalBackend` does, and prints one JSON line:
 
 1. `abuse`: requests a careless or hostile client sends (200,000 empty messages, one tool with a
-   10 MB description, 50,000 small tools, a 10 MB tool-call argument, a recursive schema, invalid
-   JSON, a body shorter than its Content-Length), each sent `--abuse-repeats` times: their HTTP
-   statuses and seconds, and the latency of normal requests sent one after another while they
-   run (`normal_during_abuse_ms`, p50 / max), next to the same normal requests alone
-   (`normal_alone_ms`);
+   10 MB description, 50,000 small tools (6.3 MB), a 10 MB tool-call argument, a recursive schema
+   that cannot end and one that can, invalid JSON), each sent `--abuse-repeats` times: their HTTP
+   statuses and seconds, and for each kind the latency of normal `max_tokens=1` requests sent one
+   after another while it runs (`normal_ms`: p50 / max / count), next to the same normal requests
+   alone (`normal_alone_ms`);
 2. `slow`: `--slow-connections` connections that send half a request head and stop: how many the
    server had closed once its head deadline passed, and the open file descriptors before and after;
-3. `soak`: `--rounds` rounds of `--requests` requests of `n=--n` distinct completions (the record
+3. `trickle`: `--trickles` connections that send a whole head and then their body a byte every
+   `--trickle-interval` seconds (each pause far under the body timeout): how many the server ended
+   with a 408 once `--body-deadline` passed, how many were still open, the file descriptors;
+4. `disconnect`: `--disconnects` clients that send half a body and close: the server's count of them
+   (`GET /metrics`) and the log records with a traceback or at ERROR they caused (none expected);
+5. `load`: `--load-requests` requests at `--load-concurrency` in flight (`max_tokens` 16, seeded), once
+   with each of `--load-clients`: latency p50 / p99 / max, the engine's longest queue wait before
+   admission (`oldest_waiter_s`) and its p99, the send order of the ten slowest requests (all early
+   ones would mean the first sent wait longest) and, for the bare httpx client, how long each
+   request waited inside the client before its headers went out (`client_wait_s`);
+6. `soak`: `--rounds` rounds of `--requests` requests of `n=--n` distinct completions (the record
    cache fills, then evicts): resident memory after each round, to see it level off;
-4. `rss_mib`: resident memory at the start, after the abuse, after the slow connections, after the soak.
+7. `rss_mib`: resident memory at the start and after each phase.
+
+Runs on an older tree too (`PYTHONPATH=<tree>/src`): what that tree lacks (the body deadline, the
+metrics route, the engine's admission waits) is reported as null.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import inspect
 import json
+import logging
+import select
 import socket
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -42,18 +61,32 @@ def _chat(content: str = "hi", **kw: Any) -> dict[str, Any]:
     return {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 4, **kw}
 
 
+TREE = {"type": "object", "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 9}, "child": {"$ref": "#"}},
+        "required": ["v"], "additionalProperties": False}
 ABUSE: dict[str, Any] = {
     "200k_empty_messages": {"model": "m", "messages": [{"role": "user", "content": ""}] * 200_000},
     "10MB_tool_description": _chat(tools=[{"type": "function", "function": {"name": "f",
                                                                            "description": "d" * 10_000_000}}]),
-    "50k_small_tools": _chat(tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(50_000)]),
+    "50k_small_tools": _chat(tools=[{"type": "function", "function": {
+        "name": f"tool_{i:05d}", "description": "one small tool",
+        "parameters": {"type": "object"}}} for i in range(50_000)]),
     "10MB_tool_call_arguments": {"model": "m", "max_tokens": 4, "messages": [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function", "function": {
             "name": "f", "arguments": json.dumps({"a": "x" * 10_000_000})}}]}]},
-    "recursive_schema": _chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]}}}),
+    "recursive_schema_that_cannot_end": _chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]}}}),
+    "recursive_schema_that_can_end": _chat(max_tokens=64, response_format={"type": "json_schema", "json_schema": {
+        "name": "tree", "schema": TREE}}),
 }
+
+
+def _stats_ms(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {"p50": round(statistics.median(values), 2), "p99": round(ordered[round(0.99 * (len(ordered) - 1))], 2),
+            "max": round(max(values), 2), "count": len(values)}
 
 
 async def _normal_latencies(client: httpx.AsyncClient, stop: asyncio.Event, count: int | None = None) -> list[float]:
@@ -71,11 +104,11 @@ async def _abuse(base_url: str, repeats: int) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=base_url, timeout=300) as normal, \
             httpx.AsyncClient(base_url=base_url, timeout=300) as hostile:
         alone = await _normal_latencies(normal, asyncio.Event(), count=50)
-        stop = asyncio.Event()
-        during = asyncio.create_task(_normal_latencies(normal, stop))
         results: dict[str, Any] = {}
         for name, body in ABUSE.items():
             payload = json.dumps(body).encode()
+            stop = asyncio.Event()
+            during = asyncio.create_task(_normal_latencies(normal, stop))
             statuses, seconds = [], []
             for _ in range(repeats):
                 t0 = time.perf_counter()
@@ -83,19 +116,13 @@ async def _abuse(base_url: str, repeats: int) -> dict[str, Any]:
                                               headers={"content-type": "application/json"})
                 seconds.append(round(time.perf_counter() - t0, 3))
                 statuses.append(response.status_code)
-            results[name] = {"statuses": sorted(set(statuses)), "seconds_max": max(seconds),
-                             "bytes": len(payload)}
+            stop.set()
+            results[name] = {"statuses": sorted(set(statuses)), "seconds_max": max(seconds), "bytes": len(payload),
+                             "normal_ms": _stats_ms(await during)}
         bad = b'{"model": "m", "messages": [}'
         results["invalid_json"] = {"statuses": [(await hostile.post(
             "/chat/completions", content=bad, headers={"content-type": "application/json"})).status_code]}
-        stop.set()
-        latencies = await during
-    return {"requests": results, "normal_alone_ms": _p50_max(alone), "normal_during_abuse_ms": _p50_max(latencies),
-            "normal_during_abuse_count": len(latencies)}
-
-
-def _p50_max(values: list[float]) -> dict[str, float]:
-    return {"p50": round(statistics.median(values), 2), "max": round(max(values), 2)} if values else {}
+    return {"requests": results, "normal_alone_ms": _stats_ms(alone)}
 
 
 def _slow(host: str, port: int, connections: int, head_timeout: float) -> dict[str, Any]:
@@ -120,6 +147,143 @@ def _slow(host: str, port: int, connections: int, head_timeout: float) -> dict[s
         sock.close()
     return {"connections": connections, "closed_by_server": closed, "fds_before": fds_before,
             "fds_with_them_open": fds_open, "fds_after": psutil.Process().num_fds()}
+
+
+def _trickle(host: str, port: int, connections: int, interval: float, deadline: float) -> dict[str, Any]:
+    """Connections sending their body a byte every `interval` s; run until each is answered or far past the
+    server's `deadline`."""
+    fds_before = psutil.Process().num_fds()
+    body = json.dumps(_chat("x" * 4000)).encode()  # 4 KB: over an hour at a byte a second
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(body))
+    socks = {socket.create_connection((host, port)): 0 for _ in range(connections)}
+    for sock in socks:
+        sock.sendall(head)
+    fds_open = psutil.Process().num_fds()
+    answered: dict[int, int] = {}
+    started = time.monotonic()
+    while socks and time.monotonic() - started < 3 * deadline + 10:
+        for sock in list(socks):
+            try:
+                sock.sendall(body[socks[sock]:socks[sock] + 1])
+                socks[sock] += 1
+            except OSError:  # the server closed it
+                pass
+        readable, _, _ = select.select(list(socks), [], [], interval)
+        for sock in readable:
+            data = sock.recv(65536)
+            status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else 0
+            answered[status] = answered.get(status, 0) + 1
+            sock.close()
+            del socks[sock]
+    seconds = round(time.monotonic() - started, 1)
+    for sock in socks:
+        sock.close()
+    return {"connections": connections, "interval_s": interval, "body_deadline_s": deadline,
+            "answered_by_status": answered, "still_open": len(socks), "seconds": seconds,
+            "fds_before": fds_before, "fds_with_them_open": fds_open, "fds_after": psutil.Process().num_fds()}
+
+
+class _Tracebacks(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info or record.levelno >= logging.ERROR:
+            self.count += 1
+
+
+def _disconnects(handle: Any, metrics: Any, clients: int) -> dict[str, Any]:
+    """`clients` clients that send half a body and close; `metrics`: the app's ServerMetrics (None: a tree
+    without them)."""
+    tracebacks = _Tracebacks()
+    loggers = [logging.getLogger(n) for n in ("artrl", "uvicorn", "uvicorn.error", "uvicorn.asgi")]
+    for lg in loggers:
+        lg.addHandler(tracebacks)
+    before = metrics.disconnects_mid_body if metrics is not None else None
+    try:
+        for _ in range(clients):
+            sock = socket.create_connection((handle.host, handle.port))
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                         b"content-length: 1000\r\n\r\n" + b'{"model": "m", "mess')
+            sock.close()
+        counted = None
+        if metrics is not None:
+            deadline = time.monotonic() + 30
+            while metrics.disconnects_mid_body - before < clients and time.monotonic() < deadline:
+                time.sleep(0.05)
+            counted = metrics.disconnects_mid_body - before
+        else:
+            time.sleep(2)
+    finally:
+        for lg in loggers:
+            lg.removeHandler(tracebacks)
+    return {"clients": clients, "counted_by_server": counted, "tracebacks_or_errors_logged": tracebacks.count}
+
+
+async def _load(base_url: str, engine: Any, requests: int, concurrency: int, client_kind: str) -> dict[str, Any]:
+    """`requests` requests, `concurrency` in flight, with the `openai` client a rollout gets
+    (`model.openai_client()`: the SDK on aiohttp) or a bare `httpx.AsyncClient` (whose requests also report
+    how long each waited in the client before its headers went out: `client_wait_s`)."""
+    sem = asyncio.Semaphore(concurrency)
+    admitted = getattr(engine, "requests_admitted", None)
+    done: list[tuple[int, float, float]] = []  # (send order, latency, seconds in the client before sending)
+    body = functools.partial(_chat, max_tokens=16)
+
+    if client_kind == "openai":
+        from artrl.model import Model
+
+        user = Model(name="m", project="soak", inference_base_url=base_url, inference_api_key="x")
+        client = user.openai_client()  # the model caches it (and closes it with the loop): keep `user` alive
+
+        async def post(i: int) -> float:
+            await client.chat.completions.create(**body(f"Question {i}: tell me more.", seed=i))
+            return 0.0
+    else:
+        http = httpx.AsyncClient(base_url=base_url, timeout=600, limits=httpx.Limits(max_connections=concurrency))
+
+        async def post(i: int) -> float:
+            sent: list[float] = []
+
+            async def trace(name: str, _: Any) -> None:
+                if name == "http11.send_request_headers.started":
+                    sent.append(time.perf_counter())
+
+            t0 = time.perf_counter()
+            response = await http.post("/chat/completions", json=body(f"Question {i}: tell me more.", seed=i),
+                                       extensions={"trace": trace})
+            assert response.status_code == 200, response.text[:200]
+            return sent[0] - t0
+
+    async def one(i: int) -> None:
+        async with sem:
+            t0 = time.perf_counter()
+            waited = await post(i)
+            done.append((i, time.perf_counter() - t0, waited))
+
+    t0 = time.perf_counter()
+    try:
+        await asyncio.gather(*(one(i) for i in range(requests)))
+    finally:
+        if client_kind != "openai":
+            await http.aclose()
+    wall = time.perf_counter() - t0
+    slowest = sorted(done, key=lambda x: -x[1])[:10]
+    out: dict[str, Any] = {"client": client_kind, "requests": requests, "concurrency": concurrency,
+                           "seconds": round(wall, 2),
+                           "latency_s": {k: round(v / 1000, 3) for k, v in _stats_ms(
+                               [1000 * x for _, x, _ in done]).items() if k != "count"},
+                           "slowest_10_send_order": sorted(i for i, _, _ in slowest),
+                           "oldest_waiter_s": None, "admission_wait_p99_s": None}
+    if client_kind != "openai":
+        out["client_wait_s"] = {k: round(v / 1000, 3) for k, v in _stats_ms(
+            [1000 * w for _, _, w in done]).items() if k != "count"}
+    if admitted is not None:
+        waits = sorted(list(engine.admission_waits)[-(engine.requests_admitted - admitted):])
+        out["oldest_waiter_s"] = round(waits[-1], 3)
+        out["admission_wait_p99_s"] = round(waits[round(0.99 * (len(waits) - 1))], 3)
+    return out
 
 
 async def _soak(base_url: str, rounds: int, requests: int, n: int) -> list[float]:
@@ -147,6 +311,15 @@ def main() -> None:
     p.add_argument("--abuse-repeats", type=int, default=2)
     p.add_argument("--slow-connections", type=int, default=200)
     p.add_argument("--head-timeout", type=float, default=5.0, help="the server's head deadline for this run")
+    p.add_argument("--trickles", type=int, default=100, help="connections trickling their body")
+    p.add_argument("--trickle-interval", type=float, default=1.0, help="seconds between two bytes of a trickle")
+    p.add_argument("--body-deadline", type=float, default=5.0, help="the server's body deadline for this run")
+    p.add_argument("--disconnects", type=int, default=200, help="clients that close mid-body")
+    p.add_argument("--load-requests", type=int, default=1000)
+    p.add_argument("--load-concurrency", type=int, default=64)
+    p.add_argument("--load-clients", default="openai,httpx", help="clients of the load phase, in turn: openai "
+                   "(model.openai_client(), the SDK on aiohttp), httpx (a bare httpx.AsyncClient, pool of "
+                   "--load-concurrency connections)")
     p.add_argument("--record-cache-mib", type=float, default=None, help="the server's record cache bound "
                    "(default: create_app's, 64 MiB; a smaller one shows the soak levelling off sooner)")
     args = p.parse_args()
@@ -158,22 +331,33 @@ def main() -> None:
     model, tokenizer = load_tiny()
     engine = TransformersEngine(model, tokenizer, max_batch_size=32, num_threads=1)
     rss = {"start": _rss_mib()}
+    options: dict[str, Any] = {}
+    if args.record_cache_mib is not None:
+        options["record_cache_bytes"] = int(args.record_cache_mib * 2**20)
+    if "body_deadline" in inspect.signature(create_app).parameters:  # an older tree has none
+        options["body_deadline"] = args.body_deadline
     try:
-        cache = {} if args.record_cache_mib is None else {"record_cache_bytes": int(args.record_cache_mib * 2**20)}
-        with start_server(create_app(ServedModels("m", engine), **cache), head_timeout=args.head_timeout) as handle:
+        app = create_app(ServedModels("m", engine), **options)
+        with start_server(app, head_timeout=args.head_timeout) as handle:
             abuse = asyncio.run(_abuse(handle.base_url, args.abuse_repeats))
             rss["after_abuse"] = _rss_mib()
             slow = _slow(handle.host, handle.port, args.slow_connections, args.head_timeout)
-            rss["after_slow"] = _rss_mib()
+            trickle = _trickle(handle.host, handle.port, args.trickles, args.trickle_interval, args.body_deadline)
+            disconnect = _disconnects(handle, getattr(app.state, "metrics", None), args.disconnects)
+            rss["after_slow_trickle_disconnect"] = _rss_mib()
+            load = [asyncio.run(_load(handle.base_url, engine, args.load_requests, args.load_concurrency, kind))
+                    for kind in args.load_clients.split(",")]
+            rss["after_load"] = _rss_mib()
             soak = asyncio.run(_soak(handle.base_url, args.rounds, args.requests, args.n))
             rss["after_soak"] = _rss_mib()
     finally:
         engine.close()
     print(json.dumps({"bench": "server_soak", "record_cache_mib": args.record_cache_mib or 64, "abuse": abuse,
-                      "slow": slow,
+                      "slow": slow, "trickle": trickle, "disconnect": disconnect, "load": load,
                       "soak_rss_mib_per_round": soak, "soak": {"rounds": args.rounds, "requests": args.requests,
                                                                "n": args.n}, "rss_mib": rss}))
 
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
     main()

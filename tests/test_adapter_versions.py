@@ -381,3 +381,33 @@ def test_a_choice_carries_its_policy_version_to_the_trajectory(setup: dict[str, 
     trajectory = art.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, pinned,
                                                       {"role": "user", "content": "again"}, live])
     assert sampled_policy_versions(trajectory) == [1, 2]
+
+
+def test_a_serving_copy_keeps_its_adapter_between_batches_and_switches_when_the_version_changes(setup):
+    """Batches of the live version one after another (a rollout's turns) switch no adapter on the engine's own
+    copy (peft's set_adapter walks every module); the next version is switched in at its first batch."""
+    tokenizer = setup["tokenizer"]
+    engine = TransformersEngine(setup["model"], tokenizer, serve_copy=True, end_ids=frozenset())
+    copy = engine.model
+    switched: list[str] = []
+    set_adapter = copy.set_adapter
+
+    def counting(adapter: str, *args: Any, **kwargs: Any) -> Any:
+        switched.append(adapter)
+        return set_adapter(adapter, *args, **kwargs)
+
+    copy.set_adapter = counting
+    prompt = prompt_of(tokenizer, "tell me about the sea")
+    request = GenerationRequest(prompt_ids=prompt, max_tokens=4, temperature=0)
+    try:
+        for step in (1, 2):
+            engine.set_live_weights(setup["paths"][step], step)
+            before = len(switched)
+            results = [asyncio.run(engine.generate(request))[0] for _ in range(4)]  # four batches, one at a time
+            assert len(switched) == before + 1, switched[before:]  # in at the first batch, then kept
+            expected = recompute(reference(setup, step), prompt, results[0].token_ids)
+            for result in results:
+                assert result.policy_version == step and result.token_ids == results[0].token_ids
+                assert close(result.logprobs, expected)
+    finally:
+        engine.close()

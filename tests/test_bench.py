@@ -63,12 +63,17 @@ def test_bench_serve_sends_the_requests_each_run_names(capsys):
     assert out["sequential"]["requests"] == 1 and out["sequential"]["concurrency"] == 1
     assert 0 < out["sequential"]["completion_tokens"] <= 4 and 0 < out["concurrent"]["completion_tokens"] <= 12
     assert out["ratio_tokens_per_s"] > 0
+    for run in ("concurrent", "sequential"):  # the built-in engine's queue waits of the run's own requests
+        assert 0 <= out[run]["admission_wait_p99_s"] <= out[run]["oldest_waiter_s"] <= out[run]["latency_max_s"], run
+        assert out[run]["latency_p99_s"] <= out[run]["latency_max_s"], run
 
 
-def test_bench_serve_latency_reports_requests_next_to_the_bare_forward(capsys):
+@pytest.mark.parametrize("lora", [False, True])
+def test_bench_serve_latency_reports_requests_next_to_the_bare_forward(capsys, lora):
     assert main(["bench", "serve", "--latency", "--model", "artrl/tiny", "--device", "cpu", "--requests", "3",
-                 "--concurrency", "5"]) == 0
+                 "--concurrency", "5", *(["--lora"] if lora else [])]) == 0
     out = _json(capsys)
+    assert out["lora"] is lora
     assert (out["bench"], out["engine"], out["max_tokens"], out["requests"], out["concurrency"]) == \
         ("serve_latency", "builtin", 1, 3, 5)
     for run in ("sequential", "sequential_httpx_client", "engine_generate", "bare_forward"):

@@ -311,3 +311,59 @@ def test_no_remote_code_unless_asked_for(monkeypatch, tiny_path):
     seen.clear()
     load_base_model(str(tiny_path), InternalModelConfig(device="cpu", trust_remote_code=True))
     assert seen and all(v is True for v in seen)
+
+
+def test_artrl_serve_passes_its_body_bounds_to_the_app():
+    import argparse
+
+    from artrl.local.standalone import add_arguments, build_app
+    from artrl.serve.guards import BodyLimit
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    for argv, pause, deadline in (([], 30.0, 60.0), (["--body-timeout", "2", "--body-deadline", "5"], 2.0, 5.0)):
+        app, _ = build_app(parser.parse_args(["--engine", "builtin", "--device", "cpu", *argv]))
+        (limit,) = [m for m in app.user_middleware if m.cls is BodyLimit]
+        assert (limit.kwargs["pause"], limit.kwargs["deadline"]) == (pause, deadline), argv
+
+
+# --------------------------------------------------------------------------- fairness
+
+
+def test_requests_are_answered_in_arrival_order_under_a_saturated_queue():
+    """The engine is held (as a trainer holds it) while 8 requests arrive one after another, each sent once the
+    one before it reached the engine; then 8 requests for 2 places: they are admitted, and so answered, in the
+    order they arrived, two at a time."""
+    count = 8
+    with one_thread_engine(max_batch_size=2) as engine:
+        reached = [threading.Event() for _ in range(count)]
+        answered: list[int] = []
+        generate = engine.generate
+
+        async def watched(request, on_token=None):  # on the server's loop, around the engine's own generate
+            reached[request.seed].set()
+            results = await generate(request, on_token)
+            answered.append(request.seed)
+            return results
+
+        engine.generate = watched
+        admitted = engine.requests_admitted
+        with start_server(create_app(ServedModels("m", engine))) as handle:
+
+            async def scenario() -> list[httpx.Response]:
+                async with httpx.AsyncClient(base_url=handle.base_url, timeout=120) as client, asyncio.timeout(300):
+                    sent = []
+                    engine.model_lock.acquire()  # nothing decodes: every request waits in the engine's queue
+                    try:
+                        for i in range(count):
+                            sent.append(asyncio.create_task(client.post(
+                                "/chat/completions", json=chat(f"request {i}", max_tokens=1, seed=i))))
+                            assert await asyncio.to_thread(reached[i].wait, 60), f"request {i} never reached it"
+                    finally:
+                        engine.model_lock.release()
+                    return await asyncio.gather(*sent)
+
+            responses = asyncio.run(scenario())
+    assert [r.status_code for r in responses] == [200] * count, [r.text[:200] for r in responses]
+    assert answered == list(range(count))
+    assert engine.requests_admitted - admitted == count

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import logging
+import select
 import socket
 import threading
 from collections.abc import Iterator
@@ -243,3 +245,219 @@ def test_invalid_json_names_the_position_not_a_parameter(handle: ServerHandle, g
     error = response.json()["error"]
     assert response.status_code == 400 and error["param"] is None and error["code"] == "invalid_json", error
     assert "not valid JSON" in error["message"], error
+
+
+# --------------------------------------------------------------------------- a body trickled, a client gone mid-body
+
+
+@pytest.fixture()
+def deadlined() -> Iterator[tuple[ServerHandle, Any]]:
+    """A server whose request bodies may pause 30 s between parts (the default) but must be whole within 1 s."""
+    engine = ScriptedEngine.from_text(build_tiny_tokenizer(), "ok", max_model_len=8192)
+    app = create_app(ServedModels("m", engine), body_deadline=1.0)
+    with start_server(app) as running:
+        yield running, app.state.metrics
+
+
+def _head(length: int) -> bytes:
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % length)
+
+
+def test_a_body_trickled_a_byte_at_a_time_is_ended_by_the_deadline_with_408(
+        deadlined: tuple[ServerHandle, Any]) -> None:
+    """Each pause is far under the 30 s pause limit; the whole-body deadline ends the request before it is whole."""
+    handle, metrics = deadlined
+    body = json.dumps(chat(1, user="x" * 300)).encode()  # ~400 bytes: 20 s at the pace below
+    sock = _connect(handle)
+    sock.sendall(_head(len(body)))
+    sent = 0
+    readable = False
+    while sent < len(body) and not readable:  # a byte, then wait for the server's answer up to 0.05 s
+        sock.sendall(body[sent:sent + 1])
+        sent += 1
+        readable = bool(select.select([sock], [], [], 0.05)[0])
+    assert readable and sent < len(body), f"the whole body ({len(body)} bytes) went through"
+    status, headers, answer = _response(sock)
+    assert (status, headers["content-type"], headers["connection"]) == (408, "application/json", "close")
+    error = json.loads(answer)["error"]
+    assert error["code"] == "request_timeout" and "not whole within 1 s" in error["message"], error
+    assert _closed(sock)
+    assert metrics.bodies_over_deadline == 1 and metrics.bodies_paused == 0
+
+
+class _Records(logging.Handler):
+    """Collects every record of the loggers it is attached to; `seen` is set by the first whose message has
+    `marker`."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.marker, self.records, self.seen = marker, [], threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        if self.marker in record.getMessage() or record.exc_info:
+            self.seen.set()
+
+
+@pytest.fixture()
+def server_logs() -> Iterator[_Records]:
+    """The records of artrl's and uvicorn's loggers (uvicorn's do not reach the root logger) at every level."""
+    records = _Records("disconnected after")
+    loggers = [logging.getLogger(name) for name in ("artrl", "uvicorn", "uvicorn.error", "uvicorn.asgi")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(records)
+    logging.getLogger("artrl").setLevel(logging.DEBUG)
+    yield records
+    for lg, level in zip(loggers, levels):
+        lg.removeHandler(records)
+        lg.setLevel(level)
+
+
+def test_a_client_that_disconnects_mid_body_writes_one_debug_line_and_is_counted(
+        deadlined: tuple[ServerHandle, Any], server_logs: _Records) -> None:
+    handle, metrics = deadlined
+    sock = _connect(handle)
+    sock.sendall(_head(1000) + b'{"model": "m", "mess')
+    sock.close()  # gone, 20 bytes into a 1,000-byte body
+    assert server_logs.seen.wait(20), "the server said nothing of the disconnect"
+    ours = [r for r in server_logs.records if "disconnected after" in r.getMessage()]
+    assert len(ours) == 1 and ours[0].levelno == logging.DEBUG, [r.getMessage() for r in ours]
+    tracebacks = [r for r in server_logs.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert not tracebacks, [r.getMessage() for r in tracebacks]
+    assert metrics.disconnects_mid_body == 1
+    answer = httpx.get(f"{handle.url}/metrics", timeout=20)
+    assert answer.json()["disconnects_mid_body"] == 1
+    assert httpx.post(f"{handle.base_url}/chat/completions", json=chat(1), timeout=20).status_code == 200
+
+
+# --------------------------------------------------------------------------- protocol points
+
+
+def test_the_bearer_scheme_is_case_insensitive() -> None:
+    """RFC 9110: the scheme is a case-insensitive token; the key is not."""
+    engine = ScriptedEngine.from_text(build_tiny_tokenizer(), "ok", max_model_len=8192)
+    with start_server(create_app(ServedModels("m", engine), api_key="s3cret")) as running:
+        for scheme in ("Bearer", "bearer", "BEARER", "bEaReR"):
+            for key, status in (("s3cret", 200), ("S3CRET", 401), ("wrong", 401)):
+                response = httpx.post(f"{running.base_url}/chat/completions", json=chat(1), timeout=20,
+                                      headers={"Authorization": f"{scheme} {key}"})
+                assert response.status_code == status, (scheme, key, response.text)
+        for header in ("Basic s3cret", "Bearers3cret", "s3cret", "Bearer"):
+            response = httpx.get(f"{running.url}/health", headers={"Authorization": header}, timeout=20)
+            assert response.status_code == 401, header
+
+
+PROTOCOL_400 = {
+    # name: (httpx.post keyword arguments, the error's param, a fragment of its message)
+    "max_tokens_as_a_string": ({"json": chat(1, max_tokens="8")}, "max_tokens", "valid integer"),
+    "temperature_as_a_string": ({"json": chat(1, temperature="0.5")}, "temperature", "valid number"),
+    "logprobs_as_a_number": ({"json": chat(1, logprobs=1)}, "logprobs", "valid boolean"),
+    "text_plain_body": ({"content": json.dumps(chat(1)), "headers": {"content-type": "text/plain"}}, None,
+                        "Unsupported content type: 'text/plain'"),
+    "form_body": ({"data": {"model": "m"}}, None, "application/x-www-form-urlencoded"),
+    "tool_without_function": ({"json": chat(1, tools=[{"type": "function"}])}, "tools[0].function",
+                              "Missing required parameter"),
+    "tool_without_name": ({"json": chat(1, tools=[{"type": "function", "function": {"description": "d"}}])},
+                          "tools[0].function.name", "non-empty string"),
+    "tool_of_another_type": ({"json": chat(1, tools=[{"type": "retrieval", "function": {"name": "f"}}])},
+                             "tools[0].type", "must be 'function'"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROTOCOL_400))
+def test_what_openai_refuses_gets_a_400(gated: tuple[ServerHandle, GatedTokenizer], name: str) -> None:
+    handle, tokenizer = gated
+    kwargs, param, fragment = PROTOCOL_400[name]
+    response = httpx.post(f"{handle.base_url}/chat/completions", timeout=20, **kwargs)
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert error["param"] == param and fragment in error["message"], error
+    assert tokenizer.renders == 0, "refused after rendering"
+
+
+def test_json_with_a_charset_and_the_well_typed_values_are_served(gated: tuple[ServerHandle, GatedTokenizer]) -> None:
+    """The other side of the line: what OpenAI accepts is accepted (an int for a float, a charset, `+json`)."""
+    handle, _ = gated
+    body = chat(1, temperature=1, top_p=1, logprobs=True,
+                tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+    for content_type in ("application/json", "application/json; charset=utf-8", "application/vnd.api+json"):
+        response = httpx.post(f"{handle.base_url}/chat/completions", content=json.dumps(body), timeout=20,
+                              headers={"content-type": content_type})
+        assert response.status_code == 200, (content_type, response.text[:300])
+
+
+# --------------------------------------------------------------------------- 50,000 small tools
+
+TOOLS_50K = chat(1, tools=[{"type": "function", "function": {
+    "name": f"function_{i}", "description": "does a small thing",
+    "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}} for i in range(50_000)])
+
+
+def test_a_request_answers_while_50000_tools_are_being_refused(
+        gated: tuple[ServerHandle, GatedTokenizer], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ordered by events: the 50,000-tool request is held inside its count when the small one is sent and answered;
+    then it is refused naming the limit, and nothing of it was rendered."""
+    handle, tokenizer = gated
+    from artrl.serve import server
+
+    entered, release = threading.Event(), threading.Event()
+    count_items = server.count_items
+
+    def held(raw: bytes) -> Any:
+        entered.set()
+        assert release.wait(60), "the test never released the count"
+        return count_items(raw)
+
+    monkeypatch.setattr(server, "count_items", held)
+    payload = json.dumps(TOOLS_50K).encode()
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(base_url=handle.base_url, timeout=60) as client, asyncio.timeout(60):
+            large = asyncio.create_task(client.post("/chat/completions", content=payload,
+                                                    headers={"content-type": "application/json"}))
+            assert await asyncio.to_thread(entered.wait, 30)
+            try:
+                small = await client.post("/chat/completions", json=chat(1))
+                assert small.status_code == 200, small.text
+                assert not large.done()  # still being counted: the small one did not wait for it
+            finally:
+                release.set()
+            refused = await large
+            assert refused.status_code == 400, refused.text[:300]
+            error = refused.json()["error"]
+            assert error["param"] == "tools" and "holds 50000 tools" in error["message"], error
+
+    asyncio.run(scenario())
+    assert tokenizer.renders == 1  # the small request's prompt only
+
+
+def test_50000_tools_are_refused_without_building_them(gated: tuple[ServerHandle, GatedTokenizer]) -> None:
+    """What the refusal allocates, measured in this process (the server's thread included): a fraction of what
+    building the request's objects takes."""
+    import gc
+    import tracemalloc
+
+    from artrl.serve.request import parse_body
+
+    handle, _ = gated
+    payload = json.dumps(TOOLS_50K).encode()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        parsed = parse_body(payload)  # what parsing the request whole holds at its peak
+        built = tracemalloc.get_traced_memory()[1]
+        del parsed
+        gc.collect()
+        tracemalloc.reset_peak()
+        with httpx.Client(timeout=60) as client:
+            base = tracemalloc.get_traced_memory()[0]
+            response = client.post(f"{handle.base_url}/chat/completions", content=payload,
+                                   headers={"content-type": "application/json"})
+            refusal = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tools", response.text[:300]
+    # the refusal holds the body (received, joined) and one empty dict a tool; building holds every tool's dicts
+    assert refusal < built / 2, (refusal, built, len(payload))

@@ -258,3 +258,40 @@ def test_a_grammar_compiles_again_from_its_text(tok: Any, compiler: GrammarCompi
         assert (taken and row.accept(tok.convert_tokens_to_ids("<|im_end|>"))) == expected
     with pytest.raises(StructuredOutputError, match="cannot be compiled"):
         worker.compile_lark(text.replace("start:", "start"))
+
+
+# --------------------------------------------------------------------------- recursion that can end
+
+from artrl.serve.schema_ends import unending_part  # noqa: E402
+
+_BAD = {"type": "object", "properties": {"z": {"$ref": "#/$defs/bad"}}, "required": ["z"]}
+ENDS = {
+    # name: (schema, the JSON pointer of the part that cannot end, or None)
+    "tree_with_optional_child": ({"type": "object", "properties": {"v": {"type": "integer"}, "child": {"$ref": "#"}},
+                                  "required": ["v"]}, None),
+    "tree_without_type": ({"properties": {"v": {"type": "integer"}, "child": {"$ref": "#"}}, "required": ["v"]}, None),
+    "arrays_of_itself": ({"type": "array", "items": {"$ref": "#"}}, None),
+    "linked_list_ending_in_null": ({"$defs": {"node": {"type": "object", "properties": {
+        "v": {"type": "string"}, "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
+        "required": ["v", "next"]}}, "$ref": "#/$defs/node"}, None),
+    "a_ref_to_nothing": ({"$ref": "#/$defs/nothing"}, None),  # the grammar library's to refuse
+    "itself": ({"$ref": "#"}, "#"),
+    "required_self": ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, "#"),
+    "non_empty_array_of_itself": ({"type": "array", "items": {"$ref": "#"}, "minItems": 1}, "#"),
+    "optional_property_that_cannot_end": ({"type": "object", "properties": {"x": {"$ref": "#/$defs/bad"}},
+                                           "$defs": {"bad": _BAD}}, "#/properties/x"),
+    "any_of_branch_that_cannot_end": ({"anyOf": [{"type": "integer"}, {"$ref": "#/$defs/bad"}],
+                                       "$defs": {"bad": _BAD}}, "#/anyOf/1"),
+    "object_form_that_cannot_end": ({"type": ["object", "null"], "properties": {"x": {"$ref": "#/$defs/bad"}},
+                                     "required": ["x"], "$defs": {"bad": _BAD}}, "#"),
+    "a_cycle_of_two_definitions": ({"$defs": {
+        "a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}, "required": ["b"]},
+        "b": {"type": "array", "items": {"$ref": "#/$defs/a"}, "minItems": 2}}, "$ref": "#/$defs/a"}, "#"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENDS))
+def test_which_recursive_schemas_can_end(name):
+    schema, where = ENDS[name]
+    found = unending_part(schema)
+    assert (found and found[0]) == where, found

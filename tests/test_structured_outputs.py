@@ -254,12 +254,12 @@ def test_constrained_replies_train_on_their_record(tmp_path: pathlib.Path, tok: 
     asyncio.run(main())
 
 
-# ---- recursive schemas: refused, never an invalid reply that says "stop" ----------------------------------
+# ---- recursive schemas: served when they can end, refused when they cannot; never an invalid "stop" ------
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from artrl.serve.structured import recursive_ref  # noqa: E402
+from artrl.serve.schema_ends import unending_part  # noqa: E402
 
 LEAVES = st.sampled_from([{"type": "string", "maxLength": 8}, {"type": "integer", "minimum": 0, "maximum": 9},
                           {"type": "boolean"}, {"enum": ["a", "b"]}, {"$ref": "#/$defs/leaf"},
@@ -273,7 +273,8 @@ def _schemas(leaf: st.SearchStrategy) -> st.SearchStrategy:
             lambda props: st.builds(lambda required: {"type": "object", "properties": props,
                                                       "required": required, "additionalProperties": False},
                                     st.lists(st.sampled_from(sorted(props)), unique=True)))
-        arrays = inner.map(lambda items: {"type": "array", "items": items, "maxItems": 2})
+        arrays = st.builds(lambda items, least: {"type": "array", "items": items, "minItems": least, "maxItems": 2},
+                           inner, st.integers(0, 1))
         return objects | arrays
     return st.recursive(leaf, grow, max_leaves=4)
 
@@ -285,32 +286,68 @@ SCHEMAS = st.builds(
      "$defs": {"leaf": {"type": "string", "maxLength": 4}, "node": node}},
     _schemas(LEAVES), _schemas(LEAVES))
 
+TREE = {"type": "object", "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 9},
+                                         "child": {"$ref": "#"}},
+        "required": ["v"], "additionalProperties": False}
+"""The issue's tree with an optional child: recursive, and it ends at a node without a child."""
 
-@pytest.mark.parametrize("schema", [
-    {"$ref": "#"},
-    {"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]},
-])
-def test_recursive_schemas_of_the_report_are_refused(client: openai.OpenAI, schema: dict[str, Any]) -> None:
+UNENDING = {
+    "itself": {"$ref": "#"},
+    "required_self_property": {"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]},
+    "required_self": {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+    "non_empty_array_of_itself": {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
+    "optional_property_that_cannot_end": {
+        "type": "object", "properties": {"x": {"$ref": "#/$defs/bad"}, "y": {"type": "integer"}}, "required": ["y"],
+        "$defs": {"bad": {"type": "object", "properties": {"z": {"$ref": "#/$defs/bad"}}, "required": ["z"]}}},
+    "two_definitions_in_a_cycle": {
+        "$defs": {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}, "required": ["b"]},
+                  "b": {"type": "array", "items": {"$ref": "#/$defs/a"}, "minItems": 2}}, "$ref": "#/$defs/a"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNENDING))
+def test_a_recursive_schema_that_cannot_end_is_refused(client: openai.OpenAI, name: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="m", messages=ASK, max_tokens=20, response_format={
-            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
-    assert info.value.body["param"] == "response_format" and "recursive" in info.value.body["message"]
+            "type": "json_schema", "json_schema": {"name": "x", "schema": UNENDING[name]}})
+    assert info.value.body["param"] == "response_format" and "cannot end" in info.value.body["message"]
+
+
+def test_a_recursive_tool_schema_that_cannot_end_is_refused(client: openai.OpenAI) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": UNENDING["required_self"]}}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="m", messages=ASK, max_tokens=20, tools=[tool], tool_choice="required")
+    assert info.value.body["param"] == "tools" and "cannot end" in info.value.body["message"]
+
+
+def test_a_recursive_schema_that_can_end_gives_valid_json(client: openai.OpenAI) -> None:
+    """The tree with an optional child: every reply stops, and every one is a tree valid for the schema; some go
+    deeper than one node (the recursion is used, not only its end)."""
+    reply = client.chat.completions.create(model="m", messages=ASK, n=8, seed=3, max_tokens=200, response_format={
+        "type": "json_schema", "json_schema": {"name": "tree", "schema": TREE}})
+    trees = [parsed(c.message.content) for c in reply.choices]
+    assert [c.finish_reason for c in reply.choices] == ["stop"] * 8, [c.message.content for c in reply.choices]
+    assert all(valid(tree, TREE) for tree in trees), trees
+    assert any("child" in tree for tree in trees), trees
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schema=SCHEMAS, seed=st.integers(0, 1000))
 def test_every_reply_that_stops_is_valid_for_its_schema(client: openai.OpenAI, schema: dict[str, Any],
                                                         seed: int) -> None:
-    """Random schemas, some recursive through $defs or "#": refused with a 400, or every stopped reply is valid."""
+    """Random schemas, some recursive through $defs or "#": refused with a 400 when a part cannot end, else
+    served, and every stopped reply is valid."""
     response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
     try:
         reply = client.chat.completions.create(model="m", messages=ASK, n=3, seed=seed, max_tokens=48,
                                                response_format=response_format)
     except openai.BadRequestError as error:
-        assert recursive_ref(schema) is not None, error.body
-        assert "recursive" in error.body["message"]
+        assert unending_part(schema) is not None, error.body
+        assert "cannot end" in error.body["message"]
+        event("refused: a part cannot end")
         return
-    assert recursive_ref(schema) is None
+    assert unending_part(schema) is None
+    event("served, refers to node or root" if '"#' in json.dumps(schema).replace('"#/$defs/leaf"', "") else "served, flat")
     for choice in reply.choices:
         if choice.finish_reason == "stop":
             assert valid(parsed(choice.message.content), schema), (choice.message.content, schema)

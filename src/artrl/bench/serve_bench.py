@@ -4,8 +4,12 @@ Starts the OpenAI-compatible server in-process on 127.0.0.1 (a free port) with
 the engine `--engine` names (serve/factory.py; default auto), then sends `--requests` chat completions with the real
 `openai` client: first all at once (at most `--concurrency` in flight), then
 sequentially. Each request has its own seed, so both runs sample the same
-tokens. Prints one JSON line: completion tokens/s and latency percentiles for
-each run, and their ratio.
+tokens. Prints one JSON line: completion tokens/s and latency percentiles (p50, p90,
+p99, max) for each run, and their ratio; with the built-in engine, each run's
+`oldest_waiter_s` (the longest a request waited in the engine's queue before its
+first row joined a batch) and `admission_wait_p99_s`: under a saturated queue the
+engine admits in arrival order (serve/decode_loop.py), so no request waits much
+longer than the others.
 
 `--latency` measures what a request costs besides the model's work instead (`run_latency_bench`): one short
 question with `max_tokens=1`, sent `--requests` times one at a time (mean, p50, p99) with the client
@@ -14,14 +18,18 @@ SDK's default httpx client (`sequential_httpx_client`), the same prompt ids
 through the engine's `generate` without the server, the bare forward pass + argmax of the same ids with
 transformers in this process (the model's work), their ratio, and the time per request when
 `--concurrency` of them are in flight at once. A multi-turn agent waits for every turn, so this is what
-each turn of a rollout pays on top of its tokens.
+each turn of a rollout pays on top of its tokens. With `--lora` the engine serves as a training session's does
+(a serving copy of the model with a fresh LoRA adapter, saved and loaded as policy version 0, the version every
+request runs) and the bare forward runs through the same adapter: a rollout's own path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
+import tempfile
 import time
 from typing import Any
 
@@ -45,8 +53,10 @@ async def _one(client: Any, model: str, i: int, max_tokens: int) -> tuple[int, f
     return r.usage.completion_tokens, time.perf_counter() - t0
 
 
-async def _run(client: Any, model: str, n: int, concurrency: int, max_tokens: int) -> dict[str, Any]:
+async def _run(client: Any, model: str, n: int, concurrency: int, max_tokens: int, engine: Any = None
+               ) -> dict[str, Any]:
     sem = asyncio.Semaphore(concurrency)
+    admitted = getattr(engine, "requests_admitted", None)
 
     async def limited(i: int) -> tuple[int, float]:
         async with sem:
@@ -60,14 +70,27 @@ async def _run(client: Any, model: str, n: int, concurrency: int, max_tokens: in
     return {"requests": n, "concurrency": concurrency, "completion_tokens": tokens, "seconds": round(wall, 3),
             "completion_tokens_per_s": round(tokens / wall, 1), "latency_p50_s": round(_percentile(lat, 50), 3),
             "latency_p90_s": round(_percentile(lat, 90), 3), "latency_p99_s": round(_percentile(lat, 99), 3),
-            "latency_mean_s": round(statistics.fmean(lat), 3)}
+            "latency_max_s": round(max(lat), 3), "latency_mean_s": round(statistics.fmean(lat), 3),
+            **_admission(engine, admitted)}
+
+
+def _admission(engine: Any, admitted_before: int | None) -> dict[str, float]:
+    """The built-in engine's queue waits of the requests admitted since `admitted_before` (none for vLLM)."""
+    if admitted_before is None:
+        return {}
+    count = min(engine.requests_admitted - admitted_before, len(engine.admission_waits))
+    waits = list(engine.admission_waits)[-count:] if count else [0.0]
+    return {"oldest_waiter_s": round(max(waits), 3), "admission_wait_p99_s": round(_percentile(waits, 99), 3)}
 
 
 LATENCY_QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
 
 
-def _open_engine(model_name: str, cfg: Any, lora: bool = False) -> tuple[str, Any, Any, Any]:
-    """(engine kind, engine, tokenizer, the transformers model or None) for `cfg`, as LocalBackend opens them."""
+def _open_engine(model_name: str, cfg: Any, lora: bool = False, serve_copy: bool = False
+                 ) -> tuple[str, Any, Any, Any]:
+    """(engine kind, engine, tokenizer, the transformers model or None) for `cfg`, as LocalBackend opens them
+    (`serve_copy`: the built-in engine decodes a copy of the model sharing its frozen tensors, as a training
+    session's engine does)."""
     from ..chat_format import end_of_turn_ids
     from ..serve.factory import open_engine, resolve_engine_kind
     from ..models.loading import (RANDOM_SHAPES, add_lora, load_base_model, load_generation_config,
@@ -84,7 +107,8 @@ def _open_engine(model_name: str, cfg: Any, lora: bool = False) -> tuple[str, An
         model, tok = None, load_tokenizer(model_name, cfg)
         ends = end_of_turn_ids(tok, load_generation_config(model_name, cfg))
     engine = open_engine(kind, tokenizer=tok, end_ids=ends, cfg=cfg, model=model,
-                         base_model_path=resolve_name(model_name) if on_disk else None)
+                         base_model_path=resolve_name(model_name) if on_disk else None,
+                         serve_copy=serve_copy and kind == "builtin")
     return kind, engine, tok, model
 
 
@@ -117,8 +141,9 @@ def _bare_forward_s(model: Any, prompt_ids: list[int], runs: int, threads: int |
 
 def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concurrency: int = 256,
                       device: str | None = None, num_threads: int | None = None,
-                      engine_kind: str = "auto") -> dict[str, Any]:
-    """The `--latency` JSON (module docstring): sequential `max_tokens=1` requests against the bare forward."""
+                      engine_kind: str = "auto", *, lora: bool = False) -> dict[str, Any]:
+    """The `--latency` JSON (module docstring): sequential `max_tokens=1` requests against the bare forward.
+    `lora`: serve as a training session does (module docstring), the bare forward through the same adapter."""
     if requests < 1 or concurrency < 1:
         raise ValueError(f"need requests >= 1 and concurrency >= 1, got {requests} and {concurrency}")
     from openai import AsyncOpenAI
@@ -134,10 +159,14 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
     threads = {"inference_cpu_threads": num_threads} if num_threads is not None else {}  # else LocalBackend's
     cfg = InternalModelConfig(device=device, inference_engine=engine_kind, **threads)
     dev = resolve_device(cfg)
-    kind, engine, tok, model = _open_engine(model_name, cfg)
+    kind, engine, tok, model = _open_engine(model_name, cfg, lora=lora, serve_copy=lora)
     prompt_ids = render_prompt(tok, LATENCY_QUESTION, None, end_ids=engine.end_of_turn_ids)
     name = "bench"
+    adapters = tempfile.TemporaryDirectory(prefix="artrl-bench-") if lora else contextlib.nullcontext()
     try:
+        if lora:  # a new run's step 0, as a training session serves it: the adapter saved, loaded as a version
+            model.save_pretrained(adapters.name)
+            engine.set_live_weights(adapters.name, 0)
         with start_server(create_app(ServedModels(name, engine))) as handle:
             # the user's client: what `model.openai_client()` gives inside a rollout's event loop; and the SDK's
             # default (httpx) client, for comparison
@@ -175,8 +204,13 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
 
             sequential, with_httpx, direct, concurrent_s = asyncio.run(main())
             transport = transport_of(clients["user"])
+        if lora:  # the model's work: the forward of what was served, through the same adapter
+            model = engine.model
+            model.set_adapter(engine.live_adapter)
     finally:
         engine.close()
+        if lora:
+            adapters.cleanup()
     if model is None:  # vLLM runs its model in its own processes: the same weights with transformers, here
         model, _ = load_base_model(model_name, cfg)
     forward = _bare_forward_s(model, prompt_ids, requests, cfg.inference_cpu_threads if dev.type == "cpu" else None)
@@ -184,7 +218,7 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
     return {"bench": "serve_latency", "model": model_name, "engine": kind, "device": str(dev),
             "threads": None if kind == "vllm" else
             (cfg.inference_cpu_threads if dev.type == "cpu" else None) or torch.get_num_threads(),
-            "prompt_tokens": len(prompt_ids), "max_tokens": 1, "requests": requests,
+            "lora": lora, "prompt_tokens": len(prompt_ids), "max_tokens": 1, "requests": requests,
             "client": transport, "sequential": seq, "sequential_httpx_client": _stats_ms(with_httpx),
             "engine_generate": _stats_ms(direct), "bare_forward": fwd,
             "ratio_mean": round(seq["mean_ms"] / fwd["mean_ms"], 2),
@@ -226,10 +260,10 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
             async def main() -> tuple[dict[str, Any], dict[str, Any]]:
                 await _one(client, name, 0, 4)  # warm-up
                 batches_before = getattr(engine, "batches_served", None)
-                concurrent = await _run(client, name, requests, concurrency, max_tokens)
+                concurrent = await _run(client, name, requests, concurrency, max_tokens, engine)
                 if batches_before is not None:  # the built-in engine counts its decode batches
                     concurrent["engine_batches"] = engine.batches_served - batches_before
-                sequential = await _run(client, name, sequential_requests, 1, max_tokens)
+                sequential = await _run(client, name, sequential_requests, 1, max_tokens, engine)
                 return concurrent, sequential
 
             concurrent, sequential = asyncio.run(main())
@@ -253,7 +287,7 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--latency", action="store_true", help="per-request overhead instead of throughput: "
                    "sequential max_tokens=1 requests against the bare forward pass (module docstring); "
                    "--requests (default 200) and --concurrency (default 256) apply, the other options but "
-                   "--model, --device, --threads and --engine do not")
+                   "--model, --device, --threads, --engine and --lora do not")
     p.add_argument("--requests", type=int, default=None, help="requests per run (default 32; --latency: 200)")
     p.add_argument("--concurrency", type=int, default=None, help="requests in flight in the concurrent run "
                    "(default 16; --latency: 256)")
@@ -261,7 +295,8 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads of the decode worker (default: LocalBackend's, 1 on CPU)")
     p.add_argument("--lora", action="store_true", help="serve the model with a fresh LoRA adapter on it, as a "
-                   "trainer does (default: the bare base model)")
+                   "trainer does (default: the bare base model); with --latency, as a training session serves "
+                   "it (a serving copy, the adapter loaded as policy version 0)")
     p.add_argument("--merge-lora", choices=("auto", "on", "off"), default="auto", help="built-in engine: serve "
                    "the LoRA adapter from merged weights (auto: on CUDA)")
     p.add_argument("--attn", default=None, help="built-in engine: the attention implementation of decode "
@@ -283,7 +318,7 @@ def main(args: Any) -> int:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if args.latency:
         print(json.dumps(run_latency_bench(args.model, args.requests or 200, args.concurrency or 256, args.device,
-                                           args.threads, args.engine)))
+                                           args.threads, args.engine, lora=args.lora)))
         return 0
     merge = {"auto": None, "on": True, "off": False}[args.merge_lora]
     print(json.dumps(run_serve_bench(args.model, args.requests or 32, args.concurrency or 16, args.max_tokens,

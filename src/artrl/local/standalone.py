@@ -75,7 +75,10 @@ def build_app(args: Any) -> Any:
         p = storage.checkpoint_dir(run, step)
         return str(p) if storage.is_complete(p) else None
 
-    return create_app(ServedModels(name, engine, checkpoint_path=checkpoint_path), api_key=args.api_key), name
+    bounds = {k: v for k, v in (("body_timeout", args.body_timeout), ("body_deadline", args.body_deadline))
+              if v is not None}  # else create_app's defaults
+    app = create_app(ServedModels(name, engine, checkpoint_path=checkpoint_path), api_key=args.api_key, **bounds)
+    return app, name
 
 
 def add_arguments(p: Any) -> None:
@@ -88,6 +91,10 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
     p.add_argument("--max-batch-size", type=int, default=32, help="sequences per generation batch")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the checkpoint")
+    p.add_argument("--body-timeout", type=float, default=None,
+                   help="seconds a request body may pause between two parts (408 after; default 30)")
+    p.add_argument("--body-deadline", type=float, default=None,
+                   help="seconds a whole request body has from the request head (408 after; default 60)")
     p.add_argument("--engine", choices=("auto", "builtin", "vllm"), default="auto",
                    help="inference engine (default: auto = vLLM when installed and on a GPU, else built-in)")
 

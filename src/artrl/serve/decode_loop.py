@@ -4,11 +4,13 @@
 on its worker thread while it holds the model lock; the other half queues requests and
 owns the worker. At every step boundary:
 
-1. waiting rows join while there is room (`_join`), in arrival order, whatever their
-   adapter: a request's adapter is resolved when its first row joins
-   (serve/adapter_versions.py: `adapter=None` is the live policy version *now*; its `n`
-   rows all take it) and held by each row until it ends, so a row never sees its
-   weights change and no version it uses is unloaded;
+1. waiting rows join while there is room (`_join`), in the order their requests reached
+   `generate`, whatever their adapter: nothing overtakes a waiting row (a request of `n` rows
+   with fewer free places takes those, its other rows the next ones), and each request's wait
+   from `generate` to its first row joining is kept (`admission_waits`). A request's adapter
+   is resolved when its first row joins (serve/adapter_versions.py: `adapter=None` is the
+   live policy version *now*; its `n` rows all take it) and held by each row until it ends,
+   so a row never sees its weights change and no version it uses is unloaded;
 2. every row samples one token (`_step`): grammar masks first (serve/structured.py),
    then one batched draw on the device and one host transfer;
 3. each row records its token (handing it over at once when its request streams:
@@ -27,6 +29,12 @@ row ("mixed adapter batches": each LoRA layer runs the base matmul for all rows,
 adapter's A and B on its own rows); merged weights and graphs are left for that forward.
 A row's logits are the same either way (tests/test_adapter_versions.py). A newcomers'
 prefill never switches the running rows' mode: it runs mixed unless the batch is empty.
+On the engine's own serving copy (`serve_copy`, what a training session serves) the mode
+stays entered after a batch, so the next batch of the same adapter, the usual case, switches
+nothing: peft's `set_adapter` walks every module, and switching in and back out cost a lone
+request on the tiny model about as much as its forward. On a model someone else holds (the
+trainer's, or a caller's) the mode is left after every batch, so its active adapter and its
+tensors are its own between batches; on any model, before adapters are loaded or unloaded.
 
 The batch ends when no row is left and no waiting row can join. Around it: eval mode (on a
 model shared with the trainer, with every module's mode and `requires_grad` restored
@@ -40,6 +48,7 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +84,7 @@ class Pending:
     results: list[GenerationResult | None] = field(default_factory=list)  # one per sample, as rows finish
     remaining: int = 0  # rows not finished yet
     on_token: Callable[[int, int, float, list[tuple[int, float]] | None], None] | None = None  # streaming
+    queued_at: float = field(default_factory=time.monotonic)  # when `generate` queued it
 
     @property
     def over(self) -> bool:
@@ -130,6 +140,8 @@ class DecodeLoop:
     _cache_kwarg: str
     _pad_id: int
     _closed: bool
+    shares_trainer_weights: bool
+    serve_copy: bool
     _stopping: bool
     _merger: Any
     _attn_implementation: str | None
@@ -143,6 +155,8 @@ class DecodeLoop:
     rows_served: int
     rows_abandoned: int
     decode_steps: int
+    admission_waits: collections.deque[float]
+    requests_admitted: int
 
     def _drain(self, waiting: collections.deque[DecodeRow]) -> None:  # the engine's: takes what is queued
         raise NotImplementedError
@@ -206,8 +220,10 @@ class DecodeLoop:
                                 f"the inference engine was closed while decoding {len(batch)} rows")
                         self._step(batch)
                 finally:
-                    self._leave_mode()
+                    if not self.serve_copy:  # a model others hold gets its own adapter and tensors back
+                        self._leave_mode()
         except Exception as error:
+            self._leave_mode()  # whatever the failed batch had switched in
             if isinstance(error, EngineClosedError):
                 logger.info("%s", error)
             else:
@@ -239,7 +255,9 @@ class DecodeLoop:
                 row.held = False
 
     def _leave_mode(self) -> None:
-        """Undo `_enter` (merged weights, the switched adapter); the next forward enters what it needs."""
+        """Undo `_enter` (merged weights, the switched adapter); the next forward enters what it needs. Called
+        before adapters are loaded or unloaded, after a failed batch, and after every batch unless the engine
+        decodes its own serving copy, which keeps its mode between batches (module docstring)."""
         mode, self._mode, self._entered = self._mode, None, _NOTHING
         if mode is not None:
             mode.close()
@@ -291,6 +309,8 @@ class DecodeLoop:
                 (not static or self._fits(waiting[0])):
             row = waiting.popleft()
             if not row.held:  # the request's first row to join: all its rows run what it resolves to now
+                self.requests_admitted += 1
+                self.admission_waits.append(time.monotonic() - row.pending.queued_at)
                 try:
                     adapter, version = self._versions.resolve(row.request.adapter)
                 except Exception as error:  # its adapter was unloaded since the request was checked

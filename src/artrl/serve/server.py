@@ -28,23 +28,29 @@ Compared with OpenAI's API (and vLLM's server), this one:
    by a grammar, as are `response_format` `json_object` and `json_schema`
    (serve/structured.py: the reply is valid JSON for the schema, or calls the
    tools with valid arguments, unless `max_tokens` cuts it: `finish_reason`
-   "length"). A schema the grammar library cannot compile, or a recursive one, is a
-   400 naming `response_format`, `tools` or `tool_choice`; so is a structured request to an engine
-   that cannot enforce it;
+   "length"). A schema the grammar library cannot compile, or one whose recursion
+   cannot end (a required self-reference), is a 400 naming `response_format`, `tools`
+   or `tool_choice`; so is a structured request to an engine that cannot enforce it;
 5. returns every error as OpenAI's `{"error": {"message", "type", "param",
    "code"}}` with a 4xx status for anything the client got wrong, including
-   request-body validation errors (400, never a 500 with a traceback), a body
-   that stops arriving (408, `body_timeout`) and, from the HTTP layer below the
-   app, malformed or too slow request heads (serve/http_protocol.py);
+   request-body validation errors (400, never a 500 with a traceback; types are
+   strict: `max_tokens: "8"` is a 400), a body that is not JSON (400), a tool
+   without its function (400), a body that stops arriving (408, `body_timeout`) or
+   that is not whole within `body_deadline` of its head (408, serve/guards.py) and,
+   from the HTTP layer below the app, malformed or too slow request heads
+   (serve/http_protocol.py);
 6. refuses oversized work before doing it: bodies over `max_body_bytes` (413),
    `n` over `max_n`, more messages or tools than `max_messages` / `max_tools`, a
    `response_format` over `max_schema_chars`, `max_tokens` beyond the context, and
    messages and tool definitions with more characters than the context could hold
-   as tokens (400 naming the limit, before validating or rendering). A large prompt
+   as tokens (400 naming the limit, before validating or rendering; the counts of a
+   large body are read before it is parsed whole, serve/request.py). A large prompt
    (`INLINE_RENDER_CHARS`) is rendered and tokenized on a worker thread, at most
    `RENDER_THREADS` at once, so it never delays another request's answer;
 7. drops a request whose client disconnects: the engine is told to stop (a queued
-   request never runs, a running one stops at its next decoding step).
+   request never runs, a running one stops at its next decoding step). A disconnect
+   is normal, not an error: a DEBUG line, no traceback, counted in `GET /metrics`
+   (serve/guards.py: `ServerMetrics`).
 """
 
 from __future__ import annotations
@@ -54,20 +60,16 @@ import contextlib
 import ctypes
 import dataclasses
 import functools
-import hmac
 import json
 import logging
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import fastapi
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-import pydantic
-from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from artrl.chat_format import completion_text, cut_at_stop
@@ -76,7 +78,12 @@ from artrl.models.moe import RECORD_KEY as ROUTING_RECORD_KEY, encode_routing
 from artrl.serve.background import ServerHandle, start_server
 from artrl.serve.chat import DEFAULT_RECORD_CACHE_BYTES, PromptBuilder, request_messages
 from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult, InvalidRequestError
+from artrl.serve.guards import (DEFAULT_BODY_DEADLINE_S, DEFAULT_BODY_TIMEOUT_S, APIError, ApiKey, BodyLimit,
+                                ServerMetrics, error_response)
 from artrl.serve.models import ModelNotFoundError, ServedModels
+from artrl.serve.request import (DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N, DEFAULT_MAX_SCHEMA_CHARS, DEFAULT_MAX_TOOLS,
+                                 IGNORED_FIELDS, INLINE_PARSE_BYTES, ChatCompletionRequest, RequestLimits, check,
+                                 check_content_type, check_counts, check_parsed, count_items, parse_body)
 from artrl.serve.stream_text import TextStream
 from artrl.serve.streaming import LiveStream, sse
 from artrl.serve.structured import StructuredOutput, StructuredOutputError, structured_output
@@ -86,142 +93,15 @@ __all__ = ["ServedModels", "ServerHandle", "create_app", "start_server"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_N = 32
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 1024
-DEFAULT_BODY_TIMEOUT_S = 30.0
-"""Seconds a request body may pause between two of its parts before the request is answered 408."""
-DEFAULT_MAX_MESSAGES = 2048
-"""Most messages one request may hold (a long agent rollout of 1,000 tool calls holds about 2,000)."""
-DEFAULT_MAX_TOOLS = 128
-"""Most tools one request may offer (OpenAI's limit)."""
-DEFAULT_MAX_SCHEMA_CHARS = 100_000
-"""Longest `response_format` one request may send, in characters of its JSON (it is compiled into a grammar)."""
 INLINE_RENDER_CHARS = 16_384
 """Requests with more characters to render than this (or more than `INLINE_RENDER_MESSAGES` messages) render and
 tokenize on a worker thread, so they never hold up the event loop; smaller ones render in place (about 0.1 ms,
 less than the hand-off to a thread would cost them)."""
 INLINE_RENDER_MESSAGES = 64
-INLINE_PARSE_BYTES = 256 * 1024
-"""Request bodies larger than this are parsed and validated on a worker thread (a 6 MB body of 200,000 messages
-takes about 0.5 s), smaller ones in place."""
 RENDER_THREADS = 2
 """Large prompts rendered at once; more wait their turn (bounds the memory abusive requests can take)."""
-
-
-class ChatCompletionRequest(BaseModel):
-    """The request fields we read; unknown fields are accepted and logged."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: str
-    messages: list[Any]
-    n: int | None = 1
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
-    logprobs: bool | None = False
-    top_logprobs: int | None = None
-    stream: bool | None = False
-    # vLLM's extension: logprob tokens read "token_id:<id>" instead of the token text.
-    return_tokens_as_token_ids: bool | None = False
-
-
-_IGNORED_FIELDS = {"user", "stream_options", "metadata", "store", "service_tier"}
-
-
-@dataclass
-class APIError(Exception):
-    """An error answered to the client in OpenAI's shape."""
-
-    status: int
-    message: str
-    param: str | None = None
-    code: str | None = None
-    type: str = "invalid_request_error"
-
-
-def _error_response(error: APIError) -> JSONResponse:
-    body = {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
-    return JSONResponse(body, status_code=error.status)
-
-
-class _ApiKey:
-    """ASGI middleware: every route needs `Authorization: Bearer <api_key>` (401 otherwise)."""
-
-    def __init__(self, app: Any, api_key: str) -> None:
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        given = dict(scope.get("headers", [])).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self.expected):
-            error = APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
-                             type="invalid_request_error", code="invalid_api_key")
-            return await _error_response(error)(scope, receive, send)
-        return await self.app(scope, receive, send)
-
-
-class _BodyLimit:
-    """ASGI middleware refusing request bodies over `max_bytes` (413) or slower than `timeout` seconds a part (408)."""
-
-    def __init__(self, app: Any, max_bytes: int, timeout: float) -> None:
-        self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        too_large = APIError(
-            413, f"Request body exceeds the limit of {self.max_bytes} bytes.", code="request_too_large"
-        )
-        for key, value in scope.get("headers", []):
-            if key == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                return await _error_response(too_large)(scope, receive, send)
-        seen, body_done = 0, False
-        failed: APIError | None = None
-
-        async def limited_receive() -> dict:
-            nonlocal seen, body_done, failed
-            if body_done:  # afterwards the app only waits for a disconnect: no deadline
-                return await receive()
-            try:
-                async with asyncio.timeout(self.timeout):
-                    message = await receive()
-            except TimeoutError:
-                failed = APIError(408, f"The request body stopped arriving: nothing for {self.timeout:g} s "
-                                       f"after {seen} bytes.", code="request_timeout")
-                raise _BodyRefused() from None
-            seen += len(message.get("body", b""))
-            body_done = message["type"] != "http.request" or not message.get("more_body", False)
-            if seen > self.max_bytes:
-                failed = too_large
-                raise _BodyRefused()
-            return message
-
-        async def guarded_send(message: dict) -> None:
-            if failed is None:  # the app may turn _BodyRefused into its own error; ours goes out instead
-                await send(message)
-
-        try:
-            await self.app(scope, limited_receive, guarded_send)
-        except _BodyRefused:
-            pass
-        if failed is not None:
-            response = _error_response(failed)
-            response.headers["connection"] = "close"
-            await response(scope, receive, send)
-
-
-class _BodyRefused(Exception):
-    pass
 
 
 def _release_memory() -> None:
@@ -230,35 +110,6 @@ def _release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
-
-
-def _parse_body(raw: bytes) -> ChatCompletionRequest:
-    """The request body, checked (a failure is the RequestValidationError FastAPI would raise, answered 400)."""
-    try:
-        return ChatCompletionRequest.model_validate_json(raw)
-    except pydantic.ValidationError as error:
-        raise RequestValidationError(error.errors(include_url=False)) from error
-
-
-def _check(condition: bool, message: str, param: str) -> None:
-    if not condition:
-        raise APIError(400, message, param=param)
-
-
-def _check_tool_choice(body: ChatCompletionRequest) -> None:
-    """Accept "none" / "auto" / "required" / a named function offered in `tools` (enforced: `_structured`)."""
-    choice = body.tool_choice
-    if choice is None or choice in ("none", "auto", "required"):
-        return
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
-    _check(
-        isinstance(name, str),
-        f'tool_choice must be "none", "auto", "required" or {{"type": "function", "function": {{"name": ...}}}}, '
-        f"got {choice!r:.200}",
-        "tool_choice",
-    )
-    offered = [t.get("function", {}).get("name") for t in body.tools or []]
-    _check(name in offered, f"tool_choice names the function {name!r}, which is not in tools {offered}", "tool_choice")
 
 
 @functools.lru_cache(maxsize=16)
@@ -328,32 +179,6 @@ def _max_token_chars(tokenizer: Any) -> int:
     return max((len(token) for token in tokenizer.get_vocab()), default=1) or 1
 
 
-@dataclass(frozen=True)
-class RequestLimits:
-    """What one request may hold, checked before any of it is validated, rendered or tokenized (`create_app`)."""
-
-    max_n: int = DEFAULT_MAX_N
-    max_messages: int = DEFAULT_MAX_MESSAGES
-    max_tools: int = DEFAULT_MAX_TOOLS
-    max_schema_chars: int = DEFAULT_MAX_SCHEMA_CHARS
-
-
-def _check_counts(body: ChatCompletionRequest, limits: RequestLimits) -> None:
-    """The cheap bounds (list lengths, schema size), before the messages are even validated."""
-    _check(len(body.messages) <= limits.max_messages,
-           f"messages holds {len(body.messages)} messages; this server takes at most {limits.max_messages} per "
-           "request (create_app(max_messages=...)).", "messages")
-    tools = body.tools or []
-    _check(len(tools) <= limits.max_tools,
-           f"tools holds {len(tools)} tools; this server takes at most {limits.max_tools} per request "
-           "(create_app(max_tools=...)).", "tools")
-    if body.response_format is not None:
-        chars = len(json.dumps(body.response_format))
-        _check(chars <= limits.max_schema_chars,
-               f"response_format is {chars} characters of JSON; this server takes at most {limits.max_schema_chars} "
-               "(create_app(max_schema_chars=...)).", "response_format")
-
-
 def _rendered_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
     """Characters of what the chat template will render: contents, tool call names and arguments, tool schemas."""
     chars = 0
@@ -370,18 +195,18 @@ def _rendered_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] 
 def _precheck(body: ChatCompletionRequest, chars: int, tokenizer: Any, max_model_len: int, max_n: int) -> None:
     """Refuse what is too big before rendering or tokenizing anything (the rest: `GenerationRequest.check`)."""
     n = 1 if body.n is None else body.n
-    _check(n <= max_n, f"n must be between 1 and {max_n}, got {n}", "n")
+    check(n <= max_n, f"n must be between 1 and {max_n}, got {n}", "n")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     param = _max_tokens_param(body)
     if max_tokens is not None:
-        _check(
+        check(
             max_tokens < max_model_len,
             f"{param}={max_tokens}; it must be between 1 and {max_model_len - 1} (this model's maximum context "
             f"length is {max_model_len} tokens, prompt included). Lower {param}.",
             param,
         )
     most = max_model_len * _max_token_chars(tokenizer)
-    _check(
+    check(
         chars <= most,
         f"The messages and tools hold {chars} characters, more than {max_model_len} tokens (this model's maximum "
         f"context length) can spell with this tokenizer (at most {most} characters). Shorten the messages or the "
@@ -390,8 +215,9 @@ def _precheck(body: ChatCompletionRequest, chars: int, tokenizer: Any, max_model
     )
 
 
-async def _generate_unless_disconnected(engine: Any, request: GenerationRequest, http: fastapi.Request) -> Any:
-    """`engine.generate(request)`, cancelled as soon as the HTTP client disconnects."""
+async def _generate_unless_disconnected(engine: Any, request: GenerationRequest, http: fastapi.Request,
+                                        metrics: ServerMetrics) -> Any:
+    """`engine.generate(request)`, cancelled as soon as the HTTP client disconnects (counted in `metrics`)."""
 
     async def disconnected() -> None:
         while (await http.receive())["type"] != "http.disconnect":
@@ -408,7 +234,8 @@ async def _generate_unless_disconnected(engine: Any, request: GenerationRequest,
         watcher.cancel()
     if generation not in done:
         generation.cancel()
-        logger.info("client disconnected; its generation request was dropped")
+        metrics.disconnects_while_generating += 1
+        logger.debug("client disconnected; its generation request was dropped")
         raise APIError(499, "client closed the request", code="client_closed_request")
     return generation.result()
 
@@ -437,7 +264,8 @@ def _stream_error(error: BaseException) -> dict[str, Any]:
                       "param": None, "code": None}}
 
 
-async def _until_started(generation: asyncio.Future, started: asyncio.Event, http: fastapi.Request) -> None:
+async def _until_started(generation: asyncio.Future, started: asyncio.Event, http: fastapi.Request,
+                         metrics: ServerMetrics) -> None:
     """Wait until the generation's first token (or its end); a failure before it is raised here, answered as an
     error response; a client that disconnects before it drops the generation (499)."""
 
@@ -457,7 +285,8 @@ async def _until_started(generation: asyncio.Future, started: asyncio.Event, htt
         first.cancel()
     if watcher in done and not (generation in done or first in done):
         generation.cancel()
-        logger.info("client disconnected; its generation request was dropped")
+        metrics.disconnects_while_generating += 1
+        logger.debug("client disconnected; its generation request was dropped")
         raise APIError(499, "client closed the request", code="client_closed_request")
     if generation.done() and generation.exception() is not None:
         generation.result()  # raises it
@@ -544,6 +373,7 @@ def create_app(
     max_tools: int = DEFAULT_MAX_TOOLS,
     max_schema_chars: int = DEFAULT_MAX_SCHEMA_CHARS,
     body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
+    body_deadline: float = DEFAULT_BODY_DEADLINE_S,
 ) -> fastapi.FastAPI:
     """The FastAPI app serving `resolver`'s models.
 
@@ -551,18 +381,23 @@ def create_app(
     bodies get 413; max_messages, max_tools, max_schema_chars: most messages, tools and
     characters of `response_format` JSON one request may hold (400 naming the limit,
     before anything is rendered); body_timeout: seconds a request body may pause
-    (408 after); default_max_tokens: completion budget when the request sets none
+    (408 after); body_deadline: seconds the whole body has from the request head (408
+    after: a client trickling it a byte at a time is ended); default_max_tokens: completion budget when the request sets none
     (capped by what the context leaves); api_key: when set, every route (health
-    included) requires `Authorization: Bearer <api_key>`; record_cache_bytes: memory the
+    included) requires `Authorization: Bearer <api_key>` (the scheme in any case); record_cache_bytes: memory the
     cache of returned completions may take per tokenizer (serve/chat.py), which spells
     earlier turns of later prompts with the ids the model sampled (module docstring,
     point 1); the least recently used go first.
     """
     app = fastapi.FastAPI(title="artrl inference server")
-    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes, timeout=body_timeout)
+    metrics = ServerMetrics()
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, pause=body_timeout, deadline=body_deadline,
+                       metrics=metrics)
     if api_key:
-        app.add_middleware(_ApiKey, api_key=api_key)
+        app.add_middleware(ApiKey, api_key=api_key)
     app.state.api_key = api_key
+    #: What the server refused or dropped (serve/guards.py); `GET /metrics` answers it.
+    app.state.metrics = metrics
     prompts = PromptBuilder(record_cache_bytes)
     limits = RequestLimits(max_n, max_messages, max_tools, max_schema_chars)
     render_slots: list[asyncio.Semaphore] = []  # made on the server's loop, at its first large prompt
@@ -584,7 +419,7 @@ def create_app(
 
     @app.exception_handler(APIError)
     async def _api_error(_: fastapi.Request, error: APIError) -> JSONResponse:
-        return _error_response(error)
+        return error_response(error)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: fastapi.Request, error: RequestValidationError) -> JSONResponse:
@@ -592,28 +427,32 @@ def create_app(
         first = problems[0] if problems else {}
         if first.get("type") == "json_invalid":  # its loc, if any, is a character offset, not a parameter
             reason = str(first.get("msg", "")).removeprefix("Invalid JSON: ")
-            return _error_response(APIError(400, f"The request body is not valid JSON: {reason}.",
+            return error_response(APIError(400, f"The request body is not valid JSON: {reason}.",
                                             code="invalid_json"))
         loc = [str(part) for part in first.get("loc", ()) if part != "body"]
         message = "; ".join(
             f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}" for e in problems
         )
-        return _error_response(APIError(400, f"Invalid request: {message}", param=".".join(loc) or None))
+        return error_response(APIError(400, f"Invalid request: {message}", param=".".join(loc) or None))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: fastapi.Request, error: StarletteHTTPException) -> JSONResponse:
-        return _error_response(APIError(error.status_code, str(error.detail)))
+        return error_response(APIError(error.status_code, str(error.detail)))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: fastapi.Request, error: Exception) -> JSONResponse:
         logger.exception("Unhandled error while serving a request")
-        return _error_response(
+        return error_response(
             APIError(500, f"Internal server error: {type(error).__name__}: {error}", type="server_error")
         )
 
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def server_metrics() -> dict[str, int]:
+        return metrics.as_dict()
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -623,17 +462,25 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http: fastapi.Request) -> fastapi.Response:
-        raw = await http.body()  # parsed here, not by FastAPI: a large body is parsed off the event loop
+        raw = await http.body()  # parsed here, not by FastAPI: a large body is counted, then parsed off the loop
+        check_content_type(http.headers.get("content-type"))
         if len(raw) <= INLINE_PARSE_BYTES:
-            return await answer(_parse_body(raw), http)
+            return await answer(parse_body(raw), http)
         try:
-            return await answer(await off_loop(_parse_body, raw), http)
+            counts = await off_loop(count_items, raw)
+            if counts is not None:
+                try:
+                    check_counts(counts, limits)
+                except APIError:
+                    metrics.refused_by_count += 1
+                    raise
+            return await answer(await off_loop(parse_body, raw), http)
         finally:
             del raw
             await off_loop(_release_memory)  # what parsing a large body took goes back to the system
 
     async def answer(body: ChatCompletionRequest, http: fastapi.Request) -> fastapi.Response:
-        unknown = set(body.model_extra or {}) - _IGNORED_FIELDS - warned_fields
+        unknown = set(body.model_extra or {}) - IGNORED_FIELDS - warned_fields
         if unknown:
             logger.warning("Ignoring unsupported chat completion parameters: %s", sorted(unknown))
             warned_fields.update(unknown)
@@ -646,8 +493,7 @@ def create_app(
             raise APIError(500, str(error), param="model", code="checkpoint_unreadable", type="server_error") \
                 from error
         tokenizer = engine.tokenizer
-        _check_counts(body, limits)
-        _check_tool_choice(body)
+        check_parsed(body, limits)
         structured = _structured(body, engine)
         try:
             messages = request_messages(body.messages)
@@ -702,7 +548,7 @@ def create_app(
 
             generation = asyncio.ensure_future(engine.generate(request, on_token=on_token))
             with _engine_errors(body):
-                await _until_started(generation, started, http)
+                await _until_started(generation, started, http, metrics)
 
             def entry(token: int, logprob: float, top: list[tuple[int, float]] | None) -> dict[str, Any]:
                 one = GenerationResult([token], [logprob], [top] if top is not None and body.logprobs else None,
@@ -716,7 +562,7 @@ def create_app(
                 entry, respond, _stream_error, _head(body), include_usage)
             return StreamingResponse(live.sse(), media_type="text/event-stream")
         with _engine_errors(body):
-            results = await _generate_unless_disconnected(engine, request, http)
+            results = await _generate_unless_disconnected(engine, request, http, metrics)
         response = respond(results)
         if body.stream:
             return StreamingResponse(sse(response, tokenizer, include_usage), media_type="text/event-stream")

@@ -39,11 +39,12 @@ made here:
    reply be either the JSON or tool calls; `tool_choice` "none" drops the tools.
 4. **Anything the grammar library cannot compile** (an invalid schema, an unknown
    keyword, a `$ref` to nowhere) is a `StructuredOutputError`: an `InvalidRequestError`
-   naming the request field (`param`), which the server answers as a 400. So is a
-   **recursive schema** (a `$ref` that reaches a schema containing it, `recursive_ref`):
-   the grammar library accepts some and then ends replies early (`{"$ref": "#"}`
-   answered `""`, a required self-referencing property `{"a": `), both as a normal stop,
-   and a reply held to a recursion need not be finite; unroll it to a fixed depth.
+   naming the request field (`param`), which the server answers as a 400. A **recursive
+   schema** is compiled as it is (llguidance follows `$ref` cycles) when its recursion can
+   end, such as a tree whose child is optional; one with a part that cannot end (a required
+   self-reference, a non-empty array of itself: serve/schema_ends.py) is refused the same
+   way, since the grammar library would let its reply stop mid-value (`{"a": ` answered as
+   a normal stop).
 5. **The grammar ends the reply**: once it is complete only an end-of-turn id may
    follow; before that, no end-of-turn id can be sampled. The end-of-turn ids are
    written into the grammar itself (`start: reply end_of_turn`), so the grammar text
@@ -65,6 +66,7 @@ from typing import Any, Literal
 import torch
 
 from artrl.serve.engine import InvalidRequestError, RequestProblem
+from artrl.serve.schema_ends import unending_part
 from artrl.serve.tool_calls import ToolCallSyntax
 
 Kind = Literal["json_object", "json_schema", "tool_calls"]
@@ -184,59 +186,15 @@ def _response_schema(response_format: Any) -> tuple[dict[str, Any] | None, Kind 
     return _finite(schema, "response_format's schema", "response_format"), "json_schema"
 
 
-def recursive_ref(schema: Any) -> tuple[str, str] | None:
-    """A `$ref` of `schema` through which the schema refers to itself: (its location, its target), or None.
-
-    Local references only (`#`, `#/$defs/x`, JSON pointers): a reference `R` leads to every reference inside
-    the schema `R` names; the schema is recursive when following them comes back to a reference already on
-    the way (a cycle, e.g. `{"properties": {"a": {"$ref": "#/properties/a"}}}` or `{"$ref": "#"}`).
-    """
-    refs: list[tuple[tuple[str, ...], tuple[str, ...], str]] = []  # (where, target, the $ref text)
-
-    def walk(node: Any, path: tuple[str, ...]) -> None:
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-                target = tuple(p.replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/")) if ref != "#" \
-                    else ()
-                refs.append((path, target, ref))
-            for key, value in node.items():
-                walk(value, (*path, str(key)))
-        elif isinstance(node, list):
-            for i, value in enumerate(node):
-                walk(value, (*path, str(i)))
-
-    walk(schema, ())
-    leads_to = {i: [j for j, (where, _, _) in enumerate(refs) if where[:len(target)] == target]
-                for i, (_, target, _) in enumerate(refs)}
-    state: dict[int, int] = {}  # 1: on the current path, 2: done
-
-    def cycle_from(i: int) -> int | None:
-        state[i] = 1
-        for j in leads_to[i]:
-            if state.get(j) == 1:
-                return j
-            if j not in state and (found := cycle_from(j)) is not None:
-                return found
-        state[i] = 2
-        return None
-
-    for i in range(len(refs)):
-        if i not in state and (found := cycle_from(i)) is not None:
-            where, _, ref = refs[found]
-            return "#/" + "/".join(where) if where else "#", ref
-    return None
-
-
 def _finite(schema: dict[str, Any], what: str, param: str) -> dict[str, Any]:
-    """`schema`, unless it is recursive (module docstring, point 4)."""
-    found = recursive_ref(schema)
+    """`schema`, unless a part of it cannot end (module docstring, point 4; serve/schema_ends.py)."""
+    found = unending_part(schema)
     if found is not None:
-        where, ref = found
+        where, why = found
         raise StructuredOutputError(
-            f"{what} is recursive: the $ref {ref!r} at {where} leads back to a schema containing it. A reply held to "
-            "a recursive schema need not end, and this server refuses them; unroll the recursion to a fixed depth.",
-            param)
+            f"{what} cannot end: the schema at {where} has no finite value ({why}), so a reply held to it could "
+            "never stop. Make the recursion optional: leave the recursive property out of `required`, allow an "
+            "empty array (minItems 0), or give it a non-recursive alternative (anyOf).", param)
     return schema
 
 

@@ -103,6 +103,10 @@ from artrl.serve.structured import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
+ADMISSION_WAITS_KEPT = 100_000
+"""Admission waits the engine keeps (the newest; 800 KB at most)."""
+
+
 class TransformersEngine(DecodeLoop, InferenceEngine):
     """Serve a transformers causal LM (optionally a peft `PeftModel`); see the module docstring.
 
@@ -211,6 +215,10 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         self.requests_abandoned = 0
         self.rows_abandoned = 0
         self.decode_steps = 0
+        #: Requests whose first row joined a batch, and the seconds each of the last `ADMISSION_WAITS_KEPT` waited
+        #: for that from `generate` (queued, in arrival order: decode_loop.py, point 1).
+        self.requests_admitted = 0
+        self.admission_waits: collections.deque[float] = collections.deque(maxlen=ADMISSION_WAITS_KEPT)
         self._pending = 0
         self._counter_lock = threading.Lock()
         self._queue: queue.Queue[Pending | EngineTask | None] = queue.Queue()

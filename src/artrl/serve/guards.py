@@ -1,0 +1,181 @@
+"""What the server checks before a request reaches a route: the API key, and a body read within bounds.
+
+Two ASGI middlewares in front of the app (serve/server.py, `create_app`), and the counts they keep:
+
+1. **The API key** (`ApiKey`): every route needs `Authorization: Bearer <key>`. The scheme is
+   case-insensitive (RFC 9110, section 11.1: `bearer` and `BEARER` are the same scheme), the key
+   is compared in constant time.
+2. **The body** (`BodyLimit`), as the app reads it:
+   * at most `max_bytes` (413; refused before the app reads it when `Content-Length` already says so);
+   * no pause longer than `pause` seconds between two of its parts (408): a client that stops;
+   * all of it within `deadline` seconds of the request head (408): a client that trickles a byte
+     a second never pauses long, and without a total deadline it would hold its connection (and a
+     file descriptor) for as long as it likes.
+   A 408, or a 413 found while reading, closes the connection (`connection: close`): the rest of
+   the body is not read.
+3. **A client that disconnects before its body is whole** is normal (a cancelled rollout, a
+   killed process): one DEBUG line and `ServerMetrics.disconnects_mid_body`, no traceback, nothing
+   sent back.
+
+Every refusal is OpenAI's error JSON (`error_response`) and is counted in `ServerMetrics`, which
+`GET /metrics` answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BODY_TIMEOUT_S = 30.0
+"""Seconds a request body may pause between two of its parts before the request is answered 408."""
+DEFAULT_BODY_DEADLINE_S = 60.0
+"""Seconds the whole request body has, from the request head, before the request is answered 408 (16 MiB, the
+largest body, at 280 KB/s)."""
+
+
+@dataclass
+class APIError(Exception):
+    """An error answered to the client in OpenAI's shape."""
+
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    type: str = "invalid_request_error"
+
+
+def error_response(error: APIError) -> JSONResponse:
+    body = {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
+    return JSONResponse(body, status_code=error.status)
+
+
+@dataclass
+class ServerMetrics:
+    """What the server refused or dropped since it started (`GET /metrics`). Updated on the server's event loop."""
+
+    disconnects_mid_body: int = 0
+    """Clients that went away before their request body was whole."""
+    disconnects_while_generating: int = 0
+    """Clients that went away while their request waited for or took tokens (its generation was dropped)."""
+    bodies_too_large: int = 0
+    """Bodies over `max_body_bytes` (413)."""
+    bodies_paused: int = 0
+    """Bodies that paused longer than `body_timeout` between two parts (408)."""
+    bodies_over_deadline: int = 0
+    """Bodies not whole within `body_deadline` of their request head (408)."""
+    refused_by_count: int = 0
+    """Requests with more messages or tools than the limits allow, refused before they were parsed whole (400)."""
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+class ApiKey:
+    """ASGI middleware: every route needs `Authorization: Bearer <api_key>`, the scheme in any case (401 otherwise)."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app, self.expected = app, api_key.encode()
+
+    def _authorised(self, header: bytes) -> bool:
+        scheme, _, key = header.partition(b" ")
+        # compare_digest for every header, so the time taken does not tell a wrong scheme from a wrong key
+        return hmac.compare_digest(key.strip(b" "), self.expected) & (scheme.lower() == b"bearer")
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if not self._authorised(dict(scope.get("headers", [])).get(b"authorization", b"")):
+            error = APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                             type="invalid_request_error", code="invalid_api_key")
+            return await error_response(error)(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+class _BodyEnded(Exception):
+    """Raised out of the app's `receive` to stop it: the body was refused, or its client left."""
+
+
+class BodyLimit:
+    """ASGI middleware bounding how a request body arrives (module docstring, point 2): `max_bytes` (413), `pause`
+    seconds between two parts and `deadline` seconds for all of it (408); a client gone mid-body is counted
+    (point 3)."""
+
+    def __init__(self, app: Any, max_bytes: int, pause: float, deadline: float, metrics: ServerMetrics) -> None:
+        if pause <= 0 or deadline <= 0:
+            raise ValueError(f"body_timeout and body_deadline must be > 0 seconds, got {pause} and {deadline}")
+        self.app, self.max_bytes, self.pause, self.deadline = app, max_bytes, pause, deadline
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        too_large = APIError(
+            413, f"Request body exceeds the limit of {self.max_bytes} bytes.", code="request_too_large"
+        )
+        for key, value in scope.get("headers", []):
+            if key == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                self.metrics.bodies_too_large += 1  # uvicorn reads and drops the body: the connection stays usable
+                return await error_response(too_large)(scope, receive, send)
+        loop = asyncio.get_running_loop()
+        ends_at = loop.time() + self.deadline  # the whole body's deadline, from the request head
+        seen, body_done, gone = 0, False, False
+        failed: APIError | None = None
+
+        async def limited_receive() -> dict:
+            nonlocal seen, body_done, gone, failed
+            if body_done:  # afterwards the app only waits for a disconnect: no deadline
+                return await receive()
+            paused_at = loop.time() + self.pause
+            try:
+                async with asyncio.timeout_at(min(paused_at, ends_at)):
+                    message = await receive()
+            except TimeoutError:
+                if ends_at <= paused_at:
+                    self.metrics.bodies_over_deadline += 1
+                    failed = APIError(408, f"The request body was not whole within {self.deadline:g} s of the "
+                                           f"request head ({seen} bytes arrived); send it faster.",
+                                      code="request_timeout")
+                else:
+                    self.metrics.bodies_paused += 1
+                    failed = APIError(408, f"The request body stopped arriving: nothing for {self.pause:g} s "
+                                           f"after {seen} bytes.", code="request_timeout")
+                raise _BodyEnded() from None
+            if message["type"] == "http.disconnect":
+                gone = True
+                raise _BodyEnded()
+            seen += len(message.get("body", b""))
+            body_done = not message.get("more_body", False)
+            if seen > self.max_bytes:
+                self.metrics.bodies_too_large += 1
+                failed = too_large
+                raise _BodyEnded()
+            return message
+
+        async def guarded_send(message: dict) -> None:
+            if failed is None and not gone:  # the app may turn _BodyEnded into its own error; ours goes out
+                await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except _BodyEnded:
+            pass
+        if gone:
+            self.metrics.disconnects_mid_body += 1
+            logger.debug("%s %s: the client disconnected after %d bytes of its request body", scope.get("method"),
+                         scope.get("path"), seen)
+        elif failed is not None:
+            await _closing(error_response(failed))(scope, receive, send)
+
+
+def _closing(response: JSONResponse) -> JSONResponse:
+    """`response`, closing the connection after it (the rest of the request body is never read)."""
+    response.headers["connection"] = "close"
+    return response
