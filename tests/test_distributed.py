@@ -195,8 +195,8 @@ def _config(**kw) -> art.InternalModelConfig:
     return art.InternalModelConfig(device=DEVICE, dtype="float32", **kw)
 
 
-async def _register(path: Path, **kw):
-    model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny", _internal_config=_config(**kw))
+async def _register(path: Path, base_model: str = "artrl/tiny", **kw):
+    model = art.TrainableModel(name="m", project="p", base_model=base_model, _internal_config=_config(**kw))
     backend = art.LocalBackend(path=str(path), show_progress=False)
     await model.register(backend)
     return model, backend
@@ -319,6 +319,33 @@ def test_two_workers_with_4bit_weights_and_8bit_states_train_like_one_process_an
         backend.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_two_workers_train_a_mixture_of_experts_like_one_process(tmp_path, groups):
+    """artrl/tiny-moe, LoRA on its experts too: two calls on two workers give the one-process updates."""
+    _skip_without_devices(2)
+
+    async def run(path, **kw):
+        model, backend = await _register(path, "artrl/tiny-moe", **kw)
+        adapters, metrics = [_adapter(backend)], []
+        for k in range(2):
+            metrics.append((await _call(model, k, groups)).metrics)
+            adapters.append(_adapter(backend))
+        backend.close()
+        return OneProcess(adapters, metrics)
+
+    reference = asyncio.run(run(tmp_path / "one"))
+    sharded = asyncio.run(run(tmp_path / "two", num_workers=2))
+    assert any(".experts." in k for k in reference.adapters[0])
+    for k in range(2):
+        assert sharded.metrics[k]["train/workers"] == 2
+        for name in SAME_FIGURES:
+            assert sharded.metrics[k][name] == pytest.approx(reference.metrics[k][name], rel=1e-4), name
+        assert "train/router_aux_loss" in sharded.metrics[k]
+        assert sharded.metrics[k]["train/router_aux_loss"] == pytest.approx(reference.metrics[k]["train/router_aux_loss"],
+                                                                         rel=1e-4)
+        _assert_same_update(sharded.adapters[k + 1], reference.adapters[k + 1], reference.adapters[k])
 
 
 def _train_records(run: Path) -> list[int]:

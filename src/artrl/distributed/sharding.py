@@ -170,7 +170,15 @@ class ShardedTrainer(Trainer):
         for k, s in enumerate(shares):
             self.rank_tokens[k] += s.computed_tokens
             self.rank_padding[k] += s.padding
+        if self.routing is not None:  # an MoE model's router health: every rank's share of the step's tokens
+            self.routing.reduce(self._all_reduce_on_device)
         return _combine(totals, self.device)
+
+    def _all_reduce_on_device(self, t: torch.Tensor) -> None:
+        """Sum a host tensor over ranks, in place (NCCL reduces on the GPU)."""
+        on = t.to(self._collective_device())
+        dist.all_reduce(on)
+        t.copy_(on.cpu())
 
     def _collective_device(self) -> torch.device:
         return self.device if self.device.type == "cuda" else torch.device("cpu")
