@@ -21,7 +21,8 @@ TRAIN = dict(learning_rate=1e-3, loss_fn="cispo", loss_fn_config=None, normalize
 # tokens do not. With the default loss the old logprobs are the sampled ones, and a row's logprobs differ by float
 # noise (~1e-6) with the batch it shares (other rows, padding, peft's mixed-adapter path), which AdamW's first
 # steps (near sign(grad)) carry to ~1e-4 relative; so there every request runs alone, in both loops.
-BOUND_ZERO_CASES = [({"precalculate_logprobs": True}, False), ({}, True)]
+BOUND_ZERO_CASES = [({"precalculate_logprobs": True}, False, "artrl/tiny"), ({}, True, "artrl/tiny"),
+                    ({}, True, "artrl/tiny-moe")]  # a mixture-of-experts model, its routing replayed
 
 
 # ---------------------------------------------------------------------------------------------- leases, pruning
@@ -172,18 +173,19 @@ def trained_record(groups: list[art.TrajectoryGroup]) -> list[list[tuple[str, li
              for t in g.trajectories] for g in groups]
 
 
-async def open_model(path) -> tuple[art.LocalBackend, art.TrainableModel]:
+async def open_model(path, base_model: str = "artrl/tiny") -> tuple[art.LocalBackend, art.TrainableModel]:
     backend = art.LocalBackend(path=str(path), show_progress=False)
-    model = art.TrainableModel(name="eq", project="p", base_model="artrl/tiny",
+    model = art.TrainableModel(name="eq", project="p", base_model=base_model,
                                _internal_config=art.InternalModelConfig(seed=0, max_length=128))
     await model.register(backend)
     return backend, model
 
 
-@pytest.mark.parametrize(("EXTRA", "sequential"), BOUND_ZERO_CASES, ids=["precalculated", "sampled-logprobs"])
-def test_bound_zero_pipeline_is_the_synchronous_loop(tmp_path, EXTRA, sequential):
+@pytest.mark.parametrize(("EXTRA", "sequential", "base_model"), BOUND_ZERO_CASES,
+                         ids=["precalculated", "sampled-logprobs", "moe"])
+def test_bound_zero_pipeline_is_the_synchronous_loop(tmp_path, EXTRA, sequential, base_model):
     async def synchronous():
-        backend, model = await open_model(tmp_path / "sync")
+        backend, model = await open_model(tmp_path / "sync", base_model)
         rollout, scenarios, record = make_rollout(sequential=sequential), scenario_list(), []
         for s in range(STEPS):
             batch = scenarios[s * GROUPS_PER_STEP:(s + 1) * GROUPS_PER_STEP]
@@ -198,7 +200,7 @@ def test_bound_zero_pipeline_is_the_synchronous_loop(tmp_path, EXTRA, sequential
         return record, weights
 
     async def pipelined():
-        backend, model = await open_model(tmp_path / "pipe")
+        backend, model = await open_model(tmp_path / "pipe", base_model)
         record, names, real = [], [], backend.train
 
         async def spy(model, groups, **kwargs):

@@ -157,3 +157,19 @@ def test_4bit_weights_on_vllms_cpu_build_are_one_clear_error_at_register(tmp_pat
 
     asyncio.run(main())
     assert not storage.run_dir(tmp_path, "vllm4", "agent").exists()
+
+
+def test_a_mixture_of_experts_model_on_vllms_cpu_build_is_one_clear_error_at_register(tmp_path: pathlib.Path) -> None:
+    """vLLM's CPU build has no Triton for a mixture-of-experts model's LoRA kernels: registering says so."""
+    from artrl.tiny import TINY_MOE_NAME, tiny_model_path
+
+    async def main() -> None:
+        model = art.TrainableModel(name="agent", project="vllm-moe", base_model=str(tiny_model_path(name=TINY_MOE_NAME)),
+                                   _internal_config=VLLM)
+        backend = art.LocalBackend(path=str(tmp_path), show_progress=False)
+        with pytest.raises(art.ConfigError, match="inference_engine='builtin'"):
+            await model.register(backend)
+        backend.close()
+
+    asyncio.run(main())
+    assert not storage.run_dir(tmp_path, "vllm-moe", "agent").exists()

@@ -327,3 +327,18 @@ def test_quantised_weights_compute_in_bf16_by_default() -> None:
     from artrl.serve.vllm_args import device_and_dtype
 
     assert device_and_dtype("cpu", "auto", cuda_available=False, quantized=True) == ("cpu", "bfloat16")
+
+
+def test_a_mixture_of_experts_model_gets_vllms_3d_lora_format_on_a_gpu_and_a_clear_error_on_a_cpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    known = KNOWN | {"enable_mixed_moe_lora_format", "enable_return_routed_experts"}
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    gpu = arguments(device_type="cuda", dtype="bfloat16", moe=True, known=known)
+    assert gpu["enable_mixed_moe_lora_format"] is True and "enable_return_routed_experts" not in gpu
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert arguments(device_type="cuda", dtype="bfloat16", moe=True, known=known)["enable_return_routed_experts"]
+    with pytest.raises(ConfigError, match="CPU build runs a mixture-of-experts model's LoRA adapters through Triton"):
+        arguments(moe=True, known=known)
+    with pytest.raises(ConfigError, match="no enable_mixed_moe_lora_format"):
+        arguments(device_type="cuda", dtype="bfloat16", moe=True)
+    assert "enable_mixed_moe_lora_format" not in arguments(device_type="cuda", known=known)  # a dense model

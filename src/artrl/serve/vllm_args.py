@@ -26,6 +26,10 @@ sources, in order of precedence:
 
 On CPU, vLLM refuses sleep mode: `enable_sleep_mode=True` there is dropped with a notice.
 
+A mixture-of-experts model (models/moe.py): `enable_mixed_moe_lora_format` (adapters in peft's 3D layout on the
+fused experts, each LoRA request marked so) and, where vLLM can (a GPU, `VLLM_USE_V2_MODEL_RUNNER=1`),
+`enable_return_routed_experts` (each sampled token's experts, returned as the token record's `routed_experts`).
+
 Quantised base weights (`load_in_4bit`, models/quantization.py): vLLM quantises the same checkpoint in flight
 (`quantization="bitsandbytes"`, NF4) on a GPU; its CPU build and 8-bit weights are refused with one clear
 ConfigError before vLLM starts (`quantization_arguments`).
@@ -62,6 +66,38 @@ def device_and_dtype(device: str | None, dtype: str, cuda_available: bool,
     if dtype == "auto":
         dtype = "bfloat16" if device_type == "cuda" or quantized else "float32"
     return device_type, dtype
+
+
+#: vLLM's switch for a mixture-of-experts model's LoRA adapters on its fused experts (peft's 3D layout, which
+#: artrl trains: models/moe.py), and the one that returns the experts each sampled token was routed to (the token
+#: record's routing). vLLM returns routing only from its V2 model runner, which needs Triton (a GPU) and
+#: VLLM_USE_V2_MODEL_RUNNER=1 in the environment.
+MOE_LORA = "enable_mixed_moe_lora_format"
+MOE_ROUTING = "enable_return_routed_experts"
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def moe_arguments(known: set[str], device_type: str) -> dict[str, Any]:
+    """vLLM's arguments for a mixture-of-experts model; ConfigError when it cannot load adapters on fused experts.
+    The routing record is asked for where vLLM can return it (a GPU with its V2 runner); elsewhere it is off, said
+    once, and the trainer routes those tokens freely (docs/models.md)."""
+    if device_type == "cpu":
+        raise ConfigError("a mixture-of-experts model with inference_engine='vllm' on a CPU: vLLM's CPU build runs "
+                          "a mixture-of-experts model's LoRA adapters through Triton kernels, which it does not have "
+                          "(the engine dies at the first request). Use inference_engine='builtin', which serves it "
+                          "and records its routing, or vLLM on a GPU.")
+    if MOE_LORA not in known:
+        raise ConfigError("this vLLM cannot load LoRA adapters on a mixture-of-experts model's fused experts "
+                          f"(no {MOE_LORA}): use vLLM 0.32 or newer, inference_engine='builtin', or leave "
+                          "'experts' out of target_modules.")
+    args = {MOE_LORA: True}
+    if MOE_ROUTING in known and os.environ.get(V2_RUNNER_ENV) == "1":
+        args[MOE_ROUTING] = True
+    else:
+        notice_once("vllm.moe_routing", "vLLM returns no routing record for this mixture-of-experts model (it needs "
+                    f"vLLM's V2 model runner: set {V2_RUNNER_ENV}=1); training routes its sampled tokens freely "
+                    "(train/routing_record_tokens stays 0). The built-in engine records it.")
+    return args
 
 
 def quantization_arguments(quantization: str | None, device_type: str, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -103,7 +139,7 @@ THROUGH_FIELDS = ("max_num_seqs", "max_model_len", "trust_remote_code")
 def engine_arguments(*, model_path: str, device_type: str, dtype: str, max_model_len: int | None, lora_rank: int,
                      seed: int, trust_remote_code: bool, max_num_seqs: int | None,
                      engine_args: Mapping[str, Any], known: Iterable[str],
-                     quantization: str | None = None) -> dict[str, Any]:
+                     quantization: str | None = None, moe: bool = False) -> dict[str, Any]:
     """Keyword arguments of `vllm.AsyncEngineArgs` (see the module docstring).
 
     `known`: the argument names vLLM's `AsyncEngineArgs` takes; `max_num_seqs`: sequences per batch when
@@ -113,6 +149,7 @@ def engine_arguments(*, model_path: str, device_type: str, dtype: str, max_model
     """
     quantized = quantization_arguments(quantization, device_type, engine_args)
     known = set(known)
+    experts = moe_arguments(known, device_type) if moe else {}
     given = {key: value for key, value in engine_args.items() if key not in THROUGH_FIELDS}
     for key in ("model", "tokenizer"):
         value = given.pop(key, None)
@@ -161,6 +198,7 @@ def engine_arguments(*, model_path: str, device_type: str, dtype: str, max_model
         args["kv_cache_memory_bytes"] = int(gib) * 1024**3
     args.update(given)
     args.update(quantized)
+    args.update(experts)
     args.update(FIXED)
     args["logits_processors"] = [*(p for p in processors if p != GRAMMAR_PROCESSOR), GRAMMAR_PROCESSOR]
     args.update(model=model_path, tokenizer=model_path)

@@ -115,6 +115,9 @@ class VLLMEngine(InferenceEngine):
             if engine_args is None:
                 engine_args = vllm_engine_arguments(cfg, base_model_path)
         self._sleep_mode = bool(engine_args.get("enable_sleep_mode"))
+        # a mixture-of-experts model (serve/vllm_args.py): adapters on its fused experts, and its routing record
+        self._lora_format = {"is_3d_lora_weight": True} if engine_args.get("enable_mixed_moe_lora_format") else {}
+        self._routing = bool(engine_args.get("enable_return_routed_experts"))
         # structured outputs need artrl's grammar processor in vLLM (point 9); the server refuses them without it
         self.structured_outputs = GRAMMAR_PROCESSOR in (engine_args.get("logits_processors") or [])
         self._closed = False
@@ -243,12 +246,13 @@ class VLLMEngine(InferenceEngine):
             async with self._gate.admitted(BASE if lora is None else ADAPTER):
                 final = None
                 prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
-                async for output in self._llm.generate(prompt, _sampling_params(request, self._end_ids, grammar),
-                                                       uuid.uuid4().hex, lora_request=lora):
+                params = _sampling_params(request, self._end_ids, grammar,
+                                          routing_from=len(request.prompt_ids) if self._routing else None)
+                async for output in self._llm.generate(prompt, params, uuid.uuid4().hex, lora_request=lora):
                     final = output
             assert final is not None and final.finished
-            results = [_result(o, request.top_logprobs, self._closed) for o in sorted(final.outputs,
-                                                                                     key=lambda o: o.index)]
+            results = [_result(o, request.top_logprobs, self._closed, self._routing)
+                       for o in sorted(final.outputs, key=lambda o: o.index)]
             if lora is not None and request.adapter is None:  # the policy version it was resolved to
                 for result in results:
                     result.policy_version = self._live_steps.get(lora.lora_int_id)
@@ -301,7 +305,7 @@ class VLLMEngine(InferenceEngine):
                 return
             raise InvalidRequestError(f"Adapter name {name!r} is already loaded from {self._named[name].lora_path}; "
                                       f"cannot load it again from {path}. Use another name.")
-        lora = LoRARequest(name, next(self._lora_ids), path)
+        lora = LoRARequest(name, next(self._lora_ids), path, **self._lora_format)
         await self._llm.add_lora(lora)
         self._named[name] = lora
         logger.info("Loaded adapter %r from %s", name, path)
@@ -310,7 +314,7 @@ class VLLMEngine(InferenceEngine):
         from vllm.lora.request import LoRARequest
 
         self._refuse_if_closed()
-        lora = LoRARequest(f"artrl-live-step-{step}", next(self._lora_ids), path)
+        lora = LoRARequest(f"artrl-live-step-{step}", next(self._lora_ids), path, **self._lora_format)
         await self._llm.add_lora(lora)
         self._live_steps[lora.lora_int_id] = step
         previous, self._live = self._live, lora
@@ -428,12 +432,17 @@ def vllm_engine_arguments(cfg: Any, base_model_path: str) -> dict[str, Any]:
     from artrl.models.quantization import resolve_quantization
     from artrl.serve.vllm_args import device_and_dtype, engine_arguments
 
+    from transformers import AutoConfig
+
+    from artrl.models.moe import is_moe
+
     device_type = device_and_dtype(cfg.device, cfg.dtype, torch.cuda.is_available())[0]
     quantization = resolve_quantization(cfg, str(base_model_path), device_type)
+    moe = is_moe(AutoConfig.from_pretrained(str(base_model_path), trust_remote_code=cfg.trust_remote_code))
     device_type, dtype = device_and_dtype(cfg.device, cfg.dtype, torch.cuda.is_available(), quantization is not None)
     explicit = "inference_max_batch_size" in cfg.model_fields_set
     return engine_arguments(model_path=str(base_model_path), device_type=device_type, dtype=dtype,
-                            quantization=quantization,
+                            quantization=quantization, moe=moe,
                             max_model_len=cfg.inference_max_length or cfg.max_length, lora_rank=cfg.lora_rank,
                             seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
                             max_num_seqs=cfg.inference_max_batch_size if explicit else None,
@@ -448,11 +457,16 @@ async def _start_llm(engine_args: dict[str, Any]) -> Any:
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
 
 
-def _sampling_params(request: GenerationRequest, end_ids: frozenset[int], grammar: str | None = None) -> Any:
+def _sampling_params(request: GenerationRequest, end_ids: frozenset[int], grammar: str | None = None,
+                     routing_from: int | None = None) -> Any:
+    """vLLM's sampling parameters of a request; `routing_from`: an MoE model's routing is returned from this
+    position on (the prompt's length: the sampled tokens' only)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
+    routing = {} if routing_from is None else {"routed_experts_prompt_start": routing_from}
     return SamplingParams(
+        **routing,
         n=request.n,
         max_tokens=request.max_tokens,
         temperature=request.temperature,
@@ -477,8 +491,9 @@ def _spread(seed: int | None) -> int | None:
     return None if seed is None else (seed * 0x9E3779B97F4A7C15) % (2**62)
 
 
-def _result(output: Any, top_k: int, closed: bool) -> GenerationResult:
-    """One of vLLM's CompletionOutputs as artrl's GenerationResult."""
+def _result(output: Any, top_k: int, closed: bool, routing: bool = False) -> GenerationResult:
+    """One of vLLM's CompletionOutputs as artrl's GenerationResult (`routing`: with an MoE model's routing
+    record, `_routing_record`)."""
     reason = output.finish_reason
     if reason not in ("stop", "length"):
         if closed:
@@ -493,7 +508,20 @@ def _result(output: Any, top_k: int, closed: bool) -> GenerationResult:
     if top_k > 0:
         top = [[(int(t), float(lp.logprob)) for t, lp in sorted(step.items(), key=lambda item: item[1].rank)
                 if lp.rank is not None and lp.rank <= top_k] for step in steps]
-    return GenerationResult(token_ids=token_ids, logprobs=logprobs, top_logprobs=top, finish_reason=reason)
+    return GenerationResult(token_ids=token_ids, logprobs=logprobs, top_logprobs=top, finish_reason=reason,
+                            routed_experts=_routing_record(output, len(token_ids)) if routing else None)
+
+
+def _routing_record(output: Any, n_tokens: int) -> torch.Tensor | None:
+    """vLLM's routed experts of the sampled tokens (computed as each was fed in, from the prompt's end on:
+    [fed tokens, layers, top_k]) as artrl's record: [n_tokens, layers, top_k] int16, -1 for tokens vLLM computed
+    none for (the last one, never fed back). None when vLLM returned nothing."""
+    routed = getattr(output, "routed_experts", None)
+    if routed is None:
+        return None
+    fed = torch.as_tensor(routed).to(torch.int16)[:n_tokens]  # [<= n_tokens, layers, top_k]
+    pad = torch.full((n_tokens - fed.shape[0], *fed.shape[1:]), -1, dtype=torch.int16)
+    return torch.cat([fed, pad])
 
 
 @contextlib.contextmanager
