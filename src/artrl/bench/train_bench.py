@@ -176,6 +176,8 @@ def _subprocess(mode: str, args: Any) -> dict[str, Any]:
         cmd += ["--profile", "--profile-micro-batches", str(args.profile_micro_batches)]
     if args.layers:
         cmd += ["--layers", str(args.layers)]
+    if args.dtype:
+        cmd += ["--dtype", args.dtype]
     if mode == "dense":  # ours, with every expert on every token
         cmd[cmd.index("--mode") + 1] = "ours"
         cmd += ["--dense-experts"]
@@ -192,6 +194,8 @@ def _configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
                       groups_per_optimizer_step=args.groups_per_optimizer_step or None,
                       grad_accumulation_sequences=args.grad_accumulation_sequences or None)
     extra = {"logprob_chunk_size": args.logprob_chunk_size} if args.logprob_chunk_size else {}
+    if getattr(args, "dtype", None):
+        extra["dtype"] = args.dtype
     return cfg, InternalModelConfig(device=args.device, gradient_checkpointing=args.gradient_checkpointing,
                                     attn_implementation=args.attn_implementation or None,
                                     liger_kernel=args.liger_kernel, compile_layers=args.compile_layers,
@@ -276,6 +280,8 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--layers", type=int, default=None,
                    help="a random shape cut to its first N decoder layers, every other dimension kept (a big shape "
                    "on a small machine)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="the weights' dtype (default: float32 on a CPU, bfloat16 on a GPU)")
     p.add_argument("--vs-dense-experts", action="store_true",
                    help="a mixture-of-experts model: also time ours with every expert on every token (the dense "
                    "reference the routed computation replaces) and report the ratio")
