@@ -48,6 +48,7 @@ KILL_DRIVER = textwrap.dedent('''
 
     ROOT, MIN_TRIALS, MIN_IN_WRITE, MAX_TRIALS, SEED = sys.argv[1], *map(int, sys.argv[2:6])
     INTERNAL = json.loads(sys.argv[6])  # the model's InternalModelConfig fields
+    BASE_MODEL = sys.argv[7]
     RUN = storage.run_dir(ROOT, "kill", "m")
     DATA = [art.Trajectory(messages_and_choices=[{"role": "user", "content": f"Say {w}."},
                                                  {"role": "assistant", "content": f"{w} {w}"}], reward=0.0)
@@ -92,7 +93,7 @@ KILL_DRIVER = textwrap.dedent('''
         storage.write_checkpoint = traced
 
         async def main():
-            model = art.TrainableModel(name="m", project="kill", base_model="artrl/tiny",
+            model = art.TrainableModel(name="m", project="kill", base_model=BASE_MODEL,
                                        _internal_config=art.InternalModelConfig(**INTERNAL))
             backend = art.LocalBackend(path=ROOT, show_progress=False)
             await model.register(backend)
@@ -202,30 +203,32 @@ KILL_DRIVER = textwrap.dedent('''
 
 
 def _kill_trials(tmp_path: Path, min_trials: int, min_in_write: int, max_trials: int,
-                 internal: dict | None = None) -> list[dict]:
+                 internal: dict | None = None, base_model: str = "artrl/tiny") -> list[dict]:
     script = tmp_path / "kill_driver.py"
     script.write_text(KILL_DRIVER)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "runs"), str(min_trials), str(min_in_write),
-                           str(max_trials), "20260", json.dumps(internal or {})], capture_output=True, text=True,
+                           str(max_trials), "20260", json.dumps(internal or {}), base_model], capture_output=True,
+                          text=True,
                           timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-# The model kinds the kill test runs on: the tiny model, and 4-bit base weights with 8-bit optimizer states
-# (lora_rank 32 makes the adapter's larger tensors reach bitsandbytes' 4096-element minimum for 8-bit state),
-# on fewer trials.
-KILL_KINDS = {"dense": ({}, 20, 12), "4bit-8bit-states": (
-    {"load_in_4bit": True, "dtype": "float32", "optim": "paged_adamw_8bit", "lora_rank": 32}, 8, 5)}
+# The model kinds the kill test runs on: the tiny model; 4-bit base weights with 8-bit optimizer states
+# (lora_rank 32 makes the adapter's larger tensors reach bitsandbytes' 4096-element minimum for 8-bit state) and
+# the tiny mixture-of-experts model, on fewer trials.
+KILL_KINDS = {"dense": ("artrl/tiny", {}, 20, 12), "4bit-8bit-states": (
+    "artrl/tiny", {"load_in_4bit": True, "dtype": "float32", "optim": "paged_adamw_8bit", "lora_rank": 32}, 8, 5),
+    "moe": ("artrl/tiny-moe", {}, 8, 5)}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(KILL_KINDS))
 def test_sigkill_during_checkpoint_writes_never_loses_more_than_the_step_in_progress(tmp_path, kind):
-    internal, min_trials, min_in_write = KILL_KINDS[kind]
+    base_model, internal, min_trials, min_in_write = KILL_KINDS[kind]
     trials = _kill_trials(tmp_path, min_trials=min_trials, min_in_write=min_in_write, max_trials=3 * min_trials,
-                          internal=internal)
+                          internal=internal, base_model=base_model)
     killed = [t for t in trials if t["killed"]]
     assert len(killed) >= min_trials and sum(t["in_write"] for t in killed) >= min_in_write
     previous = None
