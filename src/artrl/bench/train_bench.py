@@ -25,9 +25,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..preprocess.pack import pack_reference
 from ..preprocess.plan import reference_plan
@@ -36,8 +34,13 @@ from .pack_bench import REFERENCE_MULTIPLE
 from .flops import ModelShape, hardware_peak, packed_counts
 from .workload import load_workload, scaled, workload_groups
 
+if TYPE_CHECKING:
+    import torch  # loaded by the benchmark's run, not by `artrl --help`
+
 
 def _peak_memory_mb(device: torch.device) -> float:
+    import torch
+
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     import resource
@@ -48,6 +51,8 @@ def _peak_memory_mb(device: torch.device) -> float:
 def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: TrainConfig,
              model_cfg: InternalModelConfig, max_steps: int | None = None,
              profile_micro_batches: int | None = None) -> dict[str, Any]:
+    import torch
+
     from ..train.modeling import load_model
     from ..train.rl import build_rl, rl_loss_fn
     from ..train.trainer import Trainer

@@ -26,12 +26,13 @@ import logging
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
 from . import storage
+
+if TYPE_CHECKING:
+    import torch  # imported where a checkpoint is written or read, not with `import artrl`
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,8 @@ def save(trainer: Any, run: Path, step: int, base_model: str, history_record: di
     `Optimizer.state_dict()` keys it) replace what the trainer's model and optimizer hold: a sharded
     trainer passes the full tensors it gathered from every rank (distributed/checkpoint.py).
     """
+    import torch
+
     adapter = {} if adapter_state is None else {"state_dict": adapter_state}
 
     def write(tmp: Path) -> None:
@@ -79,6 +82,7 @@ def _unreadable(path: Path, what: str, error: BaseException) -> CheckpointError:
 
 def _read_files(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
     """(adapter weights, optimizer.pt contents, trainer_state.json) or a CheckpointError naming the file."""
+    import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
