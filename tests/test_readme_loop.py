@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -36,6 +37,11 @@ def test_the_readme_loop_runs_as_printed_and_says_what_it_shows(tmp_path):
     assert log.count("no logged step has 'val/reward'") == 1  # once per run, not every step
     assert "artrl/tiny is untrained" in log and "examples/sft_then_rl.py" in log
     assert "rl step 3: 100%" in log  # the trainer's bar leaves its last state in a redirected log
+    # one INFO line per train call: the per-step housekeeping says itself once, then goes to DEBUG
+    assert log.count("deleted checkpoints") == 1 and log.count("Serving policy version") == 1
+    said = [line.split(" ", 2)[2] for line in log.splitlines() if re.match(r"\d\d:\d\d:\d\d artrl\.", line)]
+    rl_lines = [i for i, line in enumerate(said) if line.startswith("RL: packed")]
+    assert all(line.startswith("RL: packed") for line in said[rl_lines[1]:]), said[rl_lines[1]:]
 
 
 def _anchor(heading: str) -> str:

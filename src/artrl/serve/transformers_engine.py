@@ -81,6 +81,7 @@ import torch
 from artrl import shutdown
 from artrl.adapter_switch import NotPeftModelError, serving_copy
 from artrl.chat_format import end_of_turn_ids
+from artrl.once_per_run import OncePerRun
 from artrl.serve.engine import (
     BASE_WEIGHTS,
     EngineClosedError,
@@ -165,6 +166,7 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         self._pad_id = pad if pad is not None else min(self._eos_ids, default=0)
         self._cache_kwarg = _cache_kwarg_name(model)
         self._versions = AdapterVersions(model)
+        self._say = OncePerRun(logger)  # a new version or adapter every step: INFO once, then DEBUG
         self._entered: Any = _NOTHING  # the adapter mode of the batch in flight (decode_loop._enter)
         self._mode: contextlib.ExitStack | None = None
         #: The checkpoint `set_live_weights` last made the live weights: (path, step), or None.
@@ -264,7 +266,7 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
                 raise InvalidRequestError(f"Cannot serve adapter {name!r}: {error}") from error
 
         self._on_worker(load)
-        logger.info("Loaded adapter %r from %s", name, path)
+        self._say("loaded", "Loaded adapter %r from %s", name, path)
 
     def unload_adapter(self, name: str) -> bool:
         """Unload the adapter `load_adapter` loaded as `name`; False (nothing changes) while a row uses it."""
@@ -275,7 +277,7 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         boundary of a running batch), the version `adapter=None` resolves to for every row that joins a batch
         from now on; rows already decoding keep theirs."""
         self._on_worker(lambda: self._versions.add_version(str(path), step))
-        logger.info("Serving policy version %d from %s", step, path)
+        self._say("serving", "Serving policy version %d from %s", step, path)
         self.live_weights = (str(path), step)
 
     def prune_versions(self, retain_steps: Any = ()) -> list[int]:

@@ -166,8 +166,9 @@ def needs_checkpointing(trainer: "Trainer", plan: "BatchPlan") -> bool:
         return False
     largest = max((mb.tokens for step in plan.steps for mb in step.micro_batches), default=0)
     on = largest > budget.tokens
-    log.info("activation checkpointing %s: largest micro-batch %d tokens, %d fit without it (%.1f GB free)",
-             "on" if on else "off", largest, budget.tokens, budget.free_bytes / 1e9)
+    trainer.memory_notes("checkpointing", "activation checkpointing %s: largest micro-batch %d tokens, %d fit "
+                         "without it (%.1f GB free)", "on" if on else "off", largest, budget.tokens,
+                         budget.free_bytes / 1e9)
     return on
 
 
