@@ -20,7 +20,8 @@ from typing import Any
 
 from .errors import ArtrlError
 
-DEFAULT_WORKLOAD_HELP = "workload JSON (see shared/workloads/README.md), e.g. ../shared/workloads/seed-like.json"
+DEFAULT_WORKLOAD_HELP = ("workload JSON (format: benchmarks/workloads/README.md), e.g. "
+                         "benchmarks/workloads/seed-like.json")
 
 
 # (command, bench subcommand) -> the module whose `add_arguments(parser)` fills that subcommand's parser. `main`

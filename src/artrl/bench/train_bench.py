@@ -220,7 +220,8 @@ def main(args: Any) -> int:
 
 
 def add_arguments(p: Any) -> None:
-    p.add_argument("--workload", required=True, help="workload JSON (shared/workloads/README.md)")
+    p.add_argument("--workload", required=True,
+                   help="workload JSON (benchmarks/workloads/README.md), e.g. benchmarks/workloads/seed-like.json")
     p.add_argument("--scale", type=float, default=0.125, help="multiply every length by this (default 1/8)")
     p.add_argument("--model", default="artrl/tiny", help="base model name or path")
     p.add_argument("--per-device-train-batch-size", type=int, default=None,
