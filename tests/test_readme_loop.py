@@ -50,11 +50,11 @@ def _anchor(heading: str) -> str:
 
 
 def test_the_first_hours_links_lead_somewhere():
-    """README.md and docs/getting-started.md: every relative link names a file that exists, and its #anchor a
-    heading of that file."""
+    """README.md and every page of docs/ (the README is mostly links to them): every relative link names a file
+    that exists, and its #anchor a heading of that file."""
     import re
 
-    for page in (README, README.parent / "docs" / "getting-started.md"):
+    for page in (README, *sorted((README.parent / "docs").glob("*.md"))):
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
             if target.startswith(("http://", "https://")):
                 continue
@@ -64,3 +64,14 @@ def test_the_first_hours_links_lead_somewhere():
             if anchor:
                 headings = {_anchor(h) for h in re.findall(r"^#+ (.+)$", file.read_text(), re.M)}
                 assert anchor in headings, f"{page.name}: link to {target}: no such heading in {file.name}"
+
+
+def test_ci_runs_the_readmes_test_command():
+    """The README's second command is the first stage of .ci/run, as the README says."""
+    text = README.read_text()
+    start = text.index("```bash\n", text.index("Set up and run the tests")) + len("```bash\n")
+    command = text[start:text.index("```", start)].strip()
+    pytest_call = command[command.index(".venv/bin/python -m pytest"):]
+    ci = [line.strip() for line in (README.parent / ".ci" / "run").read_text().splitlines()]
+    assert pytest_call in ci, (pytest_call, ci)
+    assert '.venv/bin/python -m pip install --quiet -e ".[cpu,test]"' in ci  # the same install, quietly
