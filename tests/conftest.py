@@ -20,16 +20,26 @@ settings.register_profile("ci", derandomize=True, **_PROFILE)
 settings.register_profile("random", **_PROFILE)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Several pytest-xdist workers share the machine's cores: each worker's torch (and each subprocess it starts)
+# computes on one thread, as torch's default of one thread per core in every worker would oversubscribe the CPU
+# (OpenMP threads spin while they wait). Set before any test imports torch; a caller's own setting wins.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # litellm (RULER's judge client when installed) fetches its price map from the network at import unless told
 # to use the one it ships; tests download nothing.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-# Every test session builds (once) its own tiny model under a temporary cache,
-# unless the caller points ARTRL_CACHE_DIR somewhere on purpose.
+# Every test session builds (once) its own tiny model under a temporary cache, removed when the session ends,
+# unless the caller points ARTRL_CACHE_DIR somewhere on purpose. pytest-xdist's workers inherit the variable
+# from the process that starts them: one build per session, however many workers.
 if "ARTRL_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
 
     os.environ["ARTRL_CACHE_DIR"] = tempfile.mkdtemp(prefix="artrl-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["ARTRL_CACHE_DIR"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import artrl
 
 HEAVY = ("torch", "transformers", "peft")
@@ -27,32 +29,56 @@ def _fresh(code: str, *, env: dict[str, str] | None = None, merged: bool = False
     return run
 
 
-def _loaded(run: subprocess.CompletedProcess) -> list[str]:
-    (line,) = [x for x in run.stdout.splitlines() if x.startswith("LOADED ")]
-    return ast.literal_eval(line.removeprefix("LOADED "))
+def _loaded(run: subprocess.CompletedProcess, stage: str = "") -> list[str]:
+    (line,) = [x for x in run.stdout.splitlines() if x.startswith(f"LOADED{stage} ")]
+    return ast.literal_eval(line.removeprefix(f"LOADED{stage} "))
 
 
-def test_import_artrl_and_every_public_name_load_no_torch():
-    names = ", ".join(artrl.__all__)
-    run = _fresh(f"import artrl\nfrom artrl import {names}\n"
-                 "import artrl.dev, artrl.utils, artrl.rewards, artrl.pipeline_trainer\n"
-                 "assert artrl.TrainableModel and artrl.LocalBackend and artrl.utils.iterate_dataset")
-    assert _loaded(run) == []
+FIRST_STEPS = """
+import sys
+import artrl
+from artrl import {names}
+import artrl.dev, artrl.utils, artrl.rewards, artrl.pipeline_trainer
+assert artrl.TrainableModel and artrl.LocalBackend and artrl.utils.iterate_dataset
+
+def report(stage):
+    print(f"LOADED-{{stage}}", sorted(m for m in {heavy!r} if m in sys.modules), flush=True)
+
+report("import")
+from artrl.cli import main
+for argv in (["--help"], ["demo", "--help"]):
+    try:
+        main(argv)
+    except SystemExit as e:
+        assert e.code == 0
+    print("END-OF-HELP", flush=True)
+    report(argv[0])
+"""
 
 
-def test_artrl_help_loads_no_torch_and_lists_every_command():
-    run = _fresh("from artrl.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit as e:\n"
-                 "    assert e.code == 0")
-    assert _loaded(run) == []
-    assert all(c in run.stdout for c in ("demo", "serve", "runs", "bench", "SFT warm-up then RL"))
+@pytest.fixture(scope="module")
+def first_steps() -> subprocess.CompletedProcess:
+    """One fresh interpreter takes a newcomer's first steps in turn and lists the heavy modules after each: the
+    import of every public name, `artrl --help`, `artrl demo --help` (a stage that loaded torch shows it at its
+    own line and every later one)."""
+    return _fresh(FIRST_STEPS.format(names=", ".join(artrl.__all__), heavy=HEAVY))
 
 
-def test_a_subcommands_help_has_its_arguments():
+def test_import_artrl_and_every_public_name_load_no_torch(first_steps):
+    assert _loaded(first_steps, "-import") == []
+
+
+def test_artrl_help_loads_no_torch_and_lists_every_command(first_steps):
+    top_help = first_steps.stdout.split("END-OF-HELP")[0]
+    assert all(c in top_help for c in ("demo", "serve", "runs", "bench", "SFT warm-up then RL"))
+    assert _loaded(first_steps, "---help") == []
+
+
+def test_a_subcommands_help_has_its_arguments(first_steps):
     """`artrl demo --help` still shows the demo's own arguments, built only for that command."""
-    run = _fresh("from artrl.cli import main\ntry:\n    main(['demo', '--help'])\nexcept SystemExit as e:\n"
-                 "    assert e.code == 0")
-    assert "--rl-steps" in run.stdout and "--pipeline" in run.stdout
-    assert _loaded(run) == []
+    demo_help = first_steps.stdout.split("END-OF-HELP")[1]
+    assert "--rl-steps" in demo_help and "--pipeline" in demo_help
+    assert _loaded(first_steps, "-demo") == []
 
 
 def test_runs_show_prints_its_table_first_and_loads_no_torch(tmp_path):
