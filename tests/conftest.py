@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pathlib
 import threading
@@ -53,6 +54,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("vllm") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _logger_levels() -> Iterator[None]:
+    """Put back every logger's level after each test. Entry points that tests call in-process (`cli.main`, a
+    benchmark's `main`) quiet loggers for the program they start (e.g. `artrl.train.call` under `bench learn`);
+    without this, a later test in the same process (any order: pytest-xdist deals tests out) would not see
+    those loggers' lines."""
+    loggers = logging.Logger.manager.loggerDict
+    before = {name: lg.level for name, lg in loggers.items() if isinstance(lg, logging.Logger)}
+    root = logging.getLogger().level
+    yield
+    for name, lg in list(loggers.items()):
+        if isinstance(lg, logging.Logger) and lg.level != before.get(name, logging.NOTSET):
+            lg.setLevel(before.get(name, logging.NOTSET))
+    logging.getLogger().setLevel(root)
 
 
 @pytest.fixture(scope="session")
