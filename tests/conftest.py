@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pathlib
 import threading
@@ -20,16 +21,26 @@ settings.register_profile("ci", derandomize=True, **_PROFILE)
 settings.register_profile("random", **_PROFILE)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Several pytest-xdist workers share the machine's cores: each worker's torch (and each subprocess it starts)
+# computes on one thread, as torch's default of one thread per core in every worker would oversubscribe the CPU
+# (OpenMP threads spin while they wait). Set before any test imports torch; a caller's own setting wins.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # litellm (RULER's judge client when installed) fetches its price map from the network at import unless told
 # to use the one it ships; tests download nothing.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-# Every test session builds (once) its own tiny model under a temporary cache,
-# unless the caller points ARTRL_CACHE_DIR somewhere on purpose.
+# Every test session builds (once) its own tiny model under a temporary cache, removed when the session ends,
+# unless the caller points ARTRL_CACHE_DIR somewhere on purpose. pytest-xdist's workers inherit the variable
+# from the process that starts them: one build per session, however many workers.
 if "ARTRL_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
 
     os.environ["ARTRL_CACHE_DIR"] = tempfile.mkdtemp(prefix="artrl-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["ARTRL_CACHE_DIR"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -43,6 +54,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("vllm") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _logger_levels() -> Iterator[None]:
+    """Put back every logger's level after each test. Entry points that tests call in-process (`cli.main`, a
+    benchmark's `main`) quiet loggers for the program they start (e.g. `artrl.train.call` under `bench learn`);
+    without this, a later test in the same process (any order: pytest-xdist deals tests out) would not see
+    those loggers' lines."""
+    loggers = logging.Logger.manager.loggerDict
+    before = {name: lg.level for name, lg in loggers.items() if isinstance(lg, logging.Logger)}
+    root = logging.getLogger().level
+    yield
+    for name, lg in list(loggers.items()):
+        if isinstance(lg, logging.Logger) and lg.level != before.get(name, logging.NOTSET):
+            lg.setLevel(before.get(name, logging.NOTSET))
+    logging.getLogger().setLevel(root)
 
 
 @pytest.fixture(scope="session")

@@ -104,11 +104,25 @@ def test_cli_parses_demo_options():
     assert (args.command, args.quick, args.path, args.rl_steps, args.seed) == ("demo", True, "/x", 3, 7)
 
 
-def test_quick_demo_end_to_end(tmp_path):
+@pytest.fixture(scope="module")
+def quick_demo_cli(tmp_path_factory):
+    """One `python -m artrl.cli demo --quick --json` run (what the benchmarks run on a CPU), shared by the two
+    end-to-end tests below: (its directory, the finished process)."""
+    import subprocess
+    import sys
+
+    path = tmp_path_factory.mktemp("quick-demo")
+    done = subprocess.run([sys.executable, "-m", "artrl.cli", "demo", "--quick", "--json", "--path", str(path),
+                           "--device", "cpu"], capture_output=True, text=True, timeout=900, check=False)
+    return path, done
+
+
+def test_quick_demo_end_to_end(quick_demo_cli):
     """The whole demo in --quick mode: history has val/reward at every measured step, the plot is written,
-    and a second run starts from a fresh model."""
-    for _ in range(2):
-        result = asyncio.run(demo.run_demo(tmp_path, quick=True, show_progress=False))
+    and a second run (after the command line's, in the same directory) starts from a fresh model."""
+    tmp_path, first = quick_demo_cli
+    assert first.returncode == 0, first.stderr[-3000:]
+    result = asyncio.run(demo.run_demo(tmp_path, quick=True, show_progress=False))
     cfg = demo.DemoConfig.quick()
     run = storage.run_dir(tmp_path, demo.PROJECT, demo.MODEL_NAME)
     assert result.run_dir == run
@@ -137,14 +151,10 @@ def test_cli_parses_the_device_options_and_keeps_the_defaults():
     assert (args.model, args.device, args.json) == ("random:qwen3-0.6b", "cuda", True)
 
 
-def test_quick_demo_json_line(tmp_path):
+def test_quick_demo_json_line(quick_demo_cli):
     """`python -m artrl.cli demo --quick --json` (what the benchmarks run on a CPU): its last standard output
     line is one JSON object whose times add up and whose rollouts sampled tokens."""
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-m", "artrl.cli", "demo", "--quick", "--json", "--path", str(tmp_path),
-                           "--device", "cpu"], capture_output=True, text=True, timeout=900, check=False)
+    _, done = quick_demo_cli
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 1, done.stdout  # the readable summary went to standard error

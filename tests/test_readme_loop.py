@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -36,6 +37,11 @@ def test_the_readme_loop_runs_as_printed_and_says_what_it_shows(tmp_path):
     assert log.count("no logged step has 'val/reward'") == 1  # once per run, not every step
     assert "artrl/tiny is untrained" in log and "examples/sft_then_rl.py" in log
     assert "rl step 3: 100%" in log  # the trainer's bar leaves its last state in a redirected log
+    # one INFO line per train call: the per-step housekeeping says itself once, then goes to DEBUG
+    assert log.count("deleted checkpoints") == 1 and log.count("Serving policy version") == 1
+    said = [line.split(" ", 2)[2] for line in log.splitlines() if re.match(r"\d\d:\d\d:\d\d artrl\.", line)]
+    rl_lines = [i for i, line in enumerate(said) if line.startswith("RL: packed")]
+    assert all(line.startswith("RL: packed") for line in said[rl_lines[1]:]), said[rl_lines[1]:]
 
 
 def _anchor(heading: str) -> str:
@@ -44,11 +50,11 @@ def _anchor(heading: str) -> str:
 
 
 def test_the_first_hours_links_lead_somewhere():
-    """README.md and docs/getting-started.md: every relative link names a file that exists, and its #anchor a
-    heading of that file."""
+    """README.md and every page of docs/ (the README is mostly links to them): every relative link names a file
+    that exists, and its #anchor a heading of that file."""
     import re
 
-    for page in (README, README.parent / "docs" / "getting-started.md"):
+    for page in (README, *sorted((README.parent / "docs").glob("*.md"))):
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
             if target.startswith(("http://", "https://")):
                 continue
@@ -58,3 +64,14 @@ def test_the_first_hours_links_lead_somewhere():
             if anchor:
                 headings = {_anchor(h) for h in re.findall(r"^#+ (.+)$", file.read_text(), re.M)}
                 assert anchor in headings, f"{page.name}: link to {target}: no such heading in {file.name}"
+
+
+def test_ci_runs_the_readmes_test_command():
+    """The README's second command is the first stage of .ci/run, as the README says."""
+    text = README.read_text()
+    start = text.index("```bash\n", text.index("Set up and run the tests")) + len("```bash\n")
+    command = text[start:text.index("```", start)].strip()
+    pytest_call = command[command.index(".venv/bin/python -m pytest"):]
+    ci = [line.strip() for line in (README.parent / ".ci" / "run").read_text().splitlines()]
+    assert pytest_call in ci, (pytest_call, ci)
+    assert '.venv/bin/python -m pip install --quiet -e ".[cpu,test]"' in ci  # the same install, quietly

@@ -2,6 +2,11 @@
 
 `import artrl as art` runs an OpenPipe ART training loop unchanged; see README.md and
 docs/art-compatibility.md (every ART name and its status here).
+
+Importing artrl loads neither torch, transformers nor peft: a module that these names import brings them in
+inside the functions that build, load or train a model (`if TYPE_CHECKING:` for annotations). A new public
+name is imported here and listed in `__all__`; tests/test_import_cost.py imports every one of them in a fresh
+interpreter and fails if torch came with it.
 """
 
 from .models.quantization import quiet_kernels_notice as _quiet_kernels_notice

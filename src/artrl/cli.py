@@ -17,68 +17,77 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 from .errors import ArtrlError
 
-DEFAULT_WORKLOAD_HELP = "workload JSON (see shared/workloads/README.md), e.g. ../shared/workloads/seed-like.json"
+DEFAULT_WORKLOAD_HELP = ("workload JSON (format: benchmarks/workloads/README.md), e.g. "
+                         "benchmarks/workloads/seed-like.json")
 
 
-def _parser() -> argparse.ArgumentParser:
+# (command, bench subcommand) -> the module whose `add_arguments(parser)` fills that subcommand's parser. `main`
+# adds only the arguments of the subcommand it runs, so `artrl --help` and `artrl runs show` never import the
+# modules of the demo or the benchmarks (torch among them). A new subcommand: a line here and one in `_parser`.
+_ARGUMENTS = {
+    ("demo", None): "artrl.demo",
+    ("serve", None): "artrl.local.standalone",
+    ("runs", None): "artrl.runs",
+    ("bench", "train"): "artrl.bench.train_bench",
+    ("bench", "serve"): "artrl.bench.serve_bench",
+    ("bench", "learn"): "artrl.bench.learn_bench",
+    ("bench", "pipeline"): "artrl.bench.pipeline_bench",
+    ("bench", "memory"): "artrl.bench.memory_bench",
+}
+
+
+def _parser(only: tuple[str, str | None] | None = None, *, first_pass: bool = False) -> argparse.ArgumentParser:
+    """The command line. `only=(command, bench)`: that subcommand's arguments alone (None: every subcommand's).
+    `first_pass`: the commands without their arguments or `--help`, to find which one `argv` names."""
+    import importlib
+
+    def command(parent: Any, name: str, help: str, key: tuple[str, str | None] | None = None) -> Any:
+        parser = parent.add_parser(name, help=help, add_help=not first_pass)
+        if key is not None and not first_pass and only in (None, key):
+            importlib.import_module(_ARGUMENTS[key]).add_arguments(parser)
+        return parser
+
     p = argparse.ArgumentParser(prog="artrl", description="Train LLM agents from experience.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
+    command(sub, "demo", "SFT warm-up then RL on the tiny model (CPU, minutes)", ("demo", None))
+    command(sub, "serve", "the OpenAI-compatible inference server alone", ("serve", None))
+    command(sub, "runs", "look at runs (history.jsonl)", ("runs", None))
 
-    demo = sub.add_parser("demo", help="SFT warm-up then RL on the tiny model (CPU, minutes)")
-    from .demo import add_arguments as add_demo_args
-
-    add_demo_args(demo)
-
-    sv = sub.add_parser("serve", help="the OpenAI-compatible inference server alone")
-    from .local.standalone import add_arguments as add_serve_args
-
-    add_serve_args(sv)
-
-    runs = sub.add_parser("runs", help="look at runs (history.jsonl)")
-    from .runs import add_arguments as add_runs_args
-
-    add_runs_args(runs)
-
-    bench = sub.add_parser("bench", help="benchmarks (pack/train/serve/pipeline print one JSON line; learn a table)")
-    bsub = bench.add_subparsers(dest="bench", required=True)
-    bp = bsub.add_parser("pack", help="packing: our layout vs the reference (ART) layout")
-    bp.add_argument("--workload", required=True, help=DEFAULT_WORKLOAD_HELP)
-    bp.add_argument("--row-length", type=int, default=None, help="fix the row length (default: automatic)")
-    bp.add_argument("--max-length", type=int, default=32768, help="model maximum length bounding the rows")
-    bp.add_argument("--scale", type=float, default=1.0, help="multiply every length by this factor")
-    bt = bsub.add_parser("train", help="train step: our batching vs the reference one-row-per-step trainer")
-    from .bench.train_bench import add_arguments as add_train_args
-
-    add_train_args(bt)
-    bs = bsub.add_parser("serve", help="inference: concurrent requests vs one at a time")
-    from .bench.serve_bench import add_arguments as add_serve_bench_args
-
-    add_serve_bench_args(bs)
-    bl = bsub.add_parser("learn", help="learning per rollout: artrl vs a plain GRPO step, tasks x lrs x seeds")
-    from .bench.learn_bench import add_arguments as add_learn_args
-
-    add_learn_args(bl)
-    bpl = bsub.add_parser("pipeline", help="the synchronous RL loop vs PipelineTrainer on an agent workload whose "
-                          "tools take time")
-    from .bench.pipeline_bench import add_arguments as add_pipeline_args
-
-    add_pipeline_args(bpl)
-    bm = bsub.add_parser("memory", help="the memory plan of a model beside the measured peak of one LoRA RL call")
-    from .bench.memory_bench import add_arguments as add_memory_args
-
-    add_memory_args(bm)
+    bench = command(sub, "bench", "benchmarks (pack/train/serve/pipeline print one JSON line; learn a table)")
+    bsub = bench.add_subparsers(dest="bench", required=not first_pass)
+    bp = command(bsub, "pack", "packing: our layout vs the reference (ART) layout")
+    if not first_pass:
+        bp.add_argument("--workload", required=True, help=DEFAULT_WORKLOAD_HELP)
+        bp.add_argument("--row-length", type=int, default=None, help="fix the row length (default: automatic)")
+        bp.add_argument("--max-length", type=int, default=32768, help="model maximum length bounding the rows")
+        bp.add_argument("--scale", type=float, default=1.0, help="multiply every length by this factor")
+    command(bsub, "train", "train step: our batching vs the reference one-row-per-step trainer", ("bench", "train"))
+    command(bsub, "serve", "inference: concurrent requests vs one at a time", ("bench", "serve"))
+    command(bsub, "learn", "learning per rollout: artrl vs a plain GRPO step, tasks x lrs x seeds", ("bench", "learn"))
+    command(bsub, "pipeline", "the synchronous RL loop vs PipelineTrainer on an agent workload whose tools take time",
+            ("bench", "pipeline"))
+    command(bsub, "memory", "the memory plan of a model beside the measured peak of one LoRA RL call",
+            ("bench", "memory"))
     return p
 
 
+def _chosen(argv: list[str] | None) -> tuple[str, str | None]:
+    """The (command, bench) that `argv` names, from a first pass that knows the commands but none of their
+    arguments; `artrl --help` and a missing or unknown command end here, with argparse's own message."""
+    known, _ = _parser(first_pass=True).parse_known_args(argv)
+    return known.command, getattr(known, "bench", None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser(_chosen(argv)).parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("httpx", "httpx2", "uvicorn", "uvicorn.error", "uvicorn.access"):
+    for noisy in ("httpx", "httpx2", "uvicorn", "uvicorn.error", "uvicorn.access", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         if args.command == "demo" and args.pipeline:

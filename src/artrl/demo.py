@@ -60,7 +60,6 @@ from .local import LocalBackend
 from .run import storage
 from .model import TrainableModel
 from .tasks import colours
-from .models.loading import resolve_device
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import InternalModelConfig, TrainConfig, TrainSFTConfig
 
@@ -258,6 +257,8 @@ async def run_demo(path: str | Path = "./.art", *, rl_steps: int | None = None, 
 
     clock = _Clock()
     internal = InternalModelConfig(seed=cfg.seed, device=device)
+    from .models.loading import resolve_device  # torch: loaded when the demo runs, not for `--help`
+
     device_name = str(resolve_device(internal))  # checks a CUDA device is there before anything starts
     model = TrainableModel(name=MODEL_NAME, project=PROJECT, base_model=base_model, _internal_config=internal)
     backend = LocalBackend(path=str(path), show_progress=show_progress)

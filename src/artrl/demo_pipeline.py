@@ -57,7 +57,6 @@ from .local import LocalBackend
 from .model import TrainableModel
 from .run import storage
 from .tasks import colours
-from .models.loading import resolve_device
 from .trajectories import TrajectoryGroup
 from .types import InternalModelConfig, TrainSFTConfig
 
@@ -257,6 +256,8 @@ async def run_pipeline_demo(path: str | Path = "./.art", *, config: demo.DemoCon
     names = [WARMUP_NAME, "sync"] + [f"pipeline-{b}" for b in bounds]
     runs = {n: _fresh(root, n) for n in names}
     internal = InternalModelConfig(seed=cfg.seed, device=device)
+    from .models.loading import resolve_device  # torch: loaded when the demo runs, not for `--help`
+
     device_name = str(resolve_device(internal))
     if train_in_worker is None:
         train_in_worker = device_name == "cpu"

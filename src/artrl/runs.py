@@ -30,6 +30,7 @@ from .run import storage
 log = logging.getLogger(__name__)
 
 PLOT_FILE = "history.png"
+NO_ROWS = "{run_dir}: history.jsonl has no rows yet"
 LOSS_KEYS = ("loss/train", "train/loss")  # ART's name, then the name of runs written before it
 
 
@@ -170,7 +171,7 @@ def show(run_dir: str | Path, plot: str | Path | bool | None = None, *, title: s
     `<run_dir>/history.png`; `plot=False` skips it."""
     table = step_table(load_history(run_dir))
     if not table:
-        return f"{run_dir}: history.jsonl has no rows yet", None
+        return NO_ROWS.format(run_dir=run_dir), None
     png = None
     if plot is not False:
         where = Path(plot) if isinstance(plot, (str, Path)) else Path(run_dir) / PLOT_FILE
@@ -187,8 +188,13 @@ def add_arguments(p: Any) -> None:
 
 
 def main(args: Any) -> int:
-    text, png = show(args.run_dir, False if args.no_plot else args.plot)
-    print(text)
-    if png is not None:
-        print(f"\nplot: {png}")
+    table = step_table(load_history(args.run_dir))
+    if not table:
+        print(NO_ROWS.format(run_dir=args.run_dir))
+        return 0
+    # the table before the plot: matplotlib's first use on a machine builds its font cache (seconds, and a line)
+    print(format_table(table), flush=True)
+    if not args.no_plot:
+        where = Path(args.plot) if args.plot is not None else Path(args.run_dir) / PLOT_FILE
+        print(f"\nplot: {plot_run(table, where, str(args.run_dir))}")
     return 0

@@ -40,24 +40,14 @@ import pathlib
 import shutil
 import tempfile
 import time
-from typing import Final
-
-import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GenerationConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerFast,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-    Qwen3MoeConfig,
-    Qwen3MoeForCausalLM,
-)
+from typing import TYPE_CHECKING, Final
 
 from artrl._fs import fsync_dir, fsync_tree
 from artrl.errors import CheckpointError
+
+if TYPE_CHECKING:  # torch and transformers load when a model is built or loaded, not with `import artrl`
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +231,9 @@ def build_fingerprint(name: str = TINY_MODEL_NAME) -> str:
 
 def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     """Train the byte-level BPE on the shipped corpus and wrap it for transformers (deterministic)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     backend.decoder = decoders.ByteLevel()
@@ -271,17 +264,23 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-_ARCHITECTURES: Final = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}
+_ARCHITECTURES: Final = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
+"""A built-in shape's "model_type" -> transformers' config and model classes (imported when a model is built)."""
 
 
 def build_tiny_model(tokenizer: PreTrainedTokenizerFast, shape: dict | None = None) -> PreTrainedModel:
     """A randomly initialised Qwen3 (or, by the shape's "model_type", Qwen3-MoE) LM sized for `tokenizer`;
     bit-identical weights on every call."""
+    import torch
+    import transformers
+    from transformers import GenerationConfig
+
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     shape = dict(shape if shape is not None else MODEL_SHAPE)
     model_type = shape.pop("model_type", "qwen3")
-    config_class, model_class = _ARCHITECTURES[model_type]
+    config_name, model_name = _ARCHITECTURES[model_type]
+    config_class, model_class = getattr(transformers, config_name), getattr(transformers, model_name)
     config = config_class(
         vocab_size=len(tokenizer),
         max_position_embeddings=MAX_POSITIONS,
@@ -391,9 +390,13 @@ def resolve_model_path(name_or_path: str) -> str:
 
 
 def load_tiny(
-    cache_dir: str | os.PathLike[str] | None = None, dtype: torch.dtype = torch.float32
+    cache_dir: str | os.PathLike[str] | None = None, dtype: torch.dtype | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Load (building if needed) the tiny model and its tokenizer from the cache."""
+    """Load (building if needed) the tiny model and its tokenizer from the cache (`dtype`: float32 unless given)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+    dtype = torch.float32 if dtype is None else dtype
     path = tiny_model_path(cache_dir)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(path)

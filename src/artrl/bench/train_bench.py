@@ -28,9 +28,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..preprocess.pack import pack_reference
 from ..preprocess.plan import reference_plan
@@ -39,8 +37,13 @@ from .pack_bench import REFERENCE_MULTIPLE
 from .flops import ModelShape, hardware_peak, packed_counts
 from .workload import load_workload, scaled, workload_groups
 
+if TYPE_CHECKING:
+    import torch  # loaded by the benchmark's run, not by `artrl --help`
+
 
 def _peak_memory_mb(device: torch.device) -> float:
+    import torch
+
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     import resource
@@ -52,6 +55,8 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
              model_cfg: InternalModelConfig, max_steps: int | None = None,
              profile_micro_batches: int | None = None, layers: int | None = None,
              dense_experts: bool = False) -> dict[str, Any]:
+    import torch
+
     from ..models.loading import load_model
     from ..models.moe import is_moe, use_dense_reference
     from ..train.rl import build_rl, rl_loss_fn
@@ -243,7 +248,8 @@ def main(args: Any) -> int:
 
 
 def add_arguments(p: Any) -> None:
-    p.add_argument("--workload", required=True, help="workload JSON (shared/workloads/README.md)")
+    p.add_argument("--workload", required=True,
+                   help="workload JSON (benchmarks/workloads/README.md), e.g. benchmarks/workloads/seed-like.json")
     p.add_argument("--scale", type=float, default=0.125, help="multiply every length by this (default 1/8)")
     p.add_argument("--model", default="artrl/tiny", help="base model name or path")
     p.add_argument("--per-device-train-batch-size", type=int, default=None,

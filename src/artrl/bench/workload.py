@@ -1,6 +1,6 @@
 """Workload files (token lengths of one train call, no text) -> synthetic tokenized groups.
 
-Format (shared/workloads/README.md): `{"description": str, "groups": [{"prompt_tokens": int,
+Format (benchmarks/workloads/README.md): `{"description": str, "groups": [{"prompt_tokens": int,
 "completion_tokens": [int, ...]}, ...]}`. Each group becomes sequences that share a prompt of
 `prompt_tokens` random ids and add a completion of the given length, all of it trainable.
 `scale` multiplies every length (at least 1 token each), so a CPU run keeps the workload's shape.

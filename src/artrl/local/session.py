@@ -53,6 +53,7 @@ from typing import Any
 from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..metrics_taxonomy import trainer_metrics
 from ..notices import notice_once
+from ..once_per_run import OncePerRun
 from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
 from ..run import checkpoint, history, storage
 
@@ -83,6 +84,7 @@ class TrainingSession:
         self.step = 0
         self.history_record: dict[str, Any] | None = None  # the latest checkpoint's own history line
         self._warned_no_metric: set[str] = set()  # delete_checkpoints' metrics already warned about
+        self._say = OncePerRun(log)  # per-step housekeeping: INFO once, then DEBUG
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -197,7 +199,8 @@ class TrainingSession:
         for s in deleted:
             storage.delete_checkpoint(self.run, s)
         if deleted:
-            log.info("deleted checkpoints %s of %s; kept %s", deleted, self.name, sorted(keep & set(steps)))
+            self._say("deleted", "deleted checkpoints %s of %s; kept %s", deleted, self.name,
+                      sorted(keep & set(steps)))
         return deleted
 
     # ------------------------------------------------------------------ training

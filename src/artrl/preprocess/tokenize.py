@@ -464,8 +464,8 @@ def tokenize_groups(
         _warn_untrainable(untrainable, allow_training_without_logprobs)
     stats.sequences = len(result.sequences)
     stats.trainable_tokens = sum(s.n_trainable for s in result.sequences)
-    if stats.turns_missing_logprobs:
-        log.info("%d sampled turns carry no logprobs; trained as on-policy (importance ratio 1)",
+    if stats.turns_missing_logprobs:  # the call's INFO line counts them too (train/call.py)
+        log.debug("%d sampled turns carry no logprobs; trained as on-policy (importance ratio 1)",
                  stats.turns_missing_logprobs)
     return result
 

@@ -26,12 +26,13 @@ import logging
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
 from . import storage
+
+if TYPE_CHECKING:
+    import torch  # imported where a checkpoint is written or read, not with `import artrl`
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ def save(trainer: Any, run: Path, step: int, base_model: str, history_record: di
     trainer passes the full tensors it gathered from every rank (distributed/checkpoint.py), with the name of
     the optimizer whose format they are in (`optimizer_name`; None: the trainer's own).
     """
+    import torch
+
     adapter = {} if adapter_state is None else {"state_dict": adapter_state}
 
     def write(tmp: Path) -> None:
@@ -90,6 +93,7 @@ def _unreadable(path: Path, what: str, error: BaseException) -> CheckpointError:
 
 def _read_files(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
     """(adapter weights, optimizer.pt contents, trainer_state.json) or a CheckpointError naming the file."""
+    import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from artrl.adapter_switch import BASE_WEIGHTS, load_frozen_adapter
+from artrl.once_per_run import OncePerRun
 from artrl.serve.engine import InvalidRequestError
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class AdapterVersions:
         #: What `adapter=None` runs before any version is loaded: the adapter active when the engine was built.
         self.live_adapter: str | None = model.active_adapter if self.is_peft else None
         self._retired: set[str] = set()  # replaced versions, deleted once no row holds them
+        self._say = OncePerRun(logger)  # per-step housekeeping: INFO once, then DEBUG
         self._serial = itertools.count()
         #: Bumped whenever an adapter is loaded or unloaded: tensors of a name may have moved (a CUDA graph key).
         self.generation = 0
@@ -107,7 +109,7 @@ class AdapterVersions:
             pruned.append(step)
         self._delete_retired()
         if pruned:
-            logger.info("unloaded policy versions %s (live: %s)", pruned, self.live_step)
+            self._say("unloaded", "unloaded policy versions %s (live: %s)", pruned, self.live_step)
         return pruned
 
     # ------------------------------------------------------------------ named adapters

@@ -132,7 +132,7 @@ def start_server(
             handle.stop()
             raise TimeoutError(f"The server on {host}:{port} did not answer {HEALTH_PATH} within {startup_timeout}s")
         time.sleep(0.02)
-    logger.info("Serving on %s", handle.base_url)
+    logger.debug("Serving on %s", handle.base_url)  # its owner says where (the backend, `artrl serve`)
     return handle
 
 

@@ -29,6 +29,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 
 from artrl.errors import ArtrlError, CheckpointError
+from artrl.once_per_run import OncePerRun
 from artrl.serve.engine import BASE_WEIGHTS, GenerationResult, InferenceEngine, InvalidRequestError
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class ServedModels:
         self._checkpoint_path = checkpoint_path
         self._adapters: dict[tuple[str, int], str] = {}  # (name, step) -> engine adapter name
         self._load_lock = threading.Lock()
+        self._say = OncePerRun(logger)  # checkpoints loaded and unloaded as steps go by: INFO once, then DEBUG
         if name is not None:
             if engine is None:
                 raise ValueError(f"ServedModels({name!r}) needs the engine that serves it")
@@ -110,7 +112,7 @@ class ServedModels:
                     f"at step {step}."
                 )
             adapter = f"ckpt_{re.sub(r'[^0-9A-Za-z_]', '_', name)}_{step}_{len(self._adapters)}"
-            logger.info("Loading checkpoint %s%s%d from %s", name, STEP_SEPARATOR, step, path)
+            self._say("loading", "Loading checkpoint %s%s%d from %s", name, STEP_SEPARATOR, step, path)
             try:
                 engine.load_adapter(adapter, str(path))
             except InvalidRequestError:
@@ -143,7 +145,7 @@ class ServedModels:
         if prune_versions is not None:
             unloaded.update(prune_versions(retain))
         if unloaded:
-            logger.info("unloaded steps %s of %s (retained %s)", sorted(unloaded), name, sorted(retain))
+            self._say("unloaded", "unloaded steps %s of %s (retained %s)", sorted(unloaded), name, sorted(retain))
         return sorted(unloaded)
 
     def with_versions(self, model: str, results: list[GenerationResult]) -> list[GenerationResult]:

@@ -85,6 +85,7 @@ from artrl.chat_format import end_of_turn_ids
 from artrl.errors import ConfigError
 from artrl.models.moe import RoutingRecorder, is_moe
 from artrl.models.quantization import quantization_of
+from artrl.once_per_run import OncePerRun
 from artrl.serve.engine import (
     BASE_WEIGHTS,
     EngineClosedError,
@@ -175,6 +176,7 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         self._versions = AdapterVersions(model)
         # an MoE model's routing record (models/moe.py): hooks on the routers of the model this engine decodes
         self._routing = RoutingRecorder(model) if is_moe(model.config) else None
+        self._say = OncePerRun(logger)  # a new version or adapter every step: INFO once, then DEBUG
         self._entered: Any = _NOTHING  # the adapter mode of the batch in flight (decode_loop._enter)
         self._mode: contextlib.ExitStack | None = None
         #: The checkpoint `set_live_weights` last made the live weights: (path, step), or None.
@@ -283,7 +285,7 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
                 raise InvalidRequestError(f"Cannot serve adapter {name!r}: {error}") from error
 
         self._on_worker(load)
-        logger.info("Loaded adapter %r from %s", name, path)
+        self._say("loaded", "Loaded adapter %r from %s", name, path)
 
     def unload_adapter(self, name: str) -> bool:
         """Unload the adapter `load_adapter` loaded as `name`; False (nothing changes) while a row uses it."""
@@ -294,7 +296,7 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         boundary of a running batch), the version `adapter=None` resolves to for every row that joins a batch
         from now on; rows already decoding keep theirs."""
         self._on_worker(lambda: self._versions.add_version(str(path), step))
-        logger.info("Serving policy version %d from %s", step, path)
+        self._say("serving", "Serving policy version %d from %s", step, path)
         self.live_weights = (str(path), step)
 
     def prune_versions(self, retain_steps: Any = ()) -> list[int]:

@@ -76,6 +76,7 @@ import torch
 
 from artrl import shutdown
 from artrl.errors import ArtrlError
+from artrl.once_per_run import OncePerRun
 from artrl.serve.engine import (
     BASE_WEIGHTS,
     EngineClosedError,
@@ -127,6 +128,7 @@ class VLLMEngine(InferenceEngine):
         self._live_steps: dict[int, int] = {}  # lora id of a live adapter -> its step (policy version)
         self._users: collections.Counter[int] = collections.Counter()  # lora id -> requests running with it
         self._retired: set[int] = set()  # superseded live adapters to remove once unused
+        self._say = OncePerRun(logger)  # a new adapter every step: INFO once, then DEBUG
         self._tasks: set[asyncio.Task] = set()
         self._idle = threading.Condition()
         #: Requests served, requests whose caller stopped waiting (aborted in vLLM), sequences sampled.
@@ -308,7 +310,7 @@ class VLLMEngine(InferenceEngine):
         lora = LoRARequest(name, next(self._lora_ids), path, **self._lora_format)
         await self._llm.add_lora(lora)
         self._named[name] = lora
-        logger.info("Loaded adapter %r from %s", name, path)
+        self._say("loaded", "Loaded adapter %r from %s", name, path)
 
     async def _set_live(self, path: str, step: int) -> None:
         from vllm.lora.request import LoRARequest
@@ -320,7 +322,7 @@ class VLLMEngine(InferenceEngine):
         previous, self._live = self._live, lora
         if previous is not None:
             self._retire(previous.lora_int_id)
-        logger.info("live weights: step %d (%s)", step, path)
+        self._say("live", "live weights: step %d (%s)", step, path)
 
     async def _shutdown(self) -> None:
         current = asyncio.current_task()

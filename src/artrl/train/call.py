@@ -23,6 +23,7 @@ from ..preprocess.build import BuiltCall, build_call
 from ..preprocess.plan import BatchPlan
 from ..preprocess.rows import PackedRows
 from ..preprocess.tokenize import TokenizedSequence, TokenizeStats
+from ..once_per_run import OncePerRun
 from ..types import BatchConfig, OptimizerConfig
 from .trainer import BuildContext, LossFn, StepOptions, Trainer
 
@@ -47,8 +48,9 @@ def build_batches(units: Sequence[Sequence[TokenizedSequence]], config: BatchCon
         max_tokens, checkpointing = ctx.memory_budget.choose(longest, ctx.gradient_checkpointing)
         if config.row_length is not None:
             max_tokens = max(max_tokens, config.row_length)
-        log.info("token budget %d per micro-batch from %.1f GB free device memory (activation checkpointing %s)",
-                 max_tokens, ctx.memory_budget.free_bytes / 1e9, "on" if checkpointing else "off")
+        notes = ctx.memory_notes if ctx.memory_notes is not None else OncePerRun(log)
+        notes("budget", "token budget %d per micro-batch from %.1f GB free device memory (activation checkpointing %s)",
+              max_tokens, ctx.memory_budget.free_bytes / 1e9, "on" if checkpointing else "off")
     return build_call(
         units, units_per_step=units_per_step, rows_per_step=rows_per_step, row_length=config.row_length,
         max_length=max_length, on_too_long=config.on_too_long, share_prompts=config.share_prompts,

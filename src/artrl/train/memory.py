@@ -165,8 +165,9 @@ def needs_checkpointing(trainer: "Trainer", plan: "BatchPlan") -> bool:
     on = largest > budget.tokens
     if not on and trainer.device.type == "cpu":
         return False  # the usual case on a CPU: said nothing before, says nothing now
-    log.info("activation checkpointing %s: largest micro-batch %d tokens, %d fit without it (%.1f GB free)",
-             "on" if on else "off", largest, budget.tokens, budget.free_bytes / 1e9)
+    trainer.memory_notes("checkpointing", "activation checkpointing %s: largest micro-batch %d tokens, %d fit "
+                         "without it (%.1f GB free)", "on" if on else "off", largest, budget.tokens,
+                         budget.free_bytes / 1e9)
     return on
 
 

@@ -58,6 +58,7 @@ from torch.profiler import record_function
 
 from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
+from ..once_per_run import OncePerRun
 from ..progress import ProgressBar, progress_bar
 from ..types import InternalModelConfig, OptimizerConfig
 from .attention import attention_mask_for
@@ -69,6 +70,7 @@ from .routing import TrainerRouting
 from .memory import (CallState, MemoryBudget, call_checkpointing, device_budget, is_out_of_memory,
                      out_of_memory_error)
 from ..models.loading import model_max_length
+from .memory import log as memory_log
 from .totals import StepTotals
 from .tree_attention import TREE_ATTENTION, TreeLayout
 
@@ -108,6 +110,8 @@ class BuildContext:
     # per_device_train_batch_size nor max_tokens_per_microbatch cuts its micro-batches by it
     memory_budget: MemoryBudget | None = None
     gradient_checkpointing: bool | None = None  # the model config's setting (None: as memory requires)
+    # says the token budget the free memory gave a call: INFO once per run, then DEBUG (None: INFO every call)
+    memory_notes: OncePerRun | None = None
 
 SAMPLED_DELTA_KEYS = ("sampled_logprob_delta_mean", "sampled_logprob_delta_max", "sampled_logprob_tokens",
                       # an MoE model's (train/routing.py): measured with the weights that sampled, like the delta
@@ -210,6 +214,8 @@ class Trainer:
         self._first_step = False  # inside run(): whether the step in progress is the call's first
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._rng = self._seeded_rng_state(self.cfg.seed)
+        # what memory made of each call (token budget, activation checkpointing): INFO once, then DEBUG
+        self.memory_notes = OncePerRun(memory_log)
 
     def _build_optimizer(self, fused: bool) -> tuple[Any, dict[str, Any]]:
         """The adapter's optimizer (a sharded trainer steps each rank's shards: distributed/sharding.py)."""
@@ -219,7 +225,8 @@ class Trainer:
         """What preparing a call for this trainer needs to know of it."""
         return BuildContext(tokenizer=self.tokenizer, end_ids=self.end_ids, max_length=self.max_length,
                             pad_id=self.pad_id, device_type=self.device.type, optimizer_steps=self.optimizer_steps,
-                            memory_budget=device_budget(self), gradient_checkpointing=self.cfg.gradient_checkpointing)
+                            memory_budget=device_budget(self), gradient_checkpointing=self.cfg.gradient_checkpointing,
+                            memory_notes=self.memory_notes)
 
     # ------------------------------------------------------------------ randomness
     def _seeded_rng_state(self, seed: int) -> dict[str, torch.Tensor | None]:

@@ -1,0 +1,53 @@
+"""Figures the docs quote in more than one place agree with their source.
+
+The demo's rewards come from one recorded run (benchmarks/results/2026-12-01-cpu/demo-fresh-clone.json): its
+printout in docs/demo.md, the sentence in docs/getting-started.md and the row in docs/performance.md quote the
+same numbers. The memory rule of thumb (docs/getting-started.md, docs/batching.md) quotes the trainer's own
+estimate, `train.memory.bytes_per_token`, for an 8B model's shape.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+DEMO_RUN = ROOT / "benchmarks" / "results" / "2026-12-01-cpu" / "demo-fresh-clone.json"
+
+
+def _flat(path: pathlib.Path) -> str:
+    return " ".join(path.read_text().split())
+
+
+def test_the_demos_rewards_are_the_recorded_runs_everywhere():
+    run = json.loads(DEMO_RUN.read_text())
+    before, sft, rl = (f"{run[k]:.3f}" for k in ("val_reward_before", "val_reward_after_sft", "val_reward_after_rl"))
+    demo = _flat(DOCS / "demo.md")
+    assert f"validation reward, untrained : {before}" in demo
+    assert f"validation reward, after SFT : {sft}" in demo and f"validation reward, after RL : {rl}" in demo
+    assert f"({round(run['wall_s'])} s)" in demo
+    assert f"{before} untrained, {sft} after SFT and {rl} after RL" in _flat(DOCS / "getting-started.md")
+    (row,) = [line for line in (DOCS / "performance.md").read_text().splitlines() if "one run from a fresh clone" in line]
+    assert row.rstrip(" |").endswith(f"{sft} / {rl}") and f"| {round(run['wall_s'])} |" in row
+    assert not re.search(r"after RL[^.]{0,40}\b0\.96\b", " ".join(_flat(p) for p in DOCS.glob("*.md")))
+
+
+def test_the_memory_rule_quotes_the_trainers_estimate_for_an_8b_model():
+    torch = pytest.importorskip("torch")
+    from artrl.train.memory import bytes_per_token
+
+    qwen3_8b = SimpleNamespace(hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
+                               num_key_value_heads=8, head_dim=128, num_hidden_layers=36)
+    inputs = 2 * qwen3_8b.hidden_size * qwen3_8b.num_hidden_layers  # each layer's input, bf16: the rule's first term
+    per_token = bytes_per_token(qwen3_8b, torch.bfloat16, checkpointing=True)
+    assert f"{inputs / 1e6:.2f}" == "0.29" and f"{per_token / 1e6:.1f}" == "0.6"  # 0.29 MB + the recomputed layer
+    assert round(32768 * per_token / 1e9) == 19  # "about 20 GB" for 32k tokens per micro-batch
+    for page, says in (("getting-started.md", ["4096 x 36 x 2 = 0.29 MB plus 0.29 MB, about 0.6 MB", "about 20 GB"]),
+                       ("batching.md", ["8B: 0.29 + 0.29, ~0.6 MB", "~20 GB"])):
+        text = _flat(DOCS / page)
+        assert all(s in text for s in says), page

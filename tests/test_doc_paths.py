@@ -1,0 +1,81 @@
+"""Every repository path that the README, docs/ and the command line's help name exists in a clone.
+
+A path counts as the repository's when it starts with one of its top-level folders (`benchmarks/...`,
+`src/...`), with `../` (which leaves the page's folder), or is a module path under src/artrl (`serve/engine.py`).
+It must then name a file or folder inside the repository, relative to the repository's root, the page's
+folder, or src/artrl. Paths with placeholders (`<name>`, `NNNN`, `*`) and the run directory's own layout
+(`.art/...`, `checkpoints/...`) are not repository paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TOP = ("src", "tests", "docs", "benchmarks", "examples", ".ci")
+PACKAGES = {p.name for p in (ROOT / "src" / "artrl").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+# Paths in ART's source tree, quoted where the docs say what runs from it (not this repository's).
+ART_PATHS = {"tests/unit", "../data/temporal-clue/puzzles.json"}
+_TOKEN = re.compile(r"(?<![\w./~<>-])((?:\.\./)*[\w.-]+(?:/[\w.-]+)+/?)")
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def repository_paths(text: str) -> list[str]:
+    """The repository paths `text` names (see the module docstring)."""
+    out = []
+    for match in _TOKEN.finditer(text):
+        path = match.group(1).rstrip(".")
+        first = path.split("/")[0]
+        if path.startswith("../") or first in TOP or (first in PACKAGES and path.endswith(".py")):
+            out.append(path)
+    return out
+
+
+def missing(text: str, folder: pathlib.Path) -> list[str]:
+    """The repository paths of `text` that name nothing inside the repository."""
+    def found(path: str) -> bool:
+        for base in (ROOT, folder, ROOT / "src" / "artrl"):
+            where = (base / path).resolve()
+            if where.is_relative_to(ROOT) and where.exists():
+                return True
+        return False
+
+    return [p for p in repository_paths(text) if p not in ART_PATHS and not found(p)]
+
+
+def test_the_rule_finds_repository_paths_and_leaves_the_rest():
+    text = ("run `artrl bench pack --workload ../shared/workloads/seed-like.json` or benchmarks/workloads/x.json; "
+            "see serve/engine.py, src/artrl/tiny.py and docs/batching.md; metrics train/loss and data/rows; "
+            "the run's .art/p/models/m/history.jsonl; openai/gpt-4o")
+    assert repository_paths(text) == ["../shared/workloads/seed-like.json", "benchmarks/workloads/x.json",
+                                      "serve/engine.py", "src/artrl/tiny.py", "docs/batching.md"]
+    assert missing(text, ROOT) == ["../shared/workloads/seed-like.json", "benchmarks/workloads/x.json"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_path_a_page_names_exists(page):
+    assert missing(page.read_text(), page.parent) == []
+
+
+def _help_texts(parser: argparse.ArgumentParser) -> list[str]:
+    out = [parser.format_help()]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += _help_texts(sub)
+    return out
+
+
+def test_every_path_the_command_lines_help_names_exists():
+    """`artrl ... --help` for every subcommand, and each example's --help (its docstring)."""
+    from artrl.cli import _parser
+
+    texts = _help_texts(_parser())
+    assert any("benchmarks/workloads/seed-like.json" in t for t in texts)  # the bench's --workload help
+    texts += [ast.get_docstring(ast.parse(p.read_text())) or "" for p in sorted((ROOT / "examples").rglob("*.py"))]
+    assert [m for t in texts for m in missing(t, ROOT)] == []
