@@ -114,6 +114,7 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
     from ..errors import ConfigError
     from ..models.loading import resolve_device
     from ..models.memory_plan import plan_for, plan_memory
+    from ..models.source import check_model_source
 
     fields: dict[str, Any] = {"dtype": args.dtype, "lora_rank": args.lora_rank, "check_memory": args.check_memory,
                               "load_in_8bit": args.load_in_8bit}
@@ -125,6 +126,7 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
     phases = _Phases(device.type)
     out: dict[str, Any] = {"bench": "memory", "model": args.model, "device": device.type,
                            "settings": {k: v for k, v in fields.items() if k != "check_memory"}}
+    check_model_source(args.model)  # in seconds, never the network for artrl's names (models/source.py)
     registered = plan_for(args.model, cfg, device)  # what register checks
     out["plan_register"] = registered.as_json()
     phases.figures["baseline"] = phases.now_gb()
