@@ -19,6 +19,7 @@ import artrl as art
 from artrl.errors import ArtrlError, TrainOutOfMemoryError
 from artrl.run import storage
 from artrl.train import memory
+from artrl.train.call import run_call
 from artrl.train.totals import StepTotals
 from artrl.train.trainer import Trainer
 
@@ -241,3 +242,35 @@ def test_a_call_turns_checkpointing_on_only_for_itself(tiny_path):
     auto = Trainer(model, tok, art.InternalModelConfig())  # None on a CPU: left as it is
     with call_checkpointing(auto, inner, BatchPlan()):
         assert not checkpointing_on(inner)
+
+
+def test_on_a_cpu_a_call_checkpoints_only_when_the_host_would_not_hold_it_without(tiny_path, make_choice,
+                                                                                    monkeypatch):
+    """gradient_checkpointing=None on a CPU: a call whose largest micro-batch would not fit the host's available
+    memory without checkpointing turns it on for itself (train/memory.py); the usual call leaves it off."""
+    from artrl.models import memory_plan
+    from artrl.models.loading import load_model
+    from artrl.train.memory import checkpointing_on
+    from artrl.train.rl import prepare_rl
+
+    model, tok = load_model(str(tiny_path))
+    inner = model.get_base_model()
+    trainer = Trainer(model, tok, art.InternalModelConfig())
+    seen: list[bool] = []
+    hook = trainer.backbone.register_forward_hook(lambda *a: seen.append(checkpointing_on(inner)))
+    prompt = [{"role": "user", "content": "Pick a colour."}]
+    # rows longer than the smallest token budget (train/memory.BUDGET_MULTIPLE, 256)
+    group = art.TrajectoryGroup([art.Trajectory(messages_and_choices=prompt + [make_choice(c)], reward=r)
+                                 for c, r in (("blue " * 300, 1.0), ("red " * 300, 0.0))])
+    call = prepare_rl(trainer.build_context(), [group], art.TrainConfig(learning_rate=1e-4))
+    try:
+        run_call(trainer, call, show_progress=False)
+        assert seen and not any(seen)  # plenty of host memory: off
+        seen.clear()
+        assert max(mb.tokens for step in call.plan.steps for mb in step.micro_batches) > memory.BUDGET_MULTIPLE
+        monkeypatch.setattr(memory_plan, "host_available_bytes", lambda: 1)  # a host with no room to spare
+        run_call(trainer, call, show_progress=False)
+        assert seen and all(seen)
+    finally:
+        hook.remove()
+    assert not checkpointing_on(inner)  # put back after the call
