@@ -33,10 +33,10 @@ from .moe import EXPERTS_IMPLEMENTATION, is_moe, lora_targets
 from .quantization import Quantization, bnb_config, prepare_quantized, resolve_quantization, weight_numel
 from .shapes import RANDOM_SHAPES, random_config
 from .source import OWN_PREFIXES, check_model_source
+from .structure import PROJECTIONS
 
 log = logging.getLogger(__name__)
 
-_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -69,7 +69,7 @@ def resolve_attn(cfg: InternalModelConfig, device: torch.device) -> str:
 
 def default_target_modules(model: torch.nn.Module) -> list[str] | str:
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    found = [p for p in _PROJECTIONS if p in names]
+    found = [p for p in PROJECTIONS if p in names]
     return found if len(found) >= 4 else "all-linear"
 
 

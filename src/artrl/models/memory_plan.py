@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from ..errors import ConfigError
+from .quantization import INT8_BYTES_PER_WEIGHT, NF4_BYTES_PER_WEIGHT
+from .structure import PROJECTIONS
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +51,10 @@ PLAN_TOKENS = 1024  # micro-batch and cache tokens of the check before loading
 SERVED_ADAPTERS = 3  # adapter copies besides the trained one: the serving copy and two policy versions
 RUNTIME_HOST_BYTES = int(0.6e9)  # a training process's own RSS besides the model (CPU; measured, see docs)
 CUDA_CONTEXT_BYTES = int(0.6e9)  # the CUDA context and kernels, outside torch's allocator
-RANDOM_DRAW_ROWS = 8192  # models/random_init.py's chunk of rows drawn in float32
+RANDOM_DRAW_ROWS = 8192  # rows of a large tensor models/random_init.py draws at once, in float32
 
 Quantization = Literal["4bit", "8bit"]
-_WEIGHT_BYTES = {"4bit": 0.5 + 1 / 64 + 4 / (64 * 256), "8bit": 1.0}  # models/quantization.py's figures
-_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_WEIGHT_BYTES = {"4bit": NF4_BYTES_PER_WEIGHT, "8bit": INT8_BYTES_PER_WEIGHT}
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ def head_bytes(vocab: int, chunk_size: int) -> int:
 def lora_weights(shape: ModelShape, rank: int, targets: tuple[str, ...] | None) -> int:
     """The adapter's weights: r (in + out) per adapted projection, and per expert of an adapted expert parameter
     (an MoE model's default adapts the experts, as ART's; "experts" among `targets` does too)."""
-    names = targets if targets is not None else (*_PROJECTIONS, "experts")
+    names = targets if targets is not None else (*PROJECTIONS, "experts")
     dense = sum(rank * (a + b) for n, (a, b) in shape.projections().items() if n in names)
     experts = shape.experts * sum(rank * (a + b) for a, b in shape.expert_parameters().values()) \
         if "experts" in names else 0

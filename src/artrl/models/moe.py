@@ -40,13 +40,13 @@ from typing import Any
 
 import torch
 
+from .structure import PROJECTIONS
+
 log = logging.getLogger(__name__)
 
 EXPERT_PARAMETERS = ("experts.gate_up_proj", "experts.down_proj")
 EXPERTS_IMPLEMENTATION = "grouped_mm"
 ART_EXPERTS_TARGET = "experts"  # ART's name among target_modules for the experts of an MoE model
-ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
-DENSE_MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 RECORD_KEY = "routed_experts"  # the choice's field holding the record (serve/server.py)
 
 
@@ -89,7 +89,7 @@ def lora_targets(model: Any, target_modules: list[str] | str | None) -> tuple[li
     if not is_moe(model.config):
         return target_modules, None  # type: ignore[return-value]
     if target_modules is None:
-        modules = [p for p in (*ATTENTION_PROJECTIONS, *DENSE_MLP_PROJECTIONS) if p in names]
+        modules = [p for p in PROJECTIONS if p in names]
         return modules, list(EXPERT_PARAMETERS)
     if isinstance(target_modules, str):
         return target_modules, None

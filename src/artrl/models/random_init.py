@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ..progress import progress_bar
+from .memory_plan import RANDOM_DRAW_ROWS
 from .quantization import (Quantization, prepare_quantized, quantized_linear, quantized_modules,
                            quantized_weight)
 from .structure import decoder_layers
@@ -33,7 +34,7 @@ from .structure import decoder_layers
 log = logging.getLogger(__name__)
 
 LARGE_MODEL_WEIGHTS = 1_000_000_000  # builds of this many weights show a progress bar
-ROWS_PER_CHUNK = 8192  # rows of a large tensor drawn at once (a 151,936-row embedding in 19 float32 chunks)
+ROWS_PER_CHUNK = RANDOM_DRAW_ROWS  # a 151,936-row embedding is drawn in 19 float32 chunks
 
 
 def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:

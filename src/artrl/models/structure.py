@@ -1,8 +1,14 @@
-"""The parts of a transformers model that artrl walks: its repeated decoder layers."""
+"""The parts of a transformers model that artrl walks: its repeated decoder layers and their projections."""
 
 from __future__ import annotations
 
 from typing import Any
+
+#: The linear projections of a Llama/Qwen/Mistral-style decoder layer: LoRA's default targets (models/loading.py),
+#: what the memory plan counts (models/memory_plan.py); an MoE layer has the attention ones (models/moe.py).
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+PROJECTIONS = (*ATTENTION_PROJECTIONS, *MLP_PROJECTIONS)
 
 
 def decoder_layers(model: Any) -> list[Any]:
