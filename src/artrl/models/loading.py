@@ -32,7 +32,7 @@ from .memory_plan import check_model_fits
 from .moe import EXPERTS_IMPLEMENTATION, is_moe, lora_targets
 from .quantization import Quantization, bnb_config, prepare_quantized, resolve_quantization, weight_numel
 from .shapes import RANDOM_SHAPES, random_config
-from .source import OWN_PREFIXES, check_model_source
+from .source import load_config, resolve_name  # resolve_name: also read from here
 from .structure import PROJECTIONS
 
 log = logging.getLogger(__name__)
@@ -71,31 +71,6 @@ def default_target_modules(model: torch.nn.Module) -> list[str] | str:
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     found = [p for p in PROJECTIONS if p in names]
     return found if len(found) >= 4 else "all-linear"
-
-
-def resolve_name(base_model: str) -> str:
-    from ..tiny import BUILTIN_MODELS, TINY_MODEL_NAME, resolve_model_path
-
-    if base_model in RANDOM_SHAPES:
-        return resolve_model_path(TINY_MODEL_NAME)  # random models borrow the tiny tokenizer
-    if base_model not in BUILTIN_MODELS and (base_model.startswith(OWN_PREFIXES) or (
-            base_model.startswith(("/", "./", "../", "~")) and not Path(base_model).expanduser().exists())):
-        check_model_source(base_model)  # raises: not built in, or no such path (never the network)
-    return resolve_model_path(base_model)
-
-
-def load_config(base_model: str, cfg: InternalModelConfig | None = None) -> Any:
-    """The model's transformers config, without its weights (what the memory plan reads)."""
-    from transformers import AutoConfig
-
-    cfg = cfg or InternalModelConfig()
-    if base_model in RANDOM_SHAPES:
-        return random_config(base_model)
-    path = resolve_name(base_model)
-    try:
-        return AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
-    except OSError as e:
-        raise ConfigError(f"could not read the config of model {base_model!r} ({path}): {e}") from e
 
 
 def load_tokenizer(base_model: str, cfg: InternalModelConfig | None = None) -> Any:

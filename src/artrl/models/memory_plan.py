@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 from .quantization import INT8_BYTES_PER_WEIGHT, NF4_BYTES_PER_WEIGHT
+from .shapes import RANDOM_DRAW_ROWS
 from .structure import PROJECTIONS
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,6 @@ PLAN_TOKENS = 1024  # micro-batch and cache tokens of the check before loading
 SERVED_ADAPTERS = 3  # adapter copies besides the trained one: the serving copy and two policy versions
 RUNTIME_HOST_BYTES = int(0.6e9)  # a training process's own RSS besides the model (CPU; measured, see docs)
 CUDA_CONTEXT_BYTES = int(0.6e9)  # the CUDA context and kernels, outside torch's allocator
-RANDOM_DRAW_ROWS = 8192  # rows of a large tensor models/random_init.py draws at once, in float32
 
 Quantization = Literal["4bit", "8bit"]
 _WEIGHT_BYTES = {"4bit": NF4_BYTES_PER_WEIGHT, "8bit": INT8_BYTES_PER_WEIGHT}
@@ -359,7 +359,7 @@ def plan_for(base_model: str, cfg: Any, device: Any, *, config: Any = None, **wo
     `config`: the model's transformers config (else read); `workload`: micro_batch_tokens, serving_tokens (else
     PLAN_TOKENS each). With gradient_checkpointing=None a call turns checkpointing on when it needs to
     (train/memory.py), so the plan takes the cheaper of the two."""
-    from .loading import load_config
+    from .source import load_config
 
     config = config if config is not None else load_config(base_model, cfg)
     shape = ModelShape.of(config)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..progress import progress_bar
-from .memory_plan import RANDOM_DRAW_ROWS
+from .shapes import RANDOM_DRAW_ROWS
 from .quantization import (Quantization, prepare_quantized, quantized_linear, quantized_modules,
                            quantized_weight)
 from .structure import decoder_layers

@@ -25,6 +25,9 @@ _QWEN3: dict[str, dict[str, Any]] = {
     "random:qwen3-32b": dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
                              num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
 }
+RANDOM_DRAW_ROWS = 8192  # rows of a large tensor models/random_init.py draws at once, in float32 (the memory plan
+# counts one such chunk)
+
 _QWEN3_COMMON: dict[str, Any] = dict(max_position_embeddings=40960, rms_norm_eps=1e-6, initializer_range=0.02,
                                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
 

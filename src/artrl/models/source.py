@@ -122,3 +122,31 @@ def _refusal(repo_id: str, e: Exception) -> ConfigError | None:
         return None
     return ConfigError(f"base model {repo_id!r} is not in the local Hugging Face cache and the hub cannot be "
                        f"reached ({type(e).__name__}: {str(e)[:200]}). {_ways_out(repo_id)}")
+
+
+def resolve_name(base_model: str) -> str:
+    from ..tiny import BUILTIN_MODELS, TINY_MODEL_NAME, resolve_model_path
+    from .shapes import RANDOM_SHAPES
+
+    if base_model in RANDOM_SHAPES:
+        return resolve_model_path(TINY_MODEL_NAME)  # random models borrow the tiny tokenizer
+    if base_model not in BUILTIN_MODELS and (base_model.startswith(OWN_PREFIXES) or (
+            base_model.startswith(("/", "./", "../", "~")) and not Path(base_model).expanduser().exists())):
+        check_model_source(base_model)  # raises: not built in, or no such path (never the network)
+    return resolve_model_path(base_model)
+
+
+def load_config(base_model: str, cfg: Any = None) -> Any:
+    """The model's transformers config, without its weights (what the memory plan reads); `cfg`: the model's
+    InternalModelConfig (its trust_remote_code)."""
+    from transformers import AutoConfig
+
+    from .shapes import RANDOM_SHAPES, random_config
+
+    if base_model in RANDOM_SHAPES:
+        return random_config(base_model)
+    path = resolve_name(base_model)
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=bool(getattr(cfg, "trust_remote_code", False)))
+    except OSError as e:
+        raise ConfigError(f"could not read the config of model {base_model!r} ({path}): {e}") from e

@@ -79,13 +79,6 @@ def save(trainer: Any, run: Path, step: int, base_model: str, history_record: di
         return storage.write_checkpoint(run, step, write, {"base_model": base_model})
 
 
-def load_optimizer_state(trainer: Any, saved: dict[str, Any], saved_optim: str | None) -> None:
-    """A checkpoint's optimizer state into `trainer`'s optimizer, whichever optimizer wrote it."""
-    from ..train.optimizers import load_state
-
-    load_state(trainer.optimizer, saved, saved_optim, trainer.optim)
-
-
 def _unreadable(path: Path, what: str, error: BaseException) -> CheckpointError:
     return CheckpointError(f"checkpoint {path} is corrupted or incomplete: {what} cannot be read "
                            f"({type(error).__name__}: {str(error)[:300]}). {DELETE_ADVICE}")
@@ -146,7 +139,7 @@ def restore(trainer: Any, run: Path, step: int, base_model: str) -> Restored:
             f"configuration, or is its adapter file damaged? {DELETE_ADVICE}")
     with trainer.model_lock:
         try:
-            load_optimizer_state(trainer, opt[OPTIMIZER_KEY], opt.get(OPTIM_NAME_KEY))
+            trainer.load_optimizer_state(opt[OPTIMIZER_KEY], opt.get(OPTIM_NAME_KEY))
         except (ValueError, KeyError, RuntimeError) as e:
             raise CheckpointError(f"checkpoint {path} has optimizer state that does not fit this model ({e}); "
                                   f"was it trained with another LoRA configuration? {DELETE_ADVICE}") from e

@@ -73,12 +73,12 @@ def optim_spec(name: str | None) -> OptimSpec:
     return spec
 
 
-def build_optimizer(params: list[torch.nn.Parameter], spec: OptimSpec, *, fused: bool) -> tuple[Any, dict[str, Any]]:
+def build_optimizer(params: list[torch.nn.Parameter], spec: OptimSpec, *, fused: bool,
+                    settings: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
     """(optimizer over `params`, param-group entries to set again each step). `fused`: torch's fused AdamW
-    kernel (what fused_optimizer / the device chose; 'adamw_torch_fused' asks for it whatever the device)."""
-    from ..types import OptimizerConfig
-
-    settings = OptimizerConfig().optimizer_settings()
+    kernel (what fused_optimizer / the device chose; 'adamw_torch_fused' asks for it whatever the device).
+    `settings`: betas, eps, weight_decay to start with (a trainer sets its call's before every step)."""
+    settings = dict(settings or {})
     if not spec.bnb:
         use_fused = True if spec.fused else fused
         impl = {"fused": True, "foreach": False} if use_fused else {}

@@ -65,7 +65,7 @@ from .attention import attention_mask_for
 from .kernels import apply_kernels, fused_adamw
 from .logprobs import TokenLogprobModel
 from .loss import LossTerms
-from .optimizers import build_optimizer, optim_spec
+from .optimizers import build_optimizer, load_state, optim_spec
 from .routing import TrainerRouting
 from .memory import (CallState, MemoryBudget, call_checkpointing, device_budget, is_out_of_memory,
                      out_of_memory_error)
@@ -219,7 +219,12 @@ class Trainer:
 
     def _build_optimizer(self, fused: bool) -> tuple[Any, dict[str, Any]]:
         """The adapter's optimizer (a sharded trainer steps each rank's shards: distributed/sharding.py)."""
-        return build_optimizer(self.params, self.optim, fused=fused)
+        return build_optimizer(self.params, self.optim, fused=fused, settings=OptimizerConfig().optimizer_settings())
+
+    def load_optimizer_state(self, saved: dict[str, Any], saved_optim: str | None) -> None:
+        """A checkpoint's optimizer state (written by the optimizer named `saved_optim`; None: torch's AdamW) into
+        this trainer's optimizer, whichever kind it is (train/optimizers.py)."""
+        load_state(self.optimizer, saved, saved_optim, self.optim)
 
     def build_context(self) -> "BuildContext":
         """What preparing a call for this trainer needs to know of it."""
