@@ -10,6 +10,7 @@
     artrl bench learn               learning per rollout: artrl's train step vs a plain GRPO step
     artrl bench pipeline            the synchronous RL loop vs ART's PipelineTrainer, tools that take time
     artrl bench memory --model M    the memory plan beside the measured peak of one LoRA RL call
+    artrl bench replicas            rollouts on 1, 2, 4 inference replicas behind the router
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     from .bench.pipeline_bench import add_arguments as add_pipeline_args
 
     add_pipeline_args(bpl)
+    brp = bsub.add_parser("replicas", help="rollout throughput on 1, 2, 4 inference replicas behind the router, its "
+                          "added latency, and the publish time of a version")
+    from .bench.replicas_bench import add_arguments as add_replicas_args
+
+    add_replicas_args(brp)
     bm = bsub.add_parser("memory", help="the memory plan of a model beside the measured peak of one LoRA RL call")
     from .bench.memory_bench import add_arguments as add_memory_args
 
@@ -110,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             return run(args)
         if args.command == "bench" and args.bench == "pipeline":
             from .bench.pipeline_bench import main as run
+            return run(args)
+        if args.command == "bench" and args.bench == "replicas":
+            from .bench.replicas_bench import main as run
             return run(args)
         if args.command == "bench" and args.bench == "memory":
             from .bench.memory_bench import main as run

@@ -386,9 +386,13 @@ class ReplicaSet:
     def _spawn(self, replica: Replica) -> ChildProcess:
         import json
 
+        device = None if replica.device == "default" else replica.device
+        env = child_env()
+        if device is not None and device.startswith("cuda:"):  # the replica sees its GPU only, as its cuda:0
+            env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+            device = "cuda"
         served = self.cfg.model_copy(update={"inference_replicas": None, "inference_endpoints": None,
-                                             "inference_gpu_ids": None, "device": None if replica.device == "default"
-                                             else replica.device})
+                                             "inference_gpu_ids": None, "trainer_gpu_ids": None, "device": device})
         argv = [sys.executable, "-m", "artrl.replicas.process", "--base-model", self.base_model, "--name", self.name,
                 "--replica", replica.id, "--config", json.dumps(served.model_dump(mode="json")),
                 "--run-dir", str(self.run), "--engine", self._engine, "--host", self.router.host,
@@ -398,7 +402,7 @@ class ReplicaSet:
         from .process import READY_PREFIX
 
         replica.process = ChildProcess(f"replica{replica.index}", argv, ready_prefix=READY_PREFIX.strip(),
-                                       env=child_env(), on_exit=self._died).start()
+                                       env=env, on_exit=self._died).start()
         return replica.process
 
     def _check_identity(self, replica: Replica) -> None:

@@ -43,7 +43,7 @@ def open_engine_for(args: argparse.Namespace, cfg: Any) -> tuple[Any, str]:
         from ..serve.scripted import ScriptedEngine
 
         tok = load_tokenizer(args.base_model, cfg)
-        ids = [t for t in range(10, 10 + args.reply_tokens)] + [tok.eos_token_id]
+        ids = list(range(10, 10 + args.reply_tokens - 1)) + [tok.eos_token_id]  # `reply_tokens` in all
         engine = ScriptedEngine(tok, token_time_s=args.token_time_ms / 1000, max_batch_size=cfg.inference_max_batch_size)
         engine.next = (ids, [-1.0] * len(ids))
         return engine, "scripted"
