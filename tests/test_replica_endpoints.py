@@ -138,7 +138,8 @@ def test_a_replica_that_keeps_refusing_is_taken_out_before_the_default_moves_and
         async with asyncio.timeout(WAIT_S):
             result = await model.train(groups(make_choice), config=art.TrainConfig(learning_rate=1e-3))
         # B refused every attempt: out of the router before step 1 became the default on A
-        assert result.step == 1 and b_models.attempts == control.PUBLISH_ATTEMPTS
+        # (the monitor may already have tried to bring it back, and been refused too)
+        assert result.step == 1 and b_models.attempts >= control.PUBLISH_ATTEMPTS
         assert [r.index for r in replicas.in_service()] == [0] and live_version(a) == 1
         assert replicas.router.workers() == [a.url]
         assert live_version(b) == 0  # B still serves 0, but no rollout reaches it
