@@ -9,7 +9,9 @@ holding its slot `--token-time-ms` per token for `--reply-tokens` tokens, asleep
    most `--concurrency` at once, through the router with `model.openai_client()`'s session
    affinity (one `X-Session-ID` per rollout). One replica serves `slots / (token time x tokens)`
    requests a second; N replicas, with enough concurrency, N times that: the speedup and the
-   scaling efficiency (speedup / N) say how close the router and the replicas come to it.
+   scaling efficiency (speedup / N) say how close the router and the replicas come to it. The
+   router places sessions by a hash, not by load: each count's requests per replica, and the
+   busiest replica's share of them (1/N when even), say how much of a shortfall that explains.
 2. **The router's added latency**: the same request, one at a time, to one replica directly and
    through the router, alternately (unpaced: the scripted engine answers at once), median and 90th
    percentile of each and the difference of the medians.
@@ -38,9 +40,9 @@ log = logging.getLogger(__name__)
 
 def add_arguments(p: Any) -> None:
     p.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4], help="replica counts to measure")
-    p.add_argument("--rollouts", type=int, default=96, help="rollouts per replica count")
+    p.add_argument("--rollouts", type=int, default=192, help="rollouts per replica count")
     p.add_argument("--turns", type=int, default=2, help="turns (requests) per rollout")
-    p.add_argument("--concurrency", type=int, default=32, help="rollouts running at once")
+    p.add_argument("--concurrency", type=int, default=64, help="rollouts running at once")
     p.add_argument("--token-time-ms", type=float, default=20.0, help="scripted engine: time per token")
     p.add_argument("--reply-tokens", type=int, default=24, help="scripted engine: tokens per answer")
     p.add_argument("--slots", type=int, default=4, help="scripted engine: rows decoding at once per replica")
@@ -67,25 +69,33 @@ def _client(base_url: str) -> Any:
                        http_client=DefaultAioHttpClient(event_hooks=event_hooks()))
 
 
-async def _rollouts(base_url: str, args: Any) -> float:
-    """Seconds for `args.rollouts` rollouts of `args.turns` turns, `args.concurrency` at once."""
+async def _rollouts(base_url: str, args: Any) -> tuple[float, float, dict[str, int]]:
+    """(seconds, this process's CPU seconds, requests per replica) for `args.rollouts` rollouts of `args.turns`
+    turns, `args.concurrency` at once."""
+    from ..replicas.affinity import REPLICA_HEADER
+
     client = _client(base_url)
     gate = asyncio.Semaphore(args.concurrency)
+    served: dict[str, int] = {}
 
     async def rollout(k: int) -> None:
         async with gate:
             messages = [{"role": "user", "content": f"rollout {k}"}]
             for turn in range(args.turns):
-                response = await client.chat.completions.create(model="bench", messages=messages, max_tokens=64)
-                messages += [{"role": "assistant", "content": response.choices[0].message.content or ""},
+                raw = await client.chat.completions.with_raw_response.create(model="bench", messages=messages,
+                                                                             max_tokens=64)
+                replica = raw.headers.get(REPLICA_HEADER, "?")
+                served[replica] = served.get(replica, 0) + 1
+                messages += [{"role": "assistant", "content": raw.parse().choices[0].message.content or ""},
                              {"role": "user", "content": f"turn {turn}"}]
 
     await asyncio.gather(*(rollout(k) for k in range(min(args.concurrency, args.rollouts))))  # warm connections
-    started = time.perf_counter()
-    await asyncio.gather(*(rollout(k) for k in range(args.rollouts)))
-    seconds = time.perf_counter() - started
+    served.clear()
+    started, cpu = time.perf_counter(), time.process_time()
+    await asyncio.gather(*(rollout(args.rollouts + k) for k in range(args.rollouts)))
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     await client.close()
-    return seconds
+    return seconds, cpu, dict(sorted(served.items()))
 
 
 async def _latencies(direct_url: str, routed_url: str, count: int) -> tuple[list[float], list[float]]:
@@ -120,7 +130,7 @@ def main(args: Any) -> int:
             replicas = _replica_set(n, args, run, args.token_time_ms)
             try:
                 replicas.set_live_weights(str(run / "v0"), 0)
-                seconds = asyncio.run(_rollouts(replicas.base_url, args))
+                seconds, cpu, served = asyncio.run(_rollouts(replicas.base_url, args))
                 for k in range(1, args.publishes + 1):
                     replicas.set_live_weights(str(run / f"v{k}"), k)
                 publish = replicas.publish_seconds[1:]
@@ -128,7 +138,9 @@ def main(args: Any) -> int:
                 replicas.close()
             rows.append({"replicas": n, "seconds": round(seconds, 3), "rollouts_per_s": round(args.rollouts / seconds, 2),
                          "requests_per_s": round(args.rollouts * args.turns / seconds, 2),
-                         "publish_ms_median": round(1000 * statistics.median(publish), 1)})
+                         "publish_ms_median": round(1000 * statistics.median(publish), 1),
+                         "client_cpu_s": round(cpu, 2), "requests_per_replica": served,
+                         "busiest_share": round(max(served.values()) / sum(served.values()), 3)})
             log.info("%d replica(s): %.2f rollouts/s, publish %.1f ms", n, rows[-1]["rollouts_per_s"],
                      rows[-1]["publish_ms_median"])
         base = next((r for r in rows if r["replicas"] == 1), rows[0])
