@@ -163,6 +163,33 @@ def test_each_rollout_task_sends_its_own_session_and_then_expects_its_replica():
     assert seen[-1][1] == "mine" and seen[-1][2] is None
 
 
+def test_a_task_whose_replica_is_gone_starts_a_new_session_after_the_failed_turn():
+    """A long-lived task (PipelineTrainer's rollout worker) is not tied to a dead replica: the turn answered 410
+    fails, the task's next request goes out on a new session without an expected replica; `new_session()` starts
+    one on purpose."""
+    seen: list[tuple[str | None, str | None]] = []
+    answers = iter([(200, "r0"), (410, "r1"), (200, "r1"), (200, "r1")])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.headers.get(affinity.SESSION_HEADER), request.headers.get(affinity.EXPECTED_HEADER)))
+        status, replica = next(answers)
+        return httpx.Response(status, json={}, headers={affinity.REPLICA_HEADER: replica})
+
+    async def main():
+        client = httpx.AsyncClient(transport=httpx.MockTransport(handler), event_hooks=affinity.event_hooks())
+        for _ in range(3):
+            await client.get("http://router/")
+        affinity.new_session()
+        await client.get("http://router/")
+        await client.aclose()
+
+    asyncio.run(main())
+    (s0, e0), (s1, e1), (s2, e2), (s3, e3) = seen
+    assert e0 is None and s1 == s0 and e1 == "r0"  # the second turn expects the first one's replica
+    assert s2 != s1 and e2 is None  # after the 410: a new session, no replica expected
+    assert s3 != s2 and e3 is None  # new_session(): another one
+
+
 def test_model_openai_clients_carry_the_session_header(tmp_path):
     """`model.openai_client()` (cached, and with kwargs) sends the rollout's session: ART's code is unchanged."""
     from artrl.openai_clients import OpenAIClients

@@ -14,6 +14,8 @@ turn meant for another one (the rollout's replica died and the router sent the t
 elsewhere: the record of its earlier turns and its KV cache are gone with it) answers 410 with
 an error that says so, and `x-should-retry: false`, so the rollout fails at once with that
 error (ART's gather rules then apply to it), never a silent change of replica, never a hang.
+The task's session starts anew after that answer, so a task that goes on to other rollouts
+(a long-lived worker) is not tied to the dead replica; `new_session()` starts one on purpose.
 """
 
 from __future__ import annotations
@@ -54,6 +56,17 @@ def current_session() -> Session | None:
     return session
 
 
+def new_session() -> None:
+    """Give the running task a fresh session: what a task that runs one rollout after another calls before each
+    (PipelineTrainer's rollout workers do), so that each rollout is placed anew."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        return
+    if task is not None:
+        _sessions[task] = Session(uuid.uuid4().hex)
+
+
 async def _on_request(request: Any) -> None:
     session = current_session()
     if session is None or SESSION_HEADER in request.headers:
@@ -65,10 +78,14 @@ async def _on_request(request: Any) -> None:
 
 async def _on_response(response: Any) -> None:
     replica = response.headers.get(REPLICA_HEADER)
-    if replica is None or response.status_code >= 400 or SESSION_HEADER not in response.request.headers:
+    if replica is None or SESSION_HEADER not in response.request.headers:
         return
     session = current_session()
-    if session is not None and session.replica is None and response.request.headers[SESSION_HEADER] == session.id:
+    if session is None or response.request.headers[SESSION_HEADER] != session.id:
+        return  # the caller's own session header
+    if response.status_code == 410:  # its replica is gone: this turn fails; the task's next requests start anew
+        _sessions[asyncio.current_task()] = Session(uuid.uuid4().hex)  # type: ignore[index]
+    elif response.status_code < 400 and session.replica is None:
         session.replica = replica
 
 
