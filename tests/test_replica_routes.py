@@ -239,3 +239,11 @@ def test_replicas_are_refused_on_a_non_loopback_host(tmp_path):
     with pytest.raises(ConfigError, match="loopback only"):
         asyncio.run(model.register(backend))
     backend.close()
+
+
+def test_vllm_replicas_of_a_random_shape_are_refused_before_anything_starts(tmp_path):
+    from artrl.replicas.control import ReplicaSet
+
+    cfg = art.InternalModelConfig(inference_replicas=2, inference_engine="vllm")
+    with pytest.raises(ConfigError, match="inference_engine='builtin'"):
+        ReplicaSet(name="m", base_model="random:qwen3-8b", cfg=cfg, run=tmp_path, api_key="k")

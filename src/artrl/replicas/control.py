@@ -95,6 +95,12 @@ class ReplicaSet:
             raise ConfigError(f"inference replicas with LocalBackend(host={host!r}): the router's worker routes have "
                               "no authentication, so it listens on loopback only; keep host='127.0.0.1' (rollouts "
                               "in this program reach it), and give other machines' servers as inference_endpoints.")
+        from ..models.loading import RANDOM_SHAPES
+
+        if (engine or cfg.inference_engine) == "vllm" and base_model in RANDOM_SHAPES and not cfg.inference_endpoints:
+            raise ConfigError(f"inference_engine='vllm' replicas of {base_model!r}: vLLM loads weights from a path, "
+                              "and a random shape has none on disk; use inference_engine='builtin' (each replica "
+                              "builds the same weights from the seed).")
         self.name, self.base_model, self.cfg, self.run = name, base_model, cfg, Path(run)
         self.api_key = api_key
         self.leased = leased
@@ -151,9 +157,12 @@ class ReplicaSet:
         self._closing.set()
         with self._changed:
             self._changed.notify_all()
-        for replica in self.replicas:
-            if replica.process is not None:
-                replica.process.stop(timeout=30.0)
+        stopping = [threading.Thread(target=r.process.stop, kwargs={"timeout": 30.0}, daemon=True)
+                    for r in self.replicas if r.process is not None]
+        for thread in stopping:  # all at once: each exits when its stdin closes
+            thread.start()
+        for thread in stopping:
+            thread.join()
         self.router.stop()
         shutdown.untrack(self, shutdown.ENGINES)
 
