@@ -232,3 +232,54 @@ def test_the_readme_loop_runs_unchanged_on_replicas(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert [line.split(":")[0] for line in run.stdout.splitlines()] == ["step 1", "step 2"]
     assert run.stderr.count("published on 2 replicas") == 2  # each step on both replicas
+
+
+def test_a_turn_in_flight_on_a_replica_that_dies_fails_its_trajectory_and_the_gather_goes_on(tmp_path):
+    """Two paced scripted replicas (each turn takes 2 s): 12 rollouts send their second turn, then one replica
+    is killed. The rollouts it was serving fail with an error (ART's gather rules count them), the others end
+    normally, and nothing waits for ever."""
+    from artrl.replicas.control import ReplicaSet
+
+    cfg = art.InternalModelConfig(inference_replicas=2, inference_max_batch_size=16, device="cpu")
+    replicas = ReplicaSet(name="s", base_model="artrl/tiny", cfg=cfg, run=tmp_path, api_key="k", engine="scripted",
+                          engine_options=["--token-time-ms", "200", "--reply-tokens", "10"]).start()
+    try:
+        replicas.set_live_weights(str(tmp_path), 0)
+        model = art.Model(name="s", project="p", inference_base_url=replicas.base_url, inference_api_key="k")
+        victim = replicas.replicas[0]
+        on: dict[int, str] = {}
+
+        async def main():
+            second_sent = asyncio.Semaphore(0)
+
+            async def rollout(k: int) -> art.Trajectory:
+                client = model.openai_client()
+                messages = [{"role": "user", "content": f"r{k}"}]
+                first = await client.chat.completions.with_raw_response.create(model="s", messages=messages)
+                on[k] = first.headers[affinity.REPLICA_HEADER]
+                messages += [{"role": "assistant", "content": first.parse().choices[0].message.content},
+                             {"role": "user", "content": "again"}]
+                second_sent.release()
+                choice = (await client.chat.completions.create(model="s", messages=messages)).choices[0]
+                return art.Trajectory(messages_and_choices=messages + [choice], reward=1.0)
+
+            async with asyncio.timeout(120):
+                gather = asyncio.ensure_future(art.gather_trajectories(
+                    (rollout(k) for k in range(12)), max_exceptions=12))
+                for _ in range(12):
+                    await second_sent.acquire()
+                victim_id = victim.id
+                os.kill(victim.process.pid, signal.SIGKILL)  # every rollout is in its second turn
+                trajectories = await gather
+            return victim_id, trajectories
+
+        victim_id, trajectories = asyncio.run(main())
+        survivors = sum(1 for replica in on.values() if replica != victim_id)
+        assert 0 < survivors < 12, on  # 12 sessions over 2 replicas: both served some
+        ok = [t for t in trajectories if isinstance(t, art.Trajectory)]
+        failed = [t for t in trajectories if not isinstance(t, art.Trajectory)]
+        assert len(ok) == survivors, failed  # the victim's rollouts are the failed ones, the others whole
+        assert all(isinstance(e, openai.APIError) for e in failed), failed
+        print(sorted({f"{type(e).__name__}: {str(e)[:160]}" for e in failed}))
+    finally:
+        replicas.close()
