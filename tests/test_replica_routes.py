@@ -247,3 +247,17 @@ def test_vllm_replicas_of_a_random_shape_are_refused_before_anything_starts(tmp_
     cfg = art.InternalModelConfig(inference_replicas=2, inference_engine="vllm")
     with pytest.raises(ConfigError, match="inference_engine='builtin'"):
         ReplicaSet(name="m", base_model="random:qwen3-8b", cfg=cfg, run=tmp_path, api_key="k")
+
+
+def test_each_gpu_replica_sees_only_its_gpu(tmp_path):
+    import json
+
+    from artrl.replicas.control import ReplicaSet
+
+    cfg = art.InternalModelConfig(inference_gpu_ids=[2, 5], trainer_gpu_ids=[0, 1], lora_rank=4)
+    replicas = ReplicaSet(name="m", base_model="artrl/tiny", cfg=cfg, run=tmp_path, api_key="k")
+    for replica, gpu in zip(replicas.replicas, ("2", "5")):
+        argv, env = replicas.command(replica)
+        config = json.loads(argv[argv.index("--config") + 1])
+        assert env["CUDA_VISIBLE_DEVICES"] == gpu and config["device"] == "cuda"
+        assert config["lora_rank"] == 4 and config["inference_gpu_ids"] is None and config["trainer_gpu_ids"] is None

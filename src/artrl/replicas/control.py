@@ -392,12 +392,14 @@ class ReplicaSet:
                         log.error("%s: %s answers again but cannot rejoin: %s", self.name, replica, error)
 
     # ------------------------------------------------------------------ helpers
-    def _spawn(self, replica: Replica) -> ChildProcess:
+    def command(self, replica: Replica) -> tuple[list[str], dict[str, str]]:
+        """(argv, environment) of `replica`'s process: replicas/process.py with the model's config, on its device
+        (a GPU replica sees only its GPU, as its cuda:0)."""
         import json
 
         device = None if replica.device == "default" else replica.device
         env = child_env()
-        if device is not None and device.startswith("cuda:"):  # the replica sees its GPU only, as its cuda:0
+        if device is not None and device.startswith("cuda:"):
             env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
             device = "cuda"
         served = self.cfg.model_copy(update={"inference_replicas": None, "inference_endpoints": None,
@@ -408,8 +410,12 @@ class ReplicaSet:
                 *self._engine_options]
         if self.api_key:
             argv += ["--api-key", self.api_key]
+        return argv, env
+
+    def _spawn(self, replica: Replica) -> ChildProcess:
         from .process import READY_PREFIX
 
+        argv, env = self.command(replica)
         replica.process = ChildProcess(f"replica{replica.index}", argv, ready_prefix=READY_PREFIX.strip(),
                                        env=env, on_exit=self._died).start()
         return replica.process
