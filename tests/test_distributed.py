@@ -119,7 +119,7 @@ def test_seed_like_workload_is_balanced_within_10_percent_on_two_ranks(scale):
     (dict(trainer_gpu_ids=[0, 0]), "distinct"),
     (dict(trainer_gpu_ids=[0, 1], num_workers=3), "num_workers=3"),
     (dict(trainer_gpu_ids=[0], inference_gpu_ids=[0]), "overlap"),
-    (dict(inference_gpu_ids=[1, 2]), "exactly one GPU"),
+    (dict(inference_gpu_ids=[1, 1]), "distinct"),
     (dict(num_nodes=2), "rendezvous_endpoint"),
     (dict(rendezvous_endpoint="nohost"), "HOST:PORT"),
 ])

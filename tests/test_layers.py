@@ -6,7 +6,8 @@ blocks are left out, they never run). Two rules:
 1. No cycle among artrl's modules.
 2. Layers, lowest first: a module imports only from its own layer or lower ones,
    and the named layers never import each other sideways. The run directory
-   (`run/`) is below the training workers (`distributed/`), which are below the
+   (`run/`) is below the training workers (`distributed/`) and the inference
+   replicas (`replicas/`, beside them), which are below the
    user's model handle (`model.py`) and the run viewer (`runs.py`), which are
    below the local backend and its sessions (`local/`). The pure-data path
    (`preprocess/`) imports neither the trainer nor the server, and neither of
@@ -24,12 +25,13 @@ import pytest
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "artrl"
 
 # name -> rank; an arrow must go to a strictly lower rank (the same name: inside one layer)
-LAYERS = {"artrl.run": 0, "artrl.distributed": 1, "artrl.model": 2, "artrl.runs": 2, "artrl.local": 3}
+LAYERS = {"artrl.run": 0, "artrl.distributed": 1, "artrl.replicas": 1, "artrl.model": 2, "artrl.runs": 2,
+          "artrl.local": 3}
 # what a part of the data path must never import
 FORBIDDEN = {
     "artrl.preprocess": ("artrl.train", "artrl.serve", "artrl.local", "artrl.distributed", "artrl.run"),
     "artrl.train": ("artrl.serve", "artrl.local", "artrl.distributed", "artrl.run", "artrl.model"),
-    "artrl.serve": ("artrl.train", "artrl.local", "artrl.distributed", "artrl.run", "artrl.model"),
+    "artrl.serve": ("artrl.train", "artrl.local", "artrl.distributed", "artrl.run", "artrl.model", "artrl.replicas"),
     "artrl.run": ("artrl.local", "artrl.distributed", "artrl.model", "artrl.runs", "artrl.serve", "artrl.train"),
 }
 

@@ -10,6 +10,7 @@
     artrl bench learn               learning per rollout: artrl's train step vs a plain GRPO step
     artrl bench pipeline            the synchronous RL loop vs ART's PipelineTrainer, tools that take time
     artrl bench memory --model M    the memory plan beside the measured peak of one LoRA RL call
+    artrl bench replicas            rollouts on 1, 2, 4 inference replicas behind the router
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ _ARGUMENTS = {
     ("bench", "learn"): "artrl.bench.learn_bench",
     ("bench", "pipeline"): "artrl.bench.pipeline_bench",
     ("bench", "memory"): "artrl.bench.memory_bench",
+    ("bench", "replicas"): "artrl.bench.replicas_bench",
 }
 
 
@@ -73,6 +75,8 @@ def _parser(only: tuple[str, str | None] | None = None, *, first_pass: bool = Fa
             ("bench", "pipeline"))
     command(bsub, "memory", "the memory plan of a model beside the measured peak of one LoRA RL call",
             ("bench", "memory"))
+    command(bsub, "replicas", "rollout throughput on 1, 2, 4 inference replicas behind the router, its added "
+            "latency, and the publish time of a version", ("bench", "replicas"))
     return p
 
 
@@ -119,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             return run(args)
         if args.command == "bench" and args.bench == "pipeline":
             from .bench.pipeline_bench import main as run
+            return run(args)
+        if args.command == "bench" and args.bench == "replicas":
+            from .bench.replicas_bench import main as run
             return run(args)
         if args.command == "bench" and args.bench == "memory":
             from .bench.memory_bench import main as run

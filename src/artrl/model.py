@@ -125,7 +125,9 @@ class Model(pydantic.BaseModel):
         Without kwargs the client is cached, so rollouts may call this per request as ART code does: for a
         local server, inside a running event loop, one client per loop on the SDK's aiohttp transport
         (closed when that loop ends); otherwise one client on the SDK's default httpx transport
-        (artrl/openai_clients.py). With kwargs, a new client on the default transport each call.
+        (artrl/openai_clients.py). With kwargs, a new client on the default transport each call. Every request
+        carries its rollout's `X-Session-ID` (one per asyncio task), which keeps a rollout's turns on one inference
+        replica behind a router (replicas/affinity.py).
         """
         if self.inference_base_url is None:
             if self.trainable:
@@ -135,9 +137,12 @@ class Model(pydantic.BaseModel):
                               "to make an OpenAI client")
         base_url, api_key = self.inference_base_url, self.inference_api_key or "artrl"
         if kwargs:
-            from openai import AsyncOpenAI, Timeout
+            from openai import AsyncOpenAI, DefaultAsyncHttpxClient, Timeout
+
+            from .replicas.affinity import event_hooks
 
             kwargs.setdefault("timeout", Timeout(OPENAI_CLIENT_TIMEOUT_S, connect=OPENAI_CONNECT_TIMEOUT_S))
+            kwargs.setdefault("http_client", DefaultAsyncHttpxClient(event_hooks=event_hooks()))
             return AsyncOpenAI(base_url=base_url, api_key=api_key, **kwargs)
         if self._clients is None:
             from .openai_clients import OpenAIClients

@@ -18,6 +18,8 @@ An aiohttp session belongs to the event loop it first ran on, so:
 3. **Everything else keeps the SDK's default httpx client, one cached for all loops as before**: a call
    made outside a running loop (no loop to bind a session to), a server on another host (where the
    network, not the client, is the cost), or aiohttp missing.
+4. **One session per rollout.** Every request carries the `X-Session-ID` of the asyncio task that sends
+   it, which a router in front of several inference replicas keeps on one replica (replicas/affinity.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
+from .replicas.affinity import event_hooks
 from .serve.background import is_loopback
 
 
@@ -94,12 +97,14 @@ class OpenAIClients:
             if held is None:
                 from openai import DefaultAioHttpClient
 
-                client = self._make(timeout, DefaultAioHttpClient())
+                client = self._make(timeout, DefaultAioHttpClient(event_hooks=event_hooks()))
                 held = (client, _close_with(loop, client))
                 self._per_loop[loop] = held
             return held[0]
         if self._httpx is None:
-            self._httpx = self._make(timeout, None)
+            from openai import DefaultAsyncHttpxClient
+
+            self._httpx = self._make(timeout, DefaultAsyncHttpxClient(event_hooks=event_hooks()))
         return self._httpx
 
     def _make(self, timeout: tuple[float, float], http_client: Any) -> Any:

@@ -502,8 +502,19 @@ class InternalModelConfig(_Config):
         None, description="ART's name: the GPUs of the training workers, one worker each (this machine's "
         "CUDA device indices). Training then runs in worker processes, even on one GPU.")
     inference_gpu_ids: list[int] | None = pydantic.Field(
-        None, description="ART's name: the GPU that holds the inference server's model (exactly one). None: "
-        "`device`, or cuda:0.")
+        None, description="ART's name: the GPUs of inference. One GPU: it holds the inference server's model. "
+        "Several (ART allows one): one inference replica per GPU, each its own process, behind one router "
+        "(docs/distributed.md, 'Rollouts on several replicas'). None: `device`, or cuda:0.")
+    inference_replicas: int | None = pydantic.Field(
+        None, ge=1, description="Inference replicas on the serving device (`device`, or the one GPU of "
+        "inference_gpu_ids): this many engine processes, each with its own copy of the base model, behind one "
+        "router (vllm-router, `pip install \"artrl[replicas]\"`) that keeps each rollout on one replica; "
+        "model.openai_client() points at the router. None: the engine runs in this process.")
+    inference_endpoints: list[str] | None = pydantic.Field(
+        None, description="Inference servers started elsewhere ('http://host:port', e.g. other machines), each "
+        "an artrl server (`artrl serve --replica`) or a vLLM server with runtime LoRA loading, all serving this "
+        "model's base model: the router sends rollouts to them, and every checkpoint is loaded on each (they read "
+        "the run directory at the same path). None: replicas started here, or none.")
     num_nodes: int = pydantic.Field(
         1, ge=1, description="Machines in the training group. This one starts its `num_workers`; the others "
         "join with torchrun at `rendezvous_endpoint` (docs/distributed.md).")
@@ -514,6 +525,22 @@ class InternalModelConfig(_Config):
     collective_timeout_s: float = pydantic.Field(
         600.0, gt=0, description="Seconds a collective operation waits for the other ranks before the group "
         "fails with an error (init_process_group's timeout): a dead worker never hangs the others.")
+
+    @property
+    def replicated(self) -> bool:
+        """Whether inference runs on replica processes behind a router (replicas/) rather than in this process."""
+        return (self.inference_replicas is not None or self.inference_endpoints is not None
+                or len(self.inference_gpu_ids or []) > 1)
+
+    def replica_devices(self) -> list[str | None]:
+        """The device of each replica this process starts (None: the replica's default), [] for endpoints."""
+        if self.inference_endpoints is not None:
+            return []
+        gpus = self.inference_gpu_ids or []
+        if len(gpus) > 1:
+            return [f"cuda:{g}" for g in gpus]
+        device = f"cuda:{gpus[0]}" if gpus else self.device
+        return [device] * (self.inference_replicas or 1)
 
     @property
     def distributed(self) -> bool:
@@ -536,11 +563,13 @@ class InternalModelConfig(_Config):
                 raise ConfigError(f"num_workers={self.num_workers} but trainer_gpu_ids={t} names {len(t)} GPUs; "
                                   "set only trainer_gpu_ids (one worker per GPU).")
         if i is not None:
-            if len(i) != 1:
-                raise ConfigError(f"inference_gpu_ids={i}; the inference server uses exactly one GPU, e.g. [{len(t or [])}].")
+            if not i or len(set(i)) != len(i) or min(i) < 0:
+                raise ConfigError(f"inference_gpu_ids={i}; give distinct CUDA device indices: one for the inference "
+                                  "server, or one per inference replica.")
             if t is not None and set(i) & set(t):
                 raise ConfigError(f"trainer_gpu_ids={t} and inference_gpu_ids={i} overlap; give the server a GPU "
                                   "of its own, or drop inference_gpu_ids to share one.")
+        self._check_replicas()
         if self.num_nodes > 1 and not self.rendezvous_endpoint:
             raise ConfigError(f"num_nodes={self.num_nodes} needs rendezvous_endpoint='HOST:PORT' with an address of "
                               "this machine that the other machines reach (docs/distributed.md).")
@@ -549,6 +578,33 @@ class InternalModelConfig(_Config):
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ConfigError(f"rendezvous_endpoint={self.rendezvous_endpoint!r}; expected HOST:PORT, e.g. "
                                   "'10.0.0.5:29400'.")
+
+    def _check_replicas(self) -> None:
+        """The three ways of naming inference replicas exclude one another (docs/distributed.md)."""
+        gpus, n, urls = self.inference_gpu_ids or [], self.inference_replicas, self.inference_endpoints
+        if n is not None and urls is not None:
+            raise ConfigError(f"inference_replicas={n} and inference_endpoints={urls}: replicas are either started "
+                              "here (inference_replicas) or started elsewhere (inference_endpoints); set one of them.")
+        if n is not None and len(gpus) > 1:
+            raise ConfigError(f"inference_replicas={n} with inference_gpu_ids={gpus}: several inference GPUs already "
+                              f"start one replica each ({len(gpus)}); drop inference_replicas, or name one GPU to "
+                              f"put {n} replicas on it.")
+        if urls is not None:
+            if self.inference_gpu_ids is not None:
+                raise ConfigError(f"inference_endpoints={urls} with inference_gpu_ids={gpus}: the endpoints' servers "
+                                  "run on their own machines' devices; drop inference_gpu_ids.")
+            if not urls:
+                raise ConfigError("inference_endpoints=[]; name at least one server ('http://host:port'), or drop "
+                                  "inference_endpoints to serve in this process.")
+            from urllib.parse import urlsplit
+
+            for k, url in enumerate(urls):
+                parts = urlsplit(url) if isinstance(url, str) else None
+                if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+                    raise ConfigError(f"inference_endpoints[{k}]={url!r}; give each server as 'http://host:port' "
+                                      "(the address of its OpenAI-compatible server, without /v1).")
+            if len({u.rstrip("/") for u in urls}) != len(urls):
+                raise ConfigError(f"inference_endpoints={urls} names a server twice; list each server once.")
 
     @property
     def workers_here(self) -> int:

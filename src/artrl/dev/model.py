@@ -139,6 +139,8 @@ class InternalModelConfig(TypedDict, total=False):
     tinker_native_args: TinkerNativeArgs | None
     trainer_gpu_ids: list[int]
     inference_gpu_ids: list[int]
+    inference_replicas: int | None
+    inference_endpoints: list[str] | None
     # artrl's own flat names
     lora_rank: int
     lora_alpha: float

@@ -5,6 +5,9 @@ ART's "dedicated mode" trains on `trainer_gpu_ids` and serves with vLLM on
 GPUs, the server on the inference GPU: docs/distributed.md); ART scripts also
 call these checks on their own configs, so they behave as ART's: pure functions
 over the nested dict that raise ValueError on an inconsistent configuration.
+One difference: ART refuses more than one inference GPU ("Multi-GPU inference not
+yet supported"); artrl starts one inference replica per GPU, so that is accepted
+(docs/art-compatibility.md).
 """
 
 from __future__ import annotations
@@ -33,9 +36,6 @@ def validate_dedicated_config(config: Mapping[str, Any]) -> None:
     shared = sorted(set(trainer) & set(inference))
     if shared:
         raise ValueError(f"trainer_gpu_ids and inference_gpu_ids must not overlap (both hold {shared})")
-    if len(inference) != 1:
-        raise ValueError(f"Multi-GPU inference not yet supported: inference_gpu_ids={list(inference)} must name "
-                         "exactly one GPU")
     if trainer[0] != 0:
         raise ValueError(f"trainer_gpu_ids={list(trainer)} must start at GPU 0 (training runs in this process)")
     if list(trainer) != list(range(len(trainer))):

@@ -24,6 +24,12 @@ that names the run directory to sync instead.
 With training workers (`InternalModelConfig.num_workers > 1`, `trainer_gpu_ids`
 or `num_nodes > 1`) the session is a `local.worker_session.WorkerSession`: this
 process serves, torch.distributed workers train (docs/distributed.md).
+
+With inference replicas (`inference_replicas`, several `inference_gpu_ids`, or
+`inference_endpoints`) the model is not served here: its `ReplicaSet`
+(replicas/control.py) takes each checkpoint to every replica, `model.inference_base_url`
+is their router's, and `get_inference_name()` answers `name@<published step>`
+(docs/distributed.md, "Rollouts on several replicas").
 """
 
 from __future__ import annotations
@@ -119,6 +125,7 @@ class LocalBackend(Backend):
         self._served: Any = None
         self._lock = threading.Lock()
         self._leases: dict[str, LeaseRegistry] = {}  # model name -> steps leased by rollouts and evals now
+        self._replicas: dict[str, Any] = {}  # model name -> its ReplicaSet, for a model served by replicas
         self.show_progress = show_progress
 
     # ------------------------------------------------------------------ lifecycle
@@ -146,7 +153,8 @@ class LocalBackend(Backend):
                     if d.is_dir() and not any(d.iterdir()):
                         d.rmdir()
                 raise
-            model.inference_base_url = self.base_url
+            replicas = self._replicas.get(model.name)
+            model.inference_base_url = replicas.base_url if replicas is not None else self.base_url
             model.inference_api_key = self._api_key
             model.inference_model_name = model.name
 
@@ -160,7 +168,7 @@ class LocalBackend(Backend):
         """
         self._apply_server_config(config or {})
         await self.register(model)
-        return self.base_url, self._api_key
+        return str(model.inference_base_url), self._api_key
 
     def _apply_server_config(self, config: dict[str, Any]) -> None:
         server_args = dict(config.get("server_args") or {})
@@ -228,18 +236,41 @@ class LocalBackend(Backend):
                 from .worker_session import WorkerSession
 
                 session_type = WorkerSession
-            session = session_type.open(storage.run_dir(self._path, model.project, model.name), name=model.name,
-                                        project=model.project, base_model=model.base_model, cfg=cfg)
+            run = storage.run_dir(self._path, model.project, model.name)
+            replicas = self._start_replicas(model, cfg, run) if cfg.replicated else None
+            try:
+                session = session_type.open(run, name=model.name, project=model.project, base_model=model.base_model,
+                                            cfg=cfg, engine=replicas)
+            except BaseException:
+                if replicas is not None:
+                    replicas.close()
+                raise
             self._runs[model.name] = session
-            self._ensure_server()
-            self._served.add(model.name, session.engine)
-            self._served.add_base(model.base_model, session.engine)
+            if replicas is not None:  # inference on replicas behind their router (docs/distributed.md)
+                self._replicas[model.name] = replicas
+            else:
+                self._ensure_server()
+                self._served.add(model.name, session.engine)
+                self._served.add_base(model.base_model, session.engine)
             log.info("registered %s/%s (%s) at step %d", model.project, model.name, model.base_model, session.step)
             if model.base_model == TINY_MODEL_NAME and session.step == 0:
                 log.info("%s is untrained (random weights, gibberish answers): RL can only reinforce what it says by "
                          "chance, so a reward it never earns by luck stays flat. To teach it a task, warm it up with "
                          "train_sft first (examples/sft_then_rl.py, `artrl demo`), or use a real model "
                          "(docs/getting-started.md).", TINY_MODEL_NAME)
+
+    def _start_replicas(self, model: "TrainableModel", cfg: InternalModelConfig, run: Path) -> Any:
+        """The model's inference replicas and their router, started (replicas/control.py); they load the base model
+        while the session loads the trainer's."""
+        from ..replicas.control import ReplicaSet
+
+        leases = self.leases(model)
+        return ReplicaSet(name=model.name, base_model=model.base_model, cfg=cfg, run=run, api_key=self._api_key,
+                          host=self._host, leased=leases.active_steps).start()
+
+    def replicas(self, model: "Model") -> Any:
+        """The `ReplicaSet` serving `model` (replicas/control.py), or None when it is served in this process."""
+        return self._replicas.get(model.name)
 
     def close(self) -> _Done:
         """Stop generation, the server and release the models; works awaited (ART) or called plainly.
@@ -253,6 +284,7 @@ class LocalBackend(Backend):
             self._server.stop()
             self._server = None
         self._runs.clear()
+        self._replicas.clear()
         return _Done()
 
     def __enter__(self) -> "LocalBackend":
@@ -284,6 +316,9 @@ class LocalBackend(Backend):
         base = model.inference_model_name or model.name
         if step is None:
             step = pinned_inference_step(model.name)  # inside adapter_lease(model, step): that checkpoint
+        replicas = self._replicas.get(model.name)
+        if step is None and replicas is not None:
+            step = replicas.published  # on replicas: the step every replica holds (replicas/control.py, rule 2)
         return base if step is None else f"{base}@{step}"
 
     # ------------------------------------------------------------------ leases (ART 0.5.18, PipelineTrainer)
@@ -297,6 +332,11 @@ class LocalBackend(Backend):
         `name@step`, so every turn of a rollout samples from checkpoint `step` while the trainer writes newer
         ones; the step counts as leased (`leases(model).active_steps()`) until the block ends."""
         async with pin_inference_step(model.name, step), self.leases(model).hold(step):
+            replicas = self._replicas.get(model.name)
+            if replicas is not None and step not in replicas.versions:  # pruned earlier: loaded everywhere again
+                path = self._state(model).checkpoint_path(step)
+                if path is not None:
+                    await asyncio.to_thread(replicas.ensure_loaded, step, path)
             yield
 
     async def prune_model_adapters(self, model: "Model", *, retain_steps: Iterable[int]) -> set[int]:
@@ -305,7 +345,10 @@ class LocalBackend(Backend):
         here (that is `_delete_checkpoint_files`). Returns the steps kept. `ServedModels.prune` may wait for
         the decode worker's next step boundary, so it runs off the event loop."""
         retain = set(retain_steps) | self.leases(model).active_steps()
-        if self._served is not None:
+        replicas = self._replicas.get(model.name)
+        if replicas is not None:  # unloaded on every replica (replicas/control.py, rule 4)
+            await asyncio.to_thread(replicas.prune, retain)
+        elif self._served is not None:
             await asyncio.to_thread(self._served.prune, model.inference_model_name or model.name, retain)
         return retain
 

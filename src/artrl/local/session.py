@@ -89,7 +89,7 @@ class TrainingSession:
     # ------------------------------------------------------------------ opening
     @classmethod
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
-             cfg: InternalModelConfig) -> "TrainingSession":
+             cfg: InternalModelConfig, engine: Any = None) -> "TrainingSession":
         from ..chat_format import end_of_turn_ids
         from ..models.source import check_model_source
         from ..train.trainer import Trainer
@@ -101,8 +101,10 @@ class TrainingSession:
         peft_model, tok = cls._load_weights(source, cfg)
         # one definition of what ends a turn, for the trainer and the engine alike
         end_ids = end_of_turn_ids(tok, peft_model)
-        # the engine first: the built-in one copies the model's modules before the trainer applies its kernels
-        engine = cls._open_engine(peft_model, tok, end_ids, cfg, source)
+        # the engine first: the built-in one copies the model's modules before the trainer applies its kernels.
+        # `engine` given: inference runs elsewhere (replicas/control.py's ReplicaSet), which takes the checkpoints
+        if engine is None:
+            engine = cls._open_engine(peft_model, tok, end_ids, cfg, source)
         try:
             trainer = Trainer(peft_model, tok, cfg, end_ids=end_ids)
         except BaseException:

@@ -6,11 +6,18 @@
 `--checkpoint` takes a checkpoint directory (with an adapter) or a run directory
 (its latest complete checkpoint is used; older ones are served as `name@step`).
 The server binds to 127.0.0.1; any other `--host` needs `--api-key`.
+
+    artrl serve --replica --model Qwen/Qwen3-0.6B --name agent-001 --host 0.0.0.0 --api-key KEY
+
+serves as an inference replica of a training run on another machine (its
+`inference_endpoints`): the same server with the control routes of
+serve/control_routes.py, through which that run loads every checkpoint here.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +46,8 @@ def build_app(args: Any) -> Any:
     from ..serve.factory import open_engine, resolve_engine_kind
     from ..serve.models import ServedModels
     from ..serve.server import create_app
-    from ..models.loading import (RANDOM_SHAPES, load_base_model, load_generation_config, load_tokenizer,
-                                  resolve_device, resolve_name)
+    from ..models.loading import (RANDOM_SHAPES, load_base_model, load_generation_config, load_model,
+                                  load_tokenizer, resolve_device, resolve_name)
     from ..types import InternalModelConfig
     from ..run import storage
 
@@ -53,7 +60,10 @@ def build_app(args: Any) -> Any:
     kind = resolve_engine_kind(cfg.inference_engine, resolve_device(cfg).type, weights_on_disk=on_disk)
     adapter, run = _adapter_and_run(args.checkpoint)
     if kind == "builtin":
-        model, tok = load_base_model(args.model, cfg)
+        if args.replica and adapter is None:  # a peft model: the checkpoints it is sent load as its adapters
+            model, tok = load_model(args.model, cfg)
+        else:
+            model, tok = load_base_model(args.model, cfg)
         if adapter is not None:
             from peft import PeftModel
 
@@ -77,7 +87,12 @@ def build_app(args: Any) -> Any:
 
     bounds = {k: v for k, v in (("body_timeout", args.body_timeout), ("body_deadline", args.body_deadline))
               if v is not None}  # else create_app's defaults
-    app = create_app(ServedModels(name, engine, checkpoint_path=checkpoint_path), api_key=args.api_key, **bounds)
+    served = ServedModels(name, engine, checkpoint_path=checkpoint_path)
+    if args.replica:  # an inference replica of a training run elsewhere (replicas/, docs/distributed.md)
+        served.add_base(args.model, engine)
+        bounds.update(adapter_control=True, replica_id=args.replica_id or f"{socket.gethostname()}:{args.port}",
+                      engine_kind=kind, base_model=args.model)
+    app = create_app(served, api_key=args.api_key, **bounds)
     return app, name
 
 
@@ -97,6 +112,11 @@ def add_arguments(p: Any) -> None:
                    help="seconds a whole request body has from the request head (408 after; default 60)")
     p.add_argument("--engine", choices=("auto", "builtin", "vllm"), default="auto",
                    help="inference engine (default: auto = vLLM when installed and on a GPU, else built-in)")
+    p.add_argument("--replica", action="store_true",
+                   help="serve as an inference replica of a training run elsewhere (its inference_endpoints): adds "
+                        "the routes that load checkpoints and set the live weights; --name must be the model's name")
+    p.add_argument("--replica-id", default=None,
+                   help="with --replica: the id in every response's x-artrl-replica header (default: host:port)")
 
 
 def main(args: Any) -> int:

@@ -51,8 +51,8 @@ class WorkerSession(TrainingSession):
 
     @classmethod
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
-             cfg: InternalModelConfig) -> "WorkerSession":
-        session = super().open(run, name=name, project=project, base_model=base_model, cfg=cfg)
+             cfg: InternalModelConfig, engine: Any = None) -> "WorkerSession":
+        session = super().open(run, name=name, project=project, base_model=base_model, cfg=cfg, engine=engine)
         assert isinstance(session, WorkerSession)
         session.workers = WorkerGroup(run, cfg, name=f"{project}-{name}")
         session._calls = threading.Lock()

@@ -44,6 +44,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from ..errors import ConfigError
 from ..local.adapter_leases import LeaseRegistry
+from ..replicas.affinity import new_session
 from ..run import storage
 from ..trajectories import Trajectory, TrajectoryGroup
 from .checkpoint_retention import (CHECKPOINT_CREATED_AT_METRIC, CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -375,6 +376,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 token = self.model.activate_metrics_context("train")
                 started = self.clock()
                 try:
+                    new_session()  # this worker runs rollout after rollout: each one is placed anew on replicas
                     async with self._adapter_lease(version):
                         group = await self.rollout_fn(self.model, scenario, self.config)
                 finally:

@@ -12,7 +12,9 @@ model, next to the checkpoints loaded by name (`name@step`, serve/models.py):
   the row keeps that adapter until it ends: no sequence sees its weights change.
 * **Named adapters.** `load_named(name, path)` loads a checkpoint under a request-visible
   name; a path already loaded as a version is aliased to it instead of loaded twice, so
-  `name@<live step>` and `name` run the same adapter and report the same version.
+  `name@<live step>` and `name` run the same adapter and report the same version. The other
+  way round too: a version whose checkpoint is already loaded by name takes that adapter
+  (an inference replica loads `name@step` on every replica first, then makes it live).
 * **Leases.** Every admitted row holds its adapter (`hold` / `release`); `prune` and
   `unload_named` never remove an adapter a row holds, nor the live version.
 * **Bounded without a pruner.** A version that is not live, that no row holds and no
@@ -81,9 +83,15 @@ class AdapterVersions:
         if current is not None and _same_path(self.paths[current], path):
             self.live_step = step
             return current
-        name = f"artrl_v{step}_{next(self._serial)}"
-        self.generation += 1
-        load_frozen_adapter(self.model, name, path)
+        # a checkpoint already loaded by name (a replica's control plane loads `name@step` first, then makes it
+        # live) becomes the version as it is: the name aliases its own tensors, so unloading the name keeps them
+        name = next((n for n, p in self.named.items() if n not in self.alias and _same_path(p, path)), None)
+        if name is not None:
+            self.alias[name] = name
+        else:
+            name = f"artrl_v{step}_{next(self._serial)}"
+            self.generation += 1
+            load_frozen_adapter(self.model, name, path)
         if current is not None:  # the step was written again (a failed call redone): the old tensors retire
             self._retired.add(current)
             del self.step_of[current]

@@ -79,10 +79,13 @@ class ServerMetrics:
 
 
 class ApiKey:
-    """ASGI middleware: every route needs `Authorization: Bearer <api_key>`, the scheme in any case (401 otherwise)."""
+    """ASGI middleware: every route needs `Authorization: Bearer <api_key>`, the scheme in any case (401 otherwise),
+    except the paths in `open_paths` (an inference replica's `/health`, which its router probes without a key, as
+    vLLM's server leaves it open)."""
 
-    def __init__(self, app: Any, api_key: str) -> None:
+    def __init__(self, app: Any, api_key: str, open_paths: tuple[str, ...] = ()) -> None:
         self.app, self.expected = app, api_key.encode()
+        self.open_paths = frozenset(open_paths)
 
     def _authorised(self, header: bytes) -> bool:
         scheme, _, key = header.partition(b" ")
@@ -90,7 +93,7 @@ class ApiKey:
         return hmac.compare_digest(key.strip(b" "), self.expected) & (scheme.lower() == b"bearer")
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope.get("path") in self.open_paths:
             return await self.app(scope, receive, send)
         if not self._authorised(dict(scope.get("headers", [])).get(b"authorization", b"")):
             error = APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",

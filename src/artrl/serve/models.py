@@ -22,11 +22,13 @@ the engine could not tell it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
 import threading
 import dataclasses
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from artrl.errors import ArtrlError, CheckpointError
 from artrl.once_per_run import OncePerRun
@@ -57,6 +59,8 @@ class ServedModels:
         self._bases: dict[str, InferenceEngine] = {}  # base model name -> an engine holding those base weights
         self._checkpoint_path = checkpoint_path
         self._adapters: dict[tuple[str, int], str] = {}  # (name, step) -> engine adapter name
+        self._paths: dict[tuple[str, int], str] = {}  # (name, step) -> the checkpoint it was loaded from
+        self._serial = itertools.count()  # adapter names are never reused (an unloaded one may come back)
         self._load_lock = threading.Lock()
         self._say = OncePerRun(logger)  # checkpoints loaded and unloaded as steps go by: INFO once, then DEBUG
         if name is not None:
@@ -76,6 +80,10 @@ class ServedModels:
             logger.warning("a served model is named %r like a base model; that name serves the model's live "
                            "weights, not the base model", base_model)
         self._bases.setdefault(base_model, engine)
+
+    def served(self) -> list[str]:
+        """Names of the served models (their live weights), without base models and checkpoints."""
+        return list(self._engines)
 
     def names(self) -> list[str]:
         """Served names: every live model, every base model, then every checkpoint loaded so far."""
@@ -111,19 +119,83 @@ class ServedModels:
                     f"The model {name}{STEP_SEPARATOR}{step} does not exist: no checkpoint of {name!r} "
                     f"at step {step}."
                 )
-            adapter = f"ckpt_{re.sub(r'[^0-9A-Za-z_]', '_', name)}_{step}_{len(self._adapters)}"
-            self._say("loading", "Loading checkpoint %s%s%d from %s", name, STEP_SEPARATOR, step, path)
-            try:
-                engine.load_adapter(adapter, str(path))
-            except InvalidRequestError:
-                raise  # the engine cannot hold adapters at all: not the checkpoint's fault
-            except Exception as error:  # a truncated, garbage or mismatched adapter on disk
-                raise CheckpointError(
-                    f"The checkpoint of {name}{STEP_SEPARATOR}{step} at {path} cannot be loaded "
-                    f"({type(error).__name__}: {error}). Delete that directory or request another step."
-                ) from error
-            self._adapters[(name, step)] = adapter
-            return adapter
+            return self._load_locked(name, step, str(path), engine)
+
+    def load(self, name: str, step: int, path: str) -> None:
+        """Serve the checkpoint in `path` as `name@step` from now on (the control route `/v1/load_lora_adapter`).
+
+        Loading the same path again is a no-op; another path under a loaded `name@step` is refused."""
+        engine = self._engine(name)
+        with self._load_lock:
+            if (name, step) in self._adapters:
+                loaded = self._paths.get((name, step))
+                if loaded is not None and Path(loaded).resolve() != Path(path).resolve():
+                    raise InvalidRequestError(
+                        f"{name}{STEP_SEPARATOR}{step} is already loaded from {loaded}; cannot load it from {path}. "
+                        f"Unload it first (/v1/unload_lora_adapter).")
+                return
+            self._load_locked(name, step, str(path), engine)
+
+    def unload(self, name: str, step: int) -> bool | None:
+        """Stop serving `name@step` and free its adapter (the control route `/v1/unload_lora_adapter`).
+
+        None: it was not loaded; False: a running request still uses it (nothing changed, ask again later);
+        True: unloaded. The engine's policy version of that step goes too, unless it is the live one."""
+        engine = self._engine(name)
+        unload = getattr(engine, "unload_adapter", None)
+        with self._load_lock:
+            adapter = self._adapters.get((name, step))
+            if adapter is None:
+                return None
+            if unload is None or not unload(adapter):
+                return False
+            del self._adapters[(name, step)]
+            self._paths.pop((name, step), None)
+        loaded = getattr(engine, "loaded_versions", None)
+        prune_versions = getattr(engine, "prune_versions", None)
+        if loaded is not None and prune_versions is not None and step in loaded:
+            prune_versions(set(loaded) - {step})
+        self._say("unloaded", "unloaded %s%s%d", name, STEP_SEPARATOR, step)
+        return True
+
+    def set_live(self, name: str, path: str, step: int) -> None:
+        """Serve the checkpoint in `path` (step `step`) as `name`, the live weights, from now on."""
+        self._engine(name).set_live_weights(str(path), int(step))
+
+    def live_step(self, name: str) -> int | None:
+        """The step `name` serves now (None: not known, e.g. the base weights of `artrl serve`)."""
+        engine = self._engine(name)
+        step = getattr(engine, "live_step", None)
+        if step is None and getattr(engine, "live_weights", None) is not None:
+            step = engine.live_weights[1]  # type: ignore[attr-defined]
+        return step
+
+    def loaded_steps(self, name: str) -> list[int]:
+        """Steps of `name` loaded as `name@step`."""
+        return sorted(step for served, step in self._adapters if served == name)
+
+    def _engine(self, name: str) -> InferenceEngine:
+        engine = self._engines.get(name)
+        if engine is None:
+            raise ModelNotFoundError(f"The model {name!r} is not served. Served models: {self.names()}")
+        return engine
+
+    def _load_locked(self, name: str, step: int, path: str, engine: InferenceEngine) -> str:
+        """Load `path` as `name@step` (the caller holds the load lock); returns the engine's adapter name."""
+        adapter = f"ckpt_{re.sub(r'[^0-9A-Za-z_]', '_', name)}_{step}_{next(self._serial)}"
+        self._say("loading", "Loading checkpoint %s%s%d from %s", name, STEP_SEPARATOR, step, path)
+        try:
+            engine.load_adapter(adapter, str(path))
+        except InvalidRequestError:
+            raise  # the engine cannot hold adapters at all: not the checkpoint's fault
+        except Exception as error:  # a truncated, garbage or mismatched adapter on disk
+            raise CheckpointError(
+                f"The checkpoint of {name}{STEP_SEPARATOR}{step} at {path} cannot be loaded "
+                f"({type(error).__name__}: {error}). Delete that directory or request another step."
+            ) from error
+        self._adapters[(name, step)] = adapter
+        self._paths[(name, step)] = str(path)
+        return adapter
 
     def prune(self, name: str, retain_steps: Iterable[int]) -> list[int]:
         """Unload `name`'s checkpoints and policy versions whose step is not in `retain_steps`; returns the steps
@@ -140,6 +212,7 @@ class ServedModels:
             for (served, step), adapter in sorted(self._adapters.items()):
                 if served == name and step not in retain and unload is not None and unload(adapter):
                     del self._adapters[(served, step)]
+                    self._paths.pop((served, step), None)
                     unloaded.add(step)
         prune_versions = getattr(engine, "prune_versions", None)
         if prune_versions is not None:

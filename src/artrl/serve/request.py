@@ -72,6 +72,12 @@ class ChatCompletionRequest(BaseModel):
 
 IGNORED_FIELDS = {"user", "stream_options", "metadata", "store", "service_tier"}
 """Fields of OpenAI's API the server accepts and does nothing with, without a warning."""
+ROUTER_DEFAULTS = {"no_stop_trim": False, "ignore_eos": False, "continue_final_message": False,
+                   "skip_special_tokens": True, "separate_reasoning": True, "stream_reasoning": True,
+                   "return_hidden_states": False, "include_reasoning": True}
+"""Fields vllm-router adds to every request it forwards (replicas/router.py), with the values it gives them: at
+these values they ask for nothing artrl's server does not do anyway, so they pass without a warning (another value
+is warned about as any unsupported parameter)."""
 
 
 @dataclass(frozen=True)

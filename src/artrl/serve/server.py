@@ -77,12 +77,14 @@ from artrl.errors import CheckpointError
 from artrl.models.moe import RECORD_KEY as ROUTING_RECORD_KEY, encode_routing
 from artrl.serve.background import ServerHandle, start_server
 from artrl.serve.chat import DEFAULT_RECORD_CACHE_BYTES, PromptBuilder, request_messages
+from artrl.serve.control_routes import ReplicaHeader, add_control_routes
 from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult, InvalidRequestError
 from artrl.serve.guards import (DEFAULT_BODY_DEADLINE_S, DEFAULT_BODY_TIMEOUT_S, APIError, ApiKey, BodyLimit,
                                 ServerMetrics, error_response)
 from artrl.serve.models import ModelNotFoundError, ServedModels
 from artrl.serve.request import (DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N, DEFAULT_MAX_SCHEMA_CHARS, DEFAULT_MAX_TOOLS,
-                                 IGNORED_FIELDS, INLINE_PARSE_BYTES, ChatCompletionRequest, RequestLimits, check,
+                                 IGNORED_FIELDS, INLINE_PARSE_BYTES, ROUTER_DEFAULTS, ChatCompletionRequest,
+                                 RequestLimits, check,
                                  check_content_type, check_counts, check_parsed, count_items, parse_body)
 from artrl.serve.stream_text import TextStream
 from artrl.serve.streaming import LiveStream, sse
@@ -374,6 +376,10 @@ def create_app(
     max_schema_chars: int = DEFAULT_MAX_SCHEMA_CHARS,
     body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
     body_deadline: float = DEFAULT_BODY_DEADLINE_S,
+    adapter_control: bool = False,
+    replica_id: str | None = None,
+    engine_kind: str | None = None,
+    base_model: str | None = None,
 ) -> fastapi.FastAPI:
     """The FastAPI app serving `resolver`'s models.
 
@@ -387,14 +393,22 @@ def create_app(
     included) requires `Authorization: Bearer <api_key>` (the scheme in any case); record_cache_bytes: memory the
     cache of returned completions may take per tokenizer (serve/chat.py), which spells
     earlier turns of later prompts with the ids the model sampled (module docstring,
-    point 1); the least recently used go first.
+    point 1); the least recently used go first. adapter_control: add the routes that load and unload checkpoints
+    and set the live weights (serve/control_routes.py: what an inference replica's control plane calls);
+    replica_id: every response says it in the `x-artrl-replica` header, and `/health` needs no key (the router
+    probes it without one); engine_kind, base_model: what
+    `GET /artrl/replica` reports.
     """
     app = fastapi.FastAPI(title="artrl inference server")
     metrics = ServerMetrics()
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, pause=body_timeout, deadline=body_deadline,
                        metrics=metrics)
-    if api_key:
-        app.add_middleware(ApiKey, api_key=api_key)
+    if api_key:  # a replica's router probes /health without a key (serve/control_routes.py)
+        app.add_middleware(ApiKey, api_key=api_key, open_paths=("/health",) if replica_id is not None else ())
+    if replica_id is not None:
+        app.add_middleware(ReplicaHeader, replica_id=replica_id)
+    if adapter_control:
+        add_control_routes(app, resolver, replica_id=replica_id, engine_kind=engine_kind, base_model=base_model)
     app.state.api_key = api_key
     #: What the server refused or dropped (serve/guards.py); `GET /metrics` answers it.
     app.state.metrics = metrics
@@ -480,7 +494,9 @@ def create_app(
             await off_loop(_release_memory)  # what parsing a large body took goes back to the system
 
     async def answer(body: ChatCompletionRequest, http: fastapi.Request) -> fastapi.Response:
-        unknown = set(body.model_extra or {}) - IGNORED_FIELDS - warned_fields
+        extra = body.model_extra or {}
+        unknown = {k for k in extra if k not in ROUTER_DEFAULTS or extra[k] != ROUTER_DEFAULTS[k]} \
+            - IGNORED_FIELDS - warned_fields
         if unknown:
             logger.warning("Ignoring unsupported chat completion parameters: %s", sorted(unknown))
             warned_fields.update(unknown)

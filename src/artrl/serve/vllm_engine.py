@@ -178,9 +178,18 @@ class VLLMEngine(InferenceEngine):
         """Load the peft adapter saved in `path` under `name` (served to requests with `adapter=name`)."""
         self._call(self._load_named(name, str(path)))
 
+    def unload_adapter(self, name: str) -> bool:
+        """Remove the adapter `load_adapter` loaded as `name`; False (nothing changes) while a request uses it."""
+        return bool(self._call(self._unload_named(name)))
+
     def set_live_weights(self, path: str, step: int) -> None:
         """Serve the adapter saved in `path` for `adapter=None` from now on (loaded before this returns)."""
         self._call(self._set_live(str(path), int(step)))
+
+    @property
+    def live_step(self) -> int | None:
+        """The policy version `adapter=None` serves now (None: the base weights)."""
+        return None if self._live is None else self._live_steps.get(self._live.lora_int_id)
 
     @contextlib.contextmanager
     def training(self) -> Iterator[None]:
@@ -312,15 +321,32 @@ class VLLMEngine(InferenceEngine):
         self._named[name] = lora
         self._say("loaded", "Loaded adapter %r from %s", name, path)
 
+    async def _unload_named(self, name: str) -> bool:
+        self._refuse_if_closed()
+        lora = self._named.get(name)
+        if lora is None:
+            return True
+        if self._users[lora.lora_int_id] > 0:
+            return False
+        del self._named[name]
+        if self._live is None or self._live.lora_int_id != lora.lora_int_id:
+            await self._llm.remove_lora(lora.lora_int_id)
+        return True
+
     async def _set_live(self, path: str, step: int) -> None:
         from vllm.lora.request import LoRARequest
 
         self._refuse_if_closed()
-        lora = LoRARequest(f"artrl-live-step-{step}", next(self._lora_ids), path, **self._lora_format)
-        await self._llm.add_lora(lora)
+        # a checkpoint already loaded by name (a replica loads `name@step` before it makes it live) is not loaded
+        # a second time
+        lora = next((named for named in self._named.values() if named.lora_path == path), None)
+        if lora is None:
+            lora = LoRARequest(f"artrl-live-step-{step}", next(self._lora_ids), path, **self._lora_format)
+            await self._llm.add_lora(lora)
         self._live_steps[lora.lora_int_id] = step
         previous, self._live = self._live, lora
-        if previous is not None:
+        if previous is not None and previous.lora_int_id != lora.lora_int_id \
+                and all(previous.lora_int_id != named.lora_int_id for named in self._named.values()):
             self._retire(previous.lora_int_id)
         self._say("live", "live weights: step %d (%s)", step, path)
 
