@@ -83,7 +83,8 @@ class ModelShape:
         return cls(hidden=hidden, intermediate=int(getattr(config, "intermediate_size", None) or 4 * hidden),
                    layers=int(config.num_hidden_layers), heads=heads,
                    kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
-                   head_dim=int(getattr(config, "head_dim", None) or hidden // heads), vocab=int(config.vocab_size),
+                   head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
+                   vocab=int(getattr(config, "vocab_size", 0) or 0),
                    tied=bool(getattr(config, "tie_word_embeddings", False)),
                    experts=moe.experts if moe else 0, top_k=moe.top_k if moe else 0,
                    expert_width=moe.width if moe else 0)

@@ -26,9 +26,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ..serve.control_routes import EXPECTED_HEADER, REPLICA_HEADER
-
-SESSION_HEADER = "X-Session-ID"
+from ..session_headers import EXPECTED_HEADER, REPLICA_HEADER, SESSION_HEADER
 
 
 @dataclass

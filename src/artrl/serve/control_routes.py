@@ -35,12 +35,11 @@ import pydantic
 from fastapi.responses import PlainTextResponse
 
 from artrl.errors import CheckpointError
+from artrl.session_headers import EXPECTED_HEADER, REPLICA_HEADER  # shared with the client (replicas/)
 from artrl.serve.engine import InvalidRequestError
 from artrl.serve.guards import APIError, error_response
 from artrl.serve.models import STEP_SEPARATOR, ModelNotFoundError, ServedModels
 
-REPLICA_HEADER = "x-artrl-replica"
-EXPECTED_HEADER = "x-artrl-replica-expected"
 LOAD_PATH, UNLOAD_PATH = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
 LIVE_PATH, REPLICA_PATH = "/artrl/live_weights", "/artrl/replica"
 
