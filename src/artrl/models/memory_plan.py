@@ -76,6 +76,7 @@ class ModelShape:
     def of(cls, config: Any) -> "ModelShape":
         from .moe import moe_shape
 
+        config = config.get_text_config()  # a vision-language model's language model (its vision tower is small)
         hidden = int(config.hidden_size)
         heads = int(config.num_attention_heads)
         moe = moe_shape(config)
