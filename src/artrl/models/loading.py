@@ -7,7 +7,7 @@ benchmarks) loads it here. A `base_model` is one of (models/source.py checks whi
 * a random-init shape ("random:qwen3-14b"...; models/shapes.py): built in memory one tensor at a
   time (models/random_init.py), with the tiny tokenizer;
 * a local directory or a Hugging Face id: `AutoModelForCausalLM.from_pretrained`, which loads and,
-  when quantised, quantises one checkpoint shard at a time; a vision-language model (the Qwen2-VL family,
+  when quantised, quantises one checkpoint shard at a time; a vision-language model (Qwen2.5-VL,
   models/vision.py; "artrl/tiny-vl") through `AutoModelForImageTextToText`, its vision tower on SDPA
   attention, with its image processor (`load_vision`).
 

@@ -1,7 +1,7 @@
 """What a vision-language model needs besides token ids: its image processor, its image tokens, its 3-D positions.
 
-The family served and trained: Qwen2-VL and Qwen2.5-VL (`is_vision_model`; the built-in `artrl/tiny-vl` is a
-Qwen2.5-VL). `VisionInputs` is the one object the server, the engine and the tokenizer of training data ask:
+The family served and trained: Qwen2.5-VL (`is_vision_model`; the built-in `artrl/tiny-vl` is one). Qwen2-VL
+shares its processor and position rule but is not tested here, so it is not claimed. `VisionInputs` is the one object the server, the engine and the tokenizer of training data ask:
 
 1. **Images.** `load` reads an `image_url` under the run's media policy (artrl/images.py) and `process` runs
    the model's own image processor (`AutoImageProcessor` of the checkpoint: Qwen2-VL's, with its PIL
@@ -36,7 +36,7 @@ from ..chat_format import ImageTokens
 from ..errors import ConfigError, ImageError
 from ..images import LoadedImage, MediaPolicy, ProcessedImage, load_image
 
-VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+VISION_MODEL_TYPES = ("qwen2_5_vl",)
 CACHE_IMAGES = 256
 """Processed images kept by content hash (a 224 x 224 image of the tiny model holds 0.3 MB of pixel values)."""
 
