@@ -429,3 +429,28 @@ def test_a_template_that_drops_images_is_refused_not_silently_trained(vl):
     with pytest.raises(ImageError, match=r"the chat template wrote 0 image placeholders \(<\|image_pad\|>\) for 1 "
                                          r"images"):
         tokenize_sft([traj], blind, vision=vision)
+
+
+def test_training_workers_with_a_vision_language_model_are_one_config_error(tmp_path):
+    import asyncio
+
+    async def main() -> None:
+        model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny-vl",
+                                   _internal_config=art.InternalModelConfig(train_in_worker=True))
+        async with art.LocalBackend(path=str(tmp_path), show_progress=False) as backend:
+            with pytest.raises(ConfigError, match="training workers .* do not run its vision tower yet"):
+                await model.register(backend)
+
+    asyncio.run(main())
+
+
+def test_processed_images_are_kept_by_content_hash_within_a_byte_bound(vl, monkeypatch):
+    from artrl.models import vision as vision_module
+
+    _, tok, vision = vl
+    fresh = VisionInputs(vision.processor, tok, vl[0].config)
+    red = fresh.process(load_image(image_url("red"), fresh.policy, "x"))
+    assert fresh.process(load_image(image_url("red"), fresh.policy, "x")) is red  # the same content: processed once
+    monkeypatch.setattr(vision_module, "CACHE_BYTES", red.pixels.numel() * red.pixels.element_size())
+    fresh.process(load_image(image_url("blue"), fresh.policy, "x"))
+    assert list(fresh._cache) == [fresh.process(load_image(image_url("blue"), fresh.policy, "x")).digest]

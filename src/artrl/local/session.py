@@ -102,6 +102,10 @@ class TrainingSession:
         end_ids = end_of_turn_ids(tok, peft_model)
         # a vision-language model's image processing (models/vision.py), for the server and the trainer alike
         vision = load_vision(source, tok, peft_model.config, cfg)
+        if vision is not None and cfg.distributed:
+            raise ConfigError(f"{base_model} is a vision-language model, and training workers (num_workers, "
+                              "trainer_gpu_ids, train_in_worker, num_nodes) do not run its vision tower yet; train "
+                              "it in this process (the defaults).")
         # the engine first: the built-in one copies the model's modules before the trainer applies its kernels
         engine = cls._open_engine(peft_model, tok, end_ids, cfg, source, vision)
         try:

@@ -7,7 +7,8 @@ shares its processor and position rule but is not tested here, so it is not clai
    the model's own image processor (`AutoImageProcessor` of the checkpoint: Qwen2-VL's, with its PIL
    backend when torchvision is absent): resized to multiples of patch x merge pixels, cut into patches,
    a (time, height, width) grid of patches and its pixel values. Processed images are kept by content
-   hash (the last `CACHE_IMAGES`), so a group of trajectories that show one image processes it once.
+   hash (the most recent, up to `CACHE_BYTES` of pixel values), so a group of trajectories that show one
+   image processes it once.
 2. **Image tokens.** The chat template writes one `<|image_pad|>` per image; each becomes grid product /
    merge size squared copies (`image_tokens`: chat_format.ImageTokens), as Qwen's processor does, before
    the text is tokenized. The server and the trainer expand through the same call, so a prompt's ids are
@@ -37,8 +38,13 @@ from ..errors import ConfigError, ImageError
 from ..images import LoadedImage, MediaPolicy, ProcessedImage, load_image
 
 VISION_MODEL_TYPES = ("qwen2_5_vl",)
-CACHE_IMAGES = 256
-"""Processed images kept by content hash (a 224 x 224 image of the tiny model holds 0.3 MB of pixel values)."""
+CACHE_BYTES = 256 * 1024 * 1024
+"""Pixel values of processed images kept by content hash (a 224 x 224 image: 1.2 MB; Qwen2.5-VL's largest, 12.8M
+pixels: 77 MB)."""
+
+
+def _nbytes(image: ProcessedImage) -> int:
+    return image.pixels.numel() * image.pixels.element_size()
 
 
 def is_vision_model(config: Any) -> bool:
@@ -60,6 +66,7 @@ class VisionInputs:
             raise ConfigError(f"the image processor merges {processor_merge} x {processor_merge} patches and the "
                               f"model {self.merge_size} x {self.merge_size}; they come from different checkpoints.")
         self._cache: OrderedDict[str, ProcessedImage] = OrderedDict()
+        self._cached_bytes = 0
         self._lock = threading.Lock()
 
     @classmethod
@@ -94,9 +101,12 @@ class VisionInputs:
         tokens = grid[0] * grid[1] * grid[2] // self.merge_size ** 2
         done = ProcessedImage(image.digest, grid, out["pixel_values"].to(torch.float32), tokens)  # type: ignore[arg-type]
         with self._lock:
-            self._cache[image.digest] = done
-            while len(self._cache) > CACHE_IMAGES:
-                self._cache.popitem(last=False)
+            if image.digest not in self._cache:
+                self._cache[image.digest] = done
+                self._cached_bytes += _nbytes(done)
+            while self._cached_bytes > CACHE_BYTES and len(self._cache) > 1:
+                _, old = self._cache.popitem(last=False)
+                self._cached_bytes -= _nbytes(old)
         return done
 
     def image_tokens(self, images: Sequence[ProcessedImage]) -> ImageTokens:

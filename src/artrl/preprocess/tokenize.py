@@ -66,13 +66,13 @@ from ..chat_format import (
     PLACEHOLDER,
     encode,
     end_of_turn_ids,
-    image_urls,
     render_text,
     split_at_placeholders,
     template_message,
 )
-from ..errors import ImageError, TrajectoryError
-from ..images import RECORD_KEY as IMAGES_RECORD_KEY, ProcessedImage, read_record
+from ..errors import TrajectoryError
+from ..images import ProcessedImage
+from .media import ConversationImages, same_images
 from ..trajectories import History, Trajectory, TrajectoryGroup, revalidate
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ def tokenize_history(
     """
     stats = stats if stats is not None else TokenizeStats()
     eot = frozenset(end_ids) if end_ids is not None else end_of_turn_ids(tokenizer)
-    media = _Media(messages_and_choices, vision, where)
+    media = ConversationImages(messages_and_choices, vision, where)
     sequences: list[TokenizedSequence] = []
     chain: TokenizedSequence | None = None
     rendered: list[int] = []
@@ -276,7 +276,7 @@ def tokenize_history(
             lps = [math.nan] * len(ids)
         stats.record_turns += 1
         if chain is not None and len(prompt) >= len(chain) and prompt[:len(chain)] == chain.token_ids and \
-                _same_images(chain.images, [s for s in images if s[0] < len(chain)]):
+                same_images(chain.images, [s for s in images if s[0] < len(chain)]):
             _extend(chain, prompt[len(chain):], ids, lps, routing, [s for s in images if s[0] >= len(chain)])
             continue
         if chain is not None:
@@ -296,63 +296,6 @@ def tokenize_history(
     return sequences
 
 
-def _same_images(a: Sequence[tuple[int, ProcessedImage]], b: Sequence[tuple[int, ProcessedImage]]) -> bool:
-    """Whether two lists of (first token, image) hold the same images at the same places."""
-    return [(s, i.digest) for s, i in a] == [(s, i.digest) for s, i in b]
-
-
-class _Media:
-    """The images of one conversation, loaded and processed when a turn needs them (module docstring)."""
-
-    def __init__(self, items: Sequence[Any], vision: Any, where: str) -> None:
-        self.items, self.vision, self.where = items, vision, where
-        self.urls = image_urls(items, f"{where}: messages_and_choices")
-        self._done: dict[str, ProcessedImage] = {}  # part's place -> its processed image
-        self._digests: dict[str, ProcessedImage] = {}  # content hash -> processed image
-        if self.urls and vision is None:
-            raise ImageError(f"{self.urls[0][1]} is an image, and this model has no vision tower: it reads text only. "
-                             "Train a vision-language model (e.g. base_model='artrl/tiny-vl', or a Qwen2.5-VL "
-                             "checkpoint), or leave the image out.")
-
-    def _processed(self, place: str, url: str) -> ProcessedImage:
-        done = self._done.get(place)
-        if done is None:
-            done = self._done[place] = self.vision.process(self.vision.load(url, place))
-            self._digests.setdefault(done.digest, done)
-        return done
-
-    def before(self, index: int) -> list[ProcessedImage]:
-        """The processed images of the messages before `messages_and_choices[index]`, in order."""
-        return [self._processed(place, url) for i, place, url in self.urls if i < index]
-
-    def of_record(self, choice: Choice, index: int, prompt: list[int], at: str) -> list[tuple[int, ProcessedImage]]:
-        """(first token, image) of each image in a recorded prompt; see the module docstring."""
-        recorded = (choice.model_extra or {}).get(IMAGES_RECORD_KEY)
-        if self.vision is None:
-            if recorded:
-                raise ImageError(f"{at}: the choice was sampled from a prompt with images ({IMAGES_RECORD_KEY}), and "
-                                 "this model has no vision tower; train the vision-language model that sampled it.")
-            return []
-        available = self.before(index)
-        if recorded is None:  # a server that records no images: the messages' images, if the prompt shows any
-            images = available if self.vision.image_token_id in prompt else []
-        else:
-            by_digest = {image.digest: image for image in available}
-            images = []
-            for k, (digest, grid) in enumerate(read_record(recorded, at)):
-                image = by_digest.get(digest)
-                if image is None:
-                    raise ImageError(f"{at}: {IMAGES_RECORD_KEY}[{k}] names image sha256 {digest[:16]}..., which no "
-                                     "message before the choice holds (was an image changed or removed after it was "
-                                     "sampled?). Keep the messages as they were sent.")
-                if image.grid != grid:
-                    raise ImageError(f"{at}: image sha256 {digest[:16]}... has grid {list(image.grid)} under this "
-                                     f"model's image processor and the server recorded {list(grid)}; the server ran "
-                                     "another image processor (or model) than this one.")
-                images.append(image)
-        return list(zip(self.vision.spans(prompt, images, at), images))
-
-
 def _extend(seq: TokenizedSequence, context: Sequence[int], sampled: Sequence[int], logprobs: Sequence[float],
             routing: Any = None, images: Sequence[tuple[int, ProcessedImage]] = ()) -> None:
     seq.images += images  # their places are the prompt's, which starts the sequence
@@ -365,7 +308,7 @@ def _extend(seq: TokenizedSequence, context: Sequence[int], sampled: Sequence[in
 
 def _render(items: Sequence[Any], trainable: set[int], tools: list[dict[str, Any]] | None, tokenizer: Any,
             eot: frozenset[int], where: str, stats: TokenizeStats, sampled: bool,
-            media: _Media | None = None) -> TokenizedSequence:
+            media: ConversationImages | None = None) -> TokenizedSequence:
     """The fallback: one rendering of the conversation, trainable turns at placeholders (module docstring, 3)."""
     images = media.before(len(items)) if media is not None and media.urls else []
     template_messages: list[dict[str, Any]] = []
