@@ -315,7 +315,7 @@ def test_a_text_only_model_refuses_images_in_training_data_naming_the_part(tok):
         {"role": "assistant", "content": "Hello"},
         {"role": "tool", "content": vision_content("look", "red")},
         {"role": "assistant", "content": "Red."}])
-    with pytest.raises(ImageError, match=r"^group 0, trajectory 0: messages_and_choices\[2\]\.content\[1\] is an "
+    with pytest.raises(ImageError, match=r"^trajectories\[0\]: messages_and_choices\[2\]\.content\[1\] is an "
                                          r"image, and this model has no vision tower"):
         tokenize_sft([traj], tok)
 

@@ -422,12 +422,13 @@ def _warn_untrainable(skipped: list[tuple[int, int, bool]], train_dicts: bool) -
 def _tokenize_trajectory(
     traj: Trajectory, tokenizer: Any, train_on: Literal["sampled", "assistant"], gi: int, ti: int,
     advantage: float, stats: TokenizeStats, train_dicts: bool, end_ids: Collection[int] | None,
-    vision: Any = None,
+    vision: Any = None, name: str | None = None,
 ) -> list[TokenizedSequence]:
+    """`name`: the trajectory in error messages (default "group {gi}, trajectory {ti}")."""
     out = []
     histories: list[History | Trajectory] = [traj, *traj.additional_histories]
     for hi, h in enumerate(histories):
-        where = f"group {gi}, trajectory {ti}" + (f", additional_histories[{hi - 1}]" if hi else "")
+        where = (name or f"group {gi}, trajectory {ti}") + (f", additional_histories[{hi - 1}]" if hi else "")
         for seq in tokenize_history(h.messages_and_choices, h.tools, tokenizer, train_on=train_on,
                                     train_dicts=train_dicts, end_ids=end_ids, where=where, stats=stats,
                                     vision=vision):
@@ -515,7 +516,7 @@ def tokenize_sft(trajectories: Sequence[Trajectory], tokenizer: Any, *,
         revalidate(traj, f"trajectories[{ti}]")
         stats.trajectories += 1
         got = _tokenize_trajectory(traj, tokenizer, "assistant", ti, 0, 0.0, stats, train_dicts=True,
-                                   end_ids=end_ids, vision=vision)
+                                   end_ids=end_ids, vision=vision, name=f"trajectories[{ti}]")
         if not got:
             stats.trajectories_without_trainable_tokens += 1
             log.warning("trajectory %d has no assistant turn; skipped", ti)
