@@ -454,3 +454,49 @@ def test_processed_images_are_kept_by_content_hash_within_a_byte_bound(vl, monke
     monkeypatch.setattr(vision_module, "CACHE_BYTES", red.pixels.numel() * red.pixels.element_size())
     fresh.process(load_image(image_url("blue"), fresh.policy, "x"))
     assert list(fresh._cache) == [fresh.process(load_image(image_url("blue"), fresh.policy, "x")).digest]
+
+
+def test_an_image_prompt_decodes_the_same_alone_or_left_padded_in_a_batch(vl):
+    """The prefill places each prompt's 3-D positions after its left padding, and decoding continues from the
+    position after the prompt's last: a row's logits do not depend on its batch."""
+    from artrl.serve.decode_batch import DecodeBatch
+    from artrl.serve.engine import GenerationRequest
+    from artrl.serve.transformers_engine import _cache_kwarg_name
+
+    model, tok, vision = vl
+    image_prompt, images = _served_prompt(vision, tok, [{"role": "user", "content": vision_content("Hue?", "blue",
+                                                                                                   (112, 84))}])
+    text_prompt, _ = _served_prompt(vision, tok, [{"role": "user", "content": "A much longer question, with no "
+                                                                               "picture at all, to pad the other."}])
+    assert len(text_prompt) > len(image_prompt)
+
+    class Row:
+        request = GenerationRequest(prompt_ids=[0], max_tokens=4)
+
+    def batch(prompts: list[list[int]], pictures: list[list[Any]]) -> DecodeBatch:
+        b = DecodeBatch(model, _cache_kwarg_name(model), tok.pad_token_id, torch.device("cpu"), vision=vision)
+        n = len(prompts)
+        b.admit([Row() for _ in prompts], prompts, list(range(n)), list(range(n)), [1.0] * n, [1.0] * n,
+                images=pictures)
+        return b
+
+    with torch.inference_mode():
+        alone = batch([image_prompt], [images])
+        together = batch([text_prompt, image_prompt], [[], images])
+        steps = [(alone.logits[0].clone(), together.logits[1].clone())]
+        fed = tok("red blue", add_special_tokens=False).input_ids
+        for token in fed:  # two decode steps
+            alone._tokens = torch.tensor([token])
+            together._tokens = torch.tensor([token, token])
+            alone.advance()
+            together.advance()
+            steps.append((alone.logits[0].clone(), together.logits[1].clone()))
+        # decoding continues at the positions a prefill of the longer prompt gives its last tokens
+        longer = batch([image_prompt + fed], [images]).logits[0]
+        # the images matter: the same prompt without them (plain token embeddings, 1-D positions) differs
+        flat = DecodeBatch(model, _cache_kwarg_name(model), tok.pad_token_id, torch.device("cpu"))
+        flat.admit([Row()], [image_prompt], [0], [0], [1.0], [1.0])  # no images: image tokens as plain tokens
+    for a, b in steps:
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(steps[-1][0], longer, rtol=1e-4, atol=1e-4)
+    assert (flat.logits[0] - steps[0][0]).abs().max() > 1e-2

@@ -39,6 +39,7 @@ from .moe import EXPERTS_IMPLEMENTATION, is_moe, lora_targets
 from .quantization import Quantization, bnb_config, prepare_quantized, resolve_quantization, weight_numel
 from .shapes import RANDOM_SHAPES, random_config
 from .source import OWN_PREFIXES, check_model_source
+from .structure import text_config
 from .vision import VisionInputs, is_vision_model
 
 log = logging.getLogger(__name__)
@@ -264,6 +265,6 @@ def load_vision(base_model: str, tokenizer: Any, config: Any, cfg: InternalModel
 
 def model_max_length(model: Any, cfg: InternalModelConfig | None = None) -> int:
     cfg = cfg or InternalModelConfig()
-    config = model.config.get_text_config()  # a vision-language model's language model
+    config = text_config(model.config)  # a vision-language model's language model
     n = getattr(config, "max_position_embeddings", None) or 32768
     return min(n, cfg.max_length) if cfg.max_length else n

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from ..errors import ConfigError
+from .structure import text_config
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class ModelShape:
     def of(cls, config: Any) -> "ModelShape":
         from .moe import moe_shape
 
-        config = config.get_text_config()  # a vision-language model's language model (its vision tower is small)
+        config = text_config(config)  # a vision-language model's language model (its vision tower is left out)
         hidden = int(config.hidden_size)
         heads = int(config.num_attention_heads)
         moe = moe_shape(config)
