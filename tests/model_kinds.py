@@ -1,5 +1,6 @@
 """The kinds of model every end-to-end property is checked on: the tiny model as it is, with quantised base weights,
-and the tiny mixture-of-experts model. Each kind is (base_model, InternalModelConfig fields). 4-bit computes in
+the tiny mixture-of-experts model, and the tiny vision-language model (whose tests give it image-bearing data:
+`vision_content`). Each kind is (base_model, InternalModelConfig fields). 4-bit computes in
 float32 here so that float noise stays at the dense model's level and the same tolerances hold."""
 
 from __future__ import annotations
@@ -10,4 +11,21 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "dense": ("artrl/tiny", {}),
     "4bit": ("artrl/tiny", {"load_in_4bit": True, "dtype": "float32"}),
     "moe": ("artrl/tiny-moe", {}),
+    "vision": ("artrl/tiny-vl", {}),
 }
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (40, 60, 220), "yellow": (230, 210, 40)}
+
+
+def image_url(colour: str, size: tuple[int, int] = (56, 56)) -> str:
+    """A solid image as a PNG data URL."""
+    from PIL import Image
+
+    from artrl.images import data_url
+
+    return data_url(Image.new("RGB", size, COLOURS[colour]))
+
+
+def vision_content(text: str, colour: str, size: tuple[int, int] = (56, 56)) -> list[dict[str, Any]]:
+    """A user message's content: the text, then a solid image."""
+    return [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": image_url(colour, size)}}]

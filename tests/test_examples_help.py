@@ -14,6 +14,7 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 @pytest.mark.parametrize("script, says", [
     ("rl_loop.py", ["Run examples/sft_then_rl.py first", "still advances, with the same weights"]),
     ("sft_then_rl.py", ["SFT warm-up, then RL", "skips the warm-up"]),
+    ("image_colour_quiz.py", ["An agent that sees", "image_url", "offline, on a CPU"]),
 ])
 def test_help_shows_the_docstring(script, says, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [script, "--help"])

@@ -245,14 +245,21 @@ def test_unknown_role(live, when):
     assert_clear(info, r"trajectories\[0\]: .*messages_and_choices\[2\]\.role is 'robot'; expected one of")
 
 
-@pytest.mark.parametrize("content", [42, {"text": "hi"}, [{"type": "image_url", "image_url": {"url": "x"}}], None],
-                         ids=["int", "dict", "image_part", "none_for_user"])
-def test_non_string_content_is_refused(live, content):
+PNG_URL = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAE"
+           "lFTkSuQmCC")  # one red pixel
+
+
+@pytest.mark.parametrize("content,remedy", [
+    (42, "string|text parts"), ({"text": "hi"}, "string|text parts"), (None, "string|text parts"),
+    ([{"type": "image_url", "image_url": {"url": "x"}}], "an image URL is a data: URL"),
+    ([{"type": "image_url", "image_url": {"url": PNG_URL}}], "has no vision tower: it reads text only"),
+], ids=["int", "dict", "none_for_user", "image_part_without_a_url", "image_for_a_text_model"])
+def test_non_string_content_is_refused(live, content, remedy):
     t = art.Trajectory(messages_and_choices=[{"role": "user", "content": content},
                                              {"role": "assistant", "content": "ok"}], reward=0.0)
     with pytest.raises(TrajectoryError) as info:
         sft(live, [t])
-    assert_clear(info, r"trajectories\[0\]: .*messages_and_choices\[0\]\.content", "string|text parts")
+    assert_clear(info, r"trajectories\[0\]: .*messages_and_choices\[0\]\.content", remedy)
 
 
 # --------------------------------------------------------------------------- length and templates

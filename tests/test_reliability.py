@@ -28,6 +28,8 @@ import torch
 import artrl as art
 from artrl.run import storage
 
+from model_kinds import vision_content
+
 # --------------------------------------------------------------------------- the kill test
 
 KILL_DRIVER = textwrap.dedent('''
@@ -549,20 +551,26 @@ def test_delete_checkpoints_never_deletes_the_only_complete_checkpoint(tmp_path)
 LRS = art.schedules.cosine(2e-2, 4, warmup=1)  # the user's schedule, indexed by the model's step
 
 
-def _rl_groups(make_choice):
+def _rl_groups(make_choice, images: bool = False):
     groups = []
     for g, question in enumerate(("Pick a colour.", "Pick a number.")):
-        prompt = [{"role": "user", "content": question}]
+        prompt = [{"role": "user", "content": vision_content(question, ["red", "blue"][g]) if images else question}]
         trajs = [art.Trajectory(messages_and_choices=prompt + [make_choice(f"answer {g} {t}" + " yes" * t)],
                                 reward=float(t % 2) + 0.25 * t) for t in range(4)]
         groups.append(art.TrajectoryGroup(trajs))
     return groups
 
 
+VISION_SFT_DATA = [art.Trajectory(messages_and_choices=[{"role": "user", "content": vision_content("Colour?", w)},
+                                                        {"role": "assistant", "content": f"{w} and {w}"}], reward=0.0)
+                   for w in ("red", "blue", "green", "yellow")]
+
+
 async def _step(model: art.TrainableModel, kind: str, groups) -> art.TrainResult:
     lr = LRS[await model.get_step()]
     if kind == "sft":
-        return await model.train_sft(SFT_DATA, config=art.TrainSFTConfig(learning_rate=lr, batch_size=2))
+        data = VISION_SFT_DATA if model.base_model == "artrl/tiny-vl" else SFT_DATA
+        return await model.train_sft(data, config=art.TrainSFTConfig(learning_rate=lr, batch_size=2))
     return await model.train(groups, config=art.TrainConfig(learning_rate=lr, grad_accumulation_sequences=4))
 
 
@@ -583,16 +591,17 @@ QUANTIZED = {"load_in_4bit": True, "dtype": "float32", "optim": "adamw_8bit", "l
 
 
 MOE = {"base_model": "artrl/tiny-moe", "lora_dropout": 0.0}  # peft puts no dropout on an adapter of the experts
+VISION = {"base_model": "artrl/tiny-vl"}  # image-bearing data (_rl_groups, VISION_SFT_DATA)
 
 
 @pytest.mark.parametrize("kinds,extra", [(("sft", "sft", "sft"), {}), (("rl", "rl", "rl"), {}),
                                          (("sft", "rl", "sft", "rl"), {}), (("rl", "sft", "rl"), QUANTIZED),
-                                         (("rl", "sft", "rl"), MOE)],
-                         ids=["sft", "rl", "sft-then-rl", "4bit-8bit-states", "moe"])
+                                         (("rl", "sft", "rl"), MOE), (("rl", "sft", "rl", "sft"), VISION)],
+                         ids=["sft", "rl", "sft-then-rl", "4bit-8bit-states", "moe", "vision"])
 def test_resume_reproduces_the_uninterrupted_next_step(tmp_path, make_choice, kinds, extra):
     """Optimizer moments, the trainer's RNG (LoRA dropout draws from it), step and schedule position are
     restored; the process-wide RNGs play no part (reseeded differently before the resumed step)."""
-    groups = _rl_groups(make_choice)
+    groups = _rl_groups(make_choice, images=extra == VISION)
     k = len(kinds) - 1
     internal = {"lora_dropout": 0.1, **extra}
 

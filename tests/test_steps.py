@@ -22,7 +22,7 @@ from artrl.preprocess.build import build_call, split_units
 from artrl.preprocess.tokenize import TokenizedSequence
 from artrl.train.tree_attention import TreeLayout
 
-from model_kinds import KINDS
+from model_kinds import KINDS, vision_content
 
 
 def _seq(n_prompt: int, n_completion: int, gi: int, ti: int, prompt_token: int) -> TokenizedSequence:
@@ -100,13 +100,21 @@ LAYOUTS = {
 }
 
 
-def _groups_api(make_choice) -> list[art.TrajectoryGroup]:
+def _groups_api(make_choice, images: bool = False) -> list[art.TrajectoryGroup]:
+    """Five groups of four. `images`: each user message shows an image too, one per group of one size per group,
+    except that the last two trajectories of groups 1 and 3 show another image of the same size (same token ids,
+    other pixels: they share the text before it, not the image)."""
     groups = []
     for g in range(5):
-        prompt = [{"role": "system", "content": "You answer arithmetic questions."},
-                  {"role": "user", "content": f"What is {g} plus {g + 1}? Explain briefly."}]
-        trajs = [art.Trajectory(messages_and_choices=prompt + [make_choice(f"It is {2 * g + 1}." + " yes" * (t + g))],
-                                reward=float(t % 2) + 0.1 * t) for t in range(4)]
+        question = f"What is {g} plus {g + 1}?" + ("" if images else " Explain briefly.")  # images: every row <= 64
+        trajs = []
+        for t in range(4):
+            colour = ["red", "green", "blue", "yellow"][(g + (t >= 2 and g % 2)) % 4]
+            content = vision_content(question, colour, (56 + 28 * (g % 2), 56)) if images else question
+            prompt = [{"role": "system", "content": "You answer arithmetic questions."},
+                      {"role": "user", "content": content}]
+            trajs.append(art.Trajectory(messages_and_choices=prompt + [make_choice(f"It is {2 * g + 1}." + " yes" * (t + g))],
+                                        reward=float(t % 2) + 0.1 * t))
         groups.append(art.TrajectoryGroup(trajs))
     return groups
 
@@ -132,10 +140,10 @@ def _update(path, groups, kind="dense", **config) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("kind,steps", [("dense", {}), ("dense", {"groups_per_optimizer_step": 2}), ("4bit", {}),
-                                        ("moe", {})],
-                         ids=["one-step", "groups_per_optimizer_step=2", "4bit", "moe"])
+                                        ("moe", {}), ("vision", {})],
+                         ids=["one-step", "groups_per_optimizer_step=2", "4bit", "moe", "vision"])
 def test_the_same_groups_give_the_same_update_whatever_the_layout(tmp_path, make_choice, kind, steps):
-    groups = _groups_api(make_choice)
+    groups = _groups_api(make_choice, images=kind == "vision")
     updates, results = {}, {}
     for name, layout in LAYOUTS.items():
         updates[name], results[name] = _update(tmp_path / name.replace("=", "-"), groups, kind, **steps, **layout)

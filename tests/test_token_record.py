@@ -23,7 +23,7 @@ import pytest
 import artrl as art
 from artrl.chat_format import message_of
 
-from model_kinds import KINDS
+from model_kinds import KINDS, vision_content
 
 SYSTEM = {"role": "system", "content": "You add numbers with the add tool."}
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
@@ -32,9 +32,13 @@ MEASURE_ONLY = 1e-12
 TOLERANCE = 1e-3
 
 
-async def rollout(model: art.TrainableModel, client: Any, task: int, member: int, turns: int) -> art.Trajectory:
-    """An agent loop: the model answers; a tool result follows each call, a user nudge any other answer."""
-    messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": f"Add {task} and {task + 1}."}]
+async def rollout(model: art.TrainableModel, client: Any, task: int, member: int, turns: int,
+                  image: bool = False) -> art.Trajectory:
+    """An agent loop: the model answers; a tool result follows each call, a user nudge any other answer.
+    `image`: the first user message shows an image too (a vision-language model's)."""
+    question = f"Add {task} and {task + 1}."
+    content = vision_content(question, ["red", "blue"][task % 2], (56, 56 + 28 * task)) if image else question
+    messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": content}]
     trajectory = art.Trajectory(messages_and_choices=list(messages), tools=TOOLS, reward=0.0)
     for turn in range(turns):
         response = await client.chat.completions.create(
@@ -137,11 +141,16 @@ def test_multi_turn_rollouts_train_on_exactly_their_record(tmp_path, tok, kind):
             await model.register(backend)
             client = model.openai_client()
             groups = await art.gather_trajectory_groups(
-                (art.TrajectoryGroup(rollout(model, client, task, member, turns=3) for member in range(3)) for task in (1, 2)),
+                (art.TrajectoryGroup(rollout(model, client, task, member, turns=3, image=kind == "vision")
+                                     for member in range(3)) for task in (1, 2)),
                 pbar_desc=None)
             rank_rewards(groups)
             assert all(len([m for m in t.messages_and_choices if not isinstance(m, dict)]) == 3
                        for g in groups for t in g)
+            if kind == "vision":  # every turn's record names the first message's image: its hash and grid
+                grids = {tuple(c.model_extra["prompt_images"][0]["grid_thw"]) for c in choices(groups)}
+                assert all(len(c.model_extra["prompt_images"]) == 1 for c in choices(groups))
+                assert grids == {(1, 6, 4), (1, 8, 4)}, grids  # (time, height, width) patches of 56 x 84 and 56 x 112
             honest = await check_record(model, groups)
             # the tiny template renders earlier turns unchanged: a trajectory is one sequence, unless a turn
             # ended with <|endoftext|> (an end-of-turn id, where the template closes turns with <|im_end|>)

@@ -5,17 +5,22 @@ The data model (`trajectories.py`), the tokenizer of training data
 messages; this module is the one set of rules they share:
 
 1. **Validation.** Roles are `VALID_ROLES`; content is a string, a list of
-   `{"type": "text"}` parts, or None (assistant turns only); a tool call has a
+   `{"type": "text"}` parts and (in any role but the assistant's) `{"type":
+   "image_url"}` parts (artrl/images.py), or None (assistant turns only); a tool call has a
    non-empty function name and arguments that are a JSON object (a dict, or a
    string that parses to one). Every failure is a `TrajectoryError` whose
    message starts with the item's place (`Trajectory.messages_and_choices[3]`,
    `messages[1]`); the server answers it as a 400.
 2. **Normalisation for the template** (`template_message`): text parts are
-   joined into one string, a missing content becomes "", tool call `arguments`
+   joined into one string (with image parts, the content stays a list of text
+   parts and `{"type": "image"}` markers, the form vision-language templates
+   read), a missing content becomes "", tool call `arguments`
    become dicts (the form Hugging Face chat templates are written for, as vLLM
    passes them; a JSON string would render quoted), and keys whose value is None
    are dropped (templates test `'tool_calls' in message`).
-3. **Rendering** (`render_text`) is the tokenizer's own chat template;
+3. **Rendering** (`render_text`) is the tokenizer's own chat template; a
+   vision-language model's images are then expanded to their image tokens
+   (`ImageTokens`, counts from the model's processor: models/vision.py);
    `encode` tokenizes text without adding special tokens (templates write them).
    `render_prompt` renders a prompt with the generation prompt and, given the
    completions the server returned (its cache, serve/chat.py), tokenizes it piecewise so that an assistant
@@ -66,7 +71,8 @@ import pydantic
 from openai.types.chat.chat_completion import Choice
 from tokenizers import Tokenizer as _RustTokenizer
 
-from .errors import TrajectoryError
+from .errors import ImageError, TrajectoryError
+from .images import check_part, image_parts, is_image_part
 from .types import Message, MessageOrChoice
 
 
@@ -92,15 +98,22 @@ def check_content(content: Any, where: str, role: str, has_tool_calls: bool) -> 
         return
     if isinstance(content, list):
         for k, part in enumerate(content):
+            if is_image_part(part):
+                if role == "assistant":
+                    raise ImageError(f"{where}.content[{k}] is an image in an assistant message; images go in user, "
+                                     "system or tool messages (the model writes text).")
+                check_part(part, f"{where}.content[{k}]")
+                continue
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                 raise TrajectoryError(
                     f"{where}.content[{k}] is {part!r:.200}; only text parts "
-                    "({'type': 'text', 'text': str}) are supported."
+                    "({'type': 'text', 'text': str}) and image parts ({'type': 'image_url', 'image_url': "
+                    "{'url': ...}}) are supported."
                 )
         return
     raise TrajectoryError(
         f"{where}.content has type {type(content).__name__} ({content!r:.80}); "
-        "content must be a string or a list of text parts."
+        "content must be a string or a list of text and image parts."
     )
 
 
@@ -199,12 +212,62 @@ def message_of(item: MessageOrChoice) -> Message:
 
 
 def content_text(content: Any) -> str:
-    """Content as one string: None is "", text parts are joined."""
+    """Content as one string: None is "", text parts are joined (image parts are not text)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     return "".join(part.get("text", "") for part in content)
+
+
+def template_content(content: Any) -> Any:
+    """Content as templates read it: one string, or, with images, text parts and `{"type": "image"}` markers
+    (adjacent text parts joined)."""
+    if not isinstance(content, list) or not any(is_image_part(part) for part in content):
+        return content_text(content)
+    out: list[dict[str, Any]] = []
+    for part in content:
+        if is_image_part(part):
+            out.append({"type": "image"})
+        elif out and out[-1]["type"] == "text":
+            out[-1] = {"type": "text", "text": out[-1]["text"] + part.get("text", "")}
+        else:
+            out.append({"type": "text", "text": part.get("text", "")})
+    return out
+
+
+def image_urls(items: Sequence[Any], where: str) -> list[tuple[int, str, str]]:
+    """(message index, the part's place for errors, url) of every image part of `items` (messages; a Choice has
+    none), in order."""
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, Choice):
+            continue
+        content = item.get("content") if isinstance(item, dict) else None
+        for k, part in image_parts(content):
+            out.append((i, f"{where}[{i}].content[{k}]", part["image_url"]["url"]))
+    return out
+
+
+@dataclass(frozen=True)
+class ImageTokens:
+    """How a conversation's images appear in its prompt: the template writes `token` once per image (Qwen's
+    `<|image_pad|>`), and image k takes `counts[k]` of them (its processor's grid; models/vision.py)."""
+
+    token: str
+    counts: tuple[int, ...]
+
+    def expand(self, text: str, where: str) -> str:
+        pieces = text.split(self.token)
+        if len(pieces) - 1 != len(self.counts):
+            raise ImageError(f"{where}: the chat template wrote {len(pieces) - 1} image placeholders "
+                             f"({self.token}) for {len(self.counts)} images; a template that does not render image "
+                             "parts in some role (e.g. tool results) cannot show them to the model. Move the images "
+                             "into user messages, or use a template that renders them.")
+        out = [pieces[0]]
+        for count, piece in zip(self.counts, pieces[1:]):
+            out += [self.token * count, piece]
+        return "".join(out)
 
 
 def _template_tool_call(call: Any) -> dict[str, Any]:
@@ -224,7 +287,7 @@ def template_message(item: MessageOrChoice) -> Message:
     """The message as chat templates expect it (see the module docstring, point 2)."""
     msg = message_of(item)
     out = {k: v for k, v in msg.items() if v is not None and k not in ("content", "tool_calls")}
-    out["content"] = content_text(msg.get("content"))
+    out["content"] = template_content(msg.get("content"))
     if msg.get("tool_calls"):
         out["tool_calls"] = [_template_tool_call(call) for call in msg["tool_calls"]]
     return out
@@ -249,15 +312,17 @@ def message_key(message: Message) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 
 def render_text(tokenizer: Any, messages: Sequence[Message], tools: list[dict[str, Any]] | None, *,
-                add_generation_prompt: bool, where: str) -> str:
-    """The chat template's text for normalised `messages`; a template failure is a TrajectoryError."""
+                add_generation_prompt: bool, where: str, images: ImageTokens | None = None) -> str:
+    """The chat template's text for normalised `messages`, its image placeholders expanded by `images`; a
+    template failure is a TrajectoryError."""
     try:
-        return tokenizer.apply_chat_template(list(messages), tools=tools or None,
+        text = tokenizer.apply_chat_template(list(messages), tools=tools or None,
                                              add_generation_prompt=add_generation_prompt, tokenize=False)
     except Exception as e:  # template errors come in many types (jinja's TemplateError, TypeError, ...)
         hint = " (the chat template may not support tools)" if tools else ""
         raise TrajectoryError(f"{where}: the chat template could not render the conversation{hint}: "
                               f"{type(e).__name__}: {e}") from None
+    return images.expand(text, where) if images is not None else text
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -360,9 +425,10 @@ def _fitting(text: str, pieces: list[str], options: list[list[SampledCompletion]
 
 def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[str, Any]] | None = None, *,
                   recent: CompletionLookup | None = None, end_ids: frozenset[int] = frozenset(),
-                  where: str = "messages") -> list[int]:
-    """Prompt ids for normalised `messages` with the generation prompt (module docstring: the record)."""
-    text = render_text(tokenizer, messages, tools, add_generation_prompt=True, where=where)
+                  where: str = "messages", images: ImageTokens | None = None) -> list[int]:
+    """Prompt ids for normalised `messages` with the generation prompt (module docstring: the record); `images`:
+    how the messages' images expand (a vision-language model's)."""
+    text = render_text(tokenizer, messages, tools, add_generation_prompt=True, where=where, images=images)
     candidates = {}
     if recent is not None and len(recent):
         candidates = {i: got for i, m in enumerate(messages) if m.get("role") == "assistant" and (got := recent.get(m))}
@@ -374,7 +440,7 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[
         ph = [({"role": "assistant", "content": PLACEHOLDER.format(i)} if i in indices else m)
               for i, m in enumerate(messages)]
         try:
-            ph_text = render_text(tokenizer, ph, tools, add_generation_prompt=True, where=where)
+            ph_text = render_text(tokenizer, ph, tools, add_generation_prompt=True, where=where, images=images)
         except TrajectoryError:
             return None
         pieces = split_at_placeholders(ph_text, indices)

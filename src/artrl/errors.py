@@ -53,3 +53,9 @@ class TrainOutOfMemoryError(ArtrlError, RuntimeError):
     unchanged; the message says which setting to lower (max_tokens_per_microbatch,
     per_device_train_batch_size, row_length, gradient checkpointing).
     """
+
+
+class ImageError(TrajectoryError):
+    """An image in a message cannot be used: it does not decode, is too large, comes from a place that is not
+    allowed (a file outside allowed_local_media_path, a URL that cannot be fetched), or the model has no vision
+    tower. The message names the content part (artrl/images.py); the server answers it with 400."""

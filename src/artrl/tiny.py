@@ -42,12 +42,13 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Final
 
+from artrl import tiny_vl
 from artrl._fs import fsync_dir, fsync_tree
 from artrl.errors import CheckpointError
 
 if TYPE_CHECKING:  # torch and transformers load when a model is built or loaded, not with `import artrl`
     import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen3ForCausalLM
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
 
@@ -128,9 +129,12 @@ TINY_MOE_SHAPE: Final = {
     "initializer_range": 0.1,
 }
 BUILTIN_MODELS: Final = {TINY_MODEL_NAME: ("tiny-v1", MODEL_SHAPE), BENCH_MODEL_NAME: ("bench-100m-v1", BENCH_SHAPE),
-                         TINY_MOE_NAME: ("tiny-moe-v1", TINY_MOE_SHAPE)}
+                         TINY_MOE_NAME: ("tiny-moe-v1", TINY_MOE_SHAPE),
+                         tiny_vl.TINY_VL_NAME: ("tiny-vl-v1", tiny_vl.TINY_VL_SHAPE)}
 """Built-in offline models: name -> (cache folder prefix, model shape; a shape's "model_type" names the
-architecture, Qwen3 when absent). All share the tiny tokenizer."""
+architecture, Qwen3 when absent). All share the tiny tokenizer; the vision-language one (tiny_vl.py) adds its
+vision tokens, its chat template and its image processor."""
+VISION_MODEL_TYPES: Final = ("qwen2_5_vl",)
 
 CHAT_TEMPLATE: Final = """\
 {%- macro render_content(content) -%}
@@ -226,11 +230,18 @@ def build_fingerprint(name: str = TINY_MODEL_NAME) -> str:
         "max_positions": MAX_POSITIONS,
         "shape": shape,
     }
+    if _is_vision(name):
+        recipe.update(tiny_vl.recipe(), chat_template=tiny_vl.chat_template(CHAT_TEMPLATE))
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode("utf-8")).hexdigest()[:12]
 
 
-def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """Train the byte-level BPE on the shipped corpus and wrap it for transformers (deterministic)."""
+def _is_vision(name: str) -> bool:
+    return BUILTIN_MODELS[name][1].get("model_type") in VISION_MODEL_TYPES
+
+
+def build_tiny_tokenizer(vision: bool = False) -> PreTrainedTokenizerFast:
+    """Train the byte-level BPE on the shipped corpus and wrap it for transformers (deterministic); `vision`:
+    with the vision tokens and chat template of `artrl/tiny-vl` (tiny_vl.py)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -252,7 +263,7 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
             f"The tiny tokenizer has {backend.get_vocab_size()} tokens, expected {VOCAB_SIZE}; "
             f"the corpus data/{CORPUS_FILE} is too small for that many merges. Add text to it or lower VOCAB_SIZE."
         )
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token=IM_END,
         pad_token=PAD_TOKEN,
@@ -260,8 +271,11 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
         unk_token=None,
         model_max_length=MAX_POSITIONS,
         clean_up_tokenization_spaces=False,  # exact round-trips
-        chat_template=CHAT_TEMPLATE,
+        chat_template=tiny_vl.chat_template(CHAT_TEMPLATE) if vision else CHAT_TEMPLATE,
     )
+    if vision:
+        tiny_vl.add_vision_tokens(tokenizer)
+    return tokenizer
 
 
 _ARCHITECTURES: Final = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
@@ -269,8 +283,8 @@ _ARCHITECTURES: Final = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "qwen3_mo
 
 
 def build_tiny_model(tokenizer: PreTrainedTokenizerFast, shape: dict | None = None) -> PreTrainedModel:
-    """A randomly initialised Qwen3 (or, by the shape's "model_type", Qwen3-MoE) LM sized for `tokenizer`;
-    bit-identical weights on every call."""
+    """A randomly initialised Qwen3 (or, by the shape's "model_type", Qwen3-MoE or Qwen2.5-VL) LM sized for
+    `tokenizer`; bit-identical weights on every call."""
     import torch
     import transformers
     from transformers import GenerationConfig
@@ -278,6 +292,11 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, shape: dict | None = No
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     shape = dict(shape if shape is not None else MODEL_SHAPE)
+    if shape.get("model_type") in VISION_MODEL_TYPES:
+        model = tiny_vl.build_model(tokenizer, shape, max_positions=MAX_POSITIONS, eos_id=eos_id, pad_id=pad_id,
+                                    seed=SEED)
+        model.generation_config = GenerationConfig(bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id)
+        return model.eval()
     model_type = shape.pop("model_type", "qwen3")
     config_name, model_name = _ARCHITECTURES[model_type]
     config_class, model_class = getattr(transformers, config_name), getattr(transformers, model_name)
@@ -325,10 +344,12 @@ def _remove_stale_tmp_dirs(root: pathlib.Path) -> None:
 
 def _build_into(directory: pathlib.Path, name: str = TINY_MODEL_NAME) -> None:
     version, shape = BUILTIN_MODELS[name]
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tiny_tokenizer(vision=_is_vision(name))
     model = build_tiny_model(tokenizer, shape)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    if _is_vision(name):
+        tiny_vl.build_image_processor().save_pretrained(directory)
     if not (directory / "config.json").is_file() or not any(directory.glob("*.safetensors")):
         # transformers' save_pretrained writes nothing on ranks > 0 once torch.distributed is initialised
         raise CheckpointError(
@@ -344,7 +365,8 @@ def _build_into(directory: pathlib.Path, name: str = TINY_MODEL_NAME) -> None:
 def tiny_model_path(cache_dir: str | os.PathLike[str] | None = None, name: str = TINY_MODEL_NAME) -> pathlib.Path:
     """The directory of a built-in model (weights, config, tokenizer), building it on first use.
 
-    `name` is one of BUILTIN_MODELS ("artrl/tiny" by default, or "artrl/bench-100m").
+    `name` is one of BUILTIN_MODELS ("artrl/tiny" by default, "artrl/bench-100m", "artrl/tiny-moe",
+    "artrl/tiny-vl").
     `cache_dir` defaults to `$ARTRL_CACHE_DIR`, else `~/.cache/artrl`. Safe to call
     from many processes at once: each builds into its own temporary directory and
     the first to rename it into place wins; the others discard theirs.

@@ -474,6 +474,21 @@ class InternalModelConfig(_Config):
         "the model; serve/vllm_args.py says which ones artrl sets itself. max_num_seqs, max_model_len and "
         "trust_remote_code also set inference_max_batch_size, inference_max_length and trust_remote_code. With "
         "the built-in engine the others have no effect, and each is noticed once when it opens.")
+    # ---- images (a vision-language model's; artrl/images.py)
+    allowed_local_media_path: str | None = pydantic.Field(
+        "/tmp", description="ART (engine_args.allowed_local_media_path, default '/tmp'): the directory file:// image "
+        "URLs may read from, in requests to the server and in trajectories (symbolic links resolved first). None: "
+        "no file URL is read.")
+    max_image_bytes: int = pydantic.Field(
+        20 * 1024 * 1024, ge=1, description="Most encoded bytes one image may have (20 MiB: OpenAI's limit).")
+    max_image_pixels: int = pydantic.Field(
+        4096 * 4096, ge=1, description="Most pixels (width x height, read from the header before decoding) one "
+        "image may have.")
+    fetch_image_urls: bool = pydantic.Field(
+        True, description="Fetch http(s) image URLs (as vLLM does); False refuses them with a message. A URL that "
+        "cannot be fetched (an offline machine) is refused either way.")
+    image_fetch_timeout_s: float = pydantic.Field(
+        10.0, gt=0, description="Seconds an http(s) image may take to arrive.")
     # Defaults of every train call that does not set the field itself (ART sets them model-wide in
     # `trainer_args`); None: the call config's own default.
     per_device_train_batch_size: int | None = pydantic.Field(

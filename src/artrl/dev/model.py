@@ -19,6 +19,7 @@ turns either shape (or a mix) into the flat one:
                                                        target_modules / use_rslora
     engine_args.max_num_seqs                        -> inference_max_batch_size
     engine_args.max_model_len                       -> inference_max_length
+    engine_args.allowed_local_media_path            -> allowed_local_media_path (file:// images, artrl/images.py)
     trainer_args.per_device_train_batch_size        -> per_device_train_batch_size (call default)
     trainer_args.gradient_accumulation_steps        -> grad_accumulation_sequences (rows per step, call default)
     trainer_args.adam_beta1 / adam_beta2 /
@@ -203,6 +204,7 @@ MAPPED: dict[str, dict[str, tuple[str, Converter]]] = {
                      "gradient_checkpointing": ("gradient_checkpointing", _checkpointing)},
     "engine_args": {"max_num_seqs": ("inference_max_batch_size", _SAME),
                     "max_model_len": ("inference_max_length", _SAME),
+                    "allowed_local_media_path": ("allowed_local_media_path", _SAME),
                     "trust_remote_code": ("trust_remote_code", _SAME)},
 }
 

@@ -91,6 +91,7 @@ class TrainingSession:
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
              cfg: InternalModelConfig, engine: Any = None) -> "TrainingSession":
         from ..chat_format import end_of_turn_ids
+        from ..models.loading import load_vision
         from ..models.source import check_model_source
         from ..train.trainer import Trainer
 
@@ -101,12 +102,18 @@ class TrainingSession:
         peft_model, tok = cls._load_weights(source, cfg)
         # one definition of what ends a turn, for the trainer and the engine alike
         end_ids = end_of_turn_ids(tok, peft_model)
+        # a vision-language model's image processing (models/vision.py), for the server and the trainer alike
+        vision = load_vision(source, tok, peft_model.config, cfg)
+        if vision is not None and cfg.distributed:
+            raise ConfigError(f"{base_model} is a vision-language model, and training workers (num_workers, "
+                              "trainer_gpu_ids, train_in_worker, num_nodes) do not run its vision tower yet; train "
+                              "it in this process (the defaults).")
         # the engine first: the built-in one copies the model's modules before the trainer applies its kernels.
         # `engine` given: inference runs elsewhere (replicas/control.py's ReplicaSet), which takes the checkpoints
         if engine is None:
-            engine = cls._open_engine(peft_model, tok, end_ids, cfg, source)
+            engine = cls._open_engine(peft_model, tok, end_ids, cfg, source, vision)
         try:
-            trainer = Trainer(peft_model, tok, cfg, end_ids=end_ids)
+            trainer = Trainer(peft_model, tok, cfg, end_ids=end_ids, vision=vision)
         except BaseException:
             engine.close()
             raise
@@ -138,7 +145,7 @@ class TrainingSession:
 
     @classmethod
     def _open_engine(cls, model: Any, tokenizer: Any, end_ids: frozenset[int], cfg: InternalModelConfig,
-                     base_model: str) -> Any:
+                     base_model: str, vision: Any = None) -> Any:
         """The inference engine `cfg.inference_engine` names (serve/factory.py), with the trainer's end ids.
 
         The built-in one decodes a copy of `model` sharing its frozen tensors (`serve_copy`): the trainer (here,
@@ -148,10 +155,11 @@ class TrainingSession:
 
         on_disk = base_model not in RANDOM_SHAPES
         device = next(model.parameters()).device
-        kind = resolve_engine_kind(cfg.inference_engine, device.type, weights_on_disk=on_disk)
+        kind = resolve_engine_kind(cfg.inference_engine, device.type, weights_on_disk=on_disk,
+                                   vision=vision is not None)
         return open_engine(kind, tokenizer=tokenizer, end_ids=end_ids, cfg=cfg, model=model,
                            serve_copy=kind == "builtin",
-                           base_model_path=resolve_name(base_model) if on_disk else None)
+                           base_model_path=resolve_name(base_model) if on_disk else None, vision=vision)
 
     @classmethod
     def _load_weights(cls, base_model: str, cfg: InternalModelConfig) -> tuple[Any, Any]:

@@ -46,8 +46,9 @@ def build_app(args: Any) -> Any:
     from ..serve.factory import open_engine, resolve_engine_kind
     from ..serve.models import ServedModels
     from ..serve.server import create_app
-    from ..models.loading import (RANDOM_SHAPES, load_base_model, load_generation_config, load_model,
-                                  load_tokenizer, resolve_device, resolve_name)
+    from ..models.loading import (RANDOM_SHAPES, load_base_model, load_config, load_generation_config, load_model,
+                                  load_tokenizer, load_vision, resolve_device, resolve_name)
+    from ..models.vision import is_vision_model
     from ..types import InternalModelConfig
     from ..run import storage
 
@@ -57,7 +58,9 @@ def build_app(args: Any) -> Any:
     cfg = InternalModelConfig(device=args.device, trust_remote_code=args.trust_remote_code,
                               inference_max_batch_size=args.max_batch_size, inference_engine=args.engine)
     on_disk = args.model not in RANDOM_SHAPES
-    kind = resolve_engine_kind(cfg.inference_engine, resolve_device(cfg).type, weights_on_disk=on_disk)
+    vision_model = on_disk and is_vision_model(load_config(args.model, cfg))
+    kind = resolve_engine_kind(cfg.inference_engine, resolve_device(cfg).type, weights_on_disk=on_disk,
+                               vision=vision_model)
     adapter, run = _adapter_and_run(args.checkpoint)
     if kind == "builtin":
         if args.replica and adapter is None:  # a peft model: the checkpoints it is sent load as its adapters
@@ -72,8 +75,9 @@ def build_app(args: Any) -> Any:
     else:
         model, tok = None, load_tokenizer(args.model, cfg)
         ends = end_of_turn_ids(tok, load_generation_config(args.model, cfg))
+    vision = load_vision(args.model, tok, model.config, cfg) if vision_model else None
     engine = open_engine(kind, tokenizer=tok, end_ids=ends, cfg=cfg, model=model,
-                         base_model_path=resolve_name(args.model) if on_disk else None)
+                         base_model_path=resolve_name(args.model) if on_disk else None, vision=vision)
     if adapter is not None:
         engine.set_live_weights(str(adapter), int(adapter.name) if adapter.name.isdigit() else 0)
         log.info("serving adapter %s", adapter)

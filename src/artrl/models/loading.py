@@ -7,21 +7,26 @@ benchmarks) loads it here. A `base_model` is one of (models/source.py checks whi
 * a random-init shape ("random:qwen3-14b"...; models/shapes.py): built in memory one tensor at a
   time (models/random_init.py), with the tiny tokenizer;
 * a local directory or a Hugging Face id: `AutoModelForCausalLM.from_pretrained`, which loads and,
-  when quantised, quantises one checkpoint shard at a time.
+  when quantised, quantises one checkpoint shard at a time; a vision-language model (Qwen2.5-VL,
+  models/vision.py; "artrl/tiny-vl") through `AutoModelForImageTextToText`, its vision tower on SDPA
+  attention, with its image processor (`load_vision`).
 
 Defaults: float32 on CPU and bfloat16 on GPU, except quantised base weights, which compute in
 bfloat16 everywhere (as Unsloth); 4-bit NF4 weights for a Hugging Face checkpoint (ART's default)
 and full precision for artrl's own models (models/quantization.py); tree attention ("artrl_tree":
 one SDPA call per packed node, train/tree_attention.py) on CPU, flex_attention (block-sparse) on
 GPU; LoRA r=8, alpha=16 on the attention and MLP projections of Llama/Qwen/Mistral-style models,
-peft's "all-linear" elsewhere. `trust_remote_code` stays off unless asked for.
+peft's "all-linear" elsewhere. A vision-language model's adapter goes on its language model only (a list
+of module names, ART's or the default, is matched there; the vision tower, whose MLP has the same names,
+stays frozen); a regex string in `target_modules` is peft's to match anywhere. `trust_remote_code` stays
+off unless asked for.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +38,8 @@ from .moe import EXPERTS_IMPLEMENTATION, is_moe, lora_targets
 from .quantization import Quantization, bnb_config, prepare_quantized, resolve_quantization, weight_numel
 from .shapes import RANDOM_SHAPES, random_config
 from .source import load_config, resolve_name  # resolve_name: also read from here
-from .structure import PROJECTIONS
+from .structure import PROJECTIONS, text_config
+from .vision import VisionInputs, is_vision_model
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,15 @@ def resolve_dtype(cfg: InternalModelConfig, device: torch.device, quantization: 
     return _DTYPES[cfg.dtype]
 
 
+def model_attn(cfg: InternalModelConfig, device: torch.device, config: Any) -> str | dict[str, str]:
+    """The attention a model loads with: `resolve_attn`'s, and for a vision-language model SDPA in its vision
+    tower (the packed-row implementations are for the language model's rows)."""
+    attn = resolve_attn(cfg, device)
+    if is_vision_model(config):
+        return {"": attn, "text_config": attn, "vision_config": "sdpa"}
+    return attn
+
+
 def resolve_attn(cfg: InternalModelConfig, device: torch.device) -> str:
     if cfg.attn_implementation:
         return cfg.attn_implementation
@@ -71,6 +86,11 @@ def default_target_modules(model: torch.nn.Module) -> list[str] | str:
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     found = [p for p in PROJECTIONS if p in names]
     return found if len(found) >= 4 else "all-linear"
+
+
+def language_model_targets(names: list[str]) -> str:
+    """peft's regex for modules named `names` inside a vision-language model's language model only."""
+    return rf".*\.language_model\..*\.({'|'.join(map(re.escape, names))})"
 
 
 def load_tokenizer(base_model: str, cfg: InternalModelConfig | None = None) -> Any:
@@ -110,7 +130,7 @@ def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
 
     `shape_overrides`: config fields that replace a random shape's (e.g. `num_hidden_layers` for a benchmark cut
     to a few layers, every other dimension kept); refused for any other model."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     cfg = cfg or InternalModelConfig()
     if shape_overrides and base_model not in RANDOM_SHAPES:
@@ -141,11 +161,12 @@ def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
     if quantization is not None:
         # quantised shard by shard while loading, straight onto the device
         extra.update(quantization_config=bnb_config(quantization, dtype), device_map={"": device})
+    auto = AutoModelForImageTextToText if is_vision_model(config) else AutoModelForCausalLM
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*inputs will be cast from.*")
-            model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=dtype, attn_implementation=resolve_attn(cfg, device),
+            model = auto.from_pretrained(
+                path, dtype=dtype, attn_implementation=model_attn(cfg, device, config),
                 trust_remote_code=cfg.trust_remote_code, **extra)
     except OSError as e:
         raise ConfigError(f"could not load model {base_model!r} ({path}): {e}. artrl downloads nothing at "
@@ -180,6 +201,8 @@ def add_lora(model: Any, cfg: InternalModelConfig | None = None) -> Any:
                               "'experts' out of target_modules.")
     if targets is None:
         targets = default_target_modules(model)
+    if is_vision_model(model.config) and isinstance(targets, list):
+        targets = language_model_targets(targets)
     lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=targets, target_parameters=parameters, task_type="CAUSAL_LM", bias="none",
                       use_rslora=cfg.use_rslora)
@@ -201,8 +224,20 @@ def load_model(base_model: str, cfg: InternalModelConfig | None = None, *,
     return add_lora(model, cfg), tok
 
 
+def load_vision(base_model: str, tokenizer: Any, config: Any, cfg: InternalModelConfig | None = None
+                ) -> VisionInputs | None:
+    """A vision-language model's image processing under `cfg`'s media policy (None for a text-only model)."""
+    from ..images import MediaPolicy
+
+    if not is_vision_model(config):
+        return None
+    cfg = cfg or InternalModelConfig()
+    return VisionInputs.of_model(resolve_name(base_model), tokenizer, config, MediaPolicy.of(cfg),
+                                 trust_remote_code=cfg.trust_remote_code)
+
+
 def model_max_length(model: Any, cfg: InternalModelConfig | None = None) -> int:
     cfg = cfg or InternalModelConfig()
-    config = model.config
+    config = text_config(model.config)  # a vision-language model's language model
     n = getattr(config, "max_position_embeddings", None) or 32768
     return min(n, cfg.max_length) if cfg.max_length else n

@@ -43,7 +43,7 @@ from typing import Any, Literal
 from ..errors import ConfigError
 from .quantization import INT8_BYTES_PER_WEIGHT, NF4_BYTES_PER_WEIGHT
 from .shapes import RANDOM_DRAW_ROWS
-from .structure import PROJECTIONS
+from .structure import PROJECTIONS, text_config
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class ModelShape:
     def of(cls, config: Any) -> "ModelShape":
         from .moe import moe_shape
 
+        config = text_config(config)  # a vision-language model's language model (its vision tower is left out)
         hidden = int(config.hidden_size)
         heads = int(config.num_attention_heads)
         moe = moe_shape(config)

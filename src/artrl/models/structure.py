@@ -1,4 +1,5 @@
-"""The parts of a transformers model that artrl walks: its repeated decoder layers and their projections."""
+"""The parts of a transformers model that artrl walks: its repeated decoder layers and their projections, its
+language model's config."""
 
 from __future__ import annotations
 
@@ -20,3 +21,10 @@ def decoder_layers(model: Any) -> list[Any]:
     if not layers:
         raise ValueError(f"found no decoder layers in {type(model).__name__} (looked for {sorted(names)})")
     return layers
+
+
+def text_config(config: Any) -> Any:
+    """The config of a model's language model: a vision-language model's `text_config`, else the config itself (a
+    plain namespace of fields included)."""
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config

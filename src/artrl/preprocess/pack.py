@@ -27,6 +27,12 @@ candidate lengths up to the bound (the model's maximum length, capped at
 length ceil(longest / 2048) * 2048, sequences in group order, a new row whenever
 the next one does not fit.
 
+Images (a vision-language model's): a sequence's images travel with it, placed at its image tokens'
+slots (`PackedRows.images`), and so do its 3-D rotary positions (`PackedRows.rope_position_ids`, each
+sequence's own, models/vision.py). Two sequences share a prompt only where their images are the same
+images too (same content hash at the same place): two images of one size have the same token ids. A
+truncation never cuts an image: it cuts before it.
+
 Too-long sequences follow `on_too_long`: "drop" (counted, logged), "truncate"
 (cut to the row length, counted) or "error".
 """
@@ -37,6 +43,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -72,7 +79,7 @@ class PromptTree:
 
 
 def shared_prefix_length(seqs: Sequence[TokenizedSequence]) -> int:
-    """Longest common token prefix of the sequences, cut before any trainable token."""
+    """Longest common prefix of the sequences (tokens, and images by content), cut before any trainable token."""
     if len(seqs) < 2:
         return 0
     limit = min(s.first_trainable for s in seqs)
@@ -80,7 +87,23 @@ def shared_prefix_length(seqs: Sequence[TokenizedSequence]) -> int:
     n = 0
     while n < limit and all(s.token_ids[n] == first[n] for s in seqs[1:]):
         n += 1
-    return n
+    return min([n, *(_first_image_difference(seqs[0], s, n) for s in seqs[1:])])
+
+
+def _first_image_difference(a: TokenizedSequence, b: TokenizedSequence, n: int) -> int:
+    """The start of the first image before token `n` that `a` and `b` do not share (`n` when none): equal token
+    ids there may stand for different images."""
+    theirs = {start: image.digest for start, image in b.images if start < n}
+    for start, image in a.images:
+        if start >= n:
+            break
+        if theirs.pop(start, None) != image.digest:
+            return start
+    return min([n, *theirs])
+
+
+def _same_prefix(a: TokenizedSequence, b: TokenizedSequence, p: int) -> bool:
+    return a.token_ids[:p] == b.token_ids[:p] and _first_image_difference(a, b, p) == p
 
 
 def prompt_trees(groups: Sequence[Sequence[TokenizedSequence]], share_prompts: bool = True) -> list[PromptTree]:
@@ -93,7 +116,7 @@ def prompt_trees(groups: Sequence[Sequence[TokenizedSequence]], share_prompts: b
         main = [s for s in group if s.history_index == 0]
         p = shared_prefix_length(main)
         prompt = main[0].token_ids[:p] if p else []
-        shared = [s for s in group if p and s.token_ids[:p] == prompt and s.first_trainable >= p]
+        shared = [s for s in group if p and _same_prefix(s, main[0], p) and s.first_trainable >= p]
         if len(shared) >= 2:
             trees.append(PromptTree(prompt=prompt, sequences=shared))
         else:
@@ -106,6 +129,7 @@ def prompt_trees(groups: Sequence[Sequence[TokenizedSequence]], share_prompts: b
 
 
 def _truncate(seq: TokenizedSequence, n: int) -> TokenizedSequence | None:
+    n = min([n, *(start for start, image in seq.images if start < n < start + image.tokens)])  # never in an image
     if not any(seq.trainable_mask[:n]):
         return None
     return TokenizedSequence(
@@ -113,6 +137,8 @@ def _truncate(seq: TokenizedSequence, n: int) -> TokenizedSequence | None:
         advantage=seq.advantage, weight=seq.weight, group_index=seq.group_index,
         trajectory_index=seq.trajectory_index, history_index=seq.history_index,
         routing=[(start, r[:n - start]) for start, r in seq.routing if start < n],
+        images=[(start, image) for start, image in seq.images if start < n],
+        rope_positions=seq.rope_positions[:, :n] if seq.rope_positions is not None else None,
     )
 
 
@@ -284,6 +310,9 @@ def _materialize(
     sequence_ids = torch.full((R, L), -1, dtype=torch.long)
     lengths = torch.zeros(R, dtype=torch.long)
     routing = _routing_tensor(trees, R, L)  # [R, L, moe layers, top_k], or None
+    with_images = any(s.images for t in trees for s in t.sequences)
+    rope = torch.zeros((R, L, 3), dtype=torch.long) if with_images else None  # [R, L, 3]
+    images: list[list[tuple[int, Any]]] = [[] for _ in range(R)] if with_images else []
     sequences: list[TokenizedSequence] = []
     nodes: list[list[Node]] = []
     for r, row in enumerate(assignment):
@@ -310,6 +339,8 @@ def _materialize(
                 prev_index[r, pos + 1:pos + n] = torch.arange(pos, pos + n - 1)
                 prompt_node[u] = (node, pos + n - 1)
                 prompt_span[u] = (pos, pos + n)
+                if rope is not None:
+                    _place_vision(tree.sequences[0], 0, n, pos, rope[r], images[r] if images else None)
                 row_nodes.append((pos, pos + n, pos, pos))
                 node += 1
                 pos += n
@@ -319,6 +350,8 @@ def _materialize(
             sequences.append(seq)
             input_ids[r, sl] = torch.tensor(seq.token_ids[tree.p:])
             position_ids[r, sl] = torch.arange(tree.p, len(seq))
+            if rope is not None:
+                _place_vision(seq, tree.p, len(seq), pos, rope[r], images[r])
             segment_ids[r, sl] = node
             prev = torch.arange(pos - 1, pos + n - 1)
             if tree.p:
@@ -352,7 +385,21 @@ def _materialize(
     stats.trainable_tokens = int(trainable_mask.sum())
     stats.sequences = len(sequences)
     return PackedRows(input_ids, position_ids, segment_ids, parent_ids, prev_index, trainable_mask, logprobs,
-                      advantages, weights, sequence_ids, lengths, sequences, stats, nodes, routing=routing)
+                      advantages, weights, sequence_ids, lengths, sequences, stats, nodes, routing=routing,
+                      rope_position_ids=rope, images=images)
+
+
+def _place_vision(seq: TokenizedSequence, start: int, end: int, pos: int, rope: torch.Tensor,
+                  images: list[tuple[int, Any]] | None) -> None:
+    """Tokens [start, end) of `seq` go to slots from `pos` of a row: write their 3-D positions into `rope`
+    ([row_length, 3]) and add their images to the row's `images`."""
+    n = end - start
+    if seq.rope_positions is not None:
+        rope[pos:pos + n] = seq.rope_positions[:, start:end].T  # [n, 3]
+    else:  # text only: the same position on every axis
+        rope[pos:pos + n] = torch.arange(start, end)[:, None]
+    if images is not None:
+        images += [(pos + first - start, image) for first, image in seq.images if start <= first < end]
 
 
 def _routing_tensor(trees: Sequence[PromptTree], rows: int, width: int) -> torch.Tensor | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -99,6 +100,12 @@ class PackedRows:
     # [rows, row_length, moe layers, top_k] int16: the experts a sampled token's record says each MoE layer picked
     # (models/moe.py), -1 where there is none; None when no sequence has a record
     routing: torch.Tensor | None = None
+    # [rows, row_length, 3] (time, height, width) position ids of a vision-language model's rows (models/vision.py):
+    # each sequence's own, placed as position_ids are; None when no sequence has images
+    rope_position_ids: torch.Tensor | None = None
+    # per row, its images in slot order: (slot of the image's first token, the processed image); a shared prompt's
+    # image is in its row once. Empty when no sequence has images.
+    images: list[list[tuple[int, Any]]] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:
@@ -120,7 +127,14 @@ class PackedRows:
         tensors = {name: getattr(self, name)[idx, :width] for name in ROW_TENSORS}
         return PackedRows(**tensors, lengths=self.lengths[idx], sequences=self.sequences, stats=self.stats,
                           nodes=[self.nodes[r] for r in rows],
-                          routing=self.routing[idx, :width] if self.routing is not None else None)
+                          routing=self.routing[idx, :width] if self.routing is not None else None,
+                          rope_position_ids=self.rope_position_ids[idx, :width]
+                          if self.rope_position_ids is not None else None,
+                          images=[self.images[r] for r in rows] if self.images else [])
+
+    def row_images(self) -> list[Any]:
+        """Every image of the rows, row by row in slot order: the order a model fills image tokens in."""
+        return [image for row in self.images for _, image in row]
 
 
 def concat_packed(parts: Sequence[PackedRows]) -> PackedRows:
@@ -146,5 +160,12 @@ def concat_packed(parts: Sequence[PackedRows]) -> PackedRows:
         shape = next(p.routing.shape[2:] for p in parts if p.routing is not None)
         routing = torch.cat([p.routing if p.routing is not None else
                              torch.full((p.num_rows, p.row_length, *shape), -1, dtype=torch.int16) for p in parts])
+    rope = None
+    if any(p.rope_position_ids is not None for p in parts):
+        rope = torch.cat([p.rope_position_ids if p.rope_position_ids is not None else
+                          p.position_ids[..., None].expand(-1, -1, 3) for p in parts])  # [rows, row_length, 3]
+    images = [row for p in parts for row in (p.images or [[] for _ in range(p.num_rows)])] \
+        if any(p.images for p in parts) else []
     return PackedRows(**tensors, sequence_ids=torch.cat(seq_ids), lengths=torch.cat([p.lengths for p in parts]),
-                      sequences=sequences, stats=stats, nodes=[n for p in parts for n in p.nodes], routing=routing)
+                      sequences=sequences, stats=stats, nodes=[n for p in parts for n in p.nodes], routing=routing,
+                      rope_position_ids=rope, images=images)

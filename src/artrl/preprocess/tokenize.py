@@ -30,6 +30,16 @@ Each sampled turn is trained on the server's token record (docs/token-record.md)
    (`retokenized_turns`). These turns are counted (`rendered_turns`) in the
    call's metrics and summary line.
 
+Images (a vision-language model's, `vision`: models/vision.py): a turn's prompt ids hold each image of its
+messages as a run of image tokens, expanded exactly as the server expanded them (the same call). A record
+names its prompt's images (`prompt_images`: content hash and processor grid, never the pixels); the
+tokenizer loads the images of the messages before the turn again, finds each recorded one by its hash,
+runs the processor and checks the grid, so the trainer sees the pixels the server saw. A turn extends the
+sequence only when the images before its new tokens are the same images (two images of one size have the
+same token ids). Each sequence keeps its images (first token, processed image) and, for Qwen-VL's 3-D
+rotary positions, its own position ids. An image given to a model without a vision tower is refused,
+naming the part.
+
 Which turns are trainable: for RL, the sampled turns (Choices), plus assistant
 dicts when `allow_training_without_logprobs` (ART's meaning: such turns train as
 on-policy); for SFT, every assistant turn. A sampled turn without logprobs trains
@@ -61,6 +71,8 @@ from ..chat_format import (
     template_message,
 )
 from ..errors import TrajectoryError
+from ..images import ProcessedImage
+from .media import ConversationImages, same_images
 from ..trajectories import History, Trajectory, TrajectoryGroup, revalidate
 
 log = logging.getLogger(__name__)
@@ -81,6 +93,10 @@ class TokenizedSequence:
     # an MoE model's routing record of sampled turns (models/moe.py): (first token's index, [tokens, moe layers,
     # top_k] expert ids, -1 where none), replayed by the trainer; empty without one
     routing: list[tuple[int, Any]] = field(default_factory=list)
+    # a vision-language model's images: (index of its first image token, the processed image), in order
+    images: list[tuple[int, ProcessedImage]] = field(default_factory=list)
+    # [3, len] (time, height, width) position ids of a sequence with images (models/vision.py); None: 0..len-1
+    rope_positions: Any = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -223,6 +239,7 @@ def tokenize_history(
     end_ids: Collection[int] | None = None,
     where: str = "trajectory",
     stats: TokenizeStats | None = None,
+    vision: Any = None,
 ) -> list[TokenizedSequence]:
     """Tokenize one conversation into the sequences its trainable turns are trained on (module docstring).
 
@@ -231,9 +248,11 @@ def tokenize_history(
         train_dicts: with train_on="sampled", also train plain assistant dicts, as on-policy.
         end_ids: ids that end a turn (`chat_format.end_of_turn_ids` of the model; default: the tokenizer's).
         where: a name for error messages, e.g. "group 2, trajectory 5".
+        vision: a vision-language model's `models.vision.VisionInputs` (None: the model reads text only).
     """
     stats = stats if stats is not None else TokenizeStats()
     eot = frozenset(end_ids) if end_ids is not None else end_of_turn_ids(tokenizer)
+    media = ConversationImages(messages_and_choices, vision, where)
     sequences: list[TokenizedSequence] = []
     chain: TokenizedSequence | None = None
     rendered: list[int] = []
@@ -251,29 +270,35 @@ def tokenize_history(
         ids = _check_ids(record[1], at, "token_ids", None)
         routing = _choice_routing(item, len(ids), at)
         lps = _choice_logprobs(item, len(ids), at)
+        images = media.of_record(item, i, prompt, at)  # [(first image token, image)] of the prompt
         if lps is None:
             stats.turns_missing_logprobs += 1
             lps = [math.nan] * len(ids)
         stats.record_turns += 1
-        if chain is not None and len(prompt) >= len(chain) and prompt[:len(chain)] == chain.token_ids:
-            _extend(chain, prompt[len(chain):], ids, lps, routing)
+        if chain is not None and len(prompt) >= len(chain) and prompt[:len(chain)] == chain.token_ids and \
+                same_images(chain.images, [s for s in images if s[0] < len(chain)]):
+            _extend(chain, prompt[len(chain):], ids, lps, routing, [s for s in images if s[0] >= len(chain)])
             continue
         if chain is not None:
             stats.record_splits += 1
             stats.repeated_context_tokens += min(len(prompt), len(chain))  # computed again (an upper bound)
             sequences.append(chain)
         chain = TokenizedSequence(token_ids=[], trainable_mask=[], logprobs=[])
-        _extend(chain, prompt, ids, lps, routing)
+        _extend(chain, prompt, ids, lps, routing, images)
     if chain is not None:
         sequences.append(chain)
     if rendered:
         sequences.append(_render(messages_and_choices, set(rendered), tools, tokenizer, eot, where, stats,
-                                 sampled=train_on == "sampled"))
+                                 sampled=train_on == "sampled", media=media))
+    for seq in sequences:
+        if seq.images:
+            seq.rope_positions = vision.positions(len(seq), seq.images)  # [3, len]
     return sequences
 
 
 def _extend(seq: TokenizedSequence, context: Sequence[int], sampled: Sequence[int], logprobs: Sequence[float],
-            routing: Any = None) -> None:
+            routing: Any = None, images: Sequence[tuple[int, ProcessedImage]] = ()) -> None:
+    seq.images += images  # their places are the prompt's, which starts the sequence
     if routing is not None:
         seq.routing.append((len(seq.token_ids) + len(context), routing))
     seq.token_ids += [*context, *sampled]
@@ -282,8 +307,10 @@ def _extend(seq: TokenizedSequence, context: Sequence[int], sampled: Sequence[in
 
 
 def _render(items: Sequence[Any], trainable: set[int], tools: list[dict[str, Any]] | None, tokenizer: Any,
-            eot: frozenset[int], where: str, stats: TokenizeStats, sampled: bool) -> TokenizedSequence:
+            eot: frozenset[int], where: str, stats: TokenizeStats, sampled: bool,
+            media: ConversationImages | None = None) -> TokenizedSequence:
     """The fallback: one rendering of the conversation, trainable turns at placeholders (module docstring, 3)."""
+    images = media.before(len(items)) if media is not None and media.urls else []
     template_messages: list[dict[str, Any]] = []
     # per placeholder: ("ids", (ids, logprobs)) for sampled ids, ("render", choice or None) for text
     turns: list[tuple[str, Any]] = []
@@ -310,7 +337,8 @@ def _render(items: Sequence[Any], trainable: set[int], tools: list[dict[str, Any
             template_messages.append({**msg, "content": ph + msg["content"]})
             turns.append(("render", item))
 
-    text = render_text(tokenizer, template_messages, tools, add_generation_prompt=False, where=where)
+    text = render_text(tokenizer, template_messages, tools, add_generation_prompt=False, where=where,
+                       images=media.vision.image_tokens(images) if images and media is not None else None)
     pieces = split_at_placeholders(text, range(len(turns)))
     if pieces is None:
         counts = [text.count(PLACEHOLDER.format(k)) for k in range(len(turns))]
@@ -352,7 +380,9 @@ def _render(items: Sequence[Any], trainable: set[int], tools: list[dict[str, Any
             elif sampled:
                 stats.turns_missing_logprobs += 1  # an assistant dict trained as on-policy (RL)
             logprobs += turn_lps + [math.nan] * (len(after) - end)
-    return TokenizedSequence(token_ids=token_ids, trainable_mask=mask, logprobs=logprobs)
+    spans = media.vision.spans(token_ids, images, where) if images and media is not None else []
+    return TokenizedSequence(token_ids=token_ids, trainable_mask=mask, logprobs=logprobs,
+                             images=list(zip(spans, images)))
 
 
 def group_advantages(rewards: Sequence[float], scale: bool) -> list[float]:
@@ -392,13 +422,16 @@ def _warn_untrainable(skipped: list[tuple[int, int, bool]], train_dicts: bool) -
 def _tokenize_trajectory(
     traj: Trajectory, tokenizer: Any, train_on: Literal["sampled", "assistant"], gi: int, ti: int,
     advantage: float, stats: TokenizeStats, train_dicts: bool, end_ids: Collection[int] | None,
+    vision: Any = None, name: str | None = None,
 ) -> list[TokenizedSequence]:
+    """`name`: the trajectory in error messages (default "group {gi}, trajectory {ti}")."""
     out = []
     histories: list[History | Trajectory] = [traj, *traj.additional_histories]
     for hi, h in enumerate(histories):
-        where = f"group {gi}, trajectory {ti}" + (f", additional_histories[{hi - 1}]" if hi else "")
+        where = (name or f"group {gi}, trajectory {ti}") + (f", additional_histories[{hi - 1}]" if hi else "")
         for seq in tokenize_history(h.messages_and_choices, h.tools, tokenizer, train_on=train_on,
-                                    train_dicts=train_dicts, end_ids=end_ids, where=where, stats=stats):
+                                    train_dicts=train_dicts, end_ids=end_ids, where=where, stats=stats,
+                                    vision=vision):
             seq.group_index, seq.trajectory_index, seq.history_index = gi, ti, hi
             seq.advantage = advantage
             if seq.n_trainable:
@@ -414,6 +447,7 @@ def tokenize_groups(
     allow_training_without_logprobs: bool = False,
     require_logprobs: bool = False,
     end_ids: Collection[int] | None = None,
+    vision: Any = None,
 ) -> TokenizeResult:
     """Tokenize RL groups: sampled turns trainable, group-relative advantages.
 
@@ -422,6 +456,7 @@ def tokenize_groups(
             as on-policy (sampled turns without logprobs always are, unless require_logprobs).
         require_logprobs: refuse a sampled turn without logprobs (TrajectoryError naming it).
         end_ids: ids that end a turn (`chat_format.end_of_turn_ids(tokenizer, model)`, as the engine stops on).
+        vision: a vision-language model's `models.vision.VisionInputs` (None: text only).
     """
     stats = TokenizeStats()
     result = TokenizeResult(groups=[], stats=stats)
@@ -446,7 +481,8 @@ def tokenize_groups(
         for ti, (traj, adv) in enumerate(zip(trajs, advantages)):
             before = stats.turns_missing_logprobs
             got = _tokenize_trajectory(traj, tokenizer, "sampled", gi, ti, adv, stats,
-                                       train_dicts=allow_training_without_logprobs, end_ids=end_ids)
+                                       train_dicts=allow_training_without_logprobs, end_ids=end_ids,
+                                       vision=vision)
             if stats.turns_missing_logprobs > before and require_logprobs:
                 raise TrajectoryError(
                     f"group {gi}, trajectory {ti}: a sampled turn carries no logprobs, and "
@@ -471,15 +507,16 @@ def tokenize_groups(
 
 
 def tokenize_sft(trajectories: Sequence[Trajectory], tokenizer: Any, *,
-                 end_ids: Collection[int] | None = None) -> TokenizeResult:
-    """Tokenize SFT data: every assistant turn trainable; each trajectory its own group."""
+                 end_ids: Collection[int] | None = None, vision: Any = None) -> TokenizeResult:
+    """Tokenize SFT data: every assistant turn trainable; each trajectory its own group (`vision`: see
+    `tokenize_groups`)."""
     stats = TokenizeStats()
     result = TokenizeResult(groups=[], stats=stats)
     for ti, traj in enumerate(trajectories):
         revalidate(traj, f"trajectories[{ti}]")
         stats.trajectories += 1
         got = _tokenize_trajectory(traj, tokenizer, "assistant", ti, 0, 0.0, stats, train_dicts=True,
-                                   end_ids=end_ids)
+                                   end_ids=end_ids, vision=vision, name=f"trajectories[{ti}]")
         if not got:
             stats.trajectories_without_trainable_tokens += 1
             log.warning("trajectory %d has no assistant turn; skipped", ti)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from artrl.chat_format import (
+    ImageTokens,
     Message,
     SampledCompletion,
     check_item,
@@ -135,10 +136,12 @@ class PromptBuilder:
             return cache
 
     def prompt_ids(self, tokenizer: Any, messages: list[Message], tools: list[dict[str, Any]] | None,
-                   end_ids: frozenset[int]) -> list[int]:
-        """Token ids of the prompt (generation prompt included); a template failure is an InvalidRequestError."""
+                   end_ids: frozenset[int], images: ImageTokens | None = None) -> list[int]:
+        """Token ids of the prompt (generation prompt included; `images`: how its images expand); a template
+        failure is an InvalidRequestError."""
         try:
-            return render_prompt(tokenizer, messages, tools, recent=self.cache(tokenizer), end_ids=end_ids)
+            return render_prompt(tokenizer, messages, tools, recent=self.cache(tokenizer), end_ids=end_ids,
+                                 images=images)
         except TrajectoryError as error:
             raise InvalidRequestError(str(error)) from error
 

@@ -22,7 +22,11 @@ KV cache, one attention mask and the per-row sampling state, all on the model's 
    the engine starts newcomers in the next batch instead.
 3. **Leaving.** A finished row leaves before the next forward (`keep`), and columns no
    remaining row uses are cut from the left, so a long row that ended frees its width.
-4. **One host transfer per step.** `sample` draws every row's token on the device
+4. **Images.** A vision-language model's newcomers bring their prompts' images (`admit(images=...)`):
+   the prefill forward takes their pixel values and grids, and every prompt's 3-D rotary positions
+   (models/vision.py; a text-only prompt's are its 1-D ones on every axis). The last prompt token is
+   text, so its three positions are equal, and the rows decode on from the next one like any other.
+5. **One host transfer per step.** `sample` draws every row's token on the device
    (serve/sampling.py: each row's uniforms, hashed from its request seed for all of
    its steps when it joins, indexed by its own step counter) and brings back only the
    sampled ids, their raw logprobs and, when some row asked for them, the top
@@ -63,8 +67,9 @@ def _cat_uniforms(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
 class DecodeBatch:
     """Rows decoding together; see the module docstring. `rows` are the engine's row records (opaque here)."""
 
-    def __init__(self, model: Any, cache_kwarg: str, pad_id: int, device: torch.device) -> None:
+    def __init__(self, model: Any, cache_kwarg: str, pad_id: int, device: torch.device, vision: Any = None) -> None:
         self._model = model
+        self._vision = vision  # a vision-language model's models/vision.VisionInputs
         self._cache_kwarg = cache_kwarg
         self._pad_id = pad_id
         self.device = device
@@ -89,11 +94,13 @@ class DecodeBatch:
 
     # ------------------------------------------------------------------ joining
 
-    def _prefill(self, prompts: Sequence[list[int]], adapters: dict[str, Any] | None = None
+    def _prefill(self, prompts: Sequence[list[int]], adapters: dict[str, Any] | None = None,
+                 images: Sequence[Sequence[Any]] | None = None
                  ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One forward over `prompts`, left-padded to the longest: their cache, attention mask [prompts, width],
-        position ids [prompts, width] and last-position logits [prompts, vocab] (float32). `adapters`: extra
-        forward arguments choosing each prompt's adapter (peft's `adapter_names`), or None."""
+        position ids [prompts, width] (the text axis of a vision-language model's) and last-position logits
+        [prompts, vocab] (float32). `adapters`: extra forward arguments choosing each prompt's adapter (peft's
+        `adapter_names`), or None. `images`: each prompt's processed images (module docstring, point 4)."""
         width = max(len(p) for p in prompts)
         padded = any(len(p) != width for p in prompts)
         if padded:
@@ -107,6 +114,12 @@ class DecodeBatch:
             mask = torch.ones((len(prompts), width), dtype=torch.long)  # [prompts, width]
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [prompts, width]
+        extra: dict[str, Any] = dict(adapters or {})
+        if images:
+            extra.update(self._image_inputs(prompts, images, width))
+            position_ids = extra["position_ids"][0]  # [prompts, width]: the last token's axes are equal
+        else:
+            extra["position_ids"] = position_ids
         cache = DynamicCache(config=self._model.config)
         # Without padding the model's own causal mask is the whole mask: passing none spares building a padding
         # mask each prefill (the same logits; the batch keeps `mask` for its later steps).
@@ -114,17 +127,31 @@ class DecodeBatch:
         # and on a CPU torch's linear over that strided view expands the LM head's weight once per prompt (a full
         # [vocab, hidden] copy each: 1.2 GB a prompt at 14B); an index tensor gives a contiguous copy instead
         last = torch.tensor([width - 1], device=self.device)
-        out = self._model(input_ids=input_ids, attention_mask=mask if padded else None, position_ids=position_ids,
-                          use_cache=True, logits_to_keep=last, **{self._cache_kwarg: cache}, **(adapters or {}))
+        out = self._model(input_ids=input_ids, attention_mask=mask if padded else None,
+                          use_cache=True, logits_to_keep=last, **{self._cache_kwarg: cache}, **extra)
         return cache, mask, position_ids, out.logits[:, -1, :].float()
+
+    def _image_inputs(self, prompts: Sequence[list[int]], images: Sequence[Sequence[Any]], width: int
+                      ) -> dict[str, Any]:
+        """The prefill's pixel values, grids and [3, prompts, width] position ids (left-padded prompts)."""
+        if self._vision is None:
+            raise RuntimeError("a prompt with images reached an engine without a vision-language model")
+        rope = torch.zeros((3, len(prompts), width), dtype=torch.long)  # [3, prompts, width]
+        for i, (prompt, mine) in enumerate(zip(prompts, images)):
+            spans = list(zip(self._vision.spans(prompt, mine, "prompt_ids"), mine))
+            rope[:, i, width - len(prompt):] = self._vision.positions(len(prompt), spans)  # [3, len]
+        flat = [image for mine in images for image in mine]
+        return {"position_ids": rope.to(self.device),
+                "pixel_values": torch.cat([image.pixels for image in flat]).to(self.device),  # [patches, values]
+                "image_grid_thw": torch.tensor([image.grid for image in flat], dtype=torch.long, device=self.device)}
 
     def admit(self, rows: Sequence[Any], prompts: Sequence[list[int]], prompt_of_row: Sequence[int],
               keys: Sequence[int], temperature: Sequence[float], top_p: Sequence[float],
-              adapters: dict[str, Any] | None = None) -> None:
-        """Prefill `prompts` (one forward; `adapters`: see `_prefill`) and add `rows` (row j samples from
+              adapters: dict[str, Any] | None = None, images: Sequence[Sequence[Any]] | None = None) -> None:
+        """Prefill `prompts` (one forward; `adapters`, `images`: see `_prefill`) and add `rows` (row j samples from
         prompts[prompt_of_row[j]])."""
         device = self.device
-        cache, mask, position_ids, logits = self._prefill(prompts, adapters)
+        cache, mask, position_ids, logits = self._prefill(prompts, adapters, images)
         positions = position_ids[:, -1] + 1  # [prompts]
         if list(prompt_of_row) != list(range(len(prompts))):  # n samples of one prompt: repeat its prefill
             index = torch.tensor(prompt_of_row, dtype=torch.long, device=device)  # [rows]

@@ -150,6 +150,7 @@ class DecodeLoop:
     cuda_graphs: bool
     _static_step: StaticStep | None
     _routing: Any  # models/moe.RoutingRecorder of an MoE model, else None
+    vision: Any  # models/vision.VisionInputs of a vision-language model, else None
     max_batch_size: int
     batches_served: int
     rows_served: int
@@ -200,7 +201,7 @@ class DecodeLoop:
         device = next(self._model.parameters()).device
         self.batches_served += 1
         static = self.static_cache and self._fits(waiting[0])
-        batch = DecodeBatch(self._model, self._cache_kwarg, self._pad_id, device)
+        batch = DecodeBatch(self._model, self._cache_kwarg, self._pad_id, device, vision=self.vision)
         attention = "sdpa" if static else self._attn_implementation  # the static step's 4-D mask needs sdpa
         try:
             with self._serving_mode(), attention_for_serving(self._model, attention), torch.inference_mode():
@@ -324,18 +325,21 @@ class DecodeLoop:
             return
         prompts: list[list[int]] = []
         prompt_adapters: list[str | None] = []
+        prompt_images: list[list[Any]] = []
         prompt_of: dict[int, int] = {}
         for row in newcomers:  # the n samples of one request share one prefilled prompt (and its adapter)
             if id(row.pending) not in prompt_of:
                 prompt_of[id(row.pending)] = len(prompts)
                 prompts.append(row.request.prompt_ids)
                 prompt_adapters.append(row.adapter)
+                prompt_images.append(row.request.images)
         try:
             names = self._adapter_names(prompt_adapters, switch=not batch.rows)
             batch.admit(newcomers, prompts, [prompt_of[id(r.pending)] for r in newcomers],
                         [r.key for r in newcomers], [r.request.temperature for r in newcomers],
                         [r.request.top_p for r in newcomers],
-                        {"adapter_names": names} if names is not None else None)
+                        {"adapter_names": names} if names is not None else None,
+                        images=prompt_images if any(prompt_images) else None)
         except Exception as error:
             for row in newcomers:  # they never joined: `_run` fails the batch's own rows
                 self._fail(row.pending, error)
@@ -397,8 +401,9 @@ class DecodeLoop:
                             row.routing.append(latest[:, i, :])
 
     def _fits(self, row: DecodeRow) -> bool:
-        """Whether `row` fits a static cache slot (prompt + max_tokens within its columns)."""
-        return len(row.request.prompt_ids) + row.request.max_tokens <= self.static_cache_len
+        """Whether `row` fits a static cache slot (prompt + max_tokens within its columns; no images)."""
+        return not row.request.images and \
+            len(row.request.prompt_ids) + row.request.max_tokens <= self.static_cache_len
 
     def _slot_step(self, device: torch.device) -> StaticStep:
         """The static cache and its decode step (allocated at the first static batch, kept for the engine's life)."""

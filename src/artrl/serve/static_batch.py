@@ -170,7 +170,9 @@ class StaticDecodeBatch(DecodeBatch):
 
     def admit(self, rows: Sequence[Any], prompts: Sequence[list[int]], prompt_of_row: Sequence[int],
               keys: Sequence[int], temperature: Sequence[float], top_p: Sequence[float],
-              adapters: dict[str, Any] | None = None) -> None:
+              adapters: dict[str, Any] | None = None, images: Sequence[Sequence[Any]] | None = None) -> None:
+        if images:
+            raise RuntimeError("rows with images never take a static cache slot (DecodeLoop._fits)")
         device, cache = self.device, self.step_fn.cache
         free = sorted(set(range(cache.slots)) - set(self.slot_of))
         if len(rows) > len(free):

@@ -59,9 +59,14 @@ what it leaves out compared with vLLM:
    advances the matcher. Rows without a grammar are not touched, and a batch with no
    grammar row does no grammar work at all. Logprobs stay the raw, unmasked ones
    (serve/engine.py, point 1), so the token record trains as it does unconstrained.
-8. **Tokens as they are sampled.** `generate(request, on_token=f)` hands each token to
+8. **Images.** A vision-language model's engine holds its `vision` (models/vision.py). A request's
+   images (processed by the server with it) go through the vision tower when the request's prompt is
+   prefilled, its image tokens take the features and the prompt gets the model's 3-D rotary positions;
+   its rows then decode like any other, from the position after the prompt's last. Image rows never use
+   the static cache.
+9. **Tokens as they are sampled.** `generate(request, on_token=f)` hands each token to
    `f` on the caller's event loop (`loop.call_soon_threadsafe`) from the step where its
-   row takes it (serve/engine.py, point 8); the server streams from it. A request
+   row takes it (serve/engine.py, point 9); the server streams from it. A request
    without `on_token` pays one attribute check per row per step.
 """
 
@@ -84,6 +89,7 @@ from artrl.adapter_switch import NotPeftModelError, serving_copy
 from artrl.chat_format import end_of_turn_ids
 from artrl.errors import ConfigError
 from artrl.models.moe import RoutingRecorder, is_moe
+from artrl.models.structure import text_config
 from artrl.models.quantization import quantization_of
 from artrl.once_per_run import OncePerRun
 from artrl.serve.engine import (
@@ -120,7 +126,8 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
     attention decode batches run with (serve/attention_switch.py); None: 'sdpa' on a CUDA device, else the model's.
     `static_cache`: decode rows that fit in `static_cache_len` columns (None: min(max_model_len, 2048)) in fixed
     slots of a static KV cache (serve/static_batch.py), their step replayed from a CUDA graph when `cuda_graphs`
-    (None: on CUDA).
+    (None: on CUDA). `vision`: a vision-language model's image processing (models/vision.py; module docstring,
+    point 8).
     """
 
     structured_outputs = True
@@ -143,6 +150,7 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         static_cache: bool = False,
         static_cache_len: int | None = None,
         cuda_graphs: bool | None = None,
+        vision: Any = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -155,6 +163,8 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
             model.eval()  # the engine's to serve: it stays in eval (decode_loop._serving_mode)
         #: Whether the engine decodes its own copy of the given model (sharing its frozen tensors).
         self.serve_copy = serve_copy
+        #: A vision-language model's image processing (models/vision.py), None for a text-only model.
+        self.vision = vision
         self._model = model
         self._tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -165,7 +175,7 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         self.shares_trainer_weights = shares_trainer_weights
         config = model.config
         if max_model_len is None:
-            max_model_len = getattr(config, "max_position_embeddings", None) or 2048
+            max_model_len = getattr(text_config(config), "max_position_embeddings", None) or 2048
         self._max_model_len = int(max_model_len)
         self._vocab_size = model.get_input_embeddings().num_embeddings
         # what ends a turn is chat_format's: the same ids the trainer closes a turn on

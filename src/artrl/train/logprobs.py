@@ -6,6 +6,11 @@ token of its group's shared prompt). We gather those hidden states, then apply
 the LM head in chunks of `chunk_size` rows, each under activation checkpointing:
 peak memory is chunk_size x vocab (forward and backward), not seq x vocab, and
 the head runs over trainable tokens only.
+
+A vision-language model's micro-batch brings its images (`images`: in the order the rows' image tokens
+come): the vision tower runs once per distinct image (by content hash; a group's shared image once), without
+gradient unless some of its weights are trained (frozen by default: LoRA adapts the language model), and its
+features go to the backbone as precomputed encoder outputs, which it scatters into the image tokens' slots.
 """
 
 from __future__ import annotations
@@ -76,10 +81,14 @@ class TokenLogprobModel(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: object, position_ids: torch.Tensor,
                 rows: torch.Tensor, prev: torch.Tensor, targets: torch.Tensor, *, chunk_size: int | None = None,
-                **extra: object) -> tuple[torch.Tensor, torch.Tensor]:
-        """input_ids, position_ids: [rows, width]; rows, prev, targets: [n] -> (logprobs [n], entropy [n]).
+                images: list | None = None, **extra: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids: [rows, width], position_ids: [rows, width] (or [3, rows, width] for a vision-language model);
+        rows, prev, targets: [n] -> (logprobs [n], entropy [n]).
 
-        `chunk_size`: tokens per LM-head chunk for this pass (None: the module's own)."""
+        `chunk_size`: tokens per LM-head chunk for this pass (None: the module's own). `images`: the rows' images
+        in slot order (models/vision.py's processed images), None or empty without."""
+        if images:
+            extra["mm_encoder_outputs"] = {"image": self.image_features(images, input_ids.device)}
         with record_function("artrl/forward"):
             hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                    use_cache=False, **extra).last_hidden_state  # [rows, width, hidden]
@@ -87,3 +96,21 @@ class TokenLogprobModel(torch.nn.Module):
             h = hidden[rows, prev]  # [n, hidden]
             return token_logprobs(h, self.lm_head, targets, chunk_size=chunk_size or self.chunk_size,
                                   softcap=self.softcap)
+
+    def image_features(self, images: list, device: torch.device) -> object:
+        """The vision tower's output for `images` (each distinct one computed once), as the backbone's
+        `mm_encoder_outputs["image"]`: per image, its [tokens, hidden] features in the given order."""
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        unique: dict[str, int] = {}
+        for image in images:
+            unique.setdefault(image.digest, len(unique))
+        firsts = {image.digest: image for image in reversed(images)}
+        distinct = [firsts[d] for d in unique]
+        pixels = torch.cat([image.pixels for image in distinct]).to(device)  # [patches, patch values]
+        grid = torch.tensor([image.grid for image in distinct], dtype=torch.long, device=device)  # [images, 3]
+        trains = any(p.requires_grad for p in self.backbone.visual.parameters())
+        with record_function("artrl/vision"), torch.set_grad_enabled(torch.is_grad_enabled() and trains):
+            out = self.backbone.get_image_features(pixels, grid, return_dict=True)
+        features = out.pooler_output  # per distinct image: [tokens, hidden]
+        return BaseModelOutputWithPooling(pooler_output=tuple(features[unique[image.digest]] for image in images))

@@ -74,7 +74,9 @@ def head_bytes(config: Any, chunk_size: int) -> int:
     """The LM head's working set for one chunk (models/memory_plan.py)."""
     from ..models.memory_plan import head_bytes as head
 
-    return head(int(config.vocab_size), chunk_size)
+    from ..models.structure import text_config
+
+    return head(int(text_config(config).vocab_size), chunk_size)
 
 
 def free_bytes(device: torch.device) -> int:

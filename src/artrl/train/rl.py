@@ -74,7 +74,7 @@ def prepare_rl(ctx: BuildContext, groups: Sequence[TrajectoryGroup], config: Tra
     `ref_adapter`: a loaded adapter as the KL reference."""
     tok = tokenize_groups(groups, ctx.tokenizer, scale_rewards=config.scale_rewards,
                           allow_training_without_logprobs=config.allow_training_without_logprobs,
-                          require_logprobs=config.require_logprobs, end_ids=ctx.end_ids)
+                          require_logprobs=config.require_logprobs, end_ids=ctx.end_ids, vision=ctx.vision)
     if config.advantage_balance:
         balance_advantages(tok.groups, config.advantage_balance)
     built = build_rl(tok.groups, config, ctx) if tok.groups else BuiltCall(None, None)

@@ -32,7 +32,7 @@ def prepare_sft(ctx: BuildContext, trajectories: Sequence[Trajectory], config: T
     if config.shuffle:
         # a different order every call, reproducible from the seed and the restored optimizer step count
         random.Random(config.seed * 1_000_003 + ctx.optimizer_steps).shuffle(trajectories)
-    tok = tokenize_sft(trajectories, ctx.tokenizer, end_ids=ctx.end_ids)
+    tok = tokenize_sft(trajectories, ctx.tokenizer, end_ids=ctx.end_ids, vision=ctx.vision)
     if not tok.groups:
         return PreparedCall("sft", BuiltCall(None, None), _sft_loss, [], config, tok.stats, step_unit="trajectories")
     built = build_batches(tok.groups, config, ctx, units_per_step=config.resolved_batch_size(len(tok.groups)))

@@ -112,6 +112,7 @@ class BuildContext:
     gradient_checkpointing: bool | None = None  # the model config's setting (None: as memory requires)
     # says the token budget the free memory gave a call: INFO once per run, then DEBUG (None: INFO every call)
     memory_notes: OncePerRun | None = None
+    vision: Any = None  # a vision-language model's models.vision.VisionInputs (None: the model reads text only)
 
 SAMPLED_DELTA_KEYS = ("sampled_logprob_delta_mean", "sampled_logprob_delta_max", "sampled_logprob_tokens",
                       # an MoE model's (train/routing.py): measured with the weights that sampled, like the delta
@@ -173,14 +174,17 @@ class Trainer:
     def __init__(self, model: Any, tokenizer: Any, cfg: InternalModelConfig | None = None,
                  model_lock: threading.RLock | None = None,
                  wrap: Callable[[TokenLogprobModel], Any] | None = None,
-                 end_ids: frozenset[int] | None = None) -> None:
+                 end_ids: frozenset[int] | None = None, vision: Any = None) -> None:
         """`wrap`, if given, is applied to the forward module before the optimizer takes its parameters
         (distributed/sharding.py shards it with FSDP2 there). `end_ids`: the ids that end an assistant turn
-        (None: `chat_format.end_of_turn_ids(tokenizer, model)`, what a session computes and passes)."""
+        (None: `chat_format.end_of_turn_ids(tokenizer, model)`, what a session computes and passes). `vision`: a
+        vision-language model's image processing (models/vision.py; `models.loading.load_vision`), which
+        tokenizing its calls needs."""
         from ..chat_format import end_of_turn_ids
 
         self.model = model
         self.tokenizer = tokenizer
+        self.vision = vision
         self.cfg = cfg or InternalModelConfig()
         self.end_ids = frozenset(end_ids) if end_ids is not None else end_of_turn_ids(tokenizer, model)
         inner = _unwrap(model)
@@ -231,7 +235,7 @@ class Trainer:
         return BuildContext(tokenizer=self.tokenizer, end_ids=self.end_ids, max_length=self.max_length,
                             pad_id=self.pad_id, device_type=self.device.type, optimizer_steps=self.optimizer_steps,
                             memory_budget=device_budget(self), gradient_checkpointing=self.cfg.gradient_checkpointing,
-                            memory_notes=self.memory_notes)
+                            memory_notes=self.memory_notes, vision=self.vision)
 
     # ------------------------------------------------------------------ randomness
     def _seeded_rng_state(self, seed: int) -> dict[str, torch.Tensor | None]:
@@ -307,6 +311,11 @@ class Trainer:
         dev = self.device
         input_ids = mb.input_ids.to(dev)  # [rows, width]
         extra: dict[str, Any] = {}
+        positions = mb.position_ids.to(dev)  # [rows, width]
+        if mb.rope_position_ids is not None:  # a vision-language model's 3-D positions (models/vision.py)
+            positions = mb.rope_position_ids.to(dev).permute(2, 0, 1)  # [3, rows, width]
+        if mb.images:
+            extra["images"] = mb.row_images()
         with record_function("artrl/attention_mask"):
             if self.attn_implementation == TREE_ATTENTION:
                 # a 4-D placeholder makes transformers skip building a seq x seq mask; the layout rules instead
@@ -322,7 +331,7 @@ class Trainer:
         adapter_ctx = self._reference(ref_adapter) if not adapter else contextlib.nullcontext()
         with ctx, adapter_ctx:
             targets = input_ids[b_idx.to(dev), t_idx.to(dev)]  # [n]
-            logp, ent = self.token_model(input_ids, mask, mb.position_ids.to(dev), b_idx.to(dev), prev.to(dev),
+            logp, ent = self.token_model(input_ids, mask, positions, b_idx.to(dev), prev.to(dev),
                                          targets, chunk_size=chunk_size or self.cfg.logprob_chunk_size, **extra)
         return TokenBatch(
             logprobs=logp, entropy=ent.detach(),
