@@ -27,6 +27,10 @@ def test_bench_serve_reports_the_same_json_for_either_engine() -> None:
     for switch in ("merge_lora", "attn_implementation", "static_cache", "cuda_graphs"):  # the built-in engine's
         assert vllm[switch] is None
         builtin[switch] = None
+    for run in ("concurrent", "sequential"):  # the built-in engine's queue waits; vLLM does not report them
+        for wait in ("oldest_waiter_s", "admission_wait_p99_s"):
+            assert vllm[run][wait] is None and builtin[run][wait] >= 0
+            builtin[run][wait] = None
     assert shape(vllm) == shape(builtin)
     for report in (builtin, vllm):
         assert report["concurrent"]["completion_tokens"] == report["sequential"]["completion_tokens"] > 0

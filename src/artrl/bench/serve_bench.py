@@ -7,7 +7,7 @@ sequentially. Each request has its own seed, so both runs sample the same
 tokens. Prints one JSON line: completion tokens/s and latency percentiles (p50, p90,
 p99, max) for each run, and their ratio; with the built-in engine, each run's
 `oldest_waiter_s` (the longest a request waited in the engine's queue before its
-first row joined a batch) and `admission_wait_p99_s`: under a saturated queue the
+first row joined a batch) and `admission_wait_p99_s` (null with vLLM, which does not report them): under a saturated queue the
 engine admits in arrival order (serve/decode_loop.py), so no request waits much
 longer than the others.
 
@@ -74,10 +74,11 @@ async def _run(client: Any, model: str, n: int, concurrency: int, max_tokens: in
             **_admission(engine, admitted)}
 
 
-def _admission(engine: Any, admitted_before: int | None) -> dict[str, float]:
-    """The built-in engine's queue waits of the requests admitted since `admitted_before` (none for vLLM)."""
+def _admission(engine: Any, admitted_before: int | None) -> dict[str, float | None]:
+    """The built-in engine's queue waits of the requests admitted since `admitted_before` (null for vLLM, whose
+    engine does not count them: the report keeps one shape for either engine)."""
     if admitted_before is None:
-        return {}
+        return {"oldest_waiter_s": None, "admission_wait_p99_s": None}
     count = min(engine.requests_admitted - admitted_before, len(engine.admission_waits))
     waits = list(engine.admission_waits)[-count:] if count else [0.0]
     return {"oldest_waiter_s": round(max(waits), 3), "admission_wait_p99_s": round(_percentile(waits, 99), 3)}
