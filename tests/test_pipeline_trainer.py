@@ -275,8 +275,35 @@ def test_a_stop_during_a_train_call_ends_after_that_step(tmp_path, how):
         assert train_rows(model)[-1]["step"] == 2
         assert model.read_state()["_pipeline_trainer"]["training_step"] == 2
 
+    before = signal.getsignal(signal.SIGINT)  # Python's default, or SIG_IGN in a background job
     asyncio.run(main())
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
+
+
+def test_the_signal_handlers_a_process_had_are_put_back(tmp_path):
+    """A SIGINT the process ignores (nohup, a background job) stays ignored after a run that handled signals."""
+    async def main():
+        backend = FakeBackend()
+        model = await make_model(tmp_path, backend)
+
+        async def rollout(model, scenario, config):
+            return group(scenario)
+
+        trainer = PipelineTrainer(model, backend, rollout, scenarios(4), None, num_rollout_workers=2,
+                                  min_batch_size=2, max_steps_off_policy=1)
+        await run(trainer, handle_signals=True)
+        assert backend.step >= 1  # it trained
+
+    def mine(signum, frame):
+        raise AssertionError("not called")
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN), signal.signal(signal.SIGTERM, mine)
+    try:
+        asyncio.run(main())
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
 
 
 # ---------------------------------------------------------------------------------------------- resume

@@ -271,7 +271,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         loop = asyncio.get_running_loop()
-        installed: list[signal.Signals] = []
+        installed: list[tuple[signal.Signals, Any]] = []  # (signal, the handler before ours)
 
         def on_signal(sig: signal.Signals) -> None:
             if not self.state.done:
@@ -280,14 +280,19 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
+                before = signal.getsignal(sig)
                 loop.add_signal_handler(sig, on_signal, sig)
-                installed.append(sig)
+                installed.append((sig, before))
             except (NotImplementedError, RuntimeError, ValueError):
                 continue  # not the main thread, or no signal support: request_stop() still works
 
         def restore() -> None:
-            for sig in installed:
+            # the loop's removal sets SIGINT to Python's default and SIGTERM to SIG_DFL; put back what the process
+            # had (a SIGINT ignored under nohup or a background job stays ignored; a caller's own handler returns)
+            for sig, before in installed:
                 loop.remove_signal_handler(sig)
+                if before is not None:
+                    signal.signal(sig, before)
         return restore
 
     # ------------------------------------------------------------------ scenarios
