@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..heap import release_free_memory
 from ..types import InternalModelConfig
 from .memory_plan import check_model_fits
 from .moe import EXPERTS_IMPLEMENTATION, is_moe, lora_targets
@@ -153,6 +154,7 @@ def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
         model = build_random_model(config, device=device, dtype=dtype,
                                    attn_implementation=resolve_attn(cfg, device), seed=cfg.seed,
                                    quantization=quantization)
+        release_free_memory()  # the build's temporaries, left as holes in the C heap (artrl/heap.py)
         log.info("built random-init %s (%s, %s, %.1fM parameters)", base_model, device, what, parameter_count(model) / 1e6)
         return model, tok
     extra: dict[str, Any] = {}
@@ -175,6 +177,7 @@ def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
         model.to(device)
     else:
         prepare_quantized(model, quantization)
+    release_free_memory()  # the load's and the quantiser's temporaries
     log.info("loaded %s (%s, %s, %s attention, %.1fM parameters)", base_model, device, what,
              model.config._attn_implementation, parameter_count(model) / 1e6)
     return model, tok

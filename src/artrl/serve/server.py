@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
 import functools
 import json
@@ -80,6 +79,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from artrl.chat_format import completion_text, cut_at_stop, image_urls
 from artrl.errors import CheckpointError, ImageError
+from artrl.heap import release_free_memory
 from artrl.images import RECORD_KEY as IMAGES_RECORD_KEY, record_entries
 from artrl.models.moe import RECORD_KEY as ROUTING_RECORD_KEY, encode_routing
 from artrl.serve.background import ServerHandle, start_server
@@ -113,12 +113,6 @@ RENDER_THREADS = 2
 """Large prompts rendered at once; more wait their turn (bounds the memory abusive requests can take)."""
 
 
-def _release_memory() -> None:
-    """Give the C heap's free memory back to the system (glibc keeps what a large request's objects used)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 @functools.lru_cache(maxsize=16)
@@ -513,7 +507,7 @@ def create_app(
             return await answer(await off_loop(parse_body, raw), http)
         finally:
             del raw
-            await off_loop(_release_memory)  # what parsing a large body took goes back to the system
+            await off_loop(release_free_memory)  # what parsing a large body took goes back to the system
 
     async def answer(body: ChatCompletionRequest, http: fastapi.Request) -> fastapi.Response:
         extra = body.model_extra or {}

@@ -1,0 +1,32 @@
+"""Giving the C heap's free memory back to the system.
+
+glibc keeps freed memory in its heap for reuse, and a freed chunk below the top of the heap is
+not returned by `free` alone. Quantising a model one tensor at a time leaves the heap full of
+such holes (each full-precision draw and bitsandbytes' temporaries), which the process then
+holds while it serves rollouts; training reuses them. `malloc_trim` returns them: on
+random:qwen3-0.6b in 4-bit, `artrl bench memory` measured 1.12 GB resident once registered
+with it, 1.41-1.75 GB without (loading.py trims once a model is loaded). The train call's peak
+stays where it was (1.88-1.90 GB against 1.90-1.97).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> Any:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:  # not glibc (macOS, musl): nothing to do
+        return None
+
+
+def release_free_memory() -> None:
+    """Return the C heap's free pages to the system (glibc's `malloc_trim(0)`); a no-op elsewhere."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
