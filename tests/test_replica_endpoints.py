@@ -87,12 +87,18 @@ def live_version(server) -> int:
         "policy_version"]
 
 
-def test_no_replica_serves_a_step_before_all_have_it_and_a_failed_load_is_retried(tmp_path, endpoints, make_choice):
-    (a, _, a_models), (b, _, b_models) = endpoints
+def backend_and_model(tmp_path, a, b):
+    """A backend and a model whose rollouts go to the endpoints `a` and `b`."""
     backend = art.LocalBackend(path=str(tmp_path), api_key=KEY, show_progress=False)
     model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny",
                                _internal_config=art.InternalModelConfig(
                                    seed=0, max_length=128, inference_endpoints=[a.url, b.url]))
+    return backend, model
+
+
+def test_no_replica_serves_a_step_before_all_have_it_and_a_failed_load_is_retried(tmp_path, endpoints, make_choice):
+    (a, _, a_models), (b, _, b_models) = endpoints
+    backend, model = backend_and_model(tmp_path, a, b)
 
     async def main():
         await model.register(backend)
@@ -124,10 +130,7 @@ def test_a_replica_that_keeps_refusing_is_taken_out_before_the_default_moves_and
 
     monkeypatch.setattr(control, "ENDPOINT_CHECK_INTERVAL_S", 0.5)  # the monitor's pace, not its behaviour
     (a, _, _), (b, _, b_models) = endpoints
-    backend = art.LocalBackend(path=str(tmp_path), api_key=KEY, show_progress=False)
-    model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny",
-                               _internal_config=art.InternalModelConfig(
-                                   seed=0, max_length=128, inference_endpoints=[a.url, b.url]))
+    backend, model = backend_and_model(tmp_path, a, b)
 
     async def main():
         await model.register(backend)

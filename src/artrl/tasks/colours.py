@@ -158,12 +158,15 @@ async def rollout(model: Any, scenario: Scenario, *, client: Any = None, tempera
     completion = await client.chat.completions.create(
         model=model.get_inference_name(), messages=messages, max_tokens=MAX_TOKENS, temperature=temperature,
         logprobs=True, seed=seed)
-    choice = choice_from_completion(completion)
+    return graded(messages, choice_from_completion(completion), scenario.colour,
+                  {"object": scenario.obj, "template": scenario.template, "split": scenario.split})
+
+
+def graded(messages: list[Any], choice: Any, colour: str, metadata: dict[str, Any]) -> Trajectory:
+    """The trajectory of one answered question: its reward, metrics and `metadata` with the answer added."""
     answer = choice.message.content
-    r = reward(answer, scenario.colour)
+    r = reward(answer, colour)
     ws = words(answer)
-    metrics = {"correct": float(r == 1.0), "right_colour": float(ws[:1] == [scenario.colour]),
-               "one_word": float(len(ws) == 1)}
+    metrics = {"correct": float(r == 1.0), "right_colour": float(ws[:1] == [colour]), "one_word": float(len(ws) == 1)}
     return Trajectory(messages_and_choices=[*messages, choice], reward=r, metrics=metrics,
-                      metadata={"object": scenario.obj, "template": scenario.template, "split": scenario.split,
-                                "answer": answer})
+                      metadata={**metadata, "answer": answer})

@@ -26,7 +26,7 @@ from PIL import Image, ImageDraw
 from ..images import data_url
 from ..trajectories import Trajectory
 from ..utils import choice_from_completion
-from .colours import ANSWER_STYLES, MAX_TOKENS, reward, words
+from .colours import ANSWER_STYLES, MAX_TOKENS, graded, reward
 
 Split = Literal["train", "val"]
 
@@ -126,12 +126,5 @@ async def rollout(model: Any, scenario: Scenario, *, client: Any = None, tempera
     completion = await client.chat.completions.create(
         model=model.get_inference_name(), messages=messages, max_tokens=MAX_TOKENS, temperature=temperature,
         seed=seed)
-    choice = choice_from_completion(completion)
-    answer = choice.message.content
-    r = reward(answer, scenario.colour)
-    ws = words(answer)
-    metrics = {"correct": float(r == 1.0), "right_colour": float(ws[:1] == [scenario.colour]),
-               "one_word": float(len(ws) == 1)}
-    return Trajectory(messages_and_choices=[*messages, choice], reward=r, metrics=metrics,
-                      metadata={"colour": scenario.colour, "pattern": scenario.pattern, "split": scenario.split,
-                                "answer": answer})
+    return graded(messages, choice_from_completion(completion), scenario.colour,
+                  {"colour": scenario.colour, "pattern": scenario.pattern, "split": scenario.split})
