@@ -27,6 +27,8 @@ import sys
 import threading
 from typing import Any
 
+from .spawn import on_parent_end
+
 log = logging.getLogger("artrl.replicas.process")
 
 READY_PREFIX = "ARTRL_REPLICA_READY "
@@ -109,7 +111,7 @@ def serve(args: argparse.Namespace, *, ready_line: bool = True) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server = start_server(app, host=args.host, port=args.port)
     if ready_line:
-        threading.Thread(target=_stop_at_eof, args=(stop,), name="artrl-replica-stdin", daemon=True).start()
+        on_parent_end(stop.set, "artrl-replica-stdin")
         print(READY_PREFIX + json.dumps({"port": server.port}), flush=True)
     log.info("replica %s serving %r on %s", args.replica, args.name, server.base_url)
     try:
@@ -120,16 +122,6 @@ def serve(args: argparse.Namespace, *, ready_line: bool = True) -> int:
         engine.close()
         server.stop(timeout=10.0)
     return 0
-
-
-def _stop_at_eof(stop: threading.Event) -> None:
-    """The parent holds our standard input: when it closes (the parent ended, however), stop."""
-    try:
-        while sys.stdin.buffer.read(4096):
-            pass
-    except OSError:
-        pass
-    stop.set()
 
 
 def main(argv: list[str] | None = None) -> int:

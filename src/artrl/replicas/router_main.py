@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
+
+from artrl.replicas.spawn import on_parent_end
 
 STOP_TIMEOUT_S = 10.0
 
@@ -22,19 +23,14 @@ def main(argv: list[str]) -> int:
     router = subprocess.Popen([sys.executable, "-c", "from vllm_router.launch_router import main; main()", *argv],
                               stdin=subprocess.DEVNULL)
 
-    def stop_at_eof() -> None:
-        try:
-            while sys.stdin.buffer.read(4096):
-                pass
-        except OSError:
-            pass
+    def stop() -> None:
         router.terminate()
         try:
             router.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             router.kill()
 
-    threading.Thread(target=stop_at_eof, name="artrl-router-stdin", daemon=True).start()
+    on_parent_end(stop, "artrl-router-stdin")
     return router.wait()
 
 

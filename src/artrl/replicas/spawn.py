@@ -11,8 +11,8 @@ What a supervisor needs from a child, and nothing more:
 * **Its end as an event.** A watcher thread waits for the exit and calls `on_exit(child, code)`
   (unless `stop()` ended it): the control plane takes the replica out and restarts it.
 * **Never an orphan.** The child's stdin is a pipe this process holds: when this process
-  ends, however (even SIGKILL), the pipe closes and the child exits (replicas/process.py and
-  replicas/router_main.py watch for that).
+  ends, however (even SIGKILL), the pipe closes and the child exits (the child calls
+  `on_parent_end`: replicas/process.py and replicas/router_main.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from typing import IO, Any
@@ -156,3 +157,17 @@ def child_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra)
     return env
+
+
+def on_parent_end(callback: Callable[[], None], name: str) -> None:
+    """In a child: call `callback` on a daemon thread once standard input, the pipe the parent holds, closes
+    (the parent ended, however)."""
+    def watch() -> None:
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        except OSError:
+            pass
+        callback()
+
+    threading.Thread(target=watch, name=name, daemon=True).start()
