@@ -6,7 +6,10 @@ such holes (each full-precision draw and bitsandbytes' temporaries), which the p
 holds while it serves rollouts; training reuses them. `malloc_trim` returns them: on
 random:qwen3-0.6b in 4-bit, `artrl bench memory` measured 1.12 GB resident once registered
 with it, 1.41-1.75 GB without (loading.py trims once a model is loaded). The train call's peak
-stays where it was (1.88-1.90 GB against 1.90-1.97).
+stays where it was (1.88-1.90 GB against 1.90-1.97). A random-init build also trims after each
+quantised tensor (models/random_init.py), so the holes never pile up while it loads: on an 8-layer
+cut of random:qwen3-8b in 4-bit the load's peak fell from 4.40 to 3.92 GB (3.87 GB once loaded)
+and the build from 107 to 77 s.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ them: drawn in float32 (normal, std `initializer_range`, as transformers initial
 causal LM; norms 1, biases 0), cast to the model's dtype, and quantised at once when the
 layer is quantised. At any moment the process holds the finished part of the model plus one
 tensor in float32, so a 4-bit 14B build peaks near its 4-bit size, never at its 56 GB
-float32 or 30 GB bf16 size.
+float32 or 30 GB bf16 size. The C heap is trimmed after each quantised tensor (artrl/heap.py):
+bitsandbytes' temporaries would otherwise stay resident as holes until the build ends.
 
 The values depend only on the seed and the parameter's name (each tensor has a generator
 of its own, seeded from both): the same shape gives the same weights in any dtype, quantised
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..heap import release_free_memory
 from ..progress import progress_bar
 from .shapes import RANDOM_DRAW_ROWS
 from .quantization import (Quantization, prepare_quantized, quantized_linear, quantized_modules,
@@ -112,6 +114,7 @@ def build_random_model(config: Any, *, device: torch.device, dtype: torch.dtype,
                 values = _drawn(param.shape, std, _generator(seed, full, device), device, dtype)
             if pname == "weight" and id(module) in quantized:
                 new = quantized_weight(module, values, device)
+                release_free_memory()
             else:
                 new = torch.nn.Parameter(values, requires_grad=param.requires_grad)
             done[id(param)] = new
