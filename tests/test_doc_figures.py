@@ -3,7 +3,8 @@
 The demo's rewards come from one recorded run (benchmarks/results/2026-12-01-cpu/demo-fresh-clone.json): its
 printout in docs/demo.md, the sentence in docs/getting-started.md and the row in docs/performance.md quote the
 same numbers. The memory rule of thumb (docs/getting-started.md, docs/batching.md) quotes the trainer's own
-estimate, `train.memory.bytes_per_token`, for an 8B model's shape.
+estimate, `train.memory.bytes_per_token`, for an 8B model's shape. The memory table's CPU peaks
+(docs/getting-started.md) are the newest runs in benchmarks/results/2026-12-02-cpu/memory.jsonl.
 """
 
 from __future__ import annotations
@@ -51,3 +52,46 @@ def test_the_memory_rule_quotes_the_trainers_estimate_for_an_8b_model():
                        ("batching.md", ["8B: 0.29 + 0.29, ~0.6 MB", "~20 GB"])):
         text = _flat(DOCS / page)
         assert all(s in text for s in says), page
+
+
+MEMORY_RUNS = ROOT / "benchmarks" / "results" / "2026-12-02-cpu" / "memory.jsonl"
+
+
+def _memory_rows() -> dict[tuple[str, str], str]:
+    """getting-started.md's memory table: (model, base weights) -> the measured-on-CPU cell."""
+    rows = {}
+    for line in (DOCS / "getting-started.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0].startswith("Qwen3-"):
+            rows[(cells[0], cells[1])] = cells[3]
+    return rows
+
+
+def test_the_memory_table_quotes_the_newest_measured_runs():
+    """Each CPU peak in the table (and the plan beside it in brackets) is the newest run of its model, base weights
+    and checkpointing in memory.jsonl; a refused run's row says how fast it was refused."""
+    newest: dict[tuple[str, str, bool], dict] = {}
+    for line in MEMORY_RUNS.read_text().splitlines():
+        run = json.loads(line)
+        s = run["settings"]
+        weights = "4-bit" if s.get("load_in_4bit") else {"bfloat16": "bf16", "float32": "fp32"}.get(s["dtype"], s["dtype"])
+        newest[(run["model"], weights, bool(s.get("gradient_checkpointing")))] = run
+    rows = _memory_rows()
+    checked = 0
+    for (model, weights, checkpointing), run in newest.items():
+        name = {"random:qwen3-0.6b": "Qwen3-0.6B shape", "random:qwen3-8b": "Qwen3-8B shape",
+                "random:qwen3-14b": "Qwen3-14B shape"}[model]
+        cell = rows.get((name, weights))
+        if cell is None:  # the fp32 refusal: the table's bf16 row speaks for it
+            assert run["refused"] and weights == "fp32"
+            continue
+        if run["refused"]:
+            assert f"refused by the plan {run['seconds']} s into `register`" in cell
+        else:
+            figure = f"{run['measured_gb']['peak']:.1f} GB [{run['plan_workload']['peak_gb']:.1f}]"
+            if checkpointing:
+                assert f"with checkpointing {figure}" in cell, (name, weights, cell)
+            else:
+                assert cell.startswith(figure), (name, weights, cell)
+        checked += 1
+    assert checked >= 6
