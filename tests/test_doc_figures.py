@@ -55,6 +55,9 @@ def test_the_memory_rule_quotes_the_trainers_estimate_for_an_8b_model():
 
 
 MEMORY_RUNS = ROOT / "benchmarks" / "results" / "2026-12-02-cpu" / "memory.jsonl"
+TABLE_MODELS = {"random:qwen3-0.6b": "Qwen3-0.6B shape", "random:qwen3-8b": "Qwen3-8B shape",
+                "random:qwen3-14b": "Qwen3-14B shape"}
+TABLE_DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
 
 
 def _memory_rows() -> dict[tuple[str, str], str]:
@@ -74,13 +77,12 @@ def test_the_memory_table_quotes_the_newest_measured_runs():
     for line in MEMORY_RUNS.read_text().splitlines():
         run = json.loads(line)
         s = run["settings"]
-        weights = "4-bit" if s.get("load_in_4bit") else {"bfloat16": "bf16", "float32": "fp32"}.get(s["dtype"], s["dtype"])
+        weights = "4-bit" if s.get("load_in_4bit") else TABLE_DTYPES.get(s["dtype"], s["dtype"])
         newest[(run["model"], weights, bool(s.get("gradient_checkpointing")))] = run
     rows = _memory_rows()
     checked = 0
     for (model, weights, checkpointing), run in newest.items():
-        name = {"random:qwen3-0.6b": "Qwen3-0.6B shape", "random:qwen3-8b": "Qwen3-8B shape",
-                "random:qwen3-14b": "Qwen3-14B shape"}[model]
+        name = TABLE_MODELS[model]
         cell = rows.get((name, weights))
         if cell is None:  # the fp32 refusal: the table's bf16 row speaks for it
             assert run["refused"] and weights == "fp32"
