@@ -24,7 +24,10 @@ def _cfg(**kw) -> art.InternalModelConfig:
 
 def test_arts_default_is_4bit_for_hugging_face_checkpoints_and_full_precision_for_artrls_own(tiny_path, tmp_path):
     assert resolve_quantization(_cfg(), "Qwen/Qwen3-8B", "cuda") == "4bit"
-    assert resolve_quantization(_cfg(), str(tmp_path), "cpu") == "4bit"  # a local directory artrl did not build
+    assert resolve_quantization(_cfg(), str(tmp_path), "cuda") == "4bit"  # a local directory artrl did not build
+    # a CPU's default is full precision; settle_quantization turns it to 4-bit where the plan says it must
+    assert resolve_quantization(_cfg(), "Qwen/Qwen3-8B", "cpu") is None
+    assert resolve_quantization(_cfg(), str(tmp_path), "cpu") is None
     for own in ("artrl/tiny", str(tiny_path), *RANDOM_SHAPES):
         assert resolve_quantization(_cfg(), own, "cpu") is None, own
     assert resolve_quantization(_cfg(load_in_4bit=False), "Qwen/Qwen3-8B", "cuda") is None
@@ -200,16 +203,70 @@ def test_8bit_moments_quantise_again_to_the_same_bytes_but_where_a_blocks_larges
     assert torch.equal(same, ~negative_max)  # exactly the blocks whose largest moment is negative differ
 
 
-def test_a_local_checkpoint_loads_in_4bit_by_default_as_in_art(tiny_path, tmp_path):
-    """A directory that artrl did not build is a Hugging Face checkpoint: ART's default, 4-bit, applies (transformers
-    quantises it shard by shard while loading); `load_in_4bit=False` keeps full precision."""
+def _hf_checkpoint(tiny_path, tmp_path):
+    """The tiny model as a directory artrl did not build: a Hugging Face checkpoint to the loader."""
     import shutil
 
     from artrl.tiny import BUILD_MARKER_FILE
 
     local = tmp_path / "checkpoint"
     shutil.copytree(tiny_path, local, ignore=shutil.ignore_patterns(BUILD_MARKER_FILE))
-    model, _ = load_model(str(local), _cfg(dtype="float32"))
-    assert quantization.quantization_of(model) == "4bit"
-    model, _ = load_model(str(local), _cfg(load_in_4bit=False))
+    return local
+
+
+def test_a_local_checkpoint_loads_in_full_precision_on_a_cpu_where_it_fits(tiny_path, tmp_path, caplog):
+    """On a CPU a Hugging Face checkpoint loads in float32 by default when the plan says it fits (4-bit there is
+    slower and its sampler/trainer agreement 1e-2, not 1e-5); `load_in_4bit=True` still quantises it."""
+    local = _hf_checkpoint(tiny_path, tmp_path)
+    model, _ = load_model(str(local), _cfg())
     assert quantization.quantization_of(model) is None
+    assert next(model.parameters()).dtype == torch.float32
+    model, _ = load_model(str(local), _cfg(load_in_4bit=True, dtype="float32"))
+    assert quantization.quantization_of(model) == "4bit"
+
+
+def test_a_local_checkpoint_too_big_for_a_cpu_in_full_precision_loads_in_4bit_and_says_so(tiny_path, tmp_path,
+                                                                                         monkeypatch, caplog):
+    """Where the plan says float32 will not fit the host, the default is 4-bit, with the figures at INFO; a
+    user's load_in_4bit=False is kept (and then refused by the plan, with the settings that fit)."""
+    import logging
+
+    from artrl.models import loading, memory_plan
+
+    local = _hf_checkpoint(tiny_path, tmp_path)
+    full = memory_plan.plan_for(str(local), _cfg(load_in_4bit=False), CPU)
+    four = memory_plan.plan_for(str(local), _cfg(load_in_4bit=True), CPU)
+    assert four.peak < full.peak
+    room = (four.peak + full.peak) // 2  # room for the 4-bit plan, not the float32 one
+    monkeypatch.setattr(memory_plan, "available_bytes", lambda *a, **k: room)
+    with caplog.at_level(logging.INFO, logger="artrl.models.loading"):
+        settled = loading.settle_quantization(str(local), _cfg(), CPU)
+        model, _ = load_model(str(local), _cfg())
+    assert settled.load_in_4bit is True and quantization.quantization_of(model) == "4bit"
+    assert "full precision would need" in caplog.text and "loads in 4-bit" in caplog.text
+    assert loading.settle_quantization(str(local), _cfg(load_in_4bit=False), CPU).load_in_4bit is False
+    with pytest.raises(art.ConfigError, match="does not fit"):
+        load_model(str(local), _cfg(load_in_4bit=False))
+    # artrl's own models and a GPU keep their defaults whatever the plan says
+    assert loading.settle_quantization(str(tiny_path), _cfg(), CPU).load_in_4bit is None
+    assert loading.settle_quantization(str(local), _cfg(), torch.device("cuda")).load_in_4bit is None
+
+
+def test_a_registered_local_checkpoint_trains_and_serves_full_precision_on_a_cpu(tiny_path, tmp_path):
+    """Through the public API: the trainer and the engine of a directory model hold the same float32 weights."""
+    import asyncio
+
+    local = _hf_checkpoint(tiny_path, tmp_path)
+
+    async def main():
+        backend = art.LocalBackend(path=str(tmp_path / "runs"), show_progress=False)
+        model = art.TrainableModel(name="hf", project="p", base_model=str(local))
+        await model.register(backend)
+        session = backend._runs[model.name]
+        try:
+            return (quantization.quantization_of(session.trainer.model),
+                    quantization.quantization_of(session.engine._model))
+        finally:
+            await backend.close()
+
+    assert asyncio.run(main()) == (None, None)

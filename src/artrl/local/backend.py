@@ -231,6 +231,7 @@ class LocalBackend(Backend):
             cfg.check()
             if self._engine_args:
                 cfg = cfg.model_copy(update={"engine_args": {**self._engine_args, **cfg.engine_args}})
+            cfg = _settled(model.base_model, cfg)
             session_type = TrainingSession
             if cfg.distributed:  # training in worker processes (docs/distributed.md)
                 from .worker_session import WorkerSession
@@ -486,6 +487,16 @@ def _no_s3(method: str, path: Path, model: "Model", kwargs: dict[str, Any]) -> C
         f"backend.{method}(...) (ART: sync the run directory with s3://{bucket} through the aws CLI) is not "
         f"available in artrl. Remove the call, or sync {storage.run_dir(path, model.project, model.name)} "
         "yourself (e.g. `aws s3 sync`); a run resumes from the latest complete checkpoint found there.")
+
+
+def _settled(base_model: str, cfg: InternalModelConfig) -> InternalModelConfig:
+    """`cfg` with its default base weights decided once (models/loading.settle_quantization), so the trainer, the
+    engine, the training workers and the inference replicas all load the same."""
+    from ..models.loading import resolve_device, settle_quantization
+    from ..models.source import check_model_source
+
+    source = check_model_source(base_model) or base_model  # a bad name fails here first, fast, with the remedy
+    return settle_quantization(source, cfg, resolve_device(cfg))
 
 
 def _internal_config(model: "TrainableModel") -> InternalModelConfig:

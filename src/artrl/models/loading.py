@@ -34,9 +34,10 @@ import torch
 from ..errors import ConfigError
 from ..heap import release_free_memory
 from ..types import InternalModelConfig
-from .memory_plan import check_model_fits
+from .memory_plan import GB, check_model_fits, plan_for
 from .moe import EXPERTS_IMPLEMENTATION, is_moe, lora_targets
-from .quantization import Quantization, bnb_config, prepare_quantized, resolve_quantization, weight_numel
+from .quantization import (Quantization, bnb_config, is_own_model, prepare_quantized, resolve_quantization,
+                           weight_numel)
 from .shapes import RANDOM_SHAPES, random_config
 from .source import load_config, resolve_name  # resolve_name: also read from here
 from .structure import PROJECTIONS, text_config
@@ -125,6 +126,24 @@ def load_generation_config(base_model: str, cfg: InternalModelConfig | None = No
         return None
 
 
+def settle_quantization(base_model: str, cfg: InternalModelConfig, device: torch.device, *,
+                        config: Any = None) -> InternalModelConfig:
+    """`cfg` with its default base weights made explicit where the memory plan decides them: a Hugging Face
+    checkpoint on a CPU loads in full precision when the plan says that fits, else in 4-bit (said at INFO, with
+    the figures); everything else is `cfg` itself (models/quantization.py, the table). A session settles once,
+    before its trainer, its engine and any worker or replica load, so all of them hold the same weights."""
+    if cfg.load_in_4bit is not None or cfg.load_in_8bit or device.type != "cpu" or is_own_model(base_model):
+        return cfg
+    full = plan_for(base_model, cfg.model_copy(update={"load_in_4bit": False}), device, config=config)
+    if full.fits():
+        log.debug("%s on a CPU: full precision fits (%s)", base_model, full.line())
+        return cfg.model_copy(update={"load_in_4bit": False})
+    log.info("%s on a CPU: full precision would need %.1f GB at its peak and %.1f GB is available, so it loads in "
+             "4-bit (slower on a CPU; set load_in_4bit=False to refuse, or True to say so)", base_model,
+             full.peak / GB, (full.available or 0) / GB)
+    return cfg.model_copy(update={"load_in_4bit": True})
+
+
 def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
                     shape_overrides: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) without an adapter, on the configured device, dtype and quantisation.
@@ -138,12 +157,13 @@ def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
         raise ConfigError(f"shape overrides {sorted(shape_overrides)} apply to random shapes ({sorted(RANDOM_SHAPES)}), "
                           f"not to {base_model!r}, whose weights fix its shape.")
     device = resolve_device(cfg)
+    config = random_config(base_model, **shape_overrides) if shape_overrides else load_config(base_model, cfg)
+    cfg = settle_quantization(base_model, cfg, device, config=config)
     quantization = resolve_quantization(cfg, base_model, device.type)
     dtype = resolve_dtype(cfg, device, quantization)
     path = resolve_name(base_model)
     tok = load_tokenizer(base_model, cfg)
     # memory is planned before anything loads: a model that cannot fit is refused now, with settings that fit
-    config = random_config(base_model, **shape_overrides) if shape_overrides else load_config(base_model, cfg)
     check_model_fits(base_model, cfg, device, config=config)
     what = f"{quantization} weights computing in {dtype}" if quantization else str(dtype)
     if base_model in RANDOM_SHAPES:

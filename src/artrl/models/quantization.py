@@ -7,11 +7,19 @@ outlier copy. Only the decoder layers' linear projections are quantised; embeddi
 head and the norms stay in the model's dtype, as transformers and Unsloth leave them. The LoRA
 adapter sits on top of the quantised layers through peft and trains in float32.
 
-Which models are quantised by default (`resolve_quantization`): ART loads every base model in
-4-bit unless told otherwise, so a Hugging Face checkpoint (a hub id or a local directory) is
-loaded in 4-bit when `load_in_4bit` is left at None. artrl's own models (the built-ins such as
-"artrl/tiny", wherever their directory is, and the "random:" shapes) exist for tests and
-benchmarks, and load in full precision unless asked.
+Which models are quantised by default (`load_in_4bit` left at None; `resolve_quantization`,
+`models.loading.settle_quantization`):
+
+    model                                    CUDA                     CPU
+    a Hugging Face checkpoint (hub id,       4-bit (ART's default)    full precision (float32) when the memory
+      or a directory artrl did not build)                             plan says it fits, else 4-bit (said at INFO)
+    artrl's own (built-ins, random: shapes)  full precision           full precision
+
+On a GPU 4-bit is ART's rule. On a CPU it is the slow choice and the less exact one: the
+4-bit path dequantises every weight at every use and computes in bf16, which widens the gap
+between the sampler's and the trainer's logprobs (docs/models.md). So a CPU loads full precision
+wherever it fits, and 4-bit only where the plan says it must. artrl's own models exist for tests
+and benchmarks, and load in full precision unless asked.
 
 One switch of bitsandbytes is turned off on every 4-bit layer (`prepare_quantized`): on a CPU
 with AVX512-BF16, a Linear4bit in eval mode repacks its weight *in place* for a bf16 inference
@@ -61,7 +69,9 @@ def resolve_quantization(cfg: "InternalModelConfig", base_model: str, device_typ
         raise ConfigError("load_in_4bit=True and load_in_8bit=True: choose one (4-bit NF4 takes about half the "
                           "memory of 8-bit; ART's default is 4-bit).")
     if four is None and not eight:
-        four = not is_own_model(base_model)
+        # the default: ART's 4-bit for a Hugging Face checkpoint on a GPU; on a CPU full precision, unless
+        # `settle_quantization` (which has the memory plan) already set load_in_4bit=True for a model too big for it
+        four = device_type != "cpu" and not is_own_model(base_model)
     mode: Quantization | None = "4bit" if four else "8bit" if eight else None
     if mode is None:
         return None
