@@ -42,8 +42,10 @@ from typing import Any
 import pydantic
 from openai.types.chat.chat_completion import Choice
 
+from . import capture, capture_http
 from .chat_format import check_messages, check_tools
 from .errors import TrajectoryError
+from .exchanges import TrajectoryExchanges, exchange_policy_versions
 from .gather_context import GatherContext, cancel_and_wait, get_gather_context, record_metrics
 from .types import Messages, MessagesAndChoices, Tools
 
@@ -88,6 +90,9 @@ def sampled_policy_versions(trajectory: Any) -> list[int]:
     """The policy version of every sampled turn of `trajectory` that records one, in order (its
     `additional_histories` after its own turns). A pipelined trainer reads a trajectory's staleness here:
     the first and last of them are its `initial_policy_version` and `final_policy_version`."""
+    exchanges = getattr(trajectory, "exchanges", None)
+    if exchanges:
+        return exchange_policy_versions(exchanges)
     histories = [trajectory.messages_and_choices,
                  *(h.messages_and_choices for h in getattr(trajectory, "additional_histories", []))]
     versions = [choice_policy_version(item) for items in histories for item in items]
@@ -129,8 +134,14 @@ class History(pydantic.BaseModel):
 
 
 class Trajectory(pydantic.BaseModel):
-    """One episode of an agent: what it saw, what it sampled, and its reward."""
+    """One episode of an agent: what it saw, what it sampled, and its reward.
 
+    It holds either `exchanges` (what a capture scope recorded: `with art.Trajectory() as t:`,
+    scopes.py) or legacy histories (`messages_and_choices`, `tools`, `additional_histories`),
+    never both (ART 0.5.23's rule; refused with a TrajectoryError at construction and before use).
+    """
+
+    exchanges: TrajectoryExchanges = pydantic.Field(default_factory=TrajectoryExchanges)
     messages_and_choices: MessagesAndChoices = []
     tools: Tools | None = None
     additional_histories: list[History] = []
@@ -145,6 +156,34 @@ class Trajectory(pydantic.BaseModel):
     def __init__(self, **data: Any) -> None:
         _construct(super().__init__, type(self), data)
 
+    @pydantic.model_validator(mode="after")
+    def _one_representation(self) -> "Trajectory":
+        self._check_one_representation()
+        return self
+
+    def _check_one_representation(self) -> None:
+        if self.exchanges and (self.messages_and_choices or self.tools is not None or self.additional_histories):
+            raise ValueError("a Trajectory holds either exchanges (captured by `with art.Trajectory() as t:`) or "
+                             "legacy histories (messages_and_choices, tools, additional_histories), never both; "
+                             f"this one has {sum(len(v) for _, v in self.exchanges)} exchanges and "
+                             f"{len(self.messages_and_choices)} messages_and_choices, tools "
+                             f"{'set' if self.tools is not None else 'None'}, "
+                             f"{len(self.additional_histories)} additional_histories. Put them in two trajectories.")
+
+    # ART 0.5.23's capture scope ---------------------------------------
+    def __enter__(self) -> "Trajectory":
+        """Open a capture scope: requests the agent makes to a model in this context are recorded into `exchanges`."""
+        capture_http.open_scope(capture.TrajectoryScope(self))
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        scope = capture.current_scope()
+        if scope is None or scope.trajectory is not self:
+            raise RuntimeError("Trajectory capture scopes must exit in stack order: this trajectory is not the "
+                               "innermost open scope of this context.")
+        capture_http.close_scope(scope)
+        self.finish()
+
     def validate_fields(self) -> None:
         """Check every field before the trajectory is used; raises TrajectoryError naming the first bad one.
 
@@ -152,6 +191,13 @@ class Trajectory(pydantic.BaseModel):
         ART-style rollouts build a Trajectory first and then append choices and set the reward.
         Dict-shaped choices become `Choice` objects and message objects become dicts here.
         """
+        if not isinstance(self.exchanges, TrajectoryExchanges):
+            raise TrajectoryError(f"Trajectory.exchanges has type {type(self.exchanges).__name__}; expected "
+                                  "TrajectoryExchanges.")
+        try:
+            self._check_one_representation()
+        except ValueError as e:
+            raise TrajectoryError(str(e)) from None
         reward = self.reward
         if isinstance(reward, bool) or not isinstance(reward, (int, float)):
             raise TrajectoryError(f"Trajectory.reward is {reward!r:.80} ({type(reward).__name__}); set it to a "
