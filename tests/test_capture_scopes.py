@@ -360,3 +360,18 @@ def test_exchanges_of_other_protocols_chain_on_their_tokens(tok) -> None:
     del no_record.exchanges.completions[0].response.choices[0].model_extra["prompt_token_ids"]
     with pytest.raises(TrajectoryError, match=r"exchanges.completions\[0\] carries no complete token record"):
         tokenize_groups([art.TrajectoryGroup([no_record, art.Trajectory()])], tok)
+
+
+def test_a_captured_trajectory_is_logged_as_its_conversations(url: str, tmp_path) -> None:
+    from artrl.utils.trajectory_logging import read_trajectory_groups_parquet, write_trajectory_groups_parquet
+
+    question = {"role": "user", "content": "q"}
+    with art.Trajectory(reward=1.0) as t:
+        httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": [question]})
+        httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    path = tmp_path / "log.parquet"
+    write_trajectory_groups_parquet([art.TrajectoryGroup([t])], path)
+    [group] = read_trajectory_groups_parquet(path)
+    [back] = group.trajectories
+    assert back.messages_and_choices == [question, {"role": "assistant", "content": "hi"}]
+    assert back.additional_histories[0].messages_and_choices[0] == {"role": "user", "content": "x"}
