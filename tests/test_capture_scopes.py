@@ -375,3 +375,55 @@ def test_a_captured_trajectory_is_logged_as_its_conversations(url: str, tmp_path
     [back] = group.trajectories
     assert back.messages_and_choices == [question, {"role": "assistant", "content": "hi"}]
     assert back.additional_histories[0].messages_and_choices[0] == {"role": "user", "content": "x"}
+
+
+# --------------------------------------------------------------------------- art.tokenize / art.tensorize
+
+
+def test_tokenize_and_tensorize_give_the_record_with_its_flags(tok) -> None:
+    from artrl.tokenized import TokenFlag
+
+    end = tok.eos_token_id
+    first, second = ([10, 11, 12], [13, end]), ([10, 11, 12, 13, end, 15], [16])
+    chained = _completions_trajectory([first, second], 1.0)
+    two = _completions_trajectory([first, ([20], [21])], 0.0)
+
+    async def main() -> None:
+        [t] = await art.tokenize([chained], tokenizer=tok)
+        assert t.tokens == [10, 11, 12, 13, end, 15, 16] and t.trajectory is chained and t.reward == 1.0
+        sampled = TokenFlag.EXACT | TokenFlag.SAMPLED | TokenFlag.OUTPUT | TokenFlag.ASSISTANT
+        assert t.flags == [TokenFlag.EXACT] * 3 + [sampled, sampled | TokenFlag.STOP, TokenFlag.EXACT, sampled]
+        assert [lp if k in (3, 4, 6) else None for k, lp in enumerate(t.logprobs)] == \
+            [None] * 3 + [-0.1, -0.1, None, -0.1]
+        assert all(lp != lp for k, lp in enumerate(t.logprobs) if k not in (3, 4, 6))  # NaN elsewhere
+
+        with pytest.raises(ValueError, match="exactly one history; found 2"):
+            await art.tokenize([two], tokenizer=tok)
+        [multi] = await art.tokenize([two], tokenizer=tok, multi_history=True)
+        assert [h.tokens for h in multi.histories] == [[10, 11, 12, 13, end], [20, 21]]
+
+        [group] = await art.tensorize([art.TrajectoryGroup([chained])], tokenizer=tok)
+        [tensors] = group.trajectories
+        assert tensors.tokens.tolist() == t.tokens and tensors.flags.tolist() == [int(f) for f in t.flags]
+        assert str(tensors.tokens.dtype) == "torch.int64" and str(tensors.logprobs.dtype) == "torch.float32"
+
+        with pytest.raises(art.ConfigError, match="chat_template"):
+            await art.tokenize([chained], tokenizer=tok, chat_template="{{ x }}")
+        with pytest.raises(art.ConfigError, match="needs a tokenizer"):
+            await art.tokenize([chained])
+
+    asyncio.run(main())
+
+
+def test_tokenize_renders_legacy_data_without_a_record_and_says_so(tok) -> None:
+    from artrl.tokenized import TokenFlag
+
+    sft = art.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+    choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "a"}}
+    rl = art.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, choice])
+    [t] = asyncio.run(art.tokenize([rl], tokenizer=tok))
+    assert not any(f & TokenFlag.EXACT for f in t.flags)  # rendered from text: nothing exact
+    assert any(f & TokenFlag.ASSISTANT for f in t.flags) and not any(f & TokenFlag.SAMPLED for f in t.flags)
+    assert tok.decode([x for x, f in zip(t.tokens, t.flags) if f & TokenFlag.ASSISTANT]).startswith("a")
+    with pytest.raises(ValueError, match="found 0"):  # a plain assistant dict is not a sampled turn
+        asyncio.run(art.tokenize([sft], tokenizer=tok))

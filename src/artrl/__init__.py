@@ -24,6 +24,7 @@ from .local import LocalBackend
 from .model import Model, TrainableModel
 from .scopes import current_trajectory, no_capture, trajectory, trajectory_group
 from .serverless import ServerlessBackend
+from .tokenized import tensorize, tokenize
 from .trajectories import History, Trajectory, TrajectoryGroup
 from .types import (InternalModelConfig, LocalTrainResult, Messages, MessagesAndChoices, ServerlessTrainResult,
                     Tools, TrainConfig, TrainResult, TrainSFTConfig)
@@ -39,6 +40,7 @@ __all__ = [
     "ServerlessTrainResult", "Messages", "MessagesAndChoices", "Tools", "Model", "TrainableModel", "retry",
     "TrainSFTConfig", "TrainConfig", "TrainResult", "Trajectory", "TrajectoryGroup", "capture_yielded_trajectory",
     "yield_trajectory", "current_trajectory", "no_capture", "trajectory", "trajectory_group",
+    "tokenize", "tensorize",
     # artrl's own
     "ArtrlError", "CheckpointError", "ConfigError", "GatherError", "History", "InternalModelConfig",
     "NonFiniteError", "PackingError", "TrainOutOfMemoryError", "TrajectoryError", "WorkerError", "choice_from_completion", "rewards",
