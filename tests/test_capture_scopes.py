@@ -8,6 +8,7 @@ streamed. The clients are the real ones (httpx sync and async, aiohttp, requests
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 import threading
@@ -108,6 +109,9 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             payload, status = json.dumps(PAYLOADS[endpoint][1]).encode(), 200
         self.send_response(status)
+        if self.headers.get("X-Gzip"):
+            payload = gzip.compress(payload)
+            self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Type", "text/event-stream" if body.get("stream") else "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
@@ -201,6 +205,41 @@ def test_every_client_captures_every_protocol(url: str) -> None:
         assert turn.model_extra["token_ids"] == IDS, name
     assert not installed()  # the clients are as they were once no scope is open
     assert httpx.Client.send.__module__.startswith("httpx") and requests.Session.send.__module__ == "requests.sessions"
+
+
+def test_compressed_bodies_are_captured_as_the_client_reads_them(url: str) -> None:
+    gz = {"X-Gzip": "1"}
+    path = PAYLOADS["messages"][0]
+
+    async def agent() -> None:
+        async with httpx.AsyncClient() as c, aiohttp.ClientSession() as s:
+            async with c.stream("POST", url + path, json={"stream": True}, headers=gz) as r:
+                async for _ in r.aiter_lines():
+                    pass
+            await c.post(url + path, json={}, headers=gz)
+            async with s.post(url + path, json={"stream": True}, headers=gz) as r:
+                async for _ in r.content.iter_any():
+                    pass
+        r = await asyncio.to_thread(requests.post, url + path, json={"stream": True}, headers=gz, stream=True)
+        for _ in r.iter_lines():
+            pass
+
+    t = asyncio.run(art.trajectory(agent()))
+    assert len(t.exchanges.messages) == 4
+    assert all(exchange_turns("messages", e)[0].model_extra["token_ids"] == IDS for e in t.exchanges.messages)
+
+
+def test_langchain_chat_models_are_captured(url: str) -> None:
+    langchain_openai = pytest.importorskip("langchain_openai")
+    llm = langchain_openai.ChatOpenAI(base_url=url + "/v1", api_key="x", model="m", max_retries=0)
+
+    async def agent() -> None:
+        await llm.ainvoke("Hi")
+        await asyncio.to_thread(llm.invoke, "Hi")
+
+    t = asyncio.run(art.trajectory(agent()))
+    assert [e.request["messages"] for e in t.exchanges.chat_completions] == [[{"role": "user", "content": "Hi"}]] * 2
+    assert t.exchanges.chat_completions[0].response.model_extra["prompt_token_ids"] == PROMPT
 
 
 def test_failed_and_incomplete_responses_are_not_captured(url: str, caplog) -> None:
