@@ -466,3 +466,24 @@ def test_tokenize_renders_legacy_data_without_a_record_and_says_so(tok) -> None:
     assert tok.decode([x for x, f in zip(t.tokens, t.flags) if f & TokenFlag.ASSISTANT]).startswith("a")
     with pytest.raises(ValueError, match="found 0"):  # a plain assistant dict is not a sampled turn
         asyncio.run(art.tokenize([sft], tokenizer=tok))
+
+
+def test_messages_and_for_logging_of_a_captured_trajectory(url: str) -> None:
+    q = {"role": "user", "content": "q"}
+    with art.Trajectory() as t:
+        r = httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": [q]}).json()
+        httpx.post(url + "/v1/chat/completions",
+                   json={"model": "m", "messages": [q, r["choices"][0]["message"], {"role": "user", "content": "r"}]})
+    assert t.messages() == [q, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "r"},
+                            {"role": "assistant", "content": "hi"}]
+    logged = t.for_logging()
+    assert len(logged["exchanges"]["chat_completions"]) == 2 and "start_time" not in logged
+    with art.Trajectory() as two:
+        httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": [q]})
+        httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+        httpx.post(url + "/v1/messages", json={"model": "m"})
+    with pytest.raises(ValueError, match="messages exchanges are not provided"):
+        two.messages()
+    two.exchanges.messages.clear()
+    with pytest.raises(ValueError, match="exactly one conversation; its chat completions make 2"):
+        two.messages()

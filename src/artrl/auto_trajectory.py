@@ -10,7 +10,7 @@ same wrapped clients (capture_http.py: httpx, aiohttp, requests), so this captur
 aiohttp and requests clients. Only chat completions are filed here (the other protocols have no
 `Choice` in ART 0.5.18's model; they are left out, with a debug line).
 
-How requests are sorted into conversations (ART's rule, wire_records.file_turn): a completion
+How requests are sorted into conversations (ART's rule, trajectories.file_turn): a completion
 whose request messages continue the main conversation (its messages so far are a prefix of the
 request's, with the same tools) extends it; otherwise the first additional history it
 continues; otherwise it starts a new additional history. The request's new messages are
@@ -33,8 +33,8 @@ from openai.types.chat.chat_completion import Choice
 
 from . import capture, capture_http
 from .exchanges import ChatCompletionsExchange, build_exchange
-from .trajectories import Trajectory
-from .wire_records import exchange_turns, file_turn
+from .trajectories import Trajectory, file_turn
+from .wire_records import exchange_turns
 
 log = logging.getLogger(__name__)
 

@@ -133,6 +133,52 @@ class History(pydantic.BaseModel):
         return get_messages(self.messages_and_choices)
 
 
+# --------------------------------------------------------------------------- conversations (ART's prefix rule)
+
+
+def _normal(value: Any) -> Any:
+    """A message without the keys that say nothing (None values, empty tool_calls); content None -> ""."""
+    if isinstance(value, dict):
+        out = {k: _normal(v) for k, v in value.items() if v is not None and not (k == "tool_calls" and v == [])}
+        if "role" in out:
+            out.setdefault("content", "")
+        return out
+    if isinstance(value, list):
+        return [_normal(v) for v in value]
+    return value
+
+
+def continues(history: Trajectory | History, messages: list[Any], tools: Any) -> bool:
+    """Whether a request with `messages` and `tools` continues `history` (its messages so far begin them)."""
+    so_far = history.messages()
+    if len(so_far) > len(messages):
+        return False
+    try:
+        same = _normal(so_far) == _normal([dict(m) for m in messages[:len(so_far)]])
+    except (TypeError, ValueError):
+        return False
+    return same and (history.tools == tools or (not so_far and history.tools is None))
+
+
+def file_turn(main: Trajectory | History, others: list[History], messages: list[Any], tools: Any,
+              choice: Choice) -> None:
+    """Append a chat turn (its request's new messages, then the sampled choice) to the conversation it continues:
+    `main` first, else the first of `others`, else a new History appended to `others`."""
+    history: Trajectory | History = main
+    k = -1
+    while not continues(history, messages, tools):
+        k += 1
+        if k == len(others):
+            history = History(messages_and_choices=[])
+            others.append(history)
+            break
+        history = others[k]
+    history.messages_and_choices.extend(messages[len(history.messages_and_choices):])
+    history.messages_and_choices.append(choice)
+    history.tools = tools
+
+
+
 class Trajectory(pydantic.BaseModel):
     """One episode of an agent: what it saw, what it sampled, and its reward.
 
@@ -248,10 +294,16 @@ class Trajectory(pydantic.BaseModel):
         return f"Trajectory(reward={self.reward}, metrics={self.metrics}, metadata={self.metadata})"
 
     def messages(self) -> Messages:
+        """The chat messages of the conversation (for captured exchanges: of their one chat conversation)."""
+        if self.exchanges:
+            return get_messages(one_chat_conversation(self.exchanges).messages_and_choices)
         return get_messages(self.messages_and_choices)
 
     def for_logging(self) -> dict[str, Any]:
-        """A plain dict for console or file logs; each message says whether it was sampled (`trainable`)."""
+        """A plain dict for console or file logs; each message says whether it was sampled (`trainable`).
+        A trajectory of exchanges is its JSON dump (as ART's)."""
+        if self.exchanges:
+            return self.model_dump(mode="json", exclude={"start_time"})
         messages = []
         for item in self.messages_and_choices:
             if isinstance(item, Choice):
@@ -269,6 +321,22 @@ class Trajectory(pydantic.BaseModel):
             "tools": self.tools,
             "logs": self.logs,
         }
+
+
+def one_chat_conversation(exchanges: TrajectoryExchanges) -> History:
+    """The one conversation a trajectory's chat completion exchanges make (ART's `history()` needs exactly one)."""
+    others = [name for name, _ in exchanges.all() if name != "chat_completions"]
+    if others:
+        raise ValueError(f"the messages of a trajectory with {others[0]} exchanges are not provided here; read its "
+                         "exchanges (trajectory.exchanges) instead")
+    main, rest = History(messages_and_choices=[]), []
+    for exchange in exchanges.chat_completions:
+        for choice in exchange.response.choices:
+            file_turn(main, rest, list(exchange.request.get("messages") or []), exchange.request.get("tools"), choice)
+    if rest:
+        raise ValueError(f"trajectory messages require exactly one conversation; its chat completions make "
+                         f"{len(rest) + 1}")
+    return main
 
 
 _warned_unknown_fields: set[tuple[str, str]] = set()

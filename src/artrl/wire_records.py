@@ -15,7 +15,7 @@ as ART 0.5.23 reads them; artrl's server emits the same fields):
 | messages | response `prompt_token_ids` | response `token_ids` | response `logprobs` (or `compact_logprobs`) |
 
 Filing: a chat completion extends the conversation its request messages continue (ART's
-prefix rule, `file_turn`, shared with `auto_trajectory`), so a chat turn without a record still
+prefix rule, trajectories.file_turn, shared with `auto_trajectory`), so a chat turn without a record still
 trains on a rendering of its messages (counted). The other protocols' requests are not chat
 messages: their turns are filed by tokens (a turn extends the conversation whose last prompt +
 sampled ids begin its prompt), and a turn of theirs without a complete record is refused with a
@@ -35,55 +35,10 @@ from openai.types.chat.chat_completion import Choice
 from .errors import TrajectoryError
 from .exchanges import (ChatCompletionsExchange, CompletionsExchange, Endpoint, Exchange, MessagesExchange,
                         ResponsesExchange, TrajectoryExchanges)
-from .trajectories import POLICY_VERSION_FIELD, History, Trajectory
+from .trajectories import POLICY_VERSION_FIELD, History, file_turn
 
 #: Keys holding the sampled ids' logprobs as a plain list of numbers (vLLM's compact form; ART's own key).
 COMPACT_LOGPROBS_KEYS = ("compact_logprobs", "art_completion_logprobs")
-
-
-# --------------------------------------------------------------------------- filing (shared with auto_trajectory)
-
-
-def _normal(value: Any) -> Any:
-    """A message without the keys that say nothing (None values, empty tool_calls); content None -> ""."""
-    if isinstance(value, dict):
-        out = {k: _normal(v) for k, v in value.items() if v is not None and not (k == "tool_calls" and v == [])}
-        if "role" in out:
-            out.setdefault("content", "")
-        return out
-    if isinstance(value, list):
-        return [_normal(v) for v in value]
-    return value
-
-
-def continues(history: Trajectory | History, messages: list[Any], tools: Any) -> bool:
-    """Whether a request with `messages` and `tools` continues `history` (its messages so far begin them)."""
-    so_far = history.messages()
-    if len(so_far) > len(messages):
-        return False
-    try:
-        same = _normal(so_far) == _normal([dict(m) for m in messages[:len(so_far)]])
-    except (TypeError, ValueError):
-        return False
-    return same and (history.tools == tools or (not so_far and history.tools is None))
-
-
-def file_turn(main: Trajectory | History, others: list[History], messages: list[Any], tools: Any,
-              choice: Choice) -> None:
-    """Append a chat turn (its request's new messages, then the sampled choice) to the conversation it continues:
-    `main` first, else the first of `others`, else a new History appended to `others`."""
-    history: Trajectory | History = main
-    k = -1
-    while not continues(history, messages, tools):
-        k += 1
-        if k == len(others):
-            history = History(messages_and_choices=[])
-            others.append(history)
-            break
-        history = others[k]
-    history.messages_and_choices.extend(messages[len(history.messages_and_choices):])
-    history.messages_and_choices.append(choice)
-    history.tools = tools
 
 
 # --------------------------------------------------------------------------- one exchange -> its turns
