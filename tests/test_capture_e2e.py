@@ -19,6 +19,7 @@ import openai
 import requests
 
 import artrl as art
+from artrl.trajectories import sampled_policy_versions
 
 TOLERANCE = 1e-3
 TURNS = 3
@@ -95,6 +96,7 @@ def test_captured_rollouts_train_on_exactly_their_record(tmp_path) -> None:
                 assert [len(t.exchanges.chat_completions) for t in g] == [TURNS] * len(CLIENTS)
                 for t in g:
                     assert not t.messages_and_choices and "duration" in t.metrics
+                    assert sampled_policy_versions(t) == [0] * TURNS  # each turn names the policy that sampled it
                     for e in t.exchanges.chat_completions:
                         assert e.response.choices[0].model_extra["token_ids"]
             result = await model.train(groups, config=art.TrainConfig(learning_rate=1e-4))
