@@ -487,3 +487,17 @@ def test_messages_and_for_logging_of_a_captured_trajectory(url: str) -> None:
     two.exchanges.messages.clear()
     with pytest.raises(ValueError, match="exactly one conversation; its chat completions make 2"):
         two.messages()
+
+
+def test_a_gather_counts_the_completion_tokens_of_captured_exchanges(url: str) -> None:
+    async def rollout() -> art.Trajectory:
+        with art.Trajectory() as t:
+            await asyncio.to_thread(httpx.post, url + "/v1/messages", json={"model": "m"})  # usage: 2 output tokens
+            await asyncio.to_thread(httpx.post, url + "/v1/messages", json={"model": "m"})
+        return t
+
+    async def main() -> list[art.TrajectoryGroup]:
+        return await art.gather_trajectory_groups([art.TrajectoryGroup(rollout() for _ in range(2))], pbar_desc=None)
+
+    [group] = asyncio.run(main())
+    assert [t.metrics["completion_tokens"] for t in group] == [4, 4]

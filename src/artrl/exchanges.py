@@ -350,3 +350,20 @@ def exchange_policy_versions(exchanges: TrajectoryExchanges) -> list[int]:
         else:
             found.append(extra.get("policy_version"))
     return [v for v in found if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def exchange_completion_tokens(exchanges: TrajectoryExchanges) -> int | None:
+    """The tokens the responses of `exchanges` generated, from their `usage` (ART's count); None when any
+    response reports no usage."""
+    counts: list[Any] = []
+    for _, exchange in exchanges.all():
+        usage = getattr(exchange.response, "usage", None)
+        if isinstance(usage, dict):
+            counts.append(usage.get("output_tokens"))
+        elif isinstance(exchange, (ChatCompletionsExchange, CompletionsExchange)):
+            counts.append(getattr(usage, "completion_tokens", None))
+        else:
+            counts.append(getattr(usage, "output_tokens", None))
+    if not counts or not all(isinstance(c, int) for c in counts):
+        return None
+    return sum(counts)
