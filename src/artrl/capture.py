@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from .exchanges import Endpoint, build_exchange, endpoint_for_url, is_terminal_event
 
@@ -199,7 +200,6 @@ def begin(method: str, url: str, body: Any) -> tuple[CaptureState | None, contex
     request = _json_object(body)
     if request is None:
         return None, None
-    from urllib.parse import urlsplit
     state = CaptureState(scope=scope, endpoint=endpoint, request=request, url_path=urlsplit(url).path)
     return state, adapter_active.set(True)
 

@@ -90,7 +90,8 @@ class _Exchange(pydantic.BaseModel):
     def model(self) -> str | None:
         """The model the request named (else the one the response names)."""
         requested = self.request.get("model")
-        return requested if isinstance(requested, str) else getattr(self.response, "model", None)  # type: ignore[attr-defined]
+        response = getattr(self, "response", None)  # each protocol's subclass has its own response type
+        return requested if isinstance(requested, str) else getattr(response, "model", None)
 
 
 class ChatCompletionsExchange(_Exchange):
@@ -307,7 +308,8 @@ def _messages_response(body: bytes, stream: bool) -> Any:
             _add_block_record(message["content"][index], payload)
         elif kind == "content_block_delta" and isinstance(index, int) and index < len(message["content"]):
             block, delta = message["content"][index], payload.get("delta") or {}
-            for key, field in (("text_delta", "text"), ("thinking_delta", "thinking"), ("signature_delta", "signature")):
+            for key, field in (("text_delta", "text"), ("thinking_delta", "thinking"),
+                               ("signature_delta", "signature")):
                 if delta.get("type") == key:
                     block[field] = (block.get(field) or "") + (delta.get(field) or "")
             if delta.get("type") == "input_json_delta":
