@@ -501,3 +501,15 @@ def test_a_gather_counts_the_completion_tokens_of_captured_exchanges(url: str) -
 
     [group] = asyncio.run(main())
     assert [t.metrics["completion_tokens"] for t in group] == [4, 4]
+
+
+def test_a_trajectory_of_exchanges_survives_a_json_round_trip() -> None:
+    now = datetime.now(timezone.utc)
+    t = art.Trajectory(reward=0.5)
+    for name, (_, _, streamed) in PAYLOADS.items():
+        t.exchanges.append(build_exchange(name, {"model": "m", "stream": True}, streamed, start_time=now,
+                                          end_time=now))
+    dumped = t.model_dump(mode="json")
+    back = art.Trajectory.model_validate(dumped)
+    assert back.model_dump(mode="json") == dumped and counts(back) == {name: 1 for name in PAYLOADS}
+    assert [exchange_turns(n, e)[0].model_extra["token_ids"] for n, e in back.exchanges.all()] == [IDS] * 4

@@ -45,7 +45,8 @@ from openai.types.chat.chat_completion import Choice
 from . import capture, capture_http
 from .chat_format import check_messages, check_tools
 from .errors import TrajectoryError
-from .exchanges import TrajectoryExchanges, exchange_policy_versions
+from .exchanges import (ChatCompletionsExchange, CompletionsExchange, MessagesExchange,  # noqa: F401 - ART's
+                        ResponsesExchange, TrajectoryExchanges, exchange_policy_versions)  # art.trajectories names
 from .gather_context import GatherContext, cancel_and_wait, get_gather_context, record_metrics
 from .types import Messages, MessagesAndChoices, Tools
 
