@@ -513,3 +513,30 @@ def test_a_trajectory_of_exchanges_survives_a_json_round_trip() -> None:
     back = art.Trajectory.model_validate(dumped)
     assert back.model_dump(mode="json") == dumped and counts(back) == {name: 1 for name in PAYLOADS}
     assert [exchange_turns(n, e)[0].model_extra["token_ids"] for n, e in back.exchanges.all()] == [IDS] * 4
+
+
+@pytest.mark.parametrize("endpoint, body", [
+    ("chat_completions", {**CHAT, "prompt_token_ids": None, "choices": [
+        {**CHAT["choices"][0], "logprobs": None, "prompt_token_ids": PROMPT, "compact_logprobs": LPS}]}),
+    ("completions", {**COMPLETION, "prompt_token_ids": PROMPT, "choices": [
+        {"index": 0, "text": "hi", "finish_reason": "length", "logprobs": {"tokens": ["token_id:4", "token_id:5"],
+                                                                           "token_logprobs": LPS}}]}),
+    ("responses", {**RESPONSE, "token_generations": [{"prompt_token_ids": PROMPT, "output_indices": [0],
+                                                      "token_ids": IDS, "compact_logprobs": LPS}]}),
+    ("messages", {**MESSAGE, "logprobs": None, "compact_logprobs": LPS}),
+])
+def test_the_other_spellings_of_the_record(endpoint: str, body: dict) -> None:
+    """vLLM's compact logprobs, a response-level prompt, ids spelled `token_id:N` in classic logprobs."""
+    now = datetime.now(timezone.utc)
+    exchange = build_exchange(endpoint, {"model": "m"}, json.dumps(body).encode(), start_time=now, end_time=now)
+    [turn] = exchange_turns(endpoint, exchange)
+    assert turn.model_extra["prompt_token_ids"] == PROMPT and turn.model_extra["token_ids"] == IDS
+    assert [lp.logprob for lp in turn.logprobs.content] == LPS
+
+
+def test_logprobs_that_do_not_match_the_ids_leave_the_turn_without_logprobs() -> None:
+    now = datetime.now(timezone.utc)
+    body = {**MESSAGE, "logprobs": [-0.5]}  # one logprob for two ids
+    exchange = build_exchange("messages", {"model": "m"}, json.dumps(body).encode(), start_time=now, end_time=now)
+    [turn] = exchange_turns("messages", exchange)
+    assert turn.model_extra["token_ids"] == IDS and turn.logprobs is None  # trained as on-policy, and counted
