@@ -192,3 +192,30 @@ def test_artrls_own_server_as_the_judge_retries_then_reports(tmp_path, caplog):
     assert dropped is None
     assert [f"judge reply {i}/3 unusable" in caplog.text for i in (1, 2, 3)] == [True] * 3
     assert "last reply:" in str(error)
+
+
+def captured(answer: str) -> art.Trajectory:
+    """A trajectory as a capture scope records it: one chat completion exchange."""
+    from datetime import datetime, timezone
+
+    from artrl.exchanges import build_exchange
+
+    body = {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}}]}
+    now = datetime.now(timezone.utc)
+    t = art.Trajectory()
+    t.exchanges.append(build_exchange("chat_completions", {"model": "m", "messages": [SYSTEM, {"role": "user",
+                                                                                              "content": "2+2?"}]},
+                                      json.dumps(body).encode(), start_time=now, end_time=now))
+    return t
+
+
+def test_captured_trajectories_are_judged_on_their_conversation(route):
+    g = art.TrajectoryGroup([captured("4"), captured("five")])
+    assert g.trajectories[0].messages()[-1] == {"role": "assistant", "content": "4"}
+    with ScriptedJudge([scores(0.9, 0.1)]) as judge:
+        out = asyncio.run(ruler_score_group(g, "hosted_vllm/judge", judge.params()))
+    assert [t.reward for t in out.trajectories] == [0.9, 0.1]
+    (request,) = judge.requests
+    user = request["messages"][1]["content"]
+    assert "careful assistant" in user and "five" in user

@@ -22,7 +22,9 @@ from .errors import (ArtrlError, CheckpointError, ConfigError, NonFiniteError, P
 from .gather import GatherError, gather_trajectories, gather_trajectory_groups
 from .local import LocalBackend
 from .model import Model, TrainableModel
+from .scopes import current_trajectory, no_capture, trajectory, trajectory_group
 from .serverless import ServerlessBackend
+from .tokenized import tensorize, tokenize
 from .trajectories import History, Trajectory, TrajectoryGroup
 from .types import (InternalModelConfig, LocalTrainResult, Messages, MessagesAndChoices, ServerlessTrainResult,
                     Tools, TrainConfig, TrainResult, TrainSFTConfig)
@@ -37,7 +39,8 @@ __all__ = [
     "trajectory_group_batches", "Backend", "LocalBackend", "LocalTrainResult", "ServerlessBackend",
     "ServerlessTrainResult", "Messages", "MessagesAndChoices", "Tools", "Model", "TrainableModel", "retry",
     "TrainSFTConfig", "TrainConfig", "TrainResult", "Trajectory", "TrajectoryGroup", "capture_yielded_trajectory",
-    "yield_trajectory",
+    "yield_trajectory", "current_trajectory", "no_capture", "trajectory", "trajectory_group",
+    "tokenize", "tensorize",
     # artrl's own
     "ArtrlError", "CheckpointError", "ConfigError", "GatherError", "History", "InternalModelConfig",
     "NonFiniteError", "PackingError", "TrainOutOfMemoryError", "TrajectoryError", "WorkerError", "choice_from_completion", "rewards",

@@ -32,6 +32,7 @@ from typing import Any
 from openai.types.chat.chat_completion import Choice
 
 from .progress import ProgressBar
+from .exchanges import exchange_completion_tokens
 
 
 @dataclass
@@ -100,8 +101,14 @@ def record_metrics(context: GatherContext, trajectory: Any) -> None:
     """Add a finished trajectory's reward and metrics to the running means.
 
     As ART does, a trajectory whose sampled turns carry logprobs gets
-    `metrics["completion_tokens"]`: the mean number of sampled tokens per turn.
+    `metrics["completion_tokens"]`: the mean number of sampled tokens per turn; a trajectory of
+    captured exchanges gets the total its responses report in `usage` (ART 0.5.23's count).
     """
+    exchanges = getattr(trajectory, "exchanges", None)
+    if exchanges:  # captured exchanges: the tokens their responses generated (ART 0.5.23's count)
+        tokens = exchange_completion_tokens(exchanges)
+        if tokens is not None:
+            trajectory.metrics["completion_tokens"] = tokens
     logprobs = [item.logprobs for item in trajectory.messages_and_choices
                 if isinstance(item, Choice) and item.logprobs]
     if logprobs:

@@ -42,8 +42,11 @@ from typing import Any
 import pydantic
 from openai.types.chat.chat_completion import Choice
 
+from . import capture, capture_http
 from .chat_format import check_messages, check_tools
 from .errors import TrajectoryError
+from .exchanges import (ChatCompletionsExchange, CompletionsExchange, MessagesExchange,  # noqa: F401 - ART's
+                        ResponsesExchange, TrajectoryExchanges, exchange_policy_versions)  # art.trajectories names
 from .gather_context import GatherContext, cancel_and_wait, get_gather_context, record_metrics
 from .types import Messages, MessagesAndChoices, Tools
 
@@ -88,6 +91,9 @@ def sampled_policy_versions(trajectory: Any) -> list[int]:
     """The policy version of every sampled turn of `trajectory` that records one, in order (its
     `additional_histories` after its own turns). A pipelined trainer reads a trajectory's staleness here:
     the first and last of them are its `initial_policy_version` and `final_policy_version`."""
+    exchanges = getattr(trajectory, "exchanges", None)
+    if exchanges:
+        return exchange_policy_versions(exchanges)
     histories = [trajectory.messages_and_choices,
                  *(h.messages_and_choices for h in getattr(trajectory, "additional_histories", []))]
     versions = [choice_policy_version(item) for items in histories for item in items]
@@ -128,9 +134,61 @@ class History(pydantic.BaseModel):
         return get_messages(self.messages_and_choices)
 
 
-class Trajectory(pydantic.BaseModel):
-    """One episode of an agent: what it saw, what it sampled, and its reward."""
+# --------------------------------------------------------------------------- conversations (ART's prefix rule)
 
+
+def _normal(value: Any) -> Any:
+    """A message without the keys that say nothing (None values, empty tool_calls); content None -> ""."""
+    if isinstance(value, dict):
+        out = {k: _normal(v) for k, v in value.items() if v is not None and not (k == "tool_calls" and v == [])}
+        if "role" in out:
+            out.setdefault("content", "")
+        return out
+    if isinstance(value, list):
+        return [_normal(v) for v in value]
+    return value
+
+
+def continues(history: Trajectory | History, messages: list[Any], tools: Any) -> bool:
+    """Whether a request with `messages` and `tools` continues `history` (its messages so far begin them)."""
+    so_far = history.messages()
+    if len(so_far) > len(messages):
+        return False
+    try:
+        same = _normal(so_far) == _normal([dict(m) for m in messages[:len(so_far)]])
+    except (TypeError, ValueError):
+        return False
+    return same and (history.tools == tools or (not so_far and history.tools is None))
+
+
+def file_turn(main: Trajectory | History, others: list[History], messages: list[Any], tools: Any,
+              choice: Choice) -> None:
+    """Append a chat turn (its request's new messages, then the sampled choice) to the conversation it continues:
+    `main` first, else the first of `others`, else a new History appended to `others`."""
+    history: Trajectory | History = main
+    k = -1
+    while not continues(history, messages, tools):
+        k += 1
+        if k == len(others):
+            history = History(messages_and_choices=[])
+            others.append(history)
+            break
+        history = others[k]
+    history.messages_and_choices.extend(messages[len(history.messages_and_choices):])
+    history.messages_and_choices.append(choice)
+    history.tools = tools
+
+
+
+class Trajectory(pydantic.BaseModel):
+    """One episode of an agent: what it saw, what it sampled, and its reward.
+
+    It holds either `exchanges` (what a capture scope recorded: `with art.Trajectory() as t:`,
+    scopes.py) or legacy histories (`messages_and_choices`, `tools`, `additional_histories`),
+    never both (ART 0.5.23's rule; refused with a TrajectoryError at construction and before use).
+    """
+
+    exchanges: TrajectoryExchanges = pydantic.Field(default_factory=TrajectoryExchanges)
     messages_and_choices: MessagesAndChoices = []
     tools: Tools | None = None
     additional_histories: list[History] = []
@@ -145,6 +203,34 @@ class Trajectory(pydantic.BaseModel):
     def __init__(self, **data: Any) -> None:
         _construct(super().__init__, type(self), data)
 
+    @pydantic.model_validator(mode="after")
+    def _one_representation(self) -> "Trajectory":
+        self._check_one_representation()
+        return self
+
+    def _check_one_representation(self) -> None:
+        if self.exchanges and (self.messages_and_choices or self.tools is not None or self.additional_histories):
+            raise ValueError("a Trajectory holds either exchanges (captured by `with art.Trajectory() as t:`) or "
+                             "legacy histories (messages_and_choices, tools, additional_histories), never both; "
+                             f"this one has {sum(len(v) for _, v in self.exchanges)} exchanges and "
+                             f"{len(self.messages_and_choices)} messages_and_choices, tools "
+                             f"{'set' if self.tools is not None else 'None'}, "
+                             f"{len(self.additional_histories)} additional_histories. Put them in two trajectories.")
+
+    # ART 0.5.23's capture scope ---------------------------------------
+    def __enter__(self) -> "Trajectory":
+        """Open a capture scope: requests the agent makes to a model in this context are recorded into `exchanges`."""
+        capture_http.open_scope(capture.TrajectoryScope(self))
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        scope = capture.current_scope()
+        if scope is None or scope.trajectory is not self:
+            raise RuntimeError("Trajectory capture scopes must exit in stack order: this trajectory is not the "
+                               "innermost open scope of this context.")
+        capture_http.close_scope(scope)
+        self.finish()
+
     def validate_fields(self) -> None:
         """Check every field before the trajectory is used; raises TrajectoryError naming the first bad one.
 
@@ -152,6 +238,13 @@ class Trajectory(pydantic.BaseModel):
         ART-style rollouts build a Trajectory first and then append choices and set the reward.
         Dict-shaped choices become `Choice` objects and message objects become dicts here.
         """
+        if not isinstance(self.exchanges, TrajectoryExchanges):
+            raise TrajectoryError(f"Trajectory.exchanges has type {type(self.exchanges).__name__}; expected "
+                                  "TrajectoryExchanges.")
+        try:
+            self._check_one_representation()
+        except ValueError as e:
+            raise TrajectoryError(str(e)) from None
         reward = self.reward
         if isinstance(reward, bool) or not isinstance(reward, (int, float)):
             raise TrajectoryError(f"Trajectory.reward is {reward!r:.80} ({type(reward).__name__}); set it to a "
@@ -202,10 +295,16 @@ class Trajectory(pydantic.BaseModel):
         return f"Trajectory(reward={self.reward}, metrics={self.metrics}, metadata={self.metadata})"
 
     def messages(self) -> Messages:
+        """The chat messages of the conversation (for captured exchanges: of their one chat conversation)."""
+        if self.exchanges:
+            return get_messages(one_chat_conversation(self.exchanges).messages_and_choices)
         return get_messages(self.messages_and_choices)
 
     def for_logging(self) -> dict[str, Any]:
-        """A plain dict for console or file logs; each message says whether it was sampled (`trainable`)."""
+        """A plain dict for console or file logs; each message says whether it was sampled (`trainable`).
+        A trajectory of exchanges is its JSON dump (as ART's)."""
+        if self.exchanges:
+            return self.model_dump(mode="json", exclude={"start_time"})
         messages = []
         for item in self.messages_and_choices:
             if isinstance(item, Choice):
@@ -223,6 +322,22 @@ class Trajectory(pydantic.BaseModel):
             "tools": self.tools,
             "logs": self.logs,
         }
+
+
+def one_chat_conversation(exchanges: TrajectoryExchanges) -> History:
+    """The one conversation a trajectory's chat completion exchanges make (ART's `history()` needs exactly one)."""
+    others = [name for name, _ in exchanges.all() if name != "chat_completions"]
+    if others:
+        raise ValueError(f"the messages of a trajectory with {others[0]} exchanges are not provided here; read its "
+                         "exchanges (trajectory.exchanges) instead")
+    main, rest = History(messages_and_choices=[]), []
+    for exchange in exchanges.chat_completions:
+        for choice in exchange.response.choices:
+            file_turn(main, rest, list(exchange.request.get("messages") or []), exchange.request.get("tools"), choice)
+    if rest:
+        raise ValueError(f"trajectory messages require exactly one conversation; its chat completions make "
+                         f"{len(rest) + 1}")
+    return main
 
 
 _warned_unknown_fields: set[tuple[str, str]] = set()

@@ -24,7 +24,8 @@ import threading
 import weakref
 from typing import Any
 
-from ..auto_trajectory import AutoTrajectoryContext, _chat_request, _choice, _tee_class
+from ..auto_trajectory import AutoTrajectoryContext, _chat_request, _choice
+from ..capture_http import BytesSink
 from ..model import OPENAI_CLIENT_TIMEOUT_S, OPENAI_CONNECT_TIMEOUT_S
 from ..trajectories import Trajectory
 
@@ -64,7 +65,7 @@ def _recording(request: Any, response: Any) -> Any:
     body = _chat_request(request)
     if body is None:
         return response
-    response.stream = _tee_class(type(response.stream))(response.stream, lambda b: recorder.file(body, b))
+    response.stream = BytesSink("chat_completions", lambda b: recorder.file(body, b)).tee(response.stream)
     return response
 
 

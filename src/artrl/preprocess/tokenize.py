@@ -40,6 +40,10 @@ same token ids). Each sequence keeps its images (first token, processed image) a
 rotary positions, its own position ids. An image given to a model without a vision tower is refused,
 naming the part.
 
+Captured exchanges (a trajectory recorded by `with art.Trajectory() as t:`, in any wire protocol) are
+first turned into conversations of such Choices, each carrying its record (wire_records.py); from there
+they train exactly as above.
+
 Which turns are trainable: for RL, the sampled turns (Choices), plus assistant
 dicts when `allow_training_without_logprobs` (ART's meaning: such turns train as
 on-policy); for SFT, every assistant turn. A sampled turn without logprobs trains
@@ -74,6 +78,7 @@ from ..errors import TrajectoryError
 from ..images import ProcessedImage
 from .media import ConversationImages, same_images
 from ..trajectories import History, Trajectory, TrajectoryGroup, revalidate
+from ..wire_records import record_histories
 
 log = logging.getLogger(__name__)
 
@@ -426,9 +431,13 @@ def _tokenize_trajectory(
 ) -> list[TokenizedSequence]:
     """`name`: the trajectory in error messages (default "group {gi}, trajectory {ti}")."""
     out = []
-    histories: list[History | Trajectory] = [traj, *traj.additional_histories]
-    for hi, h in enumerate(histories):
-        where = (name or f"group {gi}, trajectory {ti}") + (f", additional_histories[{hi - 1}]" if hi else "")
+    base = name or f"group {gi}, trajectory {ti}"
+    if traj.exchanges:  # captured exchanges: their turns carry the same record (wire_records.py)
+        named: list[tuple[History | Trajectory, str]] = record_histories(traj.exchanges, base)
+    else:
+        named = [(traj, base), *((h, f"{base}, additional_histories[{k}]")
+                                 for k, h in enumerate(traj.additional_histories))]
+    for hi, (h, where) in enumerate(named):
         for seq in tokenize_history(h.messages_and_choices, h.tools, tokenizer, train_on=train_on,
                                     train_dicts=train_dicts, end_ids=end_ids, where=where, stats=stats,
                                     vision=vision):

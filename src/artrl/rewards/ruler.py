@@ -46,7 +46,7 @@ import pydantic
 
 from ..errors import ArtrlError
 from ..chat_format import message_of
-from ..trajectories import Trajectory, TrajectoryGroup
+from ..trajectories import Trajectory, TrajectoryGroup, one_chat_conversation
 from .judge import resolve
 from .litellm_judge import litellm_prices, litellm_request, litellm_response_cost, load_litellm
 
@@ -272,6 +272,12 @@ async def ruler(message_lists: list[list[Any]], judge_model: str = DEFAULT_JUDGE
     return scores
 
 
+def _conversation(t: Trajectory) -> Any:
+    """What the judge reads of a trajectory: its conversation (for captured exchanges, their one chat
+    conversation, as ART's `trajectory.history()`)."""
+    return one_chat_conversation(t.exchanges) if t.exchanges else t
+
+
 def _copy(t: Trajectory) -> Trajectory:
     new = t.model_copy()
     new.messages_and_choices = list(t.messages_and_choices)
@@ -291,11 +297,12 @@ async def ruler_score_group(group: TrajectoryGroup, judge_model: str = DEFAULT_J
     trajectories = [_copy(t) for t in group.trajectories]
     if not trajectories:
         return group
+    conversations = [_conversation(t) for t in trajectories]
     for t in trajectories:
         t.metrics["independent_reward"] = t.reward
     try:
-        scores = await ruler([t.messages_and_choices for t in trajectories], judge_model, extra_litellm_params,
-                             rubric, trajectories[0].tools, debug=debug, max_attempts=max_attempts)
+        scores = await ruler([c.messages_and_choices for c in conversations], judge_model, extra_litellm_params,
+                             rubric, conversations[0].tools, debug=debug, max_attempts=max_attempts)
     except Exception as e:
         if swallow_exceptions:
             log.warning("RULER: the group of %d trajectories is dropped (swallow_exceptions=True): %s: %s",

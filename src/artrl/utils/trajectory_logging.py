@@ -23,6 +23,11 @@ Two columns of ours follow ART's (ART's reader ignores them):
 trajectories is kept as one placeholder row whose `reward` and `messages`
 are null (ART's reader skips such rows; ours restores the group).
 
+A trajectory of captured exchanges (`with art.Trajectory() as t:`) is logged as the conversations
+its exchanges file into (wire_records.py): the first as `messages` and `tools`, the others as
+`additional_histories`; read back, it is a trajectory of those histories (the exchanges
+themselves, with their requests and raw responses, are not kept).
+
 What a log does not keep: a sampled turn's logprobs and token ids (ART's
 format has no place for them), and content given as a list of text parts,
 which is stored as its joined text. Read back, a sampled turn is an assistant
@@ -40,7 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from .._fs import write_atomic
+from ..errors import TrajectoryError
 from ..trajectories import History, Trajectory, TrajectoryGroup
+from ..wire_records import record_histories
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +117,24 @@ def _exception_record(e: Any) -> dict[str, Any]:
             "traceback": getattr(e, "traceback", None)}
 
 
-def _histories(t: Trajectory) -> str | None:
-    hs = getattr(t, "additional_histories", None) or []
+def _histories(hs: list[History]) -> str | None:
     return _json_or_none([{"messages_and_choices": [_as_dict(m) for m in h.messages_and_choices],
                            "tools": h.tools} for h in hs])
+
+
+def _conversations(t: Trajectory) -> tuple[list[Any], Any, list[History]]:
+    """(main conversation, its tools, the other conversations) of a trajectory; for captured exchanges, the
+    conversations they file into (wire_records.py), the first as the main one."""
+    if not t.exchanges:
+        return t.messages_and_choices, t.tools, list(t.additional_histories)
+    try:
+        histories = [h for h, _ in record_histories(t.exchanges)]
+    except TrajectoryError as e:
+        log.warning("a trajectory's exchanges are logged without their messages: %s", e)
+        return [], None, []
+    if not histories:
+        return [], None, []
+    return histories[0].messages_and_choices, histories[0].tools, histories[1:]
 
 
 def rows_of(trajectory_groups: list[Any], first_group_index: int = 0) -> list[dict[str, Any]]:
@@ -136,11 +157,12 @@ def rows_of(trajectory_groups: list[Any], first_group_index: int = 0) -> list[di
             rows.append({**group_fields, "reward": None, "metrics": None, "metadata": None, "tools": None,
                          "logs": None, "messages": None, "additional_histories": None})
         for t in trajectories:
+            items, tools, others = _conversations(t)
             rows.append({**group_fields, "reward": float(t.reward), "metrics": _json_or_none(t.metrics),
-                         "metadata": _json_or_none(t.metadata), "tools": _json_or_none(t.tools),
+                         "metadata": _json_or_none(t.metadata), "tools": _json_or_none(tools),
                          "logs": list(t.logs) or None,
-                         "messages": [flatten_message(m) for m in t.messages_and_choices],
-                         "additional_histories": _histories(t)})
+                         "messages": [flatten_message(m) for m in items],
+                         "additional_histories": _histories(others)})
     return rows
 
 

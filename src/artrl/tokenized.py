@@ -1,0 +1,279 @@
+"""`art.tokenize` / `art.tensorize`: trajectories as the token sequences the trainer sees, with per-token facts.
+
+ART 0.5.23's pair, over artrl's tokenizer (preprocess/tokenize.py): each trajectory (legacy
+histories or captured exchanges, wire_records.py) becomes the sequences training uses, each a
+`TokenizedHistory` of `tokens`, `logprobs` (the sampled logprob on sampled tokens, NaN
+elsewhere) and `flags` (`TokenFlag`, ART's bits):
+
+* a turn trained on the server's token record (docs/token-record.md): every token of its
+  sequence `EXACT` (the ids came from the server), its sampled ids also `SAMPLED | OUTPUT |
+  ASSISTANT`, and `STOP` on an end-of-turn id;
+* a sequence rendered from text (data without a record, counted by the trainer): its assistant
+  turns `ASSISTANT | OUTPUT`, nothing `EXACT`.
+
+`multi_history=False` (ART's default) needs exactly one sequence per trajectory (a ValueError
+otherwise, as ART's); `multi_history=True` gives a `TokenizedMultiHistoryTrajectory` of all of
+them. Groups give `TokenizedTrajectoryGroup`s. `tensorize` is the same as torch tensors (int64
+tokens, float32 logprobs, int32 flags) on `device`.
+
+Differences from ART, each refused or documented, never ignored: `chat_template`,
+`chat_template_kwargs` and `reconcile_text_equivalent_tokenizations=True` are refused with a
+ConfigError (the record needs no template; the fallback renders with the tokenizer's own);
+`ASSISTANT` marks sampled turns only, not earlier assistant turns inside a prompt; a
+`TokenizedHistory.history` is artrl's `History` (messages and choices), not ART's
+protocol-native history; the work runs in a worker thread, not a process pool. `model` selects
+exchanges by model name (exact, else a shell pattern) as ART's selector does, and names the
+sequences.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import IntFlag
+from typing import TYPE_CHECKING, Any
+
+from .chat_format import end_of_turn_ids
+from .errors import ConfigError
+from .exchanges import TrajectoryExchanges
+from .preprocess.tokenize import TokenizeStats, tokenize_history
+from .trajectories import History, Trajectory, TrajectoryGroup
+from .wire_records import record_histories
+
+if TYPE_CHECKING:
+    import torch
+
+
+class TokenFlag(IntFlag):
+    """Independent facts about a token (ART's bits; members combine)."""
+
+    EXACT = 1 << 0  # the id came from the server's record, not from tokenizing text here
+    SAMPLED = 1 << 1  # the server sampled this id (implies EXACT | OUTPUT)
+    ASSISTANT = 1 << 2  # inside an assistant turn
+    STOP = 1 << 3  # an end-of-turn id
+    OUTPUT = 1 << 4  # part of a response
+    RAW_LOGPROBS = 1 << 5
+    PROCESSED_LOGPROBS = 1 << 6
+
+
+@dataclass
+class TokenizedHistory:
+    """One token sequence: `tokens`, `logprobs` and `flags`, one entry per token."""
+
+    history: History
+    model: str
+    tokens: list[int]
+    logprobs: list[float]
+    flags: list[TokenFlag]
+
+    def tensorize(self, *, device: Any = None) -> "TensorizedHistory":
+        import torch
+
+        return TensorizedHistory(history=self.history, model=self.model,
+                                 tokens=torch.tensor(self.tokens, dtype=torch.int64, device=device or "cpu"),
+                                 logprobs=torch.tensor(self.logprobs, dtype=torch.float32, device=device or "cpu"),
+                                 flags=torch.tensor([int(f) for f in self.flags], dtype=torch.int32,
+                                                    device=device or "cpu"))
+
+
+class _OfTrajectory:
+    trajectory: Trajectory
+
+    @property
+    def reward(self) -> float:
+        return self.trajectory.reward
+
+    @reward.setter
+    def reward(self, value: float) -> None:
+        self.trajectory.reward = value
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return self.trajectory.metrics
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.trajectory.metadata
+
+
+@dataclass
+class TokenizedTrajectory(TokenizedHistory, _OfTrajectory):
+    trajectory: Trajectory
+
+    def tensorize(self, *, device: Any = None) -> "TensorizedTrajectory":
+        h = TokenizedHistory.tensorize(self, device=device)
+        return TensorizedTrajectory(history=h.history, model=h.model, tokens=h.tokens, logprobs=h.logprobs,
+                                    flags=h.flags, trajectory=self.trajectory)
+
+
+@dataclass
+class TokenizedMultiHistoryTrajectory(_OfTrajectory):
+    trajectory: Trajectory
+    histories: list[TokenizedHistory]
+
+    def tensorize(self, *, device: Any = None) -> "TensorizedMultiHistoryTrajectory":
+        return TensorizedMultiHistoryTrajectory(trajectory=self.trajectory,
+                                                histories=[h.tensorize(device=device) for h in self.histories])
+
+
+@dataclass
+class TokenizedTrajectoryGroup:
+    trajectory_group: TrajectoryGroup
+    trajectories: list[Any]
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return self.trajectory_group.metrics
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.trajectory_group.metadata
+
+    def tensorize(self, *, device: Any = None) -> "TensorizedTrajectoryGroup":
+        return TensorizedTrajectoryGroup(trajectory_group=self.trajectory_group,
+                                         trajectories=[t.tensorize(device=device) for t in self.trajectories])
+
+
+@dataclass
+class TensorizedHistory:
+    history: History
+    model: str
+    tokens: "torch.Tensor"  # [n] int64
+    logprobs: "torch.Tensor"  # [n] float32, NaN where not sampled
+    flags: "torch.Tensor"  # [n] int32, TokenFlag bits
+
+
+@dataclass
+class TensorizedTrajectory(TensorizedHistory, _OfTrajectory):
+    trajectory: Trajectory
+
+
+@dataclass
+class TensorizedMultiHistoryTrajectory(_OfTrajectory):
+    trajectory: Trajectory
+    histories: list[TensorizedHistory]
+
+
+@dataclass
+class TensorizedTrajectoryGroup:
+    trajectory_group: TrajectoryGroup
+    trajectories: list[Any]
+
+
+# --------------------------------------------------------------------------- tokenizing
+
+
+def _select(exchanges: TrajectoryExchanges, model: str | None) -> TrajectoryExchanges:
+    """The exchanges of `model` (an exact name first, else a shell pattern); all of them for None."""
+    if model is None:
+        return exchanges
+    names = {e.model for _, e in exchanges.all()}
+    wanted = {model} if model in names else {n for n in names if n is not None and fnmatch.fnmatchcase(n, model)}
+    return TrajectoryExchanges(**{name: [e for e in getattr(exchanges, name) if e.model in wanted]
+                                  for name in ("chat_completions", "completions", "responses", "messages")})
+
+
+def _histories(trajectory: Trajectory, model: str | None, where: str) -> list[tuple[History | Trajectory, str]]:
+    if trajectory.exchanges:
+        return record_histories(_select(trajectory.exchanges, model), where)
+    return [(trajectory, where), *((h, f"{where}, additional_histories[{k}]")
+                                   for k, h in enumerate(trajectory.additional_histories))]
+
+
+def _sequences(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int], model: str,
+               where: str) -> list[TokenizedHistory]:
+    out = []
+    for history, at in _histories(trajectory, None if model == "" else model, where):
+        stats = TokenizeStats()
+        seqs = tokenize_history(history.messages_and_choices, history.tools, tokenizer, end_ids=end_ids, where=at,
+                                stats=stats)
+        conversation = history if isinstance(history, History) else History(
+            messages_and_choices=history.messages_and_choices, tools=history.tools)
+        for k, seq in enumerate(seqs):
+            rendered = stats.rendered_turns > 0 and k == len(seqs) - 1  # the rendered sequence comes last
+            flags, logprobs = [], []
+            for token, trainable, lp in zip(seq.token_ids, seq.trainable_mask, seq.logprobs):
+                flag = TokenFlag(0) if rendered else TokenFlag.EXACT
+                if trainable:
+                    flag |= TokenFlag.ASSISTANT | TokenFlag.OUTPUT | (TokenFlag(0) if rendered else TokenFlag.SAMPLED)
+                    if token in end_ids:
+                        flag |= TokenFlag.STOP
+                flags.append(flag)
+                logprobs.append(lp if trainable and not rendered else math.nan)
+            out.append(TokenizedHistory(history=conversation, model=model, tokens=list(seq.token_ids),
+                                        logprobs=logprobs, flags=flags))
+    return out
+
+
+def _tokenize_one(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int], model: str, multi_history: bool,
+                  where: str) -> Any:
+    if not isinstance(trajectory, Trajectory):
+        raise TypeError(f"{where} has type {type(trajectory).__name__}; expected a Trajectory.")
+    trajectory.validate_fields()
+    seqs = _sequences(trajectory, tokenizer, end_ids, model, where)
+    if multi_history:
+        return TokenizedMultiHistoryTrajectory(trajectory=trajectory, histories=seqs)
+    if len(seqs) != 1:
+        raise ValueError(f"{where}: trajectory tokenization requires exactly one history; found {len(seqs)} "
+                         "(pass multi_history=True for all of them, or model= to select one model's exchanges)")
+    s = seqs[0]
+    return TokenizedTrajectory(history=s.history, model=s.model, tokens=s.tokens, logprobs=s.logprobs,
+                               flags=s.flags, trajectory=trajectory)
+
+
+def _resolve_tokenizer(tokenizer: Any, base_model: str | None, model: str | None) -> Any:
+    if tokenizer is not None:
+        return tokenizer
+    name = base_model or model
+    if name is None:
+        raise ConfigError("art.tokenize needs a tokenizer: pass tokenizer=... or base_model=... (the model whose "
+                          "tokenizer served the trajectories, e.g. base_model='artrl/tiny').")
+    from .models.loading import load_tokenizer
+
+    return load_tokenizer(name)
+
+
+def _run(items: Iterable[Any], multi_history: bool, reconcile: bool, model: str | None, base_model: str | None,
+         tokenizer: Any, chat_template: str | None, chat_template_kwargs: Mapping[str, object] | None) -> list[Any]:
+    for name, value, bad in (("chat_template", chat_template, chat_template is not None),
+                             ("chat_template_kwargs", chat_template_kwargs, chat_template_kwargs is not None),
+                             ("reconcile_text_equivalent_tokenizations", reconcile, bool(reconcile))):
+        if bad:
+            raise ConfigError(f"art.tokenize({name}={value!r:.80}) is not supported: artrl trains each sampled turn "
+                              "on the server's token record and renders data without one with the tokenizer's own "
+                              f"chat template. Leave {name} unset.")
+    values = list(items)
+    tok = _resolve_tokenizer(tokenizer, base_model, model)
+    end_ids = end_of_turn_ids(tok)
+    label = model or base_model or ""
+    if all(isinstance(v, TrajectoryGroup) for v in values):
+        return [TokenizedTrajectoryGroup(trajectory_group=g, trajectories=[
+            _tokenize_one(t, tok, end_ids, label, multi_history, f"groups[{gi}].trajectories[{ti}]")
+            for ti, t in enumerate(g.trajectories)]) for gi, g in enumerate(values)]
+    if any(isinstance(v, TrajectoryGroup) for v in values):
+        raise TypeError("art.tokenize takes trajectories or trajectory groups, not a mix of both.")
+    return [_tokenize_one(t, tok, end_ids, label, multi_history, f"items[{i}]") for i, t in enumerate(values)]
+
+
+async def tokenize(items: Iterable[Trajectory] | Iterable[TrajectoryGroup], *, multi_history: bool = False,
+                   reconcile_text_equivalent_tokenizations: bool = False, model: str | None = None,
+                   base_model: str | None = None, tokenizer: Any = None, chat_template: str | None = None,
+                   chat_template_kwargs: Mapping[str, object] | None = None) -> list[Any]:
+    """Tokenize trajectories (or groups) as training sees them (module docstring); order kept."""
+    return await asyncio.to_thread(_run, items, multi_history, reconcile_text_equivalent_tokenizations, model,
+                                   base_model, tokenizer, chat_template, chat_template_kwargs)
+
+
+async def tensorize(items: Iterable[Trajectory] | Iterable[TrajectoryGroup], *, multi_history: bool = False,
+                    reconcile_text_equivalent_tokenizations: bool = False, model: str | None = None,
+                    base_model: str | None = None, tokenizer: Any = None, chat_template: str | None = None,
+                    chat_template_kwargs: Mapping[str, object] | None = None, device: Any = None) -> list[Any]:
+    """`tokenize`, as torch tensors on `device` (CPU by default)."""
+    tokenized = await tokenize(items, multi_history=multi_history,
+                               reconcile_text_equivalent_tokenizations=reconcile_text_equivalent_tokenizations,
+                               model=model, base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
+                               chat_template_kwargs=chat_template_kwargs)
+    return [t.tensorize(device=device) for t in tokenized]

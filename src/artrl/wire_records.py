@@ -1,0 +1,227 @@
+"""Captured exchanges -> the token record the trainer trains on (docs/token-record.md), for every protocol.
+
+A trajectory of exchanges (exchanges.py) trains exactly as one of `Choice`s: each sampled
+turn becomes a `Choice` carrying the server's record (`prompt_token_ids`, `token_ids`, one
+logprob per sampled id, `policy_version`), and the turns are filed into conversations
+(`History`s); preprocess/tokenize.py then trains each turn on its record, chaining turns whose
+prompt extends the sequence so far. Where each protocol keeps its record (vLLM's extensions,
+as ART 0.5.23 reads them; artrl's server emits the same fields):
+
+| protocol | prompt ids | sampled ids | logprobs |
+|---|---|---|---|
+| chat completions | choice `prompt_token_ids` (else the response's) | choice `token_ids` | `logprobs.content[*].logprob` (or `compact_logprobs`) |
+| completions | choice `prompt_token_ids` (else the response's) | choice `token_ids` (else `logprobs.tokens` spelled `token_id:N`) | `compact_logprobs`, else `logprobs.token_logprobs` |
+| responses | `token_generations[i].prompt_token_ids` | `token_generations[i].token_ids` (else its `output_tokens` pairs) | `compact_logprobs` (else the pairs' `logprob`) |
+| messages | response `prompt_token_ids` | response `token_ids` | response `logprobs` (or `compact_logprobs`) |
+
+Filing: a chat completion extends the conversation its request messages continue (ART's
+prefix rule, trajectories.file_turn, shared with `auto_trajectory`), so a chat turn without a record still
+trains on a rendering of its messages (counted). The other protocols' requests are not chat
+messages: their turns are filed by tokens (a turn extends the conversation whose last prompt +
+sampled ids begin its prompt), and a turn of theirs without a complete record is refused with a
+`TrajectoryError` naming the exchange (there is no text to render it from that would be right).
+A chat response with several choices gives several turns; each branches from the same messages.
+Logprobs that are missing, or not all numbers, leave the turn without logprobs (trained as
+on-policy and counted, as for any such choice).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from openai.types.chat.chat_completion import Choice
+
+from .errors import TrajectoryError
+from .exchanges import (ChatCompletionsExchange, CompletionsExchange, Endpoint, Exchange, MessagesExchange,
+                        ResponsesExchange, TrajectoryExchanges)
+from .trajectories import POLICY_VERSION_FIELD, History, file_turn
+
+#: Keys holding the sampled ids' logprobs as a plain list of numbers (vLLM's compact form; ART's own key).
+COMPACT_LOGPROBS_KEYS = ("compact_logprobs", "art_completion_logprobs")
+
+
+# --------------------------------------------------------------------------- one exchange -> its turns
+
+
+def _extra(model: Any) -> dict[str, Any]:
+    return (getattr(model, "model_extra", None) or {}) if not isinstance(model, dict) else model
+
+
+def _token_id(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.startswith("token_id:") and value[9:].isdigit():
+        return int(value[9:])
+    return None
+
+
+def _numbers(values: Any, n: int) -> list[float] | None:
+    """`values` as n finite floats, or None (missing, another length, or not all numbers)."""
+    if not isinstance(values, list) or len(values) != n:
+        return None
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        return None
+    return [float(v) for v in values]
+
+
+def _compact(extra: dict[str, Any], n: int) -> list[float] | None:
+    return next((lps for key in COMPACT_LOGPROBS_KEYS if (lps := _numbers(extra.get(key), n)) is not None), None)
+
+
+_FINISH = {"length": "length", "max_tokens": "length", "incomplete": "length", "tool_calls": "tool_calls",
+           "tool_use": "tool_calls", "content_filter": "content_filter", "refusal": "content_filter"}
+
+
+def record_choice(text: str, prompt: Any, ids: Any, logprobs: list[float] | None, *, finish: Any = None,
+                  policy_version: Any = None, index: int = 0) -> Choice:
+    """A Choice carrying a record read from another protocol: its text, prompt ids, sampled ids, logprobs."""
+    data: dict[str, Any] = {"index": index, "finish_reason": _FINISH.get(str(finish), "stop"),
+                            "message": {"role": "assistant", "content": text}, "logprobs": None,
+                            "prompt_token_ids": prompt, "token_ids": ids}
+    if logprobs is not None and isinstance(ids, list):
+        data["logprobs"] = {"content": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
+                                        for t, lp in zip(ids, logprobs)], "refusal": None}
+    if policy_version is not None:
+        data[POLICY_VERSION_FIELD] = policy_version
+    return Choice.model_validate(data)
+
+
+def _chat_turns(exchange: ChatCompletionsExchange) -> list[Choice]:
+    response_prompt = _extra(exchange.response).get("prompt_token_ids")
+    turns = []
+    for choice in exchange.response.choices:
+        choice = choice.model_copy(deep=True)  # the captured exchange stays as the server sent it
+        extra = choice.model_extra if choice.model_extra is not None else {}
+        if extra.get("prompt_token_ids") is None and response_prompt is not None:
+            extra["prompt_token_ids"] = list(response_prompt)
+        ids = extra.get("token_ids")
+        has_content = choice.logprobs is not None and choice.logprobs.content
+        if isinstance(ids, list) and not has_content and (lps := _compact(extra, len(ids))) is not None:
+            choice = choice.model_copy(update={"logprobs": record_choice("", None, ids, lps).logprobs})
+        turns.append(choice)
+    return turns
+
+
+def _completion_turns(exchange: CompletionsExchange, where: str) -> list[Choice]:
+    if exchange.request.get("echo") is True:
+        raise TrajectoryError(f"{where}: a completions request with echo=true; its logprobs mix the prompt's and the "
+                              "sample's, which training does not split yet. Send echo=false.")
+    response_prompt = _extra(exchange.response).get("prompt_token_ids")
+    turns = []
+    for choice in exchange.response.choices:
+        extra = _extra(choice)
+        prompt = extra.get("prompt_token_ids", response_prompt)
+        classic = choice.logprobs.model_dump() if choice.logprobs is not None else {}
+        ids = extra.get("token_ids")
+        if ids is None and classic.get("tokens"):
+            pairs = [_token_id(t) for t in classic["tokens"]]
+            ids = pairs if all(t is not None for t in pairs) else None
+        n = len(ids) if isinstance(ids, list) else -1
+        lps = _compact(extra, n) or _numbers(classic.get("token_logprobs"), n)
+        turns.append(record_choice(choice.text, prompt, ids, lps, finish=choice.finish_reason,
+                                   policy_version=extra.get(POLICY_VERSION_FIELD), index=choice.index))
+    return turns
+
+
+def _responses_turns(exchange: ResponsesExchange) -> list[Choice]:
+    response = exchange.response
+    extra = _extra(response)
+    generations = extra.get("token_generations")
+    version = extra.get(POLICY_VERSION_FIELD)
+    finish = "incomplete" if response.status == "incomplete" else None
+    if not isinstance(generations, list) or not generations:  # no record: one turn of the whole output
+        return [record_choice(response.output_text, None, None, None, finish=finish, policy_version=version)]
+    turns = []
+    for k, generation in enumerate(generations):
+        generation = generation if isinstance(generation, dict) else {}
+        ids, lps = generation.get("token_ids"), None
+        if isinstance(ids, list):
+            lps = _compact(generation, len(ids))
+        if lps is None and isinstance(generation.get("output_tokens"), list):
+            pairs = [p if isinstance(p, dict) else {} for p in generation["output_tokens"]]
+            pair_ids = [_token_id(p.get("token_id", p.get("token"))) for p in pairs]
+            if all(t is not None for t in pair_ids) and (ids is None or ids == pair_ids):
+                ids = pair_ids
+                lps = _numbers([p.get("logprob") for p in pairs], len(pair_ids))
+        text = "".join(_output_text(response.output[i]) for i in generation.get("output_indices") or []
+                       if isinstance(i, int) and 0 <= i < len(response.output))
+        turns.append(record_choice(text, generation.get("prompt_token_ids"), ids, lps, finish=finish,
+                                   policy_version=generation.get(POLICY_VERSION_FIELD, version), index=k))
+    return turns
+
+
+def _output_text(item: Any) -> str:
+    data = item.model_dump() if hasattr(item, "model_dump") else dict(item)
+    if data.get("type") == "function_call":
+        return f"{data.get('name')}({data.get('arguments')})"
+    return "".join(part.get("text") or part.get("refusal") or "" for part in data.get("content") or []
+                   if isinstance(part, dict))
+
+
+def _messages_turns(exchange: MessagesExchange) -> list[Choice]:
+    response = exchange.response
+    data = response.model_dump()
+    ids = data.get("token_ids")
+    n = len(ids) if isinstance(ids, list) else -1
+    lps = _compact(data, n) or _numbers(data.get("logprobs"), n)
+    text = "".join(block.get("text") or "" for block in data.get("content") or [] if isinstance(block, dict))
+    return [record_choice(text, data.get("prompt_token_ids"), ids, lps, finish=data.get("stop_reason"),
+                          policy_version=data.get(POLICY_VERSION_FIELD))]
+
+
+def exchange_turns(endpoint: Endpoint, exchange: Exchange, where: str = "exchange") -> list[Choice]:
+    """The sampled turns of one exchange, each a Choice carrying its record (whatever of it the server sent)."""
+    if isinstance(exchange, ChatCompletionsExchange):
+        return _chat_turns(exchange)
+    if isinstance(exchange, CompletionsExchange):
+        return _completion_turns(exchange, where)
+    if isinstance(exchange, ResponsesExchange):
+        return _responses_turns(exchange)
+    if isinstance(exchange, MessagesExchange):
+        return _messages_turns(exchange)
+    raise TrajectoryError(f"{where} has type {type(exchange).__name__}; expected an exchange of {endpoint}.")
+
+
+# --------------------------------------------------------------------------- a trajectory's exchanges -> histories
+
+
+def _has_record(choice: Choice) -> bool:
+    extra = choice.model_extra or {}
+    return isinstance(extra.get("prompt_token_ids"), list) and bool(extra["prompt_token_ids"]) and \
+        isinstance(extra.get("token_ids"), list) and bool(extra["token_ids"])
+
+
+def record_histories(exchanges: TrajectoryExchanges, where: str = "trajectory") -> list[tuple[History, str]]:
+    """The conversations of a trajectory's exchanges, each with a name for messages: chat completions filed by
+    their messages, the other protocols by their tokens (module docstring)."""
+    out: list[tuple[History, str]] = []
+    chat_main = History(messages_and_choices=[])
+    chat_others: list[History] = []
+    for k, exchange in enumerate(exchanges.chat_completions):
+        messages = exchange.request.get("messages")
+        if not isinstance(messages, list):
+            raise TrajectoryError(f"{where}: exchanges.chat_completions[{k}].request has no messages list.")
+        for choice in _chat_turns(exchange):
+            file_turn(chat_main, chat_others, messages, exchange.request.get("tools"), choice)
+    for n, h in enumerate([chat_main, *chat_others] if chat_main.messages_and_choices else chat_others):
+        out.append((h, f"{where}, exchanges.chat_completions (conversation {n})"))
+    for endpoint in ("completions", "responses", "messages"):
+        chains: list[tuple[History, list[int]]] = []  # (conversation, its last prompt + sampled ids)
+        for k, exchange in enumerate(getattr(exchanges, endpoint)):
+            at = f"{where}: exchanges.{endpoint}[{k}]"
+            for choice in exchange_turns(endpoint, exchange, at):
+                if not _has_record(choice):
+                    raise TrajectoryError(
+                        f"{at} carries no complete token record (prompt_token_ids and sampled token_ids); a "
+                        f"{endpoint} turn is trained only on its record. Serve the model with artrl's server (or "
+                        "vLLM with return_token_ids) so every response carries it.")
+                prompt, ids = choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"]
+                chain = next((c for c in chains if prompt[:len(c[1])] == c[1]), None)
+                if chain is None:
+                    chain = (History(messages_and_choices=[]), [])
+                    chains.append(chain)
+                chain[0].messages_and_choices.append(choice)
+                chain[1][:] = [*prompt, *ids]
+        out += [(h, f"{where}, exchanges.{endpoint} (conversation {n})") for n, (h, _) in enumerate(chains)]
+    return out
