@@ -64,7 +64,8 @@ import torch
 
 from ..errors import ConfigError
 from ..progress import progress_bar
-from .learn_results import ARMS, ResultsFile, format_table, run_key, run_scores, window
+from .learn_results import (ARMS, GAIN_FLOOR, PAIRED_MARGIN, ResultsFile, compare_to_baseline, format_table,
+                            run_key, run_scores, window)
 from .learn_tasks import TASKS, LearnTask, Prompt, WarmUp, get_task, prompt_schedule, warm_up_colours
 
 log = logging.getLogger(__name__)
@@ -418,6 +419,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=d.model, help="base model (default artrl/tiny)")
     p.add_argument("--out", default="bench-learn.json",
                    help="results JSON, written after every run; rerunning with the same file resumes")
+    p.add_argument("--baseline", default=None, metavar="FILE",
+                   help="a results JSON of the same command to hold these results to: exit 1 when artrl's mean "
+                        f"gain falls below {GAIN_FLOOR:.0%} of the baseline's, or its gain minus the yardstick's "
+                        f"more than {PAIRED_MARGIN} below the baseline's (benchmarks/results/learning-baseline.json "
+                        "is the one CI holds the project to)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -430,8 +436,27 @@ def main(args: argparse.Namespace) -> int:
     settings = LearnSettings(tasks=tuple(args.tasks), lrs=tuple(args.lrs), seeds=args.seeds, steps=args.steps,
                              prompts=args.prompts, samples=args.samples, config=parse_config(args.config),
                              model=args.model, arms=tuple(args.arms))
+    baseline = read_baseline(Path(args.baseline)) if args.baseline else None  # a bad file is refused before running
     results = asyncio.run(run_learn_bench(settings, Path(args.out)))
     doc = results.document()
     print(format_table(doc["table"], doc["paired"]), flush=True)
     print(f"\nresults: {args.out}", flush=True)
-    return 0
+    if baseline is None:
+        return 0
+    problems = compare_to_baseline(doc, baseline)
+    for line in problems:
+        print(f"REGRESSION: {line}", flush=True)
+    if not problems:
+        print(f"learns as the baseline {args.baseline} did", flush=True)
+    return 1 if problems else 0
+
+
+def read_baseline(path: Path) -> dict[str, Any]:
+    """A results file to compare against (`--baseline`), or a ConfigError naming what is wrong with it."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--baseline {path}: not a readable results file ({e})") from e
+    if not isinstance(doc, dict) or doc.get("bench") != "learn" or not isinstance(doc.get("table"), list):
+        raise ConfigError(f"--baseline {path}: not an `artrl bench learn` results file")
+    return doc

@@ -112,6 +112,49 @@ def format_table(table: list[dict[str, Any]], paired: list[dict[str, Any]]) -> s
     return "\n".join(lines)
 
 
+GAIN_FLOOR: Final = 0.75
+"""A run set fails its baseline when artrl's mean gain falls below this share of the baseline's, for any
+(task, lr): a change that halves what RL learns fails by a wide margin, and the seed-to-seed spread of the
+guard's setting (colours at 2e-3: std 0.04 over 12 seeds, docs/performance.md) stays well inside it."""
+PAIRED_MARGIN: Final = 0.05
+"""...or when artrl's gain minus the yardstick's, seed by seed, falls more than this below the baseline's (a
+regression in artrl's own update, with the sampling and the model shared by both arms, shows here first)."""
+
+
+def compare_to_baseline(doc: dict[str, Any], baseline: dict[str, Any], *, floor: float = GAIN_FLOOR,
+                        paired_margin: float = PAIRED_MARGIN) -> list[str]:
+    """The regressions of results `doc` against results `baseline` (both `ResultsFile.document()`s): one line
+    each, naming the figures; empty when `doc` learns as the baseline did. The two must share their settings
+    and hold the same (task, lr) pairs, else a ConfigError (a comparison of different sweeps means nothing)."""
+    if doc.get("settings") != baseline.get("settings"):
+        theirs, ours = baseline.get("settings", {}), doc.get("settings", {})
+        differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+        raise ConfigError(f"the baseline was measured with other settings ({', '.join(differ)}); rerun it with "
+                          "the same command, or compare against a baseline of these settings")
+    rows = {(r["task"], float(r["lr"]), r["arm"]): r for r in doc["table"]}
+    base_rows = {(r["task"], float(r["lr"]), r["arm"]): r for r in baseline["table"]}
+    missing = sorted(set(base_rows) - set(rows))
+    if missing:
+        raise ConfigError(f"the results lack the baseline's {missing}; run the baseline's tasks, lrs and arms")
+    problems = []
+    for (task, lr, arm), base in sorted(base_rows.items()):
+        row = rows[task, lr, arm]
+        if row["failed"]:
+            problems.append(f"{task} lr={lr:g} {arm}: {row['failed']} runs diverged (the baseline: {base['failed']})")
+        if arm != "artrl" or base["mean"] is None or base["mean"] <= 0:
+            continue
+        if row["mean"] is None or row["mean"] < floor * base["mean"]:
+            problems.append(f"{task} lr={lr:g}: artrl's mean gain {_fmt(row['mean'])} over {row['seeds']} seeds is "
+                            f"below {floor:.0%} of the baseline's {_fmt(base['mean'])}")
+    paired = {(p["task"], float(p["lr"])): p for p in doc["paired"]}
+    for base in baseline["paired"]:
+        p = paired.get((base["task"], float(base["lr"])))
+        if p is not None and p["mean"] < base["mean"] - paired_margin:
+            problems.append(f"{base['task']} lr={float(base['lr']):g}: artrl's gain minus the yardstick's "
+                            f"{_fmt(p['mean'])} is more than {paired_margin} below the baseline's {_fmt(base['mean'])}")
+    return problems
+
+
 class ResultsFile:
     """The `--out` file: settings, finished runs, and their aggregates, saved after each run."""
 
