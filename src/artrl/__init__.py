@@ -17,6 +17,7 @@ from . import dev, rewards, schedules, utils  # noqa: E402
 from .auto_trajectory import auto_trajectory, capture_auto_trajectory
 from .backend import Backend
 from .batches import trajectory_group_batches
+from .dev import LoRAConfig
 from .errors import (ArtrlError, CheckpointError, ConfigError, NonFiniteError, PackingError,
                      TrainOutOfMemoryError, TrajectoryError, WorkerError)
 from .gather import GatherError, gather_trajectories, gather_trajectory_groups
@@ -37,7 +38,7 @@ __all__ = [
     "trajectory_group_batches", "Backend", "LocalBackend", "LocalTrainResult", "ServerlessBackend",
     "ServerlessTrainResult", "Messages", "MessagesAndChoices", "Tools", "Model", "TrainableModel", "retry",
     "TrainSFTConfig", "TrainConfig", "TrainResult", "Trajectory", "TrajectoryGroup", "capture_yielded_trajectory",
-    "yield_trajectory",
+    "yield_trajectory", "LoRAConfig",
     # artrl's own
     "ArtrlError", "CheckpointError", "ConfigError", "GatherError", "History", "InternalModelConfig",
     "NonFiniteError", "PackingError", "TrainOutOfMemoryError", "TrajectoryError", "WorkerError", "choice_from_completion", "rewards",
