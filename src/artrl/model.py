@@ -76,7 +76,7 @@ class Model(pydantic.BaseModel):
     inference_base_url: str | None = None
     inference_model_name: str | None = None
     base_path: str = pydantic.Field(".art", description="Root of the run directories "
-                                    "(`<base_path>/<project>/models/<name>/`); `register` sets it to the backend's.")
+                                    "(`<base_path>/<project>/models/<run_name or name>/`); `register` sets it to the backend's.")
     report_metrics: list[str] | None = pydantic.Field(
         None, description="Trackers that mirror every history row: 'wandb', 'tensorboard'. None: W&B when "
         "WANDB_API_KEY is set (ART's default); []: none.")
