@@ -127,6 +127,25 @@ def test_rank_4_adapter_trains_is_saved_and_served(tmp_path, make_choice):
         assert a and all(s[0] == 4 for s in a.values()) and all(s[1] == 4 for s in b.values())
 
 
+def test_a_training_worker_builds_the_same_adapter(tmp_path, make_choice):
+    """With the trainer in a worker process (train_in_worker; the same path as several workers), the worker builds
+    the adapter from the run's config and writes the checkpoint: it is lora_config's, and the engine serves it."""
+    lora = art.LoRAConfig(rank=4, alpha=8, layers_to_transform=[1])
+    model = art.TrainableModel(name="w", project="p", base_model="artrl/tiny", lora_config=lora,
+                               _internal_config=art.InternalModelConfig(max_length=128, train_in_worker=True))
+    with art.LocalBackend(path=str(tmp_path), show_progress=False) as backend:
+        asyncio.run(model.register(backend))
+        result = asyncio.run(model.train(groups(make_choice), config=art.TrainConfig(learning_rate=1e-2)))
+        assert result.metrics["train/workers"] == 1
+        engine = backend._runs["w"].engine
+        assert engine.model.peft_config[engine.live_adapter].r == 4
+    path = storage.checkpoint_dir(tmp_path / "p" / "models" / "w", 1)  # written by the worker
+    saved = json.loads((path / storage.ADAPTER_CONFIG_FILE).read_text())
+    assert (saved["r"], saved["lora_alpha"], saved["layers_to_transform"]) == (4, 8, [1])
+    tensors = load_file(str(path / storage.ADAPTER_WEIGHTS_FILE))
+    assert {_layer_of(k) for k in tensors} == {1} and all(v.shape[0] == 4 for k, v in tensors.items() if "lora_A" in k)
+
+
 def test_a_resume_with_other_lora_settings_is_refused(tmp_path):
     def register(**lora):
         model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny", _internal_config=SMALL,
