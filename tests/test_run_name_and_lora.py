@@ -86,6 +86,7 @@ def test_two_runs_of_one_name_train_side_by_side(tmp_path, make_choice):
             assert reply.choices[0].message is not None
 
     assert sorted(p.name for p in models.iterdir()) == ["run-a", "run-b"]  # nothing under the served name
+    assert art.utils.get_model_step(a, str(tmp_path)) == 1  # ART's reader of a run's step, without a backend
     for run in ("run-a", "run-b"):
         assert storage.list_checkpoints(models / run) == [0, 1]
         assert (models / run / storage.TRAJECTORIES_DIR / "train").is_dir()  # model.train's logged groups
@@ -158,7 +159,7 @@ def test_a_resume_with_other_lora_settings_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"rank \(r\): 4 in the checkpoint, 8 now"):
         register(alpha=8)
     # the same shapes, another scale: the weights would load, so only the check stands between them
-    with pytest.raises(ConfigError, match=r"alpha \(lora_alpha\): 8(\.0)? in the checkpoint, 32(\.0)? now.*new run_name"):
+    with pytest.raises(ConfigError, match=r"alpha \(lora_alpha\): 8(\.0)? in the checkpoint, 32(\.0)? now.*run_name"):
         register(rank=4, alpha=32)
 
 

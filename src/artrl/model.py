@@ -19,8 +19,8 @@ as. Without `run_name` (ART 0.5.18's programs) it is `name`, and so is the run
 directory.
 
 A model logs by itself, as in ART: `model.log(...)` writes under its run
-directory (run/history.py) whether or not it is registered, and a prompted model (`art.Model(name="openai/gpt-4o", ...)`)
-logs its evaluations the same way. `report_metrics` mirrors every history row
+directory (run/history.py) whether or not it is registered, and a prompted model
+(`art.Model(name="openai/gpt-4o", ...)`) logs its evaluations the same way. `report_metrics` mirrors every history row
 to W&B or TensorBoard (run/tracking.py).
 """
 
@@ -75,8 +75,8 @@ class Model(pydantic.BaseModel):
     inference_api_key: str | None = None
     inference_base_url: str | None = None
     inference_model_name: str | None = None
-    base_path: str = pydantic.Field(".art", description="Root of the run directories "
-                                    "(`<base_path>/<project>/models/<run_name or name>/`); `register` sets it to the backend's.")
+    base_path: str = pydantic.Field(".art", description="Root of the run directories (`<base_path>/<project>/"
+                                    "models/<run_name or name>/`); `register` sets it to the backend's.")
     report_metrics: list[str] | None = pydantic.Field(
         None, description="Trackers that mirror every history row: 'wandb', 'tensorboard'. None: W&B when "
         "WANDB_API_KEY is set (ART's default); []: none.")
@@ -225,6 +225,8 @@ class Model(pydantic.BaseModel):
         config: dict[str, Any] = {"model": self.name, "project": self.project, "trainable": self.trainable}
         if self._storage_name() != self.name:
             config["run_name"] = self._storage_name()
+        if getattr(self, "lora_config", None):
+            config["lora_config"] = dict(self.lora_config)
         if getattr(self, "base_model", None):
             config["base_model"] = self.base_model
         internal = getattr(self, "_internal_config", None)

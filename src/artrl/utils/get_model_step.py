@@ -1,8 +1,9 @@
 """`get_model_step`: a model's latest step read from its run directory, without a backend (ART's).
 
-Reads `<art_path>/<project>/models/<run_name>/checkpoints/` (`name` for a model without a run_name): the highest step with a
-complete checkpoint, 0 when there is none. (ART counts every numbered directory;
-a directory without its COMPLETE marker is a write that never finished, not a step.)
+Reads `<art_path>/<project>/models/<run_name>/checkpoints/` (`name` for a model
+without a run_name): the highest step with a complete checkpoint, 0 when there is
+none. (ART counts every numbered directory; a directory without its COMPLETE marker
+is a write that never finished, not a step.)
 """
 
 from __future__ import annotations
