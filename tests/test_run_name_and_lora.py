@@ -269,3 +269,16 @@ def test_each_refused_key_is_named_in_the_error(key):
     if no_op is not None or key != "temporary_location":
         model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny", lora_config={key: no_op})
         assert apply_lora_config(model.internal_config(), model.lora_config) == InternalModelConfig()
+
+
+def test_layers_that_peft_would_not_restrict_are_refused(tiny_path):
+    """peft applies layers_to_transform to module names only: with a regex of targets it raises, and on an MoE
+    model's fused expert parameters it would adapt every layer; both are ConfigErrors naming the setting."""
+    from artrl.models.loading import add_lora, load_base_model
+
+    with pytest.raises(ConfigError, match=r"peft refuses the LoRA settings .*layers_to_transform=\[0\]"):
+        _build(tiny_path, {"layers_to_transform": [0], "target_modules": r".*\.q_proj"})
+    cfg = apply_lora_config(InternalModelConfig(), {"layers_to_transform": [0]})
+    base, _ = load_base_model("artrl/tiny-moe", cfg)
+    with pytest.raises(ConfigError, match=r"layers_to_transform=\[0\] with LoRA on the experts"):
+        add_lora(base, cfg)

@@ -168,6 +168,10 @@ class InternalModelConfig(TypedDict, total=False):
     lora_alpha: float
     lora_dropout: float
     target_modules: list[str] | str | None
+    use_rslora: bool
+    init_lora_weights: bool
+    layers_to_transform: list[int] | None
+    layers_pattern: str | None
     dtype: str
     device: str | None
     attn_implementation: str | None
