@@ -128,6 +128,7 @@ def test_rank_4_adapter_trains_is_saved_and_served(tmp_path, make_choice):
         assert a and all(s[0] == 4 for s in a.values()) and all(s[1] == 4 for s in b.values())
 
 
+@pytest.mark.slow  # a worker process (the suite's convention for worker tests: `pytest -m slow`)
 def test_a_training_worker_builds_the_same_adapter(tmp_path, make_choice):
     """With the trainer in a worker process (train_in_worker; the same path as several workers), the worker builds
     the adapter from the run's config and writes the checkpoint: it is lora_config's, and the engine serves it."""
