@@ -222,11 +222,12 @@ HONOURED_CASES = {
     "use_gradient_checkpointing": ({"use_gradient_checkpointing": "unsloth"}, {}, lambda p, c:
                                    p.get_base_model().is_gradient_checkpointing),
 }
+NO_VALUE = object()  # a refused key without a value that is a no-op here
 REFUSED_CASES = {  # key -> (a value that cannot be honoured, the value that is a no-op here)
     "bias": ("all", "none"),
     "modules_to_save": (["lm_head"], None),
     "loftq_config": ({"loftq_bits": 4}, {}),
-    "temporary_location": ("/tmp/unsloth", None),
+    "temporary_location": ("/tmp/unsloth", NO_VALUE),
 }
 
 
@@ -267,7 +268,7 @@ def test_each_refused_key_is_named_in_the_error(key):
     bad, no_op = REFUSED_CASES[key]
     with pytest.raises(ConfigError, match=rf"lora_config\['{key}'\]"):
         art.TrainableModel(name="m", project="p", base_model="artrl/tiny", lora_config={key: bad})
-    if no_op is not None or key != "temporary_location":
+    if no_op is not NO_VALUE:
         model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny", lora_config={key: no_op})
         assert apply_lora_config(model.internal_config(), model.lora_config) == InternalModelConfig()
 
