@@ -57,8 +57,6 @@ def test_nested_config_maps_onto_flat_fields(caplog):
         init_args=art.dev.InitArgs(max_seq_length=512, dtype="bf16", trust_remote_code=True,
                                    use_gradient_checkpointing="unsloth", random_state=7, load_in_4bit=False,
                                    load_in_8bit=True),
-        peft_args=art.dev.PeftArgs(r=4, lora_alpha=32, lora_dropout=0.05, target_modules=["q_proj", "v_proj"],
-                                   use_rslora=True),
         trainer_args=art.dev.TrainerArgs(per_device_train_batch_size=3, gradient_accumulation_steps=4,
                                          adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6, weight_decay=0.1,
                                          max_grad_norm=0.5, optim="paged_adamw_8bit"),
@@ -69,8 +67,6 @@ def test_nested_config_maps_onto_flat_fields(caplog):
         cfg = art.InternalModelConfig(**nested)
     assert (cfg.max_length, cfg.dtype, cfg.trust_remote_code, cfg.gradient_checkpointing, cfg.seed) == \
         (512, "bfloat16", True, True, 7)
-    assert (cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.target_modules, cfg.use_rslora) == \
-        (4, 32, 0.05, ["q_proj", "v_proj"], True)
     assert (cfg.per_device_train_batch_size, cfg.grad_accumulation_sequences, cfg.adam_beta1, cfg.adam_beta2,
             cfg.adam_epsilon, cfg.weight_decay, cfg.max_grad_norm) == (3, 4, 0.8, 0.95, 1e-6, 0.1, 0.5)
     assert (cfg.inference_max_batch_size, cfg.inference_max_length) == (6, 1024)
@@ -83,7 +79,6 @@ def test_nested_config_maps_onto_flat_fields(caplog):
     ("init_args", "fast_inference", True, "Unsloth's embedded vLLM"),
     ("trainer_args", "lr_scheduler_type", "constant", "Hugging Face's Trainer"),
     ("trainer_args", "learning_rate", 1e-5, "each train call's learning_rate"),
-    ("peft_args", "loftq_config", {}, "Unsloth/peft option"),
 ])
 def test_ignored_nested_keys_are_noticed_once_each(caplog, section, key, value, why):
     with caplog.at_level(logging.WARNING, logger=NOTICES):
@@ -137,24 +132,48 @@ def test_arts_gpu_ids_are_honoured_as_training_workers(caplog):
 def test_flat_keys_win_over_nested_ones_with_a_notice(caplog):
     with caplog.at_level(logging.WARNING, logger=NOTICES):
         cfg = art.InternalModelConfig(max_length=256, init_args={"max_seq_length": 512},
-                                      peft_args={"max_seq_length": 1024})
-    assert cfg.max_length == 256
-    assert len(notice_lines(caplog)) == 2 and all("using 256" in line for line in notice_lines(caplog))
+                                      trainer_args={"adam_beta1": 0.7}, adam_beta1=0.8)
+    assert (cfg.max_length, cfg.adam_beta1) == (256, 0.8)
+    lines = notice_lines(caplog)
+    assert len(lines) == 2 and any("using 256" in line for line in lines) and any("using 0.8" in line for line in lines)
 
 
 def test_bad_values_in_art_keys_get_the_fields_error():
-    with pytest.raises(ConfigError, match="lora_rank"):
-        art.InternalModelConfig(peft_args={"r": 0})
+    with pytest.raises(ConfigError, match="max_length"):
+        art.InternalModelConfig(init_args={"max_seq_length": 3})
     with pytest.raises(ConfigError, match="dtype"):
         art.InternalModelConfig(init_args={"dtype": "int3"})
 
 
 def test_trainable_model_accepts_both_shapes():
     nested = art.TrainableModel(name="a", project="p", base_model="artrl/tiny",
-                                _internal_config={"peft_args": {"r": 2}, "init_args": {"max_seq_length": 64}})
+                                _internal_config={"init_args": {"max_seq_length": 64, "random_state": 3}})
     flat = art.TrainableModel(name="b", project="p", base_model="artrl/tiny",
-                              _internal_config=art.InternalModelConfig(lora_rank=2, max_length=64))
+                              _internal_config=art.InternalModelConfig(seed=3, max_length=64))
     assert nested.internal_config() == flat.internal_config()
+
+
+def test_peft_args_raise_arts_migration_message():
+    """ART 0.5.23 removed `peft_args` for `TrainableModel(lora_config=...)`; every way of passing it says so."""
+    from artrl.dev.model import PEFT_ARGS_MIGRATION_MESSAGE
+    from artrl.local.backend import _internal_config
+
+    message = PEFT_ARGS_MIGRATION_MESSAGE
+    assert "r->rank" in message and "lora_config" in message
+    with pytest.raises(ConfigError) as e:
+        art.dev.PeftArgs(r=4)
+    assert str(e.value) == message and isinstance(e.value, ValueError)  # ART raises a ValueError
+    with pytest.raises(ConfigError) as e:
+        art.InternalModelConfig(peft_args={"r": 4})
+    assert str(e.value) == message
+    with pytest.raises(ConfigError) as e:
+        art.TrainableModel(name="a", project="p", base_model="artrl/tiny", _internal_config={"peft_args": {}})
+    assert str(e.value) == message
+    model = art.TrainableModel(name="a", project="p", base_model="artrl/tiny")
+    object.__setattr__(model, "_internal_config", {"peft_args": {"r": 4}})  # set after construction
+    with pytest.raises(ConfigError) as e:
+        _internal_config(model)
+    assert str(e.value) == message
 
 
 def test_backend_reads_a_raw_dict_set_after_construction():

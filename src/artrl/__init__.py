@@ -17,6 +17,7 @@ from . import dev, rewards, schedules, utils  # noqa: E402
 from .auto_trajectory import auto_trajectory, capture_auto_trajectory
 from .backend import Backend
 from .batches import trajectory_group_batches
+from .dev import LoRAConfig
 from .errors import (ArtrlError, CheckpointError, ConfigError, NonFiniteError, PackingError,
                      TrainOutOfMemoryError, TrajectoryError, WorkerError)
 from .gather import GatherError, gather_trajectories, gather_trajectory_groups
@@ -41,6 +42,7 @@ __all__ = [
     "TrainSFTConfig", "TrainConfig", "TrainResult", "Trajectory", "TrajectoryGroup", "capture_yielded_trajectory",
     "yield_trajectory", "current_trajectory", "no_capture", "trajectory", "trajectory_group",
     "tokenize", "tensorize",
+    "LoRAConfig",
     # artrl's own
     "ArtrlError", "CheckpointError", "ConfigError", "GatherError", "History", "InternalModelConfig",
     "NonFiniteError", "PackingError", "TrainOutOfMemoryError", "TrajectoryError", "WorkerError", "choice_from_completion", "rewards",

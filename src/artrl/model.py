@@ -7,14 +7,20 @@ Names and methods follow ART so an ART loop runs unchanged:
     client = model.openai_client()
     await model.train(groups, config=art.TrainConfig(learning_rate=1e-5))
 
-Model-level settings (LoRA, dtype, device, attention, inference batch size)
-go in `_internal_config=art.InternalModelConfig(...)`; per-call settings
-(learning rate, batching, loss) in `TrainConfig` / `TrainSFTConfig`.
+Model-level settings (dtype, device, attention, inference batch size) go in
+`_internal_config=art.InternalModelConfig(...)`, the LoRA adapter in ART 0.5.23's
+`lora_config=art.LoRAConfig(...)` (lora_config.py); per-call settings (learning
+rate, batching, loss) in `TrainConfig` / `TrainSFTConfig`.
 
-A model logs by itself, as in ART: `model.log(...)` writes under
-`base_path/<project>/models/<name>/` (run/history.py) whether or not it is
-registered, and a prompted model (`art.Model(name="openai/gpt-4o", ...)`)
-logs its evaluations the same way. `report_metrics` mirrors every history row
+As in ART 0.5.23, a trainable model's `run_name` is its durable lineage: the run
+directory `base_path/<project>/models/<run_name>/` (checkpoints, history,
+trajectories, state), the W&B / TensorBoard run; `name` is only what it is served
+as. Without `run_name` (ART 0.5.18's programs) it is `name`, and so is the run
+directory.
+
+A model logs by itself, as in ART: `model.log(...)` writes under its run
+directory (run/history.py) whether or not it is registered, and a prompted model
+(`art.Model(name="openai/gpt-4o", ...)`) logs its evaluations the same way. `report_metrics` mirrors every history row
 to W&B or TensorBoard (run/tracking.py).
 """
 
@@ -69,8 +75,8 @@ class Model(pydantic.BaseModel):
     inference_api_key: str | None = None
     inference_base_url: str | None = None
     inference_model_name: str | None = None
-    base_path: str = pydantic.Field(".art", description="Root of the run directories "
-                                    "(`<base_path>/<project>/models/<name>/`); `register` sets it to the backend's.")
+    base_path: str = pydantic.Field(".art", description="Root of the run directories (`<base_path>/<project>/"
+                                    "models/<run_name or name>/`); `register` sets it to the backend's.")
     report_metrics: list[str] | None = pydantic.Field(
         None, description="Trackers that mirror every history row: 'wandb', 'tensorboard'. None: W&B when "
         "WANDB_API_KEY is set (ART's default); []: none.")
@@ -173,8 +179,13 @@ class Model(pydantic.BaseModel):
         return await self.backend()._get_step(self)
 
     # ------------------------------------------------------------------ run directory and state
+    def _storage_name(self) -> str:
+        """The name of the run directory and the tracked run (ART's): `name` here, `run_name` for a trainable
+        model."""
+        return self.name
+
     def _run_dir(self) -> Path:
-        return storage.run_dir(self.base_path, self.project, self.name)
+        return storage.run_dir(self.base_path, self.project, self._storage_name())
 
     def _get_output_dir(self) -> str:
         return str(self._run_dir())
@@ -205,13 +216,17 @@ class Model(pydantic.BaseModel):
 
             if self._history is not None and self._history.trackers is not None:
                 self._history.trackers.close()
-            trackers = Trackers(self.report_metrics, project=self.project, name=self.name, run=run,
+            trackers = Trackers(self.report_metrics, project=self.project, name=self._storage_name(), run=run,
                                 config=self._tracking_config(), user_config=self._wandb_config)
             self._history = RunHistory(run, trackers=trackers)
         return self._history
 
     def _tracking_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"model": self.name, "project": self.project, "trainable": self.trainable}
+        if self._storage_name() != self.name:
+            config["run_name"] = self._storage_name()
+        if getattr(self, "lora_config", None):
+            config["lora_config"] = dict(self.lora_config)
         if getattr(self, "base_model", None):
             config["base_model"] = self.base_model
         internal = getattr(self, "_internal_config", None)
@@ -305,19 +320,41 @@ class Model(pydantic.BaseModel):
 
 
 class TrainableModel(Model):
-    """A model with a LoRA adapter that `train` / `train_sft` update."""
+    """A model with a LoRA adapter that `train` / `train_sft` update.
+
+    `run_name` (ART 0.5.23) names the run directory and the tracked run; two models with one `name` and two
+    run names are two runs. `lora_config` (ART's `art.LoRAConfig`) shapes the adapter (lora_config.py).
+    """
 
     base_model: str
     trainable: bool = True
+    run_name: str | None = pydantic.Field(
+        None, description="ART 0.5.23: the run's durable name: run directory `<base_path>/<project>/models/"
+        "<run_name>/` (checkpoints, history, trajectories, state) and W&B / TensorBoard run. `name` stays what the "
+        "model is served as. None: `name` (ART 0.5.18's layout); read back, it is then `name`.")
+    lora_config: dict[str, Any] | None = pydantic.Field(
+        None, description="ART 0.5.23's `art.LoRAConfig(...)`: rank, alpha, dropout, target_modules, ... of the "
+        "adapter that trains, is saved and is served (lora_config.py says what each key does; a key artrl cannot "
+        "honour is a ConfigError). None: artrl's defaults (rank 8, alpha 16).")
 
     _internal_config: InternalModelConfig | None = pydantic.PrivateAttr(default=None)
     _cost_calculator: Any = pydantic.PrivateAttr(default=None)
 
     def __init__(self, *, _internal_config: InternalModelConfig | dict[str, Any] | None = None, **data: Any) -> None:
+        from .lora_config import apply_lora_config, lora_config_updates
+
+        lora_config_updates(data.get("lora_config"))  # ConfigError naming a bad key, before pydantic's own checks
         super().__init__(**data)
         if isinstance(_internal_config, dict):
             _internal_config = InternalModelConfig(**_internal_config)
         self._internal_config = _internal_config
+        if self.run_name is None:
+            self.run_name = self.name
+        # refused keys and clashes with _internal_config are errors now; register applies it again (backend)
+        apply_lora_config(self.internal_config(), self.lora_config)
+
+    def _storage_name(self) -> str:
+        return self.run_name or self.name
 
     @property
     def cost_calculator(self) -> Any:
@@ -353,6 +390,16 @@ class TrainableModel(Model):
         if "/" in v or "@" in v:
             raise ValueError(f"trainable model name {v!r} may not contain '/' or '@': it is served as "
                              "'<name>' and '<name>@<step>' and names the run directory. Use e.g. 'agent-001'.")
+        return v
+
+    @pydantic.field_validator("run_name")
+    @classmethod
+    def _valid_run_name(cls, v: str | None) -> str | None:
+        # '@' is allowed: a run name is never served (the served names are `name` and `name@step`)
+        if v is not None and (v in ("", ".", "..") or "/" in v or "\\" in v):
+            raise ValueError(f"run_name {v!r} is not valid: it names the run directory "
+                             "(<base_path>/<project>/models/<run_name>/); use a non-empty name without '/' or '\\', "
+                             "not '.' or '..' (e.g. 'agent-001-run-2').")
         return v
 
     async def train(self, trajectory_groups: Iterable[TrajectoryGroup], config: TrainConfig | None = None,

@@ -461,6 +461,15 @@ class InternalModelConfig(_Config):
         "graph and replay it. None: on when the model is on a CUDA device.")
     seed: int = pydantic.Field(0, description="Seed for adapter initialisation.")
     use_rslora: bool = pydantic.Field(False, description="Rank-stabilised LoRA: scale = alpha / sqrt(r) (peft).")
+    init_lora_weights: bool = pydantic.Field(
+        True, description="peft's LoRA initialisation: True, B = 0 (a new adapter starts as the base model); False, "
+        "B random too (a new adapter changes the model from step 0; ART: lora_config.init_weights).")
+    layers_to_transform: list[int] | None = pydantic.Field(
+        None, description="Adapt only these decoder layers (indices; peft's layers_to_transform, ART: "
+        "lora_config.layers_to_transform). None: every layer.")
+    layers_pattern: str | None = pydantic.Field(
+        None, description="Name of the module list that layers_to_transform indexes (peft's layers_pattern, e.g. "
+        "'layers'); None: peft finds it.")
     inference_max_length: int | None = pydantic.Field(
         None, ge=16, description="Longest prompt + completion the inference engine serves (ART: "
         "engine_args.max_model_len); None: max_length, else the model's maximum.")
@@ -625,6 +634,13 @@ class InternalModelConfig(_Config):
     def workers_here(self) -> int:
         """Worker processes this machine starts."""
         return len(self.trainer_gpu_ids) if self.trainer_gpu_ids is not None else self.num_workers
+
+    def __init__(self, **data: Any) -> None:
+        if "peft_args" in data:  # removed in ART 0.5.23: its migration message, unwrapped
+            from .dev.model import PEFT_ARGS_MIGRATION_MESSAGE
+
+            raise ConfigError(PEFT_ARGS_MIGRATION_MESSAGE)
+        super().__init__(**data)
 
     @pydantic.model_validator(mode="before")
     @classmethod

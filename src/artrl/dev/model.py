@@ -1,22 +1,19 @@
 """ART's nested model configuration (`art.dev.InternalModelConfig` and its parts) mapped onto artrl's.
 
 ART configures a trainable model with a nested dict: `init_args` (Unsloth's
-model loading), `engine_args` (vLLM), `peft_args` (the LoRA adapter),
-`trainer_args` (Hugging Face's Trainer), GPU ids and Tinker settings. artrl has
+model loading), `engine_args` (vLLM), `trainer_args` (Hugging Face's Trainer),
+GPU ids and Tinker settings. artrl has
 one flat, typed `InternalModelConfig` (types.py). `flatten_internal_config`
 turns either shape (or a mix) into the flat one:
 
     section / key                                   -> artrl field
-    init_args.max_seq_length, peft_args.max_seq_length -> max_length
+    init_args.max_seq_length                        -> max_length
     init_args.dtype                                 -> dtype ("bf16" -> "bfloat16", None -> "auto", ...)
-    init_args/peft_args.use_gradient_checkpointing,
+    init_args.use_gradient_checkpointing,
     trainer_args.gradient_checkpointing             -> gradient_checkpointing
-    init_args/peft_args.random_state                -> seed
+    init_args.random_state                          -> seed
     init_args.load_in_4bit / load_in_8bit           -> load_in_4bit / load_in_8bit (models/quantization.py)
     init_args/engine_args.trust_remote_code         -> trust_remote_code
-    peft_args.r / lora_alpha / lora_dropout /
-    target_modules / use_rslora                     -> lora_rank / lora_alpha / lora_dropout /
-                                                       target_modules / use_rslora
     engine_args.max_num_seqs                        -> inference_max_batch_size
     engine_args.max_model_len                       -> inference_max_length
     engine_args.allowed_local_media_path            -> allowed_local_media_path (file:// images, artrl/images.py)
@@ -37,17 +34,22 @@ Every other key is accepted and logged once per process (notices.py) with the
 reason it has no effect: Unsloth's full fine-tuning (`full_finetuning`), the
 Hugging Face Trainer's own loop (`lr_scheduler_type`, `logging_steps`), GPU
 splits and Tinker. When two keys give one field different values, the first
-in the order flat key, init_args, peft_args, trainer_args, engine_args wins,
-with a notice.
+in the order flat key, init_args, trainer_args, engine_args wins, with a notice.
+
+The LoRA adapter is ART 0.5.23's `TrainableModel(lora_config=LoRAConfig(...))`
+(lora_config.py maps it onto the same flat fields). ART 0.5.18's `peft_args`
+section, and `PeftArgs(...)`, raise ART's migration message
+(`PEFT_ARGS_MIGRATION_MESSAGE`), as ART 0.5.23 does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from typing_extensions import Required, TypedDict
 
+from ..errors import ConfigError
 from ..notices import notice_once
 from .engine import EngineArgs
 
@@ -70,20 +72,40 @@ class InitArgs(TypedDict, total=False):
     enable_prefix_caching: bool
 
 
-class PeftArgs(TypedDict, total=False):
-    """The LoRA adapter; any key is accepted."""
+class LoRAConfig(TypedDict, total=False):
+    """ART 0.5.23's LoRA adapter settings, `TrainableModel(lora_config=LoRAConfig(...))`.
 
-    r: int
+    A plain dict at run time. lora_config.py says what each key does here (or why it is refused).
+    """
+
+    rank: int
     target_modules: list[str]
-    lora_alpha: int
-    lora_dropout: float
+    alpha: int
+    dropout: float
     bias: str
-    use_gradient_checkpointing: str | bool
+    layers_to_transform: list[int] | None
+    layers_pattern: str | None
+    use_gradient_checkpointing: str
     random_state: int
     max_seq_length: int
     use_rslora: bool
     modules_to_save: list[str] | None
-    layers_to_transform: list[int] | None
+    init_weights: bool
+    loftq_config: dict
+    temporary_location: str
+
+
+#: ART 0.5.23's message for its removed `peft_args` (word for word, so a search for it finds the remedy).
+PEFT_ARGS_MIGRATION_MESSAGE = (
+    "`peft_args` has been replaced by top-level `TrainableModel(lora_config=...)`. Rename keys: r->rank, "
+    "lora_alpha->alpha, lora_dropout->dropout, init_lora_weights->init_weights. Keep these keys under lora_config: "
+    "target_modules, bias, layers_to_transform, layers_pattern, use_gradient_checkpointing, random_state, "
+    "max_seq_length, use_rslora, modules_to_save, loftq_config, temporary_location.")
+
+
+def PeftArgs(*_: object, **__: object) -> NoReturn:  # noqa: N802 (ART's name)
+    """Removed in ART 0.5.23: raises its migration message (use `TrainableModel(lora_config=...)`)."""
+    raise ConfigError(PEFT_ARGS_MIGRATION_MESSAGE)
 
 
 class TrainerArgs(TypedDict, total=False):
@@ -134,7 +156,6 @@ class InternalModelConfig(TypedDict, total=False):
 
     init_args: InitArgs
     engine_args: EngineArgs
-    peft_args: PeftArgs
     trainer_args: TrainerArgs
     tinker_args: TinkerArgs | None
     tinker_native_args: TinkerNativeArgs | None
@@ -147,6 +168,10 @@ class InternalModelConfig(TypedDict, total=False):
     lora_alpha: float
     lora_dropout: float
     target_modules: list[str] | str | None
+    use_rslora: bool
+    init_lora_weights: bool
+    layers_to_transform: list[int] | None
+    layers_pattern: str | None
     dtype: str
     device: str | None
     attn_implementation: str | None
@@ -166,7 +191,7 @@ class InternalModelConfig(TypedDict, total=False):
     seed: int
 
 
-NESTED_SECTIONS = ("init_args", "peft_args", "trainer_args", "engine_args")  # precedence after flat keys
+NESTED_SECTIONS = ("init_args", "trainer_args", "engine_args")  # precedence after flat keys
 
 _DTYPES = {None: "auto", "auto": "auto", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
            "fp16": "float16", "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}
@@ -177,7 +202,7 @@ def _dtype(value: Any) -> Any:
     return _DTYPES.get(name, value)  # anything else reaches the field's own check (a clear ConfigError)
 
 
-def _checkpointing(value: Any) -> bool:
+def checkpointing_flag(value: Any) -> bool:
     return bool(value) and value != "false"  # ART passes True or "unsloth"
 
 
@@ -189,19 +214,14 @@ MAPPED: dict[str, dict[str, tuple[str, Converter]]] = {
     "init_args": {"max_seq_length": ("max_length", _SAME), "dtype": ("dtype", _dtype),
                   "load_in_4bit": ("load_in_4bit", _SAME), "load_in_8bit": ("load_in_8bit", _SAME),
                   "trust_remote_code": ("trust_remote_code", _SAME),
-                  "use_gradient_checkpointing": ("gradient_checkpointing", _checkpointing),
+                  "use_gradient_checkpointing": ("gradient_checkpointing", checkpointing_flag),
                   "random_state": ("seed", _SAME)},
-    "peft_args": {"r": ("lora_rank", _SAME), "lora_alpha": ("lora_alpha", _SAME),
-                  "lora_dropout": ("lora_dropout", _SAME), "target_modules": ("target_modules", _SAME),
-                  "use_rslora": ("use_rslora", _SAME), "random_state": ("seed", _SAME),
-                  "max_seq_length": ("max_length", _SAME),
-                  "use_gradient_checkpointing": ("gradient_checkpointing", _checkpointing)},
     "trainer_args": {"per_device_train_batch_size": ("per_device_train_batch_size", _SAME),
                      "gradient_accumulation_steps": ("grad_accumulation_sequences", _SAME),
                      "adam_beta1": ("adam_beta1", _SAME), "adam_beta2": ("adam_beta2", _SAME),
                      "adam_epsilon": ("adam_epsilon", _SAME), "weight_decay": ("weight_decay", _SAME),
                      "max_grad_norm": ("max_grad_norm", _SAME), "optim": ("optim", _SAME),
-                     "gradient_checkpointing": ("gradient_checkpointing", _checkpointing)},
+                     "gradient_checkpointing": ("gradient_checkpointing", checkpointing_flag)},
     "engine_args": {"max_num_seqs": ("inference_max_batch_size", _SAME),
                     "max_model_len": ("inference_max_length", _SAME),
                     "allowed_local_media_path": ("allowed_local_media_path", _SAME),
@@ -211,7 +231,6 @@ MAPPED: dict[str, dict[str, tuple[str, Converter]]] = {
 # Why a key has no effect: per key where it says more than its section's reason.
 _SECTION_REASON = {
     "init_args": "it configures Unsloth's model loading; artrl loads the base model with transformers",
-    "peft_args": "it is an Unsloth/peft option artrl does not expose",
     "trainer_args": "it configures Hugging Face's Trainer; artrl runs its own loop (train/trainer.py): "
                     "per-call settings go in TrainConfig",
     "engine_args": "it is a vLLM engine argument; the built-in inference engine has no such setting "
@@ -250,7 +269,10 @@ def flatten_internal_config(data: Mapping[str, Any]) -> dict[str, Any]:
     """ART's nested `InternalModelConfig` (or artrl's flat one, or a mix) -> artrl's flat fields.
 
     Flat keys pass through unchanged (the typed config checks them); see the module docstring for the table.
+    `peft_args` raises ART 0.5.23's migration message (ConfigError).
     """
+    if "peft_args" in data:
+        raise ConfigError(PEFT_ARGS_MIGRATION_MESSAGE)
     out = {k: v for k, v in data.items() if k not in NESTED_SECTIONS and k not in _TOP_REASON}
     source = {k: k for k in out}
     for key, reason in _TOP_REASON.items():

@@ -4,6 +4,9 @@ The ART-facing facade. `register(model)` opens a training session
 (local/session.py: the weights loaded once, the trainer, the inference engine,
 the run directory, resume from the latest complete checkpoint) and serves it
 through the OpenAI-compatible server on 127.0.0.1 (a free port unless given).
+The run directory is the model's `run_name`'s (ART 0.5.23), the served names
+are its `name`'s: one backend serves a name for one run, so two runs of one
+name train side by side on two backends.
 Training and inference share ONE copy of the weights: after `train` returns the
 server already answers with the new weights (`name`), while older checkpoints
 stay reachable as `name@step`.
@@ -86,7 +89,8 @@ class LocalBackend(Backend):
         in_process: ART runs its model service in a child process unless this is True; artrl always runs
             in this process (one copy of the weights for training and serving), so either value is accepted
             (False with a notice).
-        path: root of the run directories (`<path>/<project>/models/<name>/`); None: "./.art" (ART's default).
+        path: root of the run directories (`<path>/<project>/models/<run_name>/`, `run_name` being `name` when a
+            model has none); None: "./.art" (ART's default).
         gpu_cost_per_hour_usd: per-GPU hourly price behind `automatic_gpu_cost_per_hour_usd` (ART's automatic
             `costs/gpu` metric); None: detected from the GPU name (H200: $3), none on CPU or unknown GPUs.
         host, port: where the inference server listens (loopback and a free port by default).
@@ -142,7 +146,7 @@ class LocalBackend(Backend):
     async def register(self, model: "Model") -> None:
         from ..model import TrainableModel
 
-        run = storage.run_dir(self._path, model.project, model.name)
+        run = _run_dir(self._path, model)
         created = [d for d in (run, *run.parents) if not d.exists()]  # deepest first
         run.mkdir(parents=True, exist_ok=True)
         if isinstance(model, TrainableModel):
@@ -225,7 +229,9 @@ class LocalBackend(Backend):
 
     def _load(self, model: "TrainableModel") -> None:
         with self._lock:
+            run = _run_dir(self._path, model)
             if model.name in self._runs:
+                _same_run(self._runs[model.name], model, run)  # the same run again (a second handle on it): fine
                 return
             cfg = _internal_config(model)
             cfg.check()
@@ -237,7 +243,6 @@ class LocalBackend(Backend):
                 from .worker_session import WorkerSession
 
                 session_type = WorkerSession
-            run = storage.run_dir(self._path, model.project, model.name)
             replicas = self._start_replicas(model, cfg, run) if cfg.replicated else None
             try:
                 session = session_type.open(run, name=model.name, project=model.project, base_model=model.base_model,
@@ -302,10 +307,12 @@ class LocalBackend(Backend):
 
     def _state(self, model: "Model") -> TrainingSession:
         try:
-            return self._runs[model.name]
+            session = self._runs[model.name]
         except KeyError:
             raise ConfigError(f"model {model.name!r} is not registered with this backend; "
                               "call `await model.register(backend)` first") from None
+        _same_run(session, model, _run_dir(self._path, model))
+        return session
 
     # ------------------------------------------------------------------ checkpoints
     def _model_inference_name(self, model: "Model", step: int | None = None) -> str:
@@ -408,7 +415,7 @@ class LocalBackend(Backend):
                                           max_length=_internal_config(model).max_length))
         if inspect.isasyncgenfunction(self._train_model):  # replaced by a hook on ART's protocol (backend_hooks.py)
             cfg = InternalModelConfig().call_config(config or TrainConfig(), kwargs)
-            run = storage.run_dir(self._path, model.project, model.name)
+            run = _run_dir(self._path, model)
             return await backend_train_result(self, model, groups, cfg, dict(kwargs), verbose,
                                               (lambda step: storage.checkpoint_dir(run, step))
                                               if save_checkpoint else None)
@@ -485,7 +492,7 @@ def _no_s3(method: str, path: Path, model: "Model", kwargs: dict[str, Any]) -> C
     bucket = kwargs.get("s3_bucket") or "$BACKUP_BUCKET"
     return ConfigError(
         f"backend.{method}(...) (ART: sync the run directory with s3://{bucket} through the aws CLI) is not "
-        f"available in artrl. Remove the call, or sync {storage.run_dir(path, model.project, model.name)} "
+        f"available in artrl. Remove the call, or sync {_run_dir(path, model)} "
         "yourself (e.g. `aws s3 sync`); a run resumes from the latest complete checkpoint found there.")
 
 
@@ -499,9 +506,32 @@ def _settled(base_model: str, cfg: InternalModelConfig) -> InternalModelConfig:
     return settle_quantization(source, cfg, resolve_device(cfg))
 
 
+def _run_dir(path: Path, model: "Model") -> Path:
+    """The model's run directory under `path`: `<path>/<project>/models/<run_name>/` (ART 0.5.23's storage name;
+    `name` for a model without a run_name)."""
+    return storage.run_dir(path, model.project, model._storage_name())
+
+
+def _same_run(session: TrainingSession, model: "Model", run: Path) -> None:
+    """One served name, one run: a model whose `name` this backend already serves for another run directory
+    (another run_name or project) is refused, never handed the other run's session."""
+    if session.run != run:
+        raise ConfigError(
+            f"model {model.name!r} (run directory {run}) cannot be served by this backend: it already serves "
+            f"{model.name!r} for the run in {session.run}, and a served name answers for one run. Register it with "
+            "another LocalBackend (its own server), or give it another `name`.")
+
+
 def _internal_config(model: "TrainableModel") -> InternalModelConfig:
-    """The model's config as artrl's typed one: None, artrl's flat dict, or ART's nested dict (set on the
-    model in any of ART's ways, including `object.__setattr__(model, "_internal_config", {...})`)."""
+    """The model's config as artrl's typed one, with its `lora_config` applied (lora_config.py): None, artrl's flat
+    dict, or ART's nested dict (set on the model in any of ART's ways, including
+    `object.__setattr__(model, "_internal_config", {...})`)."""
+    from ..lora_config import apply_lora_config
+
+    return apply_lora_config(_typed_internal_config(model), getattr(model, "lora_config", None))
+
+
+def _typed_internal_config(model: "TrainableModel") -> InternalModelConfig:
     cfg = model.internal_config()
     if isinstance(cfg, InternalModelConfig):
         return cfg

@@ -222,13 +222,23 @@ def add_lora(model: Any, cfg: InternalModelConfig | None = None) -> Any:
             raise ConfigError(f"lora_dropout={cfg.lora_dropout} with LoRA on the experts of {type(model).__name__}: "
                               "peft cannot apply dropout to an adapter on a parameter. Set lora_dropout=0, or leave "
                               "'experts' out of target_modules.")
+        if parameters and cfg.layers_to_transform is not None:
+            raise ConfigError(f"layers_to_transform={cfg.layers_to_transform} with LoRA on the experts of "
+                              f"{type(model).__name__}: the experts' adapters are on fused parameters, which peft "
+                              "does not restrict to some layers. Leave 'experts' out of target_modules, or adapt "
+                              "every layer (layers_to_transform=None).")
     if targets is None:
         targets = default_target_modules(model)
     if is_vision_model(model.config) and isinstance(targets, list):
         targets = language_model_targets(targets)
-    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=targets, target_parameters=parameters, task_type="CAUSAL_LM", bias="none",
-                      use_rslora=cfg.use_rslora)
+    try:
+        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                          target_modules=targets, target_parameters=parameters, task_type="CAUSAL_LM", bias="none",
+                          use_rslora=cfg.use_rslora, init_lora_weights=cfg.init_lora_weights,
+                          layers_to_transform=cfg.layers_to_transform, layers_pattern=cfg.layers_pattern)
+    except ValueError as e:  # peft's own checks, e.g. layers_to_transform with a regex of target modules
+        raise ConfigError(f"peft refuses the LoRA settings (target_modules={targets!r}, layers_to_transform="
+                          f"{cfg.layers_to_transform!r}, layers_pattern={cfg.layers_pattern!r}): {e}") from e
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(cfg.seed)

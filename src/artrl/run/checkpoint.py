@@ -15,6 +15,12 @@ Restoring tells two kinds of failure apart:
 * anything else (e.g. a library API change, a bug) propagates unchanged: it is
   not the checkpoint's fault, and no one should delete data over it.
 
+A checkpoint whose adapter was built with other LoRA settings than the model
+now asks for (rank, alpha, dropout, rslora, target modules, layers: peft's
+`adapter_config.json` against the trainer's adapter) is a `ConfigError` naming
+each difference: a run keeps the adapter it started with (ART 0.5.23's
+`lora_config`), so the remedy is that run's settings or a new run.
+
 Older checkpoints that stored the process-wide RNG states (`torch_rng`) are
 read too: their CPU state becomes the trainer's.
 """
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from . import storage
 
 if TYPE_CHECKING:
@@ -43,6 +49,12 @@ TRAINER_RNG_KEY = "trainer_rng"
 LEGACY_TORCH_RNG_KEY = "torch_rng"
 
 DELETE_ADVICE = "Delete that directory to resume from the previous checkpoint."
+
+#: keys of peft's adapter_config.json that decide what a saved adapter is, with ART's lora_config names
+ADAPTER_SETTINGS = {"r": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout", "use_rslora": "use_rslora",
+                    "target_modules": "target_modules", "target_parameters": "target_modules ('experts')",
+                    "layers_to_transform": "layers_to_transform", "layers_pattern": "layers_pattern",
+                    "bias": "bias"}
 
 
 @dataclass
@@ -111,6 +123,41 @@ def _read_files(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], di
     return weights, opt, state
 
 
+def _setting(value: Any) -> Any:
+    """An adapter setting in one form, on disk (JSON lists) or in peft's config (sets, a bare int layer)."""
+    if isinstance(value, (set, frozenset, list, tuple)):
+        return sorted(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # alpha 16 on disk, 16.0 in the config
+    return value
+
+
+def check_adapter_settings(trainer: Any, path: Path) -> None:
+    """ConfigError when checkpoint `path`'s adapter_config.json differs from the trainer's adapter (see the
+    module docstring); nothing to compare in a checkpoint without that file (its weights are checked anyway)."""
+    file = path / storage.ADAPTER_CONFIG_FILE
+    try:
+        saved = json.loads(file.read_text())
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as e:
+        raise _unreadable(path, storage.ADAPTER_CONFIG_FILE, e) from e
+    current = trainer.model.peft_config["default"]
+    diffs = []
+    for key, art_name in ADAPTER_SETTINGS.items():
+        if key not in saved:
+            continue
+        on_disk, now = saved[key], getattr(current, key, None)
+        if key == "layers_to_transform" and isinstance(now, int):
+            now = [now]
+        if _setting(on_disk) != _setting(now):
+            diffs.append(f"{art_name} ({key}): {on_disk!r} in the checkpoint, {now!r} now")
+    if diffs:
+        raise ConfigError(f"checkpoint {path} holds an adapter built with other LoRA settings than this model asks "
+                          f"for: {'; '.join(diffs)}. A run keeps the adapter it started with: give the model the "
+                          "run's settings (lora_config / _internal_config), or a new run_name to start a new run.")
+
+
 def restore(trainer: Any, run: Path, step: int, base_model: str) -> Restored:
     """Load checkpoint `step` into `trainer`; see the module docstring for the errors."""
     from peft import set_peft_model_state_dict
@@ -121,6 +168,7 @@ def restore(trainer: Any, run: Path, step: int, base_model: str) -> Restored:
         raise CheckpointError(
             f"checkpoint {path} was trained from base model {marker.get('base_model')!r}, but this run uses "
             f"{base_model!r}. Register with the original base model, or use a new model name.")
+    check_adapter_settings(trainer, path)
     weights, opt, state = _read_files(path)
     with trainer.model_lock:
         try:

@@ -4,7 +4,7 @@
 backend is needed, so a prompted model or a model not yet registered logs the
 same way. Everything lands in the run directory (`storage.py` has the layout):
 
-    <base_path>/<project>/models/<name>/
+    <base_path>/<project>/models/<run_name>/   (`name` for a model without a run_name)
         history.jsonl                       one row per log call
         trajectories/<split>/NNNN.parquet   the logged groups of that split and step
         state.json                          running totals of the metrics builder

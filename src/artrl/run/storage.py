@@ -2,7 +2,7 @@
 
 Layout (written down once, here):
 
-    <path>/<project>/models/<name>/
+    <path>/<project>/models/<run_name>/     (a trainable model's run_name, ART 0.5.23; else its name)
         model.json                      base model and settings of the run
         history.jsonl                   one JSON line per log call (history.py says what a row holds)
         state.json                      Model.read_state()/merge_state() and the metrics' running totals

@@ -4,8 +4,8 @@
 
 * `None` (the default): W&B when `WANDB_API_KEY` is set, else none.
 * `["wandb"]`: Weights & Biases. The run is `wandb.init(project=<project>,
-  name=<name>, id=<name>, resume="allow")`, like ART's; `training_step` is the
-  x-axis of every section. It needs `WANDB_API_KEY`, or `WANDB_MODE=offline`
+  name=<run_name>, id=<run_name>, resume="allow")` (`name` for a model without a run_name),
+  like ART's; `training_step` is the x-axis of every section. It needs `WANDB_API_KEY`, or `WANDB_MODE=offline`
   (files only, no account: `wandb sync` uploads them later) or `disabled`.
 * `["tensorboard"]`: a local log with no account, `<run dir>/tensorboard/`
   (torch's SummaryWriter; `tensorboard --logdir <run dir>/tensorboard`).

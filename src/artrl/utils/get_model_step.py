@@ -1,8 +1,9 @@
 """`get_model_step`: a model's latest step read from its run directory, without a backend (ART's).
 
-Reads `<art_path>/<project>/models/<name>/checkpoints/`: the highest step with a
-complete checkpoint, 0 when there is none. (ART counts every numbered directory;
-a directory without its COMPLETE marker is a write that never finished, not a step.)
+Reads `<art_path>/<project>/models/<run_name>/checkpoints/` (`name` for a model
+without a run_name): the highest step with a complete checkpoint, 0 when there is
+none. (ART counts every numbered directory; a directory without its COMPLETE marker
+is a write that never finished, not a step.)
 """
 
 from __future__ import annotations
@@ -19,4 +20,5 @@ def get_step_from_dir(output_dir: str) -> int:
 
 
 def get_model_step(model: Any, art_path: str) -> int:
-    return get_step_from_dir(str(storage.run_dir(art_path, model.project, model.name)))
+    storage_name = model._storage_name() if hasattr(model, "_storage_name") else model.name
+    return get_step_from_dir(str(storage.run_dir(art_path, model.project, storage_name)))
