@@ -8,12 +8,14 @@ The request maps onto the core's canonical (chat) request:
   orders them); an assistant turn's `text` blocks are its content and its `tool_use` blocks its tool calls
   (`input` as the arguments JSON), so that a reply this server gave, sent back, is spelled with the ids it
   sampled (docs/token-record.md);
+* `output_config.format` (`json_schema`) is chat's `response_format` (the reply is held to the schema by a
+  grammar, as chat's);
 * `tools` (`name`, `description`, `input_schema`) are function tools; `tool_choice` `auto` / `any` / `tool` /
   `none` is chat's `auto` / `required` / a named function / `none` (`disable_parallel_tool_use`:
   one call at most); `stop_sequences` are stop strings, `max_tokens` (required) the budget.
 
 Refused with a 400 naming the field, never ignored: `top_k` (the engines sample with temperature and top-p only),
-`thinking` other than disabled, content blocks of other types (`thinking`, `document`, server tools).
+`thinking` other than disabled, `output_config.effort`, content blocks of other types (`thinking`, `document`, server tools).
 
 The reply is Anthropic's `message`: a `text` block, then one `tool_use` block per call (`input`: the
 arguments the model wrote, which must be a JSON object; a call whose arguments are not one stays text),
@@ -46,7 +48,8 @@ from artrl.serve.request import ChatCompletionRequest
 logger = logging.getLogger(__name__)
 
 PATH = "/v1/messages"
-IGNORED = frozenset({"metadata", "service_tier", "container", "mcp_servers"})
+IGNORED = frozenset({"metadata", "service_tier", "container", "mcp_servers", "cache_control", "inference_geo", "speed",
+                     "user_profile_id", "workspace_id", "diagnostics"})
 """Fields Anthropic's API has that ask nothing of this server's sampling; accepted without a warning."""
 
 
@@ -66,6 +69,7 @@ class MessagesRequest(BaseModel):
     tools: list[Any] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
     stream: bool | None = False
 
 
@@ -216,7 +220,27 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
     return ChatCompletionRequest(
         model=body.model, messages=messages, max_tokens=body.max_tokens, temperature=body.temperature,
         top_p=body.top_p, stop=body.stop_sequences, tools=_tools(body.tools) if body.tools else None,
-        tool_choice=tool_choice, parallel_tool_calls=parallel)
+        tool_choice=tool_choice, parallel_tool_calls=parallel, response_format=_response_format(body.output_config))
+
+
+def _response_format(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Chat's `response_format` for `output_config` (`format`: `{"type": "json_schema", "schema": {...}}`)."""
+    if not config:
+        return None
+    if config.get("effort") is not None:
+        raise APIError(400, f"output_config.effort={config['effort']!r}: this server has no effort levels; send the "
+                            "request without it.", param="output_config.effort")
+    unknown = set(config) - {"effort", "format"}
+    if unknown:
+        raise APIError(400, f"output_config holds {sorted(unknown)}, which this server does not know.",
+                       param="output_config")
+    fmt = config.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise APIError(400, "output_config.format must be {'type': 'json_schema', 'schema': {...}}, got "
+                            f"{fmt!r:.150}", param="output_config.format")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
 def _tool_block(call: dict[str, Any]) -> dict[str, Any]:
