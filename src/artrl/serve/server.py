@@ -82,7 +82,7 @@ from artrl.serve.models import ServedModels
 from artrl.serve.request import (DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N, DEFAULT_MAX_SCHEMA_CHARS, DEFAULT_MAX_TOOLS,
                                  INLINE_PARSE_BYTES, ChatCompletionRequest, RequestLimits, check_content_type,
                                  check_counts, count_items, parse_body)
-from artrl.serve.protocols import messages as messages_protocol
+from artrl.serve.protocols import messages as messages_protocol, responses as responses_protocol
 from artrl.serve.streaming import chat_sse
 
 __all__ = ["ServedModels", "ServerHandle", "create_app", "start_server"]
@@ -114,6 +114,7 @@ def create_app(
     replica_id: str | None = None,
     engine_kind: str | None = None,
     base_model: str | None = None,
+    responses_store_bytes: int = responses_protocol.DEFAULT_STORE_BYTES,
 ) -> fastapi.FastAPI:
     """The FastAPI app serving `resolver`'s models.
 
@@ -131,7 +132,8 @@ def create_app(
     and set the live weights (serve/control_routes.py: what an inference replica's control plane calls);
     replica_id: every response says it in the `x-artrl-replica` header, and `/health` needs no key (the router
     probes it without one); engine_kind, base_model: what
-    `GET /artrl/replica` reports.
+    `GET /artrl/replica` reports. responses_store_bytes: JSON bytes of the conversations kept for the Responses
+    API's `previous_response_id` (serve/protocols/responses.py), least recently used out first.
     """
     app = fastapi.FastAPI(title="artrl inference server")
     metrics = ServerMetrics()
@@ -224,6 +226,7 @@ def create_app(
 
     for protocol in PROTOCOLS:  # the other wire protocols, each a thin adapter over the same core
         protocol.add_route(app, core)
+    responses_protocol.add_route(app, core, responses_store_bytes)
 
     async def answer(body: ChatCompletionRequest, http: fastapi.Request) -> fastapi.Response:
         core.warn_unknown(body, "chat completion")

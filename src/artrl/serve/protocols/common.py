@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import fastapi
@@ -11,6 +13,7 @@ import pydantic
 from fastapi.exceptions import RequestValidationError
 
 from artrl.heap import release_free_memory
+from artrl.serve.guards import APIError
 from artrl.serve.request import INLINE_PARSE_BYTES, check_content_type
 
 Body = TypeVar("Body", bound=pydantic.BaseModel)
@@ -53,3 +56,21 @@ def record_fields(choice: dict[str, Any]) -> dict[str, Any]:
 def sampled_logprobs(choice: dict[str, Any]) -> list[float]:
     """The logprob of every sampled id of a chat choice, in order."""
     return [entry["logprob"] for entry in (choice.get("logprobs") or {}).get("content") or []]
+
+
+@contextlib.contextmanager
+def renamed_params(names: dict[str, str]) -> Iterator[None]:
+    """Core refusals named in the protocol's own words: the canonical parameter `messages` is the Completions
+    `prompt`, chat's `max_tokens` the Responses `max_output_tokens`."""
+    try:
+        yield
+    except APIError as error:
+        if error.param is None:
+            raise
+        head, dot, rest = error.param.partition(".")
+        base, bracket, index = head.partition("[")
+        if base not in names:
+            raise
+        new = names[base] + bracket + index + dot + rest
+        message = error.message.replace(base, names[base]) if base in ("max_tokens",) else error.message
+        raise dataclasses.replace(error, param=new, message=message) from error
