@@ -82,7 +82,8 @@ from artrl.serve.models import ServedModels
 from artrl.serve.request import (DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N, DEFAULT_MAX_SCHEMA_CHARS, DEFAULT_MAX_TOOLS,
                                  INLINE_PARSE_BYTES, ChatCompletionRequest, RequestLimits, check_content_type,
                                  check_counts, count_items, parse_body)
-from artrl.serve.protocols import messages as messages_protocol, responses as responses_protocol
+from artrl.serve.protocols import completions as completions_protocol, messages as messages_protocol
+from artrl.serve.protocols import responses as responses_protocol
 from artrl.serve.streaming import chat_sse
 
 __all__ = ["ServedModels", "ServerHandle", "create_app", "start_server"]
@@ -91,7 +92,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 1024
-PROTOCOLS = (messages_protocol,)
+PROTOCOLS = (completions_protocol, messages_protocol)
 """The protocol adapters (serve/protocols/) whose routes every app has, next to `/v1/chat/completions`."""
 RENDER_THREADS = 2
 """Large prompts rendered at once; more wait their turn (bounds the memory abusive requests can take)."""

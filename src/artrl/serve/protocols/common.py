@@ -72,5 +72,5 @@ def renamed_params(names: dict[str, str]) -> Iterator[None]:
         if base not in names:
             raise
         new = names[base] + bracket + index + dot + rest
-        message = error.message.replace(base, names[base]) if base in ("max_tokens",) else error.message
+        message = error.message.replace(base, names[base])
         raise dataclasses.replace(error, param=new, message=message) from error
