@@ -1,4 +1,6 @@
-"""The OpenAI-compatible HTTP server: `/v1/chat/completions` over any InferenceEngine.
+"""The OpenAI-compatible HTTP server: `/v1/chat/completions` over any InferenceEngine, and the other wire protocols
+(`/v1/completions`, `/v1/responses`, Anthropic's `/v1/messages`: serve/protocols/), all on one request core
+(serve/core.py) with the same checks and token record.
 
 Compared with OpenAI's API (and vLLM's server), this one:
 
