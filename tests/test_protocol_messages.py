@@ -181,7 +181,8 @@ def test_output_config_schema_is_enforced(client: anthropic.Anthropic) -> None:
 def test_tool_choice_any_is_enforced(client: anthropic.Anthropic) -> None:
     """`any` is chat's "required": the grammar makes the tiny model call the tool."""
     message = client.messages.create(model="m", max_tokens=60, tools=[WEATHER], tool_choice={"type": "any"},
-                                     extra_body={"temperature": 0.0}, messages=[{"role": "user", "content": "weather?"}])
+                                     extra_body={"temperature": 0.0},
+                                     messages=[{"role": "user", "content": "weather?"}])
     uses = [b for b in message.content if b.type == "tool_use"]
     assert message.stop_reason in ("tool_use", "max_tokens")
     if message.stop_reason == "tool_use":
@@ -212,6 +213,7 @@ def test_missing_max_tokens_is_a_400_naming_it(root: str) -> None:
     ({"messages": [{"role": "system", "content": "hi"}]}, "messages[0]"),
     ({"messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]}, "messages[0].content[0]"),
     ({"messages": [{"role": "user", "content": "hi"}], "top_k": 5}, "top_k"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "The"}]}, "messages[1]"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "8"}, "max_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, "max_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": 3.0}, "temperature"),

@@ -2,9 +2,9 @@
 
 Two ASGI middlewares in front of the app (serve/server.py, `create_app`), and the counts they keep:
 
-1. **The API key** (`ApiKey`): every route needs `Authorization: Bearer <key>`. The scheme is
-   case-insensitive (RFC 9110, section 11.1: `bearer` and `BEARER` are the same scheme), the key
-   is compared in constant time.
+1. **The API key** (`ApiKey`): every route needs `Authorization: Bearer <key>` or `x-api-key: <key>`
+   (Anthropic's header). The scheme is case-insensitive (RFC 9110, section 11.1: `bearer` and `BEARER`
+   are the same scheme), the key is compared in constant time.
 2. **The body** (`BodyLimit`), as the app reads it:
    * at most `max_bytes` (413; refused before the app reads it when `Content-Length` already says so);
    * no pause longer than `pause` seconds between two of its parts (408): a client that stops;
@@ -17,8 +17,8 @@ Two ASGI middlewares in front of the app (serve/server.py, `create_app`), and th
    killed process): one DEBUG line and `ServerMetrics.disconnects_mid_body`, no traceback, nothing
    sent back.
 
-Every refusal is OpenAI's error JSON (`error_response`) and is counted in `ServerMetrics`, which
-`GET /metrics` answers.
+Every refusal is OpenAI's error JSON (`error_response`; Anthropic's on `/v1/messages`) and is counted in
+`ServerMetrics`, which `GET /metrics` answers.
 """
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ class ServerMetrics:
 
 class ApiKey:
     """ASGI middleware: every route needs `Authorization: Bearer <api_key>`, the scheme in any case, or
-    `x-api-key: <api_key>` (Anthropic's header; 401 otherwise), except the paths in `open_paths` (an inference replica's `/health`, which its router probes without a key, as
-    vLLM's server leaves it open)."""
+    `x-api-key: <api_key>` (Anthropic's header; 401 otherwise), except the paths in `open_paths` (an inference
+    replica's `/health`, which its router probes without a key, as vLLM's server leaves it open)."""
 
     def __init__(self, app: Any, api_key: str, open_paths: tuple[str, ...] = ()) -> None:
         self.app, self.expected = app, api_key.encode()

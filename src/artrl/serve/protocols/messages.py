@@ -15,7 +15,8 @@ The request maps onto the core's canonical (chat) request:
   one call at most); `stop_sequences` are stop strings, `max_tokens` (required) the budget.
 
 Refused with a 400 naming the field, never ignored: `top_k` (the engines sample with temperature and top-p only),
-`thinking` other than disabled, `output_config.effort`, content blocks of other types (`thinking`, `document`, server tools).
+`thinking` other than disabled, `output_config.effort`, a last assistant turn (Anthropic continues such a
+prefill; this server does not), content blocks of other types (`thinking`, `document`, server tools).
 
 The reply is Anthropic's `message`: a `text` block, then one `tool_use` block per call (`input`: the
 arguments the model wrote, which must be a JSON object; a call whose arguments are not one stays text),
@@ -216,6 +217,10 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
             messages.extend(_user_turn(content, f"{where}.content"))
         else:
             messages.append(_assistant_turn(content, f"{where}.content"))
+    if body.messages and isinstance(body.messages[-1], dict) and body.messages[-1].get("role") == "assistant":
+        last = len(body.messages) - 1
+        raise APIError(400, f"messages[{last}] is an assistant turn: this server does not continue a prefilled "
+                            "reply; end the messages with a user turn.", param=f"messages[{last}]")
     tool_choice, parallel = _tool_choice(body.tool_choice)
     return ChatCompletionRequest(
         model=body.model, messages=messages, max_tokens=body.max_tokens, temperature=body.temperature,
