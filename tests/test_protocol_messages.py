@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from artrl.serve import ServedModels, ServerHandle, TransformersEngine, create_app, start_server
+from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult
 from artrl.serve.scripted import ScriptedEngine
 from engine_helpers import one_thread_engine, recompute
 
@@ -37,10 +38,18 @@ def scripted(engine: TransformersEngine) -> ScriptedEngine:
     return ScriptedEngine.from_text(engine.tokenizer, CALL_TEXT, max_model_len=8192)
 
 
+class ClosedEngine(ScriptedEngine):
+    """An engine whose program is exiting: every request fails as a closed engine's do."""
+
+    async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
+        raise EngineClosedError("the engine was closed")
+
+
 @pytest.fixture(scope="module")
 def server(engine: TransformersEngine, scripted: ScriptedEngine) -> Iterator[ServerHandle]:
     models = ServedModels("m", engine)
     models.add("scripted", scripted)
+    models.add("closed", ClosedEngine(engine.tokenizer))
     with start_server(create_app(models, api_key=KEY, max_body_bytes=200_000)) as handle:
         yield handle
 
@@ -253,3 +262,10 @@ def test_chat_route_keeps_openai_errors(root: str) -> None:
                           headers={"x-api-key": KEY}, timeout=60)
     assert response.status_code in (400, 404) and "error" in response.json() and "type" not in response.json()
     assert json.loads(response.text)["error"]["param"] is not None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_closed_engine_is_an_anthropic_overloaded_error(root: str, stream: bool) -> None:
+    response = post(root, {"model": "closed", "max_tokens": 4, "stream": stream,
+                           "messages": [{"role": "user", "content": "hi"}]})
+    assert "closed" in anthropic_error(response, 503, "overloaded_error")
