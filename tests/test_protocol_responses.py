@@ -85,7 +85,7 @@ def test_reply_carries_a_token_record_that_is_the_text_and_the_models_logprobs(
 
 
 def test_max_output_tokens_makes_an_incomplete_response(client: openai.OpenAI) -> None:
-    response = client.responses.create(model="m", input="Hello", max_output_tokens=2)
+    response = client.responses.create(model="m", input="Hello", max_output_tokens=2, temperature=0.0)
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     assert len(generation(response)["token_ids"]) == 2
 

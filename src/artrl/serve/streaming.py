@@ -54,7 +54,7 @@ def _chunk(response: dict[str, Any], choices: list[dict[str, Any]], **extra: Any
             "model": response["model"], "choices": choices, **extra}
 
 
-def _pieces(tokenizer: Any, token_ids: list[int], content: str) -> Iterator[tuple[str, int, int]]:
+def text_pieces(tokenizer: Any, token_ids: list[int], content: str) -> Iterator[tuple[str, int, int]]:
     """(text, first token, end token) pieces of `content`, each ending where a sampled token's text is complete."""
     emitted, start = 0, 0
     for k in range(1, len(token_ids) + 1):
@@ -98,7 +98,7 @@ def chunks(response: dict[str, Any], tokenizer: Any, include_usage: bool) -> Ite
         content = message.get("content") or ""
         sent = 0  # tokens whose logprobs went out
         if content:
-            for text, first, end in _pieces(tokenizer, choice["token_ids"], content):
+            for text, first, end in text_pieces(tokenizer, choice["token_ids"], content):
                 piece_logprobs = {"content": entries[first:end]} if logprobs is not None else None
                 yield _chunk(response, [{"index": index, "delta": {"content": text}, "logprobs": piece_logprobs,
                                          "finish_reason": None}], **usage)
@@ -108,18 +108,18 @@ def chunks(response: dict[str, Any], tokenizer: Any, include_usage: bool) -> Ite
         yield _chunk(response, [], usage=response["usage"])
 
 
-def _event(chunk: dict[str, Any]) -> bytes:
+def sse_event(chunk: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
-_DONE = b"data: [DONE]\n\n"
+SSE_DONE = b"data: [DONE]\n\n"
 
 
 def sse(response: dict[str, Any], tokenizer: Any, include_usage: bool) -> Iterator[bytes]:
     """`chunks` as server-sent events, then `data: [DONE]`."""
     for chunk in chunks(response, tokenizer, include_usage):
-        yield _event(chunk)
-    yield _DONE
+        yield sse_event(chunk)
+    yield SSE_DONE
 
 
 async def chat_sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
@@ -127,8 +127,8 @@ async def chat_sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes
     leaves ends the generation at once, not when the chunks are collected)."""
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
-            yield _event(chunk)
-    yield _DONE
+            yield sse_event(chunk)
+    yield SSE_DONE
 
 
 TokenEvent = tuple[int, int, float, "list[tuple[int, float]] | None"]

@@ -32,7 +32,7 @@ from artrl.serve.core import Prepared, RequestCore
 from artrl.serve.guards import APIError
 from artrl.serve.protocols.common import read_body, record_fields, renamed_params
 from artrl.serve.request import ChatCompletionRequest
-from artrl.serve.streaming import _event, _DONE
+from artrl.serve.streaming import SSE_DONE, sse_event
 
 PATH = "/v1/completions"
 DEFAULT_MAX_TOKENS = 16
@@ -136,10 +136,10 @@ async def completion_events(prepared: Prepared, body: CompletionRequest,
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
             if "error" in chunk:
-                yield _event(chunk)
+                yield sse_event(chunk)
                 break
             if not chunk["choices"] and chunk.get("usage") is not None:
-                yield _event({**head, "choices": [], "usage": chunk["usage"]})
+                yield sse_event({**head, "choices": [], "usage": chunk["usage"]})
                 continue
             for part in chunk["choices"]:
                 index, delta = part["index"], part.get("delta") or {}
@@ -154,8 +154,8 @@ async def completion_events(prepared: Prepared, body: CompletionRequest,
                 if last:  # the record, as the chat chunk carries it
                     out.update({k: v for k, v in part.items()
                                 if k not in ("index", "delta", "logprobs", "finish_reason")})
-                yield _event({**head, "choices": [out]})
-    yield _DONE
+                yield sse_event({**head, "choices": [out]})
+    yield SSE_DONE
 
 
 def add_route(app: fastapi.FastAPI, core: RequestCore) -> None:

@@ -37,7 +37,6 @@ import contextlib
 import json
 import sys
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -50,7 +49,7 @@ from artrl.serve.core import Prepared, RequestCore
 from artrl.serve.guards import APIError
 from artrl.serve.protocols.common import named_event, read_body, record_fields, renamed_params, sampled_logprobs
 from artrl.serve.request import ChatCompletionRequest
-from artrl.serve.streaming import _pieces
+from artrl.serve.streaming import text_pieces
 
 PATH = "/v1/responses"
 DEFAULT_STORE_BYTES = 64 * 1024 * 1024
@@ -275,7 +274,7 @@ def _text_logprobs(prepared: Prepared, choice: dict[str, Any], asked: bool) -> l
     if not asked or not content:
         return []
     entries = choice["logprobs"]["content"]
-    end = max((stop for _, _, stop in _pieces(prepared.tokenizer, choice["token_ids"], content)), default=0)
+    end = max((stop for _, _, stop in text_pieces(prepared.tokenizer, choice["token_ids"], content)), default=0)
     return [_entry(e) for e in entries[:end]]
 
 
