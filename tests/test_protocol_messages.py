@@ -194,7 +194,8 @@ def test_tool_choice_any_is_enforced(client: anthropic.Anthropic) -> None:
     units = {"name": "set_units", "description": "Pick the units.",
              "input_schema": {"type": "object", "properties": {"celsius": {"type": "boolean"}},
                               "required": ["celsius"], "additionalProperties": False}}
-    message = client.messages.create(model="m", max_tokens=80, tools=[units], tool_choice={"type": "any", "disable_parallel_tool_use": True},
+    message = client.messages.create(model="m", max_tokens=80, tools=[units],
+                                     tool_choice={"type": "any", "disable_parallel_tool_use": True},
                                      extra_body={"temperature": 0.0},
                                      messages=[{"role": "user", "content": "weather?"}])
     assert message.stop_reason == "tool_use"

@@ -5,7 +5,8 @@ The request maps onto the core's canonical (chat) request:
 * `system` (text, or a list of text blocks) is the first message, role `system`;
 * a user turn's `text` blocks are its content, `image` blocks (base64 or url source) image parts, and each
   `tool_result` block a `tool` message answering its `tool_use_id` (before the user's text, as Anthropic
-  orders them; its text content only, and `is_error` is not rendered: chat templates have no place for it); an assistant turn's `text` blocks are its content and its `tool_use` blocks its tool calls
+  orders them; its text content only, and `is_error` is not rendered: chat templates have no place for it);
+  an assistant turn's `text` blocks are its content and its `tool_use` blocks its tool calls
   (`input` as the arguments JSON), so that a reply this server gave, sent back, is spelled with the ids it
   sampled (docs/token-record.md);
 * `output_config.format` (`json_schema`) is chat's `response_format` (the reply is held to the schema by a
