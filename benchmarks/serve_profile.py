@@ -89,7 +89,7 @@ def main() -> None:
     args = p.parse_args()
 
     import artrl as art
-    from artrl.serve import server
+    from artrl.serve import core, server
     from artrl.serve.chat import PromptBuilder
     from artrl.serve.decode_batch import DecodeBatch
     from artrl.serve.decode_loop import DecodeLoop
@@ -99,8 +99,8 @@ def main() -> None:
     times: dict[str, list[float]] = defaultdict(list)
     marks: dict[str, float] = {}
     server.parse_body = _timed(times, "request parsing + validation", server.parse_body)
-    server.request_messages = _timed(times, "message checks", server.request_messages)
-    server._choice_json = _timed(times, "choice: detokenize, stops, token record", server._choice_json)
+    core.request_messages = _timed(times, "message checks", core.request_messages)
+    core._choice_json = _timed(times, "choice: detokenize, stops, token record", core._choice_json)
     server.JSONResponse.render = _timed(times, "JSON response", server.JSONResponse.render)
     PromptBuilder.prompt_ids = _timed(times, "render + tokenize", PromptBuilder.prompt_ids)
     admit, finish = DecodeBatch.admit, DecodeLoop._finish

@@ -14,7 +14,9 @@ longer than the others.
 `--latency` measures what a request costs besides the model's work instead (`run_latency_bench`): one short
 question with `max_tokens=1`, sent `--requests` times one at a time (mean, p50, p99) with the client
 `model.openai_client()` gives a rollout (`client`: its transport, artrl/openai_clients.py) and again with the
-SDK's default httpx client (`sequential_httpx_client`), the same prompt ids
+SDK's default httpx client (`sequential_httpx_client`), the same question in each other wire protocol the server
+speaks through its SDK's default client (`protocols`: Completions with the chat prompt's ids, Responses, Anthropic
+Messages), the same prompt ids
 through the engine's `generate` without the server, the bare forward pass + argmax of the same ids with
 transformers in this process (the model's work), their ratio, and the time per request when
 `--concurrency` of them are in flight at once. A multi-turn agent waits for every turn, so this is what
@@ -85,6 +87,8 @@ def _admission(engine: Any, admitted_before: int | None) -> dict[str, float | No
 
 
 LATENCY_QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
+PROTOCOLS = ("completions", "responses", "messages")
+"""The wire protocols besides chat whose lone request `--latency` times too (`protocols` in its JSON)."""
 
 
 def _open_engine(model_name: str, cfg: Any, lora: bool = False, serve_copy: bool = False
@@ -149,6 +153,11 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
         raise ValueError(f"need requests >= 1 and concurrency >= 1, got {requests} and {concurrency}")
     from openai import AsyncOpenAI
 
+    try:
+        import anthropic
+    except ImportError:  # the Messages row is null
+        anthropic = None
+
     from ..chat_format import render_prompt
     from ..model import Model
     from ..openai_clients import transport_of
@@ -174,12 +183,28 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
             user = Model(name=name, project="bench", inference_base_url=handle.base_url, inference_api_key="bench")
             plain = AsyncOpenAI(base_url=handle.base_url, api_key="bench", max_retries=0, timeout=600)
             clients: dict[str, Any] = {}
+            by_protocol: dict[str, list[float]] = {}
 
             async def one(which: str = "user") -> float:
                 client = clients[which]
                 t0 = time.perf_counter()
                 r = await client.chat.completions.create(model=name, messages=LATENCY_QUESTION, max_tokens=1)
                 assert r.usage.completion_tokens == 1, r.usage
+                return time.perf_counter() - t0
+
+            async def protocol(which: str) -> float:
+                """One lone `max_tokens=1` request of the question in another wire protocol (its SDK's client)."""
+                t0 = time.perf_counter()
+                if which == "completions":
+                    r = await plain.completions.create(model=name, prompt=prompt_ids, max_tokens=1)
+                    assert r.usage.completion_tokens == 1, r.usage
+                elif which == "responses":
+                    r = await plain.responses.create(model=name, input=LATENCY_QUESTION[0]["content"],
+                                                     max_output_tokens=1, store=False)
+                    assert r.usage.output_tokens == 1, r.usage
+                else:
+                    r = await clients["messages"].messages.create(model=name, messages=LATENCY_QUESTION, max_tokens=1)
+                    assert r.usage.output_tokens == 1, r.usage
                 return time.perf_counter() - t0
 
             async def engine_alone() -> float:
@@ -189,12 +214,21 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
 
             async def main() -> tuple[list[float], list[float], list[float], float]:
                 clients.update(user=user.openai_client(), plain=plain)
+                if anthropic is not None:
+                    clients["messages"] = anthropic.AsyncAnthropic(base_url=handle.base_url.removesuffix("/v1"),
+                                                                   api_key="bench", max_retries=0, timeout=600)
                 for _ in range(10):  # warm-up: connection, caches, first batches
                     await one()
                     await one("plain")
                     await engine_alone()
                 sequential = [await one() for _ in range(requests)]
                 with_httpx = [await one("plain") for _ in range(requests)]
+                for which in PROTOCOLS:
+                    if which == "messages" and anthropic is None:
+                        continue
+                    for _ in range(5):
+                        await protocol(which)
+                    by_protocol[which] = [await protocol(which) for _ in range(requests)]
                 direct = [await engine_alone() for _ in range(requests)]
                 await asyncio.gather(*(one() for _ in range(min(concurrency, 32))))  # warm-up of batching
                 t0 = time.perf_counter()
@@ -221,6 +255,10 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
             (cfg.inference_cpu_threads if dev.type == "cpu" else None) or torch.get_num_threads(),
             "lora": lora, "prompt_tokens": len(prompt_ids), "max_tokens": 1, "requests": requests,
             "client": transport, "sequential": seq, "sequential_httpx_client": _stats_ms(with_httpx),
+            # the same lone request in each other wire protocol, through its SDK's default client (null: anthropic
+            # is not installed)
+            "protocols": {which: _stats_ms(by_protocol[which]) if which in by_protocol else None
+                          for which in PROTOCOLS},
             "engine_generate": _stats_ms(direct), "bare_forward": fwd,
             "ratio_mean": round(seq["mean_ms"] / fwd["mean_ms"], 2),
             "ratio_p50": round(seq["p50_ms"] / fwd["p50_ms"], 2),

@@ -2,9 +2,9 @@
 
 Two ASGI middlewares in front of the app (serve/server.py, `create_app`), and the counts they keep:
 
-1. **The API key** (`ApiKey`): every route needs `Authorization: Bearer <key>`. The scheme is
-   case-insensitive (RFC 9110, section 11.1: `bearer` and `BEARER` are the same scheme), the key
-   is compared in constant time.
+1. **The API key** (`ApiKey`): every route needs `Authorization: Bearer <key>` or `x-api-key: <key>`
+   (Anthropic's header). The scheme is case-insensitive (RFC 9110, section 11.1: `bearer` and `BEARER`
+   are the same scheme), the key is compared in constant time.
 2. **The body** (`BodyLimit`), as the app reads it:
    * at most `max_bytes` (413; refused before the app reads it when `Content-Length` already says so);
    * no pause longer than `pause` seconds between two of its parts (408): a client that stops;
@@ -17,8 +17,8 @@ Two ASGI middlewares in front of the app (serve/server.py, `create_app`), and th
    killed process): one DEBUG line and `ServerMetrics.disconnects_mid_body`, no traceback, nothing
    sent back.
 
-Every refusal is OpenAI's error JSON (`error_response`) and is counted in `ServerMetrics`, which
-`GET /metrics` answers.
+Every refusal is OpenAI's error JSON (`error_response`; Anthropic's on `/v1/messages`) and is counted in
+`ServerMetrics`, which `GET /metrics` answers.
 """
 
 from __future__ import annotations
@@ -52,7 +52,28 @@ class APIError(Exception):
     type: str = "invalid_request_error"
 
 
-def error_response(error: APIError) -> JSONResponse:
+ANTHROPIC_PATHS = frozenset({"/v1/messages"})
+"""Routes that speak Anthropic's Messages API: their errors take Anthropic's shape."""
+
+_ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                          404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
+                          429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error(error: APIError) -> dict[str, Any]:
+    """`error` in Anthropic's shape: `{"type": "error", "error": {"type": ..., "message": ...}}` (the parameter at
+    fault, when there is one, is named in the message, as Anthropic's are: `max_tokens: Field required`)."""
+    kind = _ANTHROPIC_ERROR_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
+    message = error.message if error.param is None or error.param in error.message \
+        else f"{error.param}: {error.message}"
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_response(error: APIError, path: str | None = None) -> JSONResponse:
+    """`error` as the route at `path` spells errors: Anthropic's shape on `ANTHROPIC_PATHS`, OpenAI's
+    `{"error": {"message", "type", "param", "code"}}` everywhere else."""
+    if path in ANTHROPIC_PATHS:
+        return JSONResponse(anthropic_error(error), status_code=error.status)
     body = {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
     return JSONResponse(body, status_code=error.status)
 
@@ -79,26 +100,28 @@ class ServerMetrics:
 
 
 class ApiKey:
-    """ASGI middleware: every route needs `Authorization: Bearer <api_key>`, the scheme in any case (401 otherwise),
-    except the paths in `open_paths` (an inference replica's `/health`, which its router probes without a key, as
-    vLLM's server leaves it open)."""
+    """ASGI middleware: every route needs `Authorization: Bearer <api_key>`, the scheme in any case, or
+    `x-api-key: <api_key>` (Anthropic's header; 401 otherwise), except the paths in `open_paths` (an inference
+    replica's `/health`, which its router probes without a key, as vLLM's server leaves it open)."""
 
     def __init__(self, app: Any, api_key: str, open_paths: tuple[str, ...] = ()) -> None:
         self.app, self.expected = app, api_key.encode()
         self.open_paths = frozenset(open_paths)
 
-    def _authorised(self, header: bytes) -> bool:
+    def _authorised(self, header: bytes, x_api_key: bytes | None) -> bool:
         scheme, _, key = header.partition(b" ")
         # compare_digest for every header, so the time taken does not tell a wrong scheme from a wrong key
-        return hmac.compare_digest(key.strip(b" "), self.expected) & (scheme.lower() == b"bearer")
+        bearer = hmac.compare_digest(key.strip(b" "), self.expected) & (scheme.lower() == b"bearer")
+        return bearer | (x_api_key is not None and hmac.compare_digest(x_api_key.strip(b" "), self.expected))
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("path") in self.open_paths:
             return await self.app(scope, receive, send)
-        if not self._authorised(dict(scope.get("headers", [])).get(b"authorization", b"")):
-            error = APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
-                             type="invalid_request_error", code="invalid_api_key")
-            return await error_response(error)(scope, receive, send)
+        headers = dict(scope.get("headers", []))
+        if not self._authorised(headers.get(b"authorization", b""), headers.get(b"x-api-key")):
+            error = APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>' (or "
+                                  "'x-api-key: <key>').", type="invalid_request_error", code="invalid_api_key")
+            return await error_response(error, scope.get("path"))(scope, receive, send)
         return await self.app(scope, receive, send)
 
 
@@ -126,7 +149,7 @@ class BodyLimit:
         for key, value in scope.get("headers", []):
             if key == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
                 self.metrics.bodies_too_large += 1  # uvicorn reads and drops the body: the connection stays usable
-                return await error_response(too_large)(scope, receive, send)
+                return await error_response(too_large, scope.get("path"))(scope, receive, send)
         loop = asyncio.get_running_loop()
         ends_at = loop.time() + self.deadline  # the whole body's deadline, from the request head
         seen, body_done, gone = 0, False, False
@@ -175,7 +198,7 @@ class BodyLimit:
             logger.debug("%s %s: the client disconnected after %d bytes of its request body", scope.get("method"),
                          scope.get("path"), seen)
         elif failed is not None:
-            await _closing(error_response(failed))(scope, receive, send)
+            await _closing(error_response(failed, scope.get("path")))(scope, receive, send)
 
 
 def _closing(response: JSONResponse) -> JSONResponse:

@@ -1,4 +1,6 @@
-"""The OpenAI-compatible HTTP server: `/v1/chat/completions` over any InferenceEngine.
+"""The OpenAI-compatible HTTP server: `/v1/chat/completions` over any InferenceEngine, and the other wire protocols
+(`/v1/completions`, `/v1/responses`, Anthropic's `/v1/messages`: serve/protocols/), all on one request core
+(serve/core.py) with the same checks and token record.
 
 Compared with OpenAI's API (and vLLM's server), this one:
 
@@ -62,14 +64,8 @@ Compared with OpenAI's API (and vLLM's server), this one:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
-import functools
-import json
 import logging
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import fastapi
@@ -77,26 +73,20 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from artrl.chat_format import completion_text, cut_at_stop, image_urls
-from artrl.errors import CheckpointError, ImageError
 from artrl.heap import release_free_memory
-from artrl.images import RECORD_KEY as IMAGES_RECORD_KEY, record_entries
-from artrl.models.moe import RECORD_KEY as ROUTING_RECORD_KEY, encode_routing
 from artrl.serve.background import ServerHandle, start_server
-from artrl.serve.chat import DEFAULT_RECORD_CACHE_BYTES, PromptBuilder, request_messages
+from artrl.serve.chat import DEFAULT_RECORD_CACHE_BYTES, PromptBuilder
 from artrl.serve.control_routes import ReplicaHeader, add_control_routes
-from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult, InvalidRequestError
+from artrl.serve.core import INLINE_RENDER_CHARS, INLINE_RENDER_MESSAGES, RequestCore  # noqa: F401 (re-exported)
 from artrl.serve.guards import (DEFAULT_BODY_DEADLINE_S, DEFAULT_BODY_TIMEOUT_S, APIError, ApiKey, BodyLimit,
                                 ServerMetrics, error_response)
-from artrl.serve.models import ModelNotFoundError, ServedModels
+from artrl.serve.models import ServedModels
 from artrl.serve.request import (DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N, DEFAULT_MAX_SCHEMA_CHARS, DEFAULT_MAX_TOOLS,
-                                 IGNORED_FIELDS, INLINE_PARSE_BYTES, ROUTER_DEFAULTS, ChatCompletionRequest,
-                                 RequestLimits, check,
-                                 check_content_type, check_counts, check_parsed, count_items, parse_body)
-from artrl.serve.stream_text import TextStream
-from artrl.serve.streaming import LiveStream, sse
-from artrl.serve.structured import StructuredOutput, StructuredOutputError, structured_output
-from artrl.serve.tool_calls import TOOL_CALL_START, parse_tool_calls, tool_call_syntax
+                                 INLINE_PARSE_BYTES, ChatCompletionRequest, RequestLimits, check_content_type,
+                                 check_counts, count_items, parse_body)
+from artrl.serve.protocols import completions as completions_protocol, messages as messages_protocol
+from artrl.serve.protocols import responses as responses_protocol
+from artrl.serve.streaming import chat_sse
 
 __all__ = ["ServedModels", "ServerHandle", "create_app", "start_server"]
 
@@ -104,279 +94,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 1024
-INLINE_RENDER_CHARS = 16_384
-"""Requests with more characters to render than this (or more than `INLINE_RENDER_MESSAGES` messages) render and
-tokenize on a worker thread, so they never hold up the event loop; smaller ones render in place (about 0.1 ms,
-less than the hand-off to a thread would cost them)."""
-INLINE_RENDER_MESSAGES = 64
+PROTOCOLS = (completions_protocol, messages_protocol)
+"""The protocol adapters (serve/protocols/) whose routes every app has, next to `/v1/chat/completions`."""
 RENDER_THREADS = 2
 """Large prompts rendered at once; more wait their turn (bounds the memory abusive requests can take)."""
-
-
-
-
-@functools.lru_cache(maxsize=16)
-def _tool_call_syntax(tokenizer: Any) -> Any:
-    return tool_call_syntax(tokenizer)
-
-
-def _structured(body: ChatCompletionRequest, engine: Any) -> StructuredOutput | None:
-    """The grammar constraint `response_format` / `tool_choice` ask for, checked against what the engine can do."""
-    try:
-        structured = structured_output(body.response_format, body.tools, body.tool_choice, body.parallel_tool_calls,
-                                       _tool_call_syntax(engine.tokenizer))
-    except StructuredOutputError as error:
-        raise APIError(400, str(error), param=error.param) from error
-    if structured is not None and not getattr(engine, "structured_outputs", False):
-        raise APIError(400, f"The engine serving {body.model!r} ({type(engine).__name__}) cannot hold a reply to a "
-                            f"schema or to tool calls; send the request without {structured.param}, or serve the model "
-                            "with an engine that supports structured outputs.", param=structured.param)
-    return structured
-
-
-def _max_tokens_param(body: ChatCompletionRequest) -> str:
-    return "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-
-
-def _generation_request(body: ChatCompletionRequest, prompt_ids: list[int], adapter: str | None, max_model_len: int,
-                        default_max_tokens: int, structured: StructuredOutput | None = None) -> GenerationRequest:
-    """The request's sampling parameters as a GenerationRequest (checked by the engine: `GenerationRequest.check`)."""
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    if max_tokens is None:
-        max_tokens = min(default_max_tokens, max_model_len - len(prompt_ids))
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    return GenerationRequest(
-        prompt_ids=prompt_ids,
-        n=1 if body.n is None else body.n,
-        max_tokens=max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        stop_token_ids=[],
-        seed=body.seed,
-        top_logprobs=body.top_logprobs or 0,
-        adapter=adapter,
-        stop_strings=[s for s in stop if s],
-        structured=structured,
-    )
-
-
-# GenerationRequest fields -> the chat completion parameter they come from (others keep their name)
-_PARAM_OF_FIELD = {"prompt_ids": "messages", "adapter": "model", "stop_strings": "stop", "images": "messages"}
-
-
-def _refused(error: InvalidRequestError, body: ChatCompletionRequest) -> APIError:
-    """The engine's refusal of a request as a 400 naming the first faulty parameter."""
-    if not error.problems:
-        return APIError(400, str(error))
-    field = error.problems[0].field
-    param = _max_tokens_param(body) if field == "max_tokens" else _PARAM_OF_FIELD.get(field, field)
-    message = str(error)
-    if param == "max_completion_tokens":
-        message = message.replace("max_tokens", param)  # the request's own name for the same budget
-    return APIError(400, message, param=param)
-
-
-@functools.lru_cache(maxsize=16)
-def _max_token_chars(tokenizer: Any) -> int:
-    """Most characters one token of `tokenizer` can stand for (its longest vocabulary entry)."""
-    return max((len(token) for token in tokenizer.get_vocab()), default=1) or 1
-
-
-def _rendered_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-    """Characters of what the chat template will render: contents, tool call names and arguments, tool schemas."""
-    chars = 0
-    for message in messages:
-        content = message.get("content") or ""
-        chars += len(content) if isinstance(content, str) else sum(len(p.get("text", "")) for p in content)
-        for call in message.get("tool_calls") or []:
-            function = call.get("function") or {}
-            arguments = function.get("arguments")
-            chars += len(str(function.get("name", ""))) + (
-                len(arguments) if isinstance(arguments, str) else len(json.dumps(arguments)))
-    return chars + (len(json.dumps(tools)) if tools else 0)
-
-
-def _precheck(body: ChatCompletionRequest, chars: int, tokenizer: Any, max_model_len: int, max_n: int) -> None:
-    """Refuse what is too big before rendering or tokenizing anything (the rest: `GenerationRequest.check`)."""
-    n = 1 if body.n is None else body.n
-    check(n <= max_n, f"n must be between 1 and {max_n}, got {n}", "n")
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    param = _max_tokens_param(body)
-    if max_tokens is not None:
-        check(
-            max_tokens < max_model_len,
-            f"{param}={max_tokens}; it must be between 1 and {max_model_len - 1} (this model's maximum context "
-            f"length is {max_model_len} tokens, prompt included). Lower {param}.",
-            param,
-        )
-    most = max_model_len * _max_token_chars(tokenizer)
-    check(
-        chars <= most,
-        f"The messages and tools hold {chars} characters, more than {max_model_len} tokens (this model's maximum "
-        f"context length) can spell with this tokenizer (at most {most} characters). Shorten the messages or the "
-        "tool definitions.",
-        "messages",
-    )
-
-
-async def _generate_unless_disconnected(engine: Any, request: GenerationRequest, http: fastapi.Request,
-                                        metrics: ServerMetrics) -> Any:
-    """`engine.generate(request)`, cancelled as soon as the HTTP client disconnects (counted in `metrics`)."""
-
-    async def disconnected() -> None:
-        while (await http.receive())["type"] != "http.disconnect":
-            pass
-
-    generation = asyncio.ensure_future(engine.generate(request))
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        done, _ = await asyncio.wait({generation, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        generation.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if generation not in done:
-        generation.cancel()
-        metrics.disconnects_while_generating += 1
-        logger.debug("client disconnected; its generation request was dropped")
-        raise APIError(499, "client closed the request", code="client_closed_request")
-    return generation.result()
-
-
-def _processed_images(vision: Any, urls: list[tuple[int, str, str]]) -> list[Any]:
-    """Load, check and process each image part (module docstring, point 7); a bad one is a 400 naming it."""
-    out = []
-    for _, place, url in urls:
-        try:
-            out.append(vision.process(vision.load(url, place)))
-        except ImageError as error:
-            raise APIError(400, str(error), param=place, code="invalid_image") from error
-    return out
-
-
-def _head(body: ChatCompletionRequest) -> dict[str, Any]:
-    """A new completion's id, creation time and model."""
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
-
-
-@contextlib.contextmanager
-def _engine_errors(body: ChatCompletionRequest) -> Iterator[None]:
-    """The engine's refusals and closing as the API errors the client gets."""
-    try:
-        yield
-    except InvalidRequestError as error:  # a StructuredOutputError's problem names response_format / tool_choice
-        raise _refused(error, body) from error
-    except EngineClosedError as error:  # the program is exiting or the backend was closed
-        raise APIError(503, str(error), code="engine_closed", type="server_error") from error
-
-
-def _stream_error(error: BaseException) -> dict[str, Any]:
-    """An engine failure after a stream began, as the `{"error": ...}` event OpenAI's streams end with."""
-    if isinstance(error, EngineClosedError):
-        return {"error": {"message": str(error), "type": "server_error", "param": None, "code": "engine_closed"}}
-    return {"error": {"message": f"Internal server error: {type(error).__name__}: {error}", "type": "server_error",
-                      "param": None, "code": None}}
-
-
-async def _until_started(generation: asyncio.Future, started: asyncio.Event, http: fastapi.Request,
-                         metrics: ServerMetrics) -> None:
-    """Wait until the generation's first token (or its end); a failure before it is raised here, answered as an
-    error response; a client that disconnects before it drops the generation (499)."""
-
-    async def disconnected() -> None:
-        while (await http.receive())["type"] != "http.disconnect":
-            pass
-
-    first = asyncio.ensure_future(started.wait())
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        done, _ = await asyncio.wait({generation, first, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        generation.cancel()
-        raise
-    finally:
-        watcher.cancel()
-        first.cancel()
-    if watcher in done and not (generation in done or first in done):
-        generation.cancel()
-        metrics.disconnects_while_generating += 1
-        logger.debug("client disconnected; its generation request was dropped")
-        raise APIError(499, "client closed the request", code="client_closed_request")
-    if generation.done() and generation.exception() is not None:
-        generation.result()  # raises it
-
-
-def _cut_at_stop(tokenizer: Any, result: GenerationResult, text: str, stops: list[str]) -> tuple[str, GenerationResult]:
-    """Cut `text` before the first stop string and the tokens after the one that completed it."""
-    cut = cut_at_stop(tokenizer, result.token_ids, text, stops)
-    if cut is None:
-        return text, result
-    text, keep = cut
-    return text, dataclasses.replace(
-        result,
-        token_ids=result.token_ids[:keep],
-        logprobs=result.logprobs[:keep],
-        top_logprobs=result.top_logprobs[:keep] if result.top_logprobs is not None else None,
-        routed_experts=result.routed_experts[:keep] if result.routed_experts is not None else None,
-        finish_reason="stop",
-    )
-
-
-def _token_texts(tokenizer: Any, token_ids: list[int], as_ids: bool) -> list[str]:
-    """Each token's text (one batched decode), or "token_id:<id>" (vLLM's return_tokens_as_token_ids)."""
-    if as_ids:
-        return [f"token_id:{t}" for t in token_ids]
-    return tokenizer.batch_decode([[t] for t in token_ids]) if token_ids else []
-
-
-def _logprobs_json(tokenizer: Any, result: GenerationResult, as_ids: bool) -> dict[str, Any]:
-    tokens = _token_texts(tokenizer, result.token_ids, as_ids)
-    tops = result.top_logprobs or [[] for _ in result.token_ids]
-    content = []
-    for token, logprob, top in zip(tokens, result.logprobs, tops):
-        top_tokens = _token_texts(tokenizer, [t for t, _ in top], as_ids)
-        entries = [{"token": text, "logprob": lp, "bytes": list(text.encode())} for text, (_, lp) in zip(top_tokens, top)]
-        content.append({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": entries})
-    return {"content": content}
-
-
-def _choice_json(
-    index: int,
-    result: GenerationResult,
-    body: ChatCompletionRequest,
-    tokenizer: Any,
-    stops: list[str],
-    parse_tools: bool,
-    end_ids: frozenset[int],
-    prompt_ids: list[int],
-    prompts: PromptBuilder,
-    images: list[Any] | None = None,
-) -> dict[str, Any]:
-    text, _ = completion_text(tokenizer, result.token_ids, end_ids)
-    text, result = _cut_at_stop(tokenizer, result, text, stops)
-    content: str | None = text
-    tool_calls: list[dict[str, Any]] = []
-    if parse_tools:
-        content, tool_calls = parse_tool_calls(text)
-    finish_reason = "tool_calls" if tool_calls and result.finish_reason == "stop" else result.finish_reason
-    message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": tool_calls or None}
-    sampled_text, end_id = completion_text(tokenizer, result.token_ids, end_ids)
-    prompts.remember(tokenizer, message, prompt_ids, result.token_ids, sampled_text, end_id)
-    choice = {
-        "index": index,
-        "message": message,
-        "finish_reason": finish_reason,
-        "logprobs": _logprobs_json(tokenizer, result, bool(body.return_tokens_as_token_ids)),
-        "token_ids": result.token_ids,
-        "prompt_token_ids": prompt_ids,
-        "policy_version": result.policy_version,
-    }
-    if result.routed_experts is not None:  # an MoE model's routing record (models/moe.py), replayed in training
-        choice[ROUTING_RECORD_KEY] = encode_routing(result.routed_experts)
-    if images:  # the prompt's images: each one's content hash and grid (never the pixels)
-        choice[IMAGES_RECORD_KEY] = record_entries(images)
-    return choice
 
 
 def create_app(
@@ -396,6 +117,7 @@ def create_app(
     replica_id: str | None = None,
     engine_kind: str | None = None,
     base_model: str | None = None,
+    responses_store_bytes: int = responses_protocol.DEFAULT_STORE_BYTES,
 ) -> fastapi.FastAPI:
     """The FastAPI app serving `resolver`'s models.
 
@@ -413,7 +135,8 @@ def create_app(
     and set the live weights (serve/control_routes.py: what an inference replica's control plane calls);
     replica_id: every response says it in the `x-artrl-replica` header, and `/health` needs no key (the router
     probes it without one); engine_kind, base_model: what
-    `GET /artrl/replica` reports.
+    `GET /artrl/replica` reports. responses_store_bytes: JSON bytes of the conversations kept for the Responses
+    API's `previous_response_id` (serve/protocols/responses.py), least recently used out first.
     """
     app = fastapi.FastAPI(title="artrl inference server")
     metrics = ServerMetrics()
@@ -431,7 +154,6 @@ def create_app(
     prompts = PromptBuilder(record_cache_bytes)
     limits = RequestLimits(max_n, max_messages, max_tools, max_schema_chars)
     render_slots: list[asyncio.Semaphore] = []  # made on the server's loop, at its first large prompt
-    warned_fields: set[str] = set()
 
     async def off_loop(fn: Any, *args: Any) -> Any:
         """`fn(*args)` on a worker thread, RENDER_THREADS at once: CPU work a large request brings."""
@@ -440,41 +162,37 @@ def create_app(
         async with render_slots[0]:
             return await asyncio.to_thread(fn, *args)
 
-    async def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     end_ids: frozenset[int], chars: int, images: Any = None) -> list[int]:
-        """The prompt's ids; a large prompt renders on a worker thread (`INLINE_RENDER_CHARS`)."""
-        if chars <= INLINE_RENDER_CHARS and len(messages) <= INLINE_RENDER_MESSAGES:
-            return prompts.prompt_ids(tokenizer, messages, tools, end_ids, images)
-        return await off_loop(prompts.prompt_ids, tokenizer, messages, tools, end_ids, images)
+    core = RequestCore(resolver, prompts, limits, metrics, default_max_tokens, off_loop)
 
     @app.exception_handler(APIError)
-    async def _api_error(_: fastapi.Request, error: APIError) -> JSONResponse:
-        return error_response(error)
+    async def _api_error(http: fastapi.Request, error: APIError) -> JSONResponse:
+        return error_response(error, http.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: fastapi.Request, error: RequestValidationError) -> JSONResponse:
+    async def _validation_error(http: fastapi.Request, error: RequestValidationError) -> JSONResponse:
         problems = error.errors()
         first = problems[0] if problems else {}
         if first.get("type") == "json_invalid":  # its loc, if any, is a character offset, not a parameter
             reason = str(first.get("msg", "")).removeprefix("Invalid JSON: ")
             return error_response(APIError(400, f"The request body is not valid JSON: {reason}.",
-                                            code="invalid_json"))
+                                            code="invalid_json"), http.url.path)
         loc = [str(part) for part in first.get("loc", ()) if part != "body"]
         message = "; ".join(
             f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}" for e in problems
         )
-        return error_response(APIError(400, f"Invalid request: {message}", param=".".join(loc) or None))
+        return error_response(APIError(400, f"Invalid request: {message}", param=".".join(loc) or None),
+                              http.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: fastapi.Request, error: StarletteHTTPException) -> JSONResponse:
-        return error_response(APIError(error.status_code, str(error.detail)))
+    async def _http_error(http: fastapi.Request, error: StarletteHTTPException) -> JSONResponse:
+        return error_response(APIError(error.status_code, str(error.detail)), http.url.path)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: fastapi.Request, error: Exception) -> JSONResponse:
+    async def _unexpected(http: fastapi.Request, error: Exception) -> JSONResponse:
         logger.exception("Unhandled error while serving a request")
         return error_response(
-            APIError(500, f"Internal server error: {type(error).__name__}: {error}", type="server_error")
-        )
+            APIError(500, f"Internal server error: {type(error).__name__}: {error}", type="server_error"),
+            http.url.path)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -509,104 +227,18 @@ def create_app(
             del raw
             await off_loop(release_free_memory)  # what parsing a large body took goes back to the system
 
+    for protocol in PROTOCOLS:  # the other wire protocols, each a thin adapter over the same core
+        protocol.add_route(app, core)
+    responses_protocol.add_route(app, core, responses_store_bytes)
+
     async def answer(body: ChatCompletionRequest, http: fastapi.Request) -> fastapi.Response:
-        extra = body.model_extra or {}
-        unknown = {k for k in extra if k not in ROUTER_DEFAULTS or extra[k] != ROUTER_DEFAULTS[k]} \
-            - IGNORED_FIELDS - warned_fields
-        if unknown:
-            logger.warning("Ignoring unsupported chat completion parameters: %s", sorted(unknown))
-            warned_fields.update(unknown)
-        try:
-            engine, adapter = await resolver.resolve(body.model)
-        except ModelNotFoundError as error:
-            raise APIError(404, str(error), param="model", code="model_not_found") from error
-        except CheckpointError as error:
-            logger.error("%s", error)
-            raise APIError(500, str(error), param="model", code="checkpoint_unreadable", type="server_error") \
-                from error
-        tokenizer = engine.tokenizer
-        check_parsed(body, limits)
-        structured = _structured(body, engine)
-        try:
-            messages = request_messages(body.messages)
-        except InvalidRequestError as error:
-            raise APIError(400, str(error), param="messages") from error
-        tools = body.tools if body.tool_choice != "none" else None
-        chars = _rendered_chars(messages, tools)
-        _precheck(body, chars, tokenizer, engine.max_model_len, max_n)
-        end_ids = engine.end_of_turn_ids
-        urls = image_urls(body.messages, "messages")
-        vision = getattr(engine, "vision", None)
-        if urls and vision is None:
-            raise APIError(400, f"{urls[0][1]} is an image, and model {body.model!r} has no vision tower: it reads "
-                                "text only. Send text, or serve a vision-language model (e.g. artrl/tiny-vl).",
-                           param=urls[0][1], code="invalid_image")
-        images = await off_loop(_processed_images, vision, urls) if urls else []
-        try:
-            prompt_ids = await render(tokenizer, messages, tools, end_ids, chars,
-                                      vision.image_tokens(images) if images else None)
-        except InvalidRequestError as error:
-            raise APIError(400, str(error), param="messages") from error
-        request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, default_max_tokens, structured)
-        request.images = images
-        as_ids = bool(body.return_tokens_as_token_ids)
-
-        def respond(results: list[GenerationResult]) -> dict[str, Any]:
-            """The chat completion of the finished `results` (the record cache remembers each choice)."""
-            results = resolver.with_versions(body.model, results)  # `name@step` sampled version `step`
-            if not body.logprobs:  # top_logprobs are checked whatever `logprobs` says, and shown only when asked
-                results = [dataclasses.replace(result, top_logprobs=None) for result in results]
-            choices = [
-                _choice_json(i, result, body, tokenizer, request.stop_strings, bool(tools), end_ids, prompt_ids,
-                             prompts, images)
-                for i, result in enumerate(results)
-            ]
-            completion_tokens = sum(len(choice["token_ids"]) for choice in choices)
-            head = _head(body)
-            return {
-                "id": head["id"],
-                "object": "chat.completion",
-                "created": head["created"],
-                "model": head["model"],
-                "choices": choices,
-                "usage": {
-                    "prompt_tokens": len(prompt_ids),
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": len(prompt_ids) + completion_tokens,
-                },
-                "prompt_token_ids": prompt_ids,
-            }
-
+        core.warn_unknown(body, "chat completion")
+        prepared = await core.prepare(body)
         options = (body.model_extra or {}).get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        if body.stream and getattr(engine, "streams_tokens", False):
-            events: asyncio.Queue = asyncio.Queue()
-            started = asyncio.Event()
-
-            def on_token(*event: Any) -> None:  # on this loop (the engine schedules it here)
-                events.put_nowait(event)
-                started.set()
-
-            generation = asyncio.ensure_future(engine.generate(request, on_token=on_token))
-            with _engine_errors(body):
-                await _until_started(generation, started, http, metrics)
-
-            def entry(token: int, logprob: float, top: list[tuple[int, float]] | None) -> dict[str, Any]:
-                one = GenerationResult([token], [logprob], [top] if top is not None and body.logprobs else None,
-                                       "length")
-                return _logprobs_json(tokenizer, one, as_ids)["content"][0]
-
-            tool_tag = TOOL_CALL_START if tools else None
-            live = LiveStream(
-                generation, events,
-                [TextStream(tokenizer, end_ids, request.stop_strings, tool_tag) for _ in range(request.n)],
-                entry, respond, _stream_error, _head(body), include_usage)
-            return StreamingResponse(live.sse(), media_type="text/event-stream")
-        with _engine_errors(body):
-            results = await _generate_unless_disconnected(engine, request, http, metrics)
-        response = respond(results)
         if body.stream:
-            return StreamingResponse(sse(response, tokenizer, include_usage), media_type="text/event-stream")
-        return JSONResponse(response)
+            return StreamingResponse(chat_sse(await core.stream(prepared, http, include_usage)),
+                                     media_type="text/event-stream")
+        return JSONResponse(await core.complete(prepared, http))
 
     return app

@@ -33,6 +33,7 @@ Two ways to get there:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -53,7 +54,7 @@ def _chunk(response: dict[str, Any], choices: list[dict[str, Any]], **extra: Any
             "model": response["model"], "choices": choices, **extra}
 
 
-def _pieces(tokenizer: Any, token_ids: list[int], content: str) -> Iterator[tuple[str, int, int]]:
+def text_pieces(tokenizer: Any, token_ids: list[int], content: str) -> Iterator[tuple[str, int, int]]:
     """(text, first token, end token) pieces of `content`, each ending where a sampled token's text is complete."""
     emitted, start = 0, 0
     for k in range(1, len(token_ids) + 1):
@@ -97,7 +98,7 @@ def chunks(response: dict[str, Any], tokenizer: Any, include_usage: bool) -> Ite
         content = message.get("content") or ""
         sent = 0  # tokens whose logprobs went out
         if content:
-            for text, first, end in _pieces(tokenizer, choice["token_ids"], content):
+            for text, first, end in text_pieces(tokenizer, choice["token_ids"], content):
                 piece_logprobs = {"content": entries[first:end]} if logprobs is not None else None
                 yield _chunk(response, [{"index": index, "delta": {"content": text}, "logprobs": piece_logprobs,
                                          "finish_reason": None}], **usage)
@@ -107,18 +108,27 @@ def chunks(response: dict[str, Any], tokenizer: Any, include_usage: bool) -> Ite
         yield _chunk(response, [], usage=response["usage"])
 
 
-def _event(chunk: dict[str, Any]) -> bytes:
+def sse_event(chunk: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
-_DONE = b"data: [DONE]\n\n"
+SSE_DONE = b"data: [DONE]\n\n"
 
 
 def sse(response: dict[str, Any], tokenizer: Any, include_usage: bool) -> Iterator[bytes]:
     """`chunks` as server-sent events, then `data: [DONE]`."""
     for chunk in chunks(response, tokenizer, include_usage):
-        yield _event(chunk)
-    yield _DONE
+        yield sse_event(chunk)
+    yield SSE_DONE
+
+
+async def chat_sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """Chunk objects as server-sent events, then `data: [DONE]`; `chunks` is closed when this is (a client that
+    leaves ends the generation at once, not when the chunks are collected)."""
+    async with contextlib.aclosing(chunks):
+        async for chunk in chunks:
+            yield sse_event(chunk)
+    yield SSE_DONE
 
 
 TokenEvent = tuple[int, int, float, "list[tuple[int, float]] | None"]
@@ -148,13 +158,19 @@ class LiveStream:
     _sent: list[int] = field(default_factory=list)  # per choice, tokens whose logprobs went out
 
     async def sse(self) -> AsyncIterator[bytes]:
+        """`chunks` as server-sent events, then `data: [DONE]`."""
+        async for event in chat_sse(self.chunks()):
+            yield event
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        """The chunk objects, as they come; an engine failure after the first is a last `{"error": ...}` one."""
         usage = {"usage": None} if self.include_usage else {}
         self._entries = [[] for _ in self.streams]
         self._sent = [0] * len(self.streams)
         try:
             for index in range(len(self.streams)):
-                yield _event(_chunk(self.head, [{"index": index, "delta": {"role": "assistant", "content": ""},
-                                                 "logprobs": None, "finish_reason": None}], **usage))
+                yield _chunk(self.head, [{"index": index, "delta": {"role": "assistant", "content": ""},
+                                          "logprobs": None, "finish_reason": None}], **usage)
             async for events in self._batches():
                 touched: dict[int, None] = {}
                 for sample, token, logprob, top in events:
@@ -164,21 +180,19 @@ class LiveStream:
                 for sample in touched:
                     text, within = self.streams[sample].take()
                     if text:
-                        yield _event(self._piece(sample, text, within, usage))
+                        yield self._piece(sample, text, within, usage)
             try:
                 response = self.finish(self.generation.result())
             except Exception as error:  # the engine failed (closed, out of memory) after the stream began
                 logger.warning("A streamed generation failed: %s", error)
-                yield _event(self.error_json(error))
-                yield _DONE
+                yield self.error_json(error)
                 return
             response_head = {**response, **self.head}
             for choice in response["choices"]:
                 for chunk in self._rest(response_head, choice, usage):
-                    yield _event(chunk)
+                    yield chunk
             if self.include_usage:
-                yield _event(_chunk(response_head, [], usage=response["usage"]))
-            yield _DONE
+                yield _chunk(response_head, [], usage=response["usage"])
         finally:
             if not self.generation.done():  # the client left (or the stream failed): the rows stop
                 self.generation.cancel()
