@@ -84,13 +84,37 @@ def test_a_replica_loads_publishes_and_unloads_checkpoints_by_the_control_routes
     assert engine.loaded_versions == [1] and engine.live_adapter.startswith("ckpt_m_1_")  # the named one, adopted
     identity = client.get("/artrl/replica", headers=AUTH).json()
     assert identity == {"replica": "r7", "engine": "builtin", "base_model": "artrl/tiny",
-                        "models": {"m": {"live_step": 1, "loaded_steps": [0, 1]}}}
+                        "models": {"m": {"live_step": 1, "loaded_steps": [0, 1], "held_for_step": None}}}
     # unloading: the named adapter of step 0 goes; the live one's name goes but its weights keep serving `m`
     assert client.post("/v1/unload_lora_adapter", headers=AUTH, json={"lora_name": "m@0"}).status_code == 200
     assert client.post("/v1/unload_lora_adapter", headers=AUTH, json={"lora_name": "m@0"}).status_code == 404
     assert client.post("/v1/unload_lora_adapter", headers=AUTH, json={"lora_name": "m@1"}).status_code == 200
     assert complete(client, "m").json()["choices"][0]["policy_version"] == 1
     assert client.get("/artrl/replica", headers=AUTH).json()["models"]["m"]["loaded_steps"] == []
+
+
+def test_a_held_bare_name_waits_for_the_switch_and_a_named_step_does_not(replica, checkpoints):
+    """The first half of a switch (replicas/control.py, rule 2): once held, a request for the bare name is
+    never served the old step; it waits for `live_weights` (here past its wait: a 503 the client retries)."""
+    client, engine = replica
+    assert engine.live_step == 1  # the test above made step 1 live
+    hold = {"model": "m", "step": 1, "wait_s": 30.0}
+    assert client.post("/artrl/hold_live", headers=AUTH, json=hold).json()["held"] is False  # already live
+    hold = {"model": "m", "step": 2, "wait_s": 0.2}
+    assert client.post("/artrl/hold_live", headers=AUTH, json=hold).json()["held"] is True
+    assert client.get("/artrl/replica", headers=AUTH).json()["models"]["m"]["held_for_step"] == 2
+    waited = complete(client, "m")
+    assert waited.status_code == 503 and waited.json()["error"]["code"] == "live_weights_switching"
+    assert "step 2" in waited.json()["error"]["message"]
+    load = {"lora_name": "m@1", "lora_path": checkpoints[1]}
+    assert client.post("/v1/load_lora_adapter", headers=AUTH, json=load).status_code == 200
+    assert complete(client, "m@1").json()["choices"][0]["policy_version"] == 1  # a named step is not held
+    live = {"model": "m", "step": 2, "lora_path": checkpoints[1]}
+    assert client.post("/artrl/live_weights", headers=AUTH, json=live).status_code == 200
+    assert client.get("/artrl/replica", headers=AUTH).json()["models"]["m"]["held_for_step"] is None
+    assert complete(client, "m").json()["choices"][0]["policy_version"] == 2
+    unknown = client.post("/artrl/hold_live", headers=AUTH, json={"model": "x", "step": 1, "wait_s": 1.0})
+    assert unknown.status_code == 404
 
 
 @pytest.mark.parametrize("body, status, fragment", [

@@ -6,10 +6,15 @@ these rules, whatever replica dies or refuses:
 
 1. **Every version on every replica.** A checkpoint is loaded on every replica in service,
    straight to its address (replicas/client.py; never through the router), as `name@step`.
-2. **Published only when all have it.** The new step becomes the served default (each artrl
-   replica's live weights, and the name `model.get_inference_name()` answers: `name@step`)
-   only after every replica in service acknowledged the load. Until then every replica serves
-   the previous default, including those that already hold the new one.
+2. **Published only when all have it, and at once.** The new step becomes the served default
+   (each artrl replica's live weights, and the name `model.get_inference_name()` answers:
+   `name@step`) only after every replica in service acknowledged the load. Until then every
+   replica serves the previous default, including those that already hold the new one. The
+   switch itself has two phases: every replica first holds requests for the bare `name`
+   (`hold_live`: they wait, at most `HOLD_WAIT_S` each), and only once all have acknowledged
+   the hold is the step made live on each (`set_live`, which releases that replica's held
+   requests). So once any replica has answered the bare `name` with the new step, every
+   request for it that starts later, on any replica in service, gets the new step too.
 3. **A failed load blocks the publish and is retried** (`PUBLISH_ATTEMPTS`, backing off); a
    replica that still refuses is taken out of the router (and, when started here, restarted)
    before the default moves, so no two replicas in service ever serve different defaults.
@@ -53,6 +58,7 @@ RESTART_ATTEMPTS = 3
 REPLICA_STARTUP_TIMEOUT_S = 600.0  # a replica loads its own copy of the base model (vLLM compiles, too)
 ENDPOINT_CHECK_INTERVAL_S = 5.0
 IDLE_VERSIONS_KEPT = 4
+HOLD_WAIT_S = 60.0  # the longest a bare-name request waits while the default switches (then 503, and it retries)
 
 
 @dataclass
@@ -212,6 +218,10 @@ class ReplicaSet:
         with self._ops:
             self.versions[step] = path
             self._on_each(self.in_service(), lambda r: self._load(r, step, path), f"load {self.lora_name(step)}")
+            # the switch (rule 2): hold the bare name everywhere, then make the step live on each
+            artrl = [r for r in self.in_service() if r.kind == "artrl"]
+            self._on_each(artrl, lambda r: ReplicaClient(r.url, self.api_key).hold_live(self.name, step, HOLD_WAIT_S),
+                          f"hold {self.name!r} for step {step}")
             artrl = [r for r in self.in_service() if r.kind == "artrl"]
             self._on_each(artrl, lambda r: ReplicaClient(r.url, self.api_key).set_live(self.name, step, path),
                           f"make step {step} live")

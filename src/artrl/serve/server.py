@@ -88,7 +88,7 @@ from artrl.serve.control_routes import ReplicaHeader, add_control_routes
 from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult, InvalidRequestError
 from artrl.serve.guards import (DEFAULT_BODY_DEADLINE_S, DEFAULT_BODY_TIMEOUT_S, APIError, ApiKey, BodyLimit,
                                 ServerMetrics, error_response)
-from artrl.serve.models import ModelNotFoundError, ServedModels
+from artrl.serve.models import LiveSwitchingError, ModelNotFoundError, ServedModels
 from artrl.serve.request import (DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N, DEFAULT_MAX_SCHEMA_CHARS, DEFAULT_MAX_TOOLS,
                                  IGNORED_FIELDS, INLINE_PARSE_BYTES, ROUTER_DEFAULTS, ChatCompletionRequest,
                                  RequestLimits, check,
@@ -520,6 +520,9 @@ def create_app(
             engine, adapter = await resolver.resolve(body.model)
         except ModelNotFoundError as error:
             raise APIError(404, str(error), param="model", code="model_not_found") from error
+        except LiveSwitchingError as error:
+            raise APIError(503, str(error), param="model", code="live_weights_switching", type="server_error") \
+                from error
         except CheckpointError as error:
             logger.error("%s", error)
             raise APIError(500, str(error), param="model", code="checkpoint_unreadable", type="server_error") \
