@@ -24,7 +24,9 @@ these rules, whatever replica dies or refuses:
 5. **A dead replica is taken out at once** (its process's end is an event: replicas/spawn.py)
    and restarted; an endpoint started elsewhere that stops answering is taken out and
    reported, and rejoins when it answers again. A replica (re)joins the router only after it
-   has loaded every retained version and made the published one live.
+   has loaded every retained version and made the published one live. One restart owns a
+   replica at a time: a process that dies while its replica is being restarted is that
+   restart's failed attempt (it tries again), never a second restart.
 
 Two locks: `_ops` orders what changes versions (publish, prune, a rejoin's loads); `_members`
 guards who is in service, so a death takes its replica out at once even while a publish
@@ -71,6 +73,7 @@ class Replica:
     process: ChildProcess | None = None
     kind: str = "artrl"  # or "vllm": a vLLM server (no live weights; its default is `name@step`)
     in_service: bool = False
+    restarting: bool = False  # a restart owns it (one `_restart` thread at most; under `_members`)
     generation: int = 0
     restarts: int = 0
     loaded: set[int] = field(default_factory=set)
@@ -344,14 +347,18 @@ class ReplicaSet:
             log.error("%s: %s taken out of the router: %s. Rollouts go to the other replicas; it rejoins (with every "
                       "retained version) once it answers again.", self.name, replica, reason)
         else:
-            log.error("%s: %s taken out of the router: %s; restarting it", self.name, replica, reason)
-            process = replica.process
-            replica.process = None
+            with self._members:
+                owned, replica.restarting = replica.restarting, True
+                process, replica.process = replica.process, None
             if process is not None:
                 process.on_exit = None
                 process.stop(timeout=10.0)
-            threading.Thread(target=self._restart, args=(replica,), name=f"artrl-restart-{replica.index}",
-                             daemon=True).start()
+            if owned:  # its restart is under way: this was one of its attempts, which it retries
+                log.error("%s: %s failed while restarting: %s", self.name, replica, reason)
+            else:
+                log.error("%s: %s taken out of the router: %s; restarting it", self.name, replica, reason)
+                threading.Thread(target=self._restart, args=(replica,), name=f"artrl-restart-{replica.index}",
+                                 daemon=True).start()
         self._notify()
 
     def _died(self, child: ChildProcess, code: int) -> None:
@@ -361,30 +368,44 @@ class ReplicaSet:
         self._eject(replica, f"its process (pid {child.pid}) ended with status {code}")
 
     def _restart(self, replica: Replica) -> None:
-        for attempt in range(RESTART_ATTEMPTS):
-            if self._closing.is_set():
-                return
-            replica.restarts += 1
-            replica.generation += 1
-            try:
-                process = self._spawn(replica)
-                info = process.wait_ready(REPLICA_STARTUP_TIMEOUT_S)
-                replica.url = f"http://{self.router.host}:{info['port']}"
-                self._check_identity(replica)
-                self._rejoin(replica)
-                if replica.in_service:
+        """The one restart of `replica` (its owner while `replica.restarting`): up to `RESTART_ATTEMPTS` new
+        processes, each stopped (only that one) when it fails; a process that dies meanwhile fails its attempt."""
+        try:
+            for attempt in range(RESTART_ATTEMPTS):
+                if self._closing.is_set():
                     return
-            except (ChildError, ReplicaError, ConfigError, OSError) as error:
-                log.error("%s: restarting %s failed (attempt %d of %d): %s", self.name, replica, attempt + 1,
-                          RESTART_ATTEMPTS, error)
-                if replica.process is not None:
-                    replica.process.on_exit = None
-                    replica.process.stop(timeout=10.0)
-                    replica.process = None
-                self._closing.wait(RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)])
-        log.error("%s: %s stays out after %d failed restarts; rollouts go to the other replicas", self.name,
-                  replica, RESTART_ATTEMPTS)
-        self._notify()
+                replica.restarts += 1
+                replica.generation += 1
+                process: ChildProcess | None = None
+                try:
+                    process = self._spawn(replica)
+                    if self._closing.is_set():  # `close` may have listed the processes to stop before this one
+                        raise ChildError("the replica set is closing")
+                    info = process.wait_ready(REPLICA_STARTUP_TIMEOUT_S)
+                    replica.url = f"http://{self.router.host}:{info['port']}"
+                    self._check_identity(replica)
+                    self._rejoin(replica)
+                    with self._members:
+                        if replica.in_service and replica.process is process:  # not taken out meanwhile
+                            replica.restarting = False
+                            return
+                    raise ChildError(f"its process (pid {process.pid}) was taken out as it rejoined")
+                except (ChildError, ReplicaError, ConfigError, OSError) as error:
+                    log.error("%s: restarting %s failed (attempt %d of %d): %s", self.name, replica, attempt + 1,
+                              RESTART_ATTEMPTS, error)
+                    with self._members:
+                        if replica.process is process:
+                            replica.process = None
+                    if process is not None:
+                        process.on_exit = None
+                        process.stop(timeout=10.0)
+                    self._closing.wait(RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)])
+            log.error("%s: %s stays out after %d failed restarts; rollouts go to the other replicas", self.name,
+                      replica, RESTART_ATTEMPTS)
+        finally:
+            with self._members:
+                replica.restarting = False
+            self._notify()
 
     def _watch_endpoints(self) -> None:
         """Endpoints started elsewhere: taken out when they stop answering, back in when they answer again."""
@@ -426,9 +447,11 @@ class ReplicaSet:
         from .process import READY_PREFIX
 
         argv, env = self.command(replica)
-        replica.process = ChildProcess(f"replica{replica.index}", argv, ready_prefix=READY_PREFIX.strip(),
-                                       env=env, on_exit=self._died).start()
-        return replica.process
+        process = ChildProcess(f"replica{replica.index}", argv, ready_prefix=READY_PREFIX.strip(),
+                               env=env, on_exit=self._died).start()
+        replica.process = process
+        self._notify()
+        return process
 
     def _check_identity(self, replica: Replica) -> None:
         """The replica answers and serves this model's base model (and, when an artrl server, this model)."""
