@@ -309,10 +309,10 @@ def test_a_replica_killed_during_its_own_restart_has_one_restart_and_leaves_no_p
 
     replicas._check_identity = held_check
 
-    def replica_processes() -> list[psutil.Process]:
+    def replica_processes() -> list[psutil.Process]:  # this set's (the module's fixture has its own)
         return [p for p in psutil.Process().children(recursive=True)
                 if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-                and "artrl.replicas.process" in " ".join(p.cmdline())]
+                and "artrl.replicas.process" in (cmd := p.cmdline()) and str(tmp_path) in cmd]
 
     try:
         replicas.set_live_weights(str(tmp_path), 0)
