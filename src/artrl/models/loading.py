@@ -14,7 +14,7 @@ benchmarks) loads it here. A `base_model` is one of (models/source.py checks whi
 Defaults: float32 on CPU and bfloat16 on GPU, except quantised base weights, which compute in
 bfloat16 everywhere (as Unsloth); 4-bit NF4 weights for a Hugging Face checkpoint (ART's default)
 and full precision for artrl's own models (models/quantization.py); tree attention ("artrl_tree":
-one SDPA call per packed node, train/tree_attention.py) on CPU, flex_attention (block-sparse) on
+one SDPA call per packed node, models/tree_attention.py) on CPU, flex_attention (block-sparse) on
 GPU; LoRA r=8, alpha=16 on the attention and MLP projections of Llama/Qwen/Mistral-style models,
 peft's "all-linear" elsewhere. A vision-language model's adapter goes on its language model only (a list
 of module names, ART's or the default, is matched there; the vision tower, whose MLP has the same names,
@@ -77,7 +77,7 @@ def resolve_attn(cfg: InternalModelConfig, device: torch.device) -> str:
         return cfg.attn_implementation
     if device.type == "cuda":
         return "flex_attention"
-    from ..train.tree_attention import TREE_ATTENTION, register
+    from .tree_attention import TREE_ATTENTION, register
 
     register()
     return TREE_ATTENTION
