@@ -256,6 +256,34 @@ def test_where_the_replicas_run():
     assert art.InternalModelConfig(inference_replicas=1).replicated
 
 
+def test_replicas_on_one_device_are_planned_as_a_set_before_any_starts(tmp_path, monkeypatch):
+    """Three CPU replicas and the trainer load at once on one host: their peaks together are checked against what
+    the host has, not each replica's alone against all of it."""
+    import torch
+
+    from artrl.models import memory_plan
+    from artrl.replicas.control import ReplicaSet
+    from artrl.replicas.router import Router
+
+    cfg = art.InternalModelConfig(inference_replicas=3, device="cpu", max_length=128)
+    one = memory_plan.plan_for("artrl/tiny", cfg, torch.device("cpu"))
+    assert memory_plan.replica_set_peak(one, 3, with_trainer=True) == 3 * one.serving_peak + one.peak
+    assert one.serving_peak < one.peak  # a replica holds no gradients, optimizer or activations
+    # room for the trainer and one and a half replicas: each replica alone would fit, the three do not
+    room = one.peak + int(1.5 * one.serving_peak)
+    monkeypatch.setattr(memory_plan, "available_bytes", lambda *_: room)
+    monkeypatch.setattr(Router, "start", lambda self: pytest.fail("the router started before the memory check"))
+    replicas = ReplicaSet(name="m", base_model="artrl/tiny", cfg=cfg, run=tmp_path, api_key="k")
+    with pytest.raises(ConfigError, match=r"3 inference replicas of artrl/tiny .* 1 fit: set inference_replicas=1"):
+        replicas.start()
+    assert all(r.process is None for r in replicas.replicas)
+    monkeypatch.setattr(memory_plan, "available_bytes", lambda *_: one.peak + 3 * one.serving_peak)
+    replicas.check_memory()  # the three fit: no error
+    # a replica process started by the set does not check its own plan again
+    argv, _ = replicas.command(replicas.replicas[0])
+    assert "--memory-planned" in argv
+
+
 def test_replicas_are_refused_on_a_non_loopback_host(tmp_path):
     backend = art.LocalBackend(path=str(tmp_path), host="0.0.0.0", api_key="k", show_progress=False)
     model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny",

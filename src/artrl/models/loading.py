@@ -126,11 +126,13 @@ def load_generation_config(base_model: str, cfg: InternalModelConfig | None = No
 
 
 def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
-                    shape_overrides: dict[str, Any] | None = None) -> tuple[Any, Any]:
+                    shape_overrides: dict[str, Any] | None = None, memory_planned: bool = False) -> tuple[Any, Any]:
     """(model, tokenizer) without an adapter, on the configured device, dtype and quantisation.
 
     `shape_overrides`: config fields that replace a random shape's (e.g. `num_hidden_layers` for a benchmark cut
-    to a few layers, every other dimension kept); refused for any other model."""
+    to a few layers, every other dimension kept); refused for any other model. `memory_planned`: the caller
+    planned this load with others that share the device (an inference replica: `check_replicas_fit`), so it is
+    not checked again on its own."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     cfg = cfg or InternalModelConfig()
@@ -144,7 +146,8 @@ def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
     tok = load_tokenizer(base_model, cfg)
     # memory is planned before anything loads: a model that cannot fit is refused now, with settings that fit
     config = random_config(base_model, **shape_overrides) if shape_overrides else load_config(base_model, cfg)
-    check_model_fits(base_model, cfg, device, config=config)
+    if not memory_planned:
+        check_model_fits(base_model, cfg, device, config=config)
     what = f"{quantization} weights computing in {dtype}" if quantization else str(dtype)
     if base_model in RANDOM_SHAPES:
         from .random_init import build_random_model
@@ -221,9 +224,10 @@ def add_lora(model: Any, cfg: InternalModelConfig | None = None) -> Any:
 
 
 def load_model(base_model: str, cfg: InternalModelConfig | None = None, *,
-               shape_overrides: dict[str, Any] | None = None) -> tuple[Any, Any]:
-    """(peft model with a fresh LoRA adapter, tokenizer); `shape_overrides`: see `load_base_model`."""
-    model, tok = load_base_model(base_model, cfg, shape_overrides=shape_overrides)
+               shape_overrides: dict[str, Any] | None = None, memory_planned: bool = False) -> tuple[Any, Any]:
+    """(peft model with a fresh LoRA adapter, tokenizer); `shape_overrides`, `memory_planned`: see
+    `load_base_model`."""
+    model, tok = load_base_model(base_model, cfg, shape_overrides=shape_overrides, memory_planned=memory_planned)
     return add_lora(model, cfg), tok
 
 

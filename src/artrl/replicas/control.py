@@ -136,7 +136,9 @@ class ReplicaSet:
         return self.router.base_url
 
     def start(self) -> "ReplicaSet":
-        """Start the router and every local replica's process (they load while the caller does its own work)."""
+        """Check that the local replicas fit their devices together, then start the router and every local replica's
+        process (they load while the caller does its own work)."""
+        self.check_memory()
         self.router.start()
         shutdown.track(self, shutdown.ENGINES)
         try:
@@ -174,6 +176,30 @@ class ReplicaSet:
             thread.join()
         self.router.stop()
         shutdown.untrack(self, shutdown.ENGINES)
+
+    def check_memory(self) -> None:
+        """The replicas this process starts, planned per device as one set (models/memory_plan.check_replicas_fit):
+        they load at once, beside the trainer when it shares their device; a ConfigError before any starts."""
+        if self._engine == "scripted":
+            return  # a benchmark's paced engine holds no model
+        from ..models.loading import resolve_device
+        from ..models.memory_plan import check_replicas_fit
+
+        on: dict[str, int] = {}
+        for replica in self.replicas:
+            if not replica.external:
+                on[replica.device or "default"] = on.get(replica.device or "default", 0) + 1
+        if not on:
+            return
+        trainer = resolve_device(self.cfg)
+        if self.cfg.trainer_gpu_ids is not None:
+            trainer_on = {f"cuda:{g}" for g in self.cfg.trainer_gpu_ids}
+        else:
+            trainer_on = {"cpu" if trainer.type == "cpu" else f"cuda:{trainer.index or 0}"}
+        for where, count in on.items():
+            device = resolve_device(self.cfg.model_copy(update={"device": None if where == "default" else where}))
+            key = "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
+            check_replicas_fit(self.base_model, self.cfg, device, count, with_trainer=key in trainer_on)
 
     def shutdown_at_exit(self) -> None:
         self.close()
@@ -438,7 +464,7 @@ class ReplicaSet:
         argv = [sys.executable, "-m", "artrl.replicas.process", "--base-model", self.base_model, "--name", self.name,
                 "--replica", replica.id, "--config", json.dumps(served.model_dump(mode="json")),
                 "--run-dir", str(self.run), "--engine", self._engine, "--host", self.router.host,
-                *self._engine_options]
+                "--memory-planned", *self._engine_options]
         if self.api_key:
             argv += ["--api-key", self.api_key]
         return argv, env
