@@ -145,6 +145,17 @@ def decode_routing(record: Any) -> torch.Tensor:
         raise ValueError(f"malformed {RECORD_KEY} record ({e})") from e
 
 
+def record_of_fed_tokens(routed: Any, n_tokens: int) -> torch.Tensor:
+    """The record of `n_tokens` sampled tokens from an engine's routing of the tokens it fed in after the prompt
+    (vLLM's `routed_experts` with `routed_experts_prompt_start` at the prompt's end: [fed tokens, layers, top_k],
+    row i the experts sampled token i took when it was fed back in): [n_tokens, layers, top_k] int16, row i sampled
+    token i's, -1 for the tokens never fed in (the last). The same alignment as `RoutingRecorder`'s record, which
+    the trainer replays at each sampled token's own position."""
+    fed = torch.as_tensor(routed).to(torch.int16)[:n_tokens]  # [<= n_tokens, layers, top_k]
+    pad = torch.full((n_tokens - fed.shape[0], *fed.shape[1:]), -1, dtype=torch.int16)
+    return torch.cat([fed, pad])
+
+
 class RoutingRecorder:
     """The experts each router picked in the model's latest forward (the engine's side of routing replay).
 
