@@ -1,7 +1,7 @@
 """An agent that sees: SFT warm-up, then RL, on the image colour quiz (`artrl.tasks.image_colours`) with the
-built-in vision-language model `artrl/tiny-vl`, offline, on a CPU, in a few minutes.
+built-in vision-language model `artrl/tiny-vl`, offline, on a CPU, in minutes.
 
-    python examples/image_colour_quiz.py            # about 3 minutes on a laptop CPU
+    python examples/image_colour_quiz.py            # about 7 minutes on a 2-core CPU
     python examples/image_colour_quiz.py --quick    # a smoke run, well under a minute
 
 Each question is a 56 x 56 picture (a solid colour, stripes, checks or a square, made with Pillow) sent

@@ -113,7 +113,7 @@ def test_the_image_quizs_figures_are_the_recorded_runs_everywhere():
     assert f"reward {rewards[0]} untrained, {rewards[1]} after SFT, {rewards[2]} after RL" in readme
     assert f"image_colour_quiz.py` ({minutes} on a 2-core CPU)" in readme
     models = _flat(DOCS / "models.md")
-    assert f"a shared 2-core CPU, {round(run['wall_s'])} s)" in models
+    assert f"a shared 2-core CPU, {round(run['wall_s'])} s," in models
     for label, key in (("untrained", "untrained"), ("after SFT", "after_sft"), ("after RL", "after_rl")):
         row = run[key]
         assert (f"| {label} | {row['reward']:.3f} | {round(100 * row['right_colour'])}% | "
