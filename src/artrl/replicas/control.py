@@ -180,8 +180,8 @@ class ReplicaSet:
     def check_memory(self) -> None:
         """The replicas this process starts, planned per device as one set (models/memory_plan.check_replicas_fit):
         they load at once, beside the trainer when it shares their device; a ConfigError before any starts."""
-        if self._engine == "scripted":
-            return  # a benchmark's paced engine holds no model
+        if self._engine in ("scripted", "vllm"):
+            return  # a benchmark's paced engine holds no model; vLLM sizes its own (gpu_memory_utilization)
         from ..models.loading import resolve_device
         from ..models.memory_plan import check_replicas_fit
 
