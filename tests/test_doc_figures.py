@@ -4,7 +4,9 @@ The demo's rewards come from one recorded run (benchmarks/results/2026-12-01-cpu
 printout in docs/demo.md, the sentence in docs/getting-started.md and the row in docs/performance.md quote the
 same numbers. The memory rule of thumb (docs/getting-started.md, docs/batching.md) quotes the trainer's own
 estimate, `train.memory.bytes_per_token`, for an 8B model's shape. The memory table's CPU peaks
-(docs/getting-started.md) are the newest runs in benchmarks/results/2026-12-02-cpu/memory.jsonl.
+(docs/getting-started.md) are the newest runs in benchmarks/results/2026-12-02-cpu/memory.jsonl, and heap.py's
+trim figures three of its lines. The image colour quiz's rewards, shares and time (README, docs/models.md, the
+example's docstring) are one recorded run (benchmarks/results/2026-12-03-cpu/image-quiz.json).
 """
 
 from __future__ import annotations
@@ -97,3 +99,37 @@ def test_the_memory_table_quotes_the_newest_measured_runs():
                 assert cell.startswith(figure), (name, weights, cell)
         checked += 1
     assert checked >= 6
+
+
+QUIZ_RUN = ROOT / "benchmarks" / "results" / "2026-12-03-cpu" / "image-quiz.json"
+
+
+def test_the_image_quizs_figures_are_the_recorded_runs_everywhere():
+    """README, docs/models.md and the example's docstring quote one recorded run of examples/image_colour_quiz.py."""
+    run = json.loads(QUIZ_RUN.read_text())
+    rewards = [f"{run[k]['reward']:.3f}" for k in ("untrained", "after_sft", "after_rl")]
+    minutes = f"about {round(run['wall_s'] / 60)} minutes"
+    readme = _flat(ROOT / "README.md")
+    assert f"reward {rewards[0]} untrained, {rewards[1]} after SFT, {rewards[2]} after RL" in readme
+    assert f"image_colour_quiz.py` ({minutes} on a 2-core CPU)" in readme
+    models = _flat(DOCS / "models.md")
+    assert f"a shared 2-core CPU, {round(run['wall_s'])} s," in models
+    for label, key in (("untrained", "untrained"), ("after SFT", "after_sft"), ("after RL", "after_rl")):
+        row = run[key]
+        assert (f"| {label} | {row['reward']:.3f} | {round(100 * row['right_colour'])}% | "
+                f"{round(100 * row['one_word'])}% |") in models, label
+    docstring = (ROOT / "examples" / "image_colour_quiz.py").read_text()
+    assert f"# {minutes} on a 2-core CPU" in docstring
+
+
+def test_the_heap_trim_figures_are_the_recorded_runs():
+    """src/artrl/heap.py quotes lines 4, 8 and 10 of the memory runs (random:qwen3-8b in 4-bit)."""
+    runs = [json.loads(line) for line in MEMORY_RUNS.read_text().splitlines()]
+    no_trim, trim_loaded, trim_each = (runs[i - 1]["measured_gb"] for i in (4, 8, 10))
+    assert all(runs[i - 1]["model"] == "random:qwen3-8b" and runs[i - 1]["settings"].get("load_in_4bit")
+               for i in (4, 8, 10))
+    text = _flat(ROOT / "src" / "artrl" / "heap.py")
+    assert (f"resident once registered {no_trim['registered']:.2f} GB with no trim, {trim_loaded['registered']:.2f} "
+            "GB with the trim after loading") in text
+    assert (f"the load's peak {trim_loaded['load_peak']:.2f} GB with that trim alone, {trim_each['load_peak']:.2f} "
+            "GB with the trim after each tensor too") in text

@@ -5,6 +5,10 @@ A path counts as the repository's when it starts with one of its top-level folde
 It must then name a file or folder inside the repository, relative to the repository's root, the page's
 folder, or src/artrl. Paths with placeholders (`<name>`, `NNNN`, `*`) and the run directory's own layout
 (`.art/...`, `checkpoints/...`) are not repository paths.
+
+A listing of the source tree (a code block that opens with `src/artrl/`) names its files apart from their
+folder, with spaces around them (`  train/   rl.py sft.py`, continued on the next lines): each file it lists
+must exist in that folder of src/artrl too.
 """
 
 from __future__ import annotations
@@ -46,6 +50,40 @@ def missing(text: str, folder: pathlib.Path) -> list[str]:
         return False
 
     return [p for p in repository_paths(text) if p not in ART_PATHS and not found(p)]
+
+
+_BLOCK = re.compile(r"```[^\n]*\n(src/artrl/\n.*?)```", re.S)
+_FILE = re.compile(r"^[\w-]+\.py$")
+
+
+def listed_paths(text: str) -> list[str]:
+    """The files that the source-tree listings of `text` name, as paths under src/artrl (module docstring)."""
+    out = []
+    for block in _BLOCK.findall(text):
+        folder = ""
+        for line in block.splitlines()[1:]:
+            words = re.sub(r"\([^)]*\)?", " ", line).split()  # what is in parentheses is prose
+            if not words:
+                continue
+            indent = len(line) - len(line.lstrip())
+            if words[0].endswith("/"):
+                folder = words[0]
+            elif indent <= 2:
+                folder = ""  # a line of top-level modules; deeper lines continue the folder above
+            out += [folder + w for w in words if _FILE.match(w)]
+    return out
+
+
+def test_a_listing_names_files_apart_from_their_folder():
+    text = ("```\nsrc/artrl/\n  tiny.py  cli.py   the command line\n  train/   rl.py (the loss.py of it) gone.py\n"
+            "           sft.py\n  model.py\n```\n")
+    assert listed_paths(text) == ["tiny.py", "cli.py", "train/rl.py", "train/gone.py", "train/sft.py", "model.py"]
+    assert [p for p in listed_paths(text) if not (ROOT / "src" / "artrl" / p).exists()] == ["train/gone.py"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_file_a_source_listing_names_exists(page):
+    assert [p for p in listed_paths(page.read_text()) if not (ROOT / "src" / "artrl" / p).exists()] == []
 
 
 def test_the_rule_finds_repository_paths_and_leaves_the_rest():

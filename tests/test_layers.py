@@ -11,7 +11,9 @@ blocks are left out, they never run). Two rules:
    user's model handle (`model.py`) and the run viewer (`runs.py`), which are
    below the local backend and its sessions (`local/`). The pure-data path
    (`preprocess/`) imports neither the trainer nor the server, and neither of
-   those imports a backend.
+   those imports a backend. What a base model is (`models/`) is below both the
+   trainer and the server; the config (`types.py`) imports neither, and the
+   optimizer table they all read (`optim_spec.py`) imports none of them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ LAYERS = {"artrl.run": 0, "artrl.distributed": 1, "artrl.replicas": 1, "artrl.mo
 # what a part of the data path must never import
 FORBIDDEN = {
     "artrl.preprocess": ("artrl.train", "artrl.serve", "artrl.local", "artrl.distributed", "artrl.run"),
+    # what a base model is: below the trainer and the engines, which both ask it
+    "artrl.models": ("artrl.train", "artrl.serve", "artrl.local", "artrl.distributed", "artrl.run", "artrl.model",
+                     "artrl.replicas", "artrl.pipeline_trainer"),
+    "artrl.types": ("artrl.train", "artrl.serve", "artrl.local", "artrl.distributed", "artrl.run", "artrl.model",
+                    "artrl.replicas"),
+    "artrl.optim_spec": ("artrl.models", "artrl.train", "artrl.types"),
     "artrl.train": ("artrl.serve", "artrl.local", "artrl.distributed", "artrl.run", "artrl.model"),
     "artrl.serve": ("artrl.train", "artrl.local", "artrl.distributed", "artrl.run", "artrl.model", "artrl.replicas"),
     "artrl.run": ("artrl.local", "artrl.distributed", "artrl.model", "artrl.runs", "artrl.serve", "artrl.train"),

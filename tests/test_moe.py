@@ -184,3 +184,44 @@ def test_arts_megatron_bundle_keys_are_accepted_with_a_notice(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert any("moe_routing_replay_path" in line and "no effect" in line for line in lines)
     notices.forget()
+
+
+def test_the_vllm_engines_record_lines_up_with_the_tokens_the_trainer_replays(tiny_moe):
+    """vLLM returns the experts of each token it fed in after the prompt (`routed_experts_prompt_start` at the
+    prompt's end); the engine turns that into the record (`moe.record_of_fed_tokens`). Simulated here from one
+    forward of the tiny MoE model: replayed at the sampled tokens' own positions, as the packer places a record,
+    the record matches the trainer's own routing on every fed token; a record off by one position, or one that
+    claims other experts for some tokens, is counted token for token."""
+    from artrl.serve.vllm_engine import _routing_record
+    from artrl.train.routing import RoutingReplay
+
+    model, _ = tiny_moe
+    generator = torch.Generator().manual_seed(0)
+    prompt, n = 9, 7
+    ids = torch.randint(5, model.config.vocab_size, (1, prompt + n), generator=generator)  # [1, T]
+    recorder = moe.RoutingRecorder(model)
+    with torch.no_grad():
+        model(input_ids=ids)
+    recorder.remove()
+    routed = recorder.latest.permute(1, 0, 2)  # [T, layers, top_k]: every position's experts as fed in
+
+    class Output:  # what vLLM's CompletionOutput carries for an MoE model: the fed sampled tokens only
+        routed_experts = routed[prompt:prompt + n - 1].numpy()
+
+    record = _routing_record(Output(), n)
+    assert record.shape == (n, 4, 2) and (record[-1] == -1).all() and (record[:-1] >= 0).all()
+
+    def mismatches(record: torch.Tensor) -> tuple[int, int]:
+        forced = torch.full((prompt + n, *record.shape[1:]), -1, dtype=torch.int16)  # [T, layers, top_k]
+        forced[prompt:prompt + n] = record  # sampled token i sits at position prompt + i
+        replay = RoutingReplay(model)
+        with replay.installed(), replay.replaying(forced, apply=False), torch.no_grad():
+            model(input_ids=ids)
+        return replay.counts.replayed, replay.counts.rerouted
+
+    assert mismatches(record) == (n - 1, 0)
+    shifted = moe.record_of_fed_tokens(routed[prompt - 1:prompt + n - 1], n)  # one position early
+    assert mismatches(shifted)[1] > 0
+    tampered = record.clone()
+    tampered[[0, 3], -1] = (tampered[[0, 3], -1] + 1) % 8  # other experts in the last layer for two tokens
+    assert mismatches(tampered) == (n - 1, 2)

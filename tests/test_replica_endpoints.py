@@ -35,6 +35,9 @@ class GatedModels(ServedModels):
         self.refusals = 0
         self.attempts = 0
         self.loaded = threading.Event()
+        self.live_attempted, self.live_hold, self.live_done = threading.Event(), threading.Event(), threading.Event()
+        self.live_hold.set()
+        self.waiting = threading.Event()
 
     def load(self, name: str, step: int, path: str) -> None:
         if step >= 1:
@@ -47,6 +50,24 @@ class GatedModels(ServedModels):
         super().load(name, step, path)
         if step >= 1:
             self.loaded.set()
+
+    # the second phase of a publish: making step >= 1 live can be held too (`live_hold`)
+    live_attempted: threading.Event
+    live_hold: threading.Event
+    live_done: threading.Event
+    waiting: threading.Event  # a request for the bare name waits for this replica's switch
+
+    def set_live(self, name: str, path: str, step: int) -> None:
+        if step >= 1:
+            self.live_attempted.set()
+            assert self.live_hold.wait(WAIT_S)
+        super().set_live(name, path, step)
+        if step >= 1:
+            self.live_done.set()
+
+    async def _wait_for_switch(self, name, hold) -> None:
+        self.waiting.set()
+        await super()._wait_for_switch(name, hold)
 
 
 def start_replica(replica_id: str, base_model: str = "artrl/tiny"):
@@ -119,6 +140,41 @@ def test_no_replica_serves_a_step_before_all_have_it_and_a_failed_load_is_retrie
         assert result.step == 1 and b_models.attempts == 2
         assert live_version(a) == live_version(b) == 1 and model.get_inference_name() == "m@1"
         assert len(replicas.in_service()) == 2
+        backend.close()
+
+    asyncio.run(main())
+
+
+def test_the_bare_name_moves_to_the_new_step_at_once_on_every_replica(tmp_path, endpoints, make_choice):
+    """The second phase of a publish: A has made step 1 live, B is still making it live. A request for the bare
+    name sent to B after A answered it with step 1 waits for B's switch and gets step 1, never step 0."""
+    (a, _, a_models), (b, _, b_models) = endpoints
+    backend, model = backend_and_model(tmp_path, a, b)
+
+    async def main():
+        await model.register(backend)
+        b_models.live_hold.clear()
+        train = asyncio.create_task(model.train(groups(make_choice), config=art.TrainConfig(learning_rate=1e-3)))
+        try:
+            assert await asyncio.to_thread(b_models.live_attempted.wait, WAIT_S)  # B is switching (held there)
+            assert await asyncio.to_thread(a_models.live_done.wait, WAIT_S)  # A has switched
+            assert await asyncio.to_thread(live_version, a) == 1  # a client sees step 1 on A ...
+            state = ReplicaClient(b.url, KEY).identity()["models"]["m"]
+            on_b = asyncio.create_task(asyncio.to_thread(live_version, b))  # ... then asks B: B answers it only
+            waits = asyncio.create_task(asyncio.to_thread(b_models.waiting.wait, WAIT_S))  # once it has switched
+            done, _ = await asyncio.wait({on_b, waits}, timeout=WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+            assert done
+            if on_b in done:  # answered while B still served step 0 as its live weights
+                assert on_b.result() == 1
+            assert waits.result() is True
+        finally:
+            b_models.live_hold.set()
+        async with asyncio.timeout(WAIT_S):
+            assert await on_b == 1
+            result = await train
+        assert state["live_step"] == 0 and state["held_for_step"] == 1  # B was held, not serving step 0
+        assert result.step == 1 and model.get_inference_name() == "m@1"
+        assert ReplicaClient(b.url, KEY).identity()["models"]["m"]["held_for_step"] is None
         backend.close()
 
     asyncio.run(main())

@@ -84,13 +84,37 @@ def test_a_replica_loads_publishes_and_unloads_checkpoints_by_the_control_routes
     assert engine.loaded_versions == [1] and engine.live_adapter.startswith("ckpt_m_1_")  # the named one, adopted
     identity = client.get("/artrl/replica", headers=AUTH).json()
     assert identity == {"replica": "r7", "engine": "builtin", "base_model": "artrl/tiny",
-                        "models": {"m": {"live_step": 1, "loaded_steps": [0, 1]}}}
+                        "models": {"m": {"live_step": 1, "loaded_steps": [0, 1], "held_for_step": None}}}
     # unloading: the named adapter of step 0 goes; the live one's name goes but its weights keep serving `m`
     assert client.post("/v1/unload_lora_adapter", headers=AUTH, json={"lora_name": "m@0"}).status_code == 200
     assert client.post("/v1/unload_lora_adapter", headers=AUTH, json={"lora_name": "m@0"}).status_code == 404
     assert client.post("/v1/unload_lora_adapter", headers=AUTH, json={"lora_name": "m@1"}).status_code == 200
     assert complete(client, "m").json()["choices"][0]["policy_version"] == 1
     assert client.get("/artrl/replica", headers=AUTH).json()["models"]["m"]["loaded_steps"] == []
+
+
+def test_a_held_bare_name_waits_for_the_switch_and_a_named_step_does_not(replica, checkpoints):
+    """The first half of a switch (replicas/control.py, rule 2): once held, a request for the bare name is
+    never served the old step; it waits for `live_weights` (here past its wait: a 503 the client retries)."""
+    client, engine = replica
+    assert engine.live_step == 1  # the test above made step 1 live
+    hold = {"model": "m", "step": 1, "wait_s": 30.0}
+    assert client.post("/artrl/hold_live", headers=AUTH, json=hold).json()["held"] is False  # already live
+    hold = {"model": "m", "step": 2, "wait_s": 0.2}
+    assert client.post("/artrl/hold_live", headers=AUTH, json=hold).json()["held"] is True
+    assert client.get("/artrl/replica", headers=AUTH).json()["models"]["m"]["held_for_step"] == 2
+    waited = complete(client, "m")
+    assert waited.status_code == 503 and waited.json()["error"]["code"] == "live_weights_switching"
+    assert "step 2" in waited.json()["error"]["message"]
+    load = {"lora_name": "m@1", "lora_path": checkpoints[1]}
+    assert client.post("/v1/load_lora_adapter", headers=AUTH, json=load).status_code == 200
+    assert complete(client, "m@1").json()["choices"][0]["policy_version"] == 1  # a named step is not held
+    live = {"model": "m", "step": 2, "lora_path": checkpoints[1]}
+    assert client.post("/artrl/live_weights", headers=AUTH, json=live).status_code == 200
+    assert client.get("/artrl/replica", headers=AUTH).json()["models"]["m"]["held_for_step"] is None
+    assert complete(client, "m").json()["choices"][0]["policy_version"] == 2
+    unknown = client.post("/artrl/hold_live", headers=AUTH, json={"model": "x", "step": 1, "wait_s": 1.0})
+    assert unknown.status_code == 404
 
 
 @pytest.mark.parametrize("body, status, fragment", [
@@ -230,6 +254,34 @@ def test_where_the_replicas_run():
     assert art.InternalModelConfig(inference_endpoints=["http://h:1"]).replica_devices() == []
     assert not art.InternalModelConfig(inference_gpu_ids=[1]).replicated  # one GPU: served in this process
     assert art.InternalModelConfig(inference_replicas=1).replicated
+
+
+def test_replicas_on_one_device_are_planned_as_a_set_before_any_starts(tmp_path, monkeypatch):
+    """Three CPU replicas and the trainer load at once on one host: their peaks together are checked against what
+    the host has, not each replica's alone against all of it."""
+    import torch
+
+    from artrl.models import memory_plan
+    from artrl.replicas.control import ReplicaSet
+    from artrl.replicas.router import Router
+
+    cfg = art.InternalModelConfig(inference_replicas=3, device="cpu", max_length=128)
+    one = memory_plan.plan_for("artrl/tiny", cfg, torch.device("cpu"))
+    assert memory_plan.replica_set_peak(one, 3, with_trainer=True) == 3 * one.serving_peak + one.peak
+    assert one.serving_peak < one.peak  # a replica holds no gradients, optimizer or activations
+    # room for the trainer and one and a half replicas: each replica alone would fit, the three do not
+    room = one.peak + int(1.5 * one.serving_peak)
+    monkeypatch.setattr(memory_plan, "available_bytes", lambda *_: room)
+    monkeypatch.setattr(Router, "start", lambda self: pytest.fail("the router started before the memory check"))
+    replicas = ReplicaSet(name="m", base_model="artrl/tiny", cfg=cfg, run=tmp_path, api_key="k")
+    with pytest.raises(ConfigError, match=r"3 inference replicas of artrl/tiny .* 1 fit: set inference_replicas=1"):
+        replicas.start()
+    assert all(r.process is None for r in replicas.replicas)
+    monkeypatch.setattr(memory_plan, "available_bytes", lambda *_: one.peak + 3 * one.serving_peak)
+    replicas.check_memory()  # the three fit: no error
+    # a replica process started by the set does not check its own plan again
+    argv, _ = replicas.command(replicas.replicas[0])
+    assert "--memory-planned" in argv
 
 
 def test_replicas_are_refused_on_a_non_loopback_host(tmp_path):

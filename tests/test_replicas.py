@@ -196,8 +196,8 @@ def test_pipeline_trainer_runs_unchanged_on_replicas(served):
 
     async def main():
         trainer = PipelineTrainer(model, backend, make_rollout(names), scenario_list()[:2 * GROUPS_PER_STEP], None,
-                                  num_rollout_workers=4, min_batch_size=GROUPS_PER_STEP, max_steps_off_policy=1,
-                                  **TRAIN)
+                                  num_rollout_workers=4, min_batch_size=GROUPS_PER_STEP, max_batch_size=GROUPS_PER_STEP,
+                                  max_steps_off_policy=1, **TRAIN)  # two steps of two groups, however they arrive
         async with asyncio.timeout(600):
             await trainer.train(handle_signals=False)
 
@@ -283,3 +283,55 @@ def test_a_turn_in_flight_on_a_replica_that_dies_fails_its_trajectory_and_the_ga
         print(sorted({f"{type(e).__name__}: {str(e)[:160]}" for e in failed}))
     finally:
         replicas.close()
+
+
+def test_a_replica_killed_during_its_own_restart_has_one_restart_and_leaves_no_process(tmp_path):
+    """The replica dies, and its new process dies too while that restart checks it: the same restart tries again
+    (generation 2), no second restart starts beside it (which would stop the first one's process, or leave one
+    running that nothing owns), and after `close` no replica process is left."""
+    import threading
+
+    import psutil
+
+    from artrl.replicas.control import ReplicaSet
+
+    cfg = art.InternalModelConfig(inference_replicas=1, device="cpu")
+    replicas = ReplicaSet(name="s", base_model="artrl/tiny", cfg=cfg, run=tmp_path, api_key="k", engine="scripted",
+                          engine_options=["--reply-tokens", "2"]).start()
+    in_restart, proceed = threading.Event(), threading.Event()
+    check_identity = replicas._check_identity
+
+    def held_check(replica):  # the first restart's process is up; hold its check until the test killed it
+        if replica.generation == 1:
+            in_restart.set()
+            assert proceed.wait(WAIT_S)
+        check_identity(replica)
+
+    replicas._check_identity = held_check
+
+    def replica_processes() -> list[psutil.Process]:  # this set's (the module's fixture has its own)
+        return [p for p in psutil.Process().children(recursive=True)
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                and "artrl.replicas.process" in (cmd := p.cmdline()) and str(tmp_path) in cmd]
+
+    try:
+        replicas.set_live_weights(str(tmp_path), 0)
+        victim = replicas.replicas[0]
+        first = victim.process
+        first.kill()
+        try:
+            assert in_restart.wait(WAIT_S)
+            restarted = victim.process
+            assert restarted is not None and restarted is not first and not victim.in_service
+            restarted.kill()  # killed during its own restart
+            assert replicas.wait_for(lambda: victim.process is not restarted, WAIT_S)
+        finally:
+            proceed.set()
+        assert replicas.wait_for(lambda: victim.in_service and not victim.restarting, WAIT_S)
+        assert (victim.generation, victim.restarts) == (2, 2)
+        assert [p.pid for p in replica_processes()] == [victim.process.pid]
+        assert replicas.router.workers() == [victim.url]
+        assert ReplicaClient(victim.url, "k").identity()["replica"] == victim.id == "r0.2"
+    finally:
+        replicas.close()
+    assert replica_processes() == []

@@ -3,14 +3,13 @@
 glibc keeps freed memory in its heap for reuse, and a freed chunk below the top of the heap is
 not returned by `free` alone. Quantising a model one tensor at a time leaves the heap full of
 such holes (each full-precision draw and bitsandbytes' temporaries), which the process then
-holds while it serves rollouts; training reuses them. `malloc_trim` returns them: on
-random:qwen3-0.6b in 4-bit, `artrl bench memory` measured 1.12 GB resident once registered
-with it, 1.41-1.75 GB without (loading.py trims once a model is loaded). The train call's peak
-stays where it was (1.88-1.90 GB against 1.90-1.97). A random-init build also trims after each
-quantised tensor (models/random_init.py), so the holes never pile up while it loads: building an
-8-layer cut of random:qwen3-8b in 4-bit peaked at 3723 MiB against 4167 without (medians of 3
-alternated whole-process runs; the wall time moved by a ratio of 0.97, within the noise), and the
-whole 8B shape's load in `artrl bench memory` at 7.08 GB against 8.21.
+holds while it serves rollouts; training reuses them. `malloc_trim` returns them: loading.py
+trims once a model is loaded, and a random-init build also trims after each quantised tensor
+(models/random_init.py), so the holes never pile up while it loads. `artrl bench memory
+--model random:qwen3-8b --load-in-4bit` on a 2-core CPU (benchmarks/results/2026-12-02-cpu/memory.jsonl,
+lines 4, 8 and 10 in that order): resident once registered 8.01 GB with no trim, 6.99 GB with the
+trim after loading; the load's peak 8.21 GB with that trim alone, 7.08 GB with the trim after
+each tensor too.
 """
 
 from __future__ import annotations

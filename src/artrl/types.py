@@ -415,7 +415,7 @@ class InternalModelConfig(_Config):
         "memory plan does not fit the device (models/memory_plan.py). False: load anyway.")
     attn_implementation: str | None = pydantic.Field(
         None, description="None: 'artrl_tree' (per-node SDPA calls following the packed tree, "
-        "train/tree_attention.py) on CPU, 'flex_attention' (block-sparse) on GPU. 'sdpa' uses a dense boolean "
+        "models/tree_attention.py) on CPU, 'flex_attention' (block-sparse) on GPU. 'sdpa' uses a dense boolean "
         "prefix mask, 'eager' an additive float mask.")
     gradient_checkpointing: bool | None = pydantic.Field(
         None, description="Recompute activations in backward. None (the default): off on a CPU; on CUDA on for a "
@@ -576,7 +576,7 @@ class InternalModelConfig(_Config):
         if self.load_in_4bit and self.load_in_8bit:
             raise ConfigError("load_in_4bit=True and load_in_8bit=True: choose one (4-bit NF4 takes about half the "
                               "memory of 8-bit; ART's default is 4-bit).")
-        from .train.optimizers import optim_spec
+        from .optim_spec import optim_spec
 
         optim_spec(self.optim)  # an unknown name, or bitsandbytes missing, is refused at register time
         t, i = self.trainer_gpu_ids, self.inference_gpu_ids

@@ -21,7 +21,7 @@ turns either shape (or a mix) into the flat one:
     trainer_args.gradient_accumulation_steps        -> grad_accumulation_sequences (rows per step, call default)
     trainer_args.adam_beta1 / adam_beta2 /
     adam_epsilon / weight_decay / max_grad_norm     -> the same names (call defaults)
-    trainer_args.optim                              -> optim (train/optimizers.py)
+    trainer_args.optim                              -> optim (optim_spec.py)
 
 `engine_args` are vLLM's engine arguments: the whole section is also kept as
 artrl's `engine_args` field, which reaches vLLM when it serves the model

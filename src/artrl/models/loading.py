@@ -12,9 +12,10 @@ benchmarks) loads it here. A `base_model` is one of (models/source.py checks whi
   attention, with its image processor (`load_vision`).
 
 Defaults: float32 on CPU and bfloat16 on GPU, except quantised base weights, which compute in
-bfloat16 everywhere (as Unsloth); 4-bit NF4 weights for a Hugging Face checkpoint (ART's default)
-and full precision for artrl's own models (models/quantization.py); tree attention ("artrl_tree":
-one SDPA call per packed node, train/tree_attention.py) on CPU, flex_attention (block-sparse) on
+bfloat16 everywhere (as Unsloth); 4-bit NF4 weights for a Hugging Face checkpoint on a GPU (ART's
+default), on a CPU only where float32 would not fit (`settle_quantization`), and full precision for
+artrl's own models (models/quantization.py); tree attention ("artrl_tree":
+one SDPA call per packed node, models/tree_attention.py) on CPU, flex_attention (block-sparse) on
 GPU; LoRA r=8, alpha=16 on the attention and MLP projections of Llama/Qwen/Mistral-style models,
 peft's "all-linear" elsewhere. A vision-language model's adapter goes on its language model only (a list
 of module names, ART's or the default, is matched there; the vision tower, whose MLP has the same names,
@@ -78,7 +79,7 @@ def resolve_attn(cfg: InternalModelConfig, device: torch.device) -> str:
         return cfg.attn_implementation
     if device.type == "cuda":
         return "flex_attention"
-    from ..train.tree_attention import TREE_ATTENTION, register
+    from .tree_attention import TREE_ATTENTION, register
 
     register()
     return TREE_ATTENTION
@@ -145,11 +146,13 @@ def settle_quantization(base_model: str, cfg: InternalModelConfig, device: torch
 
 
 def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
-                    shape_overrides: dict[str, Any] | None = None) -> tuple[Any, Any]:
+                    shape_overrides: dict[str, Any] | None = None, memory_planned: bool = False) -> tuple[Any, Any]:
     """(model, tokenizer) without an adapter, on the configured device, dtype and quantisation.
 
     `shape_overrides`: config fields that replace a random shape's (e.g. `num_hidden_layers` for a benchmark cut
-    to a few layers, every other dimension kept); refused for any other model."""
+    to a few layers, every other dimension kept); refused for any other model. `memory_planned`: the caller
+    planned this load with others that share the device (an inference replica: `check_replicas_fit`), so it is
+    not checked again on its own."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     cfg = cfg or InternalModelConfig()
@@ -164,7 +167,8 @@ def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
     path = resolve_name(base_model)
     tok = load_tokenizer(base_model, cfg)
     # memory is planned before anything loads: a model that cannot fit is refused now, with settings that fit
-    check_model_fits(base_model, cfg, device, config=config)
+    if not memory_planned:
+        check_model_fits(base_model, cfg, device, config=config)
     what = f"{quantization} weights computing in {dtype}" if quantization else str(dtype)
     if base_model in RANDOM_SHAPES:
         from .random_init import build_random_model
@@ -251,9 +255,10 @@ def add_lora(model: Any, cfg: InternalModelConfig | None = None) -> Any:
 
 
 def load_model(base_model: str, cfg: InternalModelConfig | None = None, *,
-               shape_overrides: dict[str, Any] | None = None) -> tuple[Any, Any]:
-    """(peft model with a fresh LoRA adapter, tokenizer); `shape_overrides`: see `load_base_model`."""
-    model, tok = load_base_model(base_model, cfg, shape_overrides=shape_overrides)
+               shape_overrides: dict[str, Any] | None = None, memory_planned: bool = False) -> tuple[Any, Any]:
+    """(peft model with a fresh LoRA adapter, tokenizer); `shape_overrides`, `memory_planned`: see
+    `load_base_model`."""
+    model, tok = load_base_model(base_model, cfg, shape_overrides=shape_overrides, memory_planned=memory_planned)
     return add_lora(model, cfg), tok
 
 

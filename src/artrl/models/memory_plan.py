@@ -28,6 +28,12 @@ A session runs the check before it loads a model (`check_model_fits`, with `PLAN
 tokens of micro-batch and of cache: the least a run needs to do anything) and logs the plan;
 `artrl bench memory` prints it beside the measured peak of a train call.
 
+Inference replicas that load at once on one device are planned as a set, before any starts
+(`check_replicas_fit`): each a serving process (`MemoryPlan.serving_peak`: no gradients,
+optimizer or activations), their peaks summed with the trainer's when it loads on the same
+device meanwhile; each replica then loads without a check of its own, which would compare one
+replica's plan with the memory all of them share.
+
 The per-token figures err high (train/memory.py measured 1.8 MB a token where this says 2.3
 on the Qwen3-0.6B shape); `runtime` and the quantisation working sets were measured on this
 project's CPU path (docs/getting-started.md has the table).
@@ -164,6 +170,12 @@ class MemoryPlan:
     @property
     def peak(self) -> int:
         return self.resident + max(self.parts["activations"], self.parts["loading"])
+
+    @property
+    def serving_peak(self) -> int:
+        """The peak of a process that only serves this model (an inference replica): weights, adapters, runtime and
+        cache, plus loading; no gradients, optimizer or activations."""
+        return sum(self.parts[k] for k in ("weights", "adapter", "runtime", "engine_cache", "loading"))
 
     def fits(self) -> bool:
         return self.available is None or self.peak <= self.available
@@ -338,7 +350,7 @@ def peak_rss_bytes() -> int:
 def settings_for(cfg: Any, base_model: str, device_type: str, **workload: Any) -> MemorySettings:
     """The plan's settings of InternalModelConfig `cfg` for `base_model` on `device_type` (`workload`:
     micro_batch_tokens, serving_tokens)."""
-    from ..train.optimizers import optim_spec
+    from ..optim_spec import optim_spec
     from .quantization import resolve_quantization
     from .shapes import RANDOM_SHAPES
 
@@ -371,6 +383,39 @@ def plan_for(base_model: str, cfg: Any, device: Any, *, config: Any = None, **wo
         if plan_memory(shape, checkpointed).peak < plan_memory(shape, settings).peak:
             settings = checkpointed
     return plan_memory(shape, settings, available_bytes(device.type, device.index))
+
+
+def replica_set_peak(plan: MemoryPlan, replicas: int, *, with_trainer: bool) -> int:
+    """The bytes `replicas` serving processes of `plan`'s model take at their peak on one device, loading at once,
+    plus the trainer's peak when it loads on that device too (`with_trainer`). Pure; errs high (peaks summed)."""
+    return replicas * plan.serving_peak + (plan.peak if with_trainer else 0)
+
+
+def check_replicas_fit(base_model: str, cfg: Any, device: Any, replicas: int, *, with_trainer: bool,
+                       config: Any = None) -> MemoryPlan:
+    """`replicas` inference replicas of `base_model` on `device`, planned as one set (module docstring): a
+    ConfigError naming how many fit when their peaks together pass what the device has now (a warning with
+    `cfg.check_memory` False). Returns the plan of one process."""
+    plan = plan_for(base_model, cfg, device, config=config)
+    need = replica_set_peak(plan, replicas, with_trainer=with_trainer)
+    trainer = f" and the trainer's {plan.peak / GB:.1f} GB, loading meanwhile" if with_trainer else ""
+    log.info("%s: %d inference replicas on %s: %.1f GB at their peak (%.2f GB each%s) of %.1f GB available",
+             base_model, replicas, device, need / GB, plan.serving_peak / GB, trainer, (plan.available or 0) / GB)
+    if plan.available is None or need <= plan.available:
+        return plan
+    room = plan.available - (plan.peak if with_trainer else 0)
+    fit = max(0, int(room // plan.serving_peak)) if plan.serving_peak else 0
+    message = (f"{replicas} inference replicas of {base_model} on this {device.type} device do not fit its memory: "
+               f"they load at once and need {need / GB:.1f} GB together at their peak ({plan.serving_peak / GB:.2f} "
+               f"GB each{trainer}), and {plan.available / GB:.1f} GB is available. "
+               + (f"{fit} fit: set inference_replicas={fit}, " if fit else "None fits beside the trainer: ")
+               + "or use 4-bit weights (load_in_4bit=True), or put replicas on other GPUs (inference_gpu_ids) or "
+               "machines (inference_endpoints). The plan errs high; check_memory=False in the model's "
+               "InternalModelConfig starts them anyway.")
+    if not cfg.check_memory:
+        log.warning("%s (check_memory=False: starting them anyway)", message)
+        return plan
+    raise ConfigError(message)
 
 
 def check_model_fits(base_model: str, cfg: Any, device: Any, *, config: Any = None) -> MemoryPlan:

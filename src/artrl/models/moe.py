@@ -24,18 +24,15 @@ The built-in engine records, for every sampled token, the experts each layer pic
 was fed back in (`RoutingRecorder`; [tokens, layers, top_k] ids, -1 where there is none: the last
 sampled token is never fed back); the server returns them with the token record
 (`encode_routing`), and the trainer makes each router pick the recorded experts for those tokens
-(`RoutingReplay`), with their probabilities taken from its own router logits (so the router still
-gets a gradient). Prompt tokens route freely. `RoutingReplay` also counts the tokens whose own
-choice differs from the record.
+(train/routing.py, the one home of the trainer's side), with their probabilities taken from its own
+router logits (so the router still gets a gradient). Prompt tokens route freely.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import logging
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -148,6 +145,17 @@ def decode_routing(record: Any) -> torch.Tensor:
         raise ValueError(f"malformed {RECORD_KEY} record ({e})") from e
 
 
+def record_of_fed_tokens(routed: Any, n_tokens: int) -> torch.Tensor:
+    """The record of `n_tokens` sampled tokens from an engine's routing of the tokens it fed in after the prompt
+    (vLLM's `routed_experts` with `routed_experts_prompt_start` at the prompt's end: [fed tokens, layers, top_k],
+    row i the experts sampled token i took when it was fed back in): [n_tokens, layers, top_k] int16, row i sampled
+    token i's, -1 for the tokens never fed in (the last). The same alignment as `RoutingRecorder`'s record, which
+    the trainer replays at each sampled token's own position."""
+    fed = torch.as_tensor(routed).to(torch.int16)[:n_tokens]  # [<= n_tokens, layers, top_k]
+    pad = torch.full((n_tokens - fed.shape[0], *fed.shape[1:]), -1, dtype=torch.int16)
+    return torch.cat([fed, pad])
+
+
 class RoutingRecorder:
     """The experts each router picked in the model's latest forward (the engine's side of routing replay).
 
@@ -178,83 +186,3 @@ class RoutingRecorder:
         for h in self._handles:
             h.remove()
         self._handles = []
-
-
-@dataclass
-class ReplayCounts:
-    """What a replayed forward saw: tokens with a record, and those whose own choice differed in some layer."""
-
-    replayed: int = 0
-    rerouted: int = 0
-    _pending: list[torch.Tensor] = field(default_factory=list)
-
-
-class RoutingReplay:
-    """Makes each router pick recorded experts (the trainer's side of routing replay).
-
-    `forced` [tokens, layers, top_k] (tokens as the routers see them: rows x width flattened; -1 rows route freely) is
-    set with `replaying(forced)`. A token with a record takes its recorded experts in every layer, weighted by the
-    router's own probabilities of them (renormalised as the router would); the others keep the router's output bit
-    for bit. `counts` add up the tokens with a record and those whose own top-k differed from it (as sets).
-    """
-
-    def __init__(self, model: Any) -> None:
-        self.routers = routers(model)
-        self.forced: torch.Tensor | None = None
-        self.apply = True
-        self.counts = ReplayCounts()
-        self._counted = False
-
-    def _hook(self, layer: int):
-        def hook(module: Any, args: Any, output: Any) -> Any:
-            forced = self.forced
-            if forced is None:
-                return None
-            logits, scores, indices = output  # [T, E], [T, k], [T, k]
-            if forced.shape[1] != len(self.routers):
-                raise RuntimeError(f"routing replay: a record of {forced.shape[1]} MoE layers for a model of "
-                                   f"{len(self.routers)}")
-            want = forced[:, layer, :].to(indices.device, torch.long)  # [T, k]
-            if want.shape[0] != indices.shape[0] or want.shape[1] != indices.shape[1]:
-                raise RuntimeError(f"routing replay: a record of {tuple(want.shape)} (tokens, top_k) for a router "
-                                   f"that saw {tuple(indices.shape)}")
-            on = want[:, 0] >= 0  # [T]
-            if not self._counted:  # once per replaying(): a checkpointed layer runs its forward again in backward
-                own = torch.sort(indices, dim=-1).values
-                mine = torch.sort(want.clamp(min=0), dim=-1).values
-                self.counts._pending.append(on & (own != mine).any(-1))  # [T]: this layer chose otherwise
-                if layer == len(self.routers) - 1:
-                    self.counts.replayed += int(on.sum())
-                    self.counts.rerouted += int(torch.stack(self.counts._pending).any(0).sum())
-                    self.counts._pending.clear()
-                    self._counted = True
-            if not self.apply:
-                return None
-            probs = torch.softmax(logits.float(), dim=-1)  # [T, E]
-            picked = probs.gather(-1, want.clamp(min=0))  # [T, k]
-            if getattr(module, "norm_topk_prob", False):
-                picked = picked / picked.sum(-1, keepdim=True)
-            new_scores = torch.where(on[:, None], picked.to(scores.dtype), scores)
-            new_indices = torch.where(on[:, None], want.to(indices.dtype), indices)
-            return logits, new_scores, new_indices
-        return hook
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator["RoutingReplay"]:
-        handles = [router.register_forward_hook(self._hook(i)) for i, router in self.routers]
-        try:
-            yield self
-        finally:
-            for h in handles:
-                h.remove()
-
-    @contextlib.contextmanager
-    def replaying(self, forced: torch.Tensor | None, apply: bool = True) -> Iterator[None]:
-        """Replay `forced` in the forward passes (and their recomputation) inside, counted once; `apply=False`
-        only counts (the router keeps its own choice)."""
-        before, self.forced, self.apply = self.forced, forced, apply
-        self._counted = False
-        try:
-            yield
-        finally:
-            self.forced, self.apply = before, True

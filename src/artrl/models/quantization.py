@@ -31,11 +31,11 @@ the sampler and the trainer compute the same thing (docs/token-record.md) at som
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConfigError
+from ..optim_spec import BNB_INSTALL_HINT, bitsandbytes_installed  # also read from here
 
 if TYPE_CHECKING:
     import torch
@@ -51,13 +51,8 @@ NF4_BLOCKSIZE = 64
 NF4_BYTES_PER_WEIGHT = 0.5 + 1 / NF4_BLOCKSIZE + 4 / (NF4_BLOCKSIZE * 256)  # double quantisation: 8-bit block scales
 INT8_BYTES_PER_WEIGHT = 1.0  # plus one float32 scale per output row (SCB)
 QUANTIZED_DEVICE_TYPES = ("cpu", "cuda")
-BNB_INSTALL_HINT = "pip install bitsandbytes"
 
 _KERNELS_NOTE = "Failed to load CPU gemm_4bit_forward from kernels-community"
-
-
-def bitsandbytes_installed() -> bool:
-    return importlib.util.find_spec("bitsandbytes") is not None
 
 
 def resolve_quantization(cfg: "InternalModelConfig", base_model: str, device_type: str) -> Quantization | None:

@@ -47,7 +47,7 @@ ROW_TENSORS = ("input_ids", "position_ids", "segment_ids", "parent_ids", "prev_i
 
 # One node of a row's tree, as slot ranges: (start, end, prompt_start, prompt_end). A completion's prompt is
 # its group's shared prompt node; a prompt node, or a sequence without a shared prompt, has
-# prompt_start == prompt_end == start. The attention of train/tree_attention.py runs one call per node.
+# prompt_start == prompt_end == start. The attention of models/tree_attention.py runs one call per node.
 Node = tuple[int, int, int, int]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ArtrlError
-from ..serve.control_routes import LIVE_PATH, LOAD_PATH, REPLICA_PATH, UNLOAD_PATH
+from ..serve.control_routes import HOLD_PATH, LIVE_PATH, LOAD_PATH, REPLICA_PATH, UNLOAD_PATH
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,13 @@ class ReplicaClient:
             return False
         self._check(answer, "POST", UNLOAD_PATH, lora_name)
         return True
+
+    def hold_live(self, model: str, step: int, wait_s: float) -> bool:
+        """artrl's `/artrl/hold_live`: requests for the bare `model` wait until `step` is made live (`set_live`);
+        False when it already is."""
+        answer = self._call("POST", HOLD_PATH, {"model": model, "step": step, "wait_s": wait_s})
+        self._check(answer, "POST", HOLD_PATH, f"{model} step {step}")
+        return bool(answer.json().get("held"))
 
     def set_live(self, model: str, step: int, path: str) -> None:
         """artrl's `/artrl/live_weights`: `model` serves the checkpoint in `path` (step `step`) from now on."""

@@ -6,10 +6,15 @@ these rules, whatever replica dies or refuses:
 
 1. **Every version on every replica.** A checkpoint is loaded on every replica in service,
    straight to its address (replicas/client.py; never through the router), as `name@step`.
-2. **Published only when all have it.** The new step becomes the served default (each artrl
-   replica's live weights, and the name `model.get_inference_name()` answers: `name@step`)
-   only after every replica in service acknowledged the load. Until then every replica serves
-   the previous default, including those that already hold the new one.
+2. **Published only when all have it, and at once.** The new step becomes the served default
+   (each artrl replica's live weights, and the name `model.get_inference_name()` answers:
+   `name@step`) only after every replica in service acknowledged the load. Until then every
+   replica serves the previous default, including those that already hold the new one. The
+   switch itself has two phases: every replica first holds requests for the bare `name`
+   (`hold_live`: they wait, at most `HOLD_WAIT_S` each), and only once all have acknowledged
+   the hold is the step made live on each (`set_live`, which releases that replica's held
+   requests). So once any replica has answered the bare `name` with the new step, every
+   request for it that starts later, on any replica in service, gets the new step too.
 3. **A failed load blocks the publish and is retried** (`PUBLISH_ATTEMPTS`, backing off); a
    replica that still refuses is taken out of the router (and, when started here, restarted)
    before the default moves, so no two replicas in service ever serve different defaults.
@@ -19,7 +24,9 @@ these rules, whatever replica dies or refuses:
 5. **A dead replica is taken out at once** (its process's end is an event: replicas/spawn.py)
    and restarted; an endpoint started elsewhere that stops answering is taken out and
    reported, and rejoins when it answers again. A replica (re)joins the router only after it
-   has loaded every retained version and made the published one live.
+   has loaded every retained version and made the published one live. One restart owns a
+   replica at a time: a process that dies while its replica is being restarted is that
+   restart's failed attempt (it tries again), never a second restart.
 
 Two locks: `_ops` orders what changes versions (publish, prune, a rejoin's loads); `_members`
 guards who is in service, so a death takes its replica out at once even while a publish
@@ -53,6 +60,7 @@ RESTART_ATTEMPTS = 3
 REPLICA_STARTUP_TIMEOUT_S = 600.0  # a replica loads its own copy of the base model (vLLM compiles, too)
 ENDPOINT_CHECK_INTERVAL_S = 5.0
 IDLE_VERSIONS_KEPT = 4
+HOLD_WAIT_S = 60.0  # the longest a bare-name request waits while the default switches (then 503, and it retries)
 
 
 @dataclass
@@ -65,6 +73,7 @@ class Replica:
     process: ChildProcess | None = None
     kind: str = "artrl"  # or "vllm": a vLLM server (no live weights; its default is `name@step`)
     in_service: bool = False
+    restarting: bool = False  # a restart owns it (one `_restart` thread at most; under `_members`)
     generation: int = 0
     restarts: int = 0
     loaded: set[int] = field(default_factory=set)
@@ -127,7 +136,9 @@ class ReplicaSet:
         return self.router.base_url
 
     def start(self) -> "ReplicaSet":
-        """Start the router and every local replica's process (they load while the caller does its own work)."""
+        """Check that the local replicas fit their devices together, then start the router and every local replica's
+        process (they load while the caller does its own work)."""
+        self.check_memory()
         self.router.start()
         shutdown.track(self, shutdown.ENGINES)
         try:
@@ -165,6 +176,30 @@ class ReplicaSet:
             thread.join()
         self.router.stop()
         shutdown.untrack(self, shutdown.ENGINES)
+
+    def check_memory(self) -> None:
+        """The replicas this process starts, planned per device as one set (models/memory_plan.check_replicas_fit):
+        they load at once, beside the trainer when it shares their device; a ConfigError before any starts."""
+        if self._engine in ("scripted", "vllm"):
+            return  # a benchmark's paced engine holds no model; vLLM sizes its own (gpu_memory_utilization)
+        from ..models.loading import resolve_device
+        from ..models.memory_plan import check_replicas_fit
+
+        on: dict[str, int] = {}
+        for replica in self.replicas:
+            if not replica.external:
+                on[replica.device or "default"] = on.get(replica.device or "default", 0) + 1
+        if not on:
+            return
+        trainer = resolve_device(self.cfg)
+        if self.cfg.trainer_gpu_ids is not None:
+            trainer_on = {f"cuda:{g}" for g in self.cfg.trainer_gpu_ids}
+        else:
+            trainer_on = {"cpu" if trainer.type == "cpu" else f"cuda:{trainer.index or 0}"}
+        for where, count in on.items():
+            device = resolve_device(self.cfg.model_copy(update={"device": None if where == "default" else where}))
+            key = "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
+            check_replicas_fit(self.base_model, self.cfg, device, count, with_trainer=key in trainer_on)
 
     def shutdown_at_exit(self) -> None:
         self.close()
@@ -212,6 +247,10 @@ class ReplicaSet:
         with self._ops:
             self.versions[step] = path
             self._on_each(self.in_service(), lambda r: self._load(r, step, path), f"load {self.lora_name(step)}")
+            # the switch (rule 2): hold the bare name everywhere, then make the step live on each
+            artrl = [r for r in self.in_service() if r.kind == "artrl"]
+            self._on_each(artrl, lambda r: ReplicaClient(r.url, self.api_key).hold_live(self.name, step, HOLD_WAIT_S),
+                          f"hold {self.name!r} for step {step}")
             artrl = [r for r in self.in_service() if r.kind == "artrl"]
             self._on_each(artrl, lambda r: ReplicaClient(r.url, self.api_key).set_live(self.name, step, path),
                           f"make step {step} live")
@@ -334,14 +373,18 @@ class ReplicaSet:
             log.error("%s: %s taken out of the router: %s. Rollouts go to the other replicas; it rejoins (with every "
                       "retained version) once it answers again.", self.name, replica, reason)
         else:
-            log.error("%s: %s taken out of the router: %s; restarting it", self.name, replica, reason)
-            process = replica.process
-            replica.process = None
+            with self._members:
+                owned, replica.restarting = replica.restarting, True
+                process, replica.process = replica.process, None
             if process is not None:
                 process.on_exit = None
                 process.stop(timeout=10.0)
-            threading.Thread(target=self._restart, args=(replica,), name=f"artrl-restart-{replica.index}",
-                             daemon=True).start()
+            if owned:  # its restart is under way: this was one of its attempts, which it retries
+                log.error("%s: %s failed while restarting: %s", self.name, replica, reason)
+            else:
+                log.error("%s: %s taken out of the router: %s; restarting it", self.name, replica, reason)
+                threading.Thread(target=self._restart, args=(replica,), name=f"artrl-restart-{replica.index}",
+                                 daemon=True).start()
         self._notify()
 
     def _died(self, child: ChildProcess, code: int) -> None:
@@ -351,30 +394,44 @@ class ReplicaSet:
         self._eject(replica, f"its process (pid {child.pid}) ended with status {code}")
 
     def _restart(self, replica: Replica) -> None:
-        for attempt in range(RESTART_ATTEMPTS):
-            if self._closing.is_set():
-                return
-            replica.restarts += 1
-            replica.generation += 1
-            try:
-                process = self._spawn(replica)
-                info = process.wait_ready(REPLICA_STARTUP_TIMEOUT_S)
-                replica.url = f"http://{self.router.host}:{info['port']}"
-                self._check_identity(replica)
-                self._rejoin(replica)
-                if replica.in_service:
+        """The one restart of `replica` (its owner while `replica.restarting`): up to `RESTART_ATTEMPTS` new
+        processes, each stopped (only that one) when it fails; a process that dies meanwhile fails its attempt."""
+        try:
+            for attempt in range(RESTART_ATTEMPTS):
+                if self._closing.is_set():
                     return
-            except (ChildError, ReplicaError, ConfigError, OSError) as error:
-                log.error("%s: restarting %s failed (attempt %d of %d): %s", self.name, replica, attempt + 1,
-                          RESTART_ATTEMPTS, error)
-                if replica.process is not None:
-                    replica.process.on_exit = None
-                    replica.process.stop(timeout=10.0)
-                    replica.process = None
-                self._closing.wait(RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)])
-        log.error("%s: %s stays out after %d failed restarts; rollouts go to the other replicas", self.name,
-                  replica, RESTART_ATTEMPTS)
-        self._notify()
+                replica.restarts += 1
+                replica.generation += 1
+                process: ChildProcess | None = None
+                try:
+                    process = self._spawn(replica)
+                    if self._closing.is_set():  # `close` may have listed the processes to stop before this one
+                        raise ChildError("the replica set is closing")
+                    info = process.wait_ready(REPLICA_STARTUP_TIMEOUT_S)
+                    replica.url = f"http://{self.router.host}:{info['port']}"
+                    self._check_identity(replica)
+                    self._rejoin(replica)
+                    with self._members:
+                        if replica.in_service and replica.process is process:  # not taken out meanwhile
+                            replica.restarting = False
+                            return
+                    raise ChildError(f"its process (pid {process.pid}) was taken out as it rejoined")
+                except (ChildError, ReplicaError, ConfigError, OSError) as error:
+                    log.error("%s: restarting %s failed (attempt %d of %d): %s", self.name, replica, attempt + 1,
+                              RESTART_ATTEMPTS, error)
+                    with self._members:
+                        if replica.process is process:
+                            replica.process = None
+                    if process is not None:
+                        process.on_exit = None
+                        process.stop(timeout=10.0)
+                    self._closing.wait(RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)])
+            log.error("%s: %s stays out after %d failed restarts; rollouts go to the other replicas", self.name,
+                      replica, RESTART_ATTEMPTS)
+        finally:
+            with self._members:
+                replica.restarting = False
+            self._notify()
 
     def _watch_endpoints(self) -> None:
         """Endpoints started elsewhere: taken out when they stop answering, back in when they answer again."""
@@ -407,7 +464,7 @@ class ReplicaSet:
         argv = [sys.executable, "-m", "artrl.replicas.process", "--base-model", self.base_model, "--name", self.name,
                 "--replica", replica.id, "--config", json.dumps(served.model_dump(mode="json")),
                 "--run-dir", str(self.run), "--engine", self._engine, "--host", self.router.host,
-                *self._engine_options]
+                "--memory-planned", *self._engine_options]
         if self.api_key:
             argv += ["--api-key", self.api_key]
         return argv, env
@@ -416,9 +473,11 @@ class ReplicaSet:
         from .process import READY_PREFIX
 
         argv, env = self.command(replica)
-        replica.process = ChildProcess(f"replica{replica.index}", argv, ready_prefix=READY_PREFIX.strip(),
-                                       env=env, on_exit=self._died).start()
-        return replica.process
+        process = ChildProcess(f"replica{replica.index}", argv, ready_prefix=READY_PREFIX.strip(),
+                               env=env, on_exit=self._died).start()
+        replica.process = process
+        self._notify()
+        return process
 
     def _check_identity(self, replica: Replica) -> None:
         """The replica answers and serves this model's base model (and, when an artrl server, this model)."""

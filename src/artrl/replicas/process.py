@@ -52,7 +52,9 @@ def open_engine_for(args: argparse.Namespace, cfg: Any) -> tuple[Any, str]:
     on_disk = args.base_model not in RANDOM_SHAPES
     kind = resolve_engine_kind(args.engine, resolve_device(cfg).type, weights_on_disk=on_disk)
     if kind == "builtin":
-        model, tok = load_model(args.base_model, cfg)  # a peft model: each checkpoint becomes a version of it
+        # a peft model: each checkpoint becomes a version of it; a set started by the control plane was planned
+        # together (models/memory_plan.check_replicas_fit), not one replica at a time
+        model, tok = load_model(args.base_model, cfg, memory_planned=getattr(args, "memory_planned", False))
         ends = end_of_turn_ids(tok, model)
     else:
         model, tok = None, load_tokenizer(args.base_model, cfg)
@@ -98,6 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: a free port (reported on the ready line)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route")
+    p.add_argument("--memory-planned", action="store_true",
+                   help="the memory plan of this replica's device was checked for all its replicas at once (the "
+                        "control plane does): no check of this one alone")
     p.add_argument("--token-time-ms", type=float, default=10.0, help="scripted engine: time per token")
     p.add_argument("--reply-tokens", type=int, default=16, help="scripted engine: tokens per answer")
 

@@ -1,7 +1,7 @@
 """Decoding with another attention implementation than the one the shared model trains with.
 
 The trainer picks its attention for packed training rows: block-sparse `flex_attention`
-on a GPU, the tree attention of train/tree_attention.py on a CPU (docs/performance.md).
+on a GPU, the tree attention of models/tree_attention.py on a CPU (docs/performance.md).
 A decode step is one query token per row against a left-padded cache, where neither
 helps: flex attention builds a block mask every step. `attention_for_serving(model,
 "sdpa")` switches the model to `impl` with transformers' own `set_attn_implementation`

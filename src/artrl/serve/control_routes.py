@@ -13,8 +13,13 @@ replica too:
 * `POST /v1/unload_lora_adapter {"lora_name": "<model>@<step>"}` (vLLM's): 200 unloaded (with
   the engine's policy version of that step, unless it is the live one); 404 not loaded; 409 a
   running request still uses it (nothing changed; ask again later).
+* `POST /artrl/hold_live {"model", "step", "wait_s"}` (artrl's): requests for the bare `<model>`
+  wait from now on (each at most `wait_s`, then 503 `live_weights_switching`) until `step` is made
+  live; `{"held": false}` when it already is. The first half of a switch that every replica makes
+  at once (serve/models.py, replicas/control.py).
 * `POST /artrl/live_weights {"model", "step", "lora_path"}` (artrl's): `<model>` serves that
-  checkpoint from now on, as policy version `step` (what `set_live_weights` does in one process).
+  checkpoint from now on, as policy version `step` (what `set_live_weights` does in one process),
+  and the requests held for it go on.
 * `GET /artrl/replica`: what this replica is (its id, engine, base model, and for each served
   model the live step and the steps loaded as `<model>@<step>`); the control plane checks that
   every replica serves the same base model with it.
@@ -42,6 +47,7 @@ from artrl.serve.models import STEP_SEPARATOR, ModelNotFoundError, ServedModels
 
 LOAD_PATH, UNLOAD_PATH = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
 LIVE_PATH, REPLICA_PATH = "/artrl/live_weights", "/artrl/replica"
+HOLD_PATH = "/artrl/hold_live"
 
 
 class _Load(pydantic.BaseModel):
@@ -58,6 +64,12 @@ class _Live(pydantic.BaseModel):
     model: str
     step: int = pydantic.Field(ge=0)
     lora_path: str
+
+
+class _Hold(pydantic.BaseModel):
+    model: str
+    step: int = pydantic.Field(ge=0)
+    wait_s: float = pydantic.Field(gt=0)
 
 
 def _served_step(resolver: ServedModels, lora_name: str) -> tuple[str, int]:
@@ -106,12 +118,22 @@ def add_control_routes(app: fastapi.FastAPI, resolver: ServedModels, *, replica_
         except Exception as error:  # an unreadable checkpoint: the engine's own error says which
             raise APIError(500, f"{body.model} cannot serve {body.lora_path} as step {body.step}: "
                                 f"{type(error).__name__}: {error}", param="lora_path", type="server_error") from error
+        resolver.release_live(body.model, body.step)
         return {"model": body.model, "step": body.step}
+
+    @app.post(HOLD_PATH)
+    async def hold_live(body: _Hold) -> dict[str, Any]:
+        try:
+            held = resolver.hold_live(body.model, body.step, body.wait_s)
+        except ModelNotFoundError as error:
+            raise APIError(404, str(error), param="model", code="model_not_found") from error
+        return {"model": body.model, "step": body.step, "held": held}
 
     @app.get(REPLICA_PATH)
     async def replica() -> dict[str, Any]:
         return {"replica": replica_id, "engine": engine_kind, "base_model": base_model,
-                "models": {name: {"live_step": resolver.live_step(name), "loaded_steps": resolver.loaded_steps(name)}
+                "models": {name: {"live_step": resolver.live_step(name), "loaded_steps": resolver.loaded_steps(name),
+                                  "held_for_step": resolver.held_steps().get(name)}
                            for name in resolver.served()}}
 
 

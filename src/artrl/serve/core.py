@@ -47,7 +47,7 @@ from artrl.models.moe import RECORD_KEY as ROUTING_RECORD_KEY, encode_routing
 from artrl.serve.chat import PromptBuilder, request_messages
 from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult, InvalidRequestError
 from artrl.serve.guards import APIError, ServerMetrics
-from artrl.serve.models import ModelNotFoundError, ServedModels
+from artrl.serve.models import LiveSwitchingError, ModelNotFoundError, ServedModels
 from artrl.serve.request import (IGNORED_FIELDS, ROUTER_DEFAULTS, ChatCompletionRequest, RequestLimits, check,
                                  check_parsed)
 from artrl.serve.stream_text import TextStream
@@ -389,6 +389,9 @@ class RequestCore:
             return await self.resolver.resolve(model)
         except ModelNotFoundError as error:
             raise APIError(404, str(error), param="model", code="model_not_found") from error
+        except LiveSwitchingError as error:  # a replica holding the bare name past its bound (replicas/control.py)
+            raise APIError(503, str(error), param="model", code="live_weights_switching", type="server_error") \
+                from error
         except CheckpointError as error:
             logger.error("%s", error)
             raise APIError(500, str(error), param="model", code="checkpoint_unreadable", type="server_error") \

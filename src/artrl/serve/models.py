@@ -17,6 +17,13 @@ checkpoints loaded by name and the engine's policy versions (serve/adapter_versi
 whose steps are not retained, except the live version and anything a running row uses.
 `with_versions` fills in the policy version of results sampled from `name@step` where
 the engine could not tell it.
+
+An inference replica (replicas/) switches its live weights in two steps so that the bare
+`name` moves from one step to the next at once on every replica: `hold_live(name, step)`
+makes requests for `name` wait (each at most `wait_s`, then a 503 the client retries) until
+`release_live(name, step)`, which the control route calls once `set_live` made that step live.
+The control plane holds every replica before it makes the step live on any, so no request
+for `name` that starts after one replica serves the new step is served the old one by another.
 """
 
 from __future__ import annotations
@@ -45,6 +52,19 @@ class ModelNotFoundError(ArtrlError, LookupError):
     """The requested model name is neither served nor a known checkpoint."""
 
 
+class LiveSwitchingError(ArtrlError, RuntimeError):
+    """A request for a served model's bare name waited past its hold while the live weights switch (503)."""
+
+
+@dataclasses.dataclass
+class _Hold:
+    """Requests for a bare name wait on `released` until `step` is live (made on the server's event loop)."""
+
+    step: int
+    wait_s: float
+    released: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+
 class ServedModels:
     """Resolve request model names to `(engine, adapter)`; see the module docstring."""
 
@@ -63,6 +83,7 @@ class ServedModels:
         self._serial = itertools.count()  # adapter names are never reused (an unloaded one may come back)
         self._load_lock = threading.Lock()
         self._say = OncePerRun(logger)  # checkpoints loaded and unloaded as steps go by: INFO once, then DEBUG
+        self._holds: dict[str, _Hold] = {}  # served name -> the switch its bare-name requests wait for
         if name is not None:
             if engine is None:
                 raise ValueError(f"ServedModels({name!r}) needs the engine that serves it")
@@ -94,6 +115,9 @@ class ServedModels:
     async def resolve(self, model: str) -> tuple[InferenceEngine, str | None]:
         """`(engine, adapter)` for a request's model name; raises ModelNotFoundError."""
         if model in self._engines:
+            hold = self._holds.get(model)
+            if hold is not None:
+                await self._wait_for_switch(model, hold)
             return self._engines[model], None
         if model in self._bases:
             return self._bases[model], BASE_WEIGHTS
@@ -161,6 +185,43 @@ class ServedModels:
     def set_live(self, name: str, path: str, step: int) -> None:
         """Serve the checkpoint in `path` (step `step`) as `name`, the live weights, from now on."""
         self._engine(name).set_live_weights(str(path), int(step))
+
+    def hold_live(self, name: str, step: int, wait_s: float) -> bool:
+        """From now on, requests for the bare `name` wait (each at most `wait_s` s, then LiveSwitchingError) until
+        `release_live(name, step)`. False, holding nothing, when `name` already serves `step` or a later one. Call
+        on the server's event loop; a second hold for the same step keeps the first (a retried call)."""
+        live = self.live_step(name)
+        if live is not None and live >= step:
+            return False
+        held = self._holds.get(name)
+        if held is None or held.step != step:
+            if held is not None:
+                held.released.set()  # an older switch never completed: this one supersedes it
+            self._holds[name] = _Hold(step, wait_s)
+        else:
+            held.wait_s = wait_s
+        return True
+
+    def release_live(self, name: str, step: int) -> None:
+        """`name` serves `step` now: requests held for it (or an earlier step) go on. Call on the event loop."""
+        held = self._holds.get(name)
+        if held is not None and held.step <= step:
+            del self._holds[name]
+            held.released.set()
+
+    def held_steps(self) -> dict[str, int]:
+        """Served name -> the step its bare-name requests wait for (empty when no switch is under way)."""
+        return {name: hold.step for name, hold in self._holds.items()}
+
+    async def _wait_for_switch(self, name: str, hold: _Hold) -> None:
+        try:
+            async with asyncio.timeout(hold.wait_s):
+                await hold.released.wait()
+        except TimeoutError as error:
+            raise LiveSwitchingError(
+                f"The model {name!r} is switching its live weights to step {hold.step} on every replica, and this "
+                f"replica has not switched after {hold.wait_s:g} s; retry, or name a step ('{name}"
+                f"{STEP_SEPARATOR}<step>').") from error
 
     def live_step(self, name: str) -> int | None:
         """The step `name` serves now (None: not known, e.g. the base weights of `artrl serve`)."""

@@ -542,14 +542,12 @@ def _result(output: Any, top_k: int, closed: bool, routing: bool = False) -> Gen
 
 def _routing_record(output: Any, n_tokens: int) -> torch.Tensor | None:
     """vLLM's routed experts of the sampled tokens (computed as each was fed in, from the prompt's end on:
-    [fed tokens, layers, top_k]) as artrl's record: [n_tokens, layers, top_k] int16, -1 for tokens vLLM computed
-    none for (the last one, never fed back). None when vLLM returned nothing."""
+    [fed tokens, layers, top_k]) as artrl's record (models/moe.record_of_fed_tokens, tested there without vLLM).
+    None when vLLM returned nothing."""
+    from artrl.models.moe import record_of_fed_tokens
+
     routed = getattr(output, "routed_experts", None)
-    if routed is None:
-        return None
-    fed = torch.as_tensor(routed).to(torch.int16)[:n_tokens]  # [<= n_tokens, layers, top_k]
-    pad = torch.full((n_tokens - fed.shape[0], *fed.shape[1:]), -1, dtype=torch.int16)
-    return torch.cat([fed, pad])
+    return None if routed is None else record_of_fed_tokens(routed, n_tokens)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ Two forms of the same rule:
 * `dense_mask`: a boolean [batch, 1, seq, seq] tensor for SDPA
   (`attn_implementation="sdpa"`; memory grows with seq^2 per row), or its
   additive float form for the eager implementation. The CPU default is neither:
-  tree attention (train/tree_attention.py) runs one SDPA call per node and
+  tree attention (models/tree_attention.py) runs one SDPA call per node and
   builds no seq x seq mask.
 * `block_mask`: a `flex_attention` BlockMask (GPU), built from the same rule
   as a mask_mod; blocks that no query sees are skipped, so memory and compute

@@ -1,4 +1,5 @@
-"""The adapter's optimizer, under ART's names (`trainer_args.optim`), and its state in one portable form.
+"""The adapter's optimizer, under ART's names (`trainer_args.optim`: their table is artrl/optim_spec.py), and
+its state in one portable form.
 
     optim                        optimizer                                      state a weight
     "adamw_torch" (default)      torch.optim.AdamW (fused on CUDA)              8 bytes (two float32 moments)
@@ -27,50 +28,13 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
 from ..notices import notice_once
+from ..optim_spec import DEFAULT_OPTIM, OptimSpec, optim_spec
 
 log = logging.getLogger(__name__)
 
-DEFAULT_OPTIM = "adamw_torch"
 MIN_8BIT_SIZE = 4096
 BLOCKSIZE = 256  # bitsandbytes' block of 8-bit optimizer state
-
-
-@dataclass(frozen=True)
-class OptimSpec:
-    name: str  # ART's name, as given
-    bnb: bool  # bitsandbytes' optimizer (else torch's AdamW)
-    bits: int  # 8 or 32: the moments' storage
-    paged: bool = False
-    fused: bool | None = None  # torch only: None follows fused_optimizer / the device
-
-
-_SPECS = {
-    "adamw_torch": OptimSpec("adamw_torch", bnb=False, bits=32),
-    "adamw_torch_fused": OptimSpec("adamw_torch_fused", bnb=False, bits=32, fused=True),
-    "adamw_8bit": OptimSpec("adamw_8bit", bnb=True, bits=8),
-    "adamw_bnb_8bit": OptimSpec("adamw_bnb_8bit", bnb=True, bits=8),
-    "paged_adamw_8bit": OptimSpec("paged_adamw_8bit", bnb=True, bits=8, paged=True),
-    "paged_adamw_32bit": OptimSpec("paged_adamw_32bit", bnb=True, bits=32, paged=True),
-}
-SUPPORTED_OPTIMS = tuple(_SPECS)
-
-
-def optim_spec(name: str | None) -> OptimSpec:
-    """The optimizer `name` (ART's `trainer_args.optim`) means; ConfigError for one artrl does not run."""
-    name = name or DEFAULT_OPTIM
-    spec = _SPECS.get(name)
-    if spec is None:
-        raise ConfigError(f"optim={name!r} is not supported; artrl runs {list(SUPPORTED_OPTIMS)} (ART's names). "
-                          "For the least memory use 'paged_adamw_8bit' (ART's default).")
-    if spec.bnb:
-        from ..models.quantization import BNB_INSTALL_HINT, bitsandbytes_installed
-
-        if not bitsandbytes_installed():
-            raise ConfigError(f"optim={name!r} needs bitsandbytes, which is not installed: {BNB_INSTALL_HINT}. Or "
-                              f"use optim='{DEFAULT_OPTIM}'.")
-    return spec
 
 
 def build_optimizer(params: list[torch.nn.Parameter], spec: OptimSpec, *, fused: bool,
@@ -178,7 +142,7 @@ def set_moments(optimizer: Any, saved: dict[int, dict[str, Any]]) -> None:
 def load_state(optimizer: Any, saved: dict[str, Any], saved_optim: str | None, spec: OptimSpec) -> None:
     """Load a checkpoint's optimizer state (`saved`, written by an optimizer named `saved_optim`; None: torch's
     AdamW, which wrote every checkpoint before the name was recorded) into `optimizer` (built from `spec`)."""
-    written_by = optim_spec(saved_optim) if saved_optim else _SPECS[DEFAULT_OPTIM]
+    written_by = optim_spec(saved_optim or DEFAULT_OPTIM)
     if written_by.bnb == spec.bnb and written_by.bits == spec.bits:
         optimizer.load_state_dict(saved)
         return

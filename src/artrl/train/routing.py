@@ -1,10 +1,13 @@
-"""The trainer's side of a mixture-of-experts model: routing replay and router health (models/moe.py).
+"""The trainer's side of a mixture-of-experts model: routing replay and router health.
+
+The routing record (what the engine's routers picked, and its JSON form) is models/moe.py's; making the
+trainer's routers follow it is this module's, and only this module's.
 
 `TrainerRouting` sits on the routers of the trained model (forward hooks, for the trainer's life):
 
 * **Replay.** Inside `replaying(mb)`, a micro-batch's tokens that carry a routing record (the experts
   the engine's routers picked for each sampled token, `PackedRows.routing`) take the recorded experts in
-  every MoE layer, weighted by the trainer's own router probabilities of them (models/moe.RoutingReplay).
+  every MoE layer, weighted by the trainer's own router probabilities of them (`RoutingReplay`).
   It covers the forward and, with activation checkpointing, its recomputation in backward. Off with
   `TrainConfig(moe_routing_replay=False)`.
 * **Counts** of the first optimizer step (the weights that sampled the data, as the token record's
@@ -25,13 +28,94 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..models.moe import RoutingReplay, is_moe
+from ..models.moe import is_moe, routers
 
 COUNT_KEYS = ("routing_record_tokens", "routing_mismatch_tokens")
+
+
+@dataclass
+class ReplayCounts:
+    """What a replayed forward saw: tokens with a record, and those whose own choice differed in some layer."""
+
+    replayed: int = 0
+    rerouted: int = 0
+    _pending: list[torch.Tensor] = field(default_factory=list)
+
+
+class RoutingReplay:
+    """Makes each router pick recorded experts (the trainer's side of routing replay).
+
+    `forced` [tokens, layers, top_k] (tokens as the routers see them: rows x width flattened; -1 rows route freely) is
+    set with `replaying(forced)`. A token with a record takes its recorded experts in every layer, weighted by the
+    router's own probabilities of them (renormalised as the router would); the others keep the router's output bit
+    for bit. `counts` add up the tokens with a record and those whose own top-k differed from it (as sets).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.routers = routers(model)
+        self.forced: torch.Tensor | None = None
+        self.apply = True
+        self.counts = ReplayCounts()
+        self._counted = False
+
+    def _hook(self, layer: int):
+        def hook(module: Any, args: Any, output: Any) -> Any:
+            forced = self.forced
+            if forced is None:
+                return None
+            logits, scores, indices = output  # [T, E], [T, k], [T, k]
+            if forced.shape[1] != len(self.routers):
+                raise RuntimeError(f"routing replay: a record of {forced.shape[1]} MoE layers for a model of "
+                                   f"{len(self.routers)}")
+            want = forced[:, layer, :].to(indices.device, torch.long)  # [T, k]
+            if want.shape[0] != indices.shape[0] or want.shape[1] != indices.shape[1]:
+                raise RuntimeError(f"routing replay: a record of {tuple(want.shape)} (tokens, top_k) for a router "
+                                   f"that saw {tuple(indices.shape)}")
+            on = want[:, 0] >= 0  # [T]
+            if not self._counted:  # once per replaying(): a checkpointed layer runs its forward again in backward
+                own = torch.sort(indices, dim=-1).values
+                mine = torch.sort(want.clamp(min=0), dim=-1).values
+                self.counts._pending.append(on & (own != mine).any(-1))  # [T]: this layer chose otherwise
+                if layer == len(self.routers) - 1:
+                    self.counts.replayed += int(on.sum())
+                    self.counts.rerouted += int(torch.stack(self.counts._pending).any(0).sum())
+                    self.counts._pending.clear()
+                    self._counted = True
+            if not self.apply:
+                return None
+            probs = torch.softmax(logits.float(), dim=-1)  # [T, E]
+            picked = probs.gather(-1, want.clamp(min=0))  # [T, k]
+            if getattr(module, "norm_topk_prob", False):
+                picked = picked / picked.sum(-1, keepdim=True)
+            new_scores = torch.where(on[:, None], picked.to(scores.dtype), scores)
+            new_indices = torch.where(on[:, None], want.to(indices.dtype), indices)
+            return logits, new_scores, new_indices
+        return hook
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator["RoutingReplay"]:
+        handles = [router.register_forward_hook(self._hook(i)) for i, router in self.routers]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    @contextlib.contextmanager
+    def replaying(self, forced: torch.Tensor | None, apply: bool = True) -> Iterator[None]:
+        """Replay `forced` in the forward passes (and their recomputation) inside, counted once; `apply=False`
+        only counts (the router keeps its own choice)."""
+        before, self.forced, self.apply = self.forced, forced, apply
+        self._counted = False
+        try:
+            yield
+        finally:
+            self.forced, self.apply = before, True
 
 
 class TrainerRouting:

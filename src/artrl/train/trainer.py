@@ -65,14 +65,15 @@ from .attention import attention_mask_for
 from .kernels import apply_kernels, fused_adamw
 from .logprobs import TokenLogprobModel
 from .loss import LossTerms
-from .optimizers import build_optimizer, load_state, optim_spec
+from ..optim_spec import optim_spec
+from .optimizers import build_optimizer, load_state
 from .routing import TrainerRouting
 from .memory import (CallState, MemoryBudget, call_checkpointing, device_budget, is_out_of_memory,
                      out_of_memory_error)
 from ..models.loading import model_max_length
 from .memory import log as memory_log
 from .totals import StepTotals
-from .tree_attention import TREE_ATTENTION, TreeLayout
+from ..models.tree_attention import TREE_ATTENTION, TreeLayout
 
 log = logging.getLogger(__name__)
 

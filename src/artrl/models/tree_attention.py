@@ -1,6 +1,6 @@
 """Tree attention for packed rows on CPU: SDPA per node, cost following the tree.
 
-The dense boolean mask (attention.py) makes every row pay seq^2 attention even
+The dense boolean mask (train/attention.py) makes every row pay seq^2 attention even
 though a completion only sees its group's prompt and itself. Here each node of
 a row runs its own SDPA call: a prompt attends causally to itself; a completion
 attends to [its prompt, itself] with a small boolean mask (all prompt keys, then
@@ -10,7 +10,7 @@ one by one, and no seq x seq mask is ever built.
 
 It is made known to transformers as the attention implementation "artrl_tree"
 by `register()`, which the model loader (models/loading.py) calls when it picks
-this implementation; importing this module changes no global state. A forward
+this implementation (so it lives here, beside the loader, below the trainer); importing this module changes no global state. A forward
 call that passes `artrl_tree=TreeLayout(...)` uses it; any other call
 (generation with a KV cache, a plain forward) falls through to transformers' own
 SDPA path, so one model object serves training and inference. The layout comes
