@@ -35,6 +35,11 @@ TRAINER_TO_ART = {
     "learning_rate": "loss/learning_rate",
     "entropy": "loss/entropy",
     "kl_policy_ref": "loss/kl_policy_ref",  # ART: mean (new - reference) logprob; our beta term stays train/kl
+    # ART 0.5.23's off-policy figures (train/loss.py)
+    "importance_ratio_mean": "loss/importance_ratio_mean",
+    "importance_ratio_p95": "loss/importance_ratio_p95",
+    "importance_ratio_p99": "loss/importance_ratio_p99",
+    "clipped_token_fraction": "loss/clipped_token_fraction",
     "trainable_tokens": "data/step_trainer_tokens",
     "step_seconds": "time/step_trainer_s",
     "data/optimizer_steps": TRAIN_GRADIENT_STEPS_KEY,
