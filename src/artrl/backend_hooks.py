@@ -80,9 +80,10 @@ def _close(produced: Any) -> None:
 
 
 async def train_through_hook(model: "TrainableModel", kind: str, data: list[Any], config: Any,
-                             dev_config: dict[str, Any], verbose: bool) -> TrainResult | None:
+                             dev_config: dict[str, Any], verbose: bool, log_row: bool = True) -> TrainResult | None:
     """Run the backend's RL (`kind="rl"`, data = groups) or SFT hook in whichever protocol it speaks, write
-    the train row, and return the result (see the module docstring)."""
+    the train row (unless `log_row` is False: ART's `train_sft(log_metrics=False)`), and return the result (see
+    the module docstring)."""
     backend = model.backend()
     hook_name = "_train_model" if kind == "rl" else "_train_sft"
     produced = getattr(backend, hook_name)(model, data, config, dev_config, verbose)
@@ -94,7 +95,8 @@ async def train_through_hook(model: "TrainableModel", kind: str, data: list[Any]
             _close(produced)
             raise
         result = await produced
-        await model._log_train_row(groups, result, before, kind)
+        if log_row:
+            await model._log_train_row(groups, result, before, kind)
         return result
     samples, seconds = await collect_step_metrics(produced, f"{type(backend).__name__}.{hook_name}")
     if kind == "sft" and not samples:
@@ -103,7 +105,8 @@ async def train_through_hook(model: "TrainableModel", kind: str, data: list[Any]
         return None
     metrics = aggregate_step_metrics(samples, seconds, kind)
     step = await model.get_step()
-    await model._log(groups, "train", metrics, step, extra={"kind": kind})
+    if log_row:
+        await model._log(groups, "train", metrics, step, extra={"kind": kind})
     return TrainResult(step=step, metrics=metrics)
 
 

@@ -40,5 +40,5 @@ def get_tokenizer(base_model: str, *, revision: str | None = None, **kwargs: Any
         kwargs["revision"] = revision
     try:
         return AutoTokenizer.from_pretrained(path, **kwargs)
-    except OSError as e:
+    except (OSError, ValueError) as e:  # no such repository or files; a directory without a tokenizer
         raise ConfigError(f"get_tokenizer({base_model!r}): could not load its tokenizer from {path!r}: {e}") from e

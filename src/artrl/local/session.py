@@ -295,25 +295,30 @@ class TrainingSession:
 
     def _reference_adapter(self, cfg: TrainConfig) -> str | None:
         """The loaded adapter that kl_ref_adapter_path / kl_penalty_reference_step name (None: the base model)."""
-        named = cfg.kl_ref_adapter_path is not None or cfg.kl_penalty_reference_step is not None
+        named = cfg.kl_ref_adapter_path is not None or cfg.kl_penalty_reference_step is not None \
+            or cfg.kl_penalty_step_lag is not None
         if not named:
             return None
         if not cfg.needs_reference():
-            notice_once("train.kl_reference_unused", "kl_ref_adapter_path / kl_penalty_reference_step name a KL "
-                        "reference, but neither kl_penalty_coef nor beta is > 0, so no reference is computed "
-                        "(as in ART).")
+            notice_once("train.kl_reference_unused", "kl_ref_adapter_path / kl_penalty_reference_step / "
+                        "kl_penalty_step_lag name a KL reference, but neither kl_penalty_coef nor beta is > 0, so no "
+                        "reference is computed (as in ART).")
             return None
         if cfg.kl_ref_adapter_path is not None:
             path, what = Path(cfg.kl_ref_adapter_path), f"kl_ref_adapter_path={cfg.kl_ref_adapter_path!r}"
         else:
-            step = cfg.kl_penalty_reference_step
+            # ART's moving reference (PipelineTrainer): the checkpoint `lag` steps before the current step
+            step = cfg.kl_penalty_reference_step if cfg.kl_penalty_step_lag is None \
+                else max(0, self.step - cfg.kl_penalty_step_lag)
+            what = f"kl_penalty_reference_step={step}" if cfg.kl_penalty_step_lag is None \
+                else f"kl_penalty_step_lag={cfg.kl_penalty_step_lag} (reference step {step})"
             found = self.checkpoint_path(step) if step is not None else None
             if found is None:
                 raise ConfigError(
-                    f"kl_penalty_reference_step={step}: {self.name} has no complete checkpoint of that step "
+                    f"{what}: {self.name} has no complete checkpoint of that step "
                     f"(checkpoints: {storage.list_checkpoints(self.run)}); name an existing step, or use "
                     "kl_ref_adapter_path.")
-            path, what = Path(found), f"kl_penalty_reference_step={step}"
+            path = Path(found)
         name = "kl_ref_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
         try:
             self.trainer.load_reference_adapter(name, str(path))

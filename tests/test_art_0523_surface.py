@@ -1,0 +1,189 @@
+"""What ART 0.5.23 added to its public surface, here: top-level names, train and SFT keys, and what they do.
+
+Loss-level rules (the log-ratio clamp, kl_penalty_source's arithmetic, the ratio figures) are checked against hand
+values in tests/test_loss_art_options.py, and each RL key's effect on a real update in
+tests/test_train_call_update.py; this file checks the names, the SFT keys and the refusals, through the calls
+that take them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+
+import artrl as art
+from artrl import notices
+from artrl.errors import ConfigError, TrajectoryError
+from artrl.preprocess.tokenize import tokenize_sft
+from artrl.run import storage
+from artrl.types import TrainConfig, TrainSFTConfig
+
+USER = {"role": "user", "content": "Name a colour."}
+
+
+# --------------------------------------------------------------------------- top-level names
+
+def test_art_0523_top_level_names_are_exported():
+    for name in ("get_tokenizer", "LocalServingUnavailableError", "MetricDefinition",
+                 "PIPELINE_RL_DASHBOARD_DEFAULT_METRICS", "PIPELINE_RL_METRIC_DEFINITIONS", "PIPELINE_RL_SCORE_METRICS"):
+        assert name in art.__all__ and hasattr(art, name), name
+    from artrl.local import LocalBackend  # ART 0.5.23's home of LocalBackend; the top-level name stays
+
+    assert LocalBackend is art.LocalBackend
+    assert issubclass(art.LocalServingUnavailableError, RuntimeError)
+
+
+def test_get_tokenizer_loads_a_models_tokenizer_and_passes_options_on(tiny_path, monkeypatch):
+    tok = art.get_tokenizer("artrl/tiny")
+    assert tok.encode("blue") and tok.chat_template
+    calls = []
+    import transformers
+
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def spy(path, **kwargs):
+        calls.append(kwargs)
+        return real(path, **{k: v for k, v in kwargs.items() if k != "revision"})
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", spy)
+    art.get_tokenizer(str(tiny_path), revision="abc", use_fast=True)
+    art.get_tokenizer(str(tiny_path), trust_remote_code=False)
+    # ART: a local directory trusts its code unless told otherwise; revision and other keywords pass through
+    assert calls[0] == {"trust_remote_code": True, "revision": "abc", "use_fast": True}
+    assert calls[1] == {"trust_remote_code": False}
+    with pytest.raises(ConfigError, match="looks like a local path, but nothing is there"):
+        art.get_tokenizer(str(tiny_path / "no-such-dir"))
+
+
+def test_get_tokenizer_of_a_directory_without_one_names_it(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"get_tokenizer\('.*empty'\): could not load its tokenizer"):
+        art.get_tokenizer(str(tmp_path / "empty"))
+
+
+def test_metric_catalogue_is_arts():
+    defs = art.PIPELINE_RL_METRIC_DEFINITIONS
+    assert len(defs) == 40 and len({d.key for d in defs}) == 40
+    assert all(isinstance(d, art.MetricDefinition) for d in defs)
+    assert art.PIPELINE_RL_DASHBOARD_DEFAULT_METRICS[:2] == ("objective/score", "throughput/accepted_train_tok_per_s")
+    assert len(art.PIPELINE_RL_DASHBOARD_DEFAULT_METRICS) == 11
+    assert art.PIPELINE_RL_SCORE_METRICS == (
+        "objective/score", "sample_efficiency/freshness_discount", "sample_efficiency/batch_factor",
+        "offpolicy/token_weighted_policy_age_steps", "throughput/accepted_train_tok_per_s",
+        "data/step_trainable_assistant_tokens")
+    by_key = {d.key: d for d in defs}
+    assert by_key["queue/put_wait_s"].kind == "duration" and by_key["queue/put_wait_s"].unit == "seconds"
+    with pytest.raises(Exception):
+        art.MetricDefinition(key="x", title="x", description="x", kind="speed")
+
+
+# --------------------------------------------------------------------------- TrainConfig keys
+
+def test_new_train_config_keys_are_checked():
+    assert TrainConfig().kl_penalty_source == "current_learner" and TrainConfig().optimizer_save_interval == 5
+    for bad in (dict(kl_penalty_source="learner"), dict(optimizer_save_interval=0), dict(final_training_step=0),
+                dict(kl_penalty_step_lag=0)):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            TrainConfig(**bad)
+    with pytest.raises(ConfigError, match="kl_penalty_step_lag=2 names a moving KL reference"):
+        TrainConfig(kl_penalty_step_lag=2, kl_penalty_reference_step=0).check()
+
+
+def test_optimizer_save_keys_are_noticed_once_when_they_ask_for_less_than_every_checkpoint(caplog):
+    notices.forget()
+    with caplog.at_level(logging.INFO, logger="artrl.notices"):
+        TrainConfig().notice_ignored()
+        TrainConfig(optimizer_save_interval=5).notice_ignored()  # ART's default: nothing to say
+        for _ in range(2):
+            TrainConfig(optimizer_save_interval=10, final_training_step=100).notice_ignored()
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("optimizer_save_interval=10" in m for m in said) == 1
+    assert sum("final_training_step=100" in m for m in said) == 1
+    assert len(said) == 2 and all("every checkpoint" in m for m in said)
+
+
+# --------------------------------------------------------------------------- SFT: assistant_turns
+
+def _conversation() -> art.Trajectory:
+    return art.Trajectory(messages_and_choices=[
+        USER, {"role": "assistant", "content": "Blue, a long answer that has quite a few tokens in it."},
+        {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Red."}], reward=0.0)
+
+
+def test_assistant_turns_last_trains_only_the_final_reply(tok):
+    traj = _conversation()
+    every = tokenize_sft([traj], tok).sequences
+    last = tokenize_sft([traj], tok, assistant_turns="last").sequences
+    (seq,) = last
+    trained = tok.decode([t for t, m in zip(seq.token_ids, seq.trainable_mask) if m])
+    assert "Red." in trained and "Blue" not in trained
+    assert sum(s.n_trainable for s in every) > seq.n_trainable > 0
+    # the same tokens as the final reply's in the all-turns rendering: only the mask differs
+    (full,) = every
+    assert full.token_ids == seq.token_ids
+    assert [m for m in seq.trainable_mask if m] and all(f for f, m in zip(full.trainable_mask, seq.trainable_mask) if m)
+
+
+def test_assistant_turns_last_refuses_a_trajectory_that_ends_otherwise(tok):
+    ends_with_user = art.Trajectory(messages_and_choices=[*_conversation().messages_and_choices, USER], reward=0.0)
+    with pytest.raises(TrajectoryError, match=r"trajectories\[1\]: assistant_turns='last' .* ends with 'user'"):
+        tokenize_sft([_conversation(), ends_with_user], tok, assistant_turns="last")
+    tokenize_sft([ends_with_user], tok)  # 'all' trains its assistant turns
+    with pytest.raises(ConfigError, match="assistant_turns"):
+        TrainSFTConfig(assistant_turns="first")
+
+
+# --------------------------------------------------------------------------- SFT through the model
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    backend = art.LocalBackend(path=str(tmp_path_factory.mktemp("sft0523")), show_progress=False)
+    model = art.TrainableModel(name="sft", project="p", base_model="artrl/tiny",
+                               _internal_config=art.InternalModelConfig(max_length=128))
+    asyncio.run(model.register(backend))
+    yield model, backend
+    backend.close()
+
+
+def _train_rows(model) -> list[dict]:
+    path = model._run_dir() / storage.HISTORY_FILE
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [r for r in rows if r.get("split") == "train"]
+
+
+def test_train_sft_log_metrics_and_assistant_turns(live):
+    model, _ = live
+    before = len(_train_rows(model))
+    last = asyncio.run(model.train_sft([_conversation()], TrainSFTConfig(assistant_turns="last", learning_rate=1e-4)))
+    every = asyncio.run(model.train_sft([_conversation()], TrainSFTConfig(learning_rate=1e-4)))
+    assert 0 < last.metrics["data/step_trainer_tokens"] < every.metrics["data/step_trainer_tokens"]
+    assert len(_train_rows(model)) == before + 2
+    step = asyncio.run(model.get_step())
+    quiet = asyncio.run(model.train_sft([_conversation()], TrainSFTConfig(learning_rate=1e-4), log_metrics=False))
+    assert quiet.step == step + 1  # trained and checkpointed ...
+    assert len(_train_rows(model)) == before + 2  # ... but no train row, as ART's log_metrics=False
+    with pytest.raises(ConfigError, match="contradicts train_sft\\(log_metrics=True\\)"):
+        asyncio.run(model.train_sft([_conversation()], _config=art.dev.TrainSFTConfig(metric_logging={"enabled": False})))
+    with pytest.raises(ConfigError, match="target_training_step"):
+        asyncio.run(model.train_sft([_conversation()], _config={"metric_logging": {"target_training_step": 3}}))
+    with pytest.raises(ConfigError, match="metric_logging\\['enabld'\\]"):
+        art.dev.TrainSFTConfig(metric_logging={"enabld": True})
+
+
+def test_train_sft_from_file_takes_assistant_turns_and_log_metrics(live, tmp_path):
+    from artrl.utils.sft import train_sft_from_file
+
+    model, _ = live
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(json.dumps({"messages": _conversation().messages_and_choices}) for _ in range(2)))
+    before, step = len(_train_rows(model)), asyncio.run(model.get_step())
+    asyncio.run(train_sft_from_file(model, str(path), batch_size=2, assistant_turns="last", log_metrics=False))
+    assert asyncio.run(model.get_step()) == step + 1 and len(_train_rows(model)) == before
+    asyncio.run(train_sft_from_file(model, str(path), batch_size=2, assistant_turns="last"))
+    (row,) = _train_rows(model)[before:]
+    with_all = asyncio.run(model.train_sft([_conversation()] * 2, TrainSFTConfig(batch_size=2, learning_rate=1e-4),
+                                           log_metrics=False))
+    assert 0 < row["data/step_trainer_tokens"] < with_all.metrics["data/step_trainer_tokens"]
