@@ -187,3 +187,76 @@ def test_train_sft_from_file_takes_assistant_turns_and_log_metrics(live, tmp_pat
     with_all = asyncio.run(model.train_sft([_conversation()] * 2, TrainSFTConfig(batch_size=2, learning_rate=1e-4),
                                            log_metrics=False))
     assert 0 < row["data/step_trainer_tokens"] < with_all.metrics["data/step_trainer_tokens"]
+
+
+# --------------------------------------------------------------------------- metric names
+
+def test_metrics_builder_writes_0523_names_beside_0518s():
+    from artrl.metrics import MetricsBuilder
+
+    builder = MetricsBuilder("train")
+    builder.add_data(step_rollout_tokens=100)
+    builder.add_user_timing(step_wall_s=5.0, step_rollout_s=4.0)
+    builder.add_idle_times(step_trainer_idle_s=1.0, step_rollout_idle_s=0.5)
+    first = asyncio.run(builder.flush())
+    assert first["data/step_rollout_tokens"] == first["data/step_actor_tokens"] == 100
+    assert first["time/step_rollout_s"] == first["time/step_actor_s"] == 4.0
+    assert first["time/step_trainer_idle_s"] == first["throughput/step_trainer_idle_s"] == 1.0
+    assert first["time/step_rollout_idle_s"] == first["throughput/step_actor_idle_s"] == 0.5
+    assert first["throughput/avg_rollout_tok_per_s"] == first["throughput/avg_actor_tok_per_s"] == 25.0
+    builder.add_data(step_actor_tokens=60)  # ART 0.5.18's keywords keep working
+    builder.add_user_timing(step_actor_s=1.0)
+    builder.add_idle_times(step_actor_idle_s=0.25)
+    second = asyncio.run(builder.flush())
+    assert second["data/cum/rollout_tokens"] == second["data/cum/actor_tokens"] == 160
+    assert second["time/cum/rollout_idle_s"] == 0.75 and second["throughput/cum/actor_idle_s"] == 0.75
+    assert second["throughput/avg_rollout_tok_per_s"] == pytest.approx(160 / 5.0)
+    with pytest.raises(ValueError, match="given twice"):
+        builder.add_user_timing(step_rollout_s=1.0, step_actor_s=1.0)
+
+
+def test_trainer_throughput_is_trainable_tokens_over_backend_train_time():
+    from artrl.metrics import MetricsBuilder
+
+    builder = MetricsBuilder("train")
+    for tokens, seconds in ((300, 2.0), (100, 2.0)):
+        builder.add_metric("data/step_trainable_assistant_tokens", tokens)
+        builder.add_metric("time/step_backend_train_s", seconds)
+        out = asyncio.run(builder.flush())
+    assert out["throughput/avg_trainer_tok_per_s"] == pytest.approx(400 / 4.0)
+
+
+def test_completion_tokens_is_the_sum_over_every_choice(make_choice):
+    from artrl.gather_context import GatherContext, record_metrics
+
+    a, b = make_choice("red green"), make_choice("blue")
+    n = len(a.logprobs.content) + len(b.logprobs.content)
+    traj = art.Trajectory(messages_and_choices=[USER, a], reward=1.0,
+                          additional_histories=[art.History(messages_and_choices=[USER, b])])
+    record_metrics(GatherContext(), traj)
+    assert traj.metrics["completion_tokens"] == n  # ART 0.5.23: a sum (0.5.18: the mean per turn)
+    silent = make_choice("pink", logprobs=False, token_ids=False)
+    partial = art.Trajectory(messages_and_choices=[USER, a, {"role": "user", "content": "more"}, silent], reward=0.0)
+    record_metrics(GatherContext(), partial)
+    assert "completion_tokens" not in partial.metrics  # a Choice that does not say: no figure, as in ART
+
+
+def test_an_rl_train_row_has_arts_0523_figures(live, make_choice):
+    model, _ = live
+    group = art.TrajectoryGroup([art.Trajectory(messages_and_choices=[USER, make_choice(c)], reward=r)
+                                 for c, r in (("blue", 1.0), ("red", 0.0))])
+    result = asyncio.run(model.train([group], config=TrainConfig(learning_rate=1e-5, epsilon=0.2,
+                                                                 epsilon_high=0.2)))
+    m = result.metrics
+    for key in ("loss/importance_ratio_mean", "loss/importance_ratio_p95", "loss/importance_ratio_p99",
+                "loss/clipped_token_fraction", "time/step_backend_train_s", "data/step_trainable_assistant_tokens"):
+        assert key in m, key
+    assert m["data/step_trainable_assistant_tokens"] == m["data/step_trainer_tokens"] > 0
+    # the fixture's sampled logprobs are random: ratios spread, and some fall outside [0.8, 1.2]
+    assert 0 < m["loss/clipped_token_fraction"] <= 1 and m["loss/importance_ratio_p99"] >= m["loss/importance_ratio_p95"]
+    assert m["loss/importance_ratio_mean"] == pytest.approx(m["train/mean_ratio"], rel=1e-6)  # unit weights here
+    (row,) = [r for r in _train_rows(model) if r["step"] == result.step]
+    assert row["loss/importance_ratio_mean"] == pytest.approx(m["loss/importance_ratio_mean"])
+    from artrl.metric_definitions import ARTRL_LOGS
+
+    assert ARTRL_LOGS <= set(m)

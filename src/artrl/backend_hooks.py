@@ -11,8 +11,9 @@ verbose)`. Two protocols are accepted, told apart by what the call returns:
   dicts, one per optimizer step. They are aggregated as ART aggregates them
   (`average_metric_samples`: the mean of each key over the steps that report it;
   `data/step_num_gradient_steps` must be the same in every dict and is kept as
-  it is), plus `time/step_trainer_s`, the seconds the iteration took (RL: unless
-  the backend reports it; SFT: always, as in ART). The row is written at the
+  it is), plus `time/step_backend_train_s` (ART 0.5.23) and `time/step_trainer_s`
+  (0.5.18), the seconds the iteration took (RL: unless the backend reports it; SFT:
+  always, as in ART). The row is written at the
   step the backend reports after training (`_get_step`), as ART does; an SFT
   call whose iterator yields nothing writes no row and returns None.
 
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TRAINER_SECONDS_KEY = "time/step_trainer_s"
+TRAINER_SECONDS_KEY = "time/step_trainer_s"  # ART 0.5.18's name of the train call's seconds
+BACKEND_TRAIN_SECONDS_KEY = "time/step_backend_train_s"  # ART 0.5.23's
 
 
 def is_metric_stream(produced: Any) -> bool:
@@ -64,12 +66,14 @@ async def collect_step_metrics(stream: AsyncIterator[dict[str, float]], hook: st
 
 
 def aggregate_step_metrics(samples: list[dict[str, float]], seconds: float, kind: str) -> dict[str, float]:
-    """ART's train-row aggregation of per-step metrics (`kind` "rl" keeps a reported trainer time)."""
+    """ART's train-row aggregation of per-step metrics (`kind` "rl" keeps a reported trainer time), the time under
+    ART 0.5.23's key (`time/step_backend_train_s`) and 0.5.18's (`time/step_trainer_s`)."""
     metrics = average_metric_samples(samples)
-    if kind == "rl":
-        metrics.setdefault(TRAINER_SECONDS_KEY, seconds)
-    else:
-        metrics[TRAINER_SECONDS_KEY] = seconds
+    for key in (BACKEND_TRAIN_SECONDS_KEY, TRAINER_SECONDS_KEY):
+        if kind == "rl":
+            metrics.setdefault(key, seconds)
+        else:
+            metrics[key] = seconds
     return metrics
 
 

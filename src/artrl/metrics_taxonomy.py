@@ -133,6 +133,7 @@ def trainer_metrics(summary: dict[str, float], kind: str) -> dict[str, float]:
             out[key if key.startswith("data/") else f"train/{key}"] = value
     out.setdefault(TRAIN_GRADIENT_STEPS_KEY, 0.0)
     out.setdefault("data/step_trainer_tokens", 0.0)
+    out["data/step_trainable_assistant_tokens"] = out["data/step_trainer_tokens"]  # ART 0.5.23's name of the count
     if kind == "rl" and "data/groups" in summary:
         groups = summary["data/groups"]
         skipped = summary.get("data/groups_skipped_zero_advantage", 0.0) + summary.get("data/groups_skipped_empty",

@@ -45,6 +45,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,6 +229,7 @@ class TrainingSession:
         """
         from ..train.prepare import prepare_call
 
+        started = time.monotonic()
         with self._training():
             ref = self._reference_adapter(cfg) if isinstance(cfg, TrainConfig) else None
             call = prepare_call(kind, self._build_context(), data, cfg, ref_adapter=ref)
@@ -246,6 +248,7 @@ class TrainingSession:
                     "lower learning_rate, or resume from an earlier checkpoint (delete the later ones).")
             step = self.step + 1
             metrics = trainer_metrics(out.summary, kind)
+            metrics["time/step_backend_train_s"] = time.monotonic() - started  # ART 0.5.23: the call, tokenizing on
             # the row model.train / train_sft write after this returns (run/history.py), as in ART: its trainer
             # part rides in the checkpoint, so a crash before that write loses nothing (_recover_history)
             record = {"step": step, "split": "train", "kind": kind, **history.finite_values(metrics)} \
