@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 
 import pytest
 
@@ -260,3 +261,56 @@ def test_an_rl_train_row_has_arts_0523_figures(live, make_choice):
     from artrl.metric_definitions import ARTRL_LOGS
 
     assert ARTRL_LOGS <= set(m)
+
+
+# --------------------------------------------------------------------------- keys older than 0.5.23, through backend.train
+
+def _groups(make_choice) -> list[art.TrajectoryGroup]:
+    return [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[USER, make_choice(c)], reward=r)
+                                 for c, r in pairs]) for pairs in ((("blue", 1.0), ("red", 0.0)),
+                                                                   (("green", 0.5), ("pink", 0.0)))]
+
+
+def test_grad_accumulation_sequences_makes_a_step_of_that_many_rows(live, make_choice):
+    model, backend = live
+    # short rows without prompt sharing: several rows; by default the call is one optimizer step, with
+    # grad_accumulation_sequences=1 (ART: packed sequences per step) one step per row
+    layout = dict(row_length=32, share_prompts=False, learning_rate=1e-6)
+    whole = asyncio.run(backend.train(model, _groups(make_choice), **layout))
+    per_row = asyncio.run(backend.train(model, _groups(make_choice), grad_accumulation_sequences=1, **layout))
+    rows = whole.metrics["train/rows"]
+    assert rows >= 2 and per_row.metrics["train/rows"] == rows
+    assert whole.metrics["data/step_num_gradient_steps"] == 1
+    assert per_row.metrics["data/step_num_gradient_steps"] == rows
+
+
+def test_logprob_calculation_chunk_size_reaches_the_logprob_computation(live, make_choice, monkeypatch):
+    from artrl.train.trainer import Trainer
+
+    model, backend = live
+    seen = []
+    real = Trainer.forward_tokens
+
+    def spy(self, sub, *args, **kwargs):
+        seen.append(kwargs.get("chunk_size"))
+        return real(self, sub, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "forward_tokens", spy)
+    small = asyncio.run(backend.train(model, _groups(make_choice), logprob_calculation_chunk_size=3, learning_rate=1e-6))
+    assert seen and set(seen) == {3}
+    seen.clear()
+    asyncio.run(backend.train(model, _groups(make_choice), learning_rate=1e-6))
+    assert set(seen) == {None}  # the model's logprob_chunk_size
+    assert math.isfinite(small.metrics["loss/train"])
+
+
+def test_dev_train_configs_packed_sequence_length_is_the_row_length(live, make_choice):
+    model, _ = live
+    options = art.dev.TrainConfig(packed_sequence_length=32, share_prompts=False, learning_rate=1e-6)
+    narrow = asyncio.run(model.train(_groups(make_choice), _config=options))
+    wide = asyncio.run(model.train(_groups(make_choice), _config={**options, "packed_sequence_length": 128}))
+    assert narrow.metrics["train/rows"] > wide.metrics["train/rows"]
+    with pytest.raises(ConfigError, match="packed_sequence_length=8"):
+        asyncio.run(model.train(_groups(make_choice), _config={"packed_sequence_length": 8}))
+    with pytest.raises(ConfigError, match="exceeds the model's max_length"):
+        asyncio.run(model.train(_groups(make_choice), _config={"packed_sequence_length": 4096}))

@@ -61,10 +61,15 @@ def sft_metric_logging(dev_config: Mapping[str, Any] | None, log_metrics: bool) 
     return {"enabled": log_metrics}
 
 
+# ART's art.dev.TrainConfig key that is not a TrainConfig field: the packed row length (TrainConfig.row_length),
+# translated where the call is made (LocalBackend._train_model, through art_train_overrides' checks).
+PACKED_SEQUENCE_LENGTH = "packed_sequence_length"
+
+
 def TrainConfig(options: Mapping[str, Any] | None = None, /, **kwargs: Any) -> dict[str, Any]:  # noqa: N802
     """Extra RL options passed as `model.train(..., _config=art.dev.TrainConfig(...))`; like ART's TypedDict,
-    it takes keywords and/or one mapping."""
-    return _options(_TrainConfig, options, kwargs)
+    it takes keywords and/or one mapping: TrainConfig fields, and ART's `packed_sequence_length`."""
+    return _options(_TrainConfig, options, kwargs, frozenset({PACKED_SEQUENCE_LENGTH}))
 
 
 def TrainSFTConfig(options: Mapping[str, Any] | None = None, /, **kwargs: Any) -> dict[str, Any]:  # noqa: N802
