@@ -20,7 +20,7 @@ from artrl import notices
 from artrl.errors import ConfigError, TrajectoryError
 from artrl.preprocess.tokenize import tokenize_sft
 from artrl.run import storage
-from artrl.types import TrainConfig, TrainSFTConfig
+from artrl.types import InternalModelConfig, TrainConfig, TrainSFTConfig
 
 USER = {"role": "user", "content": "Name a colour."}
 
@@ -314,3 +314,21 @@ def test_dev_train_configs_packed_sequence_length_is_the_row_length(live, make_c
         asyncio.run(model.train(_groups(make_choice), _config={"packed_sequence_length": 8}))
     with pytest.raises(ConfigError, match="exceeds the model's max_length"):
         asyncio.run(model.train(_groups(make_choice), _config={"packed_sequence_length": 4096}))
+
+
+def test_max_length_comes_from_the_models_config_as_art_reads_it():
+    from types import SimpleNamespace
+
+    from artrl.models.loading import model_max_length
+
+    def model(**config):
+        return SimpleNamespace(config=SimpleNamespace(**config))
+
+    assert model_max_length(model(max_position_embeddings=4096)) == 4096
+    assert model_max_length(model(n_positions=1024)) == 1024  # GPT-2's name, which 0.5.18's rule missed
+    assert model_max_length(model(seq_length=2048), InternalModelConfig(max_length=512)) == 512
+    nested = model(text_config=SimpleNamespace(max_position_embeddings=8192), max_position_embeddings=None)
+    assert model_max_length(nested) == 8192
+    assert model_max_length(model(), InternalModelConfig(max_length=300)) == 300
+    with pytest.raises(ConfigError, match="gives no maximum sequence length .* set InternalModelConfig\\(max_length"):
+        model_max_length(model(hidden_size=8))

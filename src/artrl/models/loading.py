@@ -239,8 +239,31 @@ def load_vision(base_model: str, tokenizer: Any, config: Any, cfg: InternalModel
                                  trust_remote_code=cfg.trust_remote_code)
 
 
+# Where a model's config says its longest sequence, in the order ART 0.5.23 reads them
+# (art/dev/sequence_lengths.py); a vision-language model's language model is asked first.
+MAX_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length", "model_max_length")
+
+
+def config_max_length(config: Any) -> int | None:
+    """The longest sequence a transformers config says its model takes (None when none of MAX_LENGTH_KEYS does)."""
+    nested = [getattr(config, k, None) for k in ("text_config", "llm_config", "language_config")]
+    for section in (text_config(config), *[n for n in nested if n is not None], config):
+        for key in MAX_LENGTH_KEYS:
+            value = getattr(section, key, None)
+            if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1_000_000_000:
+                return value
+    return None
+
+
 def model_max_length(model: Any, cfg: InternalModelConfig | None = None) -> int:
+    """`max_length` when set, capped by what the model's config says; else the config's (ART 0.5.23 reads the same
+    keys); a ConfigError asking for max_length when the config says nothing."""
     cfg = cfg or InternalModelConfig()
-    config = text_config(model.config)  # a vision-language model's language model
-    n = getattr(config, "max_position_embeddings", None) or 32768
+    n = config_max_length(model.config)
+    if n is None:
+        if cfg.max_length:
+            return cfg.max_length
+        raise ConfigError(f"the config of this {type(model).__name__} gives no maximum sequence length (none of "
+                          f"{list(MAX_LENGTH_KEYS)}); set InternalModelConfig(max_length=...) "
+                          "(ART: init_args.max_seq_length).")
     return min(n, cfg.max_length) if cfg.max_length else n
