@@ -39,7 +39,7 @@ from .moe import EXPERTS_IMPLEMENTATION, is_moe, lora_targets
 from .quantization import Quantization, bnb_config, prepare_quantized, resolve_quantization, weight_numel
 from .shapes import RANDOM_SHAPES, random_config
 from .source import load_config, resolve_name  # resolve_name: also read from here
-from .structure import PROJECTIONS, text_config
+from .structure import MAX_LENGTH_KEYS, PROJECTIONS, config_max_length, text_config
 from .vision import VisionInputs, is_vision_model
 
 log = logging.getLogger(__name__)
@@ -237,22 +237,6 @@ def load_vision(base_model: str, tokenizer: Any, config: Any, cfg: InternalModel
     cfg = cfg or InternalModelConfig()
     return VisionInputs.of_model(resolve_name(base_model), tokenizer, config, MediaPolicy.of(cfg),
                                  trust_remote_code=cfg.trust_remote_code)
-
-
-# Where a model's config says its longest sequence, in the order ART 0.5.23 reads them
-# (art/dev/sequence_lengths.py); a vision-language model's language model is asked first.
-MAX_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length", "model_max_length")
-
-
-def config_max_length(config: Any) -> int | None:
-    """The longest sequence a transformers config says its model takes (None when none of MAX_LENGTH_KEYS does)."""
-    nested = [getattr(config, k, None) for k in ("text_config", "llm_config", "language_config")]
-    for section in (text_config(config), *[n for n in nested if n is not None], config):
-        for key in MAX_LENGTH_KEYS:
-            value = getattr(section, key, None)
-            if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1_000_000_000:
-                return value
-    return None
 
 
 def model_max_length(model: Any, cfg: InternalModelConfig | None = None) -> int:
