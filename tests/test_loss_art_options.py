@@ -7,12 +7,14 @@ clipped, so a CISPO token's loss is -r_t * A_t * new_t and its gradient -r_t * A
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
 import torch
 
-from artrl.train.loss import policy_loss
+from artrl import notices
+from artrl.train.loss import RATIO_EDGES, histogram_quantile, policy_loss, ratio_histogram
 from artrl.types import TrainConfig
 
 NEW = [-1.0, -1.0, -1.0]
@@ -152,6 +154,16 @@ def test_kl_penalty_uses_the_optimizer_steps_mean_when_given():
     assert grad == pytest.approx(_cispo(R, [A + 0.5 * (0.3 - k) for k in kl])[1])
 
 
+def test_kl_penalty_source_sample_measures_the_rollout_policy_against_the_reference():
+    # ART 0.5.23 kl_penalty_source="sample": kl_t = old - ref = [0.1, -0.5, -0.1], the rollout's drift
+    kl = [o - r for o, r in zip(OLD, REF)]
+    mean = sum(kl) / 3
+    terms, grad = _run(ref=REF, kl_penalty_coef=0.5, kl_source="sample")
+    assert grad == pytest.approx(_cispo(R, [A + 0.5 * (mean - k) for k in kl])[1])
+    assert terms.kl_ref_sum == pytest.approx(sum(kl))  # what loss/kl_policy_ref reports
+    assert grad != pytest.approx(_run(ref=REF, kl_penalty_coef=0.5)[1])  # not the current learner's
+
+
 def test_kl_penalty_without_reference_or_coefficient_changes_nothing():
     assert _run(kl_penalty_coef=0.5)[1] == pytest.approx(_run()[1])
     assert _run(ref=REF)[1] == pytest.approx(_run()[1])
@@ -159,11 +171,16 @@ def test_kl_penalty_without_reference_or_coefficient_changes_nothing():
 
 # --------------------------------------------------------------------------- truncated importance sampling
 
-def test_truncated_importance_sampling_scales_by_the_capped_ratio():
-    cap = [min(r, 1.2) for r in R]
-    terms, grad = _run(truncated_importance_sampling=1.2)
-    assert terms.loss_sum.item() == pytest.approx(sum(r * A * c for r, c in zip(R, cap)))
-    assert grad == pytest.approx([-r * A * c for r, c in zip(R, cap)])
+def test_truncated_importance_sampling_without_recomputed_logprobs_is_skipped_with_one_notice(caplog):
+    # ART 0.5.23: no trainer/sampler ratio without precalculate_logprobs, so nothing is truncated
+    # (0.5.18 multiplied by the capped current ratio instead)
+    notices.forget()
+    with caplog.at_level(logging.WARNING, logger="artrl.notices"):
+        terms, grad = _run(truncated_importance_sampling=1.2)
+        _run(truncated_importance_sampling=1.2)
+    assert terms.loss_sum.item() == pytest.approx(_run()[0].loss_sum.item()) and grad == pytest.approx(_run()[1])
+    said = [r.getMessage() for r in caplog.records if "truncated_importance_sampling=1.2 is skipped" in r.getMessage()]
+    assert len(said) == 1
 
 
 def test_truncated_importance_sampling_with_recomputed_logprobs_uses_trainer_over_sampler():
@@ -184,3 +201,59 @@ def test_contradictions_between_our_names_and_arts_are_refused():
     with pytest.raises(ConfigError, match="loss='gspo' already uses a sequence-level ratio"):
         TrainConfig(loss="gspo", importance_sampling_level="sequence").check()
     TrainConfig(beta=0.1, kl_penalty_coef=0.2).check()  # two different knobs now: both allowed
+
+
+# --------------------------------------------------------------------------- ART 0.5.23's ratio rules and figures
+
+def _one(new: float, old: float, dtype=torch.float64, **options):
+    n = torch.tensor([new], dtype=dtype, requires_grad=True)
+    t = lambda v: torch.tensor(v, dtype=dtype)  # noqa: E731
+    eps = 6e4 if dtype == torch.float16 else 1e12  # PPO's clip out of the way (6e4: float16's range)
+    terms = policy_loss(n, t([old]), t([1.0]), t([1.0]), torch.tensor([0]), t([0.0]), kind="ppo", epsilon=eps,
+                        epsilon_high=eps, **options)
+    terms.loss_sum.backward()
+    return terms, n.grad.item()
+
+
+@pytest.mark.parametrize(("dtype", "bound"), [(torch.float64, 20.0), (torch.float32, 20.0), (torch.float16, 10.0)])
+def test_log_ratio_is_clamped_before_exp(dtype, bound):
+    # new - old = 30: unclamped exp(30) = 1.1e13 (inf in float16); ART 0.5.23 clamps the log-ratio first
+    terms, grad = _one(-1.0, -31.0, dtype)
+    assert terms.sums["ratio_raw"].item() == pytest.approx(math.exp(bound), rel=1e-3)
+    assert math.isfinite(terms.loss_sum.item()) and grad == 0.0  # past the clamp the ratio is constant
+    inside, grad_inside = _one(-1.0, -6.0, dtype)
+    assert inside.sums["ratio_raw"].item() == pytest.approx(math.exp(5.0), rel=1e-2) and grad_inside != 0.0
+
+
+@pytest.mark.parametrize("bad", [math.nan, -math.inf, math.inf])
+def test_non_finite_old_logprobs_count_as_on_policy(bad):
+    terms, grad = _one(-1.0, bad)
+    assert terms.sums["ratio_raw"].item() == pytest.approx(1.0) and grad == pytest.approx(-1.0)
+
+
+def test_offpolicy_figures_of_a_micro_batch():
+    # ratios R = [1.105, 1.649, 0.607]: with CISPO bounds [0.8, 1.28] two are outside; with PPO and A > 0 only the
+    # one above 1.28 binds
+    terms, _ = _run(clip=(0.2, 0.28))
+    assert terms.sums["ratio_tokens"].item() == 3 and terms.sums["ratio_raw"].item() == pytest.approx(sum(R))
+    assert terms.sums["ratio_clipped"].item() == 2
+    assert _run("ppo", clip=(0.2, 0.28))[0].sums["ratio_clipped"].item() == 1
+    assert _run("ppo", clip=(0.2, 0.28), adv=[-A] * 3)[0].sums["ratio_clipped"].item() == 1  # r = 0.607 < 0.8
+    assert terms.ratio_histogram.sum().item() == 3
+    # the figures read the ratio before the cap and the mask (ART's raw ratio)
+    capped, _ = _run(clip=(0.2, 0.28), max_ratio=1.0, mask_prob_ratio=True)
+    assert capped.sums["ratio_raw"].item() == pytest.approx(sum(R)) and capped.sums["ratio_clipped"].item() == 2
+
+
+def test_histogram_quantiles_interpolate_within_the_bucket():
+    edges = RATIO_EDGES.tolist()
+    assert histogram_quantile([0.0] * (len(edges) + 1), 0.95) == 0.0
+    # 100 ratios of exactly 1.0 fall in the bucket that ends at 1.0 (edge 128): p95 is 95% of the way into it
+    counts = ratio_histogram(torch.ones(100)).tolist()
+    assert counts[128] == 100 and edges[128] == pytest.approx(1.0)
+    assert histogram_quantile(counts, 0.95) == pytest.approx(edges[127] + 0.95 * (edges[128] - edges[127]))
+    # a spread: 90 tokens at 1.0 and 10 at 3.0; p95 lies in 3.0's bucket, p50 in 1.0's
+    spread = ratio_histogram(torch.tensor([1.0] * 90 + [3.0] * 10)).tolist()
+    assert 2.9 < histogram_quantile(spread, 0.95) <= 3.0 + 0.1 and 0.9 < histogram_quantile(spread, 0.5) <= 1.0
+    # beyond the last edge reads as 1e4
+    assert histogram_quantile(ratio_histogram(torch.tensor([1e6])).tolist(), 0.99) == pytest.approx(1e4)

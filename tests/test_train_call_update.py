@@ -311,11 +311,12 @@ CASES: dict[str, tuple[dict[str, Any], Spec, dict[str, Spec]]] = {
          "max_negative_advantage_importance_sampling_weight": spec(dict(importance_sampling_level="sequence",
                                                                         kimi_k2_tau=0.5)),
          "kimi_k2_tau": spec(dict(importance_sampling_level="sequence", max_ratio=1.1))}),
-    "importance_sampling_level=average, truncated_importance_sampling": (
+    # ART 0.5.23: without precalculate_logprobs there is no trainer/sampler ratio, so truncated importance sampling
+    # is skipped (one notice); the update is importance_sampling_level's alone
+    "importance_sampling_level=average, truncated_importance_sampling skipped": (
         {"importance_sampling_level": "average", "truncated_importance_sampling": 1.2},
-        spec(dict(importance_sampling_level="average", truncated_importance_sampling=1.2)),
-        {"importance_sampling_level": spec(dict(truncated_importance_sampling=1.2)),
-         "truncated_importance_sampling": spec(dict(importance_sampling_level="average"))}),
+        spec(dict(importance_sampling_level="average")),
+        {"importance_sampling_level": spec()}),
     "importance_sampling_level=geometric_average, scale_rewards, advantage_balance": (
         {"importance_sampling_level": "geometric_average", "scale_rewards": False, "advantage_balance": 0.5},
         spec(dict(importance_sampling_level="geometric_average"), advantages=BALANCED),
@@ -381,6 +382,19 @@ def test_kl_penalty_changes_the_update_and_beta_is_a_separate_knob(live):
     check_call(live, {**both, "kl_ref_adapter_path": path, "kl_penalty_reference_step": live.step},
                spec(both, ref=path),
                {"kl_ref_adapter_path": spec(both, ref=live.checkpoints[live.step])})
+
+
+def test_kl_penalty_source_and_step_lag(live):
+    """ART 0.5.23: kl_penalty_source="sample" shapes the advantages by the rollout policy's drift from the
+    reference (old - ref) instead of the learner's; kl_penalty_step_lag makes the reference the checkpoint that
+    many steps back."""
+    result = check_call(live, {"kl_penalty_coef": 2.0, "kl_penalty_source": "sample"},
+                        spec(dict(kl_penalty_coef=2.0, kl_source="sample"), ref="base"),
+                        {"kl_penalty_source": spec(dict(kl_penalty_coef=2.0), ref="base")})
+    assert metric(result, "kl_policy_ref") != 0.0
+    lagged = live.checkpoints[live.step - 1]
+    check_call(live, {"kl_penalty_coef": 2.0, "kl_penalty_step_lag": 1}, spec(dict(kl_penalty_coef=2.0), ref=lagged),
+               {"kl_penalty_step_lag": spec(dict(kl_penalty_coef=2.0), ref="base")})
 
 
 def test_allow_training_without_logprobs_trains_an_assistant_message_on_policy(live):

@@ -86,7 +86,19 @@ def test_what_pydantic_cannot_read_is_refused_at_construction():
         traj(reward="not a number")
     assert isinstance(info.value, ArtrlError) and isinstance(info.value, ValueError)
     with pytest.raises(TrajectoryError, match="metadata"):
-        traj(metadata={"nested": {"not": "scalar"}})  # ART's MetadataValue: float, int, str, bool, None
+        traj(metadata="not a dict")
+
+
+def test_metadata_values_may_nest_as_in_art_0523(tmp_path):
+    # ART 0.5.23: MetadataValue = Any (0.5.18 allowed scalars only); the Parquet log keeps the nesting
+    from artrl.utils.trajectory_logging import read_trajectory_groups_parquet, write_trajectory_groups_parquet
+
+    nested = {"task": {"id": 7, "tags": ["a", "b"], "score": None}}
+    group = T.TrajectoryGroup([traj(metadata=nested)], metadata={"split": {"seed": 1}})
+    path = tmp_path / "g.parquet"
+    write_trajectory_groups_parquet([group], path)
+    (back,) = read_trajectory_groups_parquet(path)
+    assert back.trajectories[0].metadata == nested and back.metadata == {"split": {"seed": 1}}
 
 
 # --------------------------------------------------------------------------- checks where the data is used

@@ -18,14 +18,17 @@ from .auto_trajectory import auto_trajectory, capture_auto_trajectory
 from .backend import Backend
 from .batches import trajectory_group_batches
 from .dev import LoRAConfig
-from .errors import (ArtrlError, CheckpointError, ConfigError, NonFiniteError, PackingError,
-                     TrainOutOfMemoryError, TrajectoryError, WorkerError)
+from .errors import (ArtrlError, CheckpointError, ConfigError, LocalServingUnavailableError, NonFiniteError,
+                     PackingError, TrainOutOfMemoryError, TrajectoryError, WorkerError)
 from .gather import GatherError, gather_trajectories, gather_trajectory_groups
 from .local import LocalBackend
+from .metric_definitions import (PIPELINE_RL_DASHBOARD_DEFAULT_METRICS, PIPELINE_RL_METRIC_DEFINITIONS,
+                                 PIPELINE_RL_SCORE_METRICS, MetricDefinition)
 from .model import Model, TrainableModel
 from .scopes import current_trajectory, no_capture, trajectory, trajectory_group
 from .serverless import ServerlessBackend
 from .tokenized import tensorize, tokenize
+from .tokenizer import get_tokenizer
 from .trajectories import History, Trajectory, TrajectoryGroup
 from .types import (InternalModelConfig, LocalTrainResult, Messages, MessagesAndChoices, ServerlessTrainResult,
                     Tools, TrainConfig, TrainResult, TrainSFTConfig)
@@ -43,6 +46,9 @@ __all__ = [
     "yield_trajectory", "current_trajectory", "no_capture", "trajectory", "trajectory_group",
     "tokenize", "tensorize",
     "LoRAConfig",
+    # ART 0.5.23's additions (art/__init__.py)
+    "get_tokenizer", "LocalServingUnavailableError", "MetricDefinition", "PIPELINE_RL_DASHBOARD_DEFAULT_METRICS",
+    "PIPELINE_RL_METRIC_DEFINITIONS", "PIPELINE_RL_SCORE_METRICS",
     # artrl's own
     "ArtrlError", "CheckpointError", "ConfigError", "GatherError", "History", "InternalModelConfig",
     "NonFiniteError", "PackingError", "TrainOutOfMemoryError", "TrajectoryError", "WorkerError", "choice_from_completion", "rewards",

@@ -11,8 +11,9 @@ verbose)`. Two protocols are accepted, told apart by what the call returns:
   dicts, one per optimizer step. They are aggregated as ART aggregates them
   (`average_metric_samples`: the mean of each key over the steps that report it;
   `data/step_num_gradient_steps` must be the same in every dict and is kept as
-  it is), plus `time/step_trainer_s`, the seconds the iteration took (RL: unless
-  the backend reports it; SFT: always, as in ART). The row is written at the
+  it is), plus `time/step_backend_train_s` (ART 0.5.23) and `time/step_trainer_s`
+  (0.5.18), the seconds the iteration took (RL: unless the backend reports it; SFT:
+  always, as in ART). The row is written at the
   step the backend reports after training (`_get_step`), as ART does; an SFT
   call whose iterator yields nothing writes no row and returns None.
 
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TRAINER_SECONDS_KEY = "time/step_trainer_s"
+TRAINER_SECONDS_KEY = "time/step_trainer_s"  # ART 0.5.18's name of the train call's seconds
+BACKEND_TRAIN_SECONDS_KEY = "time/step_backend_train_s"  # ART 0.5.23's
 
 
 def is_metric_stream(produced: Any) -> bool:
@@ -64,12 +66,14 @@ async def collect_step_metrics(stream: AsyncIterator[dict[str, float]], hook: st
 
 
 def aggregate_step_metrics(samples: list[dict[str, float]], seconds: float, kind: str) -> dict[str, float]:
-    """ART's train-row aggregation of per-step metrics (`kind` "rl" keeps a reported trainer time)."""
+    """ART's train-row aggregation of per-step metrics (`kind` "rl" keeps a reported trainer time), the time under
+    ART 0.5.23's key (`time/step_backend_train_s`) and 0.5.18's (`time/step_trainer_s`)."""
     metrics = average_metric_samples(samples)
-    if kind == "rl":
-        metrics.setdefault(TRAINER_SECONDS_KEY, seconds)
-    else:
-        metrics[TRAINER_SECONDS_KEY] = seconds
+    for key in (BACKEND_TRAIN_SECONDS_KEY, TRAINER_SECONDS_KEY):
+        if kind == "rl":
+            metrics.setdefault(key, seconds)
+        else:
+            metrics[key] = seconds
     return metrics
 
 
@@ -80,9 +84,10 @@ def _close(produced: Any) -> None:
 
 
 async def train_through_hook(model: "TrainableModel", kind: str, data: list[Any], config: Any,
-                             dev_config: dict[str, Any], verbose: bool) -> TrainResult | None:
+                             dev_config: dict[str, Any], verbose: bool, log_row: bool = True) -> TrainResult | None:
     """Run the backend's RL (`kind="rl"`, data = groups) or SFT hook in whichever protocol it speaks, write
-    the train row, and return the result (see the module docstring)."""
+    the train row (unless `log_row` is False: ART's `train_sft(log_metrics=False)`), and return the result (see
+    the module docstring)."""
     backend = model.backend()
     hook_name = "_train_model" if kind == "rl" else "_train_sft"
     produced = getattr(backend, hook_name)(model, data, config, dev_config, verbose)
@@ -94,7 +99,8 @@ async def train_through_hook(model: "TrainableModel", kind: str, data: list[Any]
             _close(produced)
             raise
         result = await produced
-        await model._log_train_row(groups, result, before, kind)
+        if log_row:
+            await model._log_train_row(groups, result, before, kind)
         return result
     samples, seconds = await collect_step_metrics(produced, f"{type(backend).__name__}.{hook_name}")
     if kind == "sft" and not samples:
@@ -103,7 +109,8 @@ async def train_through_hook(model: "TrainableModel", kind: str, data: list[Any]
         return None
     metrics = aggregate_step_metrics(samples, seconds, kind)
     step = await model.get_step()
-    await model._log(groups, "train", metrics, step, extra={"kind": kind})
+    if log_row:
+        await model._log(groups, "train", metrics, step, extra={"kind": kind})
     return TrainResult(step=step, metrics=metrics)
 
 

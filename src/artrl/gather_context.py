@@ -100,24 +100,43 @@ class GatherContext:
 def record_metrics(context: GatherContext, trajectory: Any) -> None:
     """Add a finished trajectory's reward and metrics to the running means.
 
-    As ART does, a trajectory whose sampled turns carry logprobs gets
-    `metrics["completion_tokens"]`: the mean number of sampled tokens per turn; a trajectory of
-    captured exchanges gets the total its responses report in `usage` (ART 0.5.23's count).
+    As ART 0.5.23 does, a trajectory gets `metrics["completion_tokens"]`: the sum of the tokens sampled in all
+    its Choices (its additional histories' too), when every Choice says how many (`choice_completion_tokens`;
+    ART 0.5.18 recorded the mean per turn instead); a trajectory of captured exchanges, the total its responses
+    report in `usage`.
     """
     exchanges = getattr(trajectory, "exchanges", None)
     if exchanges:  # captured exchanges: the tokens their responses generated (ART 0.5.23's count)
         tokens = exchange_completion_tokens(exchanges)
         if tokens is not None:
             trajectory.metrics["completion_tokens"] = tokens
-    logprobs = [item.logprobs for item in trajectory.messages_and_choices
-                if isinstance(item, Choice) and item.logprobs]
-    if logprobs:
-        trajectory.metrics["completion_tokens"] = sum(len(lp.content or lp.refusal or []) for lp in logprobs) / len(
-            logprobs)
+    else:
+        counts = [choice_completion_tokens(item)
+                  for history in (trajectory, *getattr(trajectory, "additional_histories", ()))
+                  for item in history.messages_and_choices if isinstance(item, Choice)]
+        if counts and all(c is not None and c > 0 for c in counts):
+            trajectory.metrics["completion_tokens"] = sum(counts)
     context.metric_sums["reward"] += trajectory.reward
     context.metric_divisors["reward"] += 1
     context.metric_sums.update(trajectory.metrics)
     context.metric_divisors.update(trajectory.metrics.keys())
+
+
+ART_COMPLETION_TOKENS_KEY = "art_completion_tokens"  # where ART's client notes a Choice's count from the usage
+
+
+def choice_completion_tokens(choice: Choice) -> int | None:
+    """How many tokens a Choice sampled: ART's own note of it, else the token record's ids (our server's
+    `token_ids`), else its logprobs; None when it says nothing."""
+    extra = choice.model_extra or {}
+    noted = extra.get(ART_COMPLETION_TOKENS_KEY)
+    if isinstance(noted, int) and not isinstance(noted, bool):
+        return noted
+    if isinstance(extra.get("token_ids"), list):
+        return len(extra["token_ids"])
+    if choice.logprobs is not None:
+        return len(choice.logprobs.content or choice.logprobs.refusal or [])
+    return None
 
 
 _CONTEXT: contextvars.ContextVar[GatherContext | None] = contextvars.ContextVar("artrl_gather_context", default=None)

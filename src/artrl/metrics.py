@@ -40,6 +40,12 @@ CUMULATIVE_SECTIONS = frozenset({"costs", "time", "data"})
 BUILDER_MANAGED_PREFIXES = ("costs/", "time/step_", "data/step_", "throughput/step_")
 _IDLE_TOTALS = {"throughput/step_trainer_idle_s": "throughput/cum/trainer_idle_s",
                 "throughput/step_actor_idle_s": "throughput/cum/actor_idle_s"}
+"""ART 0.5.18's idle keys and their totals (0.5.23 moved them to `time/step_{trainer,rollout}_idle_s`, whose totals
+the `time` section keeps like any other)."""
+# ART 0.5.23's names for what 0.5.18 called the actor's (the rollouts'), kept beside them: key -> 0.5.18 key
+RENAMED_0518 = {"data/step_rollout_tokens": "data/step_actor_tokens", "time/step_rollout_s": "time/step_actor_s",
+                "time/step_trainer_idle_s": "throughput/step_trainer_idle_s",
+                "time/step_rollout_idle_s": "throughput/step_actor_idle_s"}
 
 
 def is_cumulative_metric_key(key: str) -> bool:
@@ -113,28 +119,42 @@ class MetricsBuilder:
             raise ValueError("cost path must be non-empty, e.g. 'train/judge/ruler'")
         self.add_metric(f"costs/{path}", usd)
 
-    def add_data(self, step_num_scenarios: int | None = None, step_actor_tokens: int | None = None,
-                 scenario_ids: list[str] | None = None) -> None:
+    def add_data(self, step_num_scenarios: int | None = None, step_rollout_tokens: int | None = None,
+                 scenario_ids: list[str] | None = None, *, step_actor_tokens: int | None = None) -> None:
+        """ART 0.5.23's `step_rollout_tokens` (`data/step_rollout_tokens`); 0.5.18's `step_actor_tokens` is the
+        same count and writes both keys (`_add_renamed`)."""
         if step_num_scenarios is not None:
             self.add_metric("data/step_num_scenarios", step_num_scenarios)
-        if step_actor_tokens is not None:
-            self.add_metric("data/step_actor_tokens", step_actor_tokens)
+        self._add_renamed("data/step_rollout_tokens", step_rollout_tokens, step_actor_tokens)
         if scenario_ids is not None:
             self._shared.pending_scenarios.setdefault(self._scope, set()).update(str(s) for s in scenario_ids)
 
-    def add_user_timing(self, step_wall_s: float | None = None, step_actor_s: float | None = None,
-                        step_eval_s: float | None = None) -> None:
-        for key, value in (("time/step_wall_s", step_wall_s), ("time/step_actor_s", step_actor_s),
-                           ("time/step_eval_s", step_eval_s)):
-            if value is not None:
-                self.add_metric(key, value)
+    def add_user_timing(self, step_wall_s: float | None = None, step_rollout_s: float | None = None,
+                        step_eval_s: float | None = None, *, step_actor_s: float | None = None) -> None:
+        """`time/step_wall_s`, `time/step_rollout_s` (0.5.18: `step_actor_s`), `time/step_eval_s`."""
+        if step_wall_s is not None:
+            self.add_metric("time/step_wall_s", step_wall_s)
+        self._add_renamed("time/step_rollout_s", step_rollout_s, step_actor_s)
+        if step_eval_s is not None:
+            self.add_metric("time/step_eval_s", step_eval_s)
 
-    def add_idle_times(self, step_trainer_idle_s: float | None = None,
-                       step_actor_idle_s: float | None = None) -> None:
-        if step_trainer_idle_s is not None:
-            self.add_metric("throughput/step_trainer_idle_s", step_trainer_idle_s)
-        if step_actor_idle_s is not None:
-            self.add_metric("throughput/step_actor_idle_s", step_actor_idle_s)
+    def add_idle_times(self, step_trainer_idle_s: float | None = None, step_rollout_idle_s: float | None = None,
+                       *, step_actor_idle_s: float | None = None) -> None:
+        """ART 0.5.23's `time/step_{trainer,rollout}_idle_s` (0.5.18: `throughput/step_{trainer,actor}_idle_s`,
+        written too)."""
+        self._add_renamed("time/step_trainer_idle_s", step_trainer_idle_s, None)
+        self._add_renamed("time/step_rollout_idle_s", step_rollout_idle_s, step_actor_idle_s)
+
+    def _add_renamed(self, key: str, value: float | None, old_value: float | None) -> None:
+        """Add `value` (given under ART 0.5.23's keyword, or `old_value` under 0.5.18's) under `key` and under its
+        0.5.18 name (RENAMED_0518), so dashboards of either version read it; giving both is refused."""
+        if value is not None and old_value is not None:
+            raise ValueError(f"{key} given twice: under ART 0.5.23's keyword and 0.5.18's "
+                             f"({RENAMED_0518[key]}); give one of them")
+        value = value if value is not None else old_value
+        if value is not None:
+            self.add_metric(key, value)
+            self.add_metric(RENAMED_0518[key], value)
 
     @contextmanager
     def measure(self, key: str) -> Iterator[None]:
@@ -215,11 +235,17 @@ class MetricsBuilder:
             if step_key in out:
                 totals[cum_key] = totals.get(cum_key, 0.0) + out[step_key]
                 out[cum_key] = totals[cum_key]
-        for who in ("trainer", "actor"):
-            if f"data/step_{who}_tokens" in out or f"time/step_{who}_s" in out:
-                tokens, seconds = totals.get(f"data/cum/{who}_tokens"), totals.get(f"time/cum/{who}_s")
-                if tokens is not None and seconds:
-                    out[f"throughput/avg_{who}_tok_per_s"] = tokens / seconds
+        # ART 0.5.23: trainable assistant tokens over the backend's train time; sampled tokens over rollout time.
+        # Where a row has only 0.5.18's keys (trainer tokens and time, the actor's), 0.5.18's ratios.
+        for name, tokens_key, seconds_key in (
+                ("trainer", "trainable_assistant_tokens", "backend_train_s"), ("trainer", "trainer_tokens", "trainer_s"),
+                ("rollout", "rollout_tokens", "rollout_s"), ("actor", "actor_tokens", "actor_s")):
+            key = f"throughput/avg_{name}_tok_per_s"
+            if key in out or (f"data/step_{tokens_key}" not in out and f"time/step_{seconds_key}" not in out):
+                continue
+            tokens, seconds = totals.get(f"data/cum/{tokens_key}"), totals.get(f"time/cum/{seconds_key}")
+            if tokens is not None and seconds:
+                out[key] = tokens / seconds
 
     # ------------------------------------------------------------------ context and state
     def activate(self) -> Token["MetricsBuilder"]:

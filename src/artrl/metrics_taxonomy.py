@@ -35,6 +35,11 @@ TRAINER_TO_ART = {
     "learning_rate": "loss/learning_rate",
     "entropy": "loss/entropy",
     "kl_policy_ref": "loss/kl_policy_ref",  # ART: mean (new - reference) logprob; our beta term stays train/kl
+    # ART 0.5.23's off-policy figures (train/loss.py)
+    "importance_ratio_mean": "loss/importance_ratio_mean",
+    "importance_ratio_p95": "loss/importance_ratio_p95",
+    "importance_ratio_p99": "loss/importance_ratio_p99",
+    "clipped_token_fraction": "loss/clipped_token_fraction",
     "trainable_tokens": "data/step_trainer_tokens",
     "step_seconds": "time/step_trainer_s",
     "data/optimizer_steps": TRAIN_GRADIENT_STEPS_KEY,
@@ -128,6 +133,7 @@ def trainer_metrics(summary: dict[str, float], kind: str) -> dict[str, float]:
             out[key if key.startswith("data/") else f"train/{key}"] = value
     out.setdefault(TRAIN_GRADIENT_STEPS_KEY, 0.0)
     out.setdefault("data/step_trainer_tokens", 0.0)
+    out["data/step_trainable_assistant_tokens"] = out["data/step_trainer_tokens"]  # ART 0.5.23's name of the count
     if kind == "rl" and "data/groups" in summary:
         groups = summary["data/groups"]
         skipped = summary.get("data/groups_skipped_zero_advantage", 0.0) + summary.get("data/groups_skipped_empty",

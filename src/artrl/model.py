@@ -36,6 +36,7 @@ from typing import Any
 import pydantic
 
 from .backend_hooks import train_through_hook
+from .dev.train import sft_metric_logging
 from .errors import ConfigError
 from .run import storage
 from .run.history import RunHistory, best_logged_step, normalize_trajectory_groups
@@ -421,13 +422,17 @@ class TrainableModel(Model):
         return await train_through_hook(self, "rl", groups, config, _config or {}, verbose)
 
     async def train_sft(self, trajectories: Iterable[Trajectory], config: TrainSFTConfig | None = None,
-                        _config: dict[str, Any] | None = None, verbose: bool = False) -> TrainResult | None:
-        """Supervised fine-tuning on every assistant turn of the trajectories; logs one 'train' row.
+                        _config: dict[str, Any] | None = None, verbose: bool = False,
+                        log_metrics: bool = True) -> TrainResult | None:
+        """Supervised fine-tuning on the assistant turns of the trajectories (`config.assistant_turns`); logs one
+        'train' row, or none with `log_metrics=False` (ART 0.5.23).
 
+        As in ART, the backend's hook gets `_config["metric_logging"] = {"enabled": log_metrics}`.
         None only from a backend on ART's hook protocol whose `_train_sft` yielded nothing (backend_hooks.py).
         """
-        return await train_through_hook(self, "sft", list(trajectories), config or TrainSFTConfig(), _config or {},
-                                        verbose)
+        dev_config = {**(_config or {}), "metric_logging": sft_metric_logging(_config, log_metrics)}
+        return await train_through_hook(self, "sft", list(trajectories), config or TrainSFTConfig(), dev_config,
+                                        verbose, log_row=log_metrics)
 
     async def _log_train_row(self, groups: list[TrajectoryGroup] | None, result: TrainResult, before: int,
                              kind: str) -> None:

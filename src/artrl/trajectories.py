@@ -52,7 +52,9 @@ from .types import Messages, MessagesAndChoices, Tools
 
 log = logging.getLogger(__name__)
 
-MetadataValue = float | int | str | bool | None
+# ART 0.5.23: any value, nested dicts and lists included (0.5.18 allowed scalars only). The Parquet log stores
+# metadata as JSON text (a value JSON cannot write is written as its str()).
+MetadataValue = Any
 
 # --------------------------------------------------------------------------- models
 

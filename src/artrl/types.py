@@ -135,6 +135,13 @@ NO_EFFECT_TRAIN_OPTIONS = {
     "scale_learning_rate_by_reward_std_dev": "ART 0.5.17's LocalBackend accepts it but no code path reads it "
                                              "(its learning-rate scaling by the reward std history was removed).",
 }
+_OPTIMIZER_IN_EVERY_CHECKPOINT = ("artrl writes the optimizer state into every checkpoint, so each step can resume "
+                                  "with its optimizer whatever this says (ART's Megatron trainer saves it less often)")
+# ...and those whose promise artrl keeps anyway: noticed once when set to anything but ART's default.
+KEPT_ANYWAY_TRAIN_OPTIONS = {
+    "optimizer_save_interval": (5, _OPTIMIZER_IN_EVERY_CHECKPOINT),
+    "final_training_step": (None, _OPTIMIZER_IN_EVERY_CHECKPOINT),
+}
 
 ImportanceSamplingLevel = Literal["token", "sequence", "average", "geometric_average"]
 
@@ -202,6 +209,15 @@ class TrainConfig(BatchConfig, OptimizerConfig):
     kl_ref_adapter_path: str | None = pydantic.Field(
         None, description="ART: the reference is the LoRA adapter saved in this directory (overrides "
         "kl_penalty_reference_step).")
+    kl_penalty_source: Literal["current_learner", "sample"] = pydantic.Field(
+        "current_learner", description="ART 0.5.23: whose logprobs kl_penalty_coef compares with the reference: "
+        "the trainer's current ones ('current_learner': kl_t = new - ref) or the rollout policy's ('sample': "
+        "kl_t = old - ref, old being the sampled logprobs, or the recomputed ones with precalculate_logprobs; a "
+        "token without one uses new). Also what loss/kl_policy_ref reports.")
+    kl_penalty_step_lag: int | None = pydantic.Field(
+        None, ge=1, description="ART 0.5.23 (art.dev.TrainConfig; PipelineTrainer's moving reference): the KL "
+        "reference is the model's checkpoint this many steps before the current one (max(0, step - lag)). "
+        "Excludes kl_penalty_reference_step and kl_ref_adapter_path.")
     beta: float = pydantic.Field(
         0.0, ge=0, description="artrl: a KL loss term beta * k3(reference, new) per token (train/loss.py), against "
         "the base model or the reference named above. 0 turns it off. ART's kl_penalty_coef adjusts "
@@ -224,6 +240,15 @@ class TrainConfig(BatchConfig, OptimizerConfig):
         None, description="ART 0.5.18 (Megatron back end): an in-memory routing bundle. No effect here (one notice).")
     moe_routing_replay_strict: bool = pydantic.Field(
         True, description="ART 0.5.18 (Megatron back end): fail when a bundle misses a router. No effect here.")
+    # ----------------------------------------------------------------- checkpoints (ART 0.5.23)
+    optimizer_save_interval: int = pydantic.Field(
+        5, ge=1, description="ART 0.5.23: save the optimizer state at least every this many steps (and at "
+        "final_training_step); ART's Megatron trainer reads it. artrl writes the optimizer state into every "
+        "checkpoint, which keeps that promise at any value (a value other than 5 is noticed once).")
+    final_training_step: int | None = pydantic.Field(
+        None, ge=1, description="ART 0.5.23: the run's last step, whose checkpoint must hold the optimizer state "
+        "(ART's Megatron trainer also finishes publishing there). Every artrl checkpoint holds it (noticed once "
+        "when set).")
     # ----------------------------------------------------------------- data and engine
     allow_training_without_logprobs: bool = pydantic.Field(
         False, description="ART's meaning: also train the plain assistant message dicts of RL trajectories, "
@@ -271,6 +296,9 @@ class TrainConfig(BatchConfig, OptimizerConfig):
             if name in self.model_fields_set:
                 notice_once(f"TrainConfig.{name}", f"TrainConfig {name}={getattr(self, name)!r} has no effect in "
                             f"artrl: {why}")
+        for name, (default, why) in KEPT_ANYWAY_TRAIN_OPTIONS.items():
+            if getattr(self, name) != default:
+                notice_once(f"TrainConfig.{name}", f"TrainConfig {name}={getattr(self, name)!r}: {why}.")
 
     def needs_reference(self) -> bool:
         """Whether a train step needs reference logprobs (a KL term or KL-penalised advantages)."""
@@ -283,6 +311,12 @@ class TrainConfig(BatchConfig, OptimizerConfig):
                 "require_logprobs=True refuses turns without logprobs, and allow_training_without_logprobs=True "
                 "trains assistant dicts (which have none) as on-policy; set only one of them."
             )
+        if self.kl_penalty_step_lag is not None and (self.kl_penalty_reference_step is not None
+                                                     or self.kl_ref_adapter_path is not None):
+            raise ConfigError(
+                f"kl_penalty_step_lag={self.kl_penalty_step_lag} names a moving KL reference, and "
+                f"kl_penalty_reference_step={self.kl_penalty_reference_step} / kl_ref_adapter_path="
+                f"{self.kl_ref_adapter_path!r} a fixed one; set only one of them.")
         if self.ppo and self.loss == "cispo":
             raise ConfigError("ppo=True and loss='cispo' contradict each other; ppo=True is loss='ppo' (or set "
                               "loss='gspo'). Set only one of them.")
@@ -321,6 +355,10 @@ class TrainSFTConfig(BatchConfig, OptimizerConfig):
     batch_size: int | Literal["auto"] = pydantic.Field(
         "auto", description=f"Trajectories per optimizer step; 'auto' = {SFT_AUTO_BATCH_SIZE} "
         "(or all of them when fewer).")
+    assistant_turns: Literal["all", "last"] = pydantic.Field(
+        "all", description="ART 0.5.23: train every assistant turn ('all') or only the final message of each "
+        "trajectory, which must then be an assistant turn ('last'; a trajectory ending otherwise is refused, "
+        "naming it, and its additional_histories train nothing).")
     shuffle: bool = pydantic.Field(False, description="Shuffle trajectories (with `seed`) before batching.")
     seed: int = pydantic.Field(0, description="Seed of the shuffle (mixed with the model's optimizer step count, "
                                "so every call shuffles differently and reproducibly).")

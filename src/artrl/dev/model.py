@@ -30,6 +30,12 @@ cannot apply, and each unmapped one is noticed once when that engine opens
 (`notice_unused_engine_args`), not when the config is built: the engine is only
 known then.
 
+ART's top-level keys without an artrl field (`rollout_weight_update_mode`,
+`vllm_runtime`, `megatron_model_initialization`, `allow_unvalidated_arch`, the
+`chat_template*` keys; `TOP_LEVEL_KEYS`) are accepted when their value asks for
+what artrl does anyway ('step_lora', {'mode': 'managed'}, 'pretrained', ...) and
+refused with the reason otherwise.
+
 Every other key is accepted and logged once per process (notices.py) with the
 reason it has no effect: Unsloth's full fine-tuning (`full_finetuning`), the
 Hugging Face Trainer's own loop (`lr_scheduler_type`, `logging_steps`), GPU
@@ -163,6 +169,16 @@ class InternalModelConfig(TypedDict, total=False):
     inference_gpu_ids: list[int]
     inference_replicas: int | None
     inference_endpoints: list[str] | None
+    # ART 0.5.23's other keys: accepted where they ask for what artrl does, else refused (TOP_LEVEL_KEYS)
+    rollout_weight_update_mode: Literal["step_lora", "in_flight_lora"]
+    chat_template_kwargs: dict[str, object]
+    chat_template: str
+    chat_template_path: str
+    chat_template_content_format: str
+    chat_template_tool_schema_format: Literal["default", "vllm_openai"]
+    vllm_runtime: dict[str, Any]
+    allow_unvalidated_arch: bool
+    megatron_model_initialization: Literal["pretrained", "random"]
     # artrl's own flat names
     lora_rank: int
     lora_alpha: float
@@ -259,6 +275,37 @@ _TOP_REASON = {
     "tinker_native_args": "the Tinker back end is not part of artrl; training runs locally",
 }
 
+_CHAT_TEMPLATE = ("artrl renders training data with the tokenizer's own chat template and its server applies the "
+                  "same one (chat_format.py); a template of the run's own is not supported yet. Set "
+                  "tokenizer.chat_template in the model directory instead")
+# ART's top-level keys that artrl has no field for: the values that ask for what artrl does anyway (accepted), and
+# why any other value is refused (ConfigError naming the key, its value and this reason).
+TOP_LEVEL_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "rollout_weight_update_mode": (lambda v: v == "step_lora", "artrl serves each policy step as its own adapter "
+                                   "('step_lora'); 'in_flight_lora' (one slot updated in place) is not available"),
+    "rollout_weights_mode": (lambda v: v == "lora", "ART 0.5.18: artrl serves the LoRA adapter itself ('lora'); "
+                             "merged weights pushed to vLLM ('merged') are not available"),
+    "vllm_runtime": (lambda v: isinstance(v, Mapping) and v.get("mode") == "managed" and len(v) == 1,
+                     "artrl starts and manages its inference server ({'mode': 'managed'}); to use servers started "
+                     "elsewhere, set inference_endpoints=['http://host:port', ...] (docs/distributed.md)"),
+    "megatron_model_initialization": (lambda v: v == "pretrained", "the base model's weights are loaded "
+                                      "('pretrained'); for random weights use base_model='random:<shape>'"),
+    "allow_unvalidated_arch": (lambda v: isinstance(v, bool), "give True or False"),
+    "chat_template": (lambda v: v is None, _CHAT_TEMPLATE),
+    "chat_template_path": (lambda v: v is None, _CHAT_TEMPLATE),
+    "chat_template_kwargs": (lambda v: not v, _CHAT_TEMPLATE),
+    "chat_template_content_format": (lambda v: v is None or v == "auto", _CHAT_TEMPLATE),
+    "chat_template_tool_schema_format": (lambda v: v is None or v == "default", _CHAT_TEMPLATE),
+}
+
+
+def _check_top_level(key: str, value: Any) -> None:
+    same, reason = TOP_LEVEL_KEYS[key]
+    if not same(value):
+        from ..errors import ConfigError
+
+        raise ConfigError(f"_internal_config {key}={value!r:.120} is not supported by artrl: {reason}.")
+
 
 def _notice(where: str, value: Any, reason: str) -> None:
     notice_once(f"internal_config.{where}", f"_internal_config {where}={value!r:.80} has no effect in artrl: "
@@ -273,8 +320,14 @@ def flatten_internal_config(data: Mapping[str, Any]) -> dict[str, Any]:
     """
     if "peft_args" in data:
         raise ConfigError(PEFT_ARGS_MIGRATION_MESSAGE)
-    out = {k: v for k, v in data.items() if k not in NESTED_SECTIONS and k not in _TOP_REASON}
+    out = {k: v for k, v in data.items() if k not in NESTED_SECTIONS and k not in _TOP_REASON
+           and k not in TOP_LEVEL_KEYS}
     source = {k: k for k in out}
+    for key in TOP_LEVEL_KEYS.keys() & data.keys():
+        _check_top_level(key, data[key])
+    if data.get("allow_unvalidated_arch") is False:
+        _notice("allow_unvalidated_arch", False, "artrl keeps no list of validated architectures: every one that "
+                "transformers loads is allowed")
     for key, reason in _TOP_REASON.items():
         value = data.get(key)
         if value is not None:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..backend import Backend
 from ..backend_hooks import backend_train_result
+from ..dev.train import METRIC_LOGGING, PACKED_SEQUENCE_LENGTH, check_metric_logging
 from ..errors import ConfigError
 from ..notices import notice_once
 from ..trajectories import Trajectory, TrajectoryGroup
@@ -425,17 +426,26 @@ class LocalBackend(Backend):
     async def _train_model(self, model: "TrainableModel", trajectory_groups: Iterable[TrajectoryGroup],
                            config: TrainConfig, dev_config: dict[str, Any] | None = None,
                            verbose: bool = False) -> LocalTrainResult:
-        """`model.train(groups, config=..., _config=art.dev.TrainConfig(...))`: `_config` keys override `config`;
-        model.train writes the step's history row."""
-        return await self._train(model, "rl", list(trajectory_groups), config, dev_config or {}, verbose=verbose,
+        """`model.train(groups, config=..., _config=art.dev.TrainConfig(...))`: `_config` keys override `config`
+        (ART's `packed_sequence_length` is the row length, checked as backend.train checks it); model.train writes
+        the step's history row."""
+        overrides = dict(dev_config or {})
+        if PACKED_SEQUENCE_LENGTH in overrides:
+            overrides.update(art_train_overrides(
+                loss_fn=None, loss_fn_config=None, normalize_advantages=True, adam_params=None,
+                packed_sequence_length=overrides.pop(PACKED_SEQUENCE_LENGTH), max_length=_internal_config(model).max_length))
+        return await self._train(model, "rl", list(trajectory_groups), config, overrides, verbose=verbose,
                                  history_row=True)
 
     async def _train_sft(self, model: "TrainableModel", trajectories: Iterable[Trajectory],
                          config: TrainSFTConfig, dev_config: dict[str, Any] | None = None,
                          verbose: bool = False) -> LocalTrainResult:
-        """`model.train_sft(...)` (ART's hook): `_config` keys override `config`."""
-        return await self._train(model, "sft", list(trajectories), config, dev_config or {}, verbose=verbose,
-                                 history_row=True)
+        """`model.train_sft(...)` (ART's hook): `_config` keys override `config`, but for ART's `metric_logging`,
+        whose `enabled` (train_sft's log_metrics) says whether the caller writes the step's history row."""
+        overrides = dict(dev_config or {})
+        logging_config = check_metric_logging(overrides.pop(METRIC_LOGGING, None) or {})
+        return await self._train(model, "sft", list(trajectories), config, overrides, verbose=verbose,
+                                 history_row=logging_config.get("enabled", True))
 
     def _train(self, model: "TrainableModel", kind: str, data: list[Any], config: TrainConfig | TrainSFTConfig,
                overrides: dict[str, Any], *, verbose: bool, history_row: bool,

@@ -45,6 +45,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,6 +229,7 @@ class TrainingSession:
         """
         from ..train.prepare import prepare_call
 
+        started = time.monotonic()
         with self._training():
             ref = self._reference_adapter(cfg) if isinstance(cfg, TrainConfig) else None
             call = prepare_call(kind, self._build_context(), data, cfg, ref_adapter=ref)
@@ -246,6 +248,7 @@ class TrainingSession:
                     "lower learning_rate, or resume from an earlier checkpoint (delete the later ones).")
             step = self.step + 1
             metrics = trainer_metrics(out.summary, kind)
+            metrics["time/step_backend_train_s"] = time.monotonic() - started  # ART 0.5.23: the call, tokenizing on
             # the row model.train / train_sft write after this returns (run/history.py), as in ART: its trainer
             # part rides in the checkpoint, so a crash before that write loses nothing (_recover_history)
             record = {"step": step, "split": "train", "kind": kind, **history.finite_values(metrics)} \
@@ -295,25 +298,30 @@ class TrainingSession:
 
     def _reference_adapter(self, cfg: TrainConfig) -> str | None:
         """The loaded adapter that kl_ref_adapter_path / kl_penalty_reference_step name (None: the base model)."""
-        named = cfg.kl_ref_adapter_path is not None or cfg.kl_penalty_reference_step is not None
+        named = cfg.kl_ref_adapter_path is not None or cfg.kl_penalty_reference_step is not None \
+            or cfg.kl_penalty_step_lag is not None
         if not named:
             return None
         if not cfg.needs_reference():
-            notice_once("train.kl_reference_unused", "kl_ref_adapter_path / kl_penalty_reference_step name a KL "
-                        "reference, but neither kl_penalty_coef nor beta is > 0, so no reference is computed "
-                        "(as in ART).")
+            notice_once("train.kl_reference_unused", "kl_ref_adapter_path / kl_penalty_reference_step / "
+                        "kl_penalty_step_lag name a KL reference, but neither kl_penalty_coef nor beta is > 0, so no "
+                        "reference is computed (as in ART).")
             return None
         if cfg.kl_ref_adapter_path is not None:
             path, what = Path(cfg.kl_ref_adapter_path), f"kl_ref_adapter_path={cfg.kl_ref_adapter_path!r}"
         else:
-            step = cfg.kl_penalty_reference_step
+            # ART's moving reference (PipelineTrainer): the checkpoint `lag` steps before the current step
+            step = cfg.kl_penalty_reference_step if cfg.kl_penalty_step_lag is None \
+                else max(0, self.step - cfg.kl_penalty_step_lag)
+            what = f"kl_penalty_reference_step={step}" if cfg.kl_penalty_step_lag is None \
+                else f"kl_penalty_step_lag={cfg.kl_penalty_step_lag} (reference step {step})"
             found = self.checkpoint_path(step) if step is not None else None
             if found is None:
                 raise ConfigError(
-                    f"kl_penalty_reference_step={step}: {self.name} has no complete checkpoint of that step "
+                    f"{what}: {self.name} has no complete checkpoint of that step "
                     f"(checkpoints: {storage.list_checkpoints(self.run)}); name an existing step, or use "
                     "kl_ref_adapter_path.")
-            path, what = Path(found), f"kl_penalty_reference_step={step}"
+            path = Path(found)
         name = "kl_ref_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
         try:
             self.trainer.load_reference_adapter(name, str(path))

@@ -88,10 +88,11 @@ class WorkerSession(TrainingSession):
             yield
 
     def _reference_adapter(self, cfg: TrainConfig) -> str | None:
-        if cfg.needs_reference() and (cfg.kl_ref_adapter_path is not None or
-                                      cfg.kl_penalty_reference_step is not None):
+        if cfg.needs_reference() and (cfg.kl_ref_adapter_path is not None or cfg.kl_penalty_reference_step is not None
+                                      or cfg.kl_penalty_step_lag is not None):
             raise ConfigError(
-                "kl_ref_adapter_path / kl_penalty_reference_step (a checkpoint as the KL reference) is not "
+                "kl_ref_adapter_path / kl_penalty_reference_step / kl_penalty_step_lag (a checkpoint as the KL "
+                "reference) is not "
                 "supported with training workers yet; the workers use the base model (adapter off) as the "
                 "reference. Drop the option, or train in one process (num_workers=1).")
         return super()._reference_adapter(cfg)

@@ -41,7 +41,7 @@ from .quantization import (Quantization, bnb_config, is_own_model, prepare_quant
                            weight_numel)
 from .shapes import RANDOM_SHAPES, random_config
 from .source import load_config, resolve_name  # resolve_name: also read from here
-from .structure import PROJECTIONS, text_config
+from .structure import MAX_LENGTH_KEYS, PROJECTIONS, config_max_length, text_config
 from .vision import VisionInputs, is_vision_model
 
 log = logging.getLogger(__name__)
@@ -275,7 +275,14 @@ def load_vision(base_model: str, tokenizer: Any, config: Any, cfg: InternalModel
 
 
 def model_max_length(model: Any, cfg: InternalModelConfig | None = None) -> int:
+    """`max_length` when set, capped by what the model's config says; else the config's (ART 0.5.23 reads the same
+    keys); a ConfigError asking for max_length when the config says nothing."""
     cfg = cfg or InternalModelConfig()
-    config = text_config(model.config)  # a vision-language model's language model
-    n = getattr(config, "max_position_embeddings", None) or 32768
+    n = config_max_length(model.config)
+    if n is None:
+        if cfg.max_length:
+            return cfg.max_length
+        raise ConfigError(f"the config of this {type(model).__name__} gives no maximum sequence length (none of "
+                          f"{list(MAX_LENGTH_KEYS)}); set InternalModelConfig(max_length=...) "
+                          "(ART: init_args.max_seq_length).")
     return min(n, cfg.max_length) if cfg.max_length else n

@@ -28,3 +28,19 @@ def text_config(config: Any) -> Any:
     plain namespace of fields included)."""
     get = getattr(config, "get_text_config", None)
     return get() if callable(get) else config
+
+
+# Where a model's config says its longest sequence, in the order ART 0.5.23 reads them
+# (art/dev/sequence_lengths.py); a vision-language model's language model is asked first.
+MAX_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length", "model_max_length")
+
+
+def config_max_length(config: Any) -> int | None:
+    """The longest sequence a transformers config says its model takes (None when none of MAX_LENGTH_KEYS does)."""
+    nested = [getattr(config, k, None) for k in ("text_config", "llm_config", "language_config")]
+    for section in (text_config(config), *[n for n in nested if n is not None], config):
+        for key in MAX_LENGTH_KEYS:
+            value = getattr(section, key, None)
+            if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1_000_000_000:
+                return value
+    return None

@@ -533,15 +533,18 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             "staleness": sum(off_policy) / len(off_policy),
             "staleness_max": float(max(off_policy)),
             "time/step_wall_s": step_s,
+            # ART 0.5.23's names; then 0.5.18's, kept for dashboards that read them
+            "time/step_trainer_idle_s": trainer_idle_s,
+            "time/step_backend_train_s": trainer_s,
             "throughput/step_trainer_idle_s": trainer_idle_s,
             "time/step_trainer_s": trainer_s,
         }
-        actor_s = sum(m.rollout_s for m in ready)
-        actor_idle_s = sum(m.actor_idle_s for m in ready)
-        if actor_s > 0:
-            metrics["time/step_actor_s"] = actor_s
-        if actor_idle_s > 0:
-            metrics["throughput/step_actor_idle_s"] = actor_idle_s
+        rollout_s = sum(m.rollout_s for m in ready)
+        rollout_idle_s = sum(m.actor_idle_s for m in ready)
+        if rollout_s > 0:
+            metrics["time/step_rollout_s"] = metrics["time/step_actor_s"] = rollout_s
+        if rollout_idle_s > 0:
+            metrics["time/step_rollout_idle_s"] = metrics["throughput/step_actor_idle_s"] = rollout_idle_s
         metrics.update({k: v for k, v in result.metrics.items() if k not in metrics})
         await self.model.log(groups, split="train", step=step, metrics=metrics)
         if self._discard_queue:

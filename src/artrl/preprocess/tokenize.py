@@ -231,7 +231,7 @@ def _trainable(item: Any, train_on: str, train_dicts: bool) -> bool:
         return True
     if item.get("role") != "assistant":
         return False
-    return train_on == "assistant" or train_dicts
+    return train_on in ("assistant", "last") or train_dicts
 
 
 def tokenize_history(
@@ -239,7 +239,7 @@ def tokenize_history(
     tools: list[dict[str, Any]] | None,
     tokenizer: Any,
     *,
-    train_on: Literal["sampled", "assistant"] = "sampled",
+    train_on: Literal["sampled", "assistant", "last"] = "sampled",
     train_dicts: bool = False,
     end_ids: Collection[int] | None = None,
     where: str = "trajectory",
@@ -249,7 +249,8 @@ def tokenize_history(
     """Tokenize one conversation into the sequences its trainable turns are trained on (module docstring).
 
     Args:
-        train_on: "sampled" makes the Choice turns trainable (RL); "assistant" every assistant turn (SFT).
+        train_on: "sampled" makes the Choice turns trainable (RL); "assistant" every assistant turn (SFT); "last"
+            only the final item, when it is an assistant turn (SFT, ART's assistant_turns="last").
         train_dicts: with train_on="sampled", also train plain assistant dicts, as on-policy.
         end_ids: ids that end a turn (`chat_format.end_of_turn_ids` of the model; default: the tokenizer's).
         where: a name for error messages, e.g. "group 2, trajectory 5".
@@ -261,8 +262,9 @@ def tokenize_history(
     sequences: list[TokenizedSequence] = []
     chain: TokenizedSequence | None = None
     rendered: list[int] = []
+    last = len(messages_and_choices) - 1
     for i, item in enumerate(messages_and_choices):
-        if not _trainable(item, train_on, train_dicts):
+        if not _trainable(item, train_on, train_dicts) or (train_on == "last" and i != last):
             continue
         record = _record(item) if isinstance(item, Choice) else None
         if record is None:
@@ -425,11 +427,12 @@ def _warn_untrainable(skipped: list[tuple[int, int, bool]], train_dicts: bool) -
 
 
 def _tokenize_trajectory(
-    traj: Trajectory, tokenizer: Any, train_on: Literal["sampled", "assistant"], gi: int, ti: int,
+    traj: Trajectory, tokenizer: Any, train_on: Literal["sampled", "assistant", "last"], gi: int, ti: int,
     advantage: float, stats: TokenizeStats, train_dicts: bool, end_ids: Collection[int] | None,
     vision: Any = None, name: str | None = None,
 ) -> list[TokenizedSequence]:
-    """`name`: the trajectory in error messages (default "group {gi}, trajectory {ti}")."""
+    """`name`: the trajectory in error messages (default "group {gi}, trajectory {ti}"). With train_on="last"
+    only the trajectory's own conversation is read (its final message), not its additional histories."""
     out = []
     base = name or f"group {gi}, trajectory {ti}"
     if traj.exchanges:  # captured exchanges: their turns carry the same record (wire_records.py)
@@ -437,6 +440,8 @@ def _tokenize_trajectory(
     else:
         named = [(traj, base), *((h, f"{base}, additional_histories[{k}]")
                                  for k, h in enumerate(traj.additional_histories))]
+        if train_on == "last":  # ART 0.5.23's assistant_turns="last": the trajectory's own final reply only
+            named = named[:1]
     for hi, (h, where) in enumerate(named):
         for seq in tokenize_history(h.messages_and_choices, h.tools, tokenizer, train_on=train_on,
                                     train_dicts=train_dicts, end_ids=end_ids, where=where, stats=stats,
@@ -516,15 +521,29 @@ def tokenize_groups(
 
 
 def tokenize_sft(trajectories: Sequence[Trajectory], tokenizer: Any, *,
-                 end_ids: Collection[int] | None = None, vision: Any = None) -> TokenizeResult:
-    """Tokenize SFT data: every assistant turn trainable; each trajectory its own group (`vision`: see
-    `tokenize_groups`)."""
+                 end_ids: Collection[int] | None = None, vision: Any = None,
+                 assistant_turns: Literal["all", "last"] = "all") -> TokenizeResult:
+    """Tokenize SFT data: every assistant turn trainable, or with `assistant_turns="last"` (ART 0.5.23) only each
+    trajectory's final message, which must be an assistant turn (TrajectoryError naming the trajectory
+    otherwise); each trajectory its own group (`vision`: see `tokenize_groups`)."""
+    if assistant_turns not in ("all", "last"):
+        raise ValueError(f"assistant_turns={assistant_turns!r}; expected 'all' or 'last'")
+    train_on: Literal["assistant", "last"] = "assistant" if assistant_turns == "all" else "last"
     stats = TokenizeStats()
     result = TokenizeResult(groups=[], stats=stats)
     for ti, traj in enumerate(trajectories):
         revalidate(traj, f"trajectories[{ti}]")
+        if train_on == "last":
+            items = traj.messages_and_choices
+            final = items[-1] if items else None
+            if final is None or not (isinstance(final, Choice) or final.get("role") == "assistant"):
+                role = "none" if final is None else "a Choice" if isinstance(final, Choice) else final.get("role")
+                raise TrajectoryError(
+                    f"trajectories[{ti}]: assistant_turns='last' trains the final message, which must be an "
+                    f"assistant turn; this trajectory ends with {role!r}. End it with the assistant reply to "
+                    "learn, or use assistant_turns='all'.")
         stats.trajectories += 1
-        got = _tokenize_trajectory(traj, tokenizer, "assistant", ti, 0, 0.0, stats, train_dicts=True,
+        got = _tokenize_trajectory(traj, tokenizer, train_on, ti, 0, 0.0, stats, train_dicts=True,
                                    end_ids=end_ids, vision=vision, name=f"trajectories[{ti}]")
         if not got:
             stats.trajectories_without_trainable_tokens += 1

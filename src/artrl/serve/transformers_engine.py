@@ -89,7 +89,7 @@ from artrl.adapter_switch import NotPeftModelError, serving_copy
 from artrl.chat_format import end_of_turn_ids
 from artrl.errors import ConfigError
 from artrl.models.moe import RoutingRecorder, is_moe
-from artrl.models.structure import text_config
+from artrl.models.structure import config_max_length
 from artrl.models.quantization import quantization_of
 from artrl.once_per_run import OncePerRun
 from artrl.serve.engine import (
@@ -175,7 +175,7 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         self.shares_trainer_weights = shares_trainer_weights
         config = model.config
         if max_model_len is None:
-            max_model_len = getattr(text_config(config), "max_position_embeddings", None) or 2048
+            max_model_len = config_max_length(config) or 2048
         self._max_model_len = int(max_model_len)
         self._vocab_size = model.get_input_embeddings().num_embeddings
         # what ends a turn is chat_format's: the same ids the trainer closes a turn on

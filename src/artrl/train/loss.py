@@ -36,12 +36,26 @@ ART's options (types.TrainConfig; applied in ART's order):
   kl_t = sg(new_t - ref_t) and m = its mean over the optimizer step,
   A_t += coef * (m - kl_t): a token that drifts further from the reference than
   the average gets less advantage, one that drifts less gets more (zero-mean).
-* truncated_importance_sampling: l_t *= sg(min(q_t, c)), q_t = exp(old_t - original_t)
+* kl_penalty_source="sample" (ART 0.5.23): kl_t = sg(old_t - ref_t) instead, the
+  rollout policy's distance from the reference.
+* truncated_importance_sampling: l_t *= sg(min(q_t, c)), q_t = exp(old_t - original_t),
   when the old logprobs were recomputed by the trainer (precalculate_logprobs;
-  original = the sampled ones), else q_t = r_t.
+  original = the sampled ones). Without them there is no trainer/sampler ratio and, as
+  in ART 0.5.23, the option is skipped, with one notice per process.
 
-Tokens without a sampled logprob (old_t = nan) use old_t = sg(new_t), i.e.
-ratio 1 (on-policy); the tokenizer lets them through only when the user allows.
+As ART 0.5.23: tokens without a finite old logprob (none sampled: nan; or -inf, inf)
+use old_t = sg(new_t), i.e. ratio 1 (on-policy); the tokenizer lets them through only
+when the user allows. Each log-ratio (token and sequence) is clamped to [-20, 20]
+([-10, 10] in float16) before exp, so one far-off token cannot overflow the ratio;
+outside the clamp its ratio is constant, with no gradient through it.
+
+Off-policy figures (ART 0.5.23's `loss/importance_ratio_{mean,p95,p99}`,
+`loss/clipped_token_fraction`): over the tokens of non-zero weight, the ratio after the
+importance-sampling level and before max_ratio / mask_prob_ratio; a token counts as
+clipped when its ratio is outside [1 - eps, 1 + eps_high] (CISPO), or, for the PPO-shaped
+losses, only on the side where the clip binds (A > 0 above, A < 0 below). The
+percentiles come from a histogram of RATIO_EDGES (log-spaced 1e-4 .. 1e4), interpolated
+within the bucket, as ART reads them; histograms of micro-batches and ranks add up.
 
 What we simplify: no value function, no length normalisation inside a sequence.
 The returned values are sums of w_t * l_t; the trainer (train/trainer.py,
@@ -52,9 +66,17 @@ into forward passes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from ..notices import notice_once
+
+# The importance-ratio histogram (ART 0.5.23's bucket edges): bucket 0 holds r <= 1e-4, bucket k holds
+# EDGES[k-1] < r <= EDGES[k], the last one r > 1e4.
+RATIO_EDGES = torch.logspace(-4, 4, steps=257, dtype=torch.float64)  # [257]
+RATIO_BUCKETS = RATIO_EDGES.numel() + 1
+LOG_RATIO_BOUND, LOG_RATIO_BOUND_FP16 = 20.0, 10.0
 
 
 @dataclass
@@ -64,7 +86,8 @@ class LossTerms:
     float properties read one (for callers outside the training loop)."""
 
     loss_sum: torch.Tensor  # scalar, sum of w_t * l_t (with grad)
-    sums: dict[str, torch.Tensor]  # detached scalars: weight, policy, kl, entropy, clipped, ratio, kl_ref
+    sums: dict[str, torch.Tensor]  # detached scalars: weight, policy, kl, entropy, clipped, ratio, kl_ref, ...
+    ratio_histogram: torch.Tensor | None = field(default=None)  # [RATIO_BUCKETS] token counts (RL losses only)
 
     def _value(self, key: str) -> float:
         return float(self.sums[key])
@@ -127,23 +150,26 @@ def policy_loss(
     kl_mean: float | None = None,
     truncated_importance_sampling: float | None = None,
     original: torch.Tensor | None = None,
+    kl_source: str = "current_learner",
 ) -> LossTerms:
     """All tensors are [n] over the micro-batch's trainable tokens; see the module docstring.
 
-    `kl_mean` is the mean of sg(new - ref) over the optimizer step (None: over these tokens);
+    `kl_mean` is the mean of kl_t over the optimizer step (None: over these tokens), kl_t = sg(new - ref), or
+    sg(old - ref) with `kl_source="sample"`;
     `original` holds the sampled logprobs when `old` was recomputed (precalculate_logprobs).
     """
     eps_high = epsilon if epsilon_high is None else epsilon_high
-    old = torch.where(torch.isnan(old), new.detach(), old)  # [n]
+    old = torch.where(torch.isfinite(old), old, new.detach())  # [n]
     log_ratio = new - old  # [n]
+    bound = LOG_RATIO_BOUND_FP16 if log_ratio.dtype == torch.float16 else LOG_RATIO_BOUND
     if kind == "gspo":
         # sequence ratio value, token-level gradient: sg(s_i) * exp(new_t - sg(new_t))
-        seq_lr = sequence_mean(log_ratio.detach(), sequence_ids)  # [n]
+        seq_lr = sequence_mean(log_ratio.detach(), sequence_ids).clamp(-bound, bound)  # [n]
         ratio = torch.exp(seq_lr + new - new.detach())  # [n], value = sequence ratio
     else:
-        ratio = torch.exp(log_ratio)  # [n]
+        ratio = torch.exp(log_ratio.clamp(-bound, bound))  # [n]
         if importance_sampling_level != "token":
-            seq_ratio = torch.exp(sequence_mean(log_ratio, sequence_ids))  # [n]
+            seq_ratio = torch.exp(sequence_mean(log_ratio, sequence_ids).clamp(-bound, bound))  # [n]
             if importance_sampling_level == "sequence":
                 ratio = seq_ratio
             elif importance_sampling_level == "average":
@@ -153,6 +179,7 @@ def policy_loss(
             else:
                 raise ValueError(f"unknown importance_sampling_level {importance_sampling_level!r}; expected "
                                  "'token', 'sequence', 'average' or 'geometric_average'")
+    raw_ratio = ratio.detach()  # [n], what the off-policy figures read
     if max_ratio:
         ratio = torch.clamp(ratio, max=max_ratio)
     if mask_prob_ratio:
@@ -163,7 +190,8 @@ def policy_loss(
         adv = adv - kimi_k2_tau * log_ratio.detach()
     kl_ref = torch.zeros_like(new)
     if ref is not None:
-        kl_ref = (new - ref).detach()  # [n]
+        source = old if kl_source == "sample" else new  # [n]
+        kl_ref = (source - ref).detach()  # [n]
     if kl_penalty_coef > 0 and ref is not None:
         mean = kl_mean if kl_mean is not None else float(kl_ref[weights > 0].mean()) if bool((weights > 0).any()) \
             else 0.0
@@ -179,9 +207,11 @@ def policy_loss(
         if original is not None:
             sampled = torch.where(torch.isnan(original), new.detach(), original)  # [n]
             q = torch.exp(old - sampled)  # [n], trainer / sampler
+            per_token = per_token * torch.clamp(q, max=truncated_importance_sampling).detach()
         else:
-            q = ratio
-        per_token = per_token * torch.clamp(q, max=truncated_importance_sampling).detach()
+            notice_once("loss.truncated_importance_sampling", f"truncated_importance_sampling="
+                        f"{truncated_importance_sampling} is skipped: without precalculate_logprobs=True there are "
+                        "no trainer-recomputed logprobs to compare with the sampled ones (as in ART 0.5.23).")
     kl = torch.zeros_like(new)
     if beta > 0 and ref is not None:
         d = ref - new
@@ -197,7 +227,42 @@ def policy_loss(
             ratio=(weights * ratio).sum(),
             kl_ref=(weights * kl_ref).sum(),
         )
-    return LossTerms(loss_sum=(weights * total).sum(), sums=sums)
+        live = weights != 0  # [n]
+        r = raw_ratio[live].to(torch.float64)  # [live]
+        if kind == "cispo":
+            off = (r < 1 - epsilon) | (r > 1 + eps_high)  # [live]
+        else:
+            a = adv.detach()[live]  # [live]
+            off = ((a > 0) & (r > 1 + eps_high)) | ((a < 0) & (r < 1 - epsilon))
+        sums.update(ratio_tokens=live.sum().to(weights.dtype), ratio_raw=r.sum().to(weights.dtype),
+                    ratio_clipped=off.sum().to(weights.dtype))
+        histogram = ratio_histogram(r)
+    return LossTerms(loss_sum=(weights * total).sum(), sums=sums, ratio_histogram=histogram)
+
+
+def ratio_histogram(ratios: torch.Tensor) -> torch.Tensor:
+    """Token counts per bucket of RATIO_EDGES ([n] -> [RATIO_BUCKETS], float64, on `ratios`' device)."""
+    edges = RATIO_EDGES.to(ratios.device)
+    buckets = torch.bucketize(ratios.to(torch.float64), edges)  # [n], 0 .. 257
+    return torch.bincount(buckets, minlength=RATIO_BUCKETS).to(torch.float64)
+
+
+def histogram_quantile(counts: list[float], q: float) -> float:
+    """The q-quantile of a RATIO_EDGES histogram (0 for an empty one), linear within its bucket.
+
+    Bucket 0 spans [0, 1e-4], the last one is read as ending at 1e4 (a ratio beyond it reports 1e4)."""
+    total = sum(counts)
+    if total <= 0:
+        return 0.0
+    target, below = total * q, 0.0
+    edges = RATIO_EDGES.tolist()
+    for k, c in enumerate(counts):
+        if below + c >= target or k == len(counts) - 1:
+            lo = 0.0 if k == 0 else edges[k - 1]
+            hi = edges[min(k, len(edges) - 1)]
+            return lo + (hi - lo) * min(max((target - below) / max(c, 1.0), 0.0), 1.0)
+        below += c
+    raise AssertionError("unreachable")
 
 
 def sft_loss(new: torch.Tensor, weights: torch.Tensor, entropy: torch.Tensor) -> LossTerms:

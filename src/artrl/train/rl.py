@@ -37,7 +37,7 @@ def _rl_loss(tb: TokenBatch, *, config: TrainConfig) -> LossTerms:
                        mask_prob_ratio=config.mask_prob_ratio, kimi_k2_tau=config.kimi_k2_tau,
                        kl_penalty_coef=config.kl_penalty_coef, kl_mean=tb.kl_mean,
                        truncated_importance_sampling=config.truncated_importance_sampling,
-                       original=tb.original_logprobs)
+                       original=tb.original_logprobs, kl_source=config.kl_penalty_source)
 
 
 def rl_loss_fn(config: TrainConfig):
@@ -48,7 +48,8 @@ def rl_loss_fn(config: TrainConfig):
 def step_options(config: TrainConfig, ref_adapter: str | None = None) -> StepOptions:
     """What the trainer computes per step for this config (reference pass, KL step mean, chunking, precalc)."""
     return StepOptions(need_ref=config.needs_reference(), ref_adapter=ref_adapter,
-                       kl_step_mean=config.kl_penalty_coef > 0,
+                       kl_step_mean=config.kl_penalty_coef > 0, kl_source=config.kl_penalty_source,
+                       offpolicy_figures=True,
                        chunk_size=config.logprob_calculation_chunk_size,
                        precalculate_logprobs=config.precalculate_logprobs,
                        routing_replay=config.moe_routing_replay)

@@ -1,4 +1,5 @@
-"""SFT train call: trajectories -> tokenize (all assistant turns trainable) -> steps -> rows.
+"""SFT train call: trajectories -> tokenize (all assistant turns trainable, or each trajectory's final one with
+`assistant_turns="last"`) -> steps -> rows.
 
 `batch_size` trajectories make one optimizer step ('auto' = 2 as in ART, or all
 when fewer); each step's trajectories are packed into rows of their own (a row never
@@ -32,7 +33,8 @@ def prepare_sft(ctx: BuildContext, trajectories: Sequence[Trajectory], config: T
     if config.shuffle:
         # a different order every call, reproducible from the seed and the restored optimizer step count
         random.Random(config.seed * 1_000_003 + ctx.optimizer_steps).shuffle(trajectories)
-    tok = tokenize_sft(trajectories, ctx.tokenizer, end_ids=ctx.end_ids, vision=ctx.vision)
+    tok = tokenize_sft(trajectories, ctx.tokenizer, end_ids=ctx.end_ids, vision=ctx.vision,
+                       assistant_turns=config.assistant_turns)
     if not tok.groups:
         return PreparedCall("sft", BuiltCall(None, None), _sft_loss, [], config, tok.stats, step_unit="trajectories")
     built = build_batches(tok.groups, config, ctx, units_per_step=config.resolved_batch_size(len(tok.groups)))

@@ -64,7 +64,7 @@ from ..types import InternalModelConfig, OptimizerConfig
 from .attention import attention_mask_for
 from .kernels import apply_kernels, fused_adamw
 from .logprobs import TokenLogprobModel
-from .loss import LossTerms
+from .loss import LossTerms, histogram_quantile
 from ..optim_spec import optim_spec
 from .optimizers import build_optimizer, load_state
 from .routing import TrainerRouting
@@ -72,7 +72,7 @@ from .memory import (CallState, MemoryBudget, call_checkpointing, device_budget,
                      out_of_memory_error)
 from ..models.loading import model_max_length
 from .memory import log as memory_log
-from .totals import StepTotals
+from .totals import RATIO_HISTOGRAM_KEY, StepTotals, vector_figure
 from ..models.tree_attention import TREE_ATTENTION, TreeLayout
 
 log = logging.getLogger(__name__)
@@ -150,6 +150,8 @@ class StepOptions:
         (adapter off) or, when `ref_adapter` names a loaded peft adapter, from that adapter.
     kl_step_mean: first pass over each step without gradients for the mean of (new - ref) over the whole
         optimizer step (ART's kl_penalty_coef), so the result does not depend on the micro-batch layout.
+    kl_source: "current_learner" (new - ref) or "sample" (old - ref; ART's kl_penalty_source).
+    offpolicy_figures: the step's metrics include ART 0.5.23's importance-ratio figures (RL calls).
     chunk_size: tokens per LM-head chunk (None: the model config's logprob_chunk_size).
     precalculate_logprobs: before the first step, recompute the old logprobs of every trainable token with
         the current weights; the sampled ones reach the loss as `original_logprobs`.
@@ -160,6 +162,8 @@ class StepOptions:
     need_ref: bool = False
     ref_adapter: str | None = None
     kl_step_mean: bool = False
+    kl_source: str = "current_learner"
+    offpolicy_figures: bool = False  # report the loss's importance-ratio figures (RL losses compute them)
     chunk_size: int | None = None
     precalculate_logprobs: bool = False
     routing_replay: bool = True  # an MoE model replays the routing record (train/routing.py)
@@ -423,7 +427,8 @@ class Trainer:
 
     def kl_sums(self, packed: PackedRows, micro_batches: list[Any], opts: StepOptions,
                 refs: dict[int, torch.Tensor] | None = None) -> tuple[float, int]:
-        """Sum and count of (new - ref) over the micro-batches' trainable tokens, without gradients.
+        """Sum and count of (new - ref), or (old - ref) with `opts.kl_source="sample"`, over the micro-batches'
+        trainable tokens, without gradients.
 
         The reference logprobs are kept in `refs` (by micro-batch index) for the passes that follow.
         """
@@ -436,8 +441,11 @@ class Trainer:
                                           chunk_size=opts.chunk_size).logprobs
             if refs is not None:
                 refs[i] = ref
+            source = cur.logprobs  # [n]
+            if opts.kl_source == "sample":  # the rollout's logprobs; a token without one counts as on-policy
+                source = torch.where(torch.isfinite(cur.old_logprobs), cur.old_logprobs, cur.logprobs)
             live = cur.weights > 0  # [n]
-            total += torch.where(live, cur.logprobs - ref, 0.0).sum()  # added up on the device
+            total += torch.where(live, source - ref, 0.0).sum()  # added up on the device
             count += int((sub.weights[sub.trainable_mask] > 0).sum())  # host tensors
         return float(total), count
 
@@ -483,6 +491,8 @@ class Trainer:
         totals.add("loss", terms.loss_sum.detach() / max(denom, 1e-12))
         for key, value in terms.sums.items():
             totals.add(key, value)
+        if terms.ratio_histogram is not None:
+            totals.add_vector(RATIO_HISTOGRAM_KEY, terms.ratio_histogram)
 
     def _measure_routing(self, sub: PackedRows, tb: TokenBatch, totals: StepTotals, before: dict[str, float],
                          opts: StepOptions) -> None:
@@ -542,6 +552,13 @@ class Trainer:
             "step_seconds": seconds,
             "skipped_nonfinite_steps": 0.0 if finite else 1.0,
         }
+        if opts.offpolicy_figures:  # an RL loss's (ART 0.5.23)
+            n = max(totals["ratio_tokens"], 1.0)
+            counts = vector_figure(totals, RATIO_HISTOGRAM_KEY)
+            metrics.update(importance_ratio_mean=totals["ratio_raw"] / n,
+                           importance_ratio_p95=histogram_quantile(counts, 0.95),
+                           importance_ratio_p99=histogram_quantile(counts, 0.99),
+                           clipped_token_fraction=totals["ratio_clipped"] / n)
         if opts.need_ref:
             metrics["kl"] = totals["kl"] / w
             metrics["kl_policy_ref"] = totals["kl_ref"] / w

@@ -210,11 +210,14 @@ async def train_sft_from_file(
     _config: Any = None,
     verbose: bool = False,
     shuffle_buffer_size: int = 10000,
+    log_metrics: bool = True,
+    assistant_turns: Literal["all", "last"] = "all",
 ) -> None:
     """Fine-tune `model` on a JSONL file in one `model.train_sft` call, streaming the file.
 
     Batches `initial_step` to `final_step` (exclusive; None: to the end) of the whole
     run's schedule are trained; the file is read lazily, never all at once.
+    `log_metrics` and `assistant_turns` (ART 0.5.23) go to `model.train_sft` and its TrainSFTConfig.
     """
     rows = get_file_row_count(file_path)
     say = log.info if verbose else log.debug
@@ -238,5 +241,5 @@ async def train_sft_from_file(
     trajectories = itertools.islice(
         iterate_file(file_path, epochs=epochs, shuffle_buffer_size=shuffle_buffer_size, initial_skip=skip),
         len(rates) * batch_size)
-    config = TrainSFTConfig(learning_rate=rates, batch_size=batch_size)
-    await model.train_sft(trajectories, config, _config=_config, verbose=verbose)
+    config = TrainSFTConfig(learning_rate=rates, batch_size=batch_size, assistant_turns=assistant_turns)
+    await model.train_sft(trajectories, config, _config=_config, verbose=verbose, log_metrics=log_metrics)
