@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -219,7 +221,7 @@ def completions_agent(client: str, stream: bool) -> Agent:
 def test_completions_rollouts_train_on_exactly_their_record(served: Served) -> None:
     agents = [completions_agent("openai", False), completions_agent("openai", True),
               completions_agent("aiohttp", False), completions_agent("requests", True)]
-    train_on(served, agents, "completions", TURNS)
+    train_on(served, agents, "completions", TURNS)  # the prompt is re-sent as text: no claim on record_splits
 
 
 # --------------------------------------------------------------------------- responses
@@ -371,3 +373,51 @@ def test_anthropic_tool_agent_trains_on_the_exact_record(served: Served) -> None
 def test_responses_tool_agent_trains_on_the_exact_record(served: Served) -> None:
     metrics = train_on(served, [responses_tool_agent(False), responses_tool_agent(True)], "responses", 2)
     assert metrics["data/record_splits"] == 0, metrics
+
+
+# --------------------------------------------------------------------------- the examples of docs/agents.md
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "agents.md"
+
+
+def doc_examples() -> list[str]:
+    """The agents of docs/agents.md's "One example per protocol" (each block that defines `rollout`)."""
+    text = DOC.read_text()
+    section = text[text.index("### One example per protocol"):]
+    section = section[:section.index("\n### ", 1)]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return [block for block in blocks if "async def rollout(" in block]
+
+
+def test_docs_examples_run_and_train_on_exactly_their_record(served: Served) -> None:
+    """Every example agent of the docs runs as written; two rollouts of each, captured with
+    `art.trajectory_group`, train on their record whichever protocol they speak."""
+    examples = doc_examples()
+    assert len(examples) == 5, examples
+
+    async def main() -> None:
+        groups, turns, spoken = [], 0, []
+        for source in examples:
+            namespace: dict[str, Any] = {}
+            exec(compile(source, str(DOC), "exec"), namespace)  # noqa: S102 - the docs' own code
+            group = await art.trajectory_group(namespace["rollout"](served.model, QUESTION) for _ in range(2))
+            for k, t in enumerate(group):
+                t.reward = float(k)  # the examples' rewards are all 0 on the tiny model: give the group a spread
+                counts = {e: len(getattr(t.exchanges, e)) for e in ("chat_completions", "completions", "responses",
+                                                                    "messages")}
+                (endpoint,) = [e for e, n in counts.items() if n]  # one protocol per example
+                spoken.append(endpoint)
+                turns += counts[endpoint]
+            groups.append(group)
+        assert set(spoken) == {"chat_completions", "completions", "responses", "messages"}, spoken
+        step = await served.model.get_step()
+        result = await served.model.train(groups, config=art.TrainConfig(learning_rate=1e-4))
+        assert result.step == step + 1
+        metrics = result.metrics
+        assert metrics["data/record_turns"] == turns, metrics
+        assert metrics["data/rendered_turns"] == 0 and metrics["data/retokenized_turns"] == 0, metrics
+        assert metrics["data/turns_missing_logprobs"] == 0, metrics
+        assert metrics["train/sampled_logprob_delta_max"] < TOLERANCE, metrics
+
+    served.run(main())
