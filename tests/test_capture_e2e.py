@@ -339,8 +339,9 @@ def anthropic_tool_agent(stream: bool) -> Agent:
     return agent
 
 
-def responses_tool_agent(stream: bool) -> Agent:
-    """function_call -> function_call_output -> answer, with the openai SDK's Responses API."""
+def responses_tool_agent(stream: bool, chained: bool = False) -> Agent:
+    """function_call -> function_call_output -> answer, with the openai SDK's Responses API; `chained` sends only
+    the tool's output and names the first response by `previous_response_id` (as the OpenAI Agents SDK may)."""
     async def agent(served: Served, question: str) -> None:
         sdk = openai.AsyncOpenAI(base_url=served.url, api_key=served.key, max_retries=0)
         tools = [{"type": "function", "name": "set_units", "description": "Pick the units.", "parameters": UNITS,
@@ -357,10 +358,13 @@ def responses_tool_agent(stream: bool) -> Agent:
         else:
             first = await sdk.responses.create(input=items, **ask)
         (call,) = [item for item in first.output if item.type == "function_call"]
-        items += [item.model_dump(exclude_none=True) for item in first.output]
-        items.append({"type": "function_call_output", "call_id": call.call_id, "output": "21 degrees"})
-        answer = await sdk.responses.create(model=served.name, input=items, max_output_tokens=MAX_TOKENS,
-                                            tools=tools, tool_choice="none")
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": "21 degrees"}
+        if chained:
+            then: dict[str, Any] = {"input": [output], "previous_response_id": first.id}
+        else:
+            then = {"input": [*items, *[item.model_dump(exclude_none=True) for item in first.output], output]}
+        answer = await sdk.responses.create(model=served.name, max_output_tokens=MAX_TOKENS, tools=tools,
+                                            tool_choice="none", **then)
         assert not [item for item in answer.output if item.type == "function_call"]
     return agent
 
@@ -371,7 +375,8 @@ def test_anthropic_tool_agent_trains_on_the_exact_record(served: Served) -> None
 
 
 def test_responses_tool_agent_trains_on_the_exact_record(served: Served) -> None:
-    metrics = train_on(served, [responses_tool_agent(False), responses_tool_agent(True)], "responses", 2)
+    agents = [responses_tool_agent(False), responses_tool_agent(True), responses_tool_agent(False, chained=True)]
+    metrics = train_on(served, agents, "responses", 2)
     assert metrics["data/record_splits"] == 0, metrics
 
 
