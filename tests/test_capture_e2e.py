@@ -29,6 +29,9 @@ import pytest
 import requests
 
 import artrl as art
+from artrl.chat_format import end_of_turn_ids
+from artrl.models.loading import load_tokenizer
+from artrl.tokenized import TokenFlag
 from artrl.trajectories import sampled_policy_versions
 
 TOLERANCE = 1e-3
@@ -79,9 +82,48 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 Agent = Callable[[Served, str], Awaitable[None]]
 
 
-def train_on(served: Served, agents: list[Agent], endpoint: str, turns: int) -> dict[str, float]:
-    """One group of rollouts (one per agent, rewards 0, 1, ...) captured with `art.trajectory_group`, checked and
-    trained on; the train call's metrics."""
+async def check_tokenized(group: art.TrajectoryGroup, endpoint: str) -> None:
+    """`art.tokenize` gives each trajectory's turns as the record chains them: a turn whose prompt starts with the
+    previous prompt + sampled ids extends its sequence, and a sequence ends only where the model closed its turn
+    with another end-of-turn token than the template writes (the tiny model may end a tool call with
+    <|endoftext|>, the template writes <|im_end|>; the next prompt is then the template's text, docs/token-record.md). Each sequence is its last turn's prompt and
+    sampled ids; every turn's sampled ids are flagged SAMPLED, with the logprobs the server sent."""
+    tokenizer = load_tokenizer("artrl/tiny")
+    other_ends = end_of_turn_ids(tokenizer) - {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    tokenized = await art.tokenize(group.trajectories, base_model="artrl/tiny", multi_history=True)
+    for t, tt in zip(group.trajectories, tokenized):
+        records = [exchange_record(endpoint, e) for e in getattr(t.exchanges, endpoint)]
+        chains = [[records[0]]]
+        for before, (prompt, ids, lps) in zip(records, records[1:]):
+            sequence = before[0] + before[1]
+            if prompt[:len(sequence)] == sequence:
+                chains[-1].append((prompt, ids, lps))
+            else:
+                assert before[1][-1] in other_ends, (sequence, prompt)
+                chains.append([(prompt, ids, lps)])
+        assert [h.tokens for h in tt.histories] == [chain[-1][0] + chain[-1][1] for chain in chains]
+        for h, chain in zip(tt.histories, chains):
+            sampled = [k for k, flag in enumerate(h.flags) if flag & TokenFlag.SAMPLED]
+            assert [h.tokens[k] for k in sampled] == [i for _, ids, _ in chain for i in ids]
+            assert [h.logprobs[k] for k in sampled] == pytest.approx([lp for *_, lps in chain for lp in lps])
+
+
+def exchange_record(endpoint: str, exchange: Any) -> tuple[list[int], list[int], list[float]]:
+    """(prompt ids, sampled ids, logprobs) as the server put them on an exchange."""
+    data = exchange.response.model_dump()
+    if endpoint == "chat_completions":
+        (choice,) = data["choices"]
+        return choice["prompt_token_ids"], choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]]
+    if endpoint == "messages":
+        return data["prompt_token_ids"], data["token_ids"], data["logprobs"]
+    (generation,) = data["token_generations"]
+    return generation["prompt_token_ids"], generation["token_ids"], generation["compact_logprobs"]
+
+
+def train_on(served: Served, agents: list[Agent], endpoint: str, turns: int,
+             check: Callable[[art.TrajectoryGroup, str], Awaitable[None]] | None = None) -> dict[str, float]:
+    """One group of rollouts (one per agent, rewards 0, 1, ...) captured with `art.trajectory_group`, checked (and
+    by `check`) and trained on; the train call's metrics."""
 
     async def rollout(agent: Agent, k: int) -> art.Trajectory:
         with art.Trajectory() as t:
@@ -98,6 +140,8 @@ def train_on(served: Served, agents: list[Agent], endpoint: str, turns: int) -> 
             assert [len(getattr(t.exchanges, e)) for e in ("chat_completions", "completions", "responses",
                                                             "messages") if e != endpoint] == [0, 0, 0]
             assert sampled_policy_versions(t) == [step] * turns  # each turn names the policy that sampled it
+        if check is not None:
+            await check(group, endpoint)
         result = await served.model.train([group], config=art.TrainConfig(learning_rate=1e-4))
         assert result.step == step + 1 and await served.model.get_step() == step + 1
         metrics = result.metrics
@@ -182,7 +226,7 @@ def chat_agent(client: str, stream: bool) -> Agent:
 def test_chat_completions_rollouts_train_on_exactly_their_record(served: Served) -> None:
     agents = [chat_agent("openai", False), chat_agent("openai", True), chat_agent("aiohttp", False),
               chat_agent("requests", True)]
-    metrics = train_on(served, agents, "chat_completions", TURNS)
+    metrics = train_on(served, agents, "chat_completions", TURNS, check_tokenized)
     assert metrics["data/record_splits"] == 0, metrics  # each conversation is one sequence
 
 
@@ -260,8 +304,7 @@ def responses_agent(client: str, stream: bool) -> Agent:
 def test_responses_rollouts_train_on_exactly_their_record(served: Served) -> None:
     agents = [responses_agent("openai", False), responses_agent("openai", True), responses_agent("aiohttp", True),
               responses_agent("requests", False)]
-    metrics = train_on(served, agents, "responses", TURNS)
-    assert metrics["data/record_splits"] == 0, metrics
+    train_on(served, agents, "responses", TURNS, check_tokenized)
 
 
 # --------------------------------------------------------------------------- anthropic messages
@@ -304,8 +347,7 @@ def messages_agent(client: str, stream: bool) -> Agent:
 def test_messages_rollouts_train_on_exactly_their_record(served: Served) -> None:
     agents = [messages_agent("anthropic", False), messages_agent("anthropic", True), messages_agent("aiohttp", True),
               messages_agent("requests", False)]
-    metrics = train_on(served, agents, "messages", TURNS)
-    assert metrics["data/record_splits"] == 0, metrics
+    train_on(served, agents, "messages", TURNS, check_tokenized)
 
 
 # --------------------------------------------------------------------------- tool agents
@@ -333,9 +375,9 @@ def anthropic_tool_agent(stream: bool) -> Agent:
         messages += [{"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                                    "content": "21 degrees"}]}]
-        answer = await sdk.messages.create(model=served.name, max_tokens=MAX_TOKENS, tools=tools,
-                                           tool_choice={"type": "none"}, messages=messages)
-        assert not [block for block in answer.content if block.type == "tool_use"]
+        # the same tools and the default tool_choice: the prompt extends the first (tool_choice "none" would drop
+        # the tools from the prompt, starting a new sequence)
+        await sdk.messages.create(model=served.name, max_tokens=MAX_TOKENS, tools=tools, messages=messages)
     return agent
 
 
@@ -363,21 +405,17 @@ def responses_tool_agent(stream: bool, chained: bool = False) -> Agent:
             then: dict[str, Any] = {"input": [output], "previous_response_id": first.id}
         else:
             then = {"input": [*items, *[item.model_dump(exclude_none=True) for item in first.output], output]}
-        answer = await sdk.responses.create(model=served.name, max_output_tokens=MAX_TOKENS, tools=tools,
-                                            tool_choice="none", **then)
-        assert not [item for item in answer.output if item.type == "function_call"]
+        await sdk.responses.create(model=served.name, max_output_tokens=MAX_TOKENS, tools=tools, **then)
     return agent
 
 
 def test_anthropic_tool_agent_trains_on_the_exact_record(served: Served) -> None:
-    metrics = train_on(served, [anthropic_tool_agent(False), anthropic_tool_agent(True)], "messages", 2)
-    assert metrics["data/record_splits"] == 0, metrics  # the tool result extends the call's sequence
+    train_on(served, [anthropic_tool_agent(False), anthropic_tool_agent(True)], "messages", 2, check_tokenized)
 
 
 def test_responses_tool_agent_trains_on_the_exact_record(served: Served) -> None:
     agents = [responses_tool_agent(False), responses_tool_agent(True), responses_tool_agent(False, chained=True)]
-    metrics = train_on(served, agents, "responses", 2)
-    assert metrics["data/record_splits"] == 0, metrics
+    train_on(served, agents, "responses", 2, check_tokenized)
 
 
 # --------------------------------------------------------------------------- the examples of docs/agents.md
