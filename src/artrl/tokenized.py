@@ -23,7 +23,7 @@ ConfigError (the record needs no template; the fallback renders with the tokeniz
 `TokenizedHistory.history` is artrl's `History` (messages and choices), not ART's
 protocol-native history; the work runs in a worker thread, not a process pool. `model` selects
 exchanges by model name (exact, else a shell pattern) as ART's selector does, and names the
-sequences.
+sequences; `base_model` only names the tokenizer (and the sequences when `model` is not given).
 """
 
 from __future__ import annotations
