@@ -87,7 +87,8 @@ async def check_tokenized(group: art.TrajectoryGroup, endpoint: str) -> None:
     previous prompt + sampled ids extends its sequence, and a sequence ends only where the model closed its turn
     with another end-of-turn token than the template writes (the tiny model may end a tool call with
     <|endoftext|>, the template writes <|im_end|>; the next prompt is then the template's text,
-    docs/token-record.md). Each sequence is its last turn's prompt and sampled ids; every turn's sampled ids are flagged SAMPLED, with the logprobs the server sent."""
+    docs/token-record.md). Each sequence is its last turn's prompt and sampled ids; every turn's sampled ids are
+    flagged SAMPLED, with the logprobs the server sent."""
     tokenizer = load_tokenizer("artrl/tiny")
     other_ends = end_of_turn_ids(tokenizer) - {tokenizer.convert_tokens_to_ids("<|im_end|>")}
     tokenized = await art.tokenize(group.trajectories, base_model="artrl/tiny", multi_history=True)
