@@ -450,6 +450,11 @@ def test_tokenize_and_tensorize_give_the_record_with_its_flags(tok) -> None:
             await art.tokenize([chained], tokenizer=tok, chat_template="{{ x }}")
         with pytest.raises(art.ConfigError, match="needs a tokenizer"):
             await art.tokenize([chained])
+        # base_model names the tokenizer only: it selects no exchanges (theirs name the served model, "m")
+        [named] = await art.tokenize([chained], base_model="artrl/tiny")
+        assert named.tokens == t.tokens and named.model == "artrl/tiny"
+        with pytest.raises(ValueError, match="found 0"):
+            await art.tokenize([chained], tokenizer=tok, model="other")
 
     asyncio.run(main())
 

@@ -255,6 +255,17 @@ def test_unknown_model_wrong_key_and_big_body(root: str) -> None:
     assert post(root, {"model": "m", "max_tokens": 8, "messages": "hi"}).json()["type"] == "error"
 
 
+def test_a_base_url_with_v1_is_a_404_that_says_to_drop_it(root: str) -> None:
+    """The anthropic SDK appends /v1/messages to its base URL: given the OpenAI-style base URL (ending in /v1) it
+    posts to /v1/v1/messages, and the 404 says what to send instead, in Anthropic's shape."""
+    sdk = anthropic.Anthropic(base_url=root + "/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(anthropic.NotFoundError, match="without /v1") as raised:
+        sdk.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    assert raised.value.body["type"] == "error" and "/v1/messages" in raised.value.body["error"]["message"]
+    other = httpx.post(root + "/v1/nothing", json={}, headers={"x-api-key": KEY}, timeout=60)
+    assert other.status_code == 404 and "/v1/chat/completions" in other.json()["error"]["message"]
+
+
 def test_sdk_raises_its_own_errors(client: anthropic.Anthropic) -> None:
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
         client.messages.create(model="m", max_tokens=10**6, messages=[{"role": "user", "content": "hi"}])

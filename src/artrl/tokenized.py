@@ -23,7 +23,7 @@ ConfigError (the record needs no template; the fallback renders with the tokeniz
 `TokenizedHistory.history` is artrl's `History` (messages and choices), not ART's
 protocol-native history; the work runs in a worker thread, not a process pool. `model` selects
 exchanges by model name (exact, else a shell pattern) as ART's selector does, and names the
-sequences.
+sequences; `base_model` only names the tokenizer (and the sequences when `model` is not given).
 """
 
 from __future__ import annotations
@@ -183,10 +183,11 @@ def _histories(trajectory: Trajectory, model: str | None, where: str) -> list[tu
                                    for k, h in enumerate(trajectory.additional_histories))]
 
 
-def _sequences(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int], model: str,
+def _sequences(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int], model: str, select: str | None,
                where: str) -> list[TokenizedHistory]:
+    """The sequences of `trajectory`, named `model`; its exchanges of the model `select` only (all for None)."""
     out = []
-    for history, at in _histories(trajectory, None if model == "" else model, where):
+    for history, at in _histories(trajectory, select, where):
         stats = TokenizeStats()
         seqs = tokenize_history(history.messages_and_choices, history.tools, tokenizer, end_ids=end_ids, where=at,
                                 stats=stats)
@@ -208,12 +209,12 @@ def _sequences(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int], 
     return out
 
 
-def _tokenize_one(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int], model: str, multi_history: bool,
-                  where: str) -> Any:
+def _tokenize_one(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int], model: str, select: str | None,
+                  multi_history: bool, where: str) -> Any:
     if not isinstance(trajectory, Trajectory):
         raise TypeError(f"{where} has type {type(trajectory).__name__}; expected a Trajectory.")
     trajectory.validate_fields()
-    seqs = _sequences(trajectory, tokenizer, end_ids, model, where)
+    seqs = _sequences(trajectory, tokenizer, end_ids, model, select, where)
     if multi_history:
         return TokenizedMultiHistoryTrajectory(trajectory=trajectory, histories=seqs)
     if len(seqs) != 1:
@@ -248,14 +249,14 @@ def _run(items: Iterable[Any], multi_history: bool, reconcile: bool, model: str 
     values = list(items)
     tok = _resolve_tokenizer(tokenizer, base_model, model)
     end_ids = end_of_turn_ids(tok)
-    label = model or base_model or ""
+    label = model or base_model or ""  # names the sequences; only `model` selects exchanges
     if all(isinstance(v, TrajectoryGroup) for v in values):
         return [TokenizedTrajectoryGroup(trajectory_group=g, trajectories=[
-            _tokenize_one(t, tok, end_ids, label, multi_history, f"groups[{gi}].trajectories[{ti}]")
+            _tokenize_one(t, tok, end_ids, label, model, multi_history, f"groups[{gi}].trajectories[{ti}]")
             for ti, t in enumerate(g.trajectories)]) for gi, g in enumerate(values)]
     if any(isinstance(v, TrajectoryGroup) for v in values):
         raise TypeError("art.tokenize takes trajectories or trajectory groups, not a mix of both.")
-    return [_tokenize_one(t, tok, end_ids, label, multi_history, f"items[{i}]") for i, t in enumerate(values)]
+    return [_tokenize_one(t, tok, end_ids, label, model, multi_history, f"items[{i}]") for i, t in enumerate(values)]
 
 
 async def tokenize(items: Iterable[Trajectory] | Iterable[TrajectoryGroup], *, multi_history: bool = False,

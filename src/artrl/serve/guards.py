@@ -60,6 +60,21 @@ _ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_err
                           429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 
 
+MODEL_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+"""The routes that sample, one per wire protocol."""
+
+
+def not_found(path: str) -> APIError:
+    """The 404 for a path no route serves; one that ends with a model route under a prefix too many (the anthropic
+    SDK given `inference_base_url`, which already ends with /v1, posts to /v1/v1/messages) says what to send."""
+    route = next((r for r in MODEL_ROUTES if path.endswith(r) and path != r), None)
+    if route is None:
+        return APIError(404, f"No route {path}; this server samples at {', '.join(MODEL_ROUTES)}.")
+    return APIError(404, f"No route {path}: this server answers {route}, and the client's base URL holds "
+                         f"{path[:-len(route)]!r} in front of it. The anthropic SDK appends /v1/messages to its "
+                         "base_url: give it the server's root (the inference base URL without /v1).")
+
+
 def anthropic_error(error: APIError) -> dict[str, Any]:
     """`error` in Anthropic's shape: `{"type": "error", "error": {"type": ..., "message": ...}}` (the parameter at
     fault, when there is one, is named in the message, as Anthropic's are: `max_tokens: Field required`)."""
@@ -72,7 +87,7 @@ def anthropic_error(error: APIError) -> dict[str, Any]:
 def error_response(error: APIError, path: str | None = None) -> JSONResponse:
     """`error` as the route at `path` spells errors: Anthropic's shape on `ANTHROPIC_PATHS`, OpenAI's
     `{"error": {"message", "type", "param", "code"}}` everywhere else."""
-    if path in ANTHROPIC_PATHS:
+    if path in ANTHROPIC_PATHS or (error.status == 404 and path is not None and path.endswith("/v1/messages")):
         return JSONResponse(anthropic_error(error), status_code=error.status)
     body = {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
     return JSONResponse(body, status_code=error.status)

@@ -79,7 +79,7 @@ from artrl.serve.chat import DEFAULT_RECORD_CACHE_BYTES, PromptBuilder
 from artrl.serve.control_routes import ReplicaHeader, add_control_routes
 from artrl.serve.core import INLINE_RENDER_CHARS, INLINE_RENDER_MESSAGES, RequestCore  # noqa: F401 (re-exported)
 from artrl.serve.guards import (DEFAULT_BODY_DEADLINE_S, DEFAULT_BODY_TIMEOUT_S, APIError, ApiKey, BodyLimit,
-                                ServerMetrics, error_response)
+                                ServerMetrics, error_response, not_found)
 from artrl.serve.models import ServedModels
 from artrl.serve.request import (DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N, DEFAULT_MAX_SCHEMA_CHARS, DEFAULT_MAX_TOOLS,
                                  INLINE_PARSE_BYTES, ChatCompletionRequest, RequestLimits, check_content_type,
@@ -185,6 +185,8 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(http: fastapi.Request, error: StarletteHTTPException) -> JSONResponse:
+        if error.status_code == 404 and error.detail == "Not Found":  # no route: say which there are
+            return error_response(not_found(http.url.path), http.url.path)
         return error_response(APIError(error.status_code, str(error.detail)), http.url.path)
 
     @app.exception_handler(Exception)
