@@ -421,7 +421,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="results JSON, written after every run; rerunning with the same file resumes")
     p.add_argument("--baseline", default=None, metavar="FILE",
                    help="a results JSON of the same command to hold these results to: exit 1 when artrl's mean "
-                        f"gain falls below {GAIN_FLOOR:.0%} of the baseline's, or its gain minus the yardstick's "
+                        f"gain falls below {GAIN_FLOOR * 100:.0f}%% of the baseline's, or its gain minus the yardstick's "
                         f"more than {PAIRED_MARGIN} below the baseline's (benchmarks/results/learning-baseline.json "
                         "is the one CI holds the project to)")
 
