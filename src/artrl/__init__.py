@@ -23,6 +23,7 @@ from .errors import (ArtrlError, CheckpointError, ConfigError, NonFiniteError, P
 from .gather import GatherError, gather_trajectories, gather_trajectory_groups
 from .local import LocalBackend
 from .model import Model, TrainableModel
+from .pipeline_tuner import PipelineAutotuneConfig, PipelineRuntimeConfig
 from .scopes import current_trajectory, no_capture, trajectory, trajectory_group
 from .serverless import ServerlessBackend
 from .tokenized import tensorize, tokenize
@@ -42,7 +43,7 @@ __all__ = [
     "TrainSFTConfig", "TrainConfig", "TrainResult", "Trajectory", "TrajectoryGroup", "capture_yielded_trajectory",
     "yield_trajectory", "current_trajectory", "no_capture", "trajectory", "trajectory_group",
     "tokenize", "tensorize",
-    "LoRAConfig",
+    "LoRAConfig", "PipelineAutotuneConfig", "PipelineRuntimeConfig",
     # artrl's own
     "ArtrlError", "CheckpointError", "ConfigError", "GatherError", "History", "InternalModelConfig",
     "NonFiniteError", "PackingError", "TrainOutOfMemoryError", "TrajectoryError", "WorkerError", "choice_from_completion", "rewards",

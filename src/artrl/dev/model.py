@@ -161,6 +161,7 @@ class InternalModelConfig(TypedDict, total=False):
     tinker_native_args: TinkerNativeArgs | None
     trainer_gpu_ids: list[int]
     inference_gpu_ids: list[int]
+    rollout_weight_update_mode: str  # ART 0.5.23: "step_lora" (what artrl does); "in_flight_lora" is refused
     inference_replicas: int | None
     inference_endpoints: list[str] | None
     # artrl's own flat names
@@ -273,7 +274,15 @@ def flatten_internal_config(data: Mapping[str, Any]) -> dict[str, Any]:
     """
     if "peft_args" in data:
         raise ConfigError(PEFT_ARGS_MIGRATION_MESSAGE)
-    out = {k: v for k, v in data.items() if k not in NESTED_SECTIONS and k not in _TOP_REASON}
+    mode = data.get("rollout_weight_update_mode", "step_lora")
+    if mode != "step_lora":
+        raise ConfigError(f"_internal_config rollout_weight_update_mode={mode!r} is not supported: artrl serves each "
+                          "trained step as a new adapter version and every rollout samples from the version it "
+                          "started on, which is ART's 'step_lora' (the default). In-flight LoRA updates (a new "
+                          "version replacing the served adapter while sequences are being generated) are not "
+                          "built; leave rollout_weight_update_mode unset or set it to 'step_lora'.")
+    out = {k: v for k, v in data.items()
+           if k not in NESTED_SECTIONS and k not in _TOP_REASON and k != "rollout_weight_update_mode"}
     source = {k: k for k in out}
     for key, reason in _TOP_REASON.items():
         value = data.get(key)
