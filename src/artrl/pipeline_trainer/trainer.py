@@ -612,7 +612,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     def _settings_metrics(self) -> dict[str, float]:
         """ART 0.5.23's `pipeline_settings/...` figures: the runtime config this step ran under."""
         window = staleness_window(self.max_steps_off_policy, self.limit_mean_steps_off_policy)
-        assert self._queue is not None
         return {"pipeline_settings/num_rollout_workers": float(self.num_rollout_workers),
                 "pipeline_settings/min_batch_size": float(self.min_batch_size),
                 "pipeline_settings/max_batch_size": float(self.max_batch_size),
