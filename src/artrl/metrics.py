@@ -114,27 +114,39 @@ class MetricsBuilder:
         self.add_metric(f"costs/{path}", usd)
 
     def add_data(self, step_num_scenarios: int | None = None, step_actor_tokens: int | None = None,
-                 scenario_ids: list[str] | None = None) -> None:
+                 scenario_ids: list[str] | None = None, *, step_rollout_tokens: int | None = None) -> None:
+        """`step_actor_tokens` is ART 0.5.18's keyword (`data/step_actor_tokens`), `step_rollout_tokens` ART
+        0.5.23's (`data/step_rollout_tokens`)."""
         if step_num_scenarios is not None:
             self.add_metric("data/step_num_scenarios", step_num_scenarios)
         if step_actor_tokens is not None:
             self.add_metric("data/step_actor_tokens", step_actor_tokens)
+        if step_rollout_tokens is not None:
+            self.add_metric("data/step_rollout_tokens", step_rollout_tokens)
         if scenario_ids is not None:
             self._shared.pending_scenarios.setdefault(self._scope, set()).update(str(s) for s in scenario_ids)
 
     def add_user_timing(self, step_wall_s: float | None = None, step_actor_s: float | None = None,
-                        step_eval_s: float | None = None) -> None:
+                        step_eval_s: float | None = None, *, step_rollout_s: float | None = None) -> None:
+        """`step_actor_s` is ART 0.5.18's keyword (`time/step_actor_s`), `step_rollout_s` ART 0.5.23's
+        (`time/step_rollout_s`)."""
         for key, value in (("time/step_wall_s", step_wall_s), ("time/step_actor_s", step_actor_s),
-                           ("time/step_eval_s", step_eval_s)):
+                           ("time/step_eval_s", step_eval_s), ("time/step_rollout_s", step_rollout_s)):
             if value is not None:
                 self.add_metric(key, value)
 
     def add_idle_times(self, step_trainer_idle_s: float | None = None,
-                       step_actor_idle_s: float | None = None) -> None:
+                       step_actor_idle_s: float | None = None, *, step_rollout_idle_s: float | None = None) -> None:
+        """ART 0.5.18 writes the trainer's idle time as `throughput/step_trainer_idle_s`, ART 0.5.23 as
+        `time/step_trainer_idle_s`: both are written. `step_actor_idle_s` is 0.5.18's keyword
+        (`throughput/step_actor_idle_s`), `step_rollout_idle_s` 0.5.23's (`time/step_rollout_idle_s`)."""
         if step_trainer_idle_s is not None:
             self.add_metric("throughput/step_trainer_idle_s", step_trainer_idle_s)
+            self.add_metric("time/step_trainer_idle_s", step_trainer_idle_s)
         if step_actor_idle_s is not None:
             self.add_metric("throughput/step_actor_idle_s", step_actor_idle_s)
+        if step_rollout_idle_s is not None:
+            self.add_metric("time/step_rollout_idle_s", step_rollout_idle_s)
 
     @contextmanager
     def measure(self, key: str) -> Iterator[None]:
