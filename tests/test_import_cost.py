@@ -38,7 +38,7 @@ FIRST_STEPS = """
 import sys
 import artrl
 from artrl import {names}
-import artrl.dev, artrl.utils, artrl.rewards, artrl.pipeline_trainer
+import artrl.dev, artrl.utils, artrl.rewards, artrl.pipeline_trainer, artrl.pipeline_tuner
 assert artrl.TrainableModel and artrl.LocalBackend and artrl.utils.iterate_dataset
 
 def report(stage):

@@ -25,6 +25,7 @@ from .local import LocalBackend
 from .metric_definitions import (PIPELINE_RL_DASHBOARD_DEFAULT_METRICS, PIPELINE_RL_METRIC_DEFINITIONS,
                                  PIPELINE_RL_SCORE_METRICS, MetricDefinition)
 from .model import Model, TrainableModel
+from .pipeline_tuner import PipelineAutotuneConfig, PipelineRuntimeConfig
 from .scopes import current_trajectory, no_capture, trajectory, trajectory_group
 from .serverless import ServerlessBackend
 from .tokenized import tensorize, tokenize
@@ -45,7 +46,7 @@ __all__ = [
     "TrainSFTConfig", "TrainConfig", "TrainResult", "Trajectory", "TrajectoryGroup", "capture_yielded_trajectory",
     "yield_trajectory", "current_trajectory", "no_capture", "trajectory", "trajectory_group",
     "tokenize", "tensorize",
-    "LoRAConfig",
+    "LoRAConfig", "PipelineAutotuneConfig", "PipelineRuntimeConfig",
     # ART 0.5.23's additions (art/__init__.py)
     "get_tokenizer", "LocalServingUnavailableError", "MetricDefinition", "PIPELINE_RL_DASHBOARD_DEFAULT_METRICS",
     "PIPELINE_RL_METRIC_DEFINITIONS", "PIPELINE_RL_SCORE_METRICS",

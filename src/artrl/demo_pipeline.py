@@ -179,14 +179,15 @@ async def _run_sync(backend: Any, model: Any, cfg: demo.DemoConfig, lr: float, a
 
 
 async def _run_pipeline(backend: Any, model: Any, cfg: demo.DemoConfig, lr: float, arm: ArmResult) -> None:
-    from .pipeline_trainer import PipelineTrainer
+    from .pipeline_trainer import PipelineRuntimeConfig, PipelineTrainer
 
     kw = _train_kwargs(cfg, lr)
     bound = arm.max_steps_off_policy or 0
+    pipeline = PipelineRuntimeConfig(num_rollout_workers=rollout_workers(cfg.groups_per_step, bound),
+                                     min_batch_size=cfg.groups_per_step, max_batch_size=cfg.groups_per_step)
     trainer = PipelineTrainer(
         model, backend, _rollout_fn(cfg, arm), _question_stream(cfg, random.Random(cfg.seed + 1)), None,
-        num_rollout_workers=rollout_workers(cfg.groups_per_step, bound), min_batch_size=cfg.groups_per_step,
-        max_batch_size=cfg.groups_per_step, max_steps_off_policy=bound, learning_rate=lr, loss_fn=LOSS_FN,
+        pipeline=pipeline, max_steps_off_policy=bound, learning_rate=lr, loss_fn=LOSS_FN,
         normalize_advantages=kw["normalize_advantages"], max_steps=cfg.rl_steps, eval_at_start=False,
         save_checkpoint=True, resume=False, log_interval_seconds=30.0)
     await trainer.train(handle_signals=False)

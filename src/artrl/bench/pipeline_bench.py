@@ -250,10 +250,16 @@ async def run_pipeline(backend: Any, model: Any, cfg: PipelineBenchConfig, recor
     rollouts = AgentRollouts(cfg.workload)
     record.rollouts, record.requests = rollouts.intervals, rollouts.requests
     kwargs = cfg.train_kwargs()
+    shape: dict[str, int] = {"num_rollout_workers": cfg.workers, "min_batch_size": cfg.groups_per_step,
+                             "max_batch_size": cfg.groups_per_step}
+    try:  # ART 0.5.23's form; a tree from before it takes the direct keywords
+        from ..pipeline_trainer import PipelineRuntimeConfig
+        runtime: dict[str, Any] = {"pipeline": PipelineRuntimeConfig(**shape)}
+    except ImportError:
+        runtime = dict(shape)
     trainer = PipelineTrainer(
         model, backend, rollouts.rollout_group, cfg.workload.scenarios(cfg.steps * cfg.groups_per_step), cfg,
-        num_rollout_workers=cfg.workers, min_batch_size=cfg.groups_per_step, max_batch_size=cfg.groups_per_step,
-        max_steps_off_policy=cfg.max_steps_off_policy, learning_rate=kwargs["learning_rate"],
+        **runtime, max_steps_off_policy=cfg.max_steps_off_policy, learning_rate=kwargs["learning_rate"],
         loss_fn=kwargs["loss_fn"], loss_fn_config=kwargs["loss_fn_config"],
         normalize_advantages=kwargs["normalize_advantages"], adam_params=kwargs["adam_params"],
         max_steps=cfg.steps, eval_at_start=False, save_checkpoint=kwargs["save_checkpoint"], resume=False,

@@ -167,6 +167,7 @@ class InternalModelConfig(TypedDict, total=False):
     tinker_native_args: TinkerNativeArgs | None
     trainer_gpu_ids: list[int]
     inference_gpu_ids: list[int]
+    rollout_weight_update_mode: str  # ART 0.5.23: "step_lora" (what artrl does); "in_flight_lora" is refused
     inference_replicas: int | None
     inference_endpoints: list[str] | None
     # ART 0.5.23's other keys: accepted where they ask for what artrl does, else refused (TOP_LEVEL_KEYS)

@@ -39,24 +39,27 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class StalenessBound:
-    """`max_steps_off_policy` as a rule; `step` is always the step a train call starts from."""
+    """`max_steps_off_policy` as a rule; `step` is always the step a train call starts from. None: no bound (ART
+    0.5.23's `max_steps_off_policy=None`; `limit_mean_steps_off_policy` may still bound a group's mean)."""
 
-    max_steps_off_policy: int
+    max_steps_off_policy: int | None
 
     def __post_init__(self) -> None:
-        if self.max_steps_off_policy < 0:
+        if self.max_steps_off_policy is not None and self.max_steps_off_policy < 0:
             raise ValueError(f"max_steps_off_policy={self.max_steps_off_policy}; it must be >= 0")
 
-    def min_fresh_version(self, step: int) -> int:
-        """The oldest policy version a group trained from `step` may have started on."""
-        return step - self.max_steps_off_policy
+    def min_fresh_version(self, step: int) -> int | None:
+        """The oldest policy version a group trained from `step` may have started on (None: any)."""
+        return None if self.max_steps_off_policy is None else step - self.max_steps_off_policy
 
     def is_stale(self, version: int, step: int) -> bool:
-        return version < self.min_fresh_version(step)
+        oldest = self.min_fresh_version(step)
+        return oldest is not None and version < oldest
 
     def may_start(self, target_step: int, policy_version: int) -> bool:
         """Whether a rollout meant for `target_step` may start on `policy_version` (it would not be stale)."""
-        return policy_version >= self.min_fresh_version(target_step)
+        oldest = self.min_fresh_version(target_step)
+        return oldest is None or policy_version >= oldest
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""`PipelineTrainer`: rollouts, training and eval overlapped, with bounded staleness (ART 0.5.18's API).
+"""`PipelineTrainer`: rollouts, training and eval overlapped, with bounded staleness (ART 0.5.23's API, and
+0.5.18's keywords).
 
 Three stages run as coroutines of one `asyncio.TaskGroup`, linked by queues:
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import math
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -43,6 +45,8 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 from ..errors import ConfigError
+from ..notices import notice_once
+from ..pipeline_tuner.config import PipelineAutotuneConfig, PipelineRuntimeConfig
 from ..local.adapter_leases import LeaseRegistry
 from ..replicas.affinity import new_session
 from ..run import storage
@@ -51,6 +55,8 @@ from .checkpoint_retention import (CHECKPOINT_CREATED_AT_METRIC, CHECKPOINT_EVAL
                                    CHECKPOINT_SAVED_METRIC, CheckpointRetentionContext, CheckpointRetentionStrategy,
                                    checkpoint_infos, steps_to_delete)
 from .messages import EvalStop, GroupReady, ScenariosExhausted
+from .options import (admission_bound, group_mean_steps_off_policy, refuse_unbuilt, resolve_pipeline_config,
+                      score_metrics, staleness_window)
 from .state import PIPELINE_STATE_KEY, PipelineState, SavedState
 from .staleness import Admission, StalenessBound, Ticket
 from .status import StatusReporter
@@ -123,48 +129,80 @@ class _Batch:
 class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     """Async three-stage pipeline of rollouts, training and eval; see the module docstring.
 
-    The constructor is ART 0.5.18's (names, defaults and checks). artrl adds two keywords: `train_kwargs`,
-    more keywords for every `backend.train` call (TrainConfig fields, e.g. the off-policy correction
-    `precalculate_logprobs=True, truncated_importance_sampling=2.0`; docs/pipeline.md), and `clock` (seconds,
-    monotonic), for tests. `max_steps_off_policy` bounds how many steps older than the weights a trained group's
-    policy version may be (0: on policy, the synchronous loop)."""
+    The constructor is ART 0.5.23's (names, defaults and checks): workers and batch bounds come from
+    `pipeline=PipelineRuntimeConfig(...)`; ART 0.5.18's direct keywords (`num_rollout_workers`, `min_batch_size`,
+    `max_batch_size`, `queue_maxsize`) still work, with one deprecation notice each, and so does 0.5.18's
+    `packed_sequence_length`. `autotune` takes mode "off" only, `kl_penalty_coef` must be 0 and
+    `rollout_executor` None: the rest is not built here and is refused by name (options.py, docs/pipeline.md).
+    `max_steps_off_policy` bounds how many steps older than the weights a trained group's policy version may be
+    (0: on policy, the synchronous loop; None: no bound); `limit_mean_steps_off_policy` bounds a group's mean.
+    artrl adds two keywords: `train_kwargs`, more keywords for every `backend.train` call (TrainConfig fields,
+    e.g. the off-policy correction `precalculate_logprobs=True, truncated_importance_sampling=2.0`;
+    docs/pipeline.md), and `clock` (seconds, monotonic), for tests."""
 
     def __init__(self, model: Any, backend: Any, rollout_fn: RolloutFn, scenarios: AsyncIterator[ScenarioT] |
                  Iterable[ScenarioT], config: ConfigT, eval_fn: EvalFn | None = None, *,
-                 num_rollout_workers: int = 16, min_batch_size: int = 4, max_batch_size: int | None = None,
-                 max_steps_off_policy: int = 4, queue_maxsize: int | None = None, learning_rate: float = 1e-5,
-                 loss_fn: str = "cispo", loss_fn_config: dict | None = None, normalize_advantages: bool = True,
-                 adam_params: object | None = None, packed_sequence_length: int | None = None,
-                 max_steps: int | None = None, discard_queue_multiplier: int = 100,
+                 num_rollout_workers: int | None = None, min_batch_size: int | None = None,
+                 max_batch_size: int | None = None, queue_maxsize: int | None = None,
+                 pipeline: PipelineRuntimeConfig | None = None, autotune: PipelineAutotuneConfig | None = None,
+                 learning_rate: float = 1e-5, loss_fn: str = "cispo", loss_fn_config: dict | None = None,
+                 normalize_advantages: bool = True, grad_accumulation_sequences: int | None = None,
+                 adam_params: object | None = None, kl_penalty_coef: float = 0.0,
+                 kl_penalty_step_lag: int | None = None, max_steps: int | None = None,
+                 discard_queue_multiplier: int = 100, max_steps_off_policy: int | None = 4,
+                 limit_mean_steps_off_policy: float | None = None,
+                 score_reference_groups_per_step: float | None = None,
+                 score_reference_rollouts_per_group: float | None = None,
                  log_interval_seconds: float = 60.0, status_ewa_alpha: float = 0.2,
                  total_scenarios: int | None = None, eval_every_n_steps: int = 20, eval_at_start: bool = True,
-                 save_checkpoint: bool = True, checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
-                 checkpoint_retention_interval: int = 1, resume: bool = True,
-                 train_kwargs: dict[str, Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        checks = [(num_rollout_workers <= 0, "num_rollout_workers must be > 0"),
-                  (min_batch_size <= 0, "min_batch_size must be > 0"),
-                  (max_batch_size is not None and max_batch_size <= 0, "max_batch_size must be > 0"),
-                  (max_batch_size is not None and max_batch_size < min_batch_size,
-                   "max_batch_size must be >= min_batch_size"),
-                  (max_steps_off_policy < 0, "max_steps_off_policy must be >= 0"),
-                  (queue_maxsize is not None and queue_maxsize <= 0, "queue_maxsize must be > 0"),
-                  (eval_every_n_steps < 0, "eval_every_n_steps must be >= 0"),
+                 save_checkpoint: bool = True, optimizer_save_interval: int = 5,
+                 checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
+                 checkpoint_retention_interval: int = 1, resume: bool = True, rollout_executor: object | None = None,
+                 packed_sequence_length: int | None = None, train_kwargs: dict[str, Any] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        pipeline, autotune = resolve_pipeline_config(
+            pipeline, autotune, num_rollout_workers=num_rollout_workers, min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size, queue_maxsize=queue_maxsize)
+        checks = [(eval_every_n_steps < 0, "eval_every_n_steps must be >= 0"),
                   (max_steps is not None and max_steps < 0, "max_steps must be >= 0"),
                   (log_interval_seconds <= 0, "log_interval_seconds must be > 0"),
                   (discard_queue_multiplier <= 0, "discard_queue_multiplier must be > 0"),
-                  (checkpoint_retention_interval <= 0, "checkpoint_retention_interval must be > 0")]
+                  (max_steps_off_policy is not None and max_steps_off_policy < 0, "max_steps_off_policy must be >= 0"),
+                  (limit_mean_steps_off_policy is not None and limit_mean_steps_off_policy < 0,
+                   "limit_mean_steps_off_policy must be >= 0"),
+                  (checkpoint_retention_interval <= 0, "checkpoint_retention_interval must be > 0"),
+                  (optimizer_save_interval <= 0, "optimizer_save_interval must be > 0"),
+                  (kl_penalty_step_lag is not None and kl_penalty_step_lag < 1, "kl_penalty_step_lag must be >= 1"),
+                  (grad_accumulation_sequences is not None and grad_accumulation_sequences < 1,
+                   "grad_accumulation_sequences must be >= 1")]
         for failed, message in checks:
             if failed:
                 raise ValueError(message)
+        refuse_unbuilt(kl_penalty_coef=kl_penalty_coef, rollout_executor=rollout_executor)
+        if packed_sequence_length is not None:
+            notice_once("pipeline_trainer.packed_sequence_length",
+                        f"PipelineTrainer(packed_sequence_length={packed_sequence_length}) is ART 0.5.18's keyword "
+                        "(gone in ART 0.5.23); it is still honoured: each train call packs rows of that length.")
         self.model, self.backend, self.rollout_fn = model, backend, rollout_fn
         self.config, self.eval_fn = config, eval_fn
-        self.num_rollout_workers = num_rollout_workers
-        self.min_batch_size = min_batch_size
-        self.max_batch_size = max_batch_size if max_batch_size is not None else 10 * min_batch_size
+        self.pipeline, self.autotune = pipeline, autotune
+        self.num_rollout_workers = pipeline.num_rollout_workers
+        self.min_batch_size = pipeline.min_batch_size
+        self.max_batch_size = pipeline.max_batch_size if pipeline.max_batch_size is not None \
+            else 10 * pipeline.min_batch_size
+        self.target_groups_per_step = self.max_batch_size
         self.max_steps_off_policy = max_steps_off_policy
-        self.queue_maxsize = queue_maxsize
+        self.limit_mean_steps_off_policy = limit_mean_steps_off_policy
+        self.queue_maxsize = pipeline.queue_maxsize
         self.learning_rate, self.loss_fn, self.loss_fn_config = learning_rate, loss_fn, loss_fn_config
         self.normalize_advantages, self.adam_params = normalize_advantages, adam_params
+        self.grad_accumulation_sequences = grad_accumulation_sequences
+        self.kl_penalty_coef, self.kl_penalty_step_lag = kl_penalty_coef, kl_penalty_step_lag
+        self.optimizer_save_interval = optimizer_save_interval
+        self.score_reference_groups_per_step = score_reference_groups_per_step \
+            if score_reference_groups_per_step is not None else pipeline.score_reference_groups_per_step
+        self.score_reference_rollouts_per_group = score_reference_rollouts_per_group \
+            if score_reference_rollouts_per_group is not None else pipeline.score_reference_rollouts_per_group
         self.packed_sequence_length, self.max_steps = packed_sequence_length, max_steps
         self.discard_queue_multiplier = discard_queue_multiplier
         self.eval_every_n_steps, self.eval_at_start = eval_every_n_steps, eval_at_start
@@ -174,17 +212,17 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.resume = resume
         self.train_kwargs = dict(train_kwargs or {})
         own = {"learning_rate", "loss_fn", "loss_fn_config", "normalize_advantages", "adam_params",
-               "packed_sequence_length", "save_checkpoint"}
+               "packed_sequence_length", "save_checkpoint", "grad_accumulation_sequences"}
         reserved = sorted(set(self.train_kwargs) & own)
         if reserved:
             raise ValueError(f"train_kwargs={reserved} are PipelineTrainer's own arguments; pass them as such")
         self.clock = clock
-        self.bound = StalenessBound(max_steps_off_policy)
+        self.bound = StalenessBound(admission_bound(max_steps_off_policy, limit_mean_steps_off_policy))
         self.state = PipelineState()
         self._scenarios = _aiter(scenarios)
         self._scenario_lock = asyncio.Lock()
         self._discard_queue: list[TrajectoryGroup] = []
-        self._discard_queue_limit = discard_queue_multiplier * min_batch_size
+        self._discard_queue_limit = discard_queue_multiplier * self.min_batch_size
         self._collapse_triggered = False
         self._leases = LeaseRegistry()  # steps rollouts and evals use now: retention never deletes them
         self._scheduled_eval_steps: set[int] = set()
@@ -196,7 +234,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._eval_queue: asyncio.Queue[int | EvalStop] | None = None
         self._status = StatusReporter(get_scenario_offset=lambda: self.state.scenario_offset,
                                       log_interval_seconds=log_interval_seconds, status_ewa_alpha=status_ewa_alpha,
-                                      total_scenarios=total_scenarios, num_workers=num_rollout_workers, clock=clock)
+                                      total_scenarios=total_scenarios, num_workers=self.num_rollout_workers,
+                                      clock=clock)
         self._log_interval = log_interval_seconds
         self._validate_backend_support()
 
@@ -237,7 +276,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._changes = _Changes()
         self._waiting = []
         self._admission = Admission(self.bound, self.min_batch_size, start_step)
-        maxsize = self.queue_maxsize or max(1, self.max_steps_off_policy * self.max_batch_size)
+        window = staleness_window(self.max_steps_off_policy, self.limit_mean_steps_off_policy)
+        maxsize = self.queue_maxsize or max(1, window * self.target_groups_per_step)
         self._queue = asyncio.Queue(maxsize=maxsize)
         self._eval_queue = asyncio.Queue()
         if self.eval_fn is not None and self.eval_at_start:
@@ -438,7 +478,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             first = group.exceptions[0]
             raise RuntimeError(f"All {len(group.exceptions)} rollouts in group failed (scenario "
                                f"{msg.scenario_index}). First exception ({first.type}): {first.message}")
-        if self.bound.is_stale(msg.initial_version, step):
+        mean_off = group_mean_steps_off_policy(step, group)
+        if self.bound.is_stale(msg.initial_version, step) or (
+                self.limit_mean_steps_off_policy is not None and mean_off is not None
+                and mean_off > self.limit_mean_steps_off_policy):
             batch.discarded += 1
             self._release(msg.ticket)
             return
@@ -508,6 +551,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                                   "normalize_advantages": self.normalize_advantages,
                                   "save_checkpoint": self.save_checkpoint and eval_step,
                                   "adam_params": self.adam_params}
+        if self.grad_accumulation_sequences is not None:
+            kwargs["grad_accumulation_sequences"] = self.grad_accumulation_sequences
         if self.packed_sequence_length is not None:
             kwargs["packed_sequence_length"] = self.packed_sequence_length
         call_started = self.clock()
@@ -538,13 +583,25 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             "time/step_backend_train_s": trainer_s,
             "throughput/step_trainer_idle_s": trainer_idle_s,
             "time/step_trainer_s": trainer_s,
+            # ART 0.5.23's names for the same figures (the 0.5.18 names above stay)
+            "time/step_collect_batch_s": trainer_idle_s,
+            "time/step_trainer_idle_s": trainer_idle_s,
+            "time/step_backend_train_s": trainer_s,
+            "discarded/step/stale_groups": float(batch.discarded),
+            "discarded/cum/stale_groups": float(self.state.discarded_stale_groups),
+            **self._settings_metrics(),
         }
-        rollout_s = sum(m.rollout_s for m in ready)
-        rollout_idle_s = sum(m.actor_idle_s for m in ready)
-        if rollout_s > 0:
-            metrics["time/step_rollout_s"] = metrics["time/step_actor_s"] = rollout_s
-        if rollout_idle_s > 0:
-            metrics["time/step_rollout_idle_s"] = metrics["throughput/step_actor_idle_s"] = rollout_idle_s
+        actor_s = sum(m.rollout_s for m in ready)
+        actor_idle_s = sum(m.actor_idle_s for m in ready)
+        metrics["time/step_rollout_s"] = actor_s
+        metrics["time/step_rollout_idle_s"] = actor_idle_s
+        if actor_s > 0:
+            metrics["time/step_actor_s"] = actor_s
+        if actor_idle_s > 0:
+            metrics["throughput/step_actor_idle_s"] = actor_idle_s
+        metrics.update(score_metrics(current, groups, step_seconds=step_s, result_metrics=dict(result.metrics),
+                                     reference_groups=self.score_reference_groups_per_step,
+                                     reference_rollouts=self.score_reference_rollouts_per_group))
         metrics.update({k: v for k, v in result.metrics.items() if k not in metrics})
         await self.model.log(groups, split="train", step=step, metrics=metrics)
         if self._discard_queue:
@@ -554,6 +611,16 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self._schedule_eval(step)
         self._persist(step)
         return step
+
+    def _settings_metrics(self) -> dict[str, float]:
+        """ART 0.5.23's `pipeline_settings/...` figures: the runtime config this step ran under."""
+        window = staleness_window(self.max_steps_off_policy, self.limit_mean_steps_off_policy)
+        return {"pipeline_settings/num_rollout_workers": float(self.num_rollout_workers),
+                "pipeline_settings/min_batch_size": float(self.min_batch_size),
+                "pipeline_settings/max_batch_size": float(self.max_batch_size),
+                "pipeline_settings/target_groups_per_step": float(self.target_groups_per_step),
+                "pipeline_settings/queue_maxsize": float(self.queue_maxsize or max(1, window *
+                                                                                  self.target_groups_per_step))}
 
     # ------------------------------------------------------------------ collapse
     def _trigger_collapse(self) -> None:
@@ -661,7 +728,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         prune = getattr(self.backend, "prune_model_adapters", None)
         if prune is None:
             return
-        await prune(self.model, retain_steps=set(range(max(0, step - self.max_steps_off_policy), step + 1)))
+        # ART's retention window; with no bound at all only the newest, but leased versions always stay (backend)
+        window = self.max_steps_off_policy if self.max_steps_off_policy is not None else (
+            math.ceil(self.limit_mean_steps_off_policy) if self.limit_mean_steps_off_policy is not None else 0)
+        await prune(self.model, retain_steps=set(range(max(0, step - window), step + 1)))
 
     def protected_steps(self, current_step: int) -> set[int]:
         """Checkpoints retention never deletes: the current step, leased steps, steps with an eval scheduled."""

@@ -44,7 +44,9 @@ from . import storage
 
 log = logging.getLogger(__name__)
 
-METRIC_SECTIONS = frozenset({"reward", "loss", "offpolicy", "pipeline", "throughput", "costs", "time", "data"})
+# ART 0.5.23's sections (art/model.py), and "reward"
+METRIC_SECTIONS = frozenset({"reward", "loss", "objective", "offpolicy", "pipeline", "pipeline_settings", "queue",
+                             "sample_efficiency", "throughput", "costs", "discarded", "time", "data", "vllm"})
 METRIC_SPLITS = frozenset({"train", "val", "test"})
 BUILDER_STATE_KEY = "_metrics_builder_state"
 ROW_KEYS = ("step", "split", "kind", "training_step", "recorded_at", "time/wall_clock_sec")
