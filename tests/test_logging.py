@@ -256,17 +256,22 @@ def test_averaging_train_samples_refuses_a_changing_gradient_step_count_in_arts_
         average_metric_samples([{TRAIN_GRADIENT_STEPS_KEY: 2.0}, {TRAIN_GRADIENT_STEPS_KEY: 3.0}])
 
 
-def test_the_builder_takes_art_0523s_rollout_spellings_beside_0518s_actor_ones():
-    builder = MetricsBuilder(cost_context="train")
-    builder.add_user_timing(step_wall_s=3.0, step_actor_s=1.0, step_rollout_s=2.0)
-    builder.add_idle_times(step_trainer_idle_s=0.5, step_actor_idle_s=0.25, step_rollout_idle_s=0.75)
-    builder.add_data(step_actor_tokens=10, step_rollout_tokens=20)
-    out = asyncio.run(builder.flush())
-    assert {k: out[k] for k in ("time/step_actor_s", "time/step_rollout_s", "throughput/step_trainer_idle_s",
-                                "time/step_trainer_idle_s", "throughput/step_actor_idle_s",
-                                "time/step_rollout_idle_s", "data/step_actor_tokens", "data/step_rollout_tokens",
-                                "time/cum/rollout_s", "time/cum/trainer_idle_s")} == {
-        "time/step_actor_s": 1.0, "time/step_rollout_s": 2.0, "throughput/step_trainer_idle_s": 0.5,
-        "time/step_trainer_idle_s": 0.5, "throughput/step_actor_idle_s": 0.25, "time/step_rollout_idle_s": 0.75,
-        "data/step_actor_tokens": 10.0, "data/step_rollout_tokens": 20.0, "time/cum/rollout_s": 2.0,
-        "time/cum/trainer_idle_s": 0.5}
+def test_the_builder_takes_art_0523s_rollout_spellings_and_0518s_actor_ones():
+    """Either version's keyword writes the figure under both versions' names; both at once is refused."""
+    for timing, idle, data in (({"step_rollout_s": 2.0}, {"step_rollout_idle_s": 0.75}, {"step_rollout_tokens": 20}),
+                               ({"step_actor_s": 2.0}, {"step_actor_idle_s": 0.75}, {"step_actor_tokens": 20})):
+        builder = MetricsBuilder(cost_context="train")
+        builder.add_user_timing(step_wall_s=3.0, **timing)
+        builder.add_idle_times(step_trainer_idle_s=0.5, **idle)
+        builder.add_data(**data)
+        out = asyncio.run(builder.flush())
+        assert {k: out[k] for k in ("time/step_actor_s", "time/step_rollout_s", "throughput/step_trainer_idle_s",
+                                    "time/step_trainer_idle_s", "throughput/step_actor_idle_s",
+                                    "time/step_rollout_idle_s", "data/step_actor_tokens", "data/step_rollout_tokens",
+                                    "time/cum/rollout_s", "time/cum/trainer_idle_s")} == {
+            "time/step_actor_s": 2.0, "time/step_rollout_s": 2.0, "throughput/step_trainer_idle_s": 0.5,
+            "time/step_trainer_idle_s": 0.5, "throughput/step_actor_idle_s": 0.75, "time/step_rollout_idle_s": 0.75,
+            "data/step_actor_tokens": 20.0, "data/step_rollout_tokens": 20.0, "time/cum/rollout_s": 2.0,
+            "time/cum/trainer_idle_s": 0.5}, timing
+    with pytest.raises(ValueError, match="given twice"):
+        MetricsBuilder(cost_context="train").add_user_timing(step_actor_s=1.0, step_rollout_s=2.0)
