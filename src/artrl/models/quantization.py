@@ -2,8 +2,8 @@
 
 The settings are ART's (`init_args.load_in_4bit`, `load_in_8bit`) and Unsloth's choices for them:
 4-bit is NF4 with double quantisation (the block scales quantised again: about 0.516 bytes a
-weight), computing in the model's dtype (bf16 unless set); 8-bit is LLM.int8 with no fp16
-outlier copy. Only the decoder layers' linear projections are quantised; embeddings, the LM
+weight), computing in the model's dtype (bf16 unless set; float32 on a CPU without a fast bf16 matmul,
+below); 8-bit is LLM.int8 with no fp16 outlier copy. Only the decoder layers' linear projections are quantised; embeddings, the LM
 head and the norms stay in the model's dtype, as transformers and Unsloth leave them. The LoRA
 adapter sits on top of the quantised layers through peft and trains in float32.
 
@@ -21,6 +21,14 @@ between the sampler's and the trainer's logprobs (docs/models.md). So a CPU load
 wherever it fits, and 4-bit only where the plan says it must. artrl's own models exist for tests
 and benchmarks, and load in full precision unless asked.
 
+On a CPU the 4-bit layers compute in float32 unless torch has a fast kernel for the model's half-precision
+dtype there (oneDNN's, for CPUs with AVX512-BF16 or AMX: `fast_cpu_matmul`). Without one, a bfloat16 matmul
+falls back to a scalar loop on one core, about 7x slower than float32 in the forward's orientation and 100x in
+the backward's (`grad @ W`): a 4-bit 14B train call then spends its half hour there. In float32 the weight is
+dequantised straight to float32 (bitsandbytes' threaded CPU kernel), the matmul is MKL's on every core, and
+the layer's input and output stay in the model's dtype; it costs a float32 rather than a bfloat16 copy of one
+layer's weight at a time, and serving computes the same (the engine shares these layers).
+
 One switch of bitsandbytes is turned off on every 4-bit layer (`prepare_quantized`): on a CPU
 with AVX512-BF16, a Linear4bit in eval mode repacks its weight *in place* for a bf16 inference
 kernel the first time it sees an input without gradient. The packed weight then serves every
@@ -31,6 +39,7 @@ the sampler and the trainer compute the same thing (docs/token-record.md) at som
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 from typing import TYPE_CHECKING, Any, Literal
@@ -195,10 +204,45 @@ def quantized_params(model: Any) -> list[Any]:
     return params
 
 
+@functools.lru_cache(maxsize=None)
+def fast_cpu_matmul(dtype: "torch.dtype") -> bool:
+    """Whether torch multiplies `dtype` matrices on this CPU with a vectorised kernel: float32 always, bfloat16 /
+    float16 only through oneDNN's kernels for CPUs with AVX512 (BF16 / FP16) or AMX. Without them torch falls back
+    to a scalar loop that is about 7x slower than float32 for `x @ W.T` and 100x for `grad @ W` (the
+    backward's), on one core (AMD EPYC with AVX2 only, torch 2.13: 1.4 s against 17 ms for a
+    [64, 3072] @ [3072, 1024] product)."""
+    import torch
+
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if dtype == torch.float16:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return True
+
+
+def cpu_compute_dtype(dtype: "torch.dtype") -> "torch.dtype":
+    """The dtype a 4-bit layer on a CPU computes in: the model's `dtype` where torch has a fast matmul for it,
+    float32 elsewhere (the weight is dequantised straight to float32; activations stay in `dtype`)."""
+    import torch
+
+    return dtype if fast_cpu_matmul(dtype) else torch.float32
+
+
 def prepare_quantized(model: Any, mode: Quantization) -> None:
-    """Mark `model` as quantised for peft, and keep every 4-bit layer on the dequantise-and-matmul path (the
-    module docstring says why)."""
+    """Mark `model` as quantised for peft, keep every 4-bit layer on the dequantise-and-matmul path, and on a CPU
+    without a fast half-precision matmul have it compute in float32 (the module docstring says why)."""
     setattr(model, "is_loaded_in_4bit" if mode == "4bit" else "is_loaded_in_8bit", True)
+    upcast = 0
     for _, module in quantized_modules(model):
         if hasattr(module, "support_avx512bf16_for_cpu"):
             module.support_avx512bf16_for_cpu = False
+        compute = getattr(module, "compute_dtype", None)
+        if mode == "4bit" and compute is not None and module.weight.device.type == "cpu":
+            wanted = cpu_compute_dtype(compute)
+            if wanted != compute:
+                upcast += 1
+            # set, and marked as set: bitsandbytes otherwise takes the first input's dtype at the first forward
+            module.compute_dtype, module.compute_type_is_set = wanted, True
+    if upcast:
+        log.info("%d 4-bit layers compute in float32 on this CPU: torch has no fast bfloat16/float16 matmul for it "
+                 "(no AVX512-BF16 or AMX), and float32 is several times faster (models/quantization.py)", upcast)
