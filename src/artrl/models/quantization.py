@@ -3,9 +3,9 @@
 The settings are ART's (`init_args.load_in_4bit`, `load_in_8bit`) and Unsloth's choices for them:
 4-bit is NF4 with double quantisation (the block scales quantised again: about 0.516 bytes a
 weight), computing in the model's dtype (bf16 unless set; float32 on a CPU without a fast bf16 matmul,
-below); 8-bit is LLM.int8 with no fp16 outlier copy. Only the decoder layers' linear projections are quantised; embeddings, the LM
-head and the norms stay in the model's dtype, as transformers and Unsloth leave them. The LoRA
-adapter sits on top of the quantised layers through peft and trains in float32.
+below); 8-bit is LLM.int8 with no fp16 outlier copy. Only the decoder layers' linear projections are
+quantised; embeddings, the LM head and the norms stay in the model's dtype, as transformers and Unsloth
+leave them. The LoRA adapter sits on top of the quantised layers through peft and trains in float32.
 
 Which models are quantised by default (`load_in_4bit` left at None; `resolve_quantization`,
 `models.loading.settle_quantization`):
@@ -16,7 +16,7 @@ Which models are quantised by default (`load_in_4bit` left at None; `resolve_qua
     artrl's own (built-ins, random: shapes)  full precision           full precision
 
 On a GPU 4-bit is ART's rule. On a CPU it is the slow choice and the less exact one: the
-4-bit path dequantises every weight at every use and computes in bf16, which widens the gap
+4-bit path dequantises every weight at every use and computes in bf16 (or float32, below), which widens the gap
 between the sampler's and the trainer's logprobs (docs/models.md). So a CPU loads full precision
 wherever it fits, and 4-bit only where the plan says it must. artrl's own models exist for tests
 and benchmarks, and load in full precision unless asked.
@@ -24,8 +24,9 @@ and benchmarks, and load in full precision unless asked.
 On a CPU the 4-bit layers compute in float32 unless torch has a fast kernel for the model's half-precision
 dtype there (oneDNN's, for CPUs with AVX512-BF16 or AMX: `fast_cpu_matmul`). Without one, a bfloat16 matmul
 falls back to a scalar loop on one core, about 7x slower than float32 in the forward's orientation and 100x in
-the backward's (`grad @ W`): a 4-bit 14B train call then spends its half hour there. In float32 the weight is
-dequantised straight to float32 (bitsandbytes' threaded CPU kernel), the matmul is MKL's on every core, and
+the backward's (`grad @ W`), and a 4-bit train call spent nearly all its time there (benchmarks/results/
+2026-12-03-cpu). In float32 the weight is dequantised straight to float32 (bitsandbytes' OpenMP CPU kernel),
+the matmul is MKL's on the thread's torch threads (artrl/threads.py), and
 the layer's input and output stay in the model's dtype; it costs a float32 rather than a bfloat16 copy of one
 layer's weight at a time, and serving computes the same (the engine shares these layers).
 
