@@ -15,6 +15,9 @@ call on them. One JSON line:
   between phases through /proc/self/clear_refs) and `peak`, the largest of them; on a GPU
   torch's `max_memory_allocated` per phase;
 * `plan_error`: plan_workload's peak / the measured peak - 1;
+* `train`: the train call's trained tokens, optimizer steps, seconds, peak and torch threads side by side
+  (`trained_tokens` 0, with a note, when the rewards tied and nothing was trained: such a call is fast
+  because it trains nothing, and must not pass for a fast one);
 * the train call's tokens/s, the token record's `sampled_logprob_delta_max`, the wall time of
   each phase.
 
@@ -179,10 +182,26 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
     measured = {k: round(v, 3) for k, v in {**phases.figures, "peak": peak}.items()}
     return {**out, "refused": False, "plan_workload": plan.as_json(), "measured_gb": measured,
             "plan_error": round(plan.peak / GB / peak - 1, 3),
+            "train": train_figures(metrics, phases.seconds["train"], measured["train_peak"]),
             "train_tokens_per_second": round(metrics.get("train/tokens_per_second", 0.0), 2),
             "computed_tokens": metrics.get("train/computed_tokens"),
             "sampled_logprob_delta_max": metrics.get("train/sampled_logprob_delta_max"),
             "seconds": phases.seconds}
+
+
+def train_figures(metrics: dict[str, float], seconds: float, peak_gb: float) -> dict[str, Any]:
+    """The train call beside its peak: the tokens it trained (0 when every group's rewards tied: nothing was
+    trained, however fast the call), the optimizer steps it took, its seconds, and the torch threads every train
+    call of this process sets (artrl/threads.py)."""
+    from ..metrics_taxonomy import TRAIN_GRADIENT_STEPS_KEY
+    from ..threads import training_threads
+
+    trained = int(metrics.get("data/step_trainer_tokens", 0.0))
+    return {"trained_tokens": trained, "optimizer_steps": int(metrics.get(TRAIN_GRADIENT_STEPS_KEY, 0.0)),
+            "seconds": seconds, "peak_gb": peak_gb, "torch_threads": training_threads(),
+            "trained_tokens_per_second": round(trained / seconds, 3) if seconds else None,
+            **({} if trained else {"note": "nothing was trained (tied rewards, or every group dropped): the "
+                                           "seconds say nothing about training speed"})}
 
 
 def main(args: argparse.Namespace) -> int:

@@ -2,10 +2,10 @@
 
 The settings are ART's (`init_args.load_in_4bit`, `load_in_8bit`) and Unsloth's choices for them:
 4-bit is NF4 with double quantisation (the block scales quantised again: about 0.516 bytes a
-weight), computing in the model's dtype (bf16 unless set); 8-bit is LLM.int8 with no fp16
-outlier copy. Only the decoder layers' linear projections are quantised; embeddings, the LM
-head and the norms stay in the model's dtype, as transformers and Unsloth leave them. The LoRA
-adapter sits on top of the quantised layers through peft and trains in float32.
+weight), computing in the model's dtype (bf16 unless set; float32 on a CPU without a fast bf16 matmul,
+below); 8-bit is LLM.int8 with no fp16 outlier copy. Only the decoder layers' linear projections are
+quantised; embeddings, the LM head and the norms stay in the model's dtype, as transformers and Unsloth
+leave them. The LoRA adapter sits on top of the quantised layers through peft and trains in float32.
 
 Which models are quantised by default (`load_in_4bit` left at None; `resolve_quantization`,
 `models.loading.settle_quantization`):
@@ -16,10 +16,19 @@ Which models are quantised by default (`load_in_4bit` left at None; `resolve_qua
     artrl's own (built-ins, random: shapes)  full precision           full precision
 
 On a GPU 4-bit is ART's rule. On a CPU it is the slow choice and the less exact one: the
-4-bit path dequantises every weight at every use and computes in bf16, which widens the gap
+4-bit path dequantises every weight at every use and computes in bf16 (or float32, below), which widens the gap
 between the sampler's and the trainer's logprobs (docs/models.md). So a CPU loads full precision
 wherever it fits, and 4-bit only where the plan says it must. artrl's own models exist for tests
 and benchmarks, and load in full precision unless asked.
+
+On a CPU the 4-bit layers compute in float32 unless torch has a fast kernel for the model's half-precision
+dtype there (oneDNN's, for CPUs with AVX512-BF16 or AMX: `fast_cpu_matmul`). Without one, a bfloat16 matmul
+falls back to a scalar loop on one core, about 7x slower than float32 in the forward's orientation and 100x in
+the backward's (`grad @ W`), and a 4-bit train call spent nearly all its time there (benchmarks/results/
+2026-12-03-cpu). In float32 the weight is dequantised straight to float32 (bitsandbytes' OpenMP CPU kernel),
+the matmul is MKL's on the thread's torch threads (artrl/threads.py), and
+the layer's input and output stay in the model's dtype; it costs a float32 rather than a bfloat16 copy of one
+layer's weight at a time, and serving computes the same (the engine shares these layers).
 
 One switch of bitsandbytes is turned off on every 4-bit layer (`prepare_quantized`): on a CPU
 with AVX512-BF16, a Linear4bit in eval mode repacks its weight *in place* for a bf16 inference
@@ -31,6 +40,7 @@ the sampler and the trainer compute the same thing (docs/token-record.md) at som
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -190,10 +200,45 @@ def quantized_params(model: Any) -> list[Any]:
     return params
 
 
+@functools.lru_cache(maxsize=None)
+def fast_cpu_matmul(dtype: "torch.dtype") -> bool:
+    """Whether torch multiplies `dtype` matrices on this CPU with a vectorised kernel: float32 always, bfloat16 /
+    float16 only through oneDNN's kernels for CPUs with AVX512 (BF16 / FP16) or AMX. Without them torch falls back
+    to a scalar loop that is about 7x slower than float32 for `x @ W.T` and 100x for `grad @ W` (the
+    backward's), on one core (AMD EPYC with AVX2 only, torch 2.13: 1.4 s against 17 ms for a
+    [64, 3072] @ [3072, 1024] product)."""
+    import torch
+
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if dtype == torch.float16:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return True
+
+
+def cpu_compute_dtype(dtype: "torch.dtype") -> "torch.dtype":
+    """The dtype a 4-bit layer on a CPU computes in: the model's `dtype` where torch has a fast matmul for it,
+    float32 elsewhere (the weight is dequantised straight to float32; activations stay in `dtype`)."""
+    import torch
+
+    return dtype if fast_cpu_matmul(dtype) else torch.float32
+
+
 def prepare_quantized(model: Any, mode: Quantization) -> None:
-    """Mark `model` as quantised for peft, and keep every 4-bit layer on the dequantise-and-matmul path (the
-    module docstring says why)."""
+    """Mark `model` as quantised for peft, keep every 4-bit layer on the dequantise-and-matmul path, and on a CPU
+    without a fast half-precision matmul have it compute in float32 (the module docstring says why)."""
     setattr(model, "is_loaded_in_4bit" if mode == "4bit" else "is_loaded_in_8bit", True)
+    upcast = 0
     for _, module in quantized_modules(model):
         if hasattr(module, "support_avx512bf16_for_cpu"):
             module.support_avx512bf16_for_cpu = False
+        compute = getattr(module, "compute_dtype", None)
+        if mode == "4bit" and compute is not None and module.weight.device.type == "cpu":
+            wanted = cpu_compute_dtype(compute)
+            if wanted != compute:
+                upcast += 1
+            # set, and marked as set: bitsandbytes otherwise takes the first input's dtype at the first forward
+            module.compute_dtype, module.compute_type_is_set = wanted, True
+    if upcast:
+        log.info("%d 4-bit layers compute in float32 on this CPU: torch has no fast bfloat16/float16 matmul for it "
+                 "(no AVX512-BF16 or AMX), and float32 is several times faster (models/quantization.py)", upcast)

@@ -107,6 +107,7 @@ from artrl.serve.decode_loop import _NOTHING, DecodeLoop, DecodeRow, EngineTask,
 from artrl.serve.merged_lora import LoraMerger
 from artrl.serve.sampling import row_key
 from artrl.serve.structured import GrammarCompiler
+from artrl.threads import training_threads
 
 logger = logging.getLogger(__name__)
 
@@ -409,7 +410,10 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
     def _worker_loop(self) -> None:
         if self.num_threads:
             # Set from this worker thread: OpenMP keeps the count per thread, so the trainer's thread keeps
-            # its own (checked by test_decode_threads_leave_the_caller_alone).
+            # its own (checked by test_decode_threads_leave_the_caller_alone). Threads started later take this
+            # count at their first parallel op, so the process's own is read first, for train calls to set
+            # in theirs (artrl/threads.py).
+            training_threads()
             torch.set_num_threads(self.num_threads)
         waiting: collections.deque[DecodeRow] = collections.deque()  # rows taken from the queue, not decoding
         try:

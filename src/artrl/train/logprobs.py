@@ -5,7 +5,8 @@ that predicts it (`prev_index`, which for a completion's first token is the last
 token of its group's shared prompt). We gather those hidden states, then apply
 the LM head in chunks of `chunk_size` rows, each under activation checkpointing:
 peak memory is chunk_size x vocab (forward and backward), not seq x vocab, and
-the head runs over trainable tokens only.
+the head runs over trainable tokens only. A half-precision head on a CPU without a fast half-precision
+matmul computes in float32, a slice of its vocabulary at a time (`_Float32Head`).
 
 A vision-language model's micro-batch brings its images (`images`: in the order the rows' image tokens
 come): the vision tower runs once per distinct image (by content hash; a group's shared image once), without
@@ -20,12 +21,63 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
+from ..models.quantization import fast_cpu_matmul
+
 DEFAULT_CHUNK_SIZE = 1024
+
+
+#: Vocabulary rows of a half-precision LM head upcast at a time on a CPU without a fast half-precision matmul.
+HEAD_SLICE_ROWS = 8192
+
+
+class _Float32Head(torch.autograd.Function):
+    """`F.linear(hidden, weight, bias)` in float32 for a half-precision head on a CPU whose half-precision matmul
+    is the slow fallback (models/quantization.py's `fast_cpu_matmul`): the weight is upcast `HEAD_SLICE_ROWS`
+    vocabulary rows at a time, in the forward and again in the backward, so no float32 copy of the whole head is
+    kept; the backward's `grad @ W` (the 100x slow orientation in bfloat16) runs in float32 too."""
+
+    @staticmethod
+    def forward(ctx: object, hidden: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+        h = hidden.float()  # [chunk, hidden]
+        out = h.new_empty(hidden.shape[0], weight.shape[0])  # [chunk, vocab]
+        for s in range(0, weight.shape[0], HEAD_SLICE_ROWS):
+            torch.matmul(h, weight[s:s + HEAD_SLICE_ROWS].float().t(), out=out[:, s:s + HEAD_SLICE_ROWS])
+        if bias is not None:
+            out += bias.float()
+        ctx.save_for_backward(hidden, weight)  # type: ignore[attr-defined]
+        ctx.has_bias = bias is not None  # type: ignore[attr-defined]
+        return out
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight = ctx.saved_tensors  # type: ignore[attr-defined]
+        need_h, need_w, need_b = ctx.needs_input_grad  # type: ignore[attr-defined]
+        grad = grad.float()  # [chunk, vocab]
+        grad_h = grad_w = grad_b = None
+        if need_h:
+            acc = grad.new_zeros(hidden.shape)  # [chunk, hidden]
+            for s in range(0, weight.shape[0], HEAD_SLICE_ROWS):
+                acc += grad[:, s:s + HEAD_SLICE_ROWS] @ weight[s:s + HEAD_SLICE_ROWS].float()
+            grad_h = acc.to(hidden.dtype)
+        if need_w:  # a trained head: [vocab, hidden]
+            grad_w = (grad.t() @ hidden.float()).to(weight.dtype)
+        if need_b and ctx.has_bias:  # type: ignore[attr-defined]
+            grad_b = grad.sum(0)
+        return grad_h, grad_w, grad_b
+
+
+def _head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The LM head's logits in float32: [chunk, hidden] -> [chunk, vocab]."""
+    if weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16) \
+            and not fast_cpu_matmul(weight.dtype):
+        return _Float32Head.apply(hidden, weight, bias)
+    return F.linear(hidden, weight, bias).float()
 
 
 def _chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
            softcap: float | None, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = F.linear(hidden, weight, bias).float()  # [chunk, vocab]
+    logits = _head(hidden, weight, bias)  # [chunk, vocab]
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
     if temperature != 1.0:

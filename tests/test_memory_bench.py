@@ -1,0 +1,31 @@
+"""`artrl bench memory` reports the train call's trained tokens and seconds beside its peak."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from artrl.bench.memory_bench import train_figures
+from artrl.threads import training_threads
+
+
+def test_a_call_that_trained_nothing_says_so():
+    tied = train_figures({"data/step_trainer_tokens": 0.0, "data/step_num_gradient_steps": 0.0}, 0.4, 1.2)
+    assert tied["trained_tokens"] == 0 and tied["optimizer_steps"] == 0 and "nothing was trained" in tied["note"]
+    trained = train_figures({"data/step_trainer_tokens": 40.0, "data/step_num_gradient_steps": 1.0}, 8.0, 1.5)
+    assert trained["trained_tokens"] == 40 and trained["optimizer_steps"] == 1 and "note" not in trained
+    assert trained["trained_tokens_per_second"] == 5.0 and trained["peak_gb"] == 1.5
+    assert trained["torch_threads"] == training_threads()
+
+
+def test_bench_memory_prints_the_trained_tokens_of_its_call(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "artrl.cli", "bench", "memory", "--model", "artrl/tiny",
+                          "--max-tokens", "4", "--path", str(tmp_path)], capture_output=True, text=True,
+                         env=os.environ.copy(), timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    train = result["train"]
+    assert train["trained_tokens"] > 0 and train["optimizer_steps"] >= 1  # distinct rewards: the call trained
+    assert train["seconds"] == result["seconds"]["train"] and train["peak_gb"] == result["measured_gb"]["train_peak"]
