@@ -1,7 +1,7 @@
 """RL keeps learning what it learned: `artrl bench learn --baseline` against the committed baseline.
 
 The slow test reruns the baseline's command (colours at lr 2e-3, 4 seeds, both arms; sampling one request at a
-time, so a commit that changes nothing in the math reproduces the baseline's figures exactly) and fails when
+time, so a commit that changes nothing in the math reproduces the baseline up to float noise) and fails when
 artrl's mean gain falls below GAIN_FLOOR of the baseline's, or its gain minus the yardstick's falls more than
 PAIRED_MARGIN below the baseline's. The fast tests hold the comparison itself to its rule.
 """
