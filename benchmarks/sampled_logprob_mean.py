@@ -8,8 +8,7 @@ the rounds, for "seq" (6 requests of n=8, one at a time) and "conc" (48 requests
 """
 import asyncio, os, sys, tempfile, json, statistics
 import artrl as art
-from artrl.bench.learn_tasks import GENERIC_PROMPTS
-PROMPTS = list(GENERIC_PROMPTS)[:6]
+from learn_concurrent import PROMPTS  # the concurrent loop's prompts
 async def main():
     with tempfile.TemporaryDirectory() as d:
         backend = art.LocalBackend(path=d, show_progress=False)

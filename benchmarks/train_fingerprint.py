@@ -11,12 +11,9 @@ requests; `CALLS=N` takes N calls.
 """
 import asyncio, os, sys, tempfile, json, glob
 import artrl as art
-from artrl.bench.learn_tasks import GENERIC_PROMPTS
-PROMPTS = list(GENERIC_PROMPTS)[:6]
+from learn_concurrent import PROMPTS, vowel_share  # the same prompts and reward as the concurrent loop
 LOGPROBS = os.environ.get("LP", "1") == "1"
 CALLS = int(os.environ.get("CALLS", 2))
-def share(t):
-    t = t or ""; return sum(c in "aeiouAEIOU" for c in t) / len(t) if t else 0.0
 async def main():
     with tempfile.TemporaryDirectory() as d:
         backend = art.LocalBackend(path=d, show_progress=False)
@@ -31,7 +28,7 @@ async def main():
                 c = await client.chat.completions.create(model=model.name, messages=[{"role": "user", "content": p}],
                     max_tokens=16, temperature=1.0, n=8, seed=500 + 10 * call + i, **kw)
                 groups.append(art.TrajectoryGroup([art.Trajectory(messages_and_choices=[{"role": "user", "content": p}, ch],
-                    reward=share(ch.message.content)) for ch in c.choices]))
+                    reward=vowel_share(ch.message.content)) for ch in c.choices]))
             out.append(round(sum(t.reward for g in groups for t in g.trajectories) / 48, 5))
             await model.train(groups, config=art.TrainConfig(learning_rate=3e-2))
         ms = []
