@@ -258,6 +258,10 @@ def load_model(base_model: str, cfg: InternalModelConfig | None = None, *,
                shape_overrides: dict[str, Any] | None = None, memory_planned: bool = False) -> tuple[Any, Any]:
     """(peft model with a fresh LoRA adapter, tokenizer); `shape_overrides`, `memory_planned`: see
     `load_base_model`."""
+    if resolve_device(cfg or InternalModelConfig()).type == "cpu":
+        from ..host_allocator import fix_mmap_threshold
+
+        fix_mmap_threshold()  # before the weights load: a heap fragmented by loading would stay (host_allocator.py)
     model, tok = load_base_model(base_model, cfg, shape_overrides=shape_overrides, memory_planned=memory_planned)
     return add_lora(model, cfg), tok
 
