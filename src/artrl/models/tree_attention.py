@@ -64,6 +64,38 @@ class TreeLayout:
         return cls(rows)
 
 
+class _PrefixedCausal(torch.autograd.Function):
+    """A completion's attention on a CPU: all of its prompt's keys, then its own causally, with no mask.
+
+    The same softmax over [prompt keys, own keys] as SDPA with an n x (p + n) mask, as two of torch's CPU flash
+    kernels: the completion's queries over the prompt (no mask), and over its own keys (`is_causal`). Each
+    returns its output and log-sum-exp; the two are merged by their log-sum-exps into the softmax over both.
+    The backward runs the kernel's own backward on each part with the merged output and log-sum-exp, which is
+    that softmax's gradient restricted to the part's keys (the decomposition ring and blockwise attention
+    use). Memory is linear in p + n: no mask, no concatenated keys, nothing of size n x (p + n)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, kn: torch.Tensor, vn: torch.Tensor,
+                scale: float | None) -> torch.Tensor:
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        o1, l1 = flash(q, kp, vp, 0.0, False, scale=scale)  # [1, heads, n, dim], [1, heads, n] (float32)
+        o2, l2 = flash(q, kn, vn, 0.0, True, scale=scale)
+        lse = torch.logaddexp(l1, l2)
+        out = (o1.float() * (l1 - lse).exp()[..., None] + o2.float() * (l2 - lse).exp()[..., None]).to(q.dtype)
+        ctx.save_for_backward(q, kp, vp, kn, vn, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, kp, vp, kn, vn, out, lse = ctx.saved_tensors
+        back = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        grad = grad.contiguous()
+        dq1, dkp, dvp = back(grad, q, kp, vp, out, lse, 0.0, False, scale=ctx.scale)
+        dq2, dkn, dvn = back(grad, q, kn, vn, out, lse, 0.0, True, scale=ctx.scale)
+        return dq1 + dq2, dkp, dvp, dkn, dvn, None
+
+
 def _node_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, node: Node, scaling: float | None,
                     gqa: bool) -> torch.Tensor:
     s, e, ps, pe = node  # q, k, v: [heads, seq, dim] of one row
@@ -71,6 +103,9 @@ def _node_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, node: Nod
     if ps == pe:
         return F.scaled_dot_product_attention(qn, k[:, s:e][None], v[:, s:e][None], is_causal=True, scale=scaling,
                                               enable_gqa=gqa)[0]
+    if q.device.type == "cpu":  # the kernel takes grouped key/value heads as they are
+        return _PrefixedCausal.apply(qn, k[:, ps:pe][None], v[:, ps:pe][None], k[:, s:e][None], v[:, s:e][None],
+                                     scaling)[0]
     kn = torch.cat([k[:, ps:pe], k[:, s:e]], dim=1)[None]  # [1, kv_heads, p + n, dim]
     vn = torch.cat([v[:, ps:pe], v[:, s:e]], dim=1)[None]
     n, p = e - s, pe - ps
