@@ -268,7 +268,13 @@ def test_on_a_cpu_a_call_checkpoints_only_when_the_host_would_not_hold_it_withou
         assert seen and not any(seen)  # plenty of host memory: off
         seen.clear()
         assert max(mb.tokens for step in call.plan.steps for mb in step.micro_batches) > memory.BUDGET_MULTIPLE
-        monkeypatch.setattr(memory_plan, "host_available_bytes", lambda: 1)  # a host with no room to spare
+        # a host with room for it only with checkpointing (with none at all, the call is refused: test_long_context)
+        largest = max(mb.tokens for step in call.plan.steps for mb in step.micro_batches)
+        per = memory.bytes_per_token(trainer.model_config, trainer.dtype, checkpointing=True)
+        room = memory.head_bytes(trainer.model_config, trainer.cfg.logprob_chunk_size) + 2 * largest * per
+        monkeypatch.setattr(memory_plan, "host_available_bytes", lambda: int(room / memory.MEMORY_FRACTION))
+        budget = memory.device_budget(trainer, host=True)
+        assert budget.tokens < largest <= budget.tokens_checkpointed
         run_call(trainer, call, show_progress=False)
         assert seen and all(seen)
     finally:

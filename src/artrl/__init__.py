@@ -19,7 +19,7 @@ from .backend import Backend
 from .batches import trajectory_group_batches
 from .dev import LoRAConfig
 from .errors import (ArtrlError, CheckpointError, ConfigError, LocalServingUnavailableError, NonFiniteError,
-                     PackingError, TrainOutOfMemoryError, TrajectoryError, WorkerError)
+                     PackingError, TrainOutOfMemoryError, TrainTooLongError, TrajectoryError, WorkerError)
 from .gather import GatherError, gather_trajectories, gather_trajectory_groups
 from .local import LocalBackend
 from .metric_definitions import (PIPELINE_RL_DASHBOARD_DEFAULT_METRICS, PIPELINE_RL_METRIC_DEFINITIONS,
@@ -52,6 +52,6 @@ __all__ = [
     "PIPELINE_RL_METRIC_DEFINITIONS", "PIPELINE_RL_SCORE_METRICS",
     # artrl's own
     "ArtrlError", "CheckpointError", "ConfigError", "GatherError", "History", "InternalModelConfig",
-    "NonFiniteError", "PackingError", "TrainOutOfMemoryError", "TrajectoryError", "WorkerError", "choice_from_completion", "rewards",
+    "NonFiniteError", "PackingError", "TrainOutOfMemoryError", "TrainTooLongError", "TrajectoryError", "WorkerError", "choice_from_completion", "rewards",
     "schedules", "utils",
 ]

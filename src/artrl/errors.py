@@ -55,6 +55,19 @@ class TrainOutOfMemoryError(ArtrlError, RuntimeError):
     """
 
 
+class TrainTooLongError(TrainOutOfMemoryError):
+    """A train call refused before it trained anything: its longest micro-batch fits the device's free memory under
+    no setting the call may choose (activation checkpointing, offloading on a GPU), by the memory plan.
+
+    `tokens`: the micro-batch's tokens; `fit`: the most that fit. Nothing changed: no step, no checkpoint.
+    """
+
+    def __init__(self, message: str, *, tokens: int = 0, fit: int = 0) -> None:
+        super().__init__(message)
+        self.tokens = tokens
+        self.fit = fit
+
+
 class ImageError(TrajectoryError):
     """An image in a message cannot be used: it does not decode, is too large, comes from a place that is not
     allowed (a file outside allowed_local_media_path, a URL that cannot be fetched), or the model has no vision

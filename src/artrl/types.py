@@ -456,8 +456,14 @@ class InternalModelConfig(_Config):
         "models/tree_attention.py) on CPU, 'flex_attention' (block-sparse) on GPU. 'sdpa' uses a dense boolean "
         "prefix mask, 'eager' an additive float mask.")
     gradient_checkpointing: bool | None = pydantic.Field(
-        None, description="Recompute activations in backward. None (the default): off on a CPU; on CUDA on for a "
-        "call only when its largest micro-batch would not fit the free memory without it (train/memory.py).")
+        None, description="Recompute activations in backward. None (the default): on for a call only when its "
+        "largest micro-batch would not fit the free memory without it (the GPU's; on a CPU the host's), "
+        "train/memory.py.")
+    offload_activations: bool | None = pydantic.Field(
+        None, description="With activation checkpointing on CUDA, keep each layer's checkpointed input in pinned "
+        "host memory until the backward needs it (torch.autograd.graph.save_on_cpu). None (the default): on for a "
+        "call only when its largest micro-batch would not fit the GPU with checkpointing alone. True on a CPU is "
+        "refused: its activations are in host memory already.")
     liger_kernel: bool | None = pydantic.Field(
         None, description="Liger Kernel's fused RMSNorm, SwiGLU and RoPE in the model's layers (CUDA only; needs "
         "`pip install liger-kernel`; it patches transformers' module for the model family, process-wide). "

@@ -150,6 +150,8 @@ class MemorySettings:
     gradient_checkpointing: bool = False
     micro_batch_tokens: int = PLAN_TOKENS
     logprob_chunk_size: int = 1024
+    head_tokens: int | None = None  # trained tokens of the micro-batch (None: all of them), which the LM head runs on
+    offload_activations: bool = False  # checkpointed layer inputs kept in host memory (a GPU's plan)
     serving_tokens: int = PLAN_TOKENS
     random_init: bool = False  # weights drawn in memory (models/random_init.py) rather than read
 
@@ -192,18 +194,22 @@ class MemoryPlan:
                 "settings": asdict(self.settings)}
 
 
-def bytes_per_token(shape: ModelShape, dtype_bytes: int, checkpointing: bool) -> int:
-    """Activation bytes one token keeps for backward in a decoder-only transformer (an upper estimate).
+def bytes_per_token(shape: ModelShape, dtype_bytes: int, checkpointing: bool, offload: bool = False) -> int:
+    """Activation bytes one token keeps on the device for backward in a decoder-only transformer (an upper
+    estimate; linear in length: attention keeps its output and log-sum-exp, never a seq x seq tensor).
 
     Per layer, in the compute dtype: the residual and norm outputs and LoRA inputs (~10 x hidden), q, k, v and the
     attention output twice each, the MLP's gate, up, activation, product and LoRA input (5 x intermediate); plus
-    float32 copies made by RMSNorm (4 x hidden x 4 bytes).
+    float32 copies made by RMSNorm (4 x hidden x 4 bytes). With checkpointing: each layer's input, and one layer's
+    activations at a time (its recomputation in backward); with `offload` too, the layers' inputs wait in host
+    memory (train/memory.py), and the device keeps one layer's.
     """
     h = shape.hidden
     mlp = shape.top_k * 5 * shape.expert_width + 4 * shape.experts if shape.experts else 5 * shape.intermediate
     per_layer = dtype_bytes * (10 * h + 2 * (shape.heads + 2 * shape.kv_heads) * shape.head_dim + mlp) + 16 * h
     if checkpointing:
-        return shape.layers * h * dtype_bytes + per_layer  # each layer's input, and one layer's at a time
+        # each layer's input (on the host when offloaded, bar the one the backward is at), one layer's at a time
+        return (2 if offload else shape.layers) * h * dtype_bytes + per_layer
     return shape.layers * per_layer
 
 
@@ -240,9 +246,10 @@ def plan_memory(shape: ModelShape, s: MemorySettings, available: int | None = No
     # experts in the compute dtype, kept for backward by every layer (one at a time with checkpointing)
     stack = shape.expert_weights() // max(shape.layers, 1) * s.dtype_bytes
     experts_lora = stack * (1 if s.gradient_checkpointing else shape.layers) if _adapts_experts(s) else 0
-    activations = (s.micro_batch_tokens * bytes_per_token(shape, s.dtype_bytes, s.gradient_checkpointing)
-                   + head_bytes(shape.vocab, min(s.logprob_chunk_size, s.micro_batch_tokens)) + dequant
-                   + experts_lora)
+    head_tokens = s.micro_batch_tokens if s.head_tokens is None else min(s.head_tokens, s.micro_batch_tokens)
+    activations = (s.micro_batch_tokens * token_bytes(shape, s) + head_bytes(shape.vocab, min(s.logprob_chunk_size,
+                                                                                             head_tokens))
+                   + dequant + experts_lora)
     draw = RANDOM_DRAW_ROWS * shape.largest_linear()[0] * 4 if s.random_init else largest * 4
     # bitsandbytes' quantiser holds the tensor in float32 twice and its codes as int32 (its CPU path)
     quantize = largest * (s.dtype_bytes + 4 + 4 + 4 + 1) if s.quantization else 0
@@ -258,6 +265,25 @@ def plan_memory(shape: ModelShape, s: MemorySettings, available: int | None = No
         "loading": int(draw + quantize),
     }
     return MemoryPlan(parts=parts, settings=s, shape=shape, available=available)
+
+
+def token_bytes(shape: ModelShape, s: MemorySettings) -> int:
+    """`bytes_per_token` under settings `s` (offload counts only with checkpointing, as a call runs it)."""
+    return bytes_per_token(shape, s.dtype_bytes, s.gradient_checkpointing,
+                           offload=s.offload_activations and s.gradient_checkpointing)
+
+
+def max_context(shape: ModelShape, s: MemorySettings, available: int) -> int:
+    """The most tokens one micro-batch of settings `s` may hold within `available` bytes at the plan's peak
+    (every token trained: the LM head's chunk counted whole; the engine's cache as `s` says); 0 when the
+    model alone does not fit. Pure, and the inverse of `plan_memory`: the plan of that many tokens fits, one
+    `token_bytes` more does not."""
+    fixed = plan_memory(shape, replace(s, micro_batch_tokens=0, head_tokens=None), available)
+    head = head_bytes(shape.vocab, s.logprob_chunk_size)
+    room = available - fixed.resident - fixed.parts["activations"] - head  # dequantised weight, experts' delta
+    if room <= 0 or fixed.resident + fixed.parts["loading"] > available:
+        return 0
+    return int(room // token_bytes(shape, s))
 
 
 def alternatives(shape: ModelShape, s: MemorySettings, available: int) -> list[tuple[str, MemoryPlan]]:
@@ -284,7 +310,7 @@ def alternatives(shape: ModelShape, s: MemorySettings, available: int) -> list[t
             out.append((what, plan))
     if not out:  # shorter micro-batches, the rest as is
         fixed = plan_memory(shape, replace(s, micro_batch_tokens=0), available)
-        per = bytes_per_token(shape, s.dtype_bytes, s.gradient_checkpointing)
+        per = token_bytes(shape, s)
         room = available - fixed.resident - fixed.parts["activations"]
         if room > 0 and fixed.parts["loading"] <= room and room // per >= 16:
             n = int(room // per)

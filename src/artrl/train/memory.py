@@ -55,6 +55,7 @@ class MemoryBudget:
     tokens: int  # without checkpointing
     tokens_checkpointed: int
     free_bytes: int  # what the budgets were computed from
+    tokens_offloaded: int | None = None  # checkpointing with the layers' inputs in host memory (CUDA); None: no such
 
     def choose(self, longest: int, checkpointing: bool | None) -> tuple[int, bool]:
         """(token budget, checkpointing on) for a call whose longest sequence has `longest` tokens."""
@@ -63,11 +64,18 @@ class MemoryBudget:
         return max(budget, longest), on
 
 
-def bytes_per_token(config: Any, dtype: torch.dtype, checkpointing: bool) -> int:
-    """Activation bytes one token keeps for backward (models/memory_plan.py's estimate, for a model config)."""
+    @property
+    def most_tokens(self) -> int:
+        """The longest micro-batch any setting fits."""
+        return max(self.tokens, self.tokens_checkpointed, self.tokens_offloaded or 0)
+
+
+def bytes_per_token(config: Any, dtype: torch.dtype, checkpointing: bool, offload: bool = False) -> int:
+    """Activation bytes one token keeps on the device for backward (models/memory_plan.py's estimate, for a model
+    config)."""
     from ..models.memory_plan import ModelShape, bytes_per_token as per_token
 
-    return per_token(ModelShape.of(config), torch.finfo(dtype).bits // 8, checkpointing)
+    return per_token(ModelShape.of(config), torch.finfo(dtype).bits // 8, checkpointing, offload)
 
 
 def head_bytes(config: Any, chunk_size: int) -> int:
@@ -90,15 +98,17 @@ def free_bytes(device: torch.device) -> int:
     return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
 
 
-def budget_for(config: Any, dtype: torch.dtype, chunk_size: int, free: int) -> MemoryBudget:
-    """The token budgets that `free` bytes allow (at least one `BUDGET_MULTIPLE`)."""
+def budget_for(config: Any, dtype: torch.dtype, chunk_size: int, free: int, *, offload: bool = False
+               ) -> MemoryBudget:
+    """The token budgets that `free` bytes allow (at least one `BUDGET_MULTIPLE`); `offload`: also the budget with
+    the checkpointed layer inputs in host memory (a CUDA device)."""
     usable = free * MEMORY_FRACTION - head_bytes(config, chunk_size)
 
-    def tokens(checkpointing: bool) -> int:
-        n = int(usable // bytes_per_token(config, dtype, checkpointing))
+    def tokens(checkpointing: bool, offloaded: bool = False) -> int:
+        n = int(usable // bytes_per_token(config, dtype, checkpointing, offloaded))
         return max(BUDGET_MULTIPLE, n // BUDGET_MULTIPLE * BUDGET_MULTIPLE)
 
-    return MemoryBudget(tokens(False), tokens(True), int(free))
+    return MemoryBudget(tokens(False), tokens(True), int(free), tokens(True, True) if offload else None)
 
 
 def device_budget(trainer: "Trainer", host: bool = False) -> MemoryBudget | None:
@@ -110,7 +120,8 @@ def device_budget(trainer: "Trainer", host: bool = False) -> MemoryBudget | None
     if cfg.num_workers != 1 or cfg.trainer_gpu_ids is not None or cfg.num_nodes != 1:
         return None
     config = trainer.model_config
-    return budget_for(config, trainer.dtype, cfg.logprob_chunk_size, free_bytes(trainer.device))
+    return budget_for(config, trainer.dtype, cfg.logprob_chunk_size, free_bytes(trainer.device),
+                      offload=trainer.device.type == "cuda" and cfg.offload_activations is not False)
 
 
 def checkpointing_on(model: Any) -> bool:
@@ -140,21 +151,88 @@ def set_checkpointing(model: Any, on: bool) -> None:
 @contextlib.contextmanager
 def call_checkpointing(trainer: "Trainer", model: Any, plan: "BatchPlan") -> Iterator[None]:
     """Activation checkpointing of `model` (the transformers model) for one call: as configured, or
-    (`gradient_checkpointing=None` on CUDA) on only when the plan's largest micro-batch would not fit the free
-    memory without it; put back as it was afterwards."""
-    want = trainer.cfg.gradient_checkpointing
+    (`gradient_checkpointing=None`) on only when the plan's largest micro-batch would not fit the free memory
+    without it; on CUDA, offloading of the checkpointed inputs to host memory likewise (`offload_activations`).
+    A micro-batch no setting fits is refused here, before anything trains (`refuse_too_long`). Put back as it
+    was afterwards."""
+    cfg = trainer.cfg
+    if not trainer.sharded:
+        refuse_too_long(trainer, plan)
+    want = cfg.gradient_checkpointing
     if want is None and not trainer.sharded:
         want = needs_checkpointing(trainer, plan)
+    offload = bool(cfg.offload_activations)
+    if cfg.offload_activations is None and want is not False and not trainer.sharded:
+        offload = needs_offload(trainer, plan)
+    if offload and want is None:
+        want = True  # offloading is of the checkpointed inputs
+    trainer.offload_activations = offload and trainer.device.type == "cuda" or trainer.force_offload
     before = checkpointing_on(model)
-    if want is None or want == before or not (hasattr(model, "activation_checkpointing_enable")
-                                              or hasattr(model, "gradient_checkpointing_enable")):
-        yield
-        return
-    set_checkpointing(model, want)
     try:
-        yield
+        if want is None or want == before or not (hasattr(model, "activation_checkpointing_enable")
+                                                  or hasattr(model, "gradient_checkpointing_enable")):
+            yield
+            return
+        set_checkpointing(model, want)
+        try:
+            yield
+        finally:
+            set_checkpointing(model, before)
     finally:
-        set_checkpointing(model, before)
+        trainer.offload_activations = False
+
+
+def _largest(plan: "BatchPlan") -> int:
+    return max((mb.tokens for step in plan.steps for mb in step.micro_batches), default=0)
+
+
+def refuse_too_long(trainer: "Trainer", plan: "BatchPlan") -> None:
+    """A TrainTooLongError (before the call trains anything) when the plan's largest micro-batch fits the free memory
+    under no setting the call may choose (checkpointing as configured; offload on CUDA), naming the length that
+    would fit; a warning instead with `check_memory=False`. The per-token figures err high (models/memory_plan.py),
+    so what is refused would not have fit."""
+    from ..errors import TrainTooLongError
+
+    budget = device_budget(trainer, host=True)
+    if budget is None:
+        return
+    largest = _largest(plan)
+    cfg = trainer.cfg
+    if cfg.gradient_checkpointing is False:
+        fit, under = budget.tokens, "without activation checkpointing (gradient_checkpointing=False)"
+    elif cfg.offload_activations is not False and budget.tokens_offloaded is not None:
+        fit, under = budget.tokens_offloaded, "with activation checkpointing and its inputs offloaded to host memory"
+    else:
+        fit, under = budget.tokens_checkpointed, "with activation checkpointing"
+    if largest <= fit:
+        return
+    rows = plan.max_rows_per_micro_batch
+    message = (f"this train call's largest micro-batch holds {largest} tokens ({rows} row{'s' if rows > 1 else ''}), "
+               f"and {fit} fit the {budget.free_bytes / 1e9:.1f} GB free on this {trainer.device.type} device "
+               f"{under} (the memory plan, models/memory_plan.py: activations linear in length). Nothing was "
+               f"trained. To fit, train on sequences of at most {fit} tokens (InternalModelConfig(max_length={fit}), "
+               f"with TrainConfig(on_too_long='truncate') or the default 'drop'), one row per micro-batch "
+               f"(per_device_train_batch_size=1), or a lower logprob_chunk_size; the plan errs high, and "
+               f"check_memory=False in the model's InternalModelConfig runs the call anyway.")
+    if not cfg.check_memory:
+        log.warning("%s (check_memory=False: running it anyway)", message)
+        return
+    raise TrainTooLongError(message, tokens=largest, fit=fit)
+
+
+def needs_offload(trainer: "Trainer", plan: "BatchPlan") -> bool:
+    """On CUDA, whether the plan's largest micro-batch would not fit with checkpointing alone but does with its
+    inputs in host memory."""
+    budget = device_budget(trainer)
+    if budget is None or budget.tokens_offloaded is None:
+        return False
+    largest = _largest(plan)
+    on = largest > budget.tokens_checkpointed
+    if on:
+        trainer.memory_notes("offload", "activation offloading on: largest micro-batch %d tokens, %d fit with "
+                             "checkpointing alone, %d with offloading (%.1f GB free)", largest,
+                             budget.tokens_checkpointed, budget.tokens_offloaded, budget.free_bytes / 1e9)
+    return on
 
 
 def needs_checkpointing(trainer: "Trainer", plan: "BatchPlan") -> bool:
@@ -163,7 +241,7 @@ def needs_checkpointing(trainer: "Trainer", plan: "BatchPlan") -> bool:
     budget = device_budget(trainer, host=True)
     if budget is None:
         return False
-    largest = max((mb.tokens for step in plan.steps for mb in step.micro_batches), default=0)
+    largest = _largest(plan)
     on = largest > budget.tokens
     if not on and trainer.device.type == "cpu":
         return False  # the usual case on a CPU: said nothing before, says nothing now

@@ -58,6 +58,8 @@ from torch.profiler import record_function
 
 from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
+from ..errors import ConfigError
+from ..host_allocator import fix_mmap_threshold
 from ..once_per_run import OncePerRun
 from ..progress import ProgressBar, progress_bar
 from ..types import InternalModelConfig, OptimizerConfig
@@ -196,6 +198,15 @@ class Trainer:
         self.backbone = getattr(inner, inner.base_model_prefix)  # e.g. Qwen3Model
         self.lm_head = inner.get_output_embeddings()
         self.device = next(model.parameters()).device
+        if self.device.type == "cpu":
+            fix_mmap_threshold()  # freed activations go back to the system, not to a growing heap (host_allocator.py)
+            if self.cfg.offload_activations:
+                raise ConfigError("offload_activations=True moves checkpointed activations to host memory, and on "
+                                  "a CPU they are there already: leave it None (or False) when training on a CPU.")
+        # the call in progress offloads its checkpointed layer inputs to host memory (train/memory.py decides);
+        # `force_offload` runs that path on a CPU too (a copy within host memory), for the tests of its math
+        self.offload_activations = False
+        self.force_offload = False
         # the dtype activations run in: the frozen floating weights' (a quantised model's packed weights are not)
         self.dtype = next(p for p in inner.parameters() if not p.requires_grad and p.is_floating_point()).dtype
         self.model_config = inner.config
@@ -334,7 +345,10 @@ class Trainer:
         prev = mb.prev_index[b_idx, t_idx]  # [n]
         ctx = torch.enable_grad() if grad else torch.no_grad()
         adapter_ctx = self._reference(ref_adapter) if not adapter else contextlib.nullcontext()
-        with ctx, adapter_ctx:
+        offload = contextlib.nullcontext()
+        if grad and self.offload_activations:
+            offload = torch.autograd.graph.save_on_cpu(pin_memory=dev.type == "cuda")
+        with ctx, adapter_ctx, offload:
             targets = input_ids[b_idx.to(dev), t_idx.to(dev)]  # [n]
             logp, ent = self.token_model(input_ids, mask, positions, b_idx.to(dev), prev.to(dev),
                                          targets, chunk_size=chunk_size or self.cfg.logprob_chunk_size, **extra)

@@ -1,0 +1,287 @@
+"""Long trajectories: attention linear in memory for every node, the same math with checkpointing and offload,
+the host allocator that gives freed activations back, the plan by length, and a call too long for memory
+refused before it trains (train/memory.py, models/memory_plan.py, models/tree_attention.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import artrl as art
+from artrl.errors import ConfigError, TrainOutOfMemoryError, TrainTooLongError
+from artrl.models import tree_attention
+from artrl.models.loading import load_model
+from artrl.models.memory_plan import MemorySettings, ModelShape, max_context, plan_memory
+from artrl.models.shapes import random_config
+from artrl.models.tree_attention import _PrefixedCausal
+from artrl.preprocess.pack import pack
+from artrl.preprocess.plan import plan_batches
+from artrl.preprocess.tokenize import tokenize_groups
+from artrl.train import memory
+from artrl.train.memory import set_checkpointing
+from artrl.train.call import run_call
+from artrl.train.rl import _rl_loss, prepare_rl
+from artrl.train.trainer import Trainer
+
+Q06 = ModelShape.of(random_config("random:qwen3-0.6b"))
+
+
+def _masked_reference(q, k, v, p, gqa):
+    n = q.shape[2]
+    mask = torch.ones(n, p + n, dtype=torch.bool)
+    mask[:, p:] = torch.ones(n, n, dtype=torch.bool).tril()
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+@pytest.mark.parametrize("p,n", [(7, 5), (3, 40), (64, 1)])
+@pytest.mark.parametrize("gqa", [False, True])
+def test_a_completion_over_its_prompt_is_the_masked_softmax_without_the_mask(p, n, gqa):
+    """Two flash calls merged by log-sum-exp equal SDPA with the n x (p + n) mask, values and gradients."""
+    gen = torch.Generator().manual_seed(p * 100 + n)
+    heads, kv = 4, 2 if gqa else 4
+    q = torch.randn(1, heads, n, 16, dtype=torch.float64, generator=gen, requires_grad=True)
+    k = torch.randn(1, kv, p + n, 16, dtype=torch.float64, generator=gen, requires_grad=True)
+    v = torch.randn(1, kv, p + n, 16, dtype=torch.float64, generator=gen, requires_grad=True)
+    grad = torch.randn(1, heads, n, 16, dtype=torch.float64, generator=gen)
+    out = _PrefixedCausal.apply(q, k[:, :, :p], v[:, :, :p], k[:, :, p:], v[:, :, p:], None)
+    mine = torch.autograd.grad(out, (q, k, v), grad)
+    ref = _masked_reference(q, k, v, p, gqa)
+    theirs = torch.autograd.grad(ref, (q, k, v), grad)
+    # torch's CPU flash kernel accumulates below float64's precision (seen: 7e-8)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-6)
+    for a, b, name in zip(mine, theirs, "qkv"):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=f"gradient of {name}")
+
+
+def test_tree_attention_builds_no_mask(tiny_path, make_choice, monkeypatch):
+    """A train forward on the CPU default passes SDPA no mask for any node: every completion node runs the merged
+    attention over its prompt's keys and its own (views, no copies), so nothing of size completion x (prompt +
+    completion) exists."""
+    from tests.test_train import rl_groups
+
+    masks: list[object] = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(tree_attention.F, "scaled_dot_product_attention",
+                        lambda *a, **kw: masks.append(kw.get("attn_mask")) or sdpa(*a, **kw))
+    merged = []
+    apply = _PrefixedCausal.apply
+    monkeypatch.setattr(_PrefixedCausal, "apply", lambda *a: merged.append(1) or apply(*a))
+    model, tok = load_model(str(tiny_path), art.InternalModelConfig(seed=0))
+    trainer = Trainer(model, tok)
+    packed = pack(tokenize_groups(rl_groups(make_choice, n_groups=2), tok).groups, max_length=trainer.max_length)
+    out = trainer.forward_tokens(packed.select(range(packed.num_rows)), grad=True)
+    out.logprobs.sum().backward()
+    layers = trainer.model_config.num_hidden_layers
+    assert len(merged) == layers * 2 * 4  # every completion node of every layer: 2 groups of 4
+    assert masks and all(m is None for m in masks)  # the prompts: is_causal, no mask
+
+
+def _grads(trainer, packed, plan):
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.accumulate(packed, plan.steps[0], lambda tb: _rl_loss(tb, config=art.TrainConfig()))
+    out = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return out
+
+
+def test_gradients_are_the_same_with_checkpointing_offload_and_the_dense_mask(tiny_path, make_choice):
+    """The adapter's gradient of one step: tree attention (the merged completion attention), the same with
+    activation checkpointing, with checkpointing and offloaded inputs (the path CUDA takes, run here within host
+    memory), and SDPA with the dense mask, all agree."""
+    from tests.test_train import rl_groups
+
+    results = {}
+    sampled = rl_groups(make_choice, n_groups=3)  # once: make_choice draws its logprobs afresh each call
+    for name, impl, ckpt, offload in [("tree", None, False, False), ("checkpointed", None, True, False),
+                                      ("offloaded", None, True, True), ("dense", "sdpa", False, False)]:
+        model, tok = load_model(str(tiny_path), art.InternalModelConfig(seed=0, attn_implementation=impl))
+        with torch.no_grad():  # lora_B starts at zero, which leaves every lora_A gradient zero
+            gen = torch.Generator().manual_seed(0)
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.01)
+        trainer = Trainer(model, tok)
+        groups = tokenize_groups(sampled, tok).groups
+        packed = pack(groups, max_length=trainer.max_length)
+        plan = plan_batches(packed, per_device_train_batch_size=1, grad_accumulation_sequences=None)
+        inner = model.get_base_model()
+        model.train()
+        set_checkpointing(inner, ckpt)
+        trainer.offload_activations = offload
+        offloads = []
+        save_on_cpu = torch.autograd.graph.save_on_cpu
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(torch.autograd.graph, "save_on_cpu", lambda **kw: offloads.append(kw) or save_on_cpu(**kw))
+            results[name] = _grads(trainer, packed, plan)
+        assert len(offloads) == (len(plan.steps[0].micro_batches) if offload else 0)
+    ref = results["tree"]
+    assert all(g.norm() > 0 for g in ref.values())
+    for name in ("checkpointed", "offloaded", "dense"):
+        for key, g in results[name].items():
+            error = float((g - ref[key]).norm() / ref[key].norm())
+            assert error < 1e-5, f"{name}: {key}: relative error {error:.2e}"
+
+
+def test_the_token_record_holds_with_checkpointing_and_offload(tiny_path):
+    """A sampled group trained with checkpointing on and the offload path forced: the trainer's logprobs of the
+    sampled tokens equal the engine's (train/sampled_logprob_delta_max at float tolerance)."""
+    import asyncio
+
+    async def main() -> None:
+        cfg = art.InternalModelConfig(gradient_checkpointing=True, seed=0)
+        model = art.TrainableModel(name="long", project="t", base_model=str(tiny_path), _internal_config=cfg)
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as root:
+            backend = art.LocalBackend(path=root, show_progress=False)
+            try:
+                await model.register(backend)
+                client = model.openai_client()
+                trainer = backend._runs[model.name].trainer  # the session's own
+                trainer.force_offload = True
+                trajectories = []
+                for k in range(4):
+                    messages = [{"role": "user", "content": "Name a colour."}]
+                    reply = await client.chat.completions.create(model=model.get_inference_name(), messages=messages,
+                                                                 max_tokens=24, temperature=1.0, seed=k,
+                                                                 logprobs=True)
+                    trajectories.append(art.Trajectory(messages_and_choices=[*messages, reply.choices[0]],
+                                                       reward=float(k)))
+                result = await model.train([art.TrajectoryGroup(trajectories)],
+                                           config=art.TrainConfig(learning_rate=1e-4))
+            finally:
+                backend.close()
+        assert result.metrics["data/step_trainer_tokens"] > 0
+        assert result.metrics["train/sampled_logprob_delta_max"] < 1e-4, result.metrics
+
+    asyncio.run(main())
+
+
+def test_offloading_on_a_cpu_is_refused(tiny_path):
+    model, tok = load_model(str(tiny_path))
+    with pytest.raises(ConfigError, match="offload_activations"):
+        Trainer(model, tok, art.InternalModelConfig(offload_activations=True))
+
+
+# ----------------------------------------------------------------------------------------------- the allocator
+
+_FRAGMENT = textwrap.dedent("""
+    import sys, torch
+    from artrl.host_allocator import fix_mmap_threshold
+    if sys.argv[1] == "fixed":
+        assert fix_mmap_threshold()
+    def rss():
+        return int(open("/proc/self/statm").read().split()[1]) * 4096
+    first = torch.ones(4 << 20, dtype=torch.uint8)  # a mapped block, freed: glibc's threshold rises to its size
+    del first
+    before = rss()
+    blocks = [torch.ones(3 << 20, dtype=torch.uint8) for _ in range(40)]  # 40 x 3 MB
+    del blocks[::2]  # every other one freed: holes a heap cannot give back
+    print((rss() - before) / 1e6)
+""")
+
+
+def test_freed_activations_go_back_to_the_system(tmp_path):
+    """With glibc's dynamic mmap threshold, blocks freed between live ones stay in the process (the heap keeps
+    them); with the threshold fixed (host_allocator.py), they are unmapped when freed."""
+    script = tmp_path / "fragment.py"
+    script.write_text(_FRAGMENT)
+    held = {}
+    for mode in ("dynamic", "fixed"):
+        out = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, check=True)
+        held[mode] = float(out.stdout.strip())
+    assert held["dynamic"] > 100, held  # all 40 blocks still resident: ~120 MB
+    assert held["fixed"] < 70, held  # the 20 live ones: ~60 MB
+
+
+def test_a_cpu_trainer_fixes_the_threshold(tiny_path):
+    from artrl import host_allocator
+
+    model, tok = load_model(str(tiny_path))
+    Trainer(model, tok)
+    assert host_allocator._done is True
+
+
+# ----------------------------------------------------------------------------------------------- the plan
+
+@pytest.mark.parametrize("checkpointing,offload", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("quantization,dtype_bytes", [(None, 2), ("4bit", 2), (None, 4)])
+def test_max_context_is_the_longest_micro_batch_the_plan_fits(checkpointing, offload, quantization, dtype_bytes):
+    s = MemorySettings(device_type="cuda", quantization=quantization, dtype_bytes=dtype_bytes,
+                       gradient_checkpointing=checkpointing, offload_activations=offload)
+    available = int(24e9)
+    n = max_context(Q06, s, available)
+    assert n > 0
+    assert plan_memory(Q06, dataclasses.replace(s, micro_batch_tokens=n), available).fits()
+    assert not plan_memory(Q06, dataclasses.replace(s, micro_batch_tokens=n + 64), available).fits()
+
+
+def test_the_plan_is_linear_in_length_and_checkpointing_and_offload_divide_it():
+    def activations(tokens: int, **kw) -> int:
+        return plan_memory(Q06, MemorySettings(device_type="cuda", dtype_bytes=2, micro_batch_tokens=tokens,
+                                               **kw)).parts["activations"]
+
+    for kw in ({}, {"gradient_checkpointing": True}, {"gradient_checkpointing": True, "offload_activations": True}):
+        a, b, c = activations(8192, **kw), activations(16384, **kw), activations(32768, **kw)
+        assert c - b == 2 * (b - a), kw  # no quadratic term
+    full = activations(32768)
+    checkpointed = activations(32768, gradient_checkpointing=True)
+    offloaded = activations(32768, gradient_checkpointing=True, offload_activations=True)
+    assert full > 8 * checkpointed and checkpointed > offloaded
+    assert max_context(Q06, MemorySettings(device_type="cuda", dtype_bytes=2, gradient_checkpointing=True,
+                                           offload_activations=True), int(80e9)) > \
+        max_context(Q06, MemorySettings(device_type="cuda", dtype_bytes=2, gradient_checkpointing=True), int(80e9))
+
+
+# ----------------------------------------------------------------------------------------------- the refusal
+
+def _long_group(make_choice, words: int) -> art.TrajectoryGroup:
+    prompt = [{"role": "user", "content": "Pick a colour."}]
+    return art.TrajectoryGroup([art.Trajectory(messages_and_choices=prompt + [make_choice(c * words)], reward=r)
+                                for c, r in (("blue ", 1.0), ("red ", 0.0))])
+
+
+def _free_for(trainer: Trainer, tokens: int) -> int:
+    """Host bytes in which about `tokens` tokens fit with checkpointing (train/memory.py's budget)."""
+    per = memory.bytes_per_token(trainer.model_config, trainer.dtype, checkpointing=True)
+    return int((memory.head_bytes(trainer.model_config, trainer.cfg.logprob_chunk_size) + tokens * per)
+               / memory.MEMORY_FRACTION)
+
+
+def test_a_call_no_setting_fits_is_refused_before_it_trains(tiny_path, make_choice, monkeypatch):
+    model, tok = load_model(str(tiny_path))
+    trainer = Trainer(model, tok, art.InternalModelConfig())
+    call = prepare_rl(trainer.build_context(), [_long_group(make_choice, 600)], art.TrainConfig(learning_rate=1e-4))
+    largest = max(mb.tokens for step in call.plan.steps for mb in step.micro_batches)
+    assert largest > 512
+    before = [p.detach().clone() for p in trainer.params]
+    monkeypatch.setattr(memory, "free_bytes", lambda device: _free_for(trainer, 512))
+    with pytest.raises(TrainTooLongError) as info:
+        run_call(trainer, call, show_progress=False)
+    e = info.value
+    assert isinstance(e, TrainOutOfMemoryError)  # a handler of running out of memory handles this too
+    assert e.tokens == largest and 256 <= e.fit <= 512
+    assert f"{largest} tokens" in str(e) and f"max_length={e.fit}" in str(e)
+    assert trainer.optimizer_steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.params))  # nothing trained
+    # room for it: the same call trains
+    monkeypatch.setattr(memory, "free_bytes", lambda device: _free_for(trainer, 4 * largest))
+    steps = run_call(trainer, call, show_progress=False)
+    assert trainer.optimizer_steps == 1 and steps
+
+
+def test_check_memory_false_runs_a_call_the_plan_refuses(tiny_path, make_choice, monkeypatch, caplog):
+    model, tok = load_model(str(tiny_path))
+    trainer = Trainer(model, tok, art.InternalModelConfig(check_memory=False))
+    call = prepare_rl(trainer.build_context(), [_long_group(make_choice, 600)], art.TrainConfig(learning_rate=1e-4))
+    monkeypatch.setattr(memory, "free_bytes", lambda device: _free_for(trainer, 512))
+    with caplog.at_level("WARNING", logger="artrl.train.memory"):
+        run_call(trainer, call, show_progress=False)
+    assert trainer.optimizer_steps == 1
+    assert any("check_memory=False: running it anyway" in r.message for r in caplog.records)
