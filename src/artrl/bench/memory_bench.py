@@ -56,6 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-memory", action=argparse.BooleanOptionalAction, default=True,
                    help="refuse a model whose plan does not fit (InternalModelConfig.check_memory)")
     p.add_argument("--path", default=None, help="run directory root (default: a temporary directory)")
+    p.add_argument("--context", type=int, default=None,
+                   help="train one trajectory pair of this many tokens each instead of sampled rollouts (no sampling)")
+    p.add_argument("--layout", default="prompt", choices=["prompt", "completion"],
+                   help="with --context: the pair shares a long prompt and answers briefly (prompt), or a short "
+                        "prompt and two long answers (completion)")
+    p.add_argument("--logprob-chunk-size", type=int, default=None, help="InternalModelConfig.logprob_chunk_size")
 
 
 def _status_kb(key: str) -> int:
@@ -121,6 +127,8 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
 
     fields: dict[str, Any] = {"dtype": args.dtype, "lora_rank": args.lora_rank, "check_memory": args.check_memory,
                               "load_in_8bit": args.load_in_8bit}
+    if args.logprob_chunk_size:
+        fields["logprob_chunk_size"] = args.logprob_chunk_size
     for name in ("load_in_4bit", "optim", "gradient_checkpointing", "device"):
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
@@ -156,37 +164,99 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
             return art.Trajectory(messages_and_choices=[*messages, reply.choices[0]], reward=float(k))
 
         phases.start()
-        groups = await art.gather_trajectory_groups(
-            (art.TrajectoryGroup(rollout(g, k) for k in range(args.rollouts)) for g in range(args.groups)),
-            pbar_desc=None)
+        if args.context:
+            groups = [context_pair(args.model, cfg, args.context, args.layout)]
+        else:
+            groups = await art.gather_trajectory_groups(
+                (art.TrajectoryGroup(rollout(g, k) for k in range(args.rollouts)) for g in range(args.groups)),
+                pbar_desc=None)
         phases.end("rollouts")
+        from ..train.memory import free_bytes
+
+        train_free = free_bytes(device)  # what the call's choice of checkpointing sees
         phases.start()
-        result = await model.train(groups, config=art.TrainConfig(learning_rate=1e-5))
+        # a context pair's turns are text (nothing was sampled): trained as on-policy, ART's option for such turns
+        result = await model.train(groups, config=art.TrainConfig(
+            learning_rate=1e-5, allow_training_without_logprobs=bool(args.context)))
         phases.end("train")
     finally:
         backend.close()
     metrics = result.metrics
-    prompt = max(len(c.model_extra["prompt_token_ids"]) + len(c.model_extra["token_ids"])
-                 for g in groups for t in g for c in t.messages_and_choices if not isinstance(c, dict))
-    rows = args.groups * args.rollouts
+    if args.context:
+        prompt, rows = 0, 0  # nothing sampled: the engine held no sequence
+    else:
+        prompt = max(len(c.model_extra["prompt_token_ids"]) + len(c.model_extra["token_ids"])
+                     for g in groups for t in g for c in t.messages_and_choices if not isinstance(c, dict))
+        rows = args.groups * args.rollouts
     rows_per_pass = -(-metrics.get("data/rows", 1.0) // max(metrics.get("data/micro_batches", 1.0), 1.0))
     # checkpointing as the call ran it: a call with gradient_checkpointing=None turns it on only when its micro-batch
-    # would not fit (train/memory.py), never for this bench's short rollouts
-    workload = dataclasses.replace(registered.settings, gradient_checkpointing=bool(cfg.gradient_checkpointing),
-                                   micro_batch_tokens=int(metrics.get("data/row_length", prompt)
-                                                                    * rows_per_pass),
-                                   serving_tokens=rows * prompt)
+    # would not fit without it (train/memory.py: the same per-token figure, against the memory free then)
+    tokens = int(metrics.get("data/row_length", prompt) * rows_per_pass)
+    trained = int(metrics.get("data/step_trainable_assistant_tokens", tokens))
+    workload = dataclasses.replace(registered.settings, gradient_checkpointing=False, micro_batch_tokens=tokens,
+                                   head_tokens=trained, serving_tokens=rows * prompt)
+    checkpointing = cfg.gradient_checkpointing
+    if checkpointing is None:
+        from ..train.memory import MEMORY_FRACTION
+
+        checkpointing = plan_memory(registered.shape, workload).parts["activations"] > train_free * MEMORY_FRACTION
+    workload = dataclasses.replace(workload, gradient_checkpointing=bool(checkpointing))
     plan = plan_memory(registered.shape, workload)
     # the largest phase peak (ru_maxrss is no help: resetting VmHWM between phases resets it too)
     peak = max(v for k, v in phases.figures.items() if k.endswith("_peak"))
     measured = {k: round(v, 3) for k, v in {**phases.figures, "peak": peak}.items()}
-    return {**out, "refused": False, "plan_workload": plan.as_json(), "measured_gb": measured,
+    context = {}
+    if args.context:
+        above = measured["train_peak"] - measured["registered"]
+        context = {"context": {"tokens": args.context, "layout": args.layout, "row_tokens": tokens,
+                               "trained_tokens": trained, "checkpointing": bool(checkpointing),
+                               "train_above_registered_gb": round(above, 3),
+                               "mb_per_token_above_registered": round(above * 1e3 / max(tokens, 1), 4),
+                               "plan_activations_gb": round(plan.parts["activations"] / GB, 3)}}
+    return {**out, "refused": False, **context, "plan_workload": plan.as_json(), "measured_gb": measured,
             "plan_error": round(plan.peak / GB / peak - 1, 3),
             "train": train_figures(metrics, phases.seconds["train"], measured["train_peak"]),
             "train_tokens_per_second": round(metrics.get("train/tokens_per_second", 0.0), 2),
             "computed_tokens": metrics.get("train/computed_tokens"),
             "sampled_logprob_delta_max": metrics.get("train/sampled_logprob_delta_max"),
             "seconds": phases.seconds}
+
+
+def filler_text(tokenizer: Any, tokens: int, seed: int) -> str:
+    """Text of about `tokens` tokens of `tokenizer`: words of the tiny model's corpus in a seeded order."""
+    import random
+    from importlib.resources import files
+
+    # plain words only: the corpus also holds chat markup (<|im_start|>, <tool_call>), which would end a turn early
+    words = [w for w in files("artrl.data").joinpath("tiny_corpus.txt").read_text().split() if w.isalpha()]
+    rng = random.Random(seed)
+    out: list[str] = []
+    have = 0
+    while have < tokens:
+        piece = " ".join(rng.choice(words) for _ in range(256))
+        out.append(piece)
+        have += len(tokenizer(piece, add_special_tokens=False)["input_ids"])
+    ids = tokenizer(" ".join(out), add_special_tokens=False)["input_ids"][:tokens]
+    return tokenizer.decode(ids)
+
+
+def context_pair(base_model: str, cfg: Any, tokens: int, layout: str) -> Any:
+    """One group of two trajectories of about `tokens` tokens each (rewards 0 and 1, so both train): sharing a long
+    prompt and answering in a few words (`layout` "prompt"), or a short prompt answered at length ("completion")."""
+    import artrl as art
+
+    from ..models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(base_model, cfg)
+    if layout == "prompt":
+        prompt = filler_text(tokenizer, tokens - 16, seed=0)
+        answers = ["The first answer.", "The second answer."]
+    else:
+        prompt = "Write at length."
+        answers = [filler_text(tokenizer, tokens - 16, seed=1 + k) for k in range(2)]
+    messages = [{"role": "user", "content": prompt}]
+    return art.TrajectoryGroup([art.Trajectory(messages_and_choices=[*messages, {"role": "assistant", "content": a}],
+                                               reward=float(k)) for k, a in enumerate(answers)])
 
 
 def train_figures(metrics: dict[str, float], seconds: float, peak_gb: float) -> dict[str, Any]:
