@@ -6,7 +6,8 @@ same numbers. The memory rule of thumb (docs/getting-started.md, docs/batching.m
 estimate, `train.memory.bytes_per_token`, for an 8B model's shape. The memory table's CPU peaks
 (docs/getting-started.md) are the newest runs in benchmarks/results/2026-12-02-cpu/memory.jsonl, and heap.py's
 trim figures three of its lines. The image colour quiz's rewards, shares and time (README, docs/models.md, the
-example's docstring) are one recorded run (benchmarks/results/2026-12-03-cpu/image-quiz.json).
+example's docstring) are one recorded run (benchmarks/results/2026-12-03-cpu/image-quiz.json). docs/models.md's
+table of the token record's delta per compute dtype is benchmarks/results/2026-12-03-cpu/record-dtype-delta.jsonl.
 """
 
 from __future__ import annotations
@@ -133,3 +134,33 @@ def test_the_heap_trim_figures_are_the_recorded_runs():
             "GB with the trim after loading") in text
     assert (f"the load's peak {trim_loaded['load_peak']:.2f} GB with that trim alone, {trim_each['load_peak']:.2f} "
             "GB with the trim after each tensor too") in text
+
+
+DTYPE_DELTA_RUNS = ROOT / "benchmarks" / "results" / "2026-12-03-cpu" / "record-dtype-delta.jsonl"
+DTYPE_NAMES = {"torch.float32": "float32", "torch.bfloat16": "bf16"}
+
+
+def _sci(x: float) -> str:
+    return f"{x:.1e}".replace("e-0", "e-")  # 4.8e-6, as the docs write it
+
+
+def test_the_dtype_delta_table_quotes_the_recorded_runs():
+    """docs/models.md's table of the token record's delta per compute dtype: each row (found by its
+    InternalModelConfig cell) is a line of record-dtype-delta.jsonl, with the dtype that line says it computed
+    in, and the command that wrote it is quoted beside it."""
+    rows = {}
+    for line in (DOCS / "models.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[1].startswith("`") and ("dtype=" in cells[1] or "load_in_4bit=" in cells[1]):
+            rows[cells[1]] = cells
+    runs = [json.loads(line) for line in DTYPE_DELTA_RUNS.read_text().splitlines()]
+    assert runs and len(rows) == len(runs)
+    for run in runs:
+        config = "`" + ", ".join(f"{k}={json.dumps(v).replace('true', 'True').replace('false', 'False')}"
+                                 for k, v in run["config"].items()) + "`"
+        weights, _, computed, top, mean = rows[config]
+        ran = run["ran"]
+        assert computed == DTYPE_NAMES[(ran["4bit_matmul_input_dtypes"] or ran["other_weights_dtypes"])[0]], config
+        assert weights.startswith("4-bit" if run["config"]["load_in_4bit"] else "full precision"), config
+        assert (top, mean) == (_sci(run["sampled_logprob_delta_max"]), _sci(run["sampled_logprob_delta_mean"])), config
+    assert f"`{runs[0]['command'].rsplit(' --setting', 1)[0]}`" in (DOCS / "models.md").read_text()
