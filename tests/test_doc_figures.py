@@ -164,3 +164,15 @@ def test_the_dtype_delta_table_quotes_the_recorded_runs():
         assert weights.startswith("4-bit" if run["config"]["load_in_4bit"] else "full precision"), config
         assert (top, mean) == (_sci(run["sampled_logprob_delta_max"]), _sci(run["sampled_logprob_delta_mean"])), config
     assert f"`{runs[0]['command'].rsplit(' --setting', 1)[0]}`" in (DOCS / "models.md").read_text()
+
+
+def test_the_planned_context_table_is_the_plans_own():
+    """docs/performance.md's planned longest context per model and GPU is what benchmarks/context_plan.py prints from
+    the memory plan now: a change to the plan shows here until the table is printed again."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("context_plan", ROOT / "benchmarks" / "context_plan.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = module.markdown(module.plan_table())
+    assert table in (DOCS / "performance.md").read_text()

@@ -253,7 +253,7 @@ def plan_memory(shape: ModelShape, s: MemorySettings, available: int | None = No
     draw = RANDOM_DRAW_ROWS * shape.largest_linear()[0] * 4 if s.random_init else largest * 4
     # bitsandbytes' quantiser holds the tensor in float32 twice and its codes as int32 (its CPU path)
     quantize = largest * (s.dtype_bytes + 4 + 4 + 4 + 1) if s.quantization else 0
-    kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * s.dtype_bytes
+    kv_per_token = kv_bytes_per_token(shape, s.dtype_bytes)
     parts = {
         "weights": weights,
         "adapter": lora * 4 * (1 + SERVED_ADAPTERS),
@@ -273,17 +273,25 @@ def token_bytes(shape: ModelShape, s: MemorySettings) -> int:
                            offload=s.offload_activations and s.gradient_checkpointing)
 
 
-def max_context(shape: ModelShape, s: MemorySettings, available: int) -> int:
+def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
+    """The engine's KV cache for one token: keys and values of every layer."""
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype_bytes
+
+
+def max_context(shape: ModelShape, s: MemorySettings, available: int, *, cached_sequences: int = 0) -> int:
     """The most tokens one micro-batch of settings `s` may hold within `available` bytes at the plan's peak
-    (every token trained: the LM head's chunk counted whole; the engine's cache as `s` says); 0 when the
-    model alone does not fit. Pure, and the inverse of `plan_memory`: the plan of that many tokens fits, one
-    `token_bytes` more does not."""
-    fixed = plan_memory(shape, replace(s, micro_batch_tokens=0, head_tokens=None), available)
+    (every token trained: the LM head's chunk counted whole); 0 when the model alone does not fit. The engine's
+    cache: `cached_sequences` sequences of that length when given (the engine held what it sampled, on the same
+    device), else `s.serving_tokens`. Pure, and the inverse of `plan_memory`: the plan of that many tokens fits,
+    a few more do not."""
+    cache = s.serving_tokens if not cached_sequences else 0
+    fixed = plan_memory(shape, replace(s, micro_batch_tokens=0, head_tokens=None, serving_tokens=cache), available)
     head = head_bytes(shape.vocab, s.logprob_chunk_size)
     room = available - fixed.resident - fixed.parts["activations"] - head  # dequantised weight, experts' delta
     if room <= 0 or fixed.resident + fixed.parts["loading"] > available:
         return 0
-    return int(room // token_bytes(shape, s))
+    per = token_bytes(shape, s) + cached_sequences * kv_bytes_per_token(shape, s.dtype_bytes)
+    return int(room // per)
 
 
 def alternatives(shape: ModelShape, s: MemorySettings, available: int) -> list[tuple[str, MemoryPlan]]:
