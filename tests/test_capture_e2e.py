@@ -376,8 +376,7 @@ def anthropic_tool_agent(stream: bool) -> Agent:
         messages += [{"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                                    "content": "21 degrees"}]}]
-        # the same tools and the default tool_choice: the prompt extends the first (tool_choice "none" would drop
-        # the tools from the prompt, starting a new sequence)
+        # the same tools and the default tool_choice: the prompt extends the first
         await sdk.messages.create(model=served.name, max_tokens=MAX_TOKENS, tools=tools, messages=messages)
     return agent
 

@@ -286,9 +286,11 @@ def test_tool_round_trip_prompt_renders_tools_and_history(
     no_tools = client.chat.completions.create(
         model="m", messages=messages, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=2
     )
-    rendered_without = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert "# Tools" not in rendered_without
-    assert no_tools.model_extra["prompt_token_ids"] == tokenizer(rendered_without, add_special_tokens=False).input_ids
+    # "none": the tools stay in the prompt (OpenAI's meaning, vLLM's default), so the prompt is the same as with
+    # "auto"; the reply is text
+    assert "# Tools" in rendered
+    assert no_tools.model_extra["prompt_token_ids"] == completion.model_extra["prompt_token_ids"]
+    assert not no_tools.choices[0].message.tool_calls
 
 
 def test_generated_tool_call_is_returned_as_tool_calls(client: openai.OpenAI) -> None:
@@ -307,6 +309,11 @@ def test_generated_tool_call_is_returned_as_tool_calls(client: openai.OpenAI) ->
     assert without_tools.choices[0].finish_reason == "stop"
     assert without_tools.choices[0].message.tool_calls is None
     assert "<tool_call>" in without_tools.choices[0].message.content
+    # tool_choice "none": the tools are offered (in the prompt) but the reply is text, nothing parsed
+    refused = client.chat.completions.create(model="scripted", messages=user("weather in Paris?"),
+                                             tools=[WEATHER_TOOL], tool_choice="none")
+    assert refused.choices[0].finish_reason == "stop" and refused.choices[0].message.tool_calls is None
+    assert "<tool_call>" in refused.choices[0].message.content
 
 
 def test_server_cuts_at_stop_strings_an_engine_ignored(client: openai.OpenAI, live: tuple[PeftModel, Any]) -> None:

@@ -413,7 +413,9 @@ class RequestCore:
         structured = _structured(body, engine)
         end_ids = engine.end_of_turn_ids
         images: list[Any] = []
-        tools = body.tools if body.tool_choice != "none" else None
+        # tool_choice "none" keeps the tools in the prompt (OpenAI's meaning, and vLLM's default): the model sees
+        # them, and its reply is text (no tool call parsed); a prompt that extends the last one stays a prefix
+        tools = body.tools
         if prompt is not None:
             chars = len(prompt) if isinstance(prompt, str) else 0
             _precheck(body, chars, tokenizer, engine.max_model_len, self.limits.max_n)
@@ -444,7 +446,8 @@ class RequestCore:
         request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, self.default_max_tokens,
                                       structured)
         request.images = images
-        return Prepared(body, engine, request, prompt_ids, bool(tools), images, prompt is not None, head=_head(body))
+        return Prepared(body, engine, request, prompt_ids, bool(tools) and body.tool_choice != "none", images,
+                        prompt is not None, head=_head(body))
 
     def respond(self, prepared: Prepared, results: list[GenerationResult]) -> dict[str, Any]:
         """The chat completion of the finished `results` (point 4; the record cache remembers each choice)."""

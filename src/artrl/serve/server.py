@@ -25,7 +25,8 @@ Compared with OpenAI's API (and vLLM's server), this one:
 3. stop strings cut the text at the first stop string; the token ids (and
    logprobs) end with the token that completed it;
 4. parses Qwen/Hermes `<tool_call>` blocks into `tool_calls` when the request
-   offered tools; `tool_choice` "none" drops the tools from the prompt, "auto"
+   offered tools; `tool_choice` "none" keeps the tools in the prompt (OpenAI's meaning,
+   vLLM's default) and returns the reply as text, "auto"
    leaves the choice to the model, and "required" or a named function is enforced
    by a grammar, as are `response_format` `json_object` and `json_schema`
    (serve/structured.py: the reply is valid JSON for the schema, or calls the

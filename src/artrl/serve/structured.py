@@ -36,7 +36,8 @@ made here:
    (`<tool_call>`) must be sampled as that token, the spelling the template's text
    tokenizes to.
 3. **A JSON `response_format` with tools offered under `tool_choice` "auto"** lets the
-   reply be either the JSON or tool calls; `tool_choice` "none" drops the tools.
+   reply be either the JSON or tool calls; `tool_choice` "none" leaves the tools out of the constraint (they
+   stay in the prompt: serve/core.py).
 4. **Anything the grammar library cannot compile** (an invalid schema, an unknown
    keyword, a `$ref` to nowhere) is a `StructuredOutputError`: an `InvalidRequestError`
    naming the request field (`param`), which the server answers as a 400. A **recursive
