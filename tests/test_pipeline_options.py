@@ -65,7 +65,7 @@ HONOURED = {
     **{k: "test_train_call_keywords_reach_backend_train" for k in (
         "learning_rate", "loss_fn", "loss_fn_config", "normalize_advantages", "grad_accumulation_sequences",
         "adam_params", "save_checkpoint")},
-    "kl_penalty_coef": "test_refused_keywords_name_themselves",  # 0 (the default) runs; > 0 is refused
+    "kl_penalty_coef": "test_a_kl_penalty_reaches_every_call_with_its_reference_kept",
     "kl_penalty_step_lag": "test_kl_penalty_step_lag_is_checked_and_read_only_with_a_penalty",
     "max_steps": "test_runtime_fields_shape_the_run",
     "discard_queue_multiplier": "test_status_and_discard_keywords_are_wired",
@@ -85,7 +85,6 @@ HONOURED = {
 }
 REFUSED = {  # name -> a value ART accepts that artrl refuses
     "autotune.mode": ["online", "profile"],
-    "kl_penalty_coef": [0.1],
     "rollout_executor": [object()],
 }
 
@@ -126,7 +125,6 @@ def test_refused_keywords_name_themselves(tmp_path, name, value):
     with pytest.raises(ConfigError, match=name) as info:
         _trainer(tmp_path, **{name: value})
     assert "not supported" in str(info.value)
-    _trainer(tmp_path, kl_penalty_coef=0.0)  # the default runs
 
 
 def test_autotune_off_runs_and_the_tuner_modes_are_refused(tmp_path):
@@ -245,6 +243,35 @@ def test_train_call_keywords_reach_backend_train(tmp_path):
     assert kwargs == {"learning_rate": 3e-4, "loss_fn": "ppo", "loss_fn_config": {"x": 1},
                       "normalize_advantages": False, "grad_accumulation_sequences": 3, "adam_params": {"b": 2},
                       "save_checkpoint": False}
+
+
+@pytest.mark.parametrize("lag", [None, 2])
+def test_a_kl_penalty_reaches_every_call_with_its_reference_kept(tmp_path, lag):
+    """kl_penalty_coef > 0, as ART's pipeline: every call gets the coefficient, kl_penalty_source="sample" and the
+    reference step (0, or `lag` steps before the step it trains from), and retention keeps those checkpoints."""
+    async def main():
+        backend = FakeBackend()
+        model = await make_model(tmp_path, backend)
+
+        async def rollout(model, scenario, config):
+            return group(scenario)
+
+        trainer = PipelineTrainer(model, backend, rollout, scenarios(8), None, kl_penalty_coef=0.3,
+                                  kl_penalty_step_lag=lag,
+                                  pipeline=PipelineRuntimeConfig(min_batch_size=2, max_batch_size=2), max_steps=4)
+        await run(trainer)
+        return trainer, backend
+
+    trainer, backend = asyncio.run(main())
+    assert len(backend.kwargs) == 4
+    for start, kwargs in zip(range(4), backend.kwargs):
+        reference = 0 if lag is None else max(0, start - lag)
+        assert (kwargs["kl_penalty_coef"], kwargs["kl_penalty_source"], kwargs["kl_penalty_reference_step"]) == \
+            (0.3, "sample", reference), (start, kwargs)
+    protected = trainer.protected_steps(10)
+    assert ({0} <= protected and 5 not in protected) if lag is None else ({8, 9, 10} <= protected and 7 not in protected)
+    with pytest.raises(ValueError, match="kl_penalty_source"):
+        _trainer(tmp_path, kl_penalty_coef=0.3, train_kwargs={"kl_penalty_source": "current_learner"})
 
 
 def test_kl_penalty_step_lag_is_checked_and_read_only_with_a_penalty(tmp_path):

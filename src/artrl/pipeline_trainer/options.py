@@ -50,14 +50,8 @@ def resolve_pipeline_config(pipeline: PipelineRuntimeConfig | None, autotune: Pi
     return pipeline if pipeline is not None else PipelineRuntimeConfig(**given), autotune
 
 
-def refuse_unbuilt(*, kl_penalty_coef: float, rollout_executor: object | None) -> None:
+def refuse_unbuilt(*, rollout_executor: object | None) -> None:
     """ConfigError for the 0.5.23 keywords whose ART behaviour is not built here (docs/pipeline.md)."""
-    if kl_penalty_coef > 0.0:
-        raise ConfigError(
-            f"PipelineTrainer(kl_penalty_coef={kl_penalty_coef}) is not supported: ART's pipeline shapes "
-            "advantages by the KL of the *sampled* logprobs to a reference checkpoint (kl_penalty_source='sample', "
-            "with kl_penalty_step_lag), and artrl's trainer computes kl_penalty_coef from the learner's own "
-            "logprobs only. Leave kl_penalty_coef=0, or use train_kwargs={'beta': ...} for a KL loss term.")
     if rollout_executor is not None:
         raise ConfigError(
             f"PipelineTrainer(rollout_executor={type(rollout_executor).__name__}) is not supported: ART's "

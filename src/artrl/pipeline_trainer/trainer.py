@@ -132,8 +132,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     The constructor is ART 0.5.23's (names, defaults and checks): workers and batch bounds come from
     `pipeline=PipelineRuntimeConfig(...)`; ART 0.5.18's direct keywords (`num_rollout_workers`, `min_batch_size`,
     `max_batch_size`, `queue_maxsize`) still work, with one deprecation notice each, and so does 0.5.18's
-    `packed_sequence_length`. `autotune` takes mode "off" only, `kl_penalty_coef` must be 0 and
-    `rollout_executor` None: the rest is not built here and is refused by name (options.py, docs/pipeline.md).
+    `packed_sequence_length`. `kl_penalty_coef` > 0 shapes advantages by the sampled logprobs' KL to step 0's
+    checkpoint, or `kl_penalty_step_lag` steps back, as ART's (`kl_penalty_source="sample"`). `autotune` takes mode
+    "off" only and `rollout_executor` None: the rest is not built here and is refused by name (options.py,
+    docs/pipeline.md).
     `max_steps_off_policy` bounds how many steps older than the weights a trained group's policy version may be
     (0: on policy, the synchronous loop; None: no bound); `limit_mean_steps_off_policy` bounds a group's mean.
     artrl adds two keywords: `train_kwargs`, more keywords for every `backend.train` call (TrainConfig fields,
@@ -178,7 +180,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         for failed, message in checks:
             if failed:
                 raise ValueError(message)
-        refuse_unbuilt(kl_penalty_coef=kl_penalty_coef, rollout_executor=rollout_executor)
+        refuse_unbuilt(rollout_executor=rollout_executor)
         if packed_sequence_length is not None:
             notice_once("pipeline_trainer.packed_sequence_length",
                         f"PipelineTrainer(packed_sequence_length={packed_sequence_length}) is ART 0.5.18's keyword "
@@ -213,6 +215,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.train_kwargs = dict(train_kwargs or {})
         own = {"learning_rate", "loss_fn", "loss_fn_config", "normalize_advantages", "adam_params",
                "packed_sequence_length", "save_checkpoint", "grad_accumulation_sequences"}
+        if kl_penalty_coef > 0.0:  # the penalty's own keys come from kl_penalty_coef / kl_penalty_step_lag then
+            own |= {"kl_penalty_coef", "kl_penalty_source", "kl_penalty_reference_step", "kl_penalty_step_lag",
+                    "kl_ref_adapter_path"}
         reserved = sorted(set(self.train_kwargs) & own)
         if reserved:
             raise ValueError(f"train_kwargs={reserved} are PipelineTrainer's own arguments; pass them as such")
@@ -555,6 +560,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             kwargs["grad_accumulation_sequences"] = self.grad_accumulation_sequences
         if self.packed_sequence_length is not None:
             kwargs["packed_sequence_length"] = self.packed_sequence_length
+        if self.kl_penalty_coef > 0.0:
+            # ART's pipeline KL: advantages shaped by the sampled logprobs' KL to a reference checkpoint, the base
+            # run's first (step 0) or the one kl_penalty_step_lag steps back (kept from retention meanwhile)
+            kwargs.update(kl_penalty_coef=self.kl_penalty_coef, kl_penalty_source="sample",
+                          kl_penalty_reference_step=self.kl_reference_step(current))
         call_started = self.clock()
         try:
             result = await self.backend.train(self.model, groups, **kwargs)
@@ -733,9 +743,20 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             math.ceil(self.limit_mean_steps_off_policy) if self.limit_mean_steps_off_policy is not None else 0)
         await prune(self.model, retain_steps=set(range(max(0, step - window), step + 1)))
 
+    def kl_reference_step(self, current_step: int) -> int:
+        """The KL reference checkpoint of a call from `current_step` (ART's): 0, or `kl_penalty_step_lag` back."""
+        if self.kl_penalty_step_lag is None:
+            return 0
+        return max(0, current_step - self.kl_penalty_step_lag)
+
     def protected_steps(self, current_step: int) -> set[int]:
-        """Checkpoints retention never deletes: the current step, leased steps, steps with an eval scheduled."""
-        return {current_step} | self._leases.active_steps() | self._scheduled_eval_steps
+        """Checkpoints retention never deletes: the current step, leased steps, steps with an eval scheduled, and
+        with a KL penalty the reference steps the next calls read (step 0, or the lag's window)."""
+        kl: set[int] = set()
+        if self.kl_penalty_coef > 0.0:
+            kl = {0} if self.kl_penalty_step_lag is None else set(range(self.kl_reference_step(current_step),
+                                                                         current_step + 1))
+        return {current_step} | self._leases.active_steps() | self._scheduled_eval_steps | kl
 
     async def _run_checkpoint_retention(self, step: int) -> None:
         strategy = self.checkpoint_retention_strategy
