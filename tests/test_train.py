@@ -209,3 +209,21 @@ def test_per_device_train_batch_size_default_follows_the_device(trainer, make_ch
     two = prepare_rl(trainer.build_context(), rl_groups(make_choice, n_groups=3, per_group=4),
                      TrainConfig(learning_rate=1e-3, row_length=64, per_device_train_batch_size=2))
     assert two.plan.max_rows_per_micro_batch == 2
+
+
+def test_a_moving_kl_reference_keeps_a_bounded_number_of_adapters_loaded(trainer, tmp_path):
+    """A reference that moves each step (kl_penalty_step_lag) loads a new frozen adapter per call; the trainer keeps
+    the newest REFERENCE_ADAPTERS and drops older ones, so a long run does not grow by an adapter a step."""
+    from artrl.train.trainer import REFERENCE_ADAPTERS
+
+    names = []
+    for k in range(REFERENCE_ADAPTERS + 2):
+        path = tmp_path / f"ref{k}"
+        trainer.model.save_pretrained(str(path))  # the trained adapter, saved as a checkpoint would be
+        names.append(f"kl_ref_{k}")
+        trainer.load_reference_adapter(names[-1], str(path / "default") if (path / "default").exists() else str(path))
+    loaded = [n for n in trainer.model.peft_config if n.startswith("kl_ref_")]
+    assert loaded == names[-REFERENCE_ADAPTERS:]
+    assert trainer.model.active_adapter == "default"  # the trained adapter stays active
+    trainer.load_reference_adapter(names[-2], "unused: already loaded")  # a name already there: nothing loads
+    assert [n for n in trainer.model.peft_config if n.startswith("kl_ref_")] == names[-REFERENCE_ADAPTERS:]

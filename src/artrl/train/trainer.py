@@ -79,6 +79,8 @@ from ..models.tree_attention import TREE_ATTENTION, TreeLayout
 
 log = logging.getLogger(__name__)
 
+REFERENCE_ADAPTERS = 2  # frozen KL reference adapters kept loaded at once (load_reference_adapter)
+
 
 @dataclass
 class TokenBatch:
@@ -207,6 +209,7 @@ class Trainer:
         # `force_offload` runs that path on a CPU too (a copy within host memory), for the tests of its math
         self.offload_activations = False
         self.force_offload = False
+        self._references: list[str] = []  # frozen KL reference adapters loaded, oldest first
         # the dtype activations run in: the frozen floating weights' (a quantised model's packed weights are not)
         self.dtype = next(p for p in inner.parameters() if not p.requires_grad and p.is_floating_point()).dtype
         self.model_config = inner.config
@@ -290,12 +293,20 @@ class Trainer:
     # ------------------------------------------------------------------ reference weights
     def load_reference_adapter(self, name: str, path: str) -> None:
         """Load the peft adapter saved in `path` onto the model as `name`, frozen, for `StepOptions.ref_adapter`
-        (a KL reference); loading a name already there does nothing. The active (trained) adapter stays."""
+        (a KL reference); loading a name already there does nothing. The active (trained) adapter stays. At most
+        `REFERENCE_ADAPTERS` stay loaded: a moving reference (kl_penalty_step_lag, ART's pipeline) names a new
+        checkpoint each step, and the oldest one loaded is dropped for it, so a long run holds a bounded number."""
         from ..adapter_switch import load_frozen_adapter
 
         with self.model_lock:
-            if name not in getattr(self.model, "peft_config", {}):
-                load_frozen_adapter(self.model, name, path)
+            loaded = getattr(self.model, "peft_config", {})
+            if name in loaded:
+                self._references = [n for n in self._references if n != name] + [name]
+                return
+            load_frozen_adapter(self.model, name, path)
+            self._references = [n for n in self._references if n in loaded] + [name]
+            while len(self._references) > REFERENCE_ADAPTERS:
+                self.model.delete_adapter(self._references.pop(0))
 
     # ------------------------------------------------------------------ forward
     @contextlib.contextmanager
