@@ -21,6 +21,13 @@ call on them. One JSON line:
 * the train call's tokens/s, the token record's `sampled_logprob_delta_max`, the wall time of
   each phase.
 
+`--context N` trains one trajectory pair of about N tokens each instead of sampled rollouts (nothing is
+sampled; the turns are text, trained as on-policy): sharing an N-token prompt (`--layout prompt`) or
+answering a short prompt at length (`--layout completion`, every token trained). The line then has
+`context`: the call's row tokens, trained tokens, whether it checkpointed, its peak above the registered
+model, in total and per token, and the plan's activations. A call whose longest micro-batch fits no
+setting is refused before it trains: `{"call_refused": true, "tokens": ..., "fit": ..., "message": ...}`.
+
 A model whose plan does not fit (and `--check-memory`, the default) prints
 `{"refused": true, "message": ..., "seconds": ...}`: how long the refusal took.
 Each invocation is one process, so peaks are its own; compare settings by running it twice.
@@ -175,9 +182,15 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
 
         train_free = free_bytes(device)  # what the call's choice of checkpointing sees
         phases.start()
-        # a context pair's turns are text (nothing was sampled): trained as on-policy, ART's option for such turns
-        result = await model.train(groups, config=art.TrainConfig(
-            learning_rate=1e-5, allow_training_without_logprobs=bool(args.context)))
+        t_call = time.perf_counter()
+        try:
+            # a context pair's turns are text (nothing was sampled): trained as on-policy, ART's option for such turns
+            result = await model.train(groups, config=art.TrainConfig(
+                learning_rate=1e-5, allow_training_without_logprobs=bool(args.context)))
+        except art.TrainTooLongError as e:  # refused before it trained: how fast, and what it said
+            return {**out, "refused": False, "call_refused": True, "tokens": e.tokens, "fit": e.fit,
+                    "seconds_to_refuse": round(time.perf_counter() - t_call, 2), "message": str(e),
+                    "measured_gb": {k: round(v, 3) for k, v in phases.figures.items()}}
         phases.end("train")
     finally:
         backend.close()
