@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from artrl.bench.memory_bench import train_figures
 from artrl.threads import training_threads
 
@@ -29,3 +31,22 @@ def test_bench_memory_prints_the_trained_tokens_of_its_call(tmp_path):
     train = result["train"]
     assert train["trained_tokens"] > 0 and train["optimizer_steps"] >= 1  # distinct rewards: the call trained
     assert train["seconds"] == result["seconds"]["train"] and train["peak_gb"] == result["measured_gb"]["train_peak"]
+
+
+@pytest.mark.parametrize("layout", ["prompt", "completion"])
+def test_bench_memory_context_trains_a_pair_of_that_length(tmp_path, layout):
+    out = subprocess.run([sys.executable, "-m", "artrl.cli", "bench", "memory", "--model", "artrl/tiny",
+                          "--context", "600", "--layout", layout, "--path", str(tmp_path)], capture_output=True,
+                         text=True, env=os.environ.copy(), timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    context = result["context"]
+    # one row holding the pair: a shared prompt of ~600 tokens, or two answers of ~600 tokens each
+    assert 600 <= context["row_tokens"] <= (700 if layout == "prompt" else 1400), context
+    if layout == "prompt":
+        assert 0 < context["trained_tokens"] < 50  # two short answers
+    else:
+        assert context["trained_tokens"] > 1000  # every token of both answers
+    assert result["train"]["optimizer_steps"] == 1
+    assert context["train_above_registered_gb"] == round(result["measured_gb"]["train_peak"]
+                                                         - result["measured_gb"]["registered"], 3)
