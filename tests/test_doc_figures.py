@@ -176,3 +176,21 @@ def test_the_planned_context_table_is_the_plans_own():
     spec.loader.exec_module(module)
     table = module.markdown(module.plan_table())
     assert table in (DOCS / "performance.md").read_text()
+
+
+def _bench_module(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_long_context_table_is_the_recorded_runs_beside_the_plan():
+    """docs/performance.md's long-context table is benchmarks/long_context_table.py's output: the recorded runs of
+    long-context.jsonl, each beside the plan of its own call now; and the plan holds within 20% of each peak."""
+    module = _bench_module("long_context_table")
+    table = module.rows()
+    assert len(table) >= 6 and all(abs(r["error"]) < 0.2 for r in table)
+    assert module.markdown(table) in (DOCS / "performance.md").read_text()

@@ -194,6 +194,19 @@ class MemoryPlan:
                 "settings": asdict(self.settings)}
 
 
+def layer_bytes(shape: ModelShape, dtype_bytes: int) -> int:
+    """One decoder layer's activations per token, kept for its backward (`bytes_per_token` says what they are)."""
+    h = shape.hidden
+    mlp = shape.top_k * 5 * shape.expert_width + 4 * shape.experts if shape.experts else 5 * shape.intermediate
+    return dtype_bytes * (10 * h + 2 * (shape.heads + 2 * shape.kv_heads) * shape.head_dim + mlp) + 16 * h
+
+
+def kept_bytes(shape: ModelShape, s: "MemorySettings") -> int:
+    """With checkpointing, what a token keeps through the whole pass: each layer's input (on the host when offloaded,
+    bar the one or two the backward is at)."""
+    return (2 if s.offload_activations else shape.layers) * shape.hidden * s.dtype_bytes
+
+
 def bytes_per_token(shape: ModelShape, dtype_bytes: int, checkpointing: bool, offload: bool = False) -> int:
     """Activation bytes one token keeps on the device for backward in a decoder-only transformer (an upper
     estimate; linear in length: attention keeps its output and log-sum-exp, never a seq x seq tensor).
@@ -205,8 +218,7 @@ def bytes_per_token(shape: ModelShape, dtype_bytes: int, checkpointing: bool, of
     memory (train/memory.py), and the device keeps one layer's.
     """
     h = shape.hidden
-    mlp = shape.top_k * 5 * shape.expert_width + 4 * shape.experts if shape.experts else 5 * shape.intermediate
-    per_layer = dtype_bytes * (10 * h + 2 * (shape.heads + 2 * shape.kv_heads) * shape.head_dim + mlp) + 16 * h
+    per_layer = layer_bytes(shape, dtype_bytes)
     if checkpointing:
         # each layer's input (on the host when offloaded, bar the one the backward is at), one layer's at a time
         return (2 if offload else shape.layers) * h * dtype_bytes + per_layer
@@ -247,9 +259,15 @@ def plan_memory(shape: ModelShape, s: MemorySettings, available: int | None = No
     stack = shape.expert_weights() // max(shape.layers, 1) * s.dtype_bytes
     experts_lora = stack * (1 if s.gradient_checkpointing else shape.layers) if _adapts_experts(s) else 0
     head_tokens = s.micro_batch_tokens if s.head_tokens is None else min(s.head_tokens, s.micro_batch_tokens)
-    activations = (s.micro_batch_tokens * token_bytes(shape, s) + head_bytes(shape.vocab, min(s.logprob_chunk_size,
-                                                                                             head_tokens))
-                   + dequant + experts_lora)
+    head = head_bytes(shape.vocab, min(s.logprob_chunk_size, head_tokens))
+    n = s.micro_batch_tokens
+    if s.gradient_checkpointing:
+        # the layers' inputs stay through the pass; the LM head's chunks run (backward first) before any layer is
+        # recomputed, so the larger of the two comes on top, not both (measured: docs/performance.md)
+        activations = n * kept_bytes(shape, s) + max(head, n * layer_bytes(shape, s.dtype_bytes))
+    else:
+        activations = n * token_bytes(shape, s) + head  # every layer's activations held while the head runs
+    activations += dequant + experts_lora
     draw = RANDOM_DRAW_ROWS * shape.largest_linear()[0] * 4 if s.random_init else largest * 4
     # bitsandbytes' quantiser holds the tensor in float32 twice and its codes as int32 (its CPU path)
     quantize = largest * (s.dtype_bytes + 4 + 4 + 4 + 1) if s.quantization else 0
@@ -287,11 +305,15 @@ def max_context(shape: ModelShape, s: MemorySettings, available: int, *, cached_
     cache = s.serving_tokens if not cached_sequences else 0
     fixed = plan_memory(shape, replace(s, micro_batch_tokens=0, head_tokens=None, serving_tokens=cache), available)
     head = head_bytes(shape.vocab, s.logprob_chunk_size)
-    room = available - fixed.resident - fixed.parts["activations"] - head  # dequantised weight, experts' delta
-    if room <= 0 or fixed.resident + fixed.parts["loading"] > available:
+    room = available - fixed.resident - fixed.parts["activations"]  # less the dequantised weight, experts' delta
+    if room - head <= 0 or fixed.resident + fixed.parts["loading"] > available:
         return 0
-    per = token_bytes(shape, s) + cached_sequences * kv_bytes_per_token(shape, s.dtype_bytes)
-    return int(room // per)
+    cache_per = cached_sequences * kv_bytes_per_token(shape, s.dtype_bytes)
+    if not s.gradient_checkpointing:
+        return int((room - head) // (token_bytes(shape, s) + cache_per))
+    # activations(n) = n * kept + max(head, n * layer): both n * kept + head and n * (kept + layer) must fit
+    kept, layer = kept_bytes(shape, s) + cache_per, layer_bytes(shape, s.dtype_bytes)
+    return int(min((room - head) // kept, room // (kept + layer)))
 
 
 def alternatives(shape: ModelShape, s: MemorySettings, available: int) -> list[tuple[str, MemoryPlan]]:
