@@ -85,9 +85,18 @@ def test_the_routing_record_round_trips_and_a_malformed_one_is_refused():
     record = moe.encode_routing(ids)
     assert json.loads(json.dumps(record)) == record and torch.equal(moe.decode_routing(record), ids)
     for bad in ({"shape": [5, 48, 8], "int16": "AAAA"}, {"shape": [5, 48], "int16": record["int16"]},
-                {"int16": record["int16"]}, {"shape": [5, 48, 8], "int16": "not base64!"}):
+                {"int16": record["int16"]}, {"shape": [5, 48, 8], "int16": "not base64!"},
+                {**record, moe.PROMPT_LAST_KEY: "AAAA"}):
         with pytest.raises(ValueError, match="malformed routed_experts record"):
             moe.decode_routing(bad)
+    # the prompt's last position rides along in its own field: a record without it (an older server's) reads as
+    # before, and a reader of the old fields only reads the new record unchanged
+    last = torch.randint(0, 128, (48, 8), dtype=torch.int16)
+    both = moe.encode_routing(ids, last)
+    assert {k: v for k, v in both.items() if k != moe.PROMPT_LAST_KEY} == record
+    got, got_last = moe.decode_routing_with_prompt(json.loads(json.dumps(both)))
+    assert torch.equal(got, ids) and torch.equal(got_last, last) and torch.equal(moe.decode_routing(both), ids)
+    assert moe.decode_routing_with_prompt(record)[1] is None
 
 
 async def _rollout(model: art.TrainableModel, client: Any, i: int, turns: int = 3) -> art.Trajectory:
