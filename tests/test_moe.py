@@ -154,6 +154,8 @@ def test_sampled_routing_is_recorded_replayed_and_its_mismatches_counted(tmp_pat
                 n = len(choice.model_extra["token_ids"])
                 assert record.shape == (n, 4, 2)  # 4 MoE layers, top-2
                 assert (record[:-1] >= 0).all() and (record[-1] == -1).all()  # the last token is never fed back
+                last = moe.decode_routing_with_prompt(choice.model_extra[moe.RECORD_KEY])[1]
+                assert last is not None and last.shape == (4, 2) and (last >= 0).all()  # the prompt's last position
 
             async def measure(data, replay: bool) -> dict[str, float]:
                 config = art.TrainConfig(learning_rate=1e-12, moe_routing_replay=replay)
@@ -234,3 +236,34 @@ def test_the_vllm_engines_record_lines_up_with_the_tokens_the_trainer_replays(ti
     tampered = record.clone()
     tampered[[0, 3], -1] = (tampered[[0, 3], -1] + 1) % 8  # other experts in the last layer for two tokens
     assert mismatches(tampered) == (n - 1, 2)
+
+
+def test_the_engine_records_each_prompts_last_position_from_a_batched_prefill(tiny_moe):
+    """Prompts of different lengths prefilled together (left-padded) and n samples of one prompt: each result's
+    record of its prompt's last position is the experts a lone forward of that prompt picks there."""
+    from artrl.serve import TransformersEngine
+    from artrl.serve.engine import GenerationRequest
+
+    model, tokenizer = tiny_moe
+    prompts = [[5 + i for i in range(n)] for n in (3, 11, 7)]
+    engine = TransformersEngine(model, tokenizer, max_batch_size=8, end_ids=frozenset())
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(engine.generate(GenerationRequest(prompt_ids=p, n=2, max_tokens=3, seed=i))
+                                      for i, p in enumerate(prompts)))
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        engine.close()
+    recorder = moe.RoutingRecorder(model)
+    try:
+        for prompt, samples in zip(prompts, results):
+            with torch.no_grad():
+                model(input_ids=torch.tensor([prompt]))
+            alone = recorder.latest[:, -1, :]  # [layers, top_k] at the prompt's last position
+            for result in samples:
+                assert result.prompt_routed_experts is not None and result.routed_experts is not None
+                assert torch.equal(result.prompt_routed_experts, alone)
+    finally:
+        recorder.remove()
