@@ -22,10 +22,16 @@ Routing replay: the router is a discrete choice, so the experts picked while sam
 training the same token can differ (another batch shape rounds differently, or the policy moved).
 The built-in engine records, for every sampled token, the experts each layer picked when the token
 was fed back in (`RoutingRecorder`; [tokens, layers, top_k] ids, -1 where there is none: the last
-sampled token is never fed back); the server returns them with the token record
-(`encode_routing`), and the trainer makes each router pick the recorded experts for those tokens
-(train/routing.py, the one home of the trainer's side), with their probabilities taken from its own
-router logits (so the router still gets a gradient). Prompt tokens route freely.
+sampled token is never fed back), and from the prefill the experts of the prompt's last position,
+whose output is the first sampled token's distribution; the server returns them with the token
+record (`encode_routing`; the last prompt position in its own optional field, PROMPT_LAST_KEY), and
+the trainer makes each router pick the recorded experts at those positions (train/routing.py, the
+one home of the trainer's side), with their probabilities taken from its own router logits (so the
+router still gets a gradient). So every sampled token is predicted from a replayed position. The
+other prompt tokens route freely (the engine records nothing of them; they only reach a sampled
+token's logprob through attention), and so does a turn's last prompt position where the record has
+no such field (an older server's, or vLLM's, which returns the fed tokens only). The packer never
+shares a replayed position between completions (preprocess/pack.py): each replays its own request's.
 """
 
 from __future__ import annotations
