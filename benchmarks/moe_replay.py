@@ -3,7 +3,10 @@
 Through the local server, 2 groups x 4 rollouts of 3 turns (12 tokens each, temperature 1); then two train calls
 that only measure (learning rate 1e-12), with and without `moe_routing_replay`. Sampling and training run other
 batch shapes (decode steps of several rows against packed rows), so in low precision some tokens' top-k differs.
-One JSON line per dtype:
+`first_token` splits the replayed delta (|trainer - sampled| logprob, the first optimizer step's micro-batches)
+between each turn's first sampled token (predicted at the prompt's last position) and the others, with the records
+as the server returned them (`recorded`) and without their prompt's-last-position field (`without_prompt_last`:
+that position routes freely, as records of older servers). One JSON line per dtype:
 
     python benchmarks/moe_replay.py [--dtype float32 bfloat16]
 """
@@ -12,12 +15,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import tempfile
 from typing import Any
 
+import torch
+
 import artrl as art
 from artrl.chat_format import message_of
+from artrl.models import moe
 
 
 async def _rollout(model: art.TrainableModel, client: Any, i: int) -> art.Trajectory:
@@ -51,7 +58,38 @@ async def measure(dtype: str, root: str) -> dict[str, Any]:
             out["with_replay" if replay else "without_replay"] = {
                 k.removeprefix("train/"): v for k, v in metrics.items()
                 if k.startswith("train/routing_") or "sampled_logprob_delta" in k}
+        trainer = backend._runs[model.name].trainer
+        stripped = copy.deepcopy(groups)
+        for group in stripped:
+            for trajectory in group.trajectories:
+                for item in trajectory.messages_and_choices:
+                    if not isinstance(item, dict):
+                        item.model_extra[moe.RECORD_KEY].pop(moe.PROMPT_LAST_KEY, None)
+        out["first_token"] = {"recorded": _split_delta(trainer, groups),
+                              "without_prompt_last": _split_delta(trainer, stripped)}
         return out
+
+
+def _split_delta(trainer: Any, groups: list[art.TrajectoryGroup]) -> dict[str, float]:
+    """Max and mean |trainer - sampled| logprob under replay over the first optimizer step's micro-batches, each
+    turn's first sampled token apart from the others."""
+    from artrl.train.rl import prepare_rl
+
+    call = prepare_rl(trainer.build_context(), groups, art.TrainConfig(learning_rate=1e-12))
+    first, other = [], []
+    with torch.no_grad():
+        for mb in call.plan.steps[0].micro_batches:
+            sub = call.packed.select(mb.rows, mb.width)
+            with trainer.routed(sub, replay=True):
+                tb = trainer.forward_tokens(sub, grad=False)
+            b, t = sub.trainable_mask.nonzero(as_tuple=True)
+            is_first = ~sub.trainable_mask[b, sub.prev_index[b, t]]  # the slot before it holds a prompt token
+            delta = (tb.logprobs.float() - tb.old_logprobs.float()).abs().cpu()
+            first.append(delta[is_first])
+            other.append(delta[~is_first])
+    f, o = torch.cat(first), torch.cat(other)
+    return {"first_tokens": f.numel(), "first_delta_max": float(f.max()), "first_delta_mean": float(f.mean()),
+            "other_tokens": o.numel(), "other_delta_max": float(o.max()), "other_delta_mean": float(o.mean())}
 
 
 def main() -> None:

@@ -85,9 +85,18 @@ def test_the_routing_record_round_trips_and_a_malformed_one_is_refused():
     record = moe.encode_routing(ids)
     assert json.loads(json.dumps(record)) == record and torch.equal(moe.decode_routing(record), ids)
     for bad in ({"shape": [5, 48, 8], "int16": "AAAA"}, {"shape": [5, 48], "int16": record["int16"]},
-                {"int16": record["int16"]}, {"shape": [5, 48, 8], "int16": "not base64!"}):
+                {"int16": record["int16"]}, {"shape": [5, 48, 8], "int16": "not base64!"},
+                {**record, moe.PROMPT_LAST_KEY: "AAAA"}):
         with pytest.raises(ValueError, match="malformed routed_experts record"):
             moe.decode_routing(bad)
+    # the prompt's last position rides along in its own field: a record without it (an older server's) reads as
+    # before, and a reader of the old fields only reads the new record unchanged
+    last = torch.randint(0, 128, (48, 8), dtype=torch.int16)
+    both = moe.encode_routing(ids, last)
+    assert {k: v for k, v in both.items() if k != moe.PROMPT_LAST_KEY} == record
+    got, got_last = moe.decode_routing_with_prompt(json.loads(json.dumps(both)))
+    assert torch.equal(got, ids) and torch.equal(got_last, last) and torch.equal(moe.decode_routing(both), ids)
+    assert moe.decode_routing_with_prompt(record)[1] is None
 
 
 async def _rollout(model: art.TrainableModel, client: Any, i: int, turns: int = 3) -> art.Trajectory:
@@ -145,13 +154,16 @@ def test_sampled_routing_is_recorded_replayed_and_its_mismatches_counted(tmp_pat
                 n = len(choice.model_extra["token_ids"])
                 assert record.shape == (n, 4, 2)  # 4 MoE layers, top-2
                 assert (record[:-1] >= 0).all() and (record[-1] == -1).all()  # the last token is never fed back
+                last = moe.decode_routing_with_prompt(choice.model_extra[moe.RECORD_KEY])[1]
+                assert last is not None and last.shape == (4, 2) and (last >= 0).all()  # the prompt's last position
 
             async def measure(data, replay: bool) -> dict[str, float]:
                 config = art.TrainConfig(learning_rate=1e-12, moe_routing_replay=replay)
                 return (await model.train(data, config=config)).metrics
 
             honest = await measure(groups, replay=True)
-            recorded = sum(len(c.model_extra["token_ids"]) - 1 for c in sampled)
+            recorded = sum(len(c.model_extra["token_ids"]) for c in sampled)  # all fed back but the last, and
+            # each turn's last prompt position
             assert honest["train/routing_record_tokens"] == recorded
             assert honest["train/routing_mismatch_tokens"] == 0
             assert honest["train/sampled_logprob_delta_max"] < TOLERANCE
@@ -225,3 +237,115 @@ def test_the_vllm_engines_record_lines_up_with_the_tokens_the_trainer_replays(ti
     tampered = record.clone()
     tampered[[0, 3], -1] = (tampered[[0, 3], -1] + 1) % 8  # other experts in the last layer for two tokens
     assert mismatches(tampered) == (n - 1, 2)
+
+
+def _with_prompt_last(choice: Any, change) -> None:
+    """Rewrite `choice`'s record of its prompt's last position with `change(ids)` ([layers, top_k])."""
+    ids, last = moe.decode_routing_with_prompt(choice.model_extra[moe.RECORD_KEY])
+    choice.model_extra[moe.RECORD_KEY] = moe.encode_routing(ids, change(last.clone()))
+
+
+def test_the_first_sampled_token_is_scored_with_the_prompts_last_position_replayed(tmp_path):
+    """The first sampled token of a turn is predicted at its prompt's last position: the engine records that
+    position's experts from the prefill and the trainer replays them there. A record claiming other experts for
+    that position (last MoE layer: no other position sees it) moves exactly that turn's first token's logprob.
+    Completions of one prompt do not share that slot: one trajectory's claim moves its own first token only."""
+    from artrl.preprocess.pack import pack
+    from artrl.preprocess.tokenize import tokenize_groups
+
+    async def rollout(model, client, k: int) -> art.Trajectory:  # one prompt for the group: a shared prompt
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "Name a colour."}]
+        trajectory = art.Trajectory(messages_and_choices=list(messages), reward=float(k))
+        for turn in range(2):
+            response = await client.chat.completions.create(model=model.get_inference_name(), messages=messages,
+                                                            max_tokens=6, temperature=1.0, seed=10 * k + turn)
+            choice = response.choices[0]
+            trajectory.messages_and_choices.append(choice)
+            messages += [json.loads(json.dumps(message_of(choice))), {"role": "user", "content": "Another?"}]
+            trajectory.messages_and_choices.append(messages[-1])
+        return trajectory
+
+    async def main() -> None:
+        model = art.TrainableModel(name="moe", project="first", base_model="artrl/tiny-moe")
+        async with art.LocalBackend(path=str(tmp_path), show_progress=False) as backend:
+            await model.register(backend)
+            client = model.openai_client()
+            groups = await art.gather_trajectory_groups(
+                [art.TrajectoryGroup(rollout(model, client, k) for k in range(3))], pbar_desc=None)
+            trainer = backend._runs["moe"].trainer
+
+            def scored(groups) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                """(the trainer's replayed logprobs, the sampled ones, which are a turn's first sampled token)"""
+                tok = tokenize_groups(groups, trainer.tokenizer, scale_rewards=False)
+                packed = pack(tok.groups, max_length=trainer.max_length)
+                mb = packed.select(range(packed.num_rows))
+                with trainer.routed(mb, replay=True):
+                    tb = trainer.forward_tokens(mb, grad=False)
+                sel = mb.trainable_mask
+                b, t = sel.nonzero(as_tuple=True)
+                first = ~sel[b, mb.prev_index[b, t]]  # the slot before it holds a prompt token
+                return tb.logprobs, tb.old_logprobs, first
+
+            honest, sampled, first = scored(groups)
+            assert int(first.sum()) == 3 * 2  # every turn's first token
+            assert float((honest - sampled).abs().max()) < TOLERANCE
+
+            def moved(change, trajectories=range(3)) -> torch.Tensor:
+                wrong = copy.deepcopy(groups)
+                for k in trajectories:
+                    for item in wrong[0].trajectories[k].messages_and_choices:
+                        if not isinstance(item, dict):
+                            _with_prompt_last(item, change)
+                lp, _, again = scored(wrong)
+                assert torch.equal(again, first)  # the same layout
+                return (lp - honest).abs()
+
+            def other_experts(last: torch.Tensor) -> torch.Tensor:
+                last[-1] = (last[-1] + 1) % 8
+                return last
+
+            delta = moved(other_experts)
+            assert float(delta[first].min()) > 1e-3  # every first token moved
+            assert float(delta[~first].max()) < 1e-5  # and nothing else
+            one = moved(other_experts, trajectories=[1])  # one completion's claim: its own first tokens only
+            assert int((one > 1e-3).sum()) == 2 and float(one[one <= 1e-3].max()) < 1e-5
+            assert float(moved(lambda last: last).max()) < 1e-5  # the record as sampled changes nothing
+
+            older = copy.deepcopy(groups)  # an older server's records, without the prompt's last position: they
+            for choice in _choices(older):  # train as before, the first sampled token routing freely
+                del choice.model_extra[moe.RECORD_KEY][moe.PROMPT_LAST_KEY]
+            lp, sampled_lp, first_free = scored(older)
+            assert int(first_free.sum()) == 3 * 2 and float((lp - sampled_lp).abs().max()) < TOLERANCE
+
+    asyncio.run(main())
+
+
+def test_the_engine_records_each_prompts_last_position_from_a_batched_prefill(tiny_moe):
+    """Prompts of different lengths prefilled together (left-padded) and n samples of one prompt: each result's
+    record of its prompt's last position is the experts a lone forward of that prompt picks there."""
+    from artrl.serve import TransformersEngine
+    from artrl.serve.engine import GenerationRequest
+
+    model, tokenizer = tiny_moe
+    prompts = [[5 + i for i in range(n)] for n in (3, 11, 7)]
+    engine = TransformersEngine(model, tokenizer, max_batch_size=8, end_ids=frozenset())
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(engine.generate(GenerationRequest(prompt_ids=p, n=2, max_tokens=3, seed=i))
+                                      for i, p in enumerate(prompts)))
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        engine.close()
+    recorder = moe.RoutingRecorder(model)
+    try:
+        for prompt, samples in zip(prompts, results):
+            with torch.no_grad():
+                model(input_ids=torch.tensor([prompt]))
+            alone = recorder.latest[:, -1, :]  # [layers, top_k] at the prompt's last position
+            for result in samples:
+                assert result.prompt_routed_experts is not None and result.routed_experts is not None
+                assert torch.equal(result.prompt_routed_experts, alone)
+    finally:
+        recorder.remove()

@@ -22,10 +22,16 @@ Routing replay: the router is a discrete choice, so the experts picked while sam
 training the same token can differ (another batch shape rounds differently, or the policy moved).
 The built-in engine records, for every sampled token, the experts each layer picked when the token
 was fed back in (`RoutingRecorder`; [tokens, layers, top_k] ids, -1 where there is none: the last
-sampled token is never fed back); the server returns them with the token record
-(`encode_routing`), and the trainer makes each router pick the recorded experts for those tokens
-(train/routing.py, the one home of the trainer's side), with their probabilities taken from its own
-router logits (so the router still gets a gradient). Prompt tokens route freely.
+sampled token is never fed back), and from the prefill the experts of the prompt's last position,
+whose output is the first sampled token's distribution; the server returns them with the token
+record (`encode_routing`; the last prompt position in its own optional field, PROMPT_LAST_KEY), and
+the trainer makes each router pick the recorded experts at those positions (train/routing.py, the
+one home of the trainer's side), with their probabilities taken from its own router logits (so the
+router still gets a gradient). So every sampled token is predicted from a replayed position. The
+other prompt tokens route freely (the engine records nothing of them; they only reach a sampled
+token's logprob through attention), and so does a turn's last prompt position where the record has
+no such field (an older server's, or vLLM's, which returns the fed tokens only). The packer never
+shares a replayed position between completions (preprocess/pack.py): each replays its own request's.
 """
 
 from __future__ import annotations
@@ -125,14 +131,31 @@ def use_dense_reference(model: Any) -> None:
 
 # ----------------------------------------------------------------------------------------- the routing record
 
-def encode_routing(ids: torch.Tensor) -> dict[str, Any]:
-    """A [tokens, layers, top_k] record of expert ids (-1: none) as JSON: little-endian int16, base64."""
-    ids = ids.to(torch.int16).contiguous().cpu()
-    return {"shape": list(ids.shape), "int16": base64.b64encode(ids.numpy().tobytes()).decode("ascii")}
+PROMPT_LAST_KEY = "prompt_last_int16"  # the record's optional field: the prompt's last position, [layers, top_k]
+
+
+def _int16(ids: torch.Tensor) -> str:
+    return base64.b64encode(ids.to(torch.int16).contiguous().cpu().numpy().tobytes()).decode("ascii")
+
+
+def encode_routing(ids: torch.Tensor, prompt_last: torch.Tensor | None = None) -> dict[str, Any]:
+    """A [tokens, layers, top_k] record of expert ids (-1: none) as JSON: little-endian int16, base64. `prompt_last`
+    ([layers, top_k], the experts of the prompt's last position) rides along under PROMPT_LAST_KEY, same encoding;
+    a reader that does not know the field reads the record as before."""
+    record: dict[str, Any] = {"shape": list(ids.shape), "int16": _int16(ids)}
+    if prompt_last is not None:
+        record[PROMPT_LAST_KEY] = _int16(prompt_last)
+    return record
 
 
 def decode_routing(record: Any) -> torch.Tensor:
     """`encode_routing`'s JSON back to a [tokens, layers, top_k] int16 tensor; ValueError when malformed."""
+    return decode_routing_with_prompt(record)[0]
+
+
+def decode_routing_with_prompt(record: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`encode_routing`'s JSON back to ([tokens, layers, top_k], [layers, top_k] of the prompt's last position or
+    None: a record without it, as older servers wrote) int16 tensors; ValueError when malformed."""
     import numpy as np
 
     try:
@@ -140,8 +163,15 @@ def decode_routing(record: Any) -> torch.Tensor:
         raw = base64.b64decode(record["int16"], validate=True)
         if len(shape) != 3 or len(raw) != 2 * shape[0] * shape[1] * shape[2]:
             raise ValueError(f"{len(raw)} bytes for shape {shape}")
-        return torch.from_numpy(np.frombuffer(raw, dtype="<i2").copy()).view(*shape)
-    except (KeyError, TypeError, ValueError) as e:
+        ids = torch.from_numpy(np.frombuffer(raw, dtype="<i2").copy()).view(*shape)
+        last = None
+        if record.get(PROMPT_LAST_KEY) is not None:
+            raw = base64.b64decode(record[PROMPT_LAST_KEY], validate=True)
+            if len(raw) != 2 * shape[1] * shape[2]:
+                raise ValueError(f"{len(raw)} bytes of {PROMPT_LAST_KEY} for {shape[1:]} (layers, top_k)")
+            last = torch.from_numpy(np.frombuffer(raw, dtype="<i2").copy()).view(*shape[1:])
+        return ids, last
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ValueError(f"malformed {RECORD_KEY} record ({e})") from e
 
 

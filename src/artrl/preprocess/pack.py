@@ -82,12 +82,20 @@ def shared_prefix_length(seqs: Sequence[TokenizedSequence]) -> int:
     """Longest common prefix of the sequences (tokens, and images by content), cut before any trainable token."""
     if len(seqs) < 2:
         return 0
-    limit = min(s.first_trainable for s in seqs)
+    limit = min(_shareable(s) for s in seqs)
     first = seqs[0].token_ids
     n = 0
     while n < limit and all(s.token_ids[n] == first[n] for s in seqs[1:]):
         n += 1
     return min([n, *(_first_image_difference(seqs[0], s, n) for s in seqs[1:])])
+
+
+def _shareable(seq: TokenizedSequence) -> int:
+    """How many leading tokens of `seq` a shared prompt may hold: none trainable, and none with a routing record. A
+    turn's record may start at its last prompt position (models/moe.py): that slot stays each completion's own, so
+    each replays the experts its own request's prefill picked there (separate prefills of one prompt can differ
+    where float noise flips a near tie), at the cost of one token per completion."""
+    return min([seq.first_trainable, *(start for start, _ in seq.routing)])
 
 
 def _first_image_difference(a: TokenizedSequence, b: TokenizedSequence, n: int) -> int:
@@ -116,7 +124,7 @@ def prompt_trees(groups: Sequence[Sequence[TokenizedSequence]], share_prompts: b
         main = [s for s in group if s.history_index == 0]
         p = shared_prefix_length(main)
         prompt = main[0].token_ids[:p] if p else []
-        shared = [s for s in group if p and _same_prefix(s, main[0], p) and s.first_trainable >= p]
+        shared = [s for s in group if p and _same_prefix(s, main[0], p) and _shareable(s) >= p]
         if len(shared) >= 2:
             trees.append(PromptTree(prompt=prompt, sequences=shared))
         else:
@@ -366,7 +374,7 @@ def _materialize(
                 mask[0] = False  # nothing precedes the first token, it cannot be predicted
             trainable_mask[r, sl] = mask
             logprobs[r, sl] = torch.tensor(seq.logprobs[tree.p:], dtype=torch.float32)
-            for start, record in seq.routing:  # sampled turns: never in a shared prompt (it ends before them)
+            for start, record in seq.routing:  # never in a shared prompt (`_shareable`)
                 at = pos + start - tree.p
                 routing[r, at:at + len(record)] = record  # type: ignore[index]
             advantages[r, sl] = seq.advantage

@@ -96,7 +96,8 @@ class TokenizedSequence:
     trajectory_index: int = 0
     history_index: int = 0  # 0 = main conversation, k = additional_histories[k-1]
     # an MoE model's routing record of sampled turns (models/moe.py): (first token's index, [tokens, moe layers,
-    # top_k] expert ids, -1 where none), replayed by the trainer; empty without one
+    # top_k] expert ids, -1 where none), replayed by the trainer; empty without one. A record starts at the turn's
+    # last prompt position where the server recorded it (its output predicts the first sampled token)
     routing: list[tuple[int, Any]] = field(default_factory=list)
     # a vision-language model's images: (index of its first image token, the processed image), in order
     images: list[tuple[int, ProcessedImage]] = field(default_factory=list)
@@ -190,20 +191,26 @@ def _choice_logprobs(choice: Choice, n_tokens: int, where: str) -> list[float] |
 
 
 def _choice_routing(choice: Choice, n_tokens: int, where: str) -> Any:
-    """An MoE model's routing record of a Choice ([n_tokens, layers, top_k] int16), or None without one."""
-    from ..models.moe import RECORD_KEY, decode_routing
+    """An MoE model's routing record of a Choice, or None without one: [n_tokens + 1, layers, top_k] int16 starting
+    at the prompt's last position (whose output predicts the first sampled token) when the record holds that
+    position, else [n_tokens, layers, top_k] starting at the first sampled token (an older server's record)."""
+    from ..models.moe import RECORD_KEY, decode_routing_with_prompt
 
     record = (choice.model_extra or {}).get(RECORD_KEY)
     if record is None:
         return None
     try:
-        routing = decode_routing(record)
+        routing, prompt_last = decode_routing_with_prompt(record)
     except ValueError as e:
         raise TrajectoryError(f"{where}: {e}. Record the response unchanged.") from e
     if routing.shape[0] != n_tokens:
         raise TrajectoryError(f"{where}: the choice has {n_tokens} sampled token ids but a {RECORD_KEY} record of "
                               f"{routing.shape[0]} tokens; record the response unchanged.")
-    return routing
+    if prompt_last is None:
+        return routing
+    import torch
+
+    return torch.cat([prompt_last[None], routing])
 
 
 def _record(choice: Choice) -> tuple[Any, list[int]] | None:
@@ -306,8 +313,8 @@ def tokenize_history(
 def _extend(seq: TokenizedSequence, context: Sequence[int], sampled: Sequence[int], logprobs: Sequence[float],
             routing: Any = None, images: Sequence[tuple[int, ProcessedImage]] = ()) -> None:
     seq.images += images  # their places are the prompt's, which starts the sequence
-    if routing is not None:
-        seq.routing.append((len(seq.token_ids) + len(context), routing))
+    if routing is not None:  # from the first sampled token on, or one earlier: the prompt's last position
+        seq.routing.append((len(seq.token_ids) + len(context) - (routing.shape[0] - len(sampled)), routing))
     seq.token_ids += [*context, *sampled]
     seq.trainable_mask += [False] * len(context) + [True] * len(sampled)
     seq.logprobs += [math.nan] * len(context) + list(logprobs)

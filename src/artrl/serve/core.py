@@ -324,7 +324,7 @@ def _choice_json(
         "policy_version": result.policy_version,
     }
     if result.routed_experts is not None:  # an MoE model's routing record (models/moe.py), replayed in training
-        choice[ROUTING_RECORD_KEY] = encode_routing(result.routed_experts)
+        choice[ROUTING_RECORD_KEY] = encode_routing(result.routed_experts, result.prompt_routed_experts)
     if images:  # the prompt's images: each one's content hash and grid (never the pixels)
         choice[IMAGES_RECORD_KEY] = record_entries(images)
     return choice

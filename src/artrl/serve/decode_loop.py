@@ -110,6 +110,9 @@ class DecodeRow:
     held: bool = False  # it holds `adapter` (released when it leaves)
     # MoE: [moe layers, top_k] expert ids of each token fed back in (models/moe.py); None once a step had none
     routing: list[torch.Tensor] | None = field(default_factory=list)
+    # MoE: [moe layers, top_k] the experts of the prompt's last position in the prefill (its output is the first
+    # sampled token's distribution); None when the prefill recorded none
+    prompt_routing: torch.Tensor | None = None
 
     @property
     def request(self) -> GenerationRequest:
@@ -182,7 +185,8 @@ class DecodeLoop:
             token_ids=row.token_ids, logprobs=row.logprobs,
             top_logprobs=row.top_logprobs if row.request.top_logprobs > 0 else None,
             finish_reason=row.finish_reason or "length", policy_version=row.version,  # type: ignore[arg-type]
-            routed_experts=self._routing_record(row))
+            routed_experts=self._routing_record(row),
+            prompt_routed_experts=row.prompt_routing.cpu() if row.prompt_routing is not None else None)
         pending.remaining -= 1
         if pending.remaining == 0 and not pending.future.done():
             pending.future.set_result(list(pending.results))
@@ -335,16 +339,30 @@ class DecodeLoop:
                 prompt_images.append(row.request.images)
         try:
             names = self._adapter_names(prompt_adapters, switch=not batch.rows)
+            if self._routing is not None:
+                self._routing.clear()
             batch.admit(newcomers, prompts, [prompt_of[id(r.pending)] for r in newcomers],
                         [r.key for r in newcomers], [r.request.temperature for r in newcomers],
                         [r.request.top_p for r in newcomers],
                         {"adapter_names": names} if names is not None else None,
                         images=prompt_images if any(prompt_images) else None)
+            if self._routing is not None:
+                self._record_prompt_routing(newcomers, [prompt_of[id(r.pending)] for r in newcomers], len(prompts))
         except Exception as error:
             for row in newcomers:  # they never joined: `_run` fails the batch's own rows
                 self._fail(row.pending, error)
             self._release(newcomers)
             raise
+
+    def _record_prompt_routing(self, rows: list[DecodeRow], prompt_of_row: list[int], prompts: int) -> None:
+        """Each row's `prompt_routing` from the prefill that just ran: the experts of its prompt's last position
+        (prompts are left-padded to one width, so that is each prompt's last column)."""
+        latest = self._routing.latest  # [moe layers, prompts x width, top_k], or None
+        if latest is None or latest.shape[1] % prompts:
+            return
+        width = latest.shape[1] // prompts
+        for row, p in zip(rows, prompt_of_row):
+            row.prompt_routing = latest[:, p * width + width - 1, :]
 
     def _step(self, batch: DecodeBatch) -> None:
         """Sample one token for every row, record it, let finished rows leave, and run the next forward."""

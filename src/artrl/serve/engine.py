@@ -197,6 +197,9 @@ class GenerationResult:
     #: layer picked when the token was fed back in, -1 where there is none (the last token); None for a dense
     #: model or an engine that does not record it (models/moe.py).
     routed_experts: Any = None
+    #: With `routed_experts`: [moe layers, top_k] the experts each layer picked at the prompt's last position (the
+    #: position whose output is the first sampled token's distribution); None where the engine has none.
+    prompt_routed_experts: Any = None
 
 
 class InferenceEngine(abc.ABC):
