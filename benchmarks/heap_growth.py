@@ -5,7 +5,7 @@ One RL call through the public API on random:qwen3-0.6b cut to `--layers` decode
 trajectory pair sharing a `--context`-token prompt; prints one JSON line: the resident memory after `register`, the
 train call's high-water mark above it (VmHWM, reset before the call), and the setting. With the threshold fixed the
 peak grows by one checkpointed hidden state per layer (context x hidden x 4 bytes: 17 MB at 4,224 tokens); left
-dynamic, by ~170 MB a layer (docs/performance.md, "Long trajectories"). `--dynamic` leaves glibc's default: the
+dynamic, by ~200 MB a layer (docs/performance.md, "Long trajectories"). `--dynamic` leaves glibc's default: the
 trainer's call to mallopt is skipped (host_allocator reads as done), in this process only.
 
     python benchmarks/heap_growth.py --layers 4 [--dynamic] [--no-checkpointing]

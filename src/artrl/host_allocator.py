@@ -6,7 +6,7 @@ what is freed. The threshold starts at 128 KiB and is *dynamic*: each time a map
 glibc raises the threshold to that block's size (up to 32 MiB), so after the first freed activation
 every activation tensor up to 32 MiB comes from the heap. A backward pass frees and allocates tensors of
 many sizes in turn, and the heap only grows: measured on random:qwen3-0.6b (float32, this CPU, one RL
-call on a 4,096-token shared prompt, activation checkpointing on), the call's peak rose by ~170 MB per
+call on a 4,096-token shared prompt, activation checkpointing on), the call's peak rose by ~200 MB per
 decoder layer where the checkpointed hidden state is 17 MB, and 6.8 GB above the loaded model in all.
 With the threshold fixed (which also turns the dynamic rule off) the same call peaks ~17 MB a layer
 above a fixed part: what the memory plan counts (docs/performance.md, "Long trajectories").

@@ -198,8 +198,10 @@ def refuse_too_long(trainer: "Trainer", plan: "BatchPlan") -> None:
         return
     largest = _largest(plan)
     cfg = trainer.cfg
+    more = ""
     if cfg.gradient_checkpointing is False:
         fit, under = budget.tokens, "without activation checkpointing (gradient_checkpointing=False)"
+        more = f", or leave gradient_checkpointing at None (with it, {budget.tokens_checkpointed} tokens fit)"
     elif cfg.offload_activations is not False and budget.tokens_offloaded is not None:
         fit, under = budget.tokens_offloaded, "with activation checkpointing and its inputs offloaded to host memory"
     else:
@@ -212,7 +214,7 @@ def refuse_too_long(trainer: "Trainer", plan: "BatchPlan") -> None:
                f"{under} (the memory plan, models/memory_plan.py: activations linear in length). Nothing was "
                f"trained. To fit, train on sequences of at most {fit} tokens (InternalModelConfig(max_length={fit}), "
                f"with TrainConfig(on_too_long='truncate') or the default 'drop'), one row per micro-batch "
-               f"(per_device_train_batch_size=1), or a lower logprob_chunk_size; the plan errs high, and "
+               f"(per_device_train_batch_size=1), or a lower logprob_chunk_size{more}; the plan errs high, and "
                f"check_memory=False in the model's InternalModelConfig runs the call anyway.")
     if not cfg.check_memory:
         log.warning("%s (check_memory=False: running it anyway)", message)
