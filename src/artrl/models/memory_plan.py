@@ -201,10 +201,15 @@ def layer_bytes(shape: ModelShape, dtype_bytes: int) -> int:
     return dtype_bytes * (10 * h + 2 * (shape.heads + 2 * shape.kv_heads) * shape.head_dim + mlp) + 16 * h
 
 
+def _input_bytes(shape: ModelShape, dtype_bytes: int, offload: bool) -> int:
+    """With checkpointing, what a token keeps on the device through the whole pass: each layer's input (on the host
+    when offloaded, bar the one or two the backward is at)."""
+    return (2 if offload else shape.layers) * shape.hidden * dtype_bytes
+
+
 def kept_bytes(shape: ModelShape, s: "MemorySettings") -> int:
-    """With checkpointing, what a token keeps through the whole pass: each layer's input (on the host when offloaded,
-    bar the one or two the backward is at)."""
-    return (2 if s.offload_activations else shape.layers) * shape.hidden * s.dtype_bytes
+    """`_input_bytes` under settings `s`."""
+    return _input_bytes(shape, s.dtype_bytes, s.offload_activations)
 
 
 def bytes_per_token(shape: ModelShape, dtype_bytes: int, checkpointing: bool, offload: bool = False) -> int:
@@ -217,11 +222,9 @@ def bytes_per_token(shape: ModelShape, dtype_bytes: int, checkpointing: bool, of
     activations at a time (its recomputation in backward); with `offload` too, the layers' inputs wait in host
     memory (train/memory.py), and the device keeps one layer's.
     """
-    h = shape.hidden
     per_layer = layer_bytes(shape, dtype_bytes)
     if checkpointing:
-        # each layer's input (on the host when offloaded, bar the one the backward is at), one layer's at a time
-        return (2 if offload else shape.layers) * h * dtype_bytes + per_layer
+        return _input_bytes(shape, dtype_bytes, offload) + per_layer  # the layers' inputs, one layer's at a time
     return shape.layers * per_layer
 
 

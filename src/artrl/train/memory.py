@@ -156,14 +156,15 @@ def call_checkpointing(trainer: "Trainer", model: Any, plan: "BatchPlan") -> Ite
     A micro-batch no setting fits is refused here, before anything trains (`refuse_too_long`). Put back as it
     was afterwards."""
     cfg = trainer.cfg
-    if not trainer.sharded:
-        refuse_too_long(trainer, plan)
+    # the free memory, read once for the call's three decisions (None: a sharded trainer's workers decide)
+    budget = None if trainer.sharded else device_budget(trainer, host=True)
+    refuse_too_long(trainer, plan, budget)
     want = cfg.gradient_checkpointing
     if want is None and not trainer.sharded:
-        want = needs_checkpointing(trainer, plan)
+        want = needs_checkpointing(trainer, plan, budget)
     offload = bool(cfg.offload_activations)
-    if cfg.offload_activations is None and want is not False and not trainer.sharded:
-        offload = needs_offload(trainer, plan)
+    if cfg.offload_activations is None and want is not False:
+        offload = needs_offload(trainer, plan, budget)
     if offload and want is None:
         want = True  # offloading is of the checkpointed inputs
     trainer.offload_activations = offload and trainer.device.type == "cuda" or trainer.force_offload
@@ -186,14 +187,13 @@ def _largest(plan: "BatchPlan") -> int:
     return max((mb.tokens for step in plan.steps for mb in step.micro_batches), default=0)
 
 
-def refuse_too_long(trainer: "Trainer", plan: "BatchPlan") -> None:
+def refuse_too_long(trainer: "Trainer", plan: "BatchPlan", budget: MemoryBudget | None) -> None:
     """A TrainTooLongError (before the call trains anything) when the plan's largest micro-batch fits the free memory
     under no setting the call may choose (checkpointing as configured; offload on CUDA), naming the length that
     would fit; a warning instead with `check_memory=False`. The per-token figures err high (models/memory_plan.py),
     so what is refused would not have fit."""
     from ..errors import TrainTooLongError
 
-    budget = device_budget(trainer, host=True)
     if budget is None:
         return
     largest = _largest(plan)
@@ -222,10 +222,9 @@ def refuse_too_long(trainer: "Trainer", plan: "BatchPlan") -> None:
     raise TrainTooLongError(message, tokens=largest, fit=fit)
 
 
-def needs_offload(trainer: "Trainer", plan: "BatchPlan") -> bool:
+def needs_offload(trainer: "Trainer", plan: "BatchPlan", budget: MemoryBudget | None) -> bool:
     """On CUDA, whether the plan's largest micro-batch would not fit with checkpointing alone but does with its
-    inputs in host memory."""
-    budget = device_budget(trainer)
+    inputs in host memory (`budget.tokens_offloaded` is None elsewhere)."""
     if budget is None or budget.tokens_offloaded is None:
         return False
     largest = _largest(plan)
@@ -237,10 +236,9 @@ def needs_offload(trainer: "Trainer", plan: "BatchPlan") -> bool:
     return on
 
 
-def needs_checkpointing(trainer: "Trainer", plan: "BatchPlan") -> bool:
+def needs_checkpointing(trainer: "Trainer", plan: "BatchPlan", budget: MemoryBudget | None) -> bool:
     """Whether the plan's largest micro-batch would not fit the free memory (the host's, on a CPU) without activation
     checkpointing."""
-    budget = device_budget(trainer, host=True)
     if budget is None:
         return False
     largest = _largest(plan)
