@@ -119,7 +119,7 @@ async def main(args: argparse.Namespace) -> None:
                                            _config=art.dev.TrainConfig(scale_rewards=False))
                 trajectories = [t for g in groups for t in g.trajectories]
                 mean = lambda key: sum(float(t.metrics[key]) for t in trajectories) / len(trajectories)  # noqa: E731
-                trained = ("nothing trained (every group had one reward)" if "data/record_turns" not in result.metrics
+                trained = ("nothing trained (every group had one reward)" if "train/sampled_logprob_delta_max" not in result.metrics
                            else f"{result.metrics['data/record_turns']:.0f} turns trained on their record, sampled-"
                                 f"logprob delta max {result.metrics['train/sampled_logprob_delta_max']:.2g}")
                 log.info("step %d -> %d: reward %.3f (tool answered %.2f, result reported %.2f), %d failed "
