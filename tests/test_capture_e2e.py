@@ -340,7 +340,7 @@ def messages_agent(client: str, stream: bool) -> Agent:
                 text = messages_text(await aiohttp_post(f"{served.url}/messages", headers, body))
             else:
                 text = messages_text(await asyncio.to_thread(requests_post, f"{served.url}/messages", headers, body))
-            messages += [{"role": "assistant", "content": text or "..."},
+            messages += [{"role": "assistant", "content": text},
                          {"role": "user", "content": f"And {turn}?"}]
     return agent
 

@@ -163,6 +163,24 @@ def test_tool_round_trip_extends_the_record(client: anthropic.Anthropic, scripte
     assert "sunny, 21C" in tokenizer.decode(next_prompt[len(prompt) + len(sampled):])
 
 
+@pytest.mark.parametrize("sent_back", ["", []])
+def test_an_empty_reply_sent_back_empty_extends_the_record(client: anthropic.Anthropic, scripted: ScriptedEngine,
+                                                           sent_back: Any) -> None:
+    """A turn that ended at once (no content blocks) comes back as "" or []: the next prompt still holds its
+    sampled end-of-turn id, so the two turns stay one sequence."""
+    script(scripted, "")
+    ask = [{"role": "user", "content": "Say nothing."}]
+    first = client.messages.create(model="scripted", max_tokens=10, messages=ask)
+    assert first.content == [] and first.stop_reason == "end_turn"
+    prompt, sampled, _ = record(first)
+    assert sampled == [scripted.tokenizer.eos_token_id]
+    script(scripted, "Fine.")
+    then = client.messages.create(model="scripted", max_tokens=10, messages=[
+        *ask, {"role": "assistant", "content": sent_back}, {"role": "user", "content": "And now?"}])
+    next_prompt = record(then)[0]
+    assert next_prompt[:len(prompt) + len(sampled)] == prompt + sampled
+
+
 def test_streamed_tool_use_equals_the_reply(client: anthropic.Anthropic, scripted: ScriptedEngine) -> None:
     script(scripted, CALL_TEXT)
     kwargs: dict[str, Any] = {"model": "scripted", "max_tokens": 100, "tools": [WEATHER],
