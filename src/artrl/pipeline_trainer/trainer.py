@@ -301,6 +301,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                     rollouts.cancel()  # rollouts in flight are not needed any more
                     status.cancel()
                     self._eval_queue.put_nowait(EvalStop())  # queued evals still run
+            # evals that ended after the last step's retention held their checkpoints; apply the strategy once
+            # more now that nothing is leased, so the run leaves what its strategy keeps
+            await self._run_checkpoint_retention(self.state.next_training_step, final=True)
         finally:
             restore()
             self._status.flush()
@@ -758,9 +761,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                                                                          current_step + 1))
         return {current_step} | self._leases.active_steps() | self._scheduled_eval_steps | kl
 
-    async def _run_checkpoint_retention(self, step: int) -> None:
+    async def _run_checkpoint_retention(self, step: int, final: bool = False) -> None:
         strategy = self.checkpoint_retention_strategy
-        if strategy is None or step % self.checkpoint_retention_interval:
+        if strategy is None or (step % self.checkpoint_retention_interval and not final):
             return
         infos = checkpoint_infos(self._run_dir(), self.state.completed_eval_steps)
         protected = self.protected_steps(step)
