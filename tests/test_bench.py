@@ -81,6 +81,8 @@ def test_bench_serve_latency_reports_requests_next_to_the_bare_forward(capsys, l
     assert set(out["protocols"]) == {"completions", "responses", "messages"}
     for protocol, stats in out["protocols"].items():  # each timed through its own SDK's client
         assert 0 < stats["p50_ms"] <= stats["p99_ms"], protocol
+        assert out["protocols_p50_over_chat"][protocol] == round(
+            stats["p50_ms"] / out["sequential_httpx_client"]["p50_ms"], 3)
     assert out["client"] == "AiohttpTransport"  # what model.openai_client() gives a rollout on the local server
     assert out["ratio_mean"] == round(out["sequential"]["mean_ms"] / out["bare_forward"]["mean_ms"], 2)
     assert out["ratio_p50"] == round(out["sequential"]["p50_ms"] / out["bare_forward"]["p50_ms"], 2)

@@ -16,7 +16,8 @@ question with `max_tokens=1`, sent `--requests` times one at a time (mean, p50, 
 `model.openai_client()` gives a rollout (`client`: its transport, artrl/openai_clients.py) and again with the
 SDK's default httpx client (`sequential_httpx_client`), the same question in each other wire protocol the server
 speaks through its SDK's default client (`protocols`: Completions with the chat prompt's ids, Responses, Anthropic
-Messages), the same prompt ids
+Messages; sent in turn with the httpx-client chat requests, one of each a round, and `protocols_p50_over_chat`
+their p50 over chat's), the same prompt ids
 through the engine's `generate` without the server, the bare forward pass + argmax of the same ids with
 transformers in this process (the model's work), their ratio, and the time per request when
 `--concurrency` of them are in flight at once. A multi-turn agent waits for every turn, so this is what
@@ -222,13 +223,17 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
                     await one("plain")
                     await engine_alone()
                 sequential = [await one() for _ in range(requests)]
-                with_httpx = [await one("plain") for _ in range(requests)]
-                for which in PROTOCOLS:
-                    if which == "messages" and anthropic is None:
-                        continue
+                others = [which for which in PROTOCOLS if which != "messages" or anthropic is not None]
+                for which in others:
                     for _ in range(5):
                         await protocol(which)
-                    by_protocol[which] = [await protocol(which) for _ in range(requests)]
+                # chat (the same SDK client) and each other protocol in turn, request by request: a load that
+                # comes and goes on the machine falls on all of them alike
+                with_httpx = []
+                for _ in range(requests):
+                    with_httpx.append(await one("plain"))
+                    for which in others:
+                        by_protocol.setdefault(which, []).append(await protocol(which))
                 direct = [await engine_alone() for _ in range(requests)]
                 await asyncio.gather(*(one() for _ in range(min(concurrency, 32))))  # warm-up of batching
                 t0 = time.perf_counter()
@@ -259,6 +264,10 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
             # is not installed)
             "protocols": {which: _stats_ms(by_protocol[which]) if which in by_protocol else None
                           for which in PROTOCOLS},
+            # each protocol's p50 over chat's through the same client, timed in alternation with it
+            "protocols_p50_over_chat": {which: round(_stats_ms(by_protocol[which])["p50_ms"]
+                                                     / _stats_ms(with_httpx)["p50_ms"], 3)
+                                        for which in PROTOCOLS if which in by_protocol},
             "engine_generate": _stats_ms(direct), "bare_forward": fwd,
             "ratio_mean": round(seq["mean_ms"] / fwd["mean_ms"], 2),
             "ratio_p50": round(seq["p50_ms"] / fwd["p50_ms"], 2),
