@@ -254,10 +254,13 @@ def test_missing_max_tokens_is_a_400_naming_it(root: str) -> None:
                                                                    "name": "web_search"}]}, "tools[0]"),
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": {"type": "tool", "name": "nope"},
       "tools": [WEATHER]}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": "hi"}], "output_config": {"format": {"type": "json_schema", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]}}}},
+     "output_config.format"),
 ])
 def test_bad_input_is_a_clear_400(root: str, body: dict[str, Any], named: str) -> None:
     message = anthropic_error(post(root, {"model": "m", "max_tokens": 8, **body}), 400, "invalid_request_error")
-    assert named in message
+    assert named in message and "response_format" not in message
 
 
 def test_unknown_model_wrong_key_and_big_body(root: str) -> None:

@@ -190,13 +190,23 @@ def post(server: ServerHandle, body: Any, key: str = KEY) -> httpx.Response:
     ({"input": "hi", "truncation": "auto"}, "truncation"),
     ({"input": "hi", "include": ["file_search_call.results"]}, "include[0]"),
     ({"input": "hi", "tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]}, "tool_choice"),
+    ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]}}}}, "text.format"),
 ])
 def test_bad_input_is_a_clear_400(server: ServerHandle, body: dict[str, Any], param: str) -> None:
     response = post(server, {"model": "m", **body})
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param, error
-    assert param.split("[")[0].split(".")[0] in error["message"]
+    assert param.split("[")[0] in error["message"] and "response_format" not in error["message"]
+
+
+def test_a_count_refusal_names_input_and_the_servers_own_setting(server: ServerHandle) -> None:
+    """The core's words for chat's `messages` become `input` where they name the field, not where they name
+    create_app's keyword."""
+    error = post(server, {"model": "m", "input": [{"role": "user", "content": "hi"}] * 3000}).json()["error"]
+    assert error["param"] == "input" and error["message"].startswith("input holds 3000"), error
+    assert "create_app(max_messages=" in error["message"], error
 
 
 def test_wrong_key_unknown_model_and_big_body(server: ServerHandle) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -72,5 +73,7 @@ def renamed_params(names: dict[str, str]) -> Iterator[None]:
         if base not in names:
             raise
         new = names[base] + bracket + index + dot + rest
-        message = error.message.replace(base, names[base])
+        # the field's name where the message names it first; later words (`create_app(max_messages=...)`, "holds
+        # 5000 messages") stay as they are
+        message = re.sub(rf"\b{re.escape(base)}\b", names[base], error.message, count=1)
         raise dataclasses.replace(error, param=new, message=message) from error

@@ -44,12 +44,14 @@ from pydantic import BaseModel, ConfigDict
 
 from artrl.serve.core import Prepared, RequestCore, matched_stop
 from artrl.serve.guards import APIError, anthropic_error
-from artrl.serve.protocols.common import named_event, read_body, record_fields, sampled_logprobs
+from artrl.serve.protocols.common import named_event, read_body, record_fields, renamed_params, sampled_logprobs
 from artrl.serve.request import ChatCompletionRequest
 
 logger = logging.getLogger(__name__)
 
 PATH = "/v1/messages"
+_NAMES = {"response_format": "output_config.format"}
+"""Core refusals named as this protocol spells the field."""
 IGNORED = frozenset({"metadata", "service_tier", "container", "mcp_servers", "cache_control", "inference_geo", "speed",
                      "user_profile_id", "workspace_id", "diagnostics"})
 """Fields Anthropic's API has that ask nothing of this server's sampling; accepted without a warning."""
@@ -359,8 +361,9 @@ def add_route(app: fastapi.FastAPI, core: RequestCore) -> None:
         body = await read_body(http, MessagesRequest, core.off_loop)
         core.warn_unknown(body, "Messages", IGNORED)
         request = chat_request(body)
-        prepared = await core.prepare(request)
-        if body.stream:
-            return StreamingResponse(message_events(prepared, await core.stream(prepared, http)),
-                                     media_type="text/event-stream")
-        return JSONResponse(message_json(prepared, await core.complete(prepared, http)))
+        with renamed_params(_NAMES):
+            prepared = await core.prepare(request)
+            if body.stream:
+                return StreamingResponse(message_events(prepared, await core.stream(prepared, http)),
+                                         media_type="text/event-stream")
+            return JSONResponse(message_json(prepared, await core.complete(prepared, http)))

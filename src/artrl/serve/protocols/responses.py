@@ -57,7 +57,7 @@ DEFAULT_STORE_BYTES = 64 * 1024 * 1024
 IGNORED = frozenset({"metadata", "user", "service_tier", "store", "prompt_cache_key", "safety_identifier",
                      "stream_options", "prompt_cache_retention"})
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-_NAMES = {"messages": "input", "max_tokens": "max_output_tokens"}
+_NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
 
 
 class ResponsesRequest(BaseModel):
