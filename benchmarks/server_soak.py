@@ -2,6 +2,12 @@
 
     python benchmarks/server_soak.py [--rounds 10] [--requests 100] [--n 32] [--slow-connections 200]
         [--trickles 100] [--disconnects 200] [--load-requests 1000] [--load-concurrency 64]
+        [--routes chat,completions,responses,messages]
+
+Every phase covers each wire protocol the server speaks (`--routes`; Chat Completions, Completions, Responses,
+Anthropic Messages): the abuse bodies in each protocol's spelling (`abuse` is keyed by route; Completions has
+only a prompt to abuse), the connection phases' requests spread over the routes' paths, a load run per route and
+soak rounds that send each route's requests in turn.
 
 Loopback only, bounded (each phase has a fixed number of requests; slow and trickling connections
 are ended by the server's own deadlines). Serves the tiny model with the built-in engine in this
@@ -81,6 +87,72 @@ ABUSE: dict[str, Any] = {
 }
 
 
+ROUTES = ("chat", "completions", "responses", "messages")
+PATHS = {"chat": "/chat/completions", "completions": "/completions", "responses": "/responses",
+         "messages": "/messages"}
+
+
+def _normal(route: str, content: str, max_tokens: int, **kw: Any) -> dict[str, Any]:
+    """A normal request on `route` (each protocol's spelling of one user question)."""
+    if route == "chat":
+        return _chat(content, max_tokens=max_tokens, **kw)
+    if route == "completions":
+        return {"model": "m", "prompt": content, "max_tokens": max_tokens, **kw}
+    if route == "responses":
+        return {"model": "m", "input": content, "max_output_tokens": max_tokens, "store": False, **kw}
+    return {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, **kw}
+
+
+def _route_abuse(route: str) -> dict[str, Any]:
+    """The abuse bodies of ABUSE in `route`'s protocol (those it has a place for: Completions has no messages,
+    tools or schemas, only a prompt)."""
+    if route == "chat":
+        return ABUSE
+    if route == "completions":
+        return {"10MB_prompt": {"model": "m", "prompt": "x " * 5_000_000, "max_tokens": 4},
+                "200k_token_id_prompt": {"model": "m", "prompt": [1] * 200_000, "max_tokens": 4},
+                "prompt_ids_out_of_vocabulary": {"model": "m", "prompt": [10**9], "max_tokens": 4}}
+    big = "d" * 10_000_000
+    if route == "responses":
+        tool = lambda name, description: {"type": "function", "name": name, "description": description,  # noqa: E731
+                                          "parameters": {"type": "object"}}
+        ask = {"model": "m", "input": "hi", "max_output_tokens": 4, "store": False}
+        return {
+            "200k_empty_messages": {**ask, "input": [{"role": "user", "content": ""}] * 200_000},
+            "10MB_tool_description": {**ask, "tools": [tool("f", big)]},
+            "50k_small_tools": {**ask, "tools": [tool(f"tool_{i:05d}", "one small tool") for i in range(50_000)]},
+            "10MB_tool_call_arguments": {**ask, "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "function_call", "call_id": "1", "name": "f", "arguments": json.dumps({"a": "x" * 10_000_000})},
+                {"type": "function_call_output", "call_id": "1", "output": "ok"}]},
+            "recursive_schema_that_cannot_end": {**ask, "text": {"format": {
+                "type": "json_schema", "name": "x", "schema": {"type": "object", "properties": {
+                    "a": {"$ref": "#/properties/a"}}, "required": ["a"]}}}},
+            "recursive_schema_that_can_end": {**ask, "max_output_tokens": 64, "text": {"format": {
+                "type": "json_schema", "name": "tree", "schema": TREE}}},
+            "unknown_previous_response_id": {**ask, "previous_response_id": "resp_unknown"},
+        }
+    tool = lambda name, description: {"name": name, "description": description,  # noqa: E731
+                                      "input_schema": {"type": "object"}}
+    ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    return {
+        "200k_empty_messages": {**ask, "messages": [{"role": "user", "content": ""}] * 200_000},
+        "10MB_tool_description": {**ask, "tools": [tool("f", big)]},
+        "50k_small_tools": {**ask, "tools": [tool(f"tool_{i:05d}", "one small tool") for i in range(50_000)]},
+        "10MB_tool_use_input": {**ask, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "1", "name": "f",
+                                               "input": {"a": "x" * 10_000_000}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "1", "content": "ok"}]}]},
+        "recursive_schema_that_cannot_end": {**ask, "output_config": {"format": {
+            "type": "json_schema", "schema": {"type": "object", "properties": {"a": {"$ref": "#/properties/a"}},
+                                              "required": ["a"]}}}},
+        "recursive_schema_that_can_end": {**ask, "max_tokens": 64, "output_config": {"format": {
+            "type": "json_schema", "schema": TREE}}},
+        "missing_max_tokens": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    }
+
+
 def _stats_ms(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
@@ -89,48 +161,58 @@ def _stats_ms(values: list[float]) -> dict[str, float]:
             "max": round(max(values), 2), "count": len(values)}
 
 
-async def _normal_latencies(client: httpx.AsyncClient, stop: asyncio.Event, count: int | None = None) -> list[float]:
-    """Sequential normal requests until `stop` is set (or `count` of them): each one's milliseconds."""
+async def _normal_latencies(client: httpx.AsyncClient, stop: asyncio.Event, count: int | None = None,
+                           route: str = "chat") -> list[float]:
+    """Sequential normal requests on `route` until `stop` is set (or `count` of them): each one's milliseconds."""
     out: list[float] = []
     while not stop.is_set() and (count is None or len(out) < count):
         t0 = time.perf_counter()
-        response = await client.post("/chat/completions", json=_chat("What is 2 + 3?", max_tokens=1))
+        response = await client.post(PATHS[route], json=_normal(route, "What is 2 + 3?", 1))
         assert response.status_code == 200, response.text[:200]
         out.append(1000 * (time.perf_counter() - t0))
     return out
 
 
-async def _abuse(base_url: str, repeats: int) -> dict[str, Any]:
-    async with httpx.AsyncClient(base_url=base_url, timeout=300) as normal, \
-            httpx.AsyncClient(base_url=base_url, timeout=300) as hostile:
-        alone = await _normal_latencies(normal, asyncio.Event(), count=50)
+async def _abuse(base_url: str, repeats: int, route: str = "chat") -> dict[str, Any]:
+    """`route`'s abuse bodies, each `repeats` times, with normal requests on the same route running beside them."""
+    headers = {"content-type": "application/json"}
+    if route == "messages":
+        headers["anthropic-version"] = "2023-06-01"
+    async with httpx.AsyncClient(base_url=base_url, timeout=300, headers=headers) as normal, \
+            httpx.AsyncClient(base_url=base_url, timeout=300, headers=headers) as hostile:
+        alone = await _normal_latencies(normal, asyncio.Event(), count=50, route=route)
         results: dict[str, Any] = {}
-        for name, body in ABUSE.items():
+        for name, body in _route_abuse(route).items():
             payload = json.dumps(body).encode()
             stop = asyncio.Event()
-            during = asyncio.create_task(_normal_latencies(normal, stop))
-            statuses, seconds = [], []
+            during = asyncio.create_task(_normal_latencies(normal, stop, route=route))
+            statuses, seconds, error = [], [], None
             for _ in range(repeats):
                 t0 = time.perf_counter()
-                response = await hostile.post("/chat/completions", content=payload,
-                                              headers={"content-type": "application/json"})
+                response = await hostile.post(PATHS[route], content=payload)
                 seconds.append(round(time.perf_counter() - t0, 3))
                 statuses.append(response.status_code)
+                if response.status_code >= 400:
+                    error = response.text[:160]  # what the client is told
             stop.set()
             results[name] = {"statuses": sorted(set(statuses)), "seconds_max": max(seconds), "bytes": len(payload),
-                             "normal_ms": _stats_ms(await during)}
+                             "error": error, "normal_ms": _stats_ms(await during)}
         bad = b'{"model": "m", "messages": [}'
-        results["invalid_json"] = {"statuses": [(await hostile.post(
-            "/chat/completions", content=bad, headers={"content-type": "application/json"})).status_code]}
+        results["invalid_json"] = {"statuses": [(await hostile.post(PATHS[route], content=bad)).status_code]}
     return {"requests": results, "normal_alone_ms": _stats_ms(alone)}
 
 
-def _slow(host: str, port: int, connections: int, head_timeout: float) -> dict[str, Any]:
+def _paths(routes: list[str], count: int) -> list[bytes]:
+    """`count` request paths, the routes' in turn."""
+    return [b"/v1" + PATHS[routes[i % len(routes)]].encode() for i in range(count)]
+
+
+def _slow(host: str, port: int, connections: int, head_timeout: float, routes: list[str]) -> dict[str, Any]:
     fds_before = psutil.Process().num_fds()
     socks = []
-    for _ in range(connections):
+    for path in _paths(routes, connections):
         sock = socket.create_connection((host, port))
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")  # and never the rest
+        sock.sendall(b"POST %s HTTP/1.1\r\nhost: x\r\n" % path)  # and never the rest
         socks.append(sock)
     fds_open = psutil.Process().num_fds()
     time.sleep(head_timeout + 2)  # past the server's head deadline
@@ -149,16 +231,18 @@ def _slow(host: str, port: int, connections: int, head_timeout: float) -> dict[s
             "fds_with_them_open": fds_open, "fds_after": psutil.Process().num_fds()}
 
 
-def _trickle(host: str, port: int, connections: int, interval: float, deadline: float) -> dict[str, Any]:
-    """Connections sending their body a byte every `interval` s; run until each is answered or far past the
-    server's `deadline`."""
+def _trickle(host: str, port: int, connections: int, interval: float, deadline: float,
+             routes: list[str]) -> dict[str, Any]:
+    """Connections (the routes' in turn) sending their body a byte every `interval` s; run until each is answered
+    or far past the server's `deadline`."""
     fds_before = psutil.Process().num_fds()
     body = json.dumps(_chat("x" * 4000)).encode()  # 4 KB: over an hour at a byte a second
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n" % len(body))
-    socks = {socket.create_connection((host, port)): 0 for _ in range(connections)}
-    for sock in socks:
-        sock.sendall(head)
+    socks = {}
+    for path in _paths(routes, connections):
+        sock = socket.create_connection((host, port))
+        sock.sendall(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n" % (path, len(body)))
+        socks[sock] = 0
     fds_open = psutil.Process().num_fds()
     answered: dict[int, int] = {}
     started = time.monotonic()
@@ -194,7 +278,7 @@ class _Tracebacks(logging.Handler):
             self.count += 1
 
 
-def _disconnects(handle: Any, metrics: Any, clients: int) -> dict[str, Any]:
+def _disconnects(handle: Any, metrics: Any, clients: int, routes: list[str]) -> dict[str, Any]:
     """`clients` clients that send half a body and close; `metrics`: the app's ServerMetrics (None: a tree
     without them)."""
     tracebacks = _Tracebacks()
@@ -203,10 +287,10 @@ def _disconnects(handle: Any, metrics: Any, clients: int) -> dict[str, Any]:
         lg.addHandler(tracebacks)
     before = metrics.disconnects_mid_body if metrics is not None else None
     try:
-        for _ in range(clients):
+        for path in _paths(routes, clients):
             sock = socket.create_connection((handle.host, handle.port))
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                         b"content-length: 1000\r\n\r\n" + b'{"model": "m", "mess')
+            sock.sendall(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                         b"content-length: 1000\r\n\r\n" % path + b'{"model": "m", "mess')
             sock.close()
         counted = None
         if metrics is not None:
@@ -224,12 +308,14 @@ def _disconnects(handle: Any, metrics: Any, clients: int) -> dict[str, Any]:
 
 async def _load(base_url: str, engine: Any, requests: int, concurrency: int, client_kind: str) -> dict[str, Any]:
     """`requests` requests, `concurrency` in flight, with the `openai` client a rollout gets
-    (`model.openai_client()`: the SDK on aiohttp) or a bare `httpx.AsyncClient` (whose requests also report
-    how long each waited in the client before its headers went out: `client_wait_s`)."""
+    (`model.openai_client()`: the SDK on aiohttp, chat) or a bare `httpx.AsyncClient` (`httpx` on chat,
+    `httpx:<route>` on another route; its requests also report how long each waited in the client before its
+    headers went out: `client_wait_s`)."""
     sem = asyncio.Semaphore(concurrency)
     admitted = getattr(engine, "requests_admitted", None)
     done: list[tuple[int, float, float]] = []  # (send order, latency, seconds in the client before sending)
-    body = functools.partial(_chat, max_tokens=16)
+    route = client_kind.partition(":")[2] or "chat"
+    body = functools.partial(_normal, route, max_tokens=16)
 
     if client_kind == "openai":
         from artrl.model import Model
@@ -241,7 +327,8 @@ async def _load(base_url: str, engine: Any, requests: int, concurrency: int, cli
             await client.chat.completions.create(**body(f"Question {i}: tell me more.", seed=i))
             return 0.0
     else:
-        http = httpx.AsyncClient(base_url=base_url, timeout=600, limits=httpx.Limits(max_connections=concurrency))
+        http = httpx.AsyncClient(base_url=base_url, timeout=600, limits=httpx.Limits(max_connections=concurrency),
+                                 headers={"anthropic-version": "2023-06-01"} if route == "messages" else None)
 
         async def post(i: int) -> float:
             sent: list[float] = []
@@ -251,8 +338,8 @@ async def _load(base_url: str, engine: Any, requests: int, concurrency: int, cli
                     sent.append(time.perf_counter())
 
             t0 = time.perf_counter()
-            response = await http.post("/chat/completions", json=body(f"Question {i}: tell me more.", seed=i),
-                                       extensions={"trace": trace})
+            ask = body(f"Question {i}: tell me more.", **({"seed": i} if route in ("chat", "completions") else {}))
+            response = await http.post(PATHS[route], json=ask, extensions={"trace": trace})
             assert response.status_code == 200, response.text[:200]
             return sent[0] - t0
 
@@ -270,13 +357,13 @@ async def _load(base_url: str, engine: Any, requests: int, concurrency: int, cli
             await http.aclose()
     wall = time.perf_counter() - t0
     slowest = sorted(done, key=lambda x: -x[1])[:10]
-    out: dict[str, Any] = {"client": client_kind, "requests": requests, "concurrency": concurrency,
+    out: dict[str, Any] = {"client": client_kind.partition(":")[0], "route": route, "requests": requests, "concurrency": concurrency,
                            "seconds": round(wall, 2),
                            "latency_s": {k: round(v / 1000, 3) for k, v in _stats_ms(
                                [1000 * x for _, x, _ in done]).items() if k != "count"},
                            "slowest_10_send_order": sorted(i for i, _, _ in slowest),
                            "oldest_waiter_s": None, "admission_wait_p99_s": None}
-    if client_kind != "openai":
+    if client_kind != "openai":  # httpx, on any route
         out["client_wait_s"] = {k: round(v / 1000, 3) for k, v in _stats_ms(
             [1000 * w for _, _, w in done]).items() if k != "count"}
     if admitted is not None:
@@ -286,16 +373,25 @@ async def _load(base_url: str, engine: Any, requests: int, concurrency: int, cli
     return out
 
 
-async def _soak(base_url: str, rounds: int, requests: int, n: int) -> list[float]:
+async def _soak(base_url: str, rounds: int, requests: int, n: int, routes: list[str]) -> list[float]:
+    """`rounds` rounds of `requests` requests, the routes' in turn: chat and Completions with `n` distinct
+    completions each (the record cache fills), Responses stored (the response store fills), Messages; resident
+    memory after each round."""
     rss = []
-    async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=300, headers={"anthropic-version": "2023-06-01"}) as client:
         for r in range(rounds):
             sem = asyncio.Semaphore(16)
 
             async def one(i: int) -> None:
                 async with sem:
-                    body = _chat(f"Tell me something, number {r}-{i}.", n=n, max_tokens=8, seed=r * requests + i)
-                    response = await client.post("/chat/completions", json=body)
+                    route = routes[i % len(routes)]
+                    extra: dict[str, Any] = {}
+                    if route in ("chat", "completions"):
+                        extra = {"n": n, "seed": r * requests + i}
+                    elif route == "responses":  # stored: the response store fills, then evicts
+                        extra = {"store": True}
+                    body = _normal(route, f"Tell me something, number {r}-{i}.", 8, **extra)
+                    response = await client.post(PATHS[route], json=body)
                     assert response.status_code == 200, response.text[:200]
 
             await asyncio.gather(*(one(i) for i in range(requests)))
@@ -317,12 +413,18 @@ def main() -> None:
     p.add_argument("--disconnects", type=int, default=200, help="clients that close mid-body")
     p.add_argument("--load-requests", type=int, default=1000)
     p.add_argument("--load-concurrency", type=int, default=64)
-    p.add_argument("--load-clients", default="openai,httpx", help="clients of the load phase, in turn: openai "
-                   "(model.openai_client(), the SDK on aiohttp), httpx (a bare httpx.AsyncClient, pool of "
-                   "--load-concurrency connections)")
+    p.add_argument("--routes", default=",".join(ROUTES), help="routes the abuse, connection and soak phases "
+                   f"cover (default: all, {','.join(ROUTES)})")
+    p.add_argument("--load-clients", default="openai,httpx,httpx:completions,httpx:responses,httpx:messages",
+                   help="clients of the load phase, in turn: openai (model.openai_client(), the SDK on aiohttp, "
+                   "chat), httpx (a bare httpx.AsyncClient, pool of --load-concurrency connections, chat), "
+                   "httpx:<route> (the same on completions, responses or messages)")
     p.add_argument("--record-cache-mib", type=float, default=None, help="the server's record cache bound "
                    "(default: create_app's, 64 MiB; a smaller one shows the soak levelling off sooner)")
     args = p.parse_args()
+    routes = args.routes.split(",")
+    if not routes or set(routes) - set(ROUTES):
+        p.error(f"--routes takes some of {','.join(ROUTES)}, got {args.routes!r}")
 
     from artrl.serve import ServedModels, TransformersEngine, create_app, start_server
     from artrl.tiny import load_tiny
@@ -339,23 +441,24 @@ def main() -> None:
     try:
         app = create_app(ServedModels("m", engine), **options)
         with start_server(app, head_timeout=args.head_timeout) as handle:
-            abuse = asyncio.run(_abuse(handle.base_url, args.abuse_repeats))
+            abuse = {route: asyncio.run(_abuse(handle.base_url, args.abuse_repeats, route)) for route in routes}
             rss["after_abuse"] = _rss_mib()
-            slow = _slow(handle.host, handle.port, args.slow_connections, args.head_timeout)
-            trickle = _trickle(handle.host, handle.port, args.trickles, args.trickle_interval, args.body_deadline)
-            disconnect = _disconnects(handle, getattr(app.state, "metrics", None), args.disconnects)
+            slow = _slow(handle.host, handle.port, args.slow_connections, args.head_timeout, routes)
+            trickle = _trickle(handle.host, handle.port, args.trickles, args.trickle_interval, args.body_deadline,
+                               routes)
+            disconnect = _disconnects(handle, getattr(app.state, "metrics", None), args.disconnects, routes)
             rss["after_slow_trickle_disconnect"] = _rss_mib()
             load = [asyncio.run(_load(handle.base_url, engine, args.load_requests, args.load_concurrency, kind))
                     for kind in args.load_clients.split(",")]
             rss["after_load"] = _rss_mib()
-            soak = asyncio.run(_soak(handle.base_url, args.rounds, args.requests, args.n))
+            soak = asyncio.run(_soak(handle.base_url, args.rounds, args.requests, args.n, routes))
             rss["after_soak"] = _rss_mib()
     finally:
         engine.close()
     print(json.dumps({"bench": "server_soak", "record_cache_mib": args.record_cache_mib or 64, "abuse": abuse,
                       "slow": slow, "trickle": trickle, "disconnect": disconnect, "load": load,
                       "soak_rss_mib_per_round": soak, "soak": {"rounds": args.rounds, "requests": args.requests,
-                                                               "n": args.n}, "rss_mib": rss}))
+                                                               "n": args.n}, "routes": routes, "rss_mib": rss}))
 
 
 if __name__ == "__main__":
