@@ -461,3 +461,61 @@ def test_50000_tools_are_refused_without_building_them(gated: tuple[ServerHandle
     assert response.status_code == 400 and response.json()["error"]["param"] == "tools", response.text[:300]
     # the refusal holds the body (received, joined) and one empty dict a tool; building holds every tool's dicts
     assert refusal < built / 2, (refusal, built, len(payload))
+
+
+def _protocol_tools_50k(route: str) -> dict[str, Any]:
+    if route == "responses":
+        return {"model": "m", "input": "hi", "max_output_tokens": 1, "tools": [
+            {"type": "function", "name": f"function_{i}", "description": "does a small thing",
+             "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}} for i in range(50_000)]}
+    return {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"name": f"function_{i}", "description": "does a small thing",
+         "input_schema": {"type": "object", "properties": {"x": {"type": "string"}}}} for i in range(50_000)]}
+
+
+@pytest.mark.parametrize("route", ["responses", "messages"])
+def test_the_other_protocols_refuse_50000_tools_without_building_them(
+        gated: tuple[ServerHandle, GatedTokenizer], route: str) -> None:
+    """As chat: a Responses or Messages body over the tool limit is counted and refused before its objects are
+    built (a fraction of what parsing it whole holds), and the server counts the refusal."""
+    import gc
+    import tracemalloc
+
+    from artrl.serve.protocols.messages import MessagesRequest
+    from artrl.serve.protocols.responses import ResponsesRequest
+
+    handle, _ = gated
+    payload = json.dumps(_protocol_tools_50k(route)).encode()
+    model = ResponsesRequest if route == "responses" else MessagesRequest
+    metrics = httpx.get(f"{handle.url}/metrics", timeout=20).json()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        parsed = model.model_validate_json(payload)
+        built = tracemalloc.get_traced_memory()[1]
+        del parsed
+        gc.collect()
+        tracemalloc.reset_peak()
+        with httpx.Client(timeout=60) as client:
+            base = tracemalloc.get_traced_memory()[0]
+            response = client.post(f"{handle.base_url}/{route}", content=payload,
+                                   headers={"content-type": "application/json", "anthropic-version": "2023-06-01"})
+            refusal = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert response.status_code == 400 and "holds 50000 tools" in response.text, response.text[:300]
+    assert refusal < built / 2, (refusal, built, len(payload))
+    after = httpx.get(f"{handle.url}/metrics", timeout=20).json()
+    assert after["refused_by_count"] == metrics["refused_by_count"] + 1, (metrics, after)
+
+
+def test_a_responses_input_over_the_message_limit_is_refused_by_count(gated: tuple[ServerHandle, GatedTokenizer]
+                                                                     ) -> None:
+    """200,000 input items: refused naming `input` before they are built, with the server's own setting named."""
+    handle, _ = gated
+    body = {"model": "m", "max_output_tokens": 1, "input": [{"role": "user", "content": ""}] * 200_000}
+    response = httpx.post(f"{handle.base_url}/responses", json=body, timeout=60)
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert error["param"] == "input" and error["message"].startswith("input holds 200000 items"), error
+    assert "create_app(max_messages=...)" in error["message"], error

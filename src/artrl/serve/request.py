@@ -117,23 +117,35 @@ def check_content_type(content_type: str | None) -> None:
 # Each message or tool, if it is an object, as an empty dict: its keys are skipped by the parser, not built.
 _SKIPPED_ITEM = core_schema.union_schema(
     [core_schema.typed_dict_schema({}, extra_behavior="ignore"), core_schema.any_schema()], mode="left_to_right")
-_COUNTER = SchemaValidator(core_schema.typed_dict_schema({
-    "messages": core_schema.typed_dict_field(core_schema.list_schema(_SKIPPED_ITEM), required=False),
-    "tools": core_schema.typed_dict_field(
-        core_schema.nullable_schema(core_schema.list_schema(_SKIPPED_ITEM)), required=False),
-}, extra_behavior="ignore"))
+_COUNTERS: dict[str, SchemaValidator] = {}
 
 
-def count_items(raw: bytes) -> ItemCounts | None:
-    """How many messages and tools the JSON body `raw` holds, without building them (module docstring, step 2);
-    None when the body is not an object with those lists (`parse_body` then says what is wrong)."""
+def _counter(items: str) -> SchemaValidator:
+    """A validator that keeps only the lists `items` (chat's `messages`, the Responses `input`...) and `tools`,
+    their members skipped; a non-list `items` (the Responses API's string input) counts as none."""
+    if items not in _COUNTERS:
+        listed = core_schema.union_schema([core_schema.list_schema(_SKIPPED_ITEM), core_schema.any_schema()],
+                                          mode="left_to_right")
+        _COUNTERS[items] = SchemaValidator(core_schema.typed_dict_schema({
+            items: core_schema.typed_dict_field(listed, required=False),
+            "tools": core_schema.typed_dict_field(
+                core_schema.nullable_schema(core_schema.list_schema(_SKIPPED_ITEM)), required=False),
+        }, extra_behavior="ignore"))
+    return _COUNTERS[items]
+
+
+def count_items(raw: bytes, items: str = "messages") -> ItemCounts | None:
+    """How many messages (the list named `items`) and tools the JSON body `raw` holds, without building them
+    (module docstring, step 2); None when the body is not an object with those lists (the parser then says what
+    is wrong)."""
     try:
-        shape = _COUNTER.validate_json(raw)
+        shape = _counter(items).validate_json(raw)
     except pydantic.ValidationError as error:
         if any(e["type"] == "json_invalid" for e in error.errors()):
             raise RequestValidationError(error.errors(include_url=False)) from error
         return None
-    return ItemCounts(len(shape.get("messages") or ()), len(shape.get("tools") or ()))
+    listed = shape.get(items)
+    return ItemCounts(len(listed) if isinstance(listed, list) else 0, len(shape.get("tools") or ()))
 
 
 def parse_body(raw: bytes) -> ChatCompletionRequest:
@@ -144,11 +156,12 @@ def parse_body(raw: bytes) -> ChatCompletionRequest:
         raise RequestValidationError(error.errors(include_url=False)) from error
 
 
-def check_counts(counts: ItemCounts, limits: RequestLimits) -> None:
-    """The cheap bounds: list lengths, before the messages are even validated."""
+def check_counts(counts: ItemCounts, limits: RequestLimits, items: str = "messages") -> None:
+    """The cheap bounds: list lengths, before the messages are even validated (`items`: the field that holds
+    them in the request's protocol)."""
     check(counts.messages <= limits.max_messages,
-          f"messages holds {counts.messages} messages; this server takes at most {limits.max_messages} per "
-          "request (create_app(max_messages=...)).", "messages")
+          f"{items} holds {counts.messages} {'messages' if items == 'messages' else 'items'}; this server takes at "
+          f"most {limits.max_messages} per request (create_app(max_messages=...)).", items)
     check(counts.tools <= limits.max_tools,
           f"tools holds {counts.tools} tools; this server takes at most {limits.max_tools} per request "
           "(create_app(max_tools=...)).", "tools")

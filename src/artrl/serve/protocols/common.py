@@ -6,8 +6,8 @@ import contextlib
 import dataclasses
 import json
 import re
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import fastapi
 import pydantic
@@ -15,7 +15,10 @@ from fastapi.exceptions import RequestValidationError
 
 from artrl.heap import release_free_memory
 from artrl.serve.guards import APIError
-from artrl.serve.request import INLINE_PARSE_BYTES, check_content_type
+from artrl.serve.request import INLINE_PARSE_BYTES, check_content_type, check_counts, count_items
+
+if TYPE_CHECKING:
+    from artrl.serve.core import RequestCore
 
 Body = TypeVar("Body", bound=pydantic.BaseModel)
 
@@ -28,18 +31,27 @@ def parse(raw: bytes, model: type[Body]) -> Body:
         raise RequestValidationError(error.errors(include_url=False)) from error
 
 
-async def read_body(http: fastapi.Request, model: type[Body], off_loop: Callable[..., Awaitable[Any]]) -> Body:
+async def read_body(http: fastapi.Request, model: type[Body], core: RequestCore, items: str | None = None) -> Body:
     """The request body as `model`: a body sent as anything but JSON is a 400; one over `INLINE_PARSE_BYTES` is
-    parsed on a worker thread (the limits on what it holds are checked by the core, after it is parsed)."""
+    first counted without being built (its list of messages, named `items` in this protocol, and its tools: over
+    the server's limits is a 400 before anything is built, as on the chat route), then parsed on a worker thread
+    (the core checks the rest of the limits on what it holds, after it is parsed)."""
     raw = await http.body()
     check_content_type(http.headers.get("content-type"))
     if len(raw) <= INLINE_PARSE_BYTES:
         return parse(raw, model)
     try:
-        return await off_loop(parse, raw, model)
+        counts = await core.off_loop(count_items, raw, items) if items is not None else None
+        if counts is not None:
+            try:
+                check_counts(counts, core.limits, items)
+            except APIError:
+                core.metrics.refused_by_count += 1
+                raise
+        return await core.off_loop(parse, raw, model)
     finally:
         del raw
-        await off_loop(release_free_memory)
+        await core.off_loop(release_free_memory)
 
 
 def named_event(name: str, data: dict[str, Any]) -> bytes:

@@ -163,7 +163,7 @@ def add_route(app: fastapi.FastAPI, core: RequestCore) -> None:
 
     @app.post(PATH)
     async def completions(http: fastapi.Request) -> fastapi.Response:
-        body = await read_body(http, CompletionRequest, core.off_loop)
+        body = await read_body(http, CompletionRequest, core)
         core.warn_unknown(body, "completion", {"stream_options", "user"})
         request = chat_request(body)
         with renamed_params(_NAMES):

@@ -358,7 +358,7 @@ def add_route(app: fastapi.FastAPI, core: RequestCore) -> None:
 
     @app.post(PATH)
     async def messages(http: fastapi.Request) -> fastapi.Response:
-        body = await read_body(http, MessagesRequest, core.off_loop)
+        body = await read_body(http, MessagesRequest, core, items="messages")
         core.warn_unknown(body, "Messages", IGNORED)
         request = chat_request(body)
         with renamed_params(_NAMES):

@@ -437,7 +437,7 @@ def add_route(app: fastapi.FastAPI, core: RequestCore, store_bytes: int = DEFAUL
 
     @app.post(PATH)
     async def responses(http: fastapi.Request) -> fastapi.Response:
-        body = await read_body(http, ResponsesRequest, core.off_loop)
+        body = await read_body(http, ResponsesRequest, core, items="input")
         core.warn_unknown(body, "Responses", IGNORED)
         request, conversation = chat_request(body, store)
         with renamed_params(_NAMES):
