@@ -46,7 +46,7 @@ from typing import Any
 
 from .._fs import write_atomic
 from ..errors import TrajectoryError
-from ..trajectories import History, Trajectory, TrajectoryGroup
+from ..trajectories import LegacyHistory, Trajectory, TrajectoryGroup
 from ..wire_records import record_histories
 
 log = logging.getLogger(__name__)
@@ -117,12 +117,12 @@ def _exception_record(e: Any) -> dict[str, Any]:
             "traceback": getattr(e, "traceback", None)}
 
 
-def _histories(hs: list[History]) -> str | None:
+def _histories(hs: list[LegacyHistory]) -> str | None:
     return _json_or_none([{"messages_and_choices": [_as_dict(m) for m in h.messages_and_choices],
                            "tools": h.tools} for h in hs])
 
 
-def _conversations(t: Trajectory) -> tuple[list[Any], Any, list[History]]:
+def _conversations(t: Trajectory) -> tuple[list[Any], Any, list[LegacyHistory]]:
     """(main conversation, its tools, the other conversations) of a trajectory; for captured exchanges, the
     conversations they file into (wire_records.py), the first as the main one."""
     if not t.exchanges:
@@ -283,7 +283,7 @@ def _make_group(trajectories: list[Trajectory], fields: dict[str, Any]) -> Traje
 
 
 def _trajectory(row: dict[str, Any]) -> Trajectory:
-    histories = [History(messages_and_choices=h.get("messages_and_choices") or [], tools=h.get("tools"))
+    histories = [LegacyHistory(messages_and_choices=h.get("messages_and_choices") or [], tools=h.get("tools"))
                  for h in _load_json(row.get("additional_histories"), [])]
     return Trajectory(messages_and_choices=[unflatten_message(m) for m in row.get("messages") or []],
                       reward=row["reward"] if row.get("reward") is not None else 0.0,

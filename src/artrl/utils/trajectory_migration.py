@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..trajectories import History, Trajectory, TrajectoryGroup
+from ..trajectories import LegacyHistory, Trajectory, TrajectoryGroup
 from .trajectory_logging import _json_or_none, append_rows, flatten_message
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def message_or_choice_to_dict(message_or_choice: Any) -> dict[str, Any]:
     return item
 
 
-def history_to_dict(history: History) -> dict[str, Any]:
+def history_to_dict(history: LegacyHistory) -> dict[str, Any]:
     return {"messages_and_choices": [message_or_choice_to_dict(m) for m in history.messages_and_choices],
             "tools": history.tools}
 
