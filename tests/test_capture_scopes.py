@@ -401,7 +401,9 @@ def test_exchanges_of_other_protocols_chain_on_their_tokens(tok) -> None:
         tokenize_groups([art.TrajectoryGroup([no_record, art.Trajectory()])], tok)
 
 
-def test_a_captured_trajectory_is_logged_as_its_conversations(url: str, tmp_path) -> None:
+def test_a_captured_trajectory_is_logged_with_its_exchanges_whole(url: str, tmp_path) -> None:
+    import pyarrow.parquet as pq
+
     from artrl.utils.trajectory_logging import read_trajectory_groups_parquet, write_trajectory_groups_parquet
 
     question = {"role": "user", "content": "q"}
@@ -410,10 +412,15 @@ def test_a_captured_trajectory_is_logged_as_its_conversations(url: str, tmp_path
         httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
     path = tmp_path / "log.parquet"
     write_trajectory_groups_parquet([art.TrajectoryGroup([t])], path)
+    assert pq.read_table(path).column("messages").to_pylist() == [None]  # ART's column is null for exchanges
     [group] = read_trajectory_groups_parquet(path)
     [back] = group.trajectories
-    assert back.messages_and_choices == [question, {"role": "assistant", "content": "hi"}]
-    assert back.additional_histories[0].messages_and_choices[0] == {"role": "user", "content": "x"}
+    assert not back.messages_and_choices and not back.additional_histories
+    assert [e.request for e in back.exchanges.chat_completions] == [e.request for e in t.exchanges.chat_completions]
+    assert [e.response for e in back.exchanges.chat_completions] == [e.response for e in t.exchanges.chat_completions]
+    assert [(e.start_time, e.end_time) for e in back.exchanges.chat_completions] == [
+        (e.start_time, e.end_time) for e in t.exchanges.chat_completions]
+    assert back.reward == 1.0
 
 
 # --------------------------------------------------------------------------- art.tokenize / art.tensorize

@@ -55,16 +55,18 @@ def test_round_trip_keeps_tool_calls_unicode_choices_and_trajectory_fields(tmp_p
     assert msgs[2] == {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]}
     assert msgs[3] == {"role": "tool", "content": '{"results": ["Pizza Hut"]}', "tool_call_id": "call_1"}
     assert msgs[1]["content"] == 'Search for "pizza" 🍕\n\ttabbed'
-    assert msgs[4] == {"role": "assistant", "content": "Hi! 你好 👋"}  # a sampled turn comes back as a message
+    assert msgs[4] == t.messages_and_choices[4]  # a sampled turn comes back as its whole Choice (version 2)
+    assert msgs[4].logprobs == t.messages_and_choices[4].logprobs
     flags = [m["trainable"] for m in pq.read_table(path).column("messages").to_pylist()[0]]
     assert flags == [False, False, False, False, True]
 
 
-def test_the_schema_is_arts_columns_then_ours(tmp_path):
+def test_the_schema_is_arts_version_2_columns(tmp_path):
     path = tmp_path / "x.parquet"
     tl.write_trajectory_groups_parquet([art.TrajectoryGroup([tool_trajectory()])], path)
     table = pq.read_table(path)
-    assert tuple(table.column_names) == tl.ART_COLUMNS + tl.EXTRA_COLUMNS
+    assert tuple(table.column_names) == tl.COLUMNS
+    assert table.schema.metadata[b"art.trajectory_parquet.version"] == b"2"
     assert str(table.schema.field("messages").type) == ("list<element: struct<role: string, content: string, "
                                                         "tool_calls: string, tool_call_id: string, trainable: bool>>")
     assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "ZSTD"
@@ -101,8 +103,9 @@ def test_group_level_fields_and_exceptions_are_written_and_read_by_polars_pandas
     assert json.loads(df["group_metadata"][0]) == {"scenario_id": "abc", "hard": True}
     assert json.loads(df["group_metrics"][0]) == {"judge_score": 0.7} and df["group_logs"][0].to_list() == [
         "group log 你好"]
-    assert df["reward"][2] is None and df["messages"][2] is None  # the placeholder row
-    assert json.loads(df["group_exceptions"][2])[0]["message"] == "RuntimeError: env crashed"
+    assert df["reward"][2] is None and df["messages"][2] is None  # the sentinel row
+    assert df["trajectory_index"].to_list() == [0, 1, None, 0]
+    assert json.loads(df["group_json"][2])["exceptions"][0]["message"] == "RuntimeError: env crashed"
 
     pdf = pd.read_parquet(path)
     assert list(pdf["reward"].dropna()) == [0.75, 0.75, 0.75]

@@ -30,7 +30,7 @@ from .scopes import current_trajectory, no_capture, trajectory, trajectory_group
 from .serverless import ServerlessBackend
 from .tokenized import tensorize, tokenize
 from .tokenizer import get_tokenizer
-from .trajectories import History, Trajectory, TrajectoryGroup
+from .trajectories import History, LegacyHistory, Trajectory, TrajectoryGroup
 from .types import (InternalModelConfig, LocalTrainResult, Messages, MessagesAndChoices, ServerlessTrainResult,
                     Tools, TrainConfig, TrainResult, TrainSFTConfig)
 from .utils import choice_from_completion, retry
@@ -51,7 +51,7 @@ __all__ = [
     "get_tokenizer", "LocalServingUnavailableError", "MetricDefinition", "PIPELINE_RL_DASHBOARD_DEFAULT_METRICS",
     "PIPELINE_RL_METRIC_DEFINITIONS", "PIPELINE_RL_SCORE_METRICS",
     # artrl's own
-    "ArtrlError", "CheckpointError", "ConfigError", "GatherError", "History", "InternalModelConfig",
+    "ArtrlError", "CheckpointError", "ConfigError", "GatherError", "History", "LegacyHistory", "InternalModelConfig",
     "NonFiniteError", "PackingError", "TrainOutOfMemoryError", "TrainTooLongError", "TrajectoryError", "WorkerError", "choice_from_completion", "rewards",
     "schedules", "utils",
 ]

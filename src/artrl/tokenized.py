@@ -20,7 +20,7 @@ Differences from ART, each refused or documented, never ignored: `chat_template`
 `chat_template_kwargs` and `reconcile_text_equivalent_tokenizations=True` are refused with a
 ConfigError (the record needs no template; the fallback renders with the tokenizer's own);
 `ASSISTANT` marks sampled turns only, not earlier assistant turns inside a prompt; a
-`TokenizedHistory.history` is artrl's `History` (messages and choices), not ART's
+`TokenizedHistory.history` is a `LegacyHistory` (messages and choices), not ART's
 protocol-native history; the work runs in a worker thread, not a process pool. `model` selects
 exchanges by model name (exact, else a shell pattern) as ART's selector does, and names the
 sequences; `base_model` only names the tokenizer (and the sequences when `model` is not given).
@@ -40,7 +40,7 @@ from .chat_format import end_of_turn_ids
 from .errors import ConfigError
 from .exchanges import TrajectoryExchanges
 from .preprocess.tokenize import TokenizeStats, tokenize_history
-from .trajectories import History, Trajectory, TrajectoryGroup
+from .trajectories import LegacyHistory, Trajectory, TrajectoryGroup
 from .wire_records import record_histories
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class TokenFlag(IntFlag):
 class TokenizedHistory:
     """One token sequence: `tokens`, `logprobs` and `flags`, one entry per token."""
 
-    history: History
+    history: LegacyHistory
     model: str
     tokens: list[int]
     logprobs: list[float]
@@ -139,7 +139,7 @@ class TokenizedTrajectoryGroup:
 
 @dataclass
 class TensorizedHistory:
-    history: History
+    history: LegacyHistory
     model: str
     tokens: "torch.Tensor"  # [n] int64
     logprobs: "torch.Tensor"  # [n] float32, NaN where not sampled
@@ -176,7 +176,7 @@ def _select(exchanges: TrajectoryExchanges, model: str | None) -> TrajectoryExch
                                   for name in ("chat_completions", "completions", "responses", "messages")})
 
 
-def _histories(trajectory: Trajectory, model: str | None, where: str) -> list[tuple[History | Trajectory, str]]:
+def _histories(trajectory: Trajectory, model: str | None, where: str) -> list[tuple[LegacyHistory | Trajectory, str]]:
     if trajectory.exchanges:
         return record_histories(_select(trajectory.exchanges, model), where)
     return [(trajectory, where), *((h, f"{where}, additional_histories[{k}]")
@@ -191,7 +191,7 @@ def _sequences(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int], 
         stats = TokenizeStats()
         seqs = tokenize_history(history.messages_and_choices, history.tools, tokenizer, end_ids=end_ids, where=at,
                                 stats=stats)
-        conversation = history if isinstance(history, History) else History(
+        conversation = history if isinstance(history, LegacyHistory) else LegacyHistory(
             messages_and_choices=history.messages_and_choices, tools=history.tools)
         for k, seq in enumerate(seqs):
             rendered = stats.rendered_turns > 0 and k == len(seqs) - 1  # the rendered sequence comes last

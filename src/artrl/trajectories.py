@@ -1,4 +1,4 @@
-"""The user-facing data model: `Trajectory`, `History`, `TrajectoryGroup` (ART's, field for field).
+"""The user-facing data model: `Trajectory`, `TrajectoryGroup`, `LegacyHistory`, `History` (ART's, field for field).
 
 Names, fields, defaults and methods follow OpenPipe ART, so ART rollout code runs unchanged:
 
@@ -34,6 +34,7 @@ import logging
 import math
 import time
 import traceback
+import warnings
 from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -123,8 +124,12 @@ def get_messages(messages_and_choices: MessagesAndChoices) -> Messages:
     return messages
 
 
-class History(pydantic.BaseModel):
-    """Another conversation that belongs to the same episode (ART's `History`)."""
+class LegacyHistory(pydantic.BaseModel):
+    """Another conversation that belongs to the same episode, as messages and sampled choices.
+
+    ART 0.5.23's `LegacyHistory`, the element type of `Trajectory.additional_histories`; ART 0.5.18
+    called it `History` (that spelling still builds one, see `History`).
+    """
 
     messages_and_choices: MessagesAndChoices
     tools: Tools | None = None
@@ -134,6 +139,53 @@ class History(pydantic.BaseModel):
 
     def messages(self) -> Messages:
         return get_messages(self.messages_and_choices)
+
+
+_warned_legacy_history = False
+
+
+def _is_legacy_history_data(data: Any) -> bool:
+    return isinstance(data, dict) and "messages_and_choices" in data and "model" not in data
+
+
+def _legacy_history_notice() -> None:
+    global _warned_legacy_history
+    if not _warned_legacy_history:
+        _warned_legacy_history = True
+        warnings.warn("History(messages_and_choices=..., tools=...) is ART 0.5.18's spelling; it builds a "
+                      "LegacyHistory, ART 0.5.23's name for it (History is now the base of the protocol-native "
+                      "histories, with a `model` field).", DeprecationWarning, stacklevel=3)
+
+
+class History(pydantic.BaseModel):
+    """ART 0.5.23's `History`: the base of the protocol-native views of one tokenizable sequence.
+
+    It holds the `model` the sequence was sampled from (extra fields are refused, as in ART).
+    ART 0.5.18's `History` was the conversation that is now `LegacyHistory`; built with that
+    version's keywords (`History(messages_and_choices=..., tools=...)`, or `History.model_validate`
+    of such a dict) it returns a `LegacyHistory`, with one DeprecationWarning per process, so
+    0.5.18 programs keep running. Such an object is not an instance of `History` (as in 0.5.23).
+    """
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    model: str | None
+
+    def __new__(cls, *args: Any, **data: Any) -> Any:
+        if cls is History and not args and _is_legacy_history_data(data):
+            _legacy_history_notice()
+            return LegacyHistory(**data)
+        return super().__new__(cls)
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        if cls is History and _is_legacy_history_data(obj):
+            _legacy_history_notice()
+            return LegacyHistory.model_validate(obj, *args, **kwargs)
+        return super().model_validate(obj, *args, **kwargs)
+
+    def as_chat_completions_history(self) -> Any:
+        raise ValueError(f"{type(self).__name__} cannot be represented as Chat Completions")
 
 
 # --------------------------------------------------------------------------- conversations (ART's prefix rule)
@@ -151,7 +203,7 @@ def _normal(value: Any) -> Any:
     return value
 
 
-def continues(history: Trajectory | History, messages: list[Any], tools: Any) -> bool:
+def continues(history: Trajectory | LegacyHistory, messages: list[Any], tools: Any) -> bool:
     """Whether a request with `messages` and `tools` continues `history` (its messages so far begin them)."""
     so_far = history.messages()
     if len(so_far) > len(messages):
@@ -163,16 +215,16 @@ def continues(history: Trajectory | History, messages: list[Any], tools: Any) ->
     return same and (history.tools == tools or (not so_far and history.tools is None))
 
 
-def file_turn(main: Trajectory | History, others: list[History], messages: list[Any], tools: Any,
+def file_turn(main: Trajectory | LegacyHistory, others: list[LegacyHistory], messages: list[Any], tools: Any,
               choice: Choice) -> None:
     """Append a chat turn (its request's new messages, then the sampled choice) to the conversation it continues:
-    `main` first, else the first of `others`, else a new History appended to `others`."""
-    history: Trajectory | History = main
+    `main` first, else the first of `others`, else a new LegacyHistory appended to `others`."""
+    history: Trajectory | LegacyHistory = main
     k = -1
     while not continues(history, messages, tools):
         k += 1
         if k == len(others):
-            history = History(messages_and_choices=[])
+            history = LegacyHistory(messages_and_choices=[])
             others.append(history)
             break
         history = others[k]
@@ -193,7 +245,7 @@ class Trajectory(pydantic.BaseModel):
     exchanges: TrajectoryExchanges = pydantic.Field(default_factory=TrajectoryExchanges)
     messages_and_choices: MessagesAndChoices = []
     tools: Tools | None = None
-    additional_histories: list[History] = []
+    additional_histories: list[LegacyHistory] = []
     reward: float = 0.0
     initial_policy_version: int | None = None
     final_policy_version: int | None = None
@@ -267,9 +319,9 @@ class Trajectory(pydantic.BaseModel):
         self.messages_and_choices = check_messages(self.messages_and_choices, "Trajectory.messages_and_choices")
         check_tools(self.tools, "Trajectory.tools")
         for k, h in enumerate(self.additional_histories):
-            if not isinstance(h, History):
+            if not isinstance(h, LegacyHistory):
                 raise TrajectoryError(f"Trajectory.additional_histories[{k}] has type {type(h).__name__}; "
-                                      "expected a History.")
+                                      "expected a LegacyHistory (messages_and_choices, tools).")
             where = f"Trajectory.additional_histories[{k}]"
             h.messages_and_choices = check_messages(h.messages_and_choices, f"{where}.messages_and_choices")
             check_tools(h.tools, f"{where}.tools")
@@ -326,13 +378,13 @@ class Trajectory(pydantic.BaseModel):
         }
 
 
-def one_chat_conversation(exchanges: TrajectoryExchanges) -> History:
+def one_chat_conversation(exchanges: TrajectoryExchanges) -> LegacyHistory:
     """The one conversation a trajectory's chat completion exchanges make (ART's `history()` needs exactly one)."""
     others = [name for name, _ in exchanges.all() if name != "chat_completions"]
     if others:
         raise ValueError(f"the messages of a trajectory with {others[0]} exchanges are not provided here; read its "
                          "exchanges (trajectory.exchanges) instead")
-    main, rest = History(messages_and_choices=[]), []
+    main, rest = LegacyHistory(messages_and_choices=[]), []
     for exchange in exchanges.chat_completions:
         for choice in exchange.response.choices:
             file_turn(main, rest, list(exchange.request.get("messages") or []), exchange.request.get("tools"), choice)

@@ -3,7 +3,7 @@
 A trajectory of exchanges (exchanges.py) trains exactly as one of `Choice`s: each sampled
 turn becomes a `Choice` carrying the server's record (`prompt_token_ids`, `token_ids`, one
 logprob per sampled id, `policy_version`), and the turns are filed into conversations
-(`History`s); preprocess/tokenize.py then trains each turn on its record, chaining turns whose
+(`LegacyHistory`s); preprocess/tokenize.py then trains each turn on its record, chaining turns whose
 prompt extends the sequence so far. Where each protocol keeps its record (vLLM's extensions,
 as ART 0.5.23 reads them; artrl's server emits the same fields):
 
@@ -35,7 +35,7 @@ from openai.types.chat.chat_completion import Choice
 from .errors import TrajectoryError
 from .exchanges import (ChatCompletionsExchange, CompletionsExchange, Endpoint, Exchange, MessagesExchange,
                         ResponsesExchange, TrajectoryExchanges)
-from .trajectories import POLICY_VERSION_FIELD, History, file_turn
+from .trajectories import POLICY_VERSION_FIELD, LegacyHistory, file_turn
 
 #: Keys holding the sampled ids' logprobs as a plain list of numbers (vLLM's compact form; ART's own key).
 COMPACT_LOGPROBS_KEYS = ("compact_logprobs", "art_completion_logprobs")
@@ -192,12 +192,12 @@ def _has_record(choice: Choice) -> bool:
         isinstance(extra.get("token_ids"), list) and bool(extra["token_ids"])
 
 
-def record_histories(exchanges: TrajectoryExchanges, where: str = "trajectory") -> list[tuple[History, str]]:
+def record_histories(exchanges: TrajectoryExchanges, where: str = "trajectory") -> list[tuple[LegacyHistory, str]]:
     """The conversations of a trajectory's exchanges, each with a name for messages: chat completions filed by
     their messages, the other protocols by their tokens (module docstring)."""
-    out: list[tuple[History, str]] = []
-    chat_main = History(messages_and_choices=[])
-    chat_others: list[History] = []
+    out: list[tuple[LegacyHistory, str]] = []
+    chat_main = LegacyHistory(messages_and_choices=[])
+    chat_others: list[LegacyHistory] = []
     for k, exchange in enumerate(exchanges.chat_completions):
         messages = exchange.request.get("messages")
         if not isinstance(messages, list):
@@ -207,7 +207,7 @@ def record_histories(exchanges: TrajectoryExchanges, where: str = "trajectory") 
     for n, h in enumerate([chat_main, *chat_others] if chat_main.messages_and_choices else chat_others):
         out.append((h, f"{where}, exchanges.chat_completions (conversation {n})"))
     for endpoint in ("completions", "responses", "messages"):
-        chains: list[tuple[History, list[int]]] = []  # (conversation, its last prompt + sampled ids)
+        chains: list[tuple[LegacyHistory, list[int]]] = []  # (conversation, its last prompt + sampled ids)
         for k, exchange in enumerate(getattr(exchanges, endpoint)):
             at = f"{where}: exchanges.{endpoint}[{k}]"
             for choice in exchange_turns(endpoint, exchange, at):
@@ -219,7 +219,7 @@ def record_histories(exchanges: TrajectoryExchanges, where: str = "trajectory") 
                 prompt, ids = choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"]
                 chain = next((c for c in chains if prompt[:len(c[1])] == c[1]), None)
                 if chain is None:
-                    chain = (History(messages_and_choices=[]), [])
+                    chain = (LegacyHistory(messages_and_choices=[]), [])
                     chains.append(chain)
                 chain[0].messages_and_choices.append(choice)
                 chain[1][:] = [*prompt, *ids]

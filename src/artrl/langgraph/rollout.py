@@ -44,7 +44,7 @@ from typing import Any, Literal
 from openai.types.chat.chat_completion import Choice
 
 from ..errors import ConfigError, TrajectoryError
-from ..trajectories import History, Trajectory
+from ..trajectories import LegacyHistory, Trajectory
 from .recording import CURRENT, RolloutRecorder, recording_clients
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def init_chat_model(model: Any = None, *, model_provider: str | None = None, con
 
 def _fill(result: Trajectory, recorder: RolloutRecorder, on_missing_record: OnMissingRecord) -> Trajectory:
     recorded = recorder.trajectory
-    histories = [History(messages_and_choices=recorded.messages_and_choices, tools=recorded.tools),
+    histories = [LegacyHistory(messages_and_choices=recorded.messages_and_choices, tools=recorded.tools),
                  *recorded.additional_histories]
     if not recorded.messages_and_choices:
         log.warning("wrap_rollout recorded no chat completion: the graph made none through init_chat_model(), "
@@ -136,7 +136,7 @@ def _fill(result: Trajectory, recorder: RolloutRecorder, on_missing_record: OnMi
     return result
 
 
-def missing_records(histories: list[History]) -> list[str]:
+def missing_records(histories: list[LegacyHistory]) -> list[str]:
     """Each assistant turn of `histories` that has no complete token record, named by its place."""
     found = []
     for h, history in enumerate(histories):

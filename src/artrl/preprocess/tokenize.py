@@ -77,7 +77,7 @@ from ..chat_format import (
 from ..errors import TrajectoryError
 from ..images import ProcessedImage
 from .media import ConversationImages, same_images
-from ..trajectories import History, Trajectory, TrajectoryGroup, revalidate
+from ..trajectories import LegacyHistory, Trajectory, TrajectoryGroup, revalidate
 from ..wire_records import record_histories
 
 log = logging.getLogger(__name__)
@@ -443,7 +443,7 @@ def _tokenize_trajectory(
     out = []
     base = name or f"group {gi}, trajectory {ti}"
     if traj.exchanges:  # captured exchanges: their turns carry the same record (wire_records.py)
-        named: list[tuple[History | Trajectory, str]] = record_histories(traj.exchanges, base)
+        named: list[tuple[LegacyHistory | Trajectory, str]] = record_histories(traj.exchanges, base)
     else:
         named = [(traj, base), *((h, f"{base}, additional_histories[{k}]")
                                  for k, h in enumerate(traj.additional_histories))]

@@ -8,7 +8,7 @@ Two JSONL layouts exist in the wild, and both migrate:
   Those logs did not record which group a trajectory belonged to, so each line
   becomes a group of one.
 
-A migrated file is written next to the JSONL (`NNNN.jsonl` -> `NNNN.parquet`)
+A migrated file is written next to the JSONL (`NNNN.jsonl` -> `NNNN.parquet`, format version 2)
 whole or not at all; when that Parquet file already exists (the same step was
 logged again after an upgrade), the JSONL's groups are added to it rather
 than replacing it. Only then is the JSONL deleted (`delete_original`). A torn
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..trajectories import History, Trajectory, TrajectoryGroup
-from .trajectory_logging import _json_or_none, append_rows, flatten_message
+from ..trajectories import LegacyHistory, Trajectory, TrajectoryGroup
+from .trajectory_logging import append_trajectory_groups_parquet
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def message_or_choice_to_dict(message_or_choice: Any) -> dict[str, Any]:
     return item
 
 
-def history_to_dict(history: History) -> dict[str, Any]:
+def history_to_dict(history: LegacyHistory) -> dict[str, Any]:
     return {"messages_and_choices": [message_or_choice_to_dict(m) for m in history.messages_and_choices],
             "tools": history.tools}
 
@@ -73,19 +73,41 @@ def serialize_trajectory_groups(trajectory_groups: list[TrajectoryGroup]) -> str
 
 
 def dict_to_message_or_choice(d: dict[str, Any]) -> Any:
+    """A dict with a `message` as a Choice (the dict itself when it is not a valid one), else the message."""
+    import pydantic
     from openai.types.chat.chat_completion import Choice
 
-    return Choice.model_validate(d) if "message" in d else d
+    if "message" in d:
+        try:
+            return Choice.model_validate(d)
+        except pydantic.ValidationError:
+            return d
+    return d
+
+
+def dict_to_history(d: dict[str, Any]) -> LegacyHistory:
+    return LegacyHistory(messages_and_choices=[dict_to_message_or_choice(m) for m in d.get("messages_and_choices")
+                                               or []], tools=d.get("tools"))
+
+
+def _logged_items(d: dict[str, Any]) -> list[Any]:
+    """A trajectory dict's messages and choices; `Trajectory.for_logging()` lines hold `messages` instead, a
+    sampled turn as its assistant message marked `trainable` (it migrates as that message)."""
+    if "messages_and_choices" in d or "messages" not in d:
+        return [dict_to_message_or_choice(m) for m in d["messages_and_choices"]]
+    return [{k: v for k, v in m.items() if k != "trainable"} for m in d["messages"]]
 
 
 def dict_to_trajectory(d: dict[str, Any]) -> Trajectory:
-    return Trajectory(messages_and_choices=[dict_to_message_or_choice(m) for m in d["messages_and_choices"]],
+    return Trajectory(messages_and_choices=_logged_items(d),
                       reward=_float(d["reward"]), metrics=d.get("metrics") or {}, metadata=d.get("metadata") or {},
-                      logs=d.get("logs") or [], tools=d.get("tools"))
+                      logs=d.get("logs") or [], tools=d.get("tools"),
+                      additional_histories=[dict_to_history(h) for h in d.get("additional_histories") or []])
 
 
 def dict_to_trajectory_group(d: dict[str, Any]) -> TrajectoryGroup:
-    return TrajectoryGroup([dict_to_trajectory(t) for t in d["trajectories"]])
+    return TrajectoryGroup([dict_to_trajectory(t) for t in d["trajectories"]], metadata=d.get("metadata") or {},
+                           metrics=d.get("metrics") or {}, logs=d.get("logs") or [])
 
 
 def deserialize_trajectory_groups(serialized: str) -> list[TrajectoryGroup]:
@@ -162,21 +184,6 @@ def _group_dicts(path: Path) -> list[dict[str, Any]]:
     return groups
 
 
-def _rows(groups: list[dict[str, Any]], first_group_index: int = 0) -> list[dict[str, Any]]:
-    rows = []
-    for gi, group in enumerate(groups, start=first_group_index):
-        for t in group.get("trajectories") or []:
-            rows.append({"group_index": gi, "group_metadata": _json_or_none(group.get("metadata")),
-                         "group_metrics": _json_or_none(group.get("metrics")),
-                         "group_logs": group.get("logs") or None, "reward": _float(t.get("reward")),
-                         "metrics": _json_or_none(t.get("metrics")), "metadata": _json_or_none(t.get("metadata")),
-                         "tools": _json_or_none(t.get("tools")), "logs": t.get("logs") or None,
-                         "messages": [flatten_message(m) for m in t.get("messages_and_choices") or []],
-                         "additional_histories": _json_or_none(t.get("additional_histories")),
-                         "group_exceptions": None})
-    return rows
-
-
 def migrate_jsonl_to_parquet(jsonl_path: Path | str, delete_original: bool = True,
                              dry_run: bool = False) -> MigrationResult:
     """Migrate one JSONL trajectory log to `<same name>.parquet` (see the module docstring)."""
@@ -195,9 +202,9 @@ def migrate_jsonl_to_parquet(jsonl_path: Path | str, delete_original: bool = Tru
         result.bytes_after = result.bytes_before // ESTIMATED_COMPRESSION
         return result
     try:
-        groups = _group_dicts(jsonl_path)
+        groups = [dict_to_trajectory_group(g) for g in _group_dicts(jsonl_path)]
         # an existing Parquet file of the same step keeps its groups; the JSONL's are added after them
-        append_rows(lambda first: _rows(groups, first), parquet_path)
+        append_trajectory_groups_parquet(groups, parquet_path)
     except Exception as e:  # one bad file must not stop a directory's migration
         result.errors.append(f"error migrating {jsonl_path}: {e}")
         return result
