@@ -1,7 +1,8 @@
 """The kinds of model every end-to-end property is checked on: the tiny model as it is, with quantised base weights,
-the tiny mixture-of-experts model, and the tiny vision-language model (whose tests give it image-bearing data:
-`vision_content`). Each kind is (base_model, InternalModelConfig fields). 4-bit computes in
-float32 here so that float noise stays at the dense model's level and the same tolerances hold."""
+the tiny mixture-of-experts model, and the tiny vision-language model in full precision and on 4-bit weights
+(whose tests give it image-bearing data: `vision_content`). Each kind is (base_model, InternalModelConfig
+fields). 4-bit computes in float32 here so that float noise stays at the dense model's level and the same
+tolerances hold."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "4bit": ("artrl/tiny", {"load_in_4bit": True, "dtype": "float32"}),
     "moe": ("artrl/tiny-moe", {}),
     "vision": ("artrl/tiny-vl", {}),
+    # the language model 4-bit, the vision tower and projector whole (models/quantization.py)
+    "vision-4bit": ("artrl/tiny-vl", {"load_in_4bit": True, "dtype": "float32"}),
 }
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (40, 60, 220), "yellow": (230, 210, 40)}

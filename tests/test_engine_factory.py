@@ -35,6 +35,8 @@ def test_auto_takes_vllm_only_when_installed_on_a_gpu_with_weights_on_disk(vllm_
     assert resolve_engine_kind("auto", "cuda", weights_on_disk=False) == "builtin"
     assert resolve_engine_kind("builtin", "cuda") == "builtin"
     assert resolve_engine_kind("vllm", "cpu") == "vllm"
+    # vLLM would quantise a 4-bit MoE model's experts, which the trainer keeps whole (serve/vllm_args.py)
+    assert resolve_engine_kind("auto", "cuda", quantized_moe=True) == "builtin"
 
 
 def test_auto_without_vllm_is_the_builtin_engine_and_asking_for_vllm_says_how_to_install_it(

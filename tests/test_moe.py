@@ -134,13 +134,16 @@ def _tampered(groups, every: int = 3) -> tuple[list[art.TrajectoryGroup], int]:
     return groups, changed
 
 
-def test_sampled_routing_is_recorded_replayed_and_its_mismatches_counted(tmp_path):
+@pytest.mark.parametrize("weights", [{}, {"load_in_4bit": True, "dtype": "float32"}], ids=["full", "4bit"])
+def test_sampled_routing_is_recorded_replayed_and_its_mismatches_counted(tmp_path, weights):
     """Through the local server: each sampled token's experts come back with the record; training replays them
     (delta at float tolerance, no mismatch); a record that claims other experts for some tokens is counted token
-    for token and, replayed, moves the logprobs, where routing freely does not."""
+    for token and, replayed, moves the logprobs, where routing freely does not. The same on 4-bit weights
+    (attention 4-bit; experts and routers whole: models/quantization.py)."""
 
     async def main() -> None:
-        model = art.TrainableModel(name="moe", project="record", base_model="artrl/tiny-moe")
+        model = art.TrainableModel(name="moe", project="record", base_model="artrl/tiny-moe",
+                                   _internal_config=art.InternalModelConfig(**weights))
         async with art.LocalBackend(path=str(tmp_path), show_progress=False) as backend:
             await model.register(backend)
             client = model.openai_client()

@@ -315,11 +315,13 @@ def test_4bit_weights_are_served_by_vllms_bitsandbytes_path_on_a_gpu() -> None:
     ("4bit", "cpu", {}, "CPU build has no bitsandbytes"),
     ("8bit", "cuda", {}, "to 4-bit only"),
     ("4bit", "cuda", {"quantization": "fp8"}, "engine_args.quantization='fp8'"),
+    ("4bit-moe", "cuda", {}, "mixture-of-experts model: vLLM's bitsandbytes path quantises the experts"),
 ])
 def test_what_vllm_cannot_serve_is_one_clear_error_before_it_starts(quantization, device_type, engine_args,
                                                                      says) -> None:
     with pytest.raises(ConfigError, match=says) as e:
-        arguments(engine_args, device_type=device_type, quantization=quantization)
+        arguments(engine_args, device_type=device_type, quantization=quantization.removesuffix("-moe"),
+                  moe=quantization.endswith("-moe"))
     assert "inference_engine='builtin'" in str(e.value) or "load_in_4bit=False" in str(e.value)
 
 

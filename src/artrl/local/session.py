@@ -155,11 +155,14 @@ class TrainingSession:
         or the workers' copy restored into `model`) never shares a module with the decode thread."""
         from ..serve.factory import open_engine, resolve_engine_kind
         from ..models.loading import RANDOM_SHAPES, resolve_name
+        from ..models.moe import is_moe
+        from ..models.quantization import quantization_of
 
         on_disk = base_model not in RANDOM_SHAPES
         device = next(model.parameters()).device
         kind = resolve_engine_kind(cfg.inference_engine, device.type, weights_on_disk=on_disk,
-                                   vision=vision is not None)
+                                   vision=vision is not None,
+                                   quantized_moe=is_moe(model.config) and quantization_of(model) == "4bit")
         return open_engine(kind, tokenizer=tokenizer, end_ids=end_ids, cfg=cfg, model=model,
                            serve_copy=kind == "builtin",
                            base_model_path=resolve_name(base_model) if on_disk else None, vision=vision)

@@ -37,8 +37,8 @@ from ..heap import release_free_memory
 from ..types import InternalModelConfig
 from .memory_plan import GB, check_model_fits, plan_for
 from .moe import EXPERTS_IMPLEMENTATION, is_moe, lora_targets
-from .quantization import (Quantization, bnb_config, is_own_model, prepare_quantized, resolve_quantization,
-                           weight_numel)
+from .quantization import (Quantization, bnb_config, check_quantized_layers, is_own_model, prepare_quantized,
+                           resolve_quantization, unquantized_modules, weight_numel)
 from .shapes import RANDOM_SHAPES, random_config
 from .source import load_config, resolve_name  # resolve_name: also read from here
 from .structure import MAX_LENGTH_KEYS, PROJECTIONS, config_max_length, text_config
@@ -178,6 +178,8 @@ def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
         model = build_random_model(config, device=device, dtype=dtype,
                                    attn_implementation=resolve_attn(cfg, device), seed=cfg.seed,
                                    quantization=quantization)
+        if quantization is not None:
+            check_quantized_layers(model, quantization)
         release_free_memory()  # the build's temporaries, left as holes in the C heap (artrl/heap.py)
         log.info("built random-init %s (%s, %s, %.1fM parameters)", base_model, device, what, parameter_count(model) / 1e6)
         return model, tok
@@ -186,7 +188,8 @@ def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
         extra["experts_implementation"] = EXPERTS_IMPLEMENTATION
     if quantization is not None:
         # quantised shard by shard while loading, straight onto the device
-        extra.update(quantization_config=bnb_config(quantization, dtype), device_map={"": device})
+        extra.update(quantization_config=bnb_config(quantization, dtype, unquantized_modules(config)),
+                     device_map={"": device})
     auto = AutoModelForImageTextToText if is_vision_model(config) else AutoModelForCausalLM
     try:
         with warnings.catch_warnings():
@@ -200,6 +203,7 @@ def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
     if quantization is None:
         model.to(device)
     else:
+        check_quantized_layers(model, quantization)
         prepare_quantized(model, quantization)
     release_free_memory()  # the load's and the quantiser's temporaries
     log.info("loaded %s (%s, %s, %s attention, %.1fM parameters)", base_model, device, what,

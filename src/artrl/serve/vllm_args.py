@@ -100,11 +100,14 @@ def moe_arguments(known: set[str], device_type: str) -> dict[str, Any]:
     return args
 
 
-def quantization_arguments(quantization: str | None, device_type: str, given: Mapping[str, Any]) -> dict[str, Any]:
+def quantization_arguments(quantization: str | None, device_type: str, given: Mapping[str, Any],
+                           moe: bool = False) -> dict[str, Any]:
     """vLLM's arguments for the trainer's base weights: 4-bit NF4 -> vLLM's in-flight bitsandbytes quantisation
     (the same NF4 codes from the same checkpoint; vLLM's kernels compute, the train call reports the delta).
-    Raises ConfigError where vLLM cannot serve them: its CPU build, or 8-bit (vLLM quantises in flight to 4-bit
-    only)."""
+    Raises ConfigError where vLLM cannot serve them: its CPU build, 8-bit (vLLM quantises in flight to 4-bit
+    only), or a mixture-of-experts model (`moe`), whose experts vLLM's bitsandbytes path quantises (its fused-MoE
+    method, which no skip list reaches) while the trainer keeps them in its dtype (models/quantization.py): the
+    sampler would hold another model than the trainer."""
     if quantization is None:
         return {}
     way_out = ("use inference_engine='builtin' (it decodes with the trainer's own quantised weights), or set "
@@ -116,6 +119,12 @@ def quantization_arguments(quantization: str | None, device_type: str, given: Ma
         raise ConfigError(f"4-bit base weights (load_in_4bit, the default for a Hugging Face model) with "
                           f"inference_engine='vllm' on a CPU: vLLM's CPU build has no bitsandbytes support; "
                           f"{way_out}.")
+    if moe:
+        raise ConfigError("4-bit base weights (load_in_4bit, the default for a Hugging Face model on a GPU) with "
+                          "inference_engine='vllm' on a mixture-of-experts model: vLLM's bitsandbytes path quantises "
+                          "the experts to 4-bit, and the trainer keeps them in its dtype (bitsandbytes quantises "
+                          "nn.Linear layers only, and transformers fuses the experts into 3-D parameters), so the "
+                          f"sampler and the trainer would hold different models; {way_out}.")
     if given.get("quantization") not in (None, "bitsandbytes"):
         raise ConfigError(f"engine_args.quantization={given['quantization']!r} with 4-bit base weights: vLLM must "
                           "serve the trainer's NF4 weights (quantization='bitsandbytes'). Remove it, or set "
@@ -147,7 +156,7 @@ def engine_arguments(*, model_path: str, device_type: str, dtype: str, max_model
     `device_type`: "cpu" or "cuda"; `quantization`: the trainer's base weights ("4bit", "8bit" or None,
     `quantization_arguments`).
     """
-    quantized = quantization_arguments(quantization, device_type, engine_args)
+    quantized = quantization_arguments(quantization, device_type, engine_args, moe)
     known = set(known)
     experts = moe_arguments(known, device_type) if moe else {}
     given = {key: value for key, value in engine_args.items() if key not in THROUGH_FIELDS}
