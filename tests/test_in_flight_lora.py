@@ -23,6 +23,10 @@ from artrl.tiny import load_tiny
 from engine_helpers import prompt_of, recompute, submit
 
 TOLERANCE = 1e-4
+# The first train call moves the policy little enough that the next call's delta over version 0's tokens (policy
+# drift, not a record error) stays within 1e-3, and enough that the two checkpoints' logprobs tell apart.
+FIRST_STEP_LR = 3e-6
+RECORD_TOLERANCE = 2e-5
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], lora_dropout=0.0,
                   init_lora_weights=False)
 
@@ -168,3 +172,83 @@ def test_a_mixture_of_experts_engine_refuses_in_flight_updates():
     model, tokenizer = load_model("artrl/tiny-moe", art.InternalModelConfig())
     with pytest.raises(ConfigError, match="mixture-of-experts"):
         TransformersEngine(model, tokenizer, in_flight_updates=True)
+
+
+# ---- through the local backend: the record, the trainer, the staleness figures ----------------------------------
+
+
+def test_a_rollout_spanning_a_train_call_trains_on_each_tokens_own_version(tmp_path):
+    """A rollout is held at its 5th decode step while a train call writes step 1; the rollout's choices then
+    carry two spans, each span's logprobs are its checkpoint's, the next train call's sampled-logprob delta is
+    at float tolerance, and the staleness figures count each token's own version."""
+    import json
+    import threading
+
+    from artrl.pipeline_trainer.options import score_metrics
+
+    messages = [{"role": "user", "content": "Tell me a story."}]
+
+    async def main() -> None:
+        model = art.TrainableModel(name="inflight", project="p", base_model="artrl/tiny", _internal_config=art.
+                                   InternalModelConfig(rollout_weight_update_mode="in_flight_lora"))
+        async with art.LocalBackend(path=str(tmp_path), show_progress=False) as backend:
+            await model.register(backend)
+            client = model.openai_client()
+            async with backend.adapter_lease(model, 0):
+                assert model.get_inference_name() == model.name  # the live weights, not name@0
+
+            async def sample(seed: int) -> Any:
+                return await client.chat.completions.create(model=model.get_inference_name(), messages=messages,
+                                                            n=2, max_tokens=16, temperature=1.0, seed=seed)
+
+            warm = (await sample(1)).choices
+            warm_group = art.TrajectoryGroup([art.Trajectory(messages_and_choices=[*messages, c], reward=float(k))
+                                              for k, c in enumerate(warm)])
+            engine = backend._runs[model.name].engine
+            held, queued = threading.Event(), threading.Event()
+            original_put = engine._queue.put
+
+            def put(item: Any, *args: Any, **kwargs: Any) -> None:
+                original_put(item, *args, **kwargs)
+                if type(item).__name__ == "EngineTask":
+                    queued.set()
+
+            engine._queue.put = put
+
+            def hold() -> None:  # on the decode worker, before step 5: until step 1's load is queued behind it
+                held.set()
+                assert queued.wait(300), "the train call never handed its checkpoint to the engine"
+
+            StepHook(engine, at=5, action=hold)
+            spanning = asyncio.create_task(sample(2))
+            assert await asyncio.to_thread(held.wait, 300)
+            await model.train([warm_group], config=art.TrainConfig(learning_rate=FIRST_STEP_LR))
+            choices = (await spanning).choices
+            engine._step = engine._step.original
+            assert engine.rows_updated_in_flight == 2
+            for choice in choices:
+                spans = choice.model_extra["policy_token_spans"]
+                n = len(choice.model_extra["token_ids"])
+                assert [(s["start_token"], s["end_token"], s["policy_version"]) for s in spans] == \
+                    [(0, 5, 0), (5, n, 1)], spans
+                assert choice.model_extra["policy_version"] == 0
+                prompt, ids = choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"]
+                record = [c.logprob for c in choice.logprobs.content]
+                by = {v: recompute(PeftModel.from_pretrained(load_tiny()[0], backend._checkpoint_path(model.name, v))
+                                   .eval(), prompt, ids) for v in (0, 1)}
+                assert gap(record[:5], by[0][:5]) < RECORD_TOLERANCE and gap(record[5:], by[1][5:]) < RECORD_TOLERANCE
+                assert gap(record[5:], by[0][5:]) > 2.5 * RECORD_TOLERANCE  # the versions differ: this can fail
+            group = art.TrajectoryGroup([art.Trajectory(messages_and_choices=[*messages, c], reward=float(k),
+                                                        initial_policy_version=0)
+                                         for k, c in enumerate(choices)])
+            json.dumps(group.model_dump(mode="json"))  # the spans travel with the trajectory
+            # staleness per token, trained from step 1: the 5 tokens of version 0 are 1 step old, the rest 0
+            total = sum(len(c.model_extra["token_ids"]) for c in choices)
+            figures = score_metrics(1, [group], step_seconds=1.0, result_metrics={}, reference_groups=None,
+                                    reference_rollouts=None)
+            assert figures["offpolicy/token_weighted_policy_age_steps"] == pytest.approx(10 / total)
+            result = await model.train([group], config=art.TrainConfig(learning_rate=1e-4))
+            assert result.metrics["train/sampled_logprob_tokens"] == total
+            assert result.metrics["train/sampled_logprob_delta_max"] < 1e-3, result.metrics
+
+    asyncio.run(main())
