@@ -4,7 +4,7 @@ the score figures of a step (`sample_efficiency/...`, `offpolicy/...`, `objectiv
 
 The score, as ART computes it: each trajectory is `s - v` steps off policy (`s` the step a train call starts
 from, `v` its `initial_policy_version`), weighted by its `completion_tokens` metric (1 where it has none);
-with in-flight updates each token is, `v` the version its turn's `policy_token_spans` name (ART's rule);
+with in-flight updates, each token is `s - v` off policy, `v` the version its turn's `policy_token_spans` name (ART's);
 freshness is 1 / mean(exp(age / 8)); the batch factor compares the step's groups with a reference,
 `(ref_groups + 300 / ref_rollouts) / (groups + 300 / rollouts)` (300: the rollouts a step needs before more
 stop helping, ART's constant); the score is trained tokens per second * freshness * batch factor.
