@@ -117,6 +117,52 @@ def test_a_row_spanning_a_swap_records_two_spans_each_sampled_by_its_version(
                                      "update_seq"}
 
 
+def test_a_waiting_row_of_the_request_takes_the_new_version_from_its_first_token(
+        setup: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
+    """n=3 with room for 2 rows: the third waits holding version 1, and moves to version 2 before it starts."""
+    model, tokenizer, paths = setup["model"], setup["tokenizer"], setup["paths"]
+    engine = TransformersEngine(model, tokenizer, max_batch_size=2, end_ids=frozenset(), in_flight_updates=True)
+    request = GenerationRequest(prompt_ids=prompt_of(tokenizer, "count to three"), n=3, max_tokens=6, seed=5)
+    try:
+        engine.set_live_weights(paths[1], 1)
+        StepHook(engine, at=2, action=lambda: engine.set_live_weights(paths[2], 2))
+        results = submit(loop, engine, request).result(120)
+    finally:
+        engine.close()
+    assert [[(a, b, v) for a, b, v, _ in r.policy_token_spans] for r in results] == \
+        [[(0, 2, 1), (2, 6, 2)]] * 2 + [[(0, 6, 2)]]
+    assert results[2].policy_version == 2
+    assert gap(results[2].logprobs, recompute(reference(setup, 2), request.prompt_ids, results[2].token_ids)) < \
+        TOLERANCE
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("static_cache", [False, True])
+def test_on_a_gpu_merged_weights_and_graphs_follow_the_swap(setup: dict[str, Any], loop: asyncio.AbstractEventLoop,
+                                                           static_cache: bool) -> None:
+    """CUDA: single-adapter batches run merged weights (and, with the static cache, a captured graph); a swap
+    must leave both for the new version's."""
+    tokenizer, paths = setup["tokenizer"], setup["paths"]
+    engine = TransformersEngine(_adapter(setup["cache"], 3).to("cuda"), tokenizer, end_ids=frozenset(),
+                                in_flight_updates=True, merge_lora=True, static_cache=static_cache,
+                                cuda_graphs=static_cache)
+    request = GenerationRequest(prompt_ids=prompt_of(tokenizer, "tell me a story"), n=2, max_tokens=16, seed=7)
+    try:
+        engine.set_live_weights(paths[1], 1)
+        StepHook(engine, at=5, action=lambda: engine.set_live_weights(paths[2], 2))
+        results = submit(loop, engine, request).result(300)
+    finally:
+        engine.close()
+    v1, v2 = reference(setup, 1), reference(setup, 2)
+    for result in results:
+        assert [(a, b, v) for a, b, v, _ in result.policy_token_spans] == [(0, 5, 1), (5, 16, 2)]
+        by_v1 = recompute(v1, request.prompt_ids, result.token_ids)
+        by_v2 = recompute(v2, request.prompt_ids, result.token_ids)
+        assert gap(result.logprobs[:5], by_v1[:5]) < 1e-3 and gap(result.logprobs[5:], by_v2[5:]) < 1e-3
+        assert gap(result.logprobs[5:], by_v1[5:]) > 1e-2
+
+
 def test_a_seeded_row_draws_the_same_uniforms_across_the_swap(setup: dict[str, Any],
                                                               loop: asyncio.AbstractEventLoop) -> None:
     """The recomputed row keeps its sampling counter: a swap to the same weights changes no token."""
@@ -142,12 +188,26 @@ def test_by_default_a_running_row_keeps_its_version(setup: dict[str, Any], loop:
     assert gap(result.logprobs, recompute(reference(setup, 1), request.prompt_ids, result.token_ids)) < TOLERANCE
 
 
+def test_a_stop_string_cuts_the_spans_with_the_tokens(setup: dict[str, Any]) -> None:
+    from artrl.serve.core import _cut_at_stop
+    from artrl.serve.engine import GenerationResult
+
+    tokenizer = setup["tokenizer"]
+    ids = prompt_of(tokenizer, "one two three STOP four five six seven")
+    spans = [(0, 2, 1, "a"), (2, len(ids) - 2, 2, "b"), (len(ids) - 2, len(ids), 3, "c")]
+    result = GenerationResult(ids, [-1.0] * len(ids), None, "length", policy_version=1, policy_token_spans=spans)
+    text, cut = _cut_at_stop(tokenizer, result, tokenizer.decode(ids), ["STOP"])
+    keep = len(cut.token_ids)
+    assert 2 < keep < len(ids) - 2
+    assert cut.policy_token_spans == [(0, 2, 1, "a"), (2, keep, 2, "b")]
+
+
 # ---- where the mode is refused -------------------------------------------------------------------------------
 
 
 def test_in_flight_lora_is_accepted_for_the_built_in_engine_and_refused_for_vllm():
-    model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny",
-                               _internal_config=art.dev.InternalModelConfig(rollout_weight_update_mode="in_flight_lora"))
+    in_flight = art.dev.InternalModelConfig(rollout_weight_update_mode="in_flight_lora")
+    model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny", _internal_config=in_flight)
     assert model.name == "m"
     for refused in ({"inference_engine": "vllm"}, {"inference_replicas": 2},
                     {"inference_endpoints": ["http://h:8000"]}):
