@@ -402,7 +402,8 @@ class DecodeLoop:
         for row in waiting:
             if follows(row):
                 move(row)
-        moving = [i for i, row in enumerate(batch.rows) if follows(row)]
+        # a row nobody reads any more leaves at the next step (`_step`): no prefill for it
+        moving = [i for i, row in enumerate(batch.rows) if follows(row) and not row.pending.over]
         if not moving:
             return
         rows = [batch.rows[i] for i in moving]
