@@ -77,7 +77,7 @@ HONOURED: dict[str, str] = {  # name -> the test file whose tests show its effec
     "save_checkpoint": KEYWORDS, "batch_size": "test_train.py", "assistant_turns": SURFACE,
     "metric_logging": SURFACE, "init_args": "test_dev_config.py", "engine_args": "test_dev_config.py",
     "trainer_args": "test_dev_config.py", "trainer_gpu_ids": "test_dev_config.py",
-    "inference_gpu_ids": "test_dev_config.py",
+    "inference_gpu_ids": "test_dev_config.py", "rollout_weight_update_mode": "test_in_flight_lora.py",
 }
 NOTICED: dict[str, Any] = {  # name -> a value that sets it
     "optimizer_save_interval": 10, "final_training_step": 100, "scale_learning_rate_by_reward_std_dev": True,
@@ -86,7 +86,6 @@ NOTICED: dict[str, Any] = {  # name -> a value that sets it
 }
 REFUSED: dict[str, tuple[Any, Any]] = {  # name -> (a refused value, a value asking for what artrl does, or NONE)
     "loss_fn_config": ({"clip": 0.2}, None), "adam_params": ({"lr": 1e-4}, None),
-    "rollout_weight_update_mode": ("in_flight_lora", "step_lora"),
     "vllm_runtime": ({"mode": "external", "server_url": "http://h:8000"}, {"mode": "managed"}),
     "megatron_model_initialization": ("random", "pretrained"),
     "allow_unvalidated_arch": ("yes", True),

@@ -135,13 +135,16 @@ def test_autotune_off_runs_and_the_tuner_modes_are_refused(tmp_path):
             _trainer(tmp_path, autotune=PipelineAutotuneConfig(mode=mode))
 
 
-def test_in_flight_lora_is_refused_by_name():
-    model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny",
-                               _internal_config=art.dev.InternalModelConfig(rollout_weight_update_mode="step_lora"))
-    assert model.name == "m"  # ART's default mode is what artrl does
-    with pytest.raises(ConfigError, match="rollout_weight_update_mode='in_flight_lora' is not supported"):
+def test_in_flight_lora_is_refused_by_name_where_it_cannot_run():
+    for mode in ("step_lora", "in_flight_lora"):  # ART's default, and the built-in engine's in-flight updates
+        model = art.TrainableModel(name="m", project="p", base_model="artrl/tiny",
+                                   _internal_config=art.dev.InternalModelConfig(rollout_weight_update_mode=mode))
+        assert model.name == "m"
+    with pytest.raises(ConfigError, match="rollout_weight_update_mode='in_flight_lora' is not supported with "
+                                          "inference_engine='vllm'"):
         art.TrainableModel(name="m", project="p", base_model="artrl/tiny",
-                           _internal_config=art.dev.InternalModelConfig(rollout_weight_update_mode="in_flight_lora"))
+                           _internal_config=art.dev.InternalModelConfig(rollout_weight_update_mode="in_flight_lora",
+                                                                        inference_engine="vllm"))
 
 
 def test_autotune_knobs_are_checked_as_art_checks_them():

@@ -354,6 +354,23 @@ def exchange_policy_versions(exchanges: TrajectoryExchanges) -> list[int]:
     return [v for v in found if isinstance(v, int) and not isinstance(v, bool)]
 
 
+def exchange_policy_token_spans(exchanges: TrajectoryExchanges) -> list[Any]:
+    """The `policy_token_spans` (ART's field: which version sampled each run of tokens, recorded with in-flight
+    adapter updates) of each sampled turn of `exchanges` that carries them, where `exchange_policy_versions`
+    reads `policy_version`."""
+    found: list[Any] = []
+    for _, exchange in exchanges.all():
+        response = exchange.response
+        extra = getattr(response, "model_extra", None) or {}
+        if isinstance(exchange, (ChatCompletionsExchange, CompletionsExchange)):
+            found += [(c.model_extra or {}).get("policy_token_spans") for c in response.choices]
+        elif isinstance(exchange, ResponsesExchange) and isinstance(extra.get("token_generations"), list):
+            found += [g.get("policy_token_spans") for g in extra["token_generations"] if isinstance(g, dict)]
+        else:
+            found.append(extra.get("policy_token_spans"))
+    return [spans for spans in found if isinstance(spans, list) and spans]
+
+
 def exchange_completion_tokens(exchanges: TrajectoryExchanges) -> int | None:
     """The tokens the responses of `exchanges` generated, from their `usage` (ART's count); None when any
     response reports no usage."""

@@ -47,7 +47,8 @@ from . import capture, capture_http
 from .chat_format import check_messages, check_tools
 from .errors import TrajectoryError
 from .exchanges import (ChatCompletionsExchange, CompletionsExchange, MessagesExchange,  # noqa: F401 - ART's
-                        ResponsesExchange, TrajectoryExchanges, exchange_policy_versions)  # art.trajectories names
+                        ResponsesExchange, TrajectoryExchanges, exchange_policy_token_spans,
+                        exchange_policy_versions)  # art.trajectories names
 from .gather_context import GatherContext, cancel_and_wait, get_gather_context, record_metrics
 from .types import Messages, MessagesAndChoices, Tools
 
@@ -101,6 +102,37 @@ def sampled_policy_versions(trajectory: Any) -> list[int]:
                  *(h.messages_and_choices for h in getattr(trajectory, "additional_histories", []))]
     versions = [choice_policy_version(item) for items in histories for item in items]
     return [v for v in versions if v is not None]
+
+
+#: ART's field of a sampled choice with in-flight adapter updates (`rollout_weight_update_mode="in_flight_lora"`):
+#: `[{start_token, end_token, policy_version, ...}, ...]`, the version that sampled each run of its tokens.
+POLICY_TOKEN_SPANS_FIELD = "policy_token_spans"
+
+
+def policy_token_counts(trajectory: Any) -> dict[int, int] | None:
+    """Sampled tokens of `trajectory` per policy version that sampled them, read from the `policy_token_spans` of
+    its turns (recorded with in-flight adapter updates); None when no turn records spans. A pipelined trainer
+    weights its staleness figures by these (pipeline_trainer/options.py)."""
+    exchanges = getattr(trajectory, "exchanges", None)
+    if exchanges:
+        found = exchange_policy_token_spans(exchanges)
+    else:
+        histories = [trajectory.messages_and_choices,
+                     *(h.messages_and_choices for h in getattr(trajectory, "additional_histories", []))]
+        found = []
+        for item in (item for items in histories for item in items):
+            extra = (item.model_extra or {}) if isinstance(item, Choice) else item if isinstance(item, dict) else {}
+            if isinstance(extra.get(POLICY_TOKEN_SPANS_FIELD), list) and extra[POLICY_TOKEN_SPANS_FIELD]:
+                found.append(extra[POLICY_TOKEN_SPANS_FIELD])
+    if not found:
+        return None
+    counts: dict[int, int] = {}
+    for spans in found:
+        for span in spans:
+            version = span.get("policy_version") if isinstance(span, dict) else None
+            if isinstance(version, int) and not isinstance(version, bool):
+                counts[version] = counts.get(version, 0) + int(span["end_token"]) - int(span["start_token"])
+    return counts or None
 
 
 def get_messages(messages_and_choices: MessagesAndChoices) -> Messages:

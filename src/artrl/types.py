@@ -503,6 +503,12 @@ class InternalModelConfig(_Config):
     inference_cuda_graphs: bool | None = pydantic.Field(
         None, description="With inference_static_cache: capture the decode step of the live adapter once as a CUDA "
         "graph and replay it. None: on when the model is on a CUDA device.")
+    rollout_weight_update_mode: Literal["step_lora", "in_flight_lora"] = pydantic.Field(
+        "step_lora", description="ART's name: how a new policy step reaches rollouts. 'step_lora' (the default): "
+        "each step is an adapter of its own, a running sequence keeps the version it started on. "
+        "'in_flight_lora': the built-in engine swaps the live adapter between decode steps, running sequences "
+        "included (their cache recomputed under the new version), and every choice records which version sampled "
+        "each token (`policy_token_spans`; docs/pipeline.md). Not available with vLLM or inference replicas.")
     seed: int = pydantic.Field(0, description="Seed for adapter initialisation.")
     use_rslora: bool = pydantic.Field(False, description="Rank-stabilised LoRA: scale = alpha / sqrt(r) (peft).")
     init_lora_weights: bool = pydantic.Field(
@@ -638,6 +644,7 @@ class InternalModelConfig(_Config):
                 raise ConfigError(f"trainer_gpu_ids={t} and inference_gpu_ids={i} overlap; give the server a GPU "
                                   "of its own, or drop inference_gpu_ids to share one.")
         self._check_replicas()
+        self._check_in_flight()
         if self.num_nodes > 1 and not self.rendezvous_endpoint:
             raise ConfigError(f"num_nodes={self.num_nodes} needs rendezvous_endpoint='HOST:PORT' with an address of "
                               "this machine that the other machines reach (docs/distributed.md).")
@@ -646,6 +653,28 @@ class InternalModelConfig(_Config):
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ConfigError(f"rendezvous_endpoint={self.rendezvous_endpoint!r}; expected HOST:PORT, e.g. "
                                   "'10.0.0.5:29400'.")
+
+    @property
+    def in_flight_lora(self) -> bool:
+        """Whether running sequences take each new policy version between decode steps (rollout_weight_update_mode)."""
+        return self.rollout_weight_update_mode == "in_flight_lora"
+
+    def _check_in_flight(self) -> None:
+        """In-flight adapter updates are the built-in engine's, in this process (docs/pipeline.md)."""
+        if not self.in_flight_lora:
+            return
+        if self.inference_engine == "vllm":
+            raise ConfigError("rollout_weight_update_mode='in_flight_lora' is not supported with "
+                              "inference_engine='vllm': artrl's vLLM engine serves each policy step as an adapter of "
+                              "its own and cannot replace one under running sequences or record which version "
+                              "sampled each token. Use inference_engine='builtin' (or 'auto', which then picks it), "
+                              "or rollout_weight_update_mode='step_lora'.")
+        if self.replicated:
+            raise ConfigError("rollout_weight_update_mode='in_flight_lora' is not supported with inference replicas "
+                              f"(inference_replicas={self.inference_replicas}, inference_endpoints="
+                              f"{self.inference_endpoints}, inference_gpu_ids={self.inference_gpu_ids}): a version "
+                              "goes live only once every replica holds it, which in-flight updates do not wait for. "
+                              "Serve from this process, or use rollout_weight_update_mode='step_lora'.")
 
     def _check_replicas(self) -> None:
         """The three ways of naming inference replicas exclude one another (docs/distributed.md)."""
@@ -695,6 +724,11 @@ class InternalModelConfig(_Config):
 
             return flatten_internal_config(data)
         return data
+
+    @pydantic.model_validator(mode="after")
+    def _refuse_in_flight_where_unsupported(self) -> "InternalModelConfig":
+        self._check_in_flight()  # when the config is built, not only when a model registers
+        return self
 
     def call_config(self, call: "TrainConfig | TrainSFTConfig",
                     overrides: dict[str, Any] | None = None) -> "TrainConfig | TrainSFTConfig":

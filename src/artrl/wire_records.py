@@ -35,7 +35,7 @@ from openai.types.chat.chat_completion import Choice
 from .errors import TrajectoryError
 from .exchanges import (ChatCompletionsExchange, CompletionsExchange, Endpoint, Exchange, MessagesExchange,
                         ResponsesExchange, TrajectoryExchanges)
-from .trajectories import POLICY_VERSION_FIELD, LegacyHistory, file_turn
+from .trajectories import POLICY_TOKEN_SPANS_FIELD, POLICY_VERSION_FIELD, LegacyHistory, file_turn
 
 #: Keys holding the sampled ids' logprobs as a plain list of numbers (vLLM's compact form; ART's own key).
 COMPACT_LOGPROBS_KEYS = ("compact_logprobs", "art_completion_logprobs")
@@ -74,7 +74,7 @@ _FINISH = {"length": "length", "max_tokens": "length", "incomplete": "length", "
 
 
 def record_choice(text: str, prompt: Any, ids: Any, logprobs: list[float] | None, *, finish: Any = None,
-                  policy_version: Any = None, index: int = 0) -> Choice:
+                  policy_version: Any = None, index: int = 0, policy_token_spans: Any = None) -> Choice:
     """A Choice carrying a record read from another protocol: its text, prompt ids, sampled ids, logprobs."""
     data: dict[str, Any] = {"index": index, "finish_reason": _FINISH.get(str(finish), "stop"),
                             "message": {"role": "assistant", "content": text}, "logprobs": None,
@@ -84,6 +84,8 @@ def record_choice(text: str, prompt: Any, ids: Any, logprobs: list[float] | None
                                         for t, lp in zip(ids, logprobs)], "refusal": None}
     if policy_version is not None:
         data[POLICY_VERSION_FIELD] = policy_version
+    if policy_token_spans is not None:  # in-flight adapter updates: the version of each run of tokens
+        data[POLICY_TOKEN_SPANS_FIELD] = policy_token_spans
     return Choice.model_validate(data)
 
 
@@ -120,7 +122,8 @@ def _completion_turns(exchange: CompletionsExchange, where: str) -> list[Choice]
         n = len(ids) if isinstance(ids, list) else -1
         lps = _compact(extra, n) or _numbers(classic.get("token_logprobs"), n)
         turns.append(record_choice(choice.text, prompt, ids, lps, finish=choice.finish_reason,
-                                   policy_version=extra.get(POLICY_VERSION_FIELD), index=choice.index))
+                                   policy_version=extra.get(POLICY_VERSION_FIELD), index=choice.index,
+                                   policy_token_spans=extra.get(POLICY_TOKEN_SPANS_FIELD)))
     return turns
 
 
@@ -147,7 +150,8 @@ def _responses_turns(exchange: ResponsesExchange) -> list[Choice]:
         text = "".join(_output_text(response.output[i]) for i in generation.get("output_indices") or []
                        if isinstance(i, int) and 0 <= i < len(response.output))
         turns.append(record_choice(text, generation.get("prompt_token_ids"), ids, lps, finish=finish,
-                                   policy_version=generation.get(POLICY_VERSION_FIELD, version), index=k))
+                                   policy_version=generation.get(POLICY_VERSION_FIELD, version), index=k,
+                                   policy_token_spans=generation.get(POLICY_TOKEN_SPANS_FIELD)))
     return turns
 
 
@@ -167,7 +171,8 @@ def _messages_turns(exchange: MessagesExchange) -> list[Choice]:
     lps = _compact(data, n) or _numbers(data.get("logprobs"), n)
     text = "".join(block.get("text") or "" for block in data.get("content") or [] if isinstance(block, dict))
     return [record_choice(text, data.get("prompt_token_ids"), ids, lps, finish=data.get("stop_reason"),
-                          policy_version=data.get(POLICY_VERSION_FIELD))]
+                          policy_version=data.get(POLICY_VERSION_FIELD),
+                          policy_token_spans=data.get(POLICY_TOKEN_SPANS_FIELD))]
 
 
 def exchange_turns(endpoint: Endpoint, exchange: Exchange, where: str = "exchange") -> list[Choice]:

@@ -30,11 +30,11 @@ cannot apply, and each unmapped one is noticed once when that engine opens
 (`notice_unused_engine_args`), not when the config is built: the engine is only
 known then.
 
-ART's top-level keys without an artrl field (`rollout_weight_update_mode`,
-`vllm_runtime`, `megatron_model_initialization`, `allow_unvalidated_arch`, the
-`chat_template*` keys; `TOP_LEVEL_KEYS`) are accepted when their value asks for
-what artrl does anyway ('step_lora', {'mode': 'managed'}, 'pretrained', ...) and
-refused with the reason otherwise.
+ART's top-level keys without an artrl field (`vllm_runtime`,
+`megatron_model_initialization`, `allow_unvalidated_arch`, the `chat_template*`
+keys; `TOP_LEVEL_KEYS`) are accepted when their value asks for what artrl does
+anyway ({'mode': 'managed'}, 'pretrained', ...) and refused with the reason
+otherwise. `rollout_weight_update_mode` is artrl's field of that name.
 
 Every other key is accepted and logged once per process (notices.py) with the
 reason it has no effect: Unsloth's full fine-tuning (`full_finetuning`), the
@@ -167,11 +167,10 @@ class InternalModelConfig(TypedDict, total=False):
     tinker_native_args: TinkerNativeArgs | None
     trainer_gpu_ids: list[int]
     inference_gpu_ids: list[int]
-    rollout_weight_update_mode: str  # ART 0.5.23: "step_lora" (what artrl does); "in_flight_lora" is refused
+    rollout_weight_update_mode: str  # ART 0.5.23: "step_lora" or "in_flight_lora" (the built-in engine's)
     inference_replicas: int | None
     inference_endpoints: list[str] | None
     # ART 0.5.23's other keys: accepted where they ask for what artrl does, else refused (TOP_LEVEL_KEYS)
-    rollout_weight_update_mode: Literal["step_lora", "in_flight_lora"]
     chat_template_kwargs: dict[str, object]
     chat_template: str
     chat_template_path: str
@@ -282,8 +281,6 @@ _CHAT_TEMPLATE = ("artrl renders training data with the tokenizer's own chat tem
 # ART's top-level keys that artrl has no field for: the values that ask for what artrl does anyway (accepted), and
 # why any other value is refused (ConfigError naming the key, its value and this reason).
 TOP_LEVEL_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "rollout_weight_update_mode": (lambda v: v == "step_lora", "artrl serves each policy step as its own adapter "
-                                   "('step_lora'); 'in_flight_lora' (one slot updated in place) is not available"),
     "rollout_weights_mode": (lambda v: v == "lora", "ART 0.5.18: artrl serves the LoRA adapter itself ('lora'); "
                              "merged weights pushed to vLLM ('merged') are not available"),
     "vllm_runtime": (lambda v: isinstance(v, Mapping) and v.get("mode") == "managed" and len(v) == 1,

@@ -339,8 +339,13 @@ class LocalBackend(Backend):
     async def adapter_lease(self, model: "Model", step: int) -> AsyncIterator[None]:
         """ART's `adapter_lease`: inside it, this asyncio context's `model.get_inference_name()` is
         `name@step`, so every turn of a rollout samples from checkpoint `step` while the trainer writes newer
-        ones; the step counts as leased (`leases(model).active_steps()`) until the block ends."""
-        async with pin_inference_step(model.name, step), self.leases(model).hold(step):
+        ones; the step counts as leased (`leases(model).active_steps()`) until the block ends. With in-flight
+        updates (`rollout_weight_update_mode="in_flight_lora"`) the name stays `name`, the live weights, as ART's
+        stays its live slot: each new version reaches the rollout's running sequences (docs/pipeline.md)."""
+        session = self._runs.get(model.name)
+        in_flight = session is not None and session.cfg.in_flight_lora
+        pin = contextlib.nullcontext() if in_flight else pin_inference_step(model.name, step)
+        async with pin, self.leases(model).hold(step):
             replicas = self._replicas.get(model.name)
             if replicas is not None and step not in replicas.versions:  # pruned earlier: loaded everywhere again
                 path = self._state(model).checkpoint_path(step)

@@ -160,8 +160,9 @@ class TrainingSession:
 
         on_disk = base_model not in RANDOM_SHAPES
         device = next(model.parameters()).device
-        kind = resolve_engine_kind(cfg.inference_engine, device.type, weights_on_disk=on_disk,
-                                   vision=vision is not None,
+        # in-flight adapter updates are the built-in engine's (InternalModelConfig refuses them with 'vllm')
+        requested = "builtin" if cfg.in_flight_lora else cfg.inference_engine
+        kind = resolve_engine_kind(requested, device.type, weights_on_disk=on_disk, vision=vision is not None,
                                    quantized_moe=is_moe(model.config) and quantization_of(model) == "4bit")
         return open_engine(kind, tokenizer=tokenizer, end_ids=end_ids, cfg=cfg, model=model,
                            serve_copy=kind == "builtin",

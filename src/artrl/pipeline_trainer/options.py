@@ -4,6 +4,7 @@ the score figures of a step (`sample_efficiency/...`, `offpolicy/...`, `objectiv
 
 The score, as ART computes it: each trajectory is `s - v` steps off policy (`s` the step a train call starts
 from, `v` its `initial_policy_version`), weighted by its `completion_tokens` metric (1 where it has none);
+with in-flight updates, each token is `s - v` off policy, `v` the version its turn's `policy_token_spans` name (ART's);
 freshness is 1 / mean(exp(age / 8)); the batch factor compares the step's groups with a reference,
 `(ref_groups + 300 / ref_rollouts) / (groups + 300 / rollouts)` (300: the rollouts a step needs before more
 stop helping, ART's constant); the score is trained tokens per second * freshness * batch factor.
@@ -17,7 +18,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..notices import notice_once
 from ..pipeline_tuner.config import BUILT_AUTOTUNE_MODES, PipelineAutotuneConfig, PipelineRuntimeConfig
-from ..trajectories import Trajectory, TrajectoryGroup
+from ..trajectories import Trajectory, TrajectoryGroup, policy_token_counts
 
 DEPRECATED_PIPELINE_KEYWORDS = ("num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize")
 FRESHNESS_TAU_STEPS = 8.0
@@ -85,9 +86,15 @@ def _weight(trajectory: Trajectory) -> float:
 
 
 def _ages(step: int, group: TrajectoryGroup) -> list[tuple[float, float]]:
-    """(steps off policy, weight) of each trajectory with a recorded initial policy version."""
-    return [(float(step - t.initial_policy_version), _weight(t)) for t in group.trajectories
-            if t.initial_policy_version is not None]
+    """(steps off policy, weight) of each trajectory with a recorded initial policy version; of each version's
+    tokens (weight: their count) for one whose turns record `policy_token_spans` (in-flight updates, as ART)."""
+    points = []
+    for t in group.trajectories:
+        if (counts := policy_token_counts(t)) is not None:
+            points += [(float(step - version), float(n)) for version, n in sorted(counts.items()) if n > 0]
+        elif t.initial_policy_version is not None:
+            points.append((float(step - t.initial_policy_version), _weight(t)))
+    return points
 
 
 def group_mean_steps_off_policy(step: int, group: TrajectoryGroup) -> float | None:

@@ -268,6 +268,8 @@ def _cut_at_stop(tokenizer: Any, result: GenerationResult, text: str, stops: lis
         logprobs=result.logprobs[:keep],
         top_logprobs=result.top_logprobs[:keep] if result.top_logprobs is not None else None,
         routed_experts=result.routed_experts[:keep] if result.routed_experts is not None else None,
+        policy_token_spans=[(a, min(b, keep), v, n) for a, b, v, n in result.policy_token_spans if a < keep]
+        if result.policy_token_spans is not None else None,
         finish_reason="stop",
     )
 
@@ -323,6 +325,9 @@ def _choice_json(
         "prompt_token_ids": prompt_ids,
         "policy_version": result.policy_version,
     }
+    spans = policy_token_spans_json(result)
+    if spans is not None:  # in-flight adapter updates: which version sampled each token (ART's field)
+        choice[POLICY_TOKEN_SPANS_KEY] = spans
     if result.routed_experts is not None:  # an MoE model's routing record (models/moe.py), replayed in training
         choice[ROUTING_RECORD_KEY] = encode_routing(result.routed_experts, result.prompt_routed_experts)
     if images:  # the prompt's images: each one's content hash and grid (never the pixels)
@@ -330,6 +335,24 @@ def _choice_json(
     return choice
 
 
+
+
+#: ART's choice field (0.5.23, `rollout_weight_update_mode="in_flight_lora"`): the version that sampled each token.
+POLICY_TOKEN_SPANS_KEY = "policy_token_spans"
+#: The `lora_slot` of a span: the live weights that `adapter=None` (a request for the model's own name) runs.
+LIVE_SLOT = "live"
+
+
+def policy_token_spans_json(result: GenerationResult) -> list[dict[str, Any]] | None:
+    """ART's `policy_token_spans` of a result whose engine swapped versions under running rows: one
+    `{start_token, end_token, generation_id, policy_version, lora_slot, update_seq}` per run of tokens one version
+    sampled (`generation_id`: the engine's name for that version's weights; `update_seq`: the version). None
+    without spans, or when a run's version is unknown (weights loaded before any version)."""
+    spans = result.policy_token_spans
+    if spans is None or any(version is None for _, _, version, _ in spans):
+        return None
+    return [{"start_token": a, "end_token": b, "generation_id": adapter or f"v{version}", "policy_version": version,
+             "lora_slot": LIVE_SLOT, "update_seq": version} for a, b, version, adapter in spans]
 
 
 def matched_stop(tokenizer: Any, token_ids: list[int], end_ids: frozenset[int], stops: list[str]) -> str | None:

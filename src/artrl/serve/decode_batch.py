@@ -64,6 +64,13 @@ def _cat_uniforms(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
     return torch.cat([a, b])
 
 
+def _counters(first: Sequence[int] | None, rows: int, device: torch.device) -> torch.Tensor:
+    """[rows] int64: each row's sampling counter to start from (0 for a new row)."""
+    if first is None:
+        return torch.zeros(rows, dtype=torch.int64, device=device)
+    return torch.tensor(list(first), dtype=torch.int64, device=device)
+
+
 class DecodeBatch:
     """Rows decoding together; see the module docstring. `rows` are the engine's row records (opaque here)."""
 
@@ -147,9 +154,11 @@ class DecodeBatch:
 
     def admit(self, rows: Sequence[Any], prompts: Sequence[list[int]], prompt_of_row: Sequence[int],
               keys: Sequence[int], temperature: Sequence[float], top_p: Sequence[float],
-              adapters: dict[str, Any] | None = None, images: Sequence[Sequence[Any]] | None = None) -> None:
+              adapters: dict[str, Any] | None = None, images: Sequence[Sequence[Any]] | None = None,
+              first_counters: Sequence[int] | None = None) -> None:
         """Prefill `prompts` (one forward; `adapters`, `images`: see `_prefill`) and add `rows` (row j samples from
-        prompts[prompt_of_row[j]])."""
+        prompts[prompt_of_row[j]]). `first_counters`: each row's tokens sampled already (a row whose cache is
+        recomputed, serve/decode_loop.py: it keeps drawing its own uniforms from there); None: 0."""
         device = self.device
         cache, mask, position_ids, logits = self._prefill(prompts, adapters, images)
         positions = position_ids[:, -1] + 1  # [prompts]
@@ -160,7 +169,7 @@ class DecodeBatch:
         new_state = {
             "mask": mask, "positions": positions, "logits": logits,
             "uniforms": row_uniforms(list(keys), max(r.request.max_tokens for r in rows)).to(device),
-            "counters": torch.zeros(len(rows), dtype=torch.int64, device=device),
+            "counters": _counters(first_counters, len(rows), device),
             "temperature": torch.tensor(list(temperature), dtype=torch.float32, device=device),
             "top_p": torch.tensor(list(top_p), dtype=torch.float32, device=device),
         }

@@ -36,6 +36,19 @@ request on the tiny model about as much as its forward. On a model someone else 
 trainer's, or a caller's) the mode is left after every batch, so its active adapter and its
 tensors are its own between batches; on any model, before adapters are loaded or unloaded.
 
+**In-flight updates** (`in_flight_updates`, ART's `rollout_weight_update_mode="in_flight_lora"`).
+Point 1's rule then has one exception: when `set_live_weights` makes a new version live (a task
+run at a step boundary), every running or waiting row whose request asked for the live weights
+(`adapter=None`) moves to it before the next token (`_follow_live`), without leaving the batch:
+its cache is recomputed under the new version (one prefill of its prompt and the tokens it has
+sampled, like a newcomer's, with its sampling counter kept so a seeded row draws the same
+uniforms), so each token is sampled from exactly one version's distribution over the whole
+sequence, and the record's logprob is that version's (a cache kept from the old version would
+make later tokens' distributions neither version's). Each row keeps where each version began
+(`version_starts`); its result carries them as `policy_token_spans` (serve/engine.py). Rows that
+named an adapter (`name@step`) keep it. Not for an MoE model (the engine refuses): its routing
+record would mix the versions.
+
 The batch ends when no row is left and no waiting row can join. Around it: eval mode (on a
 model shared with the trainer, with every module's mode and `requires_grad` restored
 afterwards, artrl/adapter_switch.py; a model the engine has to itself just stays in eval:
@@ -108,6 +121,8 @@ class DecodeRow:
     adapter: str | None = None  # the adapter it runs, resolved when it joins (adapter_versions.resolve)
     version: int | None = None  # the policy version (training step) that adapter holds, if known
     held: bool = False  # it holds `adapter` (released when it leaves)
+    # in-flight updates: (index of the first token, version, adapter) each time the row took a version
+    version_starts: list[tuple[int, int | None, str | None]] = field(default_factory=list)
     # MoE: [moe layers, top_k] expert ids of each token fed back in (models/moe.py); None once a step had none
     routing: list[torch.Tensor] | None = field(default_factory=list)
     # MoE: [moe layers, top_k] the experts of the prompt's last position in the prefill (its output is the first
@@ -161,6 +176,9 @@ class DecodeLoop:
     decode_steps: int
     admission_waits: collections.deque[float]
     requests_admitted: int
+    in_flight_updates: bool
+    rows_updated_in_flight: int
+    _live_changed: bool  # set_live_weights made a new version live: rows that follow it move (in-flight mode)
 
     def _drain(self, waiting: collections.deque[DecodeRow]) -> None:  # the engine's: takes what is queued
         raise NotImplementedError
@@ -184,7 +202,9 @@ class DecodeLoop:
         pending.results[row.sample] = GenerationResult(
             token_ids=row.token_ids, logprobs=row.logprobs,
             top_logprobs=row.top_logprobs if row.request.top_logprobs > 0 else None,
-            finish_reason=row.finish_reason or "length", policy_version=row.version,  # type: ignore[arg-type]
+            finish_reason=row.finish_reason or "length",  # type: ignore[arg-type]
+            policy_version=row.version_starts[0][1] if row.version_starts else row.version,
+            policy_token_spans=_spans(row) if self.in_flight_updates else None,
             routed_experts=self._routing_record(row),
             prompt_routed_experts=row.prompt_routing.cpu() if row.prompt_routing is not None else None)
         pending.remaining -= 1
@@ -217,6 +237,8 @@ class DecodeLoop:
                         if not self._stopping:
                             self._drain(waiting)
                         self._skip_over(waiting)
+                        if self._live_changed:
+                            self._follow_live(batch, waiting)
                         self._join(batch, waiting)
                         if not batch.rows:
                             break
@@ -323,6 +345,7 @@ class DecodeLoop:
                     continue
                 for sibling in (row, *(r for r in waiting if r.pending is row.pending)):
                     sibling.adapter, sibling.version, sibling.held = adapter, version, True
+                    sibling.version_starts = [(0, version, adapter)]
                     self._versions.hold(adapter)
             newcomers.append(row)
         if not newcomers:
@@ -352,6 +375,57 @@ class DecodeLoop:
             for row in newcomers:  # they never joined: `_run` fails the batch's own rows
                 self._fail(row.pending, error)
             self._release(newcomers)
+            raise
+
+    def _follow_live(self, batch: DecodeBatch, waiting: collections.deque[DecodeRow]) -> None:
+        """In-flight updates: move every row that asked for the live weights to the version live now (module
+        docstring). A waiting row that holds the old version just takes the new one; a decoding row leaves the
+        batch and joins again with its cache recomputed under the new version."""
+        self._live_changed = False
+        if not self.in_flight_updates:
+            return
+        adapter, version = self._versions.resolve(None)
+
+        def follows(row: DecodeRow) -> bool:
+            return row.held and row.request.adapter is None and row.adapter != adapter
+
+        def move(row: DecodeRow) -> None:
+            self._versions.release(row.adapter)
+            row.adapter, row.version = adapter, version
+            self._versions.hold(adapter)
+            start = len(row.token_ids)
+            if row.version_starts and row.version_starts[-1][0] == start:
+                row.version_starts[-1] = (start, version, adapter)  # no token sampled by the one it replaces
+            else:
+                row.version_starts.append((start, version, adapter))
+
+        for row in waiting:
+            if follows(row):
+                move(row)
+        # a row nobody reads any more leaves at the next step (`_step`): no prefill for it
+        moving = [i for i, row in enumerate(batch.rows) if follows(row) and not row.pending.over]
+        if not moving:
+            return
+        rows = [batch.rows[i] for i in moving]
+        gone = set(moving)
+        batch.keep([i for i in range(len(batch.rows)) if i not in gone])
+        for row in rows:
+            move(row)
+        self.rows_updated_in_flight += len(rows)
+        try:
+            if batch.rows and not batch.can_join:
+                raise RuntimeError("an in-flight adapter update cannot recompute the cache of a running row: this "
+                                   "model's cache layers cannot be merged into a running batch (a sliding window)")
+            names = self._adapter_names([adapter] * len(rows), switch=not batch.rows)
+            images = [row.request.images for row in rows]
+            batch.admit(rows, [row.request.prompt_ids + row.token_ids for row in rows], list(range(len(rows))),
+                        [r.key for r in rows], [r.request.temperature for r in rows], [r.request.top_p for r in rows],
+                        {"adapter_names": names} if names is not None else None,
+                        images=images if any(images) else None, first_counters=[len(r.token_ids) for r in rows])
+        except Exception as error:
+            for row in rows:  # out of the batch: `_run` fails the batch's own rows
+                self._fail(row.pending, error)
+            self._release(rows)
             raise
 
     def _record_prompt_routing(self, rows: list[DecodeRow], prompt_of_row: list[int], prompts: int) -> None:
@@ -450,6 +524,14 @@ class DecodeLoop:
         window = _STOP_WINDOW_TOKENS_PER_CHAR * max(len(s) for s in stops) + 1
         tail = self._tokenizer.decode(row.token_ids[-window:], skip_special_tokens=False)
         return any(s and s in tail for s in stops)
+
+
+def _spans(row: DecodeRow) -> list[tuple[int, int, int | None, str | None]]:
+    """`(start, end, version, adapter)` of each run of the row's tokens that one version sampled, in order."""
+    starts = [(start, version, adapter) for start, version, adapter in row.version_starts
+              if start < len(row.token_ids)]
+    ends = [start for start, _, _ in starts[1:]] + [len(row.token_ids)]
+    return [(start, end, version, adapter) for (start, version, adapter), end in zip(starts, ends)]
 
 
 @contextlib.contextmanager

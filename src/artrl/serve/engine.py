@@ -32,7 +32,11 @@ and tokenizes prompts, and the engine only samples. What every engine promises
    checkpoint's adapter, policy version `step`. A sequence keeps the version it
    started on to its end (a call during a batch changes no running row), and
    `GenerationResult.policy_version` says which version sampled it (None where the
-   engine cannot tell: the base weights, an adapter of unknown step).
+   engine cannot tell: the base weights, an adapter of unknown step). The exception is
+   the built-in engine with in-flight updates (`in_flight_updates=True`, ART's
+   `rollout_weight_update_mode="in_flight_lora"`): a running `adapter=None` sequence
+   takes each new version at the next step boundary, and `policy_token_spans` says which
+   version sampled each token.
 7. **Training turns.** The session holds `training()` around a whole train call. The
    built-in engine decodes its own copy of the trainer's model and holds nothing
    there, so no request waits for a train call (an engine built to share a model its
@@ -191,8 +195,13 @@ class GenerationResult:
     logprobs: list[float]
     top_logprobs: list[list[tuple[int, float]]] | None
     finish_reason: FinishReason
-    #: The policy version (training step of the checkpoint) that sampled it; None when unknown (point 6).
+    #: The policy version (training step of the checkpoint) that sampled it; None when unknown (point 6). With
+    #: in-flight updates, the version it started on (`policy_token_spans` has every token's).
     policy_version: int | None = None
+    #: With in-flight adapter updates (docs/pipeline.md): `(start, end, version, adapter)` for each run of tokens
+    #: `token_ids[start:end]` sampled by one policy version (`adapter`: the engine's name for that version's
+    #: weights), in order, covering every token; None where the engine swaps no adapter under a running sequence.
+    policy_token_spans: list[tuple[int, int, int | None, str | None]] | None = None
     #: A mixture-of-experts model's routing record: [len(token_ids), moe layers, top_k] expert ids (int16) each
     #: layer picked when the token was fed back in, -1 where there is none (the last token); None for a dense
     #: model or an engine that does not record it (models/moe.py).

@@ -109,7 +109,8 @@ def open_engine(kind: str, *, tokenizer: Any, end_ids: frozenset[int], cfg: Any,
                                   attn_implementation=cfg.inference_attn_implementation,
                                   static_cache=cfg.inference_static_cache,
                                   static_cache_len=cfg.inference_static_cache_len,
-                                  cuda_graphs=cfg.inference_cuda_graphs, vision=vision)
+                                  cuda_graphs=cfg.inference_cuda_graphs, vision=vision,
+                                  in_flight_updates=cfg.in_flight_lora)
     if kind == "vllm":
         if vision is not None:
             resolve_engine_kind("vllm", "cpu", vision=True)  # raises: images are served by the built-in engine

@@ -42,7 +42,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from artrl.serve.adapter_versions import PEFT_BASE
-from artrl.serve.decode_batch import DecodeBatch, _cat_uniforms
+from artrl.serve.decode_batch import DecodeBatch, _cat_uniforms, _counters
 from artrl.serve.sampling import row_uniforms
 
 
@@ -170,7 +170,8 @@ class StaticDecodeBatch(DecodeBatch):
 
     def admit(self, rows: Sequence[Any], prompts: Sequence[list[int]], prompt_of_row: Sequence[int],
               keys: Sequence[int], temperature: Sequence[float], top_p: Sequence[float],
-              adapters: dict[str, Any] | None = None, images: Sequence[Sequence[Any]] | None = None) -> None:
+              adapters: dict[str, Any] | None = None, images: Sequence[Sequence[Any]] | None = None,
+              first_counters: Sequence[int] | None = None) -> None:
         if images:
             raise RuntimeError("rows with images never take a static cache slot (DecodeLoop._fits)")
         device, cache = self.device, self.step_fn.cache
@@ -193,7 +194,7 @@ class StaticDecodeBatch(DecodeBatch):
         new_uniforms = row_uniforms(list(keys), max(r.request.max_tokens for r in rows)).to(device)
         new_temperature = torch.tensor(list(temperature), dtype=torch.float32, device=device)
         new_top_p = torch.tensor(list(top_p), dtype=torch.float32, device=device)
-        counters = torch.zeros(len(rows), dtype=torch.int64, device=device)
+        counters = _counters(first_counters, len(rows), device)
         if not self.rows:
             self.logits, self.uniforms, self.counters = new_logits, new_uniforms, counters
             self.temperature, self.top_p = new_temperature, new_top_p

@@ -25,7 +25,10 @@ what it leaves out compared with vLLM:
    `set_live_weights(path, step)` loads that checkpoint as a frozen adapter of its own,
    a *version* (serve/adapter_versions.py); `adapter=None` resolves to the newest
    version when a row joins a batch, and the row keeps it to its end, so no sequence
-   sees weights change and each result records its `policy_version`. Old versions stay
+   sees weights change and each result records its `policy_version`, unless built with
+   `in_flight_updates=True` (ART's `rollout_weight_update_mode="in_flight_lora"`): then a
+   running `adapter=None` row moves to each new version at the next step boundary, its
+   cache recomputed, and records where (`policy_token_spans`; serve/decode_loop.py). Old versions stay
    until `prune_versions` (never one a row uses). Adapter loads and unloads run on the
    decode worker at a step boundary (`_on_worker`), so a running batch waits one step,
    never a batch. Built with `serve_copy=True` (what a training session does), the
@@ -128,7 +131,8 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
     `static_cache`: decode rows that fit in `static_cache_len` columns (None: min(max_model_len, 2048)) in fixed
     slots of a static KV cache (serve/static_batch.py), their step replayed from a CUDA graph when `cuda_graphs`
     (None: on CUDA). `vision`: a vision-language model's image processing (models/vision.py; module docstring,
-    point 8).
+    point 8). `in_flight_updates`: a new live version replaces the old one under running `adapter=None` rows
+    (module docstring, point 4; not for an MoE model).
     """
 
     structured_outputs = True
@@ -152,6 +156,7 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         static_cache_len: int | None = None,
         cuda_graphs: bool | None = None,
         vision: Any = None,
+        in_flight_updates: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -187,6 +192,15 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         self._versions = AdapterVersions(model)
         # an MoE model's routing record (models/moe.py): hooks on the routers of the model this engine decodes
         self._routing = RoutingRecorder(model) if is_moe(model.config) else None
+        if in_flight_updates and self._routing is not None:
+            raise ConfigError("rollout_weight_update_mode='in_flight_lora' is not supported for a mixture-of-experts "
+                              "model: a row moved to a new version mid-sequence would carry a routing record of two "
+                              "versions, which training cannot replay. Use rollout_weight_update_mode='step_lora'.")
+        #: Whether a new live version replaces the old one under running rows (serve/decode_loop.py).
+        self.in_flight_updates = in_flight_updates
+        #: Rows moved to a new version mid-sequence (in-flight updates), and whether one is waiting to move them.
+        self.rows_updated_in_flight = 0
+        self._live_changed = False
         self._say = OncePerRun(logger)  # a new version or adapter every step: INFO once, then DEBUG
         self._entered: Any = _NOTHING  # the adapter mode of the batch in flight (decode_loop._enter)
         self._mode: contextlib.ExitStack | None = None
@@ -305,8 +319,13 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
     def set_live_weights(self, path: str, step: int) -> None:
         """Serve checkpoint `path` as policy version `step`: loaded as an adapter of its own (at the next step
         boundary of a running batch), the version `adapter=None` resolves to for every row that joins a batch
-        from now on; rows already decoding keep theirs."""
-        self._on_worker(lambda: self._versions.add_version(str(path), step))
+        from now on; rows already decoding keep theirs, unless `in_flight_updates`: then they move to it before
+        their next token."""
+        def add() -> None:
+            self._versions.add_version(str(path), step)
+            self._live_changed = self.in_flight_updates
+
+        self._on_worker(add)
         self._say("serving", "Serving policy version %d from %s", step, path)
         self.live_weights = (str(path), step)
 

@@ -75,7 +75,7 @@ from typing import Any
 import torch
 
 from artrl import shutdown
-from artrl.errors import ArtrlError
+from artrl.errors import ArtrlError, ConfigError
 from artrl.once_per_run import OncePerRun
 from artrl.serve.engine import (
     BASE_WEIGHTS,
@@ -110,6 +110,11 @@ class VLLMEngine(InferenceEngine):
 
     def __init__(self, *, tokenizer: Any, end_ids: frozenset[int], cfg: Any = None, base_model_path: str,
                  engine_args: dict[str, Any] | None = None) -> None:
+        if cfg is not None and getattr(cfg, "in_flight_lora", False):
+            raise ConfigError("rollout_weight_update_mode='in_flight_lora' is not supported by the vLLM engine: it "
+                              "serves each policy step as an adapter of its own and cannot replace one under running "
+                              "sequences or record which version sampled each token. Use inference_engine='builtin', "
+                              "or rollout_weight_update_mode='step_lora'.")
         self._tokenizer = tokenizer
         self._end_ids = frozenset(int(t) for t in end_ids)
         with _process_state_kept():  # importing vLLM sets environment variables too
