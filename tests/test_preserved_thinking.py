@@ -3,7 +3,9 @@
 Qwen3's stock template drops the reasoning of turns before the last user message. The tokenizer the
 server and the trainer load (`models.loading.load_tokenizer`, and `artrl.get_tokenizer`) gets a template
 that keeps it, so turn 2 is sampled from, and trained on, a context holding turn 1's reasoning. Tests use
-the offline tiny tokenizer saved with Qwen3's real template (tests/data/chat_templates/qwen3.jinja).
+the offline tiny tokenizer saved with Qwen3's real template (tests/data/chat_templates/qwen3.jinja): the
+template edit, the server's prompt builder and the trainer's tokenizer on their own, then the tiny model
+with that template served and trained by LocalBackend.
 """
 
 from __future__ import annotations
@@ -138,3 +140,58 @@ def test_trainer_trains_turn_2_on_the_context_it_was_sampled_from(tok):
     assert text.endswith("And doubled?<|im_end|>\n<|im_start|>assistant\n" + last + "<|im_end|>\n")
     trained = tok.decode([t for t, m in zip(seq.token_ids, seq.trainable_mask) if m])
     assert trained == REPLY + "<|im_end|>" + last + "<|im_end|>"
+
+
+def test_local_backend_samples_and_trains_turns_on_the_earlier_reasoning(tmp_path):
+    """End to end: the tiny model with Qwen3's template, served and trained by LocalBackend. Turn 2's prompt (the
+    server's record) holds turn 1's <think> block; turn 3's prompt extends turn 2's record; the train call
+    trains each trajectory as one sequence on those records."""
+    import asyncio
+    import json
+    import shutil
+
+    from artrl.chat_format import message_of
+
+    model_dir = tmp_path / "tiny-qwen3"
+    shutil.copytree(tiny_model_path(), model_dir)
+    stock = load_tokenizer(str(model_dir))
+    stock.chat_template = QWEN3
+    stock.save_pretrained(model_dir)
+    tok = load_tokenizer(str(model_dir))
+
+    async def rollout(client, model, seed: int) -> art.Trajectory:
+        messages = [Q1, {"role": "assistant", "content": REPLY}, Q2]
+        trajectory = art.Trajectory(messages_and_choices=list(messages), reward=float(seed))
+        for turn in range(2):
+            response = await client.chat.completions.create(
+                model=model.get_inference_name(), messages=messages, max_tokens=6, temperature=1.0,
+                seed=seed * 10 + turn)
+            choice = response.choices[0]
+            trajectory.messages_and_choices.append(choice)
+            messages.append(json.loads(json.dumps(message_of(choice))))
+            nudge = {"role": "user", "content": "Go on."}
+            messages.append(nudge)
+            trajectory.messages_and_choices.append(nudge)
+        return trajectory
+
+    async def main() -> None:
+        model = art.TrainableModel(name="thinker", project="think", base_model=str(model_dir))
+        async with art.LocalBackend(path=str(tmp_path / "runs"), show_progress=False) as backend:
+            await model.register(backend)
+            client = model.openai_client()
+            group = art.TrajectoryGroup([await rollout(client, model, seed) for seed in (1, 2)])
+            for trajectory in group:
+                c2, c3 = [m for m in trajectory.messages_and_choices if not isinstance(m, dict)]
+                prompt2, prompt3 = c2.model_extra["prompt_token_ids"], c3.model_extra["prompt_token_ids"]
+                # the server sampled turn 2 from a prompt holding turn 1's reasoning ...
+                assert THOUGHT + "It is 4.<|im_end|>\n<|im_start|>user\nAnd doubled?" in tok.decode(prompt2)
+                # ... and sampled turn 3 from turn 2's record, extended
+                record2 = prompt2 + c2.model_extra["token_ids"]
+                assert prompt3[:len(record2)] == record2
+            result = await model.train([group], config=art.TrainConfig(learning_rate=1e-12))
+            # the trainer trains both sampled turns of each trajectory in one sequence: that context
+            assert result.metrics["data/record_turns"] == 4
+            assert result.metrics["data/record_splits"] == 0
+            assert result.metrics["data/rendered_turns"] == 0
+
+    asyncio.run(main())
