@@ -6,8 +6,10 @@ comes from `transformers.AutoTokenizer.from_pretrained`, with `revision` and eve
 As in ART, `trust_remote_code` defaults to True for a local directory or when the environment variable
 HF_TRUST_REMOTE_CODE is 1/true/yes, and to False otherwise; a keyword given by the caller wins.
 
-What ART adds and this does not (docs/art-compatibility.md): its chat-template edit that keeps earlier
-turns' reasoning (from its separate art_inference package), the fallback to a public Llama 3 tokenizer
+As in ART, the chat template is edited to keep earlier assistant turns' reasoning (preserved_thinking.py: Qwen3's
+hybrid templates, and templates with a `preserve_thinking` / `clear_thinking` switch), the same edit the server
+and the trainer load their tokenizer with. What ART adds and this does not (docs/art-compatibility.md): that
+edit for the other families ART knows (Gemma 4, MiniMax, gpt-oss, Kimi K2.5, DeepSeek V4), the fallback to a public Llama 3 tokenizer
 when Meta's gated repository cannot be read, and the model-specific loaders of Kimi K2, DeepSeek V4,
 Inkling and tinker-registered tokenizers. A tokenizer is not cached: each call loads a new one.
 """
@@ -18,6 +20,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+from .preserved_thinking import configure_preserved_thinking_chat_template
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -39,6 +42,7 @@ def get_tokenizer(base_model: str, *, revision: str | None = None, **kwargs: Any
     if revision is not None:
         kwargs["revision"] = revision
     try:
-        return AutoTokenizer.from_pretrained(path, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as e:  # no such repository or files; a directory without a tokenizer
         raise ConfigError(f"get_tokenizer({base_model!r}): could not load its tokenizer from {path!r}: {e}") from e
+    return configure_preserved_thinking_chat_template(tokenizer)

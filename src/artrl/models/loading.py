@@ -97,7 +97,11 @@ def language_model_targets(names: list[str]) -> str:
 
 
 def load_tokenizer(base_model: str, cfg: InternalModelConfig | None = None) -> Any:
+    """The tokenizer the server and the trainer share, its chat template set to keep earlier turns' reasoning
+    (preserved_thinking.py)."""
     from transformers import AutoTokenizer
+
+    from ..preserved_thinking import configure_preserved_thinking_chat_template
 
     cfg = cfg or InternalModelConfig()
     path = resolve_name(base_model)
@@ -108,6 +112,7 @@ def load_tokenizer(base_model: str, cfg: InternalModelConfig | None = None) -> A
     if not getattr(tok, "chat_template", None):
         raise ConfigError(f"the tokenizer of {base_model!r} has no chat template; artrl renders trajectories "
                           "with it. Use an instruct/chat model or set tokenizer.chat_template.")
+    configure_preserved_thinking_chat_template(tok)  # earlier turns keep their reasoning, as in ART
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
