@@ -348,3 +348,39 @@ def test_profile_mode_without_a_profile_and_runtime_config_with_the_tuner_are_re
             await trainer.train(handle_signals=False)
 
     asyncio.run(main())
+
+
+def test_in_turn_a_hung_rollout_delays_one_train_call_only(tmp_path, monkeypatch, caplog):
+    import artrl.pipeline_trainer.trainer as trainer_module
+    from artrl.pipeline_tuner import PipelineAutotunerProfile
+
+    monkeypatch.setattr(trainer_module, "IN_TURN_DRAIN_MIN_S", 0.05)  # real seconds: 4 x 0.05 once
+
+    async def main():
+        backend = FakeBackend()
+        model = await make_model(tmp_path, backend)
+        PipelineTunerProfileStore.for_model(model).save("latest", PipelineAutotunerProfile(
+            settings=PipelineTuneSettings(num_rollout_workers=3, min_batch_size=2, max_batch_size=2,
+                                          queue_maxsize=2, target_groups_per_step=2),
+            config=PipelineAutotuneConfig(mode="online"), schedule="in_turn"))
+        work = Work(slice_s=0.0)
+        backend.during_train = work.train
+        never = asyncio.Event()
+
+        async def rollout(model, scenario, config):
+            if scenario["metadata"]["scenario_id"] == 3:
+                await never.wait()
+            return await work.rollout(model, scenario, config)
+
+        trainer = PipelineTrainer(model, backend, rollout, scenarios(12), None,
+                                  autotune=PipelineAutotuneConfig(mode="profile"), max_steps_off_policy=4,
+                                  eval_fn=None, clock=work.clock, max_steps=5)
+        with caplog.at_level(logging.WARNING, logger="artrl.pipeline_trainer"):
+            await run(trainer)
+        return model, backend
+
+    model, backend = asyncio.run(main())
+    rows = train_rows(model)
+    assert len(rows) == 5 and 3 not in backend.trained()
+    assert rows[-1]["train/pipeline_tuner/in_turn_drain_timeouts"] == 1.0
+    assert caplog.text.count("still running after") == 1

@@ -65,6 +65,10 @@ from .tuning import PipelineTuning, engine_pressure
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
 
 log = logging.getLogger("artrl.pipeline_trainer")
+IN_TURN_DRAIN_LIMIT_FACTOR = 4.0
+IN_TURN_DRAIN_MIN_S = 1.0
+"""In turn, a train call waits for the rollouts running at most this factor times the longest rollout seen
+(seconds, at least the minimum), then trains beside them (`pipeline_tuner/in_turn_drain_timeouts`)."""
 T = TypeVar("T")
 
 
@@ -246,9 +250,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         # the in-turn schedule (the tuner's, tuning.py): no rollout runs while a train call does
         self._in_turn = False
         self._training_now = False
-        self._rollouts_running = 0
+        self._running_rollouts: set[int] = set()  # tickets (seq) of the rollouts running now
+        self._overdue_rollouts: set[int] = set()  # of those, the ones a train call already waited for in vain
         self._put_wait_s = 0.0
         self._pressure_samples: list[float] = []
+        self._longest_rollout_s = 0.0
+        self._in_turn_drain_timeouts = 0
         self._tuning = PipelineTuning(autotune) if autotune.mode != "off" else None
         self._eval_queue: asyncio.Queue[int | EvalStop] | None = None
         self._status = StatusReporter(get_scenario_offset=lambda: self.state.scenario_offset,
@@ -296,7 +303,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._waiting = []
         self._admission = None
         self._live_workers, self._next_worker_id, self._scenarios_exhausted = set(), 0, False
-        self._training_now, self._rollouts_running, self._put_wait_s = False, 0, 0.0
+        self._training_now, self._put_wait_s = False, 0.0
+        self._running_rollouts, self._overdue_rollouts = set(), set()
         self._pressure_samples = []
         if self._tuning is not None:
             self.apply_pipeline_settings(self._tuning.start(self, start_step))
@@ -500,17 +508,19 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 version = self.state.policy_version
                 token = self.model.activate_metrics_context("train")
                 started = self.clock()
-                self._rollouts_running += 1
+                self._running_rollouts.add(ticket.seq)
                 try:
                     new_session()  # this worker runs rollout after rollout: each one is placed anew on replicas
                     async with self._adapter_lease(version):
                         group = await self.rollout_fn(self.model, scenario, self.config)
                 finally:
                     token.var.reset(token)
-                    self._rollouts_running -= 1
+                    self._running_rollouts.discard(ticket.seq)
+                    self._overdue_rollouts.discard(ticket.seq)
                     self._sample_engine_pressure()
                     self._changes.notify()
                 rollout_s = self.clock() - started
+                self._longest_rollout_s = max(self._longest_rollout_s, rollout_s)
                 if not isinstance(group, TrajectoryGroup):
                     raise TypeError(f"rollout_fn returned a {type(group).__name__}, not a TrajectoryGroup")
                 self._apply_scenario_metadata(group, scenario)
@@ -714,6 +724,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 schedule="in_turn" if self._in_turn else "overlap")
             if self._in_turn:
                 metrics["time/step_in_turn_drain_s"] = drain_s
+                metrics["pipeline_tuner/in_turn_drain_timeouts"] = float(self._in_turn_drain_timeouts)
             metrics.update(self._tuning.on_step(self, measured))
             self._in_turn = self._tuning.schedule == "in_turn"
         self._put_wait_s = 0.0
@@ -734,7 +745,19 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         started = self.clock()
         self._training_now = True
         self._changes.notify()
-        await self._changes.wait_for(lambda: self._rollouts_running == 0 or self._stop.is_set())
+        # a rollout that hangs (a tool that never answers) must not hang training: wait at most a few times the
+        # longest rollout seen, then train beside what still runs (counted)
+        limit = IN_TURN_DRAIN_LIMIT_FACTOR * max(self._longest_rollout_s, IN_TURN_DRAIN_MIN_S)
+        try:
+            async with asyncio.timeout(limit):
+                await self._changes.wait_for(lambda: self._running_rollouts <= self._overdue_rollouts
+                                             or self._stop.is_set())
+        except TimeoutError:
+            self._in_turn_drain_timeouts += 1
+            overdue = self._running_rollouts - self._overdue_rollouts
+            self._overdue_rollouts |= overdue  # waited for once; later calls do not wait for them again
+            log.warning("in turn: %d rollout(s) still running after %.1f s (%.0fx the longest rollout so far); this "
+                        "train call runs beside them", len(overdue), limit, IN_TURN_DRAIN_LIMIT_FACTOR)
         return self.clock() - started
 
     def _sample_engine_pressure(self) -> None:
