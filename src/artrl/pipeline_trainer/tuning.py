@@ -105,7 +105,8 @@ class PipelineTuning:
         one-batch queue."""
         c = self.config
         limit = freshness_worker_limit(target_groups_per_step=settings.target_groups_per_step,
-                                       limit_steps_off_policy=age, running_reserve_fraction=c.queue_running_reserve_fraction,
+                                       limit_steps_off_policy=age,
+                                       running_reserve_fraction=c.queue_running_reserve_fraction,
                                        worker_step=c.worker_step)
         workers = settings.num_rollout_workers if limit is None else min(settings.num_rollout_workers, limit)
         return settings.model_copy(update={
