@@ -50,7 +50,8 @@ def test_the_printed_command_parses_back_to_the_same_config():
     cfg = PipelineBenchConfig(turns=3, tool_latency_s=0.25, groups_per_step=5, rollouts_per_group=3, steps=7,
                               max_steps_off_policy=2, rollout_workers=9, max_tokens=5, prompt_words=11,
                               result_words=13, model="artrl/tiny", device="cpu", train_threads=1,
-                              train_in_worker=True, learning_rate=3e-4, loss_fn="ppo", seed=4, arms=("pipeline",))
+                              train_in_worker=True, learning_rate=3e-4, loss_fn="ppo", seed=4, arms=("pipeline",),
+                              autotune="online")
     argv = shlex.split(cfg.command())
     assert argv[:3] == ["artrl", "bench", "pipeline"]
     assert config_from_args(_parser().parse_args(argv[1:] + ["--path", "/x"])) == cfg
@@ -60,7 +61,7 @@ def test_the_printed_command_parses_back_to_the_same_config():
 
 @pytest.mark.parametrize("field, value", [("turns", 0), ("rollouts_per_group", 1), ("tool_latency_s", -1.0),
                                           ("max_steps_off_policy", -1), ("loss_fn", "sft"), ("arms", ("async",)),
-                                          ("rollout_workers", 0)])
+                                          ("rollout_workers", 0), ("autotune", "profile")])
 def test_config_refuses_values_that_cannot_run(field, value):
     with pytest.raises(ConfigError, match=field.split("_s")[0] if field != "arms" else "arms"):
         PipelineBenchConfig(**{field: value}).check()

@@ -22,6 +22,9 @@ from artrl import notices
 from artrl.errors import ConfigError
 from artrl.pipeline_trainer import PipelineAutotuneConfig, PipelineRuntimeConfig, PipelineTrainer
 from artrl.pipeline_trainer.options import DEPRECATED_PIPELINE_KEYWORDS
+from artrl.pipeline_tuner.config import UNREAD_AUTOTUNE_KNOBS
+
+UNREAD = {name for names in UNREAD_AUTOTUNE_KNOBS.values() for name in names}
 
 ART_RUNTIME_FIELDS = {"num_rollout_workers": 16, "min_batch_size": 4, "max_batch_size": None, "queue_maxsize": None,
                       "score_reference_groups_per_step": 8.0, "score_reference_rollouts_per_group": None}
@@ -53,15 +56,17 @@ ART_TRAINER_KEYWORDS = {
     "optimizer_save_interval": 5, "checkpoint_retention_strategy": None, "checkpoint_retention_interval": 1,
     "resume": True, "rollout_executor": None}
 
-# name -> the test below that shows its effect (or, for tuner knobs, why "off" is ART's behaviour too)
+# name -> the test that shows its effect
 HONOURED = {
     **{f"runtime.{k}": "test_runtime_fields_shape_the_run" for k in ART_RUNTIME_FIELDS},
-    "autotune.mode": "test_autotune_off_runs_and_the_tuner_modes_are_refused",
-    **{f"autotune.{k}": "test_autotune_knobs_are_checked_as_art_checks_them" for k in ART_AUTOTUNE_FIELDS
-       if k != "mode"},
+    "autotune.mode": "test_pipeline_tuner.py (the schedule, in a real run, profiles)",
+    "autotune.profile": "test_pipeline_tuner.py (profiles)",
+    "autotune.output_name": "test_pipeline_tuner.py (profiles)",
+    **{f"autotune.{k}": "test_pipeline_tuner.py (ART's rules)" for k in ART_AUTOTUNE_FIELDS
+       if k not in UNREAD | {"mode", "profile", "output_name"}},
     **{k: "test_deprecated_aliases_work_with_one_notice_each" for k in DEPRECATED_PIPELINE_KEYWORDS},
     "pipeline": "test_runtime_fields_shape_the_run",
-    "autotune": "test_autotune_off_runs_and_the_tuner_modes_are_refused",
+    "autotune": "test_pipeline_tuner.py (the schedule, in a real run, profiles)",
     **{k: "test_train_call_keywords_reach_backend_train" for k in (
         "learning_rate", "loss_fn", "loss_fn_config", "normalize_advantages", "grad_accumulation_sequences",
         "adam_params", "save_checkpoint")},
@@ -84,7 +89,7 @@ HONOURED = {
     "resume": "test_pipeline_trainer.py (resume)",
 }
 REFUSED = {  # name -> a value ART accepts that artrl refuses
-    "autotune.mode": ["online", "profile"],
+    **{f"autotune.{k}": ["a value other than ART's default, with mode 'online' or 'profile'"] for k in UNREAD},
     "rollout_executor": [object()],
 }
 
@@ -127,12 +132,17 @@ def test_refused_keywords_name_themselves(tmp_path, name, value):
     assert "not supported" in str(info.value)
 
 
-def test_autotune_off_runs_and_the_tuner_modes_are_refused(tmp_path):
-    trainer, _ = _trainer(tmp_path, autotune=PipelineAutotuneConfig())
-    assert trainer.autotune.mode == "off"
-    for mode in REFUSED["autotune.mode"]:
-        with pytest.raises(ConfigError, match=rf"mode='{mode}'.*not supported"):
-            _trainer(tmp_path, autotune=PipelineAutotuneConfig(mode=mode))
+def test_tuner_knobs_of_unbuilt_parts_are_refused_by_name_when_the_tuner_runs(tmp_path):
+    assert _trainer(tmp_path, autotune=PipelineAutotuneConfig())[0].autotune.mode == "off"
+    assert _trainer(tmp_path, autotune=PipelineAutotuneConfig(mode="online"))[0].autotune.mode == "online"
+    # with mode "off" no part of ART's tuner runs, in ART either: the knobs are only checked
+    assert _trainer(tmp_path, autotune=PipelineAutotuneConfig(packing_trials=64))[0].autotune.packing_trials == 64
+    for name in sorted(UNREAD):
+        value = PipelineAutotuneConfig.model_fields[name].default
+        changed = value + 1 if isinstance(value, int) else value / 2
+        for mode in ("online", "profile"):
+            with pytest.raises(ConfigError, match=rf"{name}=.*mode='{mode}' is not supported"):
+                _trainer(tmp_path, autotune=PipelineAutotuneConfig(mode=mode, **{name: changed}))
 
 
 def test_in_flight_lora_is_refused_by_name_where_it_cannot_run():
@@ -148,8 +158,7 @@ def test_in_flight_lora_is_refused_by_name_where_it_cannot_run():
 
 
 def test_autotune_knobs_are_checked_as_art_checks_them():
-    """With mode "off" ART's tuner never runs, so its knobs change nothing there either; they are checked as ART
-    checks them (a bad value fails here where it fails in ART)."""
+    """A bad value fails here where it fails in ART."""
     bad = {"window_steps": 0, "max_worker_move": 3, "packing_trials": 15, "packing_reservoir_multiplier": 1,
            "target_spill_probability": 1.5, "packing_spill_confidence": 1.0, "worker_move_fraction": 0.0,
            "vllm_metric_interval_s": 0.0, "mode": "fast"}

@@ -8,7 +8,10 @@ scenarios of the agent workload (bench/agent_workload.py: turns whose tools take
 * **sync**: the loop of ART's examples: gather one step's groups, `backend.train`, log, repeat.
 * **pipeline**: `artrl.pipeline_trainer.PipelineTrainer` with `min_batch_size = max_batch_size =
   groups_per_step`, `max_steps = steps` and `max_steps_off_policy`: rollouts of the next steps run
-  while the trainer trains.
+  while the trainer trains. With `--autotune online` the pipeline's tuner (docs/pipeline.md, "The online
+  tuner") sets its workers, batch floor and schedule instead, starting from the same shape (ART's
+  `initial_*` knobs: `groups_per_step` groups a step, the bench's workers); the report then says which
+  schedule it chose (`tuner_schedule`: overlap, or in turn) and what each measured.
 
 The train call is `backend.train(model, groups, learning_rate, loss_fn, loss_fn_config=None,
 normalize_advantages, adam_params=None, save_checkpoint=False)`, the keywords the pipeline's
@@ -59,6 +62,7 @@ log = logging.getLogger(__name__)
 
 PROJECT = "artrl-bench-pipeline"
 LOSS_FNS = ("cispo", "ppo")
+AUTOTUNE = ("off", "online")
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,8 @@ class PipelineBenchConfig:
     seed: int = 0
     arms: tuple[str, ...] = ("sync", "pipeline")
     """Which arms to run (both by default; one alone for a quick look)."""
+    autotune: str = "off"
+    """The pipeline arm's `PipelineAutotuneConfig.mode`: off (the fixed shape above) or online (the tuner)."""
 
     def check(self) -> None:
         if self.prompt_words < 0 or self.result_words < 0:
@@ -124,6 +130,8 @@ class PipelineBenchConfig:
             raise ConfigError(f"bench pipeline: rollout_workers={self.rollout_workers}; it must be >= 1 or None")
         if self.loss_fn not in LOSS_FNS:
             raise ConfigError(f"bench pipeline: loss_fn={self.loss_fn!r}; choose one of {LOSS_FNS}")
+        if self.autotune not in AUTOTUNE:
+            raise ConfigError(f"bench pipeline: autotune={self.autotune!r}; choose one of {AUTOTUNE}")
         unknown = sorted(set(self.arms) - {"sync", "pipeline"})
         if unknown or not self.arms:
             raise ConfigError(f"bench pipeline: arms={self.arms}; choose among 'sync' and 'pipeline'")
@@ -161,6 +169,8 @@ class PipelineBenchConfig:
             parts += ["--trainer", "worker" if self.train_in_worker else "here"]
         if tuple(self.arms) != ("sync", "pipeline"):
             parts += ["--arms", ",".join(self.arms)]
+        if self.autotune != "off":
+            parts += ["--autotune", self.autotune]
         return shlex.join(str(p) for p in parts)
 
 
@@ -253,10 +263,17 @@ async def run_pipeline(backend: Any, model: Any, cfg: PipelineBenchConfig, recor
     shape: dict[str, int] = {"num_rollout_workers": cfg.workers, "min_batch_size": cfg.groups_per_step,
                              "max_batch_size": cfg.groups_per_step}
     try:  # ART 0.5.23's form; a tree from before it takes the direct keywords
-        from ..pipeline_trainer import PipelineRuntimeConfig
+        from ..pipeline_trainer import PipelineAutotuneConfig, PipelineRuntimeConfig
         runtime: dict[str, Any] = {"pipeline": PipelineRuntimeConfig(**shape)}
     except ImportError:
         runtime = dict(shape)
+    if cfg.autotune != "off":
+        # the tuner owns the shape (ART's rule); it starts from the bench's. No freshness worker limit
+        # (queue_running_reserve_fraction=0): admission already keeps every group within the bound
+        runtime = {"autotune": PipelineAutotuneConfig(
+            mode=cfg.autotune, initial_min_groups_per_packed_sequence=cfg.groups_per_step,
+            initial_max_groups_per_packed_sequence=cfg.groups_per_step,
+            initial_model_calls_per_inference_gpu=cfg.workers, queue_running_reserve_fraction=0.0)}
     trainer = PipelineTrainer(
         model, backend, rollouts.rollout_group, cfg.workload.scenarios(cfg.steps * cfg.groups_per_step), cfg,
         **runtime, max_steps_off_policy=cfg.max_steps_off_policy, learning_rate=kwargs["learning_rate"],
@@ -266,6 +283,13 @@ async def run_pipeline(backend: Any, model: Any, cfg: PipelineBenchConfig, recor
         log_interval_seconds=3600.0, total_scenarios=cfg.steps * cfg.groups_per_step)
     await trainer.train(handle_signals=False)
     record.extra["discarded_stale_groups"] = int(trainer.state.discarded_stale_groups)
+    tuning = getattr(trainer, "_tuning", None)
+    if tuning is not None and tuning.tuner is not None:
+        judge = tuning.tuner.judge
+        record.extra["tuner_schedule"] = judge.schedule if judge.decided else f"undecided ({judge.schedule})"
+        record.extra["tuner_evidence"] = {k: round(v, 4) for k, v in judge.evidence.items()}
+        record.extra["tuner_decisions"] = [f"{d.step}:{d.action}" for d in tuning.tuner.decisions]
+        record.extra["tuner_settings"] = tuning.tuner.settings.model_dump()
 
 
 ARMS = {"sync": run_sync, "pipeline": run_pipeline}
@@ -331,7 +355,8 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
         "rollouts_per_group": cfg.rollouts_per_group, "steps": cfg.steps,
         "max_steps_off_policy": cfg.max_steps_off_policy, "rollout_workers": cfg.workers,
         "max_tokens": cfg.max_tokens, "prompt_words": cfg.prompt_words,
-        "result_words": cfg.result_words, "loss_fn": cfg.loss_fn, "learning_rate": cfg.learning_rate, **arms}
+        "result_words": cfg.result_words, "loss_fn": cfg.loss_fn, "learning_rate": cfg.learning_rate,
+        "autotune": cfg.autotune, **arms}
     if "sync" in arms and "pipeline" in arms and arms["pipeline"]["wall_s"] > 0:
         out["ratio_sync_over_pipeline"] = round(arms["sync"]["wall_s"] / arms["pipeline"]["wall_s"], 3)
     if "sync" in arms and arms["sync"]["train_s"] > 0:  # where the workload sits: >1 rollouts dominate
@@ -380,6 +405,9 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--arms", default="sync,pipeline", help="comma-separated arms to run (default: sync,pipeline)")
     p.add_argument("--path", default=None, help="root of the run directories (default: a temporary directory)")
+    p.add_argument("--autotune", choices=AUTOTUNE, default=d.autotune, help="the pipeline arm's tuner: off (the "
+                   "fixed shape, default) or online (workers, batch floor and overlap-or-in-turn set from what it "
+                   "measures)")
 
 
 def config_from_args(args: Any) -> PipelineBenchConfig:
@@ -390,7 +418,7 @@ def config_from_args(args: Any) -> PipelineBenchConfig:
         result_words=args.result_words, model=args.model, device=args.device,
         train_threads=args.train_threads, train_in_worker={"worker": True, "here": False}.get(args.trainer),
         learning_rate=args.learning_rate, loss_fn=args.loss_fn, seed=args.seed,
-        arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()))
+        arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()), autotune=args.autotune)
 
 
 def main(args: Any) -> int:

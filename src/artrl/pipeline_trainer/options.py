@@ -17,7 +17,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..notices import notice_once
-from ..pipeline_tuner.config import BUILT_AUTOTUNE_MODES, PipelineAutotuneConfig, PipelineRuntimeConfig
+from ..pipeline_tuner.config import (BUILT_AUTOTUNE_MODES, PipelineAutotuneConfig, PipelineRuntimeConfig,
+                                     refuse_unread_knobs)
 from ..trajectories import Trajectory, TrajectoryGroup, policy_token_counts
 
 DEPRECATED_PIPELINE_KEYWORDS = ("num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize")
@@ -28,19 +29,23 @@ CRITICAL_ROLLOUT_BATCH_SIZE = 300.0
 def resolve_pipeline_config(pipeline: PipelineRuntimeConfig | None, autotune: PipelineAutotuneConfig | None,
                             **aliases: int | None) -> tuple[PipelineRuntimeConfig, PipelineAutotuneConfig]:
     """The run's runtime and autotune configs from `pipeline=`, `autotune=` and the deprecated direct keywords
-    (ART 0.5.18's; one notice per keyword per process). Refuses what ART refuses, and the tuner's modes."""
+    (ART 0.5.18's; one notice per keyword per process). Refuses what ART refuses."""
     if autotune is None:
         autotune = PipelineAutotuneConfig()
     if not isinstance(autotune, PipelineAutotuneConfig):
         raise ConfigError(f"PipelineTrainer(autotune={autotune!r:.80}): pass a PipelineAutotuneConfig.")
     if autotune.mode not in BUILT_AUTOTUNE_MODES:
         raise ConfigError(f"PipelineTrainer(autotune=PipelineAutotuneConfig(mode={autotune.mode!r})) is not "
-                          "supported: ART's online pipeline tuner (modes 'online' and 'profile') is not built in "
-                          "artrl, and a run that looks tuned but is not would mislead. Use mode='off' (the default) "
-                          "and set workers and batch bounds with pipeline=PipelineRuntimeConfig(...).")
+                          f"supported; choose one of {BUILT_AUTOTUNE_MODES}.")
+    refuse_unread_knobs(autotune)
     if pipeline is not None and not isinstance(pipeline, PipelineRuntimeConfig):
         raise ConfigError(f"PipelineTrainer(pipeline={pipeline!r:.80}): pass a PipelineRuntimeConfig.")
     given = {k: v for k, v in aliases.items() if v is not None}
+    if autotune.mode != "off" and (pipeline is not None or given):
+        raise ValueError(f"PipelineTrainer(autotune=PipelineAutotuneConfig(mode={autotune.mode!r})): pipeline runtime "
+                         f"config cannot be provided when pipeline autotuning is enabled (given: "
+                         f"{'pipeline' if pipeline is not None else sorted(given)}). The tuner owns the initial and "
+                         "online settings (ART's rule); its initial_* knobs set where it starts.")
     if pipeline is not None and given:
         raise ValueError(f"PipelineTrainer: use either pipeline=PipelineRuntimeConfig(...) or the deprecated direct "
                          f"pipeline settings {sorted(given)}, not both.")

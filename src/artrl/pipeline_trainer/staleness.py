@@ -91,6 +91,15 @@ class Admission:
         self._seq += 1
         return ticket
 
+    def set_groups_per_step(self, groups_per_step: int) -> None:
+        """Admit `groups_per_step` per step from the first open step on (the tuner's `min_batch_size`); steps
+        already full stay as they are."""
+        if groups_per_step <= 0:
+            raise ValueError(f"groups_per_step={groups_per_step}; it must be > 0")
+        self.groups_per_step = groups_per_step
+        while self._live[self._first_open] >= self.groups_per_step:
+            self._first_open += 1
+
     def release(self, ticket: Ticket) -> None:
         """The ticket's group was dropped: its slot goes to the next scenario."""
         if self._live[ticket.target] <= 0:

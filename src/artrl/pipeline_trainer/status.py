@@ -6,6 +6,7 @@ most every `log_interval_seconds`, e.g.
 
     pipeline step 12 | scenarios 96/200 | rolling out 8 | queued 3 | training 4 | trained 44 | stale 2 |
     zero-var 5 | errored 1 | reward(ewa) 0.412 | s/step(ewa) 3.1 | val 0.380 @ step 10
+    [| tuner online: in turn (overlap 0.93x) | workers 8 | batch 7-8 | step 11 hold: ...]
 
 Logger: `artrl.pipeline_trainer`. ART also draws it as a tqdm line on a terminal; here it
 is a log line only (a progress bar and a concurrent log would fight for the terminal).
@@ -67,6 +68,7 @@ class StatusReporter:
         self.val_running: int | None = None
         self._started = False
         self._last_log = 0.0
+        self.tuner: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, *, initial_step: int | None = None) -> None:
@@ -96,6 +98,13 @@ class StatusReporter:
         log.info("%s", self.line())
 
     # ------------------------------------------------------------------ hooks
+    def set_num_workers(self, num_workers: int) -> None:
+        self._num_workers = max(1, num_workers)
+
+    def note_tuner(self, text: str) -> None:
+        """The tuner's state and last decision, shown at the end of the line."""
+        self.tuner = text
+
     def note_rollout_started(self) -> None:
         self.rolling_out += 1
 
@@ -163,4 +172,6 @@ class StatusReporter:
             parts.append(f"val {self.val_reward:.3f} @ step {self.val_step}")
         if self.val_running is not None:
             parts.append(f"eval running @ step {self.val_running}")
+        if self.tuner is not None:
+            parts.append(self.tuner)
         return " | ".join(parts)

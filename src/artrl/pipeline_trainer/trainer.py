@@ -46,7 +46,8 @@ from typing import Any, Generic, TypeVar, cast
 
 from ..errors import ConfigError
 from ..notices import notice_once
-from ..pipeline_tuner.config import PipelineAutotuneConfig, PipelineRuntimeConfig
+from ..pipeline_tuner.autotune import StepMeasurement
+from ..pipeline_tuner.config import PipelineAutotuneConfig, PipelineRuntimeConfig, PipelineTuneSettings
 from ..local.adapter_leases import LeaseRegistry
 from ..replicas.affinity import new_session
 from ..run import storage
@@ -60,9 +61,14 @@ from .options import (admission_bound, group_mean_steps_off_policy, refuse_unbui
 from .state import PIPELINE_STATE_KEY, PipelineState, SavedState
 from .staleness import Admission, StalenessBound, Ticket
 from .status import StatusReporter
+from .tuning import PipelineTuning, engine_pressure
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
 
 log = logging.getLogger("artrl.pipeline_trainer")
+IN_TURN_DRAIN_LIMIT_FACTOR = 4.0
+IN_TURN_DRAIN_MIN_S = 1.0
+"""In turn, a train call waits for the rollouts running at most this factor times the longest rollout seen
+(seconds, at least the minimum), then trains beside them (`pipeline_tuner/in_turn_drain_timeouts`)."""
 T = TypeVar("T")
 
 
@@ -121,6 +127,7 @@ class _Batch:
     def __init__(self) -> None:
         self.ready: list[GroupReady] = []
         self.discarded = 0
+        self.zero_variance = 0
         self.exhausted = False
         self.stopped = False
         self.collapsed = False
@@ -235,7 +242,21 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._changes = _Changes()
         self._waiting: list[int] = []  # pulled scenarios waiting for admission (a heap of their indices)
         self._admission: Admission | None = None
-        self._queue: asyncio.Queue[GroupReady | ScenariosExhausted] | None = None
+        self._queue: asyncio.Queue[GroupReady | ScenariosExhausted] | None = None  # unbounded: _queue_limit()
+        self._worker_group: asyncio.TaskGroup | None = None
+        self._live_workers: set[int] = set()
+        self._next_worker_id = 0
+        self._scenarios_exhausted = False
+        # the in-turn schedule (the tuner's, tuning.py): no rollout runs while a train call does
+        self._in_turn = False
+        self._training_now = False
+        self._running_rollouts: set[int] = set()  # tickets (seq) of the rollouts running now
+        self._overdue_rollouts: set[int] = set()  # of those, the ones a train call already waited for in vain
+        self._put_wait_s = 0.0
+        self._pressure_samples: list[float] = []
+        self._longest_rollout_s = 0.0
+        self._in_turn_drain_timeouts = 0
+        self._tuning = PipelineTuning(autotune) if autotune.mode != "off" else None
         self._eval_queue: asyncio.Queue[int | EvalStop] | None = None
         self._status = StatusReporter(get_scenario_offset=lambda: self.state.scenario_offset,
                                       log_interval_seconds=log_interval_seconds, status_ewa_alpha=status_ewa_alpha,
@@ -280,10 +301,16 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._stop = asyncio.Event()
         self._changes = _Changes()
         self._waiting = []
+        self._admission = None
+        self._live_workers, self._next_worker_id, self._scenarios_exhausted = set(), 0, False
+        self._training_now, self._put_wait_s = False, 0.0
+        self._running_rollouts, self._overdue_rollouts = set(), set()
+        self._pressure_samples = []
+        if self._tuning is not None:
+            self.apply_pipeline_settings(self._tuning.start(self, start_step))
+            self._in_turn = self._tuning.schedule == "in_turn"
         self._admission = Admission(self.bound, self.min_batch_size, start_step)
-        window = staleness_window(self.max_steps_off_policy, self.limit_mean_steps_off_policy)
-        maxsize = self.queue_maxsize or max(1, window * self.target_groups_per_step)
-        self._queue = asyncio.Queue(maxsize=maxsize)
+        self._queue = asyncio.Queue()
         self._eval_queue = asyncio.Queue()
         if self.eval_fn is not None and self.eval_at_start:
             self._schedule_eval(start_step)
@@ -308,6 +335,25 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             restore()
             self._status.flush()
             self._status.close()
+
+    def apply_pipeline_settings(self, settings: PipelineTuneSettings) -> None:
+        """Run with these workers, batch bounds and queue size from now on (ART's; the tuner's way in). Fewer
+        workers: the extra ones stop after their current rollout; a lower `min_batch_size` admits fewer groups per
+        step from the next open step on."""
+        self.num_rollout_workers = settings.num_rollout_workers
+        self.min_batch_size, self.max_batch_size = settings.min_batch_size, settings.max_batch_size
+        self.target_groups_per_step = settings.target_groups_per_step
+        self.queue_maxsize = settings.queue_maxsize
+        self._discard_queue_limit = self.discard_queue_multiplier * self.min_batch_size
+        if self._admission is not None:
+            self._admission.set_groups_per_step(self.min_batch_size)
+        self._status.set_num_workers(self.num_rollout_workers)
+        self._reconcile_workers()
+        self._changes.notify()
+
+    def _queue_limit(self) -> int:
+        window = staleness_window(self.max_steps_off_policy, self.limit_mean_steps_off_policy)
+        return self.queue_maxsize or max(1, window * self.target_groups_per_step)
 
     def request_stop(self) -> None:
         """Stop cleanly: a train call in progress finishes, nothing new starts."""
@@ -364,6 +410,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             try:
                 scenario = await anext(self._scenarios)
             except StopAsyncIteration:
+                self._scenarios_exhausted = True
                 return None
             index = self.state.scenario_offset
             self.state.scenario_offset += 1
@@ -384,11 +431,34 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
     # ------------------------------------------------------------------ rollout stage
     async def _rollout_stage(self) -> None:
-        async with asyncio.TaskGroup() as tg:
-            for i in range(self.num_rollout_workers):
-                tg.create_task(self._rollout_worker(i), name=f"rollout_worker_{i}")
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._worker_group = tg
+                self._reconcile_workers()
+        finally:
+            self._worker_group = None
         assert self._queue is not None
-        await self._queue.put(ScenariosExhausted())
+        self._queue.put_nowait(ScenariosExhausted())
+
+    def _reconcile_workers(self) -> None:
+        """Start workers up to `num_rollout_workers` (those above it stop themselves, `_retire`)."""
+        tg = self._worker_group
+        if tg is None:
+            return
+        while len(self._live_workers) < self.num_rollout_workers and not self.state.done \
+                and not self._scenarios_exhausted:
+            worker_id = self._next_worker_id
+            self._next_worker_id += 1
+            self._live_workers.add(worker_id)
+            tg.create_task(self._rollout_worker(worker_id), name=f"rollout_worker_{worker_id}")
+
+    def _retire(self, worker_id: int) -> bool:
+        """Whether this worker stops (there are more than `num_rollout_workers`); synchronous, so two workers
+        never both see the same surplus."""
+        if len(self._live_workers) > self.num_rollout_workers:
+            self._live_workers.discard(worker_id)
+            return True
+        return False
 
     async def _admit(self, index: int) -> Ticket | None:
         """Wait until scenario `index` is the first waiting one and admission has a ticket within the bound
@@ -411,8 +481,16 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._changes.notify()
 
     async def _rollout_worker(self, worker_id: int) -> None:
+        try:
+            await self._rollout_loop(worker_id)
+        finally:
+            self._live_workers.discard(worker_id)
+
+    async def _rollout_loop(self, worker_id: int) -> None:
         assert self._queue is not None and self._admission is not None
         while not self.state.done:
+            if self._retire(worker_id):
+                return
             pulled = await self._pull()
             if pulled is None:
                 return
@@ -424,17 +502,25 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self._status.note_rollout_started()
             queued = errored = False
             try:
+                # in turn: a rollout starts only while no train call runs (the trainer waits for those running)
+                await self._changes.wait_for(lambda: self.state.done or not (self._in_turn and self._training_now))
                 idle_s = self.clock() - waited_from
                 version = self.state.policy_version
                 token = self.model.activate_metrics_context("train")
                 started = self.clock()
+                self._running_rollouts.add(ticket.seq)
                 try:
                     new_session()  # this worker runs rollout after rollout: each one is placed anew on replicas
                     async with self._adapter_lease(version):
                         group = await self.rollout_fn(self.model, scenario, self.config)
                 finally:
                     token.var.reset(token)
+                    self._running_rollouts.discard(ticket.seq)
+                    self._overdue_rollouts.discard(ticket.seq)
+                    self._sample_engine_pressure()
+                    self._changes.notify()
                 rollout_s = self.clock() - started
+                self._longest_rollout_s = max(self._longest_rollout_s, rollout_s)
                 if not isinstance(group, TrajectoryGroup):
                     raise TypeError(f"rollout_fn returned a {type(group).__name__}, not a TrajectoryGroup")
                 self._apply_scenario_metadata(group, scenario)
@@ -443,7 +529,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                         t.initial_policy_version = version
                     if t.final_policy_version is None:
                         t.final_policy_version = self.state.policy_version
-                await self._queue.put(GroupReady(group, ticket, index, version, rollout_s, idle_s))
+                put_from = self.clock()
+                await self._changes.wait_for(lambda: self.state.done or self._queue.qsize() < self._queue_limit())
+                self._put_wait_s += self.clock() - put_from
+                if self.state.done:
+                    return
+                self._queue.put_nowait(GroupReady(group, ticket, index, version, rollout_s, idle_s))
                 queued = True
                 self._status.note_group_enqueued(group)
             except asyncio.CancelledError:
@@ -481,6 +572,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         """Accept, discard (stale) or set aside (no reward spread) one group for the call from `step`."""
         assert self._admission is not None
         self._status.note_group_dequeued(msg.group)
+        self._changes.notify()  # a queue slot is free
         group = msg.group
         if not group.trajectories and group.exceptions:
             first = group.exceptions[0]
@@ -494,6 +586,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self._release(msg.ticket)
             return
         if _zero_variance(group):
+            batch.zero_variance += 1
             self._release(msg.ticket)
             self._discard_queue.append(group)
             self._status.note_zero_variance_discarded(1)
@@ -568,11 +661,14 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             # run's first (step 0) or the one kl_penalty_step_lag steps back (kept from retention meanwhile)
             kwargs.update(kl_penalty_coef=self.kl_penalty_coef, kl_penalty_source="sample",
                           kl_penalty_reference_step=self.kl_reference_step(current))
+        drain_s = await self._close_rollouts_for_training()
         call_started = self.clock()
         try:
             result = await self.backend.train(self.model, groups, **kwargs)
         finally:
             trainer_s = self.clock() - call_started
+            self._training_now = False
+            self._changes.notify()  # in turn: rollouts go on
             self._status.note_training_end()
         step = int(result.step)
         self.state.policy_version = step
@@ -616,6 +712,22 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                                      reference_groups=self.score_reference_groups_per_step,
                                      reference_rollouts=self.score_reference_rollouts_per_group))
         metrics.update({k: v for k, v in result.metrics.items() if k not in metrics})
+        metrics["queue/put_wait_s"] = self._put_wait_s
+        self._sample_engine_pressure()
+        if self._tuning is not None:
+            pressures, self._pressure_samples = self._pressure_samples, []
+            measured = StepMeasurement(
+                step=step, t_s=self.clock(), wall_s=step_s, collect_s=trainer_idle_s, train_s=trainer_s,
+                rollout_s=actor_s, groups=len(groups), stale_groups=batch.discarded,
+                zero_variance_groups=batch.zero_variance, put_wait_s=self._put_wait_s,
+                inference_pressure=sum(pressures) / len(pressures) if pressures else None,
+                schedule="in_turn" if self._in_turn else "overlap")
+            if self._in_turn:
+                metrics["time/step_in_turn_drain_s"] = drain_s
+                metrics["pipeline_tuner/in_turn_drain_timeouts"] = float(self._in_turn_drain_timeouts)
+            metrics.update(self._tuning.on_step(self, measured))
+            self._in_turn = self._tuning.schedule == "in_turn"
+        self._put_wait_s = 0.0
         await self.model.log(groups, split="train", step=step, metrics=metrics)
         if self._discard_queue:
             await self.model.log(self._discard_queue[:50], split="discarded", step=step)
@@ -625,15 +737,44 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._persist(step)
         return step
 
+    async def _close_rollouts_for_training(self) -> float:
+        """In turn: no rollout starts from now until the train call ends, and the call waits for those running
+        (their groups go to the queue); the seconds waited. Overlapped: nothing (0)."""
+        if not self._in_turn:
+            return 0.0
+        started = self.clock()
+        self._training_now = True
+        self._changes.notify()
+        # a rollout that hangs (a tool that never answers) must not hang training: wait at most a few times the
+        # longest rollout seen, then train beside what still runs (counted)
+        limit = IN_TURN_DRAIN_LIMIT_FACTOR * max(self._longest_rollout_s, IN_TURN_DRAIN_MIN_S)
+        try:
+            async with asyncio.timeout(limit):
+                await self._changes.wait_for(lambda: self._running_rollouts <= self._overdue_rollouts
+                                             or self._stop.is_set())
+        except TimeoutError:
+            self._in_turn_drain_timeouts += 1
+            overdue = self._running_rollouts - self._overdue_rollouts
+            self._overdue_rollouts |= overdue  # waited for once; later calls do not wait for them again
+            log.warning("in turn: %d rollout(s) still running after %.1f s (%.0fx the longest rollout so far); this "
+                        "train call runs beside them", len(overdue), limit, IN_TURN_DRAIN_LIMIT_FACTOR)
+        return self.clock() - started
+
+    def _sample_engine_pressure(self) -> None:
+        """One sample of the serving engine's queue pressure (requests queued / its batch size) for the tuner,
+        taken when a rollout ends and when a step ends; nothing when the engine does not say (tuning.py)."""
+        if self._tuning is not None:
+            value = engine_pressure(self.backend, self.model)
+            if value is not None:
+                self._pressure_samples.append(value)
+
     def _settings_metrics(self) -> dict[str, float]:
         """ART 0.5.23's `pipeline_settings/...` figures: the runtime config this step ran under."""
-        window = staleness_window(self.max_steps_off_policy, self.limit_mean_steps_off_policy)
         return {"pipeline_settings/num_rollout_workers": float(self.num_rollout_workers),
                 "pipeline_settings/min_batch_size": float(self.min_batch_size),
                 "pipeline_settings/max_batch_size": float(self.max_batch_size),
                 "pipeline_settings/target_groups_per_step": float(self.target_groups_per_step),
-                "pipeline_settings/queue_maxsize": float(self.queue_maxsize or max(1, window *
-                                                                                  self.target_groups_per_step))}
+                "pipeline_settings/queue_maxsize": float(self._queue_limit())}
 
     # ------------------------------------------------------------------ collapse
     def _trigger_collapse(self) -> None:
