@@ -89,6 +89,20 @@ def test_bench_serve_latency_reports_requests_next_to_the_bare_forward(capsys, l
     assert out["concurrent_ms_per_request"] > 0 and out["prompt_tokens"] > 0
 
 
+@pytest.mark.parametrize("four_bit", [True, False])
+def test_bench_serve_and_train_load_the_precision_asked_for(capsys, four_bit):
+    """`--load-in-4bit` / `--no-load-in-4bit` reach the loader; each JSON says what was loaded, beside its peak."""
+    flag = "--load-in-4bit" if four_bit else "--no-load-in-4bit"
+    assert main(["bench", "serve", "--model", "artrl/tiny", "--device", "cpu", "--requests", "2", "--concurrency",
+                 "2", "--max-tokens", "2", "--sequential-requests", "1", flag]) == 0
+    out = _json(capsys)
+    assert out["quantization"] == ("4bit" if four_bit else None) and out["peak_rss_mb"] > 0
+    assert main(["bench", "train", "--workload", WORKLOAD, "--scale", "0.02", "--device", "cpu", "--only", "ours",
+                 flag]) == 0
+    ours = _json(capsys)["ours"]
+    assert ours["quantization"] == ("4bit" if four_bit else None) and ours["peak_memory_mb"] > 0
+
+
 def test_bench_serve_refuses_a_sequential_run_longer_than_the_concurrent_one():
     from artrl.bench.serve_bench import run_serve_bench
 

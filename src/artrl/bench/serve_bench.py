@@ -28,9 +28,11 @@ request runs) and the bare forward runs through the same adapter: a rollout's ow
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
+import resource
 import statistics
 import tempfile
 import time
@@ -280,7 +282,7 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
                     num_threads: int | None = None, engine_kind: str = "auto", *, lora: bool = False,
                     merge_lora: bool | None = None, attn_implementation: str | None = None,
                     static_cache: bool = False, cuda_graphs: bool | None = None,
-                    sequential_requests: int | None = None) -> dict[str, Any]:
+                    sequential_requests: int | None = None, load_in_4bit: bool | None = None) -> dict[str, Any]:
     """The serve benchmark's JSON (module docstring); `sequential_requests` (default `requests`) is how many of
     the same requests the one-at-a-time run sends: fewer keep a slow engine's run short."""
     sequential_requests = requests if sequential_requests is None else sequential_requests
@@ -289,17 +291,19 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
                          f"{sequential_requests}")
     from openai import AsyncOpenAI
 
-    from ..serve import ServedModels, create_app, start_server
     from ..models.loading import resolve_device
+    from ..models.quantization import quantization_of
+    from ..serve import ServedModels, create_app, start_server
     from ..types import InternalModelConfig
 
     threads = {"inference_cpu_threads": num_threads} if num_threads is not None else {}  # else LocalBackend's
     cfg = InternalModelConfig(device=device, inference_max_batch_size=max(concurrency, 1),
                               inference_engine=engine_kind, inference_merge_lora=merge_lora,
                               inference_attn_implementation=attn_implementation,
-                              inference_static_cache=static_cache, inference_cuda_graphs=cuda_graphs, **threads)
+                              inference_static_cache=static_cache, inference_cuda_graphs=cuda_graphs,
+                              load_in_4bit=load_in_4bit, **threads)
     dev = resolve_device(cfg)
-    kind, engine, _, _ = _open_engine(model_name, cfg, lora)
+    kind, engine, _, model = _open_engine(model_name, cfg, lora)
     name = "bench"
     try:
         with start_server(create_app(ServedModels(name, engine))) as handle:
@@ -322,6 +326,9 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
             "threads": None if kind == "vllm" else
             (cfg.inference_cpu_threads if dev.type == "cpu" else None) or torch.get_num_threads(),
             "max_tokens": max_tokens, "lora": lora,
+            # the built-in engine's weights as loaded ("4bit", "8bit" or null); the process's peak resident memory
+            "quantization": quantization_of(model) if model is not None else None,
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             # the built-in engine's GPU switches, as it resolved them (null: another engine)
             "merge_lora": getattr(engine, "merge_lora", None), "attn_implementation": getattr(
                 engine, "attn_implementation", None) if kind == "builtin" else None,
@@ -355,6 +362,8 @@ def add_arguments(p: Any) -> None:
                    "--static-cache: replay the decode step from a CUDA graph (auto: on CUDA)")
     p.add_argument("--sequential-requests", type=int, default=None, help="requests of the one-at-a-time run "
                    "(default: --requests; the first N of the same requests)")
+    p.add_argument("--load-in-4bit", action=argparse.BooleanOptionalAction, default=None, help="the base weights "
+                   "in 4-bit NF4 (bitsandbytes) or not (default: the loader's rule, docs/models.md)")
     p.add_argument("--engine", choices=("auto", "builtin", "vllm"), default="auto",
                    help="inference engine (default: auto = vLLM when installed and on a GPU, else built-in)")
 
@@ -374,5 +383,6 @@ def main(args: Any) -> int:
                                      args.threads, args.engine, lora=args.lora, merge_lora=merge,
                                      attn_implementation=args.attn, static_cache=args.static_cache,
                                      cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
-                                     sequential_requests=args.sequential_requests)))
+                                     sequential_requests=args.sequential_requests,
+                                     load_in_4bit=args.load_in_4bit)))
     return 0

@@ -59,6 +59,7 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
 
     from ..models.loading import load_model
     from ..models.moe import is_moe, use_dense_reference
+    from ..models.quantization import quantization_of
     from ..train.rl import build_rl, rl_loss_fn
     from ..train.trainer import Trainer
 
@@ -118,6 +119,7 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
         "computed_tokens_per_s": round(sum(m["computed_tokens"] for m in steps) / seconds, 1),
         "peak_memory_mb": peak_mb,
         "device": str(trainer.device),
+        "quantization": quantization_of(trainer.model),  # what the loader chose: "4bit", "8bit" or None
         "skipped_nonfinite_steps": int(sum(m["skipped_nonfinite_steps"] for m in steps)),
         "real_tokens": real,
         "model_flops": shape.flops(real, trainable, keys, lora_aware=True),
@@ -183,6 +185,8 @@ def _subprocess(mode: str, args: Any) -> dict[str, Any]:
         cmd += ["--layers", str(args.layers)]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
+    if getattr(args, "load_in_4bit", None) is not None:
+        cmd += [f"--{'' if args.load_in_4bit else 'no-'}load-in-4bit"]
     if mode == "dense":  # ours, with every expert on every token
         cmd[cmd.index("--mode") + 1] = "ours"
         cmd += ["--dense-experts"]
@@ -201,6 +205,8 @@ def _configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
     extra = {"logprob_chunk_size": args.logprob_chunk_size} if args.logprob_chunk_size else {}
     if getattr(args, "dtype", None):
         extra["dtype"] = args.dtype
+    if getattr(args, "load_in_4bit", None) is not None:
+        extra["load_in_4bit"] = args.load_in_4bit
     return cfg, InternalModelConfig(device=args.device, gradient_checkpointing=args.gradient_checkpointing,
                                     attn_implementation=args.attn_implementation or None,
                                     liger_kernel=args.liger_kernel, compile_layers=args.compile_layers,
@@ -288,6 +294,9 @@ def add_arguments(p: Any) -> None:
                    "on a small machine)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="the weights' dtype (default: float32 on a CPU, bfloat16 on a GPU)")
+    p.add_argument("--load-in-4bit", action=argparse_bool(), default=None,
+                   help="the base weights in 4-bit NF4 (bitsandbytes) or not (default: the loader's rule, "
+                   "docs/models.md)")
     p.add_argument("--vs-dense-experts", action="store_true",
                    help="a mixture-of-experts model: also time ours with every expert on every token (the dense "
                    "reference the routed computation replaces) and report the ratio")
