@@ -98,3 +98,31 @@ def test_bench_pipeline_runs_both_arms_on_the_same_work(capsys, tmp_path):
     assert shlex.split(out["command"])[:3] == ["artrl", "bench", "pipeline"]
     assert "--tool-latency 0.01" in out["command"] and "--turns 2" in out["command"]
     assert "--trainer here" in out["command"]
+
+
+def _choice(token_ids, spans=None):
+    from openai.types.chat.chat_completion import Choice
+
+    extra = {"token_ids": token_ids, **({"policy_token_spans": spans} if spans is not None else {})}
+    return Choice.model_validate({"index": 0, "finish_reason": "stop", "logprobs": None,
+                                  "message": {"role": "assistant", "content": "x"}, **extra})
+
+
+def test_token_lag_counts_each_token_by_the_version_that_sampled_it():
+    """With spans (in-flight updates) each token counts at its own version; without, every sampled id of the
+    record counts at the trajectory's initial version."""
+    import artrl as art
+    from artrl.bench.pipeline_bench import _count_token_lag
+
+    user = {"role": "user", "content": "q"}
+    spans = [{"start_token": 0, "end_token": 3, "generation_id": 0, "policy_version": 2},
+             {"start_token": 3, "end_token": 8, "generation_id": 0, "policy_version": 3}]
+    moved = art.Trajectory(messages_and_choices=[user, _choice(list(range(8)), spans)], reward=0.0,
+                           initial_policy_version=2, final_policy_version=3)
+    kept = art.Trajectory(messages_and_choices=[user, _choice([1, 2, 3]), user, _choice([4, 5])], reward=1.0,
+                          initial_policy_version=2, final_policy_version=2)
+    lags: dict[int, int] = {}
+    _count_token_lag(lags, moved, from_step=3)
+    assert lags == {1: 3, 0: 5}
+    _count_token_lag(lags, kept, from_step=3)
+    assert lags == {1: 8, 0: 5}

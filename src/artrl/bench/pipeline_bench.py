@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 PROJECT = "artrl-bench-pipeline"
 LOSS_FNS = ("cispo", "ppo")
 AUTOTUNE = ("off", "online")
+UPDATE_MODES = ("step_lora", "in_flight_lora")
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,9 @@ class PipelineBenchConfig:
     """Which arms to run (both by default; one alone for a quick look)."""
     autotune: str = "off"
     """The pipeline arm's `PipelineAutotuneConfig.mode`: off (the fixed shape above) or online (the tuner)."""
+    update_mode: str = "step_lora"
+    """The pipeline arm's `rollout_weight_update_mode`: step_lora (a rollout samples from the version it started
+    on) or in_flight_lora (running sequences move to each new version, docs/pipeline.md)."""
 
     def check(self) -> None:
         if self.prompt_words < 0 or self.result_words < 0:
@@ -130,6 +134,8 @@ class PipelineBenchConfig:
             raise ConfigError(f"bench pipeline: rollout_workers={self.rollout_workers}; it must be >= 1 or None")
         if self.loss_fn not in LOSS_FNS:
             raise ConfigError(f"bench pipeline: loss_fn={self.loss_fn!r}; choose one of {LOSS_FNS}")
+        if self.update_mode not in UPDATE_MODES:
+            raise ConfigError(f"bench pipeline: update_mode={self.update_mode!r}; choose one of {UPDATE_MODES}")
         if self.autotune not in AUTOTUNE:
             raise ConfigError(f"bench pipeline: autotune={self.autotune!r}; choose one of {AUTOTUNE}")
         unknown = sorted(set(self.arms) - {"sync", "pipeline"})
@@ -171,6 +177,8 @@ class PipelineBenchConfig:
             parts += ["--arms", ",".join(self.arms)]
         if self.autotune != "off":
             parts += ["--autotune", self.autotune]
+        if self.update_mode != "step_lora":
+            parts += ["--rollout-weight-update-mode", self.update_mode]
         return shlex.join(str(p) for p in parts)
 
 
@@ -183,6 +191,7 @@ class ArmRecord:
     requests: Intervals = dataclasses.field(default_factory=Intervals)
     trains: Intervals = dataclasses.field(default_factory=Intervals)
     staleness: list[int] = dataclasses.field(default_factory=list)
+    token_lag: dict[int, int] = dataclasses.field(default_factory=dict)  # steps behind -> sampled tokens trained
     train_calls: int = 0
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -197,7 +206,11 @@ class ArmRecord:
                 "actor_idle_fraction": round(1 - rollout_s / wall, 4) if wall > 0 else None,
                 "steps": self.train_calls, "groups_trained": trained, "groups_discarded": scenarios - trained,
                 "mean_staleness": round(sum(self.staleness) / trained, 3) if trained else None,
-                "max_staleness": max(self.staleness) if trained else None, **self.extra}
+                "max_staleness": max(self.staleness) if trained else None,
+                # per sampled token: the step trained from minus the version that sampled that token
+                "token_policy_lag_mean": round(sum(lag * n for lag, n in self.token_lag.items())
+                                               / sum(self.token_lag.values()), 4) if self.token_lag else None,
+                "tokens_by_policy_lag": dict(sorted(self.token_lag.items())), **self.extra}
 
 
 def _timed_backend_class() -> type:
@@ -223,8 +236,28 @@ def _timed_backend_class() -> type:
                         versions = [t.initial_policy_version for t in g.trajectories
                                     if t.initial_policy_version is not None]
                         record.staleness.append(from_step - min(versions) if versions else 0)
+                        for t in g.trajectories:
+                            _count_token_lag(record.token_lag, t, from_step)
 
     return TimedLocalBackend
+
+
+def _count_token_lag(lags: dict[int, int], trajectory: Any, from_step: int) -> None:
+    """Add `trajectory`'s sampled tokens to `lags` by how many steps behind `from_step` the version that sampled
+    each one is: per token from its `policy_token_spans` (in-flight updates), else all of them at the
+    trajectory's initial version."""
+    from ..trajectories import policy_token_counts
+
+    counts = policy_token_counts(trajectory)
+    if counts is None:
+        version = trajectory.initial_policy_version
+        if version is None:
+            return
+        # the sampled ids each turn's record carries (the server's `token_ids` on every choice)
+        counts = {version: sum(len((item.model_extra or {}).get("token_ids") or ())
+                               for item in trajectory.messages_and_choices if hasattr(item, "model_extra"))}
+    for version, n in counts.items():
+        lags[from_step - version] = lags.get(from_step - version, 0) + n
 
 
 async def _warm_up(model: Any, cfg: PipelineBenchConfig) -> None:
@@ -327,8 +360,10 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
         await warm.register(backend)
         await run_sync(backend, warm, dataclasses.replace(cfg, steps=1), ArmRecord())
         for arm in cfg.arms:
+            arm_internal = internal if arm != "pipeline" or cfg.update_mode == "step_lora" else \
+                internal.model_copy(update={"rollout_weight_update_mode": cfg.update_mode})
             model = TrainableModel(name=f"bench-{arm}", project=PROJECT, base_model=cfg.model,
-                                   _internal_config=internal)
+                                   _internal_config=arm_internal)
             await model.register(backend)
             record = ArmRecord()
             await _warm_up(model, cfg)
@@ -356,7 +391,7 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
         "max_steps_off_policy": cfg.max_steps_off_policy, "rollout_workers": cfg.workers,
         "max_tokens": cfg.max_tokens, "prompt_words": cfg.prompt_words,
         "result_words": cfg.result_words, "loss_fn": cfg.loss_fn, "learning_rate": cfg.learning_rate,
-        "autotune": cfg.autotune, **arms}
+        "autotune": cfg.autotune, "rollout_weight_update_mode": cfg.update_mode, **arms}
     if "sync" in arms and "pipeline" in arms and arms["pipeline"]["wall_s"] > 0:
         out["ratio_sync_over_pipeline"] = round(arms["sync"]["wall_s"] / arms["pipeline"]["wall_s"], 3)
     if "sync" in arms and arms["sync"]["train_s"] > 0:  # where the workload sits: >1 rollouts dominate
@@ -405,6 +440,9 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--arms", default="sync,pipeline", help="comma-separated arms to run (default: sync,pipeline)")
     p.add_argument("--path", default=None, help="root of the run directories (default: a temporary directory)")
+    p.add_argument("--rollout-weight-update-mode", choices=UPDATE_MODES, default=d.update_mode,
+                   help="the pipeline arm's InternalModelConfig.rollout_weight_update_mode (default step_lora; "
+                   "in_flight_lora: running sequences move to each new version)")
     p.add_argument("--autotune", choices=AUTOTUNE, default=d.autotune, help="the pipeline arm's tuner: off (the "
                    "fixed shape, default) or online (workers, batch floor and overlap-or-in-turn set from what it "
                    "measures)")
@@ -418,7 +456,8 @@ def config_from_args(args: Any) -> PipelineBenchConfig:
         result_words=args.result_words, model=args.model, device=args.device,
         train_threads=args.train_threads, train_in_worker={"worker": True, "here": False}.get(args.trainer),
         learning_rate=args.learning_rate, loss_fn=args.loss_fn, seed=args.seed,
-        arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()), autotune=args.autotune)
+        arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()), autotune=args.autotune,
+        update_mode=args.rollout_weight_update_mode)
 
 
 def main(args: Any) -> int:
