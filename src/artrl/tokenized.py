@@ -237,8 +237,8 @@ def _resolve_tokenizer(tokenizer: Any, base_model: str | None, model: str | None
     return load_tokenizer(name)
 
 
-def _run(items: Iterable[Any], multi_history: bool, reconcile: bool, model: str | None, base_model: str | None,
-         tokenizer: Any, chat_template: str | None, chat_template_kwargs: Mapping[str, object] | None) -> list[Any]:
+def _check_unsupported(chat_template: str | None, chat_template_kwargs: Mapping[str, object] | None,
+                       reconcile: bool) -> None:
     for name, value, bad in (("chat_template", chat_template, chat_template is not None),
                              ("chat_template_kwargs", chat_template_kwargs, chat_template_kwargs is not None),
                              ("reconcile_text_equivalent_tokenizations", reconcile, bool(reconcile))):
@@ -246,6 +246,11 @@ def _run(items: Iterable[Any], multi_history: bool, reconcile: bool, model: str 
             raise ConfigError(f"art.tokenize({name}={value!r:.80}) is not supported: artrl trains each sampled turn "
                               "on the server's token record and renders data without one with the tokenizer's own "
                               f"chat template. Leave {name} unset.")
+
+
+def _run(items: Iterable[Any], multi_history: bool, reconcile: bool, model: str | None, base_model: str | None,
+         tokenizer: Any, chat_template: str | None, chat_template_kwargs: Mapping[str, object] | None) -> list[Any]:
+    _check_unsupported(chat_template, chat_template_kwargs, reconcile)
     values = list(items)
     tok = _resolve_tokenizer(tokenizer, base_model, model)
     end_ids = end_of_turn_ids(tok)

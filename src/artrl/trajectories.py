@@ -35,7 +35,7 @@ import math
 import time
 import traceback
 import warnings
-from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -172,6 +172,12 @@ class LegacyHistory(pydantic.BaseModel):
     def messages(self) -> Messages:
         return get_messages(self.messages_and_choices)
 
+    def as_chat_completions_history(self, *, model: str | None = None) -> Any:
+        """This conversation as a `ChatCompletionsHistory` of `model` (its messages, no sources)."""
+        from .histories import legacy_as_chat_completions_history
+
+        return legacy_as_chat_completions_history(self, model=model)
+
 
 _warned_legacy_history = False
 
@@ -218,6 +224,21 @@ class History(pydantic.BaseModel):
 
     def as_chat_completions_history(self) -> Any:
         raise ValueError(f"{type(self).__name__} cannot be represented as Chat Completions")
+
+    def tokenize(self, *, base_model: str | None = None, tokenizer: Any = None, chat_template: str | None = None,
+                 chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
+        """This history's one token sequence (a `TokenizedHistory`), as `art.tokenize` makes it: the exchanges
+        its sources cite are trained on their token record (histories.py)."""
+        from .histories import tokenize_history
+
+        return tokenize_history(self, base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
+                                chat_template_kwargs=chat_template_kwargs)
+
+    def tensorize(self, *, base_model: str | None = None, tokenizer: Any = None, chat_template: str | None = None,
+                  chat_template_kwargs: Mapping[str, object] | None = None, device: Any = None) -> Any:
+        """`tokenize()`, as torch tensors on `device` (a `TensorizedHistory`)."""
+        return self.tokenize(base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
+                             chat_template_kwargs=chat_template_kwargs).tensorize(device=device)
 
 
 # --------------------------------------------------------------------------- conversations (ART's prefix rule)
@@ -379,6 +400,68 @@ class Trajectory(pydantic.BaseModel):
 
     def __str__(self) -> str:
         return f"Trajectory(reward={self.reward}, metrics={self.metrics}, metadata={self.metadata})"
+
+    # ART 0.5.23's protocol-native histories (histories.py). `model` selects exchanges by model name (exact, else
+    # a shell pattern); reconcile_text_equivalent_tokenizations=True is refused (histories.py says why).
+    def chat_completions_history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
+        from .histories import chat_completions_history
+
+        return chat_completions_history(self, model, reconcile_text_equivalent_tokenizations)
+
+    def chat_completions_histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
+        from .histories import chat_completions_histories
+
+        return chat_completions_histories(self, model, reconcile_text_equivalent_tokenizations)
+
+    def anthropic_messages_history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
+        from .histories import anthropic_messages_history
+
+        return anthropic_messages_history(self, model, reconcile_text_equivalent_tokenizations)
+
+    def anthropic_messages_histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
+        from .histories import anthropic_messages_histories
+
+        return anthropic_messages_histories(self, model, reconcile_text_equivalent_tokenizations)
+
+    def responses_history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
+        from .histories import responses_history
+
+        return responses_history(self, model, reconcile_text_equivalent_tokenizations)
+
+    def responses_histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
+        from .histories import responses_histories
+
+        return responses_histories(self, model, reconcile_text_equivalent_tokenizations)
+
+    def completions_token_history(self, *, model: str | None = None) -> Any:
+        from .histories import completions_token_history
+
+        return completions_token_history(self, model)
+
+    def completions_token_histories(self, *, model: str | None = None) -> Any:
+        from .histories import completions_token_histories
+
+        return completions_token_histories(self, model)
+
+    def completions_string_history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
+        from .histories import completions_string_history
+
+        return completions_string_history(self, model, reconcile_text_equivalent_tokenizations)
+
+    def completions_string_histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
+        from .histories import completions_string_histories
+
+        return completions_string_histories(self, model, reconcile_text_equivalent_tokenizations)
+
+    def history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
+        from .histories import trajectory_history
+
+        return trajectory_history(self, model, reconcile_text_equivalent_tokenizations)
+
+    def histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
+        from .histories import trajectory_histories
+
+        return trajectory_histories(self, model, reconcile_text_equivalent_tokenizations)
 
     def messages(self) -> Messages:
         """The chat messages of the conversation (for captured exchanges: of their one chat conversation)."""
@@ -636,3 +719,11 @@ async def _run_rollout(rollout: Awaitable[Any], context: GatherContext) -> Any:
         return await rollout
     async with context.semaphore:
         return await rollout
+
+
+# ART 0.5.23 exports its protocol-native histories from art.trajectories; they live in histories.py (which needs
+# the classes above, so this import comes last).
+from .histories import (AnthropicMessageSource, AnthropicMessagesHistory, ChatCompletionsHistory,  # noqa: E402,F401
+                        ChatCompletionsMessageSource, CompletionsSource, CompletionsStringHistory,
+                        CompletionsStringSourceSpan, CompletionsTokenHistory, CompletionsTokenSourceSpan,
+                        ResponsesHistory, ResponsesItemSource, TrajectoryHistory)
