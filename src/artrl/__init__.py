@@ -21,6 +21,7 @@ from .dev import LoRAConfig
 from .errors import (ArtrlError, CheckpointError, ConfigError, LocalServingUnavailableError, NonFiniteError,
                      PackingError, TrainOutOfMemoryError, TrainTooLongError, TrajectoryError, WorkerError)
 from .gather import GatherError, gather_trajectories, gather_trajectory_groups
+from . import histories as _histories  # noqa: E402,F401  (registers the protocol-native histories)
 from .local import LocalBackend
 from .metric_definitions import (PIPELINE_RL_DASHBOARD_DEFAULT_METRICS, PIPELINE_RL_METRIC_DEFINITIONS,
                                  PIPELINE_RL_SCORE_METRICS, MetricDefinition)

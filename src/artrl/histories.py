@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import json
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -44,7 +45,7 @@ import pydantic
 from .errors import ConfigError
 from .exchanges import (ChatCompletionsExchange, CompletionsExchange, MessagesExchange, ResponsesExchange,
                         TrajectoryExchanges)
-from .trajectories import History, LegacyHistory, Trajectory
+from .trajectories import History, LegacyHistory, Trajectory, register_protocol_histories
 from .types import Messages, Tools
 from .wire_records import _extra, _token_id
 
@@ -889,3 +890,6 @@ def tokenize_history(history: History, *, base_model: str | None, tokenizer: Any
 
 def tensorize_history(history: History, *, device: Any = None, **kwargs: Any) -> TensorizedHistory:
     return tokenize_history(history, **kwargs).tensorize(device=device)
+
+
+register_protocol_histories(sys.modules[__name__])  # Trajectory's history accessors and art.trajectories' names

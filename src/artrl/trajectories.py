@@ -174,9 +174,7 @@ class LegacyHistory(pydantic.BaseModel):
 
     def as_chat_completions_history(self, *, model: str | None = None) -> Any:
         """This conversation as a `ChatCompletionsHistory` of `model` (its messages, no sources)."""
-        from .histories import legacy_as_chat_completions_history
-
-        return legacy_as_chat_completions_history(self, model=model)
+        return _protocol_histories().legacy_as_chat_completions_history(self, model=model)
 
 
 _warned_legacy_history = False
@@ -229,10 +227,9 @@ class History(pydantic.BaseModel):
                  chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
         """This history's one token sequence (a `TokenizedHistory`), as `art.tokenize` makes it: the exchanges
         its sources cite are trained on their token record (histories.py)."""
-        from .histories import tokenize_history
-
-        return tokenize_history(self, base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
-                                chat_template_kwargs=chat_template_kwargs)
+        return _protocol_histories().tokenize_history(self, base_model=base_model, tokenizer=tokenizer,
+                                                      chat_template=chat_template,
+                                                      chat_template_kwargs=chat_template_kwargs)
 
     def tensorize(self, *, base_model: str | None = None, tokenizer: Any = None, chat_template: str | None = None,
                   chat_template_kwargs: Mapping[str, object] | None = None, device: Any = None) -> Any:
@@ -404,64 +401,40 @@ class Trajectory(pydantic.BaseModel):
     # ART 0.5.23's protocol-native histories (histories.py). `model` selects exchanges by model name (exact, else
     # a shell pattern); reconcile_text_equivalent_tokenizations=True is refused (histories.py says why).
     def chat_completions_history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        from .histories import chat_completions_history
-
-        return chat_completions_history(self, model, reconcile_text_equivalent_tokenizations)
+        return _protocol_histories().chat_completions_history(self, model, reconcile_text_equivalent_tokenizations)
 
     def chat_completions_histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        from .histories import chat_completions_histories
-
-        return chat_completions_histories(self, model, reconcile_text_equivalent_tokenizations)
+        return _protocol_histories().chat_completions_histories(self, model, reconcile_text_equivalent_tokenizations)
 
     def anthropic_messages_history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        from .histories import anthropic_messages_history
-
-        return anthropic_messages_history(self, model, reconcile_text_equivalent_tokenizations)
+        return _protocol_histories().anthropic_messages_history(self, model, reconcile_text_equivalent_tokenizations)
 
     def anthropic_messages_histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        from .histories import anthropic_messages_histories
-
-        return anthropic_messages_histories(self, model, reconcile_text_equivalent_tokenizations)
+        return _protocol_histories().anthropic_messages_histories(self, model, reconcile_text_equivalent_tokenizations)
 
     def responses_history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        from .histories import responses_history
-
-        return responses_history(self, model, reconcile_text_equivalent_tokenizations)
+        return _protocol_histories().responses_history(self, model, reconcile_text_equivalent_tokenizations)
 
     def responses_histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        from .histories import responses_histories
-
-        return responses_histories(self, model, reconcile_text_equivalent_tokenizations)
+        return _protocol_histories().responses_histories(self, model, reconcile_text_equivalent_tokenizations)
 
     def completions_token_history(self, *, model: str | None = None) -> Any:
-        from .histories import completions_token_history
-
-        return completions_token_history(self, model)
+        return _protocol_histories().completions_token_history(self, model)
 
     def completions_token_histories(self, *, model: str | None = None) -> Any:
-        from .histories import completions_token_histories
-
-        return completions_token_histories(self, model)
+        return _protocol_histories().completions_token_histories(self, model)
 
     def completions_string_history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        from .histories import completions_string_history
-
-        return completions_string_history(self, model, reconcile_text_equivalent_tokenizations)
+        return _protocol_histories().completions_string_history(self, model, reconcile_text_equivalent_tokenizations)
 
     def completions_string_histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        from .histories import completions_string_histories
-
-        return completions_string_histories(self, model, reconcile_text_equivalent_tokenizations)
+        return _protocol_histories().completions_string_histories(self, model, reconcile_text_equivalent_tokenizations)
 
     def history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        from .histories import trajectory_history
-
-        return trajectory_history(self, model, reconcile_text_equivalent_tokenizations)
+        return _protocol_histories().trajectory_history(self, model, reconcile_text_equivalent_tokenizations)
 
     def histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        from .histories import trajectory_histories
-
-        return trajectory_histories(self, model, reconcile_text_equivalent_tokenizations)
+        return _protocol_histories().trajectory_histories(self, model, reconcile_text_equivalent_tokenizations)
 
     def messages(self) -> Messages:
         """The chat messages of the conversation (for captured exchanges: of their one chat conversation)."""
@@ -721,9 +694,30 @@ async def _run_rollout(rollout: Awaitable[Any], context: GatherContext) -> Any:
         return await rollout
 
 
-# ART 0.5.23 exports its protocol-native histories from art.trajectories; they live in histories.py (which needs
-# the classes above, so this import comes last).
-from .histories import (AnthropicMessageSource, AnthropicMessagesHistory, ChatCompletionsHistory,  # noqa: E402,F401
-                        ChatCompletionsMessageSource, CompletionsSource, CompletionsStringHistory,
-                        CompletionsStringSourceSpan, CompletionsTokenHistory, CompletionsTokenSourceSpan,
-                        ResponsesHistory, ResponsesItemSource, TrajectoryHistory)
+# ART 0.5.23's protocol-native histories live in histories.py, which builds on the classes above and on the
+# token record (wire_records.py, tokenized.py): this module reaches them only through the module registered when
+# it is imported (`artrl/__init__.py` imports histories), so the data model imports nothing above it.
+_PROTOCOL_HISTORIES: Any = None
+PROTOCOL_HISTORY_NAMES = ("AnthropicMessageSource", "AnthropicMessagesHistory", "ChatCompletionsHistory",
+                          "ChatCompletionsMessageSource", "CompletionsSource", "CompletionsStringHistory",
+                          "CompletionsStringSourceSpan", "CompletionsTokenHistory", "CompletionsTokenSourceSpan",
+                          "ResponsesHistory", "ResponsesItemSource", "TrajectoryHistory")
+"""What ART 0.5.23 exports from art.trajectories that lives in histories.py (read here through `__getattr__`)."""
+
+
+def register_protocol_histories(module: Any) -> None:
+    """Called once by histories.py when it is imported."""
+    global _PROTOCOL_HISTORIES
+    _PROTOCOL_HISTORIES = module
+
+
+def _protocol_histories() -> Any:
+    if _PROTOCOL_HISTORIES is None:  # only a partial import of the package gets here
+        raise RuntimeError("artrl.histories is not loaded: import artrl (the package) before using histories")
+    return _PROTOCOL_HISTORIES
+
+
+def __getattr__(name: str) -> Any:
+    if name in PROTOCOL_HISTORY_NAMES:
+        return getattr(_protocol_histories(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
