@@ -16,6 +16,25 @@ from artrl.serve.engine import GenerationRequest
 from artrl.tiny import load_tiny
 
 
+RANDOM_LORA_TARGETS = ["q_proj", "v_proj", "up_proj"]
+
+
+def random_adapter(cache: Any, seed: int) -> Any:
+    """The tiny model (loaded from `cache`) with a rank-4 LoRA adapter whose B matrices are random (seeded), so
+    that it changes the model's logprobs; in eval mode."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=RANDOM_LORA_TARGETS, lora_dropout=0.0,
+                        init_lora_weights=False)
+    model = get_peft_model(load_tiny(cache)[0], config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5)
+    return model.eval()
+
+
 def submit(loop: asyncio.AbstractEventLoop, engine: Any, request: GenerationRequest) -> concurrent.futures.Future:
     """`engine.generate(request)` on `loop` (running in another thread, the `loop` fixture's)."""
     return asyncio.run_coroutine_threadsafe(engine.generate(request), loop)

@@ -32,3 +32,26 @@ def image_url(colour: str, size: tuple[int, int] = (56, 56)) -> str:
 def vision_content(text: str, colour: str, size: tuple[int, int] = (56, 56)) -> list[dict[str, Any]]:
     """A user message's content: the text, then a solid image."""
     return [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": image_url(colour, size)}}]
+
+
+async def colour_rollout(model: Any, client: Any, i: int, turns: int = 3, content: Any = None) -> Any:
+    """A `turns`-turn conversation with `model` through `client` (seeded sampling, "And another?" between turns),
+    as a trajectory of its sampled Choices, rewarded i % 3; `content`: the first user turn's (default: a question
+    naming colour number i)."""
+    import json
+
+    import artrl as art
+    from artrl.chat_format import message_of
+
+    messages: list[dict[str, Any]] = [{"role": "user", "content": content or f"Name colour number {i}."}]
+    trajectory = art.Trajectory(messages_and_choices=list(messages), reward=float(i % 3))
+    for turn in range(turns):
+        response = await client.chat.completions.create(model=model.get_inference_name(), messages=messages,
+                                                        max_tokens=12, temperature=1.0, seed=100 * i + turn)
+        choice = response.choices[0]
+        trajectory.messages_and_choices.append(choice)
+        messages.append(json.loads(json.dumps(message_of(choice))))
+        nudge = {"role": "user", "content": "And another?"}
+        messages.append(nudge)
+        trajectory.messages_and_choices.append(nudge)
+    return trajectory

@@ -13,29 +13,16 @@ import time
 from typing import Any
 
 import pytest
-import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
 
 import artrl as art
 from artrl.serve import GenerationRequest, ServedModels, TransformersEngine
 from artrl.serve.engine import BASE_WEIGHTS
 from artrl.tiny import load_tiny
 from artrl.trajectories import choice_policy_version, sampled_policy_versions
-from engine_helpers import prompt_of, recompute, submit
+from engine_helpers import prompt_of, random_adapter as _adapter, recompute, submit
 
 TOLERANCE = 1e-4
-LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], lora_dropout=0.0,
-                  init_lora_weights=False)
-
-
-def _adapter(cache: pathlib.Path, seed: int) -> PeftModel:
-    torch.manual_seed(seed)
-    model = get_peft_model(load_tiny(cache)[0], LORA)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0.0, 0.5)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

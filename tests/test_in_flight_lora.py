@@ -8,37 +8,24 @@ on the decode worker's step, never with timing.
 from __future__ import annotations
 
 import asyncio
-import pathlib
 from typing import Any
 
 import pytest
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
 
 import artrl as art
 from artrl.errors import ConfigError
 from artrl.serve import GenerationRequest, TransformersEngine
 from artrl.serve.core import policy_token_spans_json
 from artrl.tiny import load_tiny
-from engine_helpers import prompt_of, recompute, submit
+from engine_helpers import prompt_of, random_adapter as _adapter, recompute, submit
 
 TOLERANCE = 1e-4
 # The first train call moves the policy little enough that the next call's delta over version 0's tokens (policy
 # drift, not a record error) stays within 1e-3, and enough that the two checkpoints' logprobs tell apart.
 FIRST_STEP_LR = 3e-6
 RECORD_TOLERANCE = 2e-5
-LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], lora_dropout=0.0,
-                  init_lora_weights=False)
-
-
-def _adapter(cache: pathlib.Path, seed: int) -> PeftModel:
-    torch.manual_seed(seed)
-    model = get_peft_model(load_tiny(cache)[0], LORA)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0.0, 0.5)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from artrl.models import moe
 from artrl.models.loading import load_model
 from artrl.models.memory_plan import ModelShape
 from artrl.models.shapes import random_config
+from model_kinds import colour_rollout
 
 TOLERANCE = 1e-3
 
@@ -100,18 +101,7 @@ def test_the_routing_record_round_trips_and_a_malformed_one_is_refused():
 
 
 async def _rollout(model: art.TrainableModel, client: Any, i: int, turns: int = 3) -> art.Trajectory:
-    messages: list[dict[str, Any]] = [{"role": "user", "content": f"Name colour number {i}."}]
-    trajectory = art.Trajectory(messages_and_choices=list(messages), reward=float(i % 3))
-    for turn in range(turns):
-        response = await client.chat.completions.create(model=model.get_inference_name(), messages=messages,
-                                                        max_tokens=12, temperature=1.0, seed=100 * i + turn)
-        choice = response.choices[0]
-        trajectory.messages_and_choices.append(choice)
-        messages.append(json.loads(json.dumps(message_of(choice))))
-        nudge = {"role": "user", "content": "And another?"}
-        messages.append(nudge)
-        trajectory.messages_and_choices.append(nudge)
-    return trajectory
+    return await colour_rollout(model, client, i, turns)
 
 
 def _choices(groups):

@@ -11,7 +11,6 @@ model's dtype, which the load says); the routing record is replayed as in full p
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
@@ -19,12 +18,11 @@ import pytest
 import torch
 
 import artrl as art
-from artrl.chat_format import message_of
 from artrl.models import moe
 from artrl.models.loading import load_model
 from artrl.models.quantization import quantized_modules
 
-from model_kinds import vision_content
+from model_kinds import colour_rollout, vision_content
 
 FOUR_BIT = {"load_in_4bit": True, "dtype": "float32"}
 PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -92,18 +90,7 @@ def test_a_4bit_moe_model_quantises_attention_only_and_keeps_experts_and_routers
 async def _rollout(model: art.TrainableModel, client: Any, i: int, image: bool) -> art.Trajectory:
     question = f"Name colour number {i}."
     content = vision_content(question, ["red", "blue"][i % 2], (56, 56 + 28 * (i % 2))) if image else question
-    messages: list[dict[str, Any]] = [{"role": "user", "content": content}]
-    trajectory = art.Trajectory(messages_and_choices=list(messages), reward=float(i % 3))
-    for turn in range(2):
-        response = await client.chat.completions.create(model=model.get_inference_name(), messages=messages,
-                                                        max_tokens=12, temperature=1.0, seed=100 * i + turn)
-        choice = response.choices[0]
-        trajectory.messages_and_choices.append(choice)
-        messages.append(json.loads(json.dumps(message_of(choice))))
-        nudge = {"role": "user", "content": "And another?"}
-        messages.append(nudge)
-        trajectory.messages_and_choices.append(nudge)
-    return trajectory
+    return await colour_rollout(model, client, i, turns=2, content=content)
 
 
 @pytest.mark.parametrize("base_model", ["artrl/tiny-vl", "artrl/tiny-moe"], ids=["vision", "moe"])

@@ -433,31 +433,39 @@ def test_a_request_answers_while_50000_tools_are_being_refused(
     assert tokenizer.renders == 1  # the small request's prompt only
 
 
-def test_50000_tools_are_refused_without_building_them(gated: tuple[ServerHandle, GatedTokenizer]) -> None:
-    """What the refusal allocates, measured in this process (the server's thread included): a fraction of what
-    building the request's objects takes."""
+def _refusal_against_building(payload: bytes, parse: Any, url: str,
+                              headers: dict[str, str] | None = None) -> tuple[httpx.Response, int, int]:
+    """(the server's response to `payload` posted to `url`, the bytes its handling allocated at its peak in this
+    process, the peak bytes `parse(payload)` holds when the request is built whole), traced with tracemalloc."""
     import gc
     import tracemalloc
 
-    from artrl.serve.request import parse_body
-
-    handle, _ = gated
-    payload = json.dumps(TOOLS_50K).encode()
     gc.collect()
     tracemalloc.start()
     try:
-        parsed = parse_body(payload)  # what parsing the request whole holds at its peak
+        parsed = parse(payload)  # what parsing the request whole holds at its peak
         built = tracemalloc.get_traced_memory()[1]
         del parsed
         gc.collect()
         tracemalloc.reset_peak()
         with httpx.Client(timeout=60) as client:
             base = tracemalloc.get_traced_memory()[0]
-            response = client.post(f"{handle.base_url}/chat/completions", content=payload,
-                                   headers={"content-type": "application/json"})
+            response = client.post(url, content=payload,
+                                   headers={"content-type": "application/json", **(headers or {})})
             refusal = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
+    return response, refusal, built
+
+
+def test_50000_tools_are_refused_without_building_them(gated: tuple[ServerHandle, GatedTokenizer]) -> None:
+    """What the refusal allocates, measured in this process (the server's thread included): a fraction of what
+    building the request's objects takes."""
+    from artrl.serve.request import parse_body
+
+    handle, _ = gated
+    response, refusal, built = _refusal_against_building(
+        json.dumps(TOOLS_50K).encode(), parse_body, f"{handle.base_url}/chat/completions")
     assert response.status_code == 400 and response.json()["error"]["param"] == "tools", response.text[:300]
     # the refusal holds the body (received, joined) and one empty dict a tool; building holds every tool's dicts
     assert refusal < built / 2, (refusal, built, len(payload))
@@ -478,31 +486,15 @@ def test_the_other_protocols_refuse_50000_tools_without_building_them(
         gated: tuple[ServerHandle, GatedTokenizer], route: str) -> None:
     """As chat: a Responses or Messages body over the tool limit is counted and refused before its objects are
     built (a fraction of what parsing it whole holds), and the server counts the refusal."""
-    import gc
-    import tracemalloc
-
     from artrl.serve.protocols.messages import MessagesRequest
     from artrl.serve.protocols.responses import ResponsesRequest
 
     handle, _ = gated
-    payload = json.dumps(_protocol_tools_50k(route)).encode()
     model = ResponsesRequest if route == "responses" else MessagesRequest
     metrics = httpx.get(f"{handle.url}/metrics", timeout=20).json()
-    gc.collect()
-    tracemalloc.start()
-    try:
-        parsed = model.model_validate_json(payload)
-        built = tracemalloc.get_traced_memory()[1]
-        del parsed
-        gc.collect()
-        tracemalloc.reset_peak()
-        with httpx.Client(timeout=60) as client:
-            base = tracemalloc.get_traced_memory()[0]
-            response = client.post(f"{handle.base_url}/{route}", content=payload,
-                                   headers={"content-type": "application/json", "anthropic-version": "2023-06-01"})
-            refusal = tracemalloc.get_traced_memory()[1] - base
-    finally:
-        tracemalloc.stop()
+    response, refusal, built = _refusal_against_building(
+        json.dumps(_protocol_tools_50k(route)).encode(), model.model_validate_json, f"{handle.base_url}/{route}",
+        {"anthropic-version": "2023-06-01"})
     assert response.status_code == 400 and "holds 50000 tools" in response.text, response.text[:300]
     assert refusal < built / 2, (refusal, built, len(payload))
     after = httpx.get(f"{handle.url}/metrics", timeout=20).json()
