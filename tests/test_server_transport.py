@@ -400,17 +400,17 @@ def test_a_request_answers_while_50000_tools_are_being_refused(
     """Ordered by events: the 50,000-tool request is held inside its count when the small one is sent and answered;
     then it is refused naming the limit, and nothing of it was rendered."""
     handle, tokenizer = gated
-    from artrl.serve import server
+    from artrl.serve.protocols import common
 
     entered, release = threading.Event(), threading.Event()
-    count_items = server.count_items
+    count_items = common.count_items
 
-    def held(raw: bytes) -> Any:
+    def held(raw: bytes, items: str) -> Any:
         entered.set()
         assert release.wait(60), "the test never released the count"
-        return count_items(raw)
+        return count_items(raw, items)
 
-    monkeypatch.setattr(server, "count_items", held)
+    monkeypatch.setattr(common, "count_items", held)
     payload = json.dumps(TOOLS_50K).encode()
 
     async def scenario() -> None:

@@ -74,7 +74,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from artrl.heap import release_free_memory
 from artrl.serve.background import ServerHandle, start_server
 from artrl.serve.chat import DEFAULT_RECORD_CACHE_BYTES, PromptBuilder
 from artrl.serve.control_routes import ReplicaHeader, add_control_routes
@@ -83,9 +82,9 @@ from artrl.serve.guards import (DEFAULT_BODY_DEADLINE_S, DEFAULT_BODY_TIMEOUT_S,
                                 ServerMetrics, error_response, not_found)
 from artrl.serve.models import ServedModels
 from artrl.serve.request import (DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N, DEFAULT_MAX_SCHEMA_CHARS, DEFAULT_MAX_TOOLS,
-                                 INLINE_PARSE_BYTES, ChatCompletionRequest, RequestLimits, check_content_type,
-                                 check_counts, count_items, parse_body)
+                                 ChatCompletionRequest, RequestLimits)
 from artrl.serve.protocols import completions as completions_protocol, messages as messages_protocol
+from artrl.serve.protocols.common import read_body
 from artrl.serve.protocols import responses as responses_protocol
 from artrl.serve.streaming import chat_sse
 
@@ -213,22 +212,8 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http: fastapi.Request) -> fastapi.Response:
-        raw = await http.body()  # parsed here, not by FastAPI: a large body is counted, then parsed off the loop
-        check_content_type(http.headers.get("content-type"))
-        if len(raw) <= INLINE_PARSE_BYTES:
-            return await answer(parse_body(raw), http)
-        try:
-            counts = await off_loop(count_items, raw)
-            if counts is not None:
-                try:
-                    check_counts(counts, limits)
-                except APIError:
-                    metrics.refused_by_count += 1
-                    raise
-            return await answer(await off_loop(parse_body, raw), http)
-        finally:
-            del raw
-            await off_loop(release_free_memory)  # what parsing a large body took goes back to the system
+        # parsed here, not by FastAPI: a large body is counted, then parsed off the loop (as every protocol's)
+        return await answer(await read_body(http, ChatCompletionRequest, core, items="messages"), http)
 
     for protocol in PROTOCOLS:  # the other wire protocols, each a thin adapter over the same core
         protocol.add_route(app, core)
