@@ -256,20 +256,19 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
     if model is None:  # vLLM runs its model in its own processes: the same weights with transformers, here
         model, _ = load_base_model(model_name, cfg)
     forward = _bare_forward_s(model, prompt_ids, requests, cfg.inference_cpu_threads if dev.type == "cpu" else None)
-    seq, fwd = _stats_ms(sequential), _stats_ms(forward)
+    seq, fwd, chat = _stats_ms(sequential), _stats_ms(forward), _stats_ms(with_httpx)
+    others = {which: _stats_ms(times) for which, times in by_protocol.items()}  # the protocols timed
     return {"bench": "serve_latency", "model": model_name, "engine": kind, "device": str(dev),
             "threads": None if kind == "vllm" else
             (cfg.inference_cpu_threads if dev.type == "cpu" else None) or torch.get_num_threads(),
             "lora": lora, "prompt_tokens": len(prompt_ids), "max_tokens": 1, "requests": requests,
-            "client": transport, "sequential": seq, "sequential_httpx_client": _stats_ms(with_httpx),
+            "client": transport, "sequential": seq, "sequential_httpx_client": chat,
             # the same lone request in each other wire protocol, through its SDK's default client (null: anthropic
             # is not installed)
-            "protocols": {which: _stats_ms(by_protocol[which]) if which in by_protocol else None
-                          for which in PROTOCOLS},
+            "protocols": {which: others.get(which) for which in PROTOCOLS},
             # each protocol's p50 over chat's through the same client, timed in alternation with it
-            "protocols_p50_over_chat": {which: round(_stats_ms(by_protocol[which])["p50_ms"]
-                                                     / _stats_ms(with_httpx)["p50_ms"], 3)
-                                        for which in PROTOCOLS if which in by_protocol},
+            "protocols_p50_over_chat": {which: round(stats["p50_ms"] / chat["p50_ms"], 3)
+                                        for which, stats in others.items()},
             "engine_generate": _stats_ms(direct), "bare_forward": fwd,
             "ratio_mean": round(seq["mean_ms"] / fwd["mean_ms"], 2),
             "ratio_p50": round(seq["p50_ms"] / fwd["p50_ms"], 2),
