@@ -35,6 +35,24 @@ def random_adapter(cache: Any, seed: int) -> Any:
     return model.eval()
 
 
+class StepHook:
+    """Wraps the engine's `_step` (on its decode worker, at a step boundary): runs `action` before step `at`."""
+
+    def __init__(self, engine: Any, at: int, action: Any) -> None:
+        self.engine, self.at, self.action, self.calls = engine, at, action, 0
+        self.original = engine._step
+        engine._step = self  # type: ignore[method-assign]
+
+    def __call__(self, batch: Any) -> None:
+        self.calls += 1
+        if self.calls == self.at:
+            self.action()
+        self.original(batch)
+
+    def remove(self) -> None:
+        self.engine._step = self.original  # type: ignore[method-assign]
+
+
 def submit(loop: asyncio.AbstractEventLoop, engine: Any, request: GenerationRequest) -> concurrent.futures.Future:
     """`engine.generate(request)` on `loop` (running in another thread, the `loop` fixture's)."""
     return asyncio.run_coroutine_threadsafe(engine.generate(request), loop)

@@ -20,7 +20,7 @@ from artrl.serve import GenerationRequest, ServedModels, TransformersEngine
 from artrl.serve.engine import BASE_WEIGHTS
 from artrl.tiny import load_tiny
 from artrl.trajectories import choice_policy_version, sampled_policy_versions
-from engine_helpers import prompt_of, random_adapter as _adapter, recompute, submit
+from engine_helpers import StepHook, prompt_of, random_adapter as _adapter, recompute, submit
 
 TOLERANCE = 1e-4
 
@@ -44,24 +44,6 @@ def reference(setup: dict[str, Any], step: int) -> PeftModel:
 
 def close(a: list[float], b: list[float]) -> bool:
     return len(a) == len(b) and max((abs(x - y) for x, y in zip(a, b)), default=0.0) < TOLERANCE
-
-
-class StepHook:
-    """Wraps the engine's `_step` (on its decode worker, at a step boundary): runs `action` before step `at`."""
-
-    def __init__(self, engine: TransformersEngine, at: int, action: Any) -> None:
-        self.engine, self.at, self.action, self.calls = engine, at, action, 0
-        self.original = engine._step
-        engine._step = self  # type: ignore[method-assign]
-
-    def __call__(self, batch: Any) -> None:
-        self.calls += 1
-        if self.calls == self.at:
-            self.action()
-        self.original(batch)
-
-    def remove(self) -> None:
-        self.engine._step = self.original  # type: ignore[method-assign]
 
 
 # ---- mixed-version batches ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from artrl.errors import ConfigError
 from artrl.serve import GenerationRequest, TransformersEngine
 from artrl.serve.core import policy_token_spans_json
 from artrl.tiny import load_tiny
-from engine_helpers import prompt_of, random_adapter as _adapter, recompute, submit
+from engine_helpers import StepHook, prompt_of, random_adapter as _adapter, recompute, submit
 
 TOLERANCE = 1e-4
 # The first train call moves the policy little enough that the next call's delta over version 0's tokens (policy
@@ -48,21 +48,6 @@ def reference(setup: dict[str, Any], step: int) -> PeftModel:
 def gap(a: list[float], b: list[float]) -> float:
     assert len(a) == len(b)
     return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
-
-
-class StepHook:
-    """Wraps the engine's `_step` (on its decode worker, at a step boundary): runs `action` before step `at`."""
-
-    def __init__(self, engine: TransformersEngine, at: int, action: Any) -> None:
-        self.engine, self.at, self.action, self.calls = engine, at, action, 0
-        self.original = engine._step
-        engine._step = self  # type: ignore[method-assign]
-
-    def __call__(self, batch: Any) -> None:
-        self.calls += 1
-        if self.calls == self.at:
-            self.action()
-        self.original(batch)
 
 
 def _sample_across_a_swap(setup: dict[str, Any], loop: asyncio.AbstractEventLoop, *, in_flight: bool, n: int = 1,
