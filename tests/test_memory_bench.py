@@ -19,7 +19,9 @@ def test_a_call_that_trained_nothing_says_so():
     trained = train_figures({"data/step_trainer_tokens": 40.0, "data/step_num_gradient_steps": 1.0}, 8.0, 1.5)
     assert trained["trained_tokens"] == 40 and trained["optimizer_steps"] == 1 and "note" not in trained
     assert trained["trained_tokens_per_second"] == 5.0 and trained["peak_gb"] == 1.5
-    assert trained["torch_threads"] == training_threads()
+    assert trained["torch_threads"] == training_threads() and "cpu_seconds" not in trained
+    busy = train_figures({"data/step_trainer_tokens": 40.0}, 8.0, 1.5, cpu_seconds=15.2)
+    assert busy["cpu_seconds"] == 15.2 and busy["cores_busy"] == 1.9
 
 
 def test_bench_memory_prints_the_trained_tokens_of_its_call(tmp_path):
@@ -31,6 +33,7 @@ def test_bench_memory_prints_the_trained_tokens_of_its_call(tmp_path):
     train = result["train"]
     assert train["trained_tokens"] > 0 and train["optimizer_steps"] >= 1  # distinct rewards: the call trained
     assert train["seconds"] == result["seconds"]["train"] and train["peak_gb"] == result["measured_gb"]["train_peak"]
+    assert train["cpu_seconds"] > 0 and train["cores_busy"] == round(train["cpu_seconds"] / train["seconds"], 2)
 
 
 @pytest.mark.parametrize("layout", ["prompt", "completion"])

@@ -96,7 +96,9 @@ class _Phases:
         self.cuda = device_type == "cuda"
         self.figures: dict[str, float] = {}
         self.seconds: dict[str, float] = {}
+        self.cpu_seconds: dict[str, float] = {}  # the process's CPU time (all its threads): cores busy = cpu / wall
         self._t = time.perf_counter()
+        self._cpu = time.process_time()
 
     def now_gb(self) -> float:
         if self.cuda:
@@ -107,6 +109,7 @@ class _Phases:
 
     def start(self) -> None:
         self._t = time.perf_counter()
+        self._cpu = time.process_time()
         if self.cuda:
             import torch
 
@@ -116,6 +119,7 @@ class _Phases:
 
     def end(self, name: str) -> None:
         self.seconds[name] = round(time.perf_counter() - self._t, 2)
+        self.cpu_seconds[name] = round(time.process_time() - self._cpu, 2)
         if self.cuda:
             import torch
 
@@ -228,7 +232,8 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
                                "plan_activations_gb": round(plan.parts["activations"] / GB, 3)}}
     return {**out, "refused": False, **context, "plan_workload": plan.as_json(), "measured_gb": measured,
             "plan_error": round(plan.peak / GB / peak - 1, 3),
-            "train": train_figures(metrics, phases.seconds["train"], measured["train_peak"]),
+            "train": train_figures(metrics, phases.seconds["train"], measured["train_peak"],
+                                   phases.cpu_seconds["train"]),
             "train_tokens_per_second": round(metrics.get("train/tokens_per_second", 0.0), 2),
             "computed_tokens": metrics.get("train/computed_tokens"),
             "sampled_logprob_delta_max": metrics.get("train/sampled_logprob_delta_max"),
@@ -272,10 +277,12 @@ def context_pair(base_model: str, cfg: Any, tokens: int, layout: str) -> Any:
                                                reward=float(k)) for k, a in enumerate(answers)])
 
 
-def train_figures(metrics: dict[str, float], seconds: float, peak_gb: float) -> dict[str, Any]:
+def train_figures(metrics: dict[str, float], seconds: float, peak_gb: float,
+                  cpu_seconds: float | None = None) -> dict[str, Any]:
     """The train call beside its peak: the tokens it trained (0 when every group's rewards tied: nothing was
-    trained, however fast the call), the optimizer steps it took, its seconds, and the torch threads every train
-    call of this process sets (artrl/threads.py)."""
+    trained, however fast the call), the optimizer steps it took, its seconds, the torch threads every train
+    call of this process sets (artrl/threads.py), and the process's CPU seconds over the call with the cores they
+    kept busy on average (CPU seconds / wall seconds: 1.0 is one core working, the other idle)."""
     from ..metrics_taxonomy import TRAIN_GRADIENT_STEPS_KEY
     from ..threads import training_threads
 
@@ -283,6 +290,8 @@ def train_figures(metrics: dict[str, float], seconds: float, peak_gb: float) -> 
     return {"trained_tokens": trained, "optimizer_steps": int(metrics.get(TRAIN_GRADIENT_STEPS_KEY, 0.0)),
             "seconds": seconds, "peak_gb": peak_gb, "torch_threads": training_threads(),
             "trained_tokens_per_second": round(trained / seconds, 3) if seconds else None,
+            **({} if cpu_seconds is None else {"cpu_seconds": cpu_seconds,
+                                               "cores_busy": round(cpu_seconds / seconds, 2) if seconds else None}),
             **({} if trained else {"note": "nothing was trained (tied rewards, or every group dropped): the "
                                            "seconds say nothing about training speed"})}
 
