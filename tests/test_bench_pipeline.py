@@ -100,17 +100,19 @@ def test_bench_pipeline_runs_both_arms_on_the_same_work(capsys, tmp_path):
     assert "--trainer here" in out["command"]
 
 
-def _choice(token_ids, spans=None):
+def _choice(token_ids, spans=None, version=None):
     from openai.types.chat.chat_completion import Choice
 
-    extra = {"token_ids": token_ids, **({"policy_token_spans": spans} if spans is not None else {})}
+    extra = {"token_ids": token_ids, **({"policy_token_spans": spans} if spans is not None else {}),
+             **({"policy_version": version} if version is not None else {})}
     return Choice.model_validate({"index": 0, "finish_reason": "stop", "logprobs": None,
                                   "message": {"role": "assistant", "content": "x"}, **extra})
 
 
 def test_token_lag_counts_each_token_by_the_version_that_sampled_it():
-    """With spans (in-flight updates) each token counts at its own version; without, every sampled id of the
-    record counts at the trajectory's initial version."""
+    """With spans (in-flight updates) each token counts at its own version; without, each turn's sampled ids
+    count at the version the server recorded on that turn, and at the trajectory's initial version when it
+    recorded none."""
     import artrl as art
     from artrl.bench.pipeline_bench import _count_token_lag
 
@@ -126,3 +128,8 @@ def test_token_lag_counts_each_token_by_the_version_that_sampled_it():
     assert lags == {1: 3, 0: 5}
     _count_token_lag(lags, kept, from_step=3)
     assert lags == {1: 8, 0: 5}
+    # step updates: the second turn was served by version 3, after the first turn's version 2
+    later = art.Trajectory(messages_and_choices=[user, _choice([1, 2, 3], version=2), user, _choice([4, 5], version=3)],
+                           reward=1.0, initial_policy_version=2, final_policy_version=3)
+    _count_token_lag(lags, later, from_step=3)
+    assert lags == {1: 11, 0: 7}

@@ -244,20 +244,28 @@ def _timed_backend_class() -> type:
 
 def _count_token_lag(lags: dict[int, int], trajectory: Any, from_step: int) -> None:
     """Add `trajectory`'s sampled tokens to `lags` by how many steps behind `from_step` the version that sampled
-    each one is: per token from its `policy_token_spans` (in-flight updates), else all of them at the
-    trajectory's initial version."""
-    from ..trajectories import policy_token_counts
+    each one is. Each turn counts on its own: by its `policy_token_spans` (in-flight updates: every token at its
+    own version), else all its sampled ids at the `policy_version` the server recorded on it (with step updates a
+    later turn may run on a newer version than the first), else at the trajectory's initial version."""
+    from ..trajectories import POLICY_TOKEN_SPANS_FIELD, choice_policy_version
 
-    counts = policy_token_counts(trajectory)
-    if counts is None:
-        version = trajectory.initial_policy_version
-        if version is None:
-            return
-        # the sampled ids each turn's record carries (the server's `token_ids` on every choice)
-        counts = {version: sum(len((item.model_extra or {}).get("token_ids") or ())
-                               for item in trajectory.messages_and_choices if hasattr(item, "model_extra"))}
-    for version, n in counts.items():
-        lags[from_step - version] = lags.get(from_step - version, 0) + n
+    histories = [trajectory.messages_and_choices,
+                 *(h.messages_and_choices for h in getattr(trajectory, "additional_histories", []))]
+    for item in (item for items in histories for item in items):
+        extra = getattr(item, "model_extra", None)
+        if extra is None:  # a message: nothing sampled
+            continue
+        spans = extra.get(POLICY_TOKEN_SPANS_FIELD)
+        if isinstance(spans, list) and spans:
+            counts = {span["policy_version"]: int(span["end_token"]) - int(span["start_token"]) for span in spans}
+        else:
+            version = choice_policy_version(item)
+            version = trajectory.initial_policy_version if version is None else version
+            if version is None:
+                continue
+            counts = {version: len(extra.get("token_ids") or ())}
+        for version, n in counts.items():
+            lags[from_step - version] = lags.get(from_step - version, 0) + n
 
 
 async def _warm_up(model: Any, cfg: PipelineBenchConfig) -> None:
