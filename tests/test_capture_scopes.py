@@ -494,10 +494,10 @@ def test_messages_and_for_logging_of_a_captured_trajectory(url: str) -> None:
         httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": [q]})
         httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
         httpx.post(url + "/v1/messages", json={"model": "m"})
-    with pytest.raises(ValueError, match="messages exchanges are not provided"):
+    with pytest.raises(ValueError, match="multiple protocol histories"):  # ART's: one protocol's history
         two.messages()
     two.exchanges.messages.clear()
-    with pytest.raises(ValueError, match="exactly one conversation; its chat completions make 2"):
+    with pytest.raises(ValueError, match="exactly one history; found 2"):
         two.messages()
 
 

@@ -4,6 +4,7 @@ per-protocol accessors, each subclass's fields, `as_chat_completions_history()`,
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import re
@@ -204,8 +205,6 @@ def test_legacy_mixed_and_refused() -> None:
     with pytest.raises(ValueError, match="multiple protocol histories"):
         mixed.histories()
     assert type(mixed.chat_completions_history()) is ChatCompletionsHistory  # one protocol, asked for by name
-    with pytest.raises(art.ConfigError, match="reconcile_text_equivalent_tokenizations"):
-        mixed.chat_completions_history(reconcile_text_equivalent_tokenizations=True)
 
 
 def test_history_tokenize_is_art_tokenize_of_the_exchanges_it_cites(tok) -> None:
@@ -265,3 +264,13 @@ def test_arts_history_names_and_accessors_are_all_here() -> None:
         assert callable(getattr(art.Trajectory, name, None)), name
     for name in classes["History"][2]:  # as_chat_completions_history, tokenize, tensorize
         assert callable(getattr(History, name, None)), name
+    for cls, ours in (("LegacyHistory", LegacyHistory), ("Trajectory", art.Trajectory),
+                      ("TrajectoryGroup", art.TrajectoryGroup)):
+        assert {"tokenize", "tensorize"} <= set(classes[cls][2]), cls
+        for name in ("tokenize", "tensorize"):  # keyword for keyword
+            theirs = re.search(rf"class {cls}\(.*?\n    def {name}\(\n        self,\n        \*,\n(.*?)\n    \)",
+                               source, re.S)
+            assert theirs is not None, (cls, name)
+            keywords = re.findall(r"^        (\w+):", theirs.group(1), re.M)
+            assert keywords == [p for p in inspect.signature(getattr(ours, name)).parameters if p != "self"], \
+                (cls, name, keywords)

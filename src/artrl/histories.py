@@ -18,15 +18,19 @@ The branching rule is ART's: exchanges of one model in start order; a request wh
 with a branch's items (same tools and template) extends the longest such branch, replacing it; a
 prompt that is a prefix of a branch (a regeneration) starts a new branch with that branch's sources;
 anything else starts a new branch. Several choices make several branches. Chat messages compare
-without their reasoning (`reasoning`, `reasoning_content`), as ART's default.
+without their reasoning (`reasoning`, `reasoning_content`), as ART's default; with
+`reconcile_text_equivalent_tokenizations=True` (ART's opt-in to merging text-equal histories whose
+ids differ) they compare with it, as ART's.
 
 What is simpler than ART's (documented in docs/art-compatibility.md): branches are decided by
-items alone, not also by the exact token ids each turn was sampled with, so
-`reconcile_text_equivalent_tokenizations=True` (ART's opt-in to merging text-equal histories
-whose ids differ) is refused; a Responses exchange with several `token_generations` is one
-output, not one branch per generation (sources carry `generation_index=None`).
-`History.tokenize()` / `tensorize()` go through artrl's `art.tokenize` path (tokenized.py): the
-exchanges a history cites are trained on their token record.
+items alone, not also by the exact token ids each turn was sampled with, so the default views
+merge text-equal turns that ART's split (as its reconciling views do); a Responses exchange with
+several `token_generations` is one output, not one branch per generation (sources carry
+`generation_index=None`). `History.tokenize()` / `tensorize()` go through artrl's `art.tokenize`
+path (tokenized.py): the exchanges a history cites are trained on their token record, an earlier
+sampled turn that a later prompt spelled again from its text kept as sampled (ART's repair,
+`wire_records.reconciled_prompt`), so a history is one sequence. `Trajectory.messages()` is the
+one history's Chat Completions messages, whatever protocol it was captured in (ART's).
 """
 
 from __future__ import annotations
@@ -42,7 +46,6 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union
 
 import pydantic
 
-from .errors import ConfigError
 from .exchanges import (ChatCompletionsExchange, CompletionsExchange, MessagesExchange, ResponsesExchange,
                         TrajectoryExchanges)
 from .trajectories import History, LegacyHistory, Trajectory, register_protocol_histories
@@ -173,13 +176,6 @@ TrajectoryHistory = Union[LegacyHistory, ChatCompletionsHistory, AnthropicMessag
 
 _I = TypeVar("_I")
 _S = TypeVar("_S")
-
-
-def _check_reconcile(reconcile: bool) -> None:
-    if reconcile:
-        raise ConfigError("reconcile_text_equivalent_tokenizations=True is not supported: artrl's histories "
-                          "branch by items (messages, input items, prompts) alone and train each sampled turn on "
-                          "the server's token record. Leave it False.")
 
 
 def _require_unmixed(trajectory: Trajectory) -> None:
@@ -313,6 +309,12 @@ def _chat_key(message: Mapping[str, Any]) -> str:
     return _json_key(data)
 
 
+def _chat_key_with_reasoning(message: Mapping[str, Any]) -> str:
+    """A message's key when text-equivalent histories merge (ART's reconciling views compare reasoning too: a
+    request that dropped an earlier turn's reasoning starts a new branch)."""
+    return _json_key(normalize_chat_message(message))
+
+
 def _ordered_choices(choices: Sequence[Any], protocol: str) -> list[Any]:
     if not choices:
         raise ValueError(f"{protocol} response contains no choices")
@@ -335,13 +337,13 @@ def _legacy(trajectory: Trajectory) -> list[LegacyHistory]:
 
 def chat_completions_histories(trajectory: Trajectory, model: str | None,
                                reconcile: bool = False) -> list[ChatCompletionsHistory]:
-    _check_reconcile(reconcile)
     _require_unmixed(trajectory)
     if not trajectory.exchanges:
         return [legacy_as_chat_completions_history(h, model=model) for h in _legacy(trajectory)]
     histories = []
     for name, exchanges in _selected_models(trajectory.exchanges.chat_completions, model, "Chat Completions"):
-        tree: _Branches[dict[str, Any], ChatCompletionsMessageSource] = _Branches(key=_chat_key)
+        tree: _Branches[dict[str, Any], ChatCompletionsMessageSource] = _Branches(
+            key=_chat_key_with_reasoning if reconcile else _chat_key)
         for sequence, exchange in enumerate(exchanges):
             request = exchange.request
             context = (_json_key(request.get("tools")), request.get("chat_template"),
@@ -383,7 +385,6 @@ def _anthropic_key(message: Mapping[str, Any]) -> str:
 
 def anthropic_messages_histories(trajectory: Trajectory, model: str | None,
                                  reconcile: bool = False) -> list[AnthropicMessagesHistory]:
-    _check_reconcile(reconcile)
     _require_unmixed(trajectory)
     histories = []
     for name, exchanges in _selected_models(trajectory.exchanges.messages, model, "Anthropic Messages"):
@@ -431,7 +432,6 @@ def _responses_input(value: Any) -> list[dict[str, Any]]:
 
 def responses_histories(trajectory: Trajectory, model: str | None,
                         reconcile: bool = False) -> list[ResponsesHistory]:
-    _check_reconcile(reconcile)
     _require_unmixed(trajectory)
     histories = []
     for name, exchanges in _selected_models(trajectory.exchanges.responses, model, "Responses"):
@@ -574,7 +574,6 @@ def completions_token_history(trajectory: Trajectory, model: str | None) -> Comp
 
 def completions_string_histories(trajectory: Trajectory, model: str | None,
                                  reconcile: bool = False) -> list[CompletionsStringHistory]:
-    _check_reconcile(reconcile)
     _require_unmixed(trajectory)
     histories = []
     for name, exchanges in _selected_models(trajectory.exchanges.completions, model, "Completions"):
@@ -616,7 +615,6 @@ def trajectory_histories(trajectory: Trajectory, model: str | None,
                          reconcile: bool = False) -> list[Any]:
     """ART's `Trajectory.histories()`: the legacy histories, or the histories of the one protocol whose exchanges
     `model` selects (a ValueError when it selects several protocols)."""
-    _check_reconcile(reconcile)
     _require_unmixed(trajectory)
     if not trajectory.exchanges:
         return _legacy(trajectory)
@@ -629,18 +627,18 @@ def trajectory_histories(trajectory: Trajectory, model: str | None,
     ex = trajectory.exchanges
     candidates: list[Any] = []
     if chosen(ex.chat_completions):
-        candidates += chat_completions_histories(trajectory, model)
+        candidates += chat_completions_histories(trajectory, model, reconcile)
     if chosen(ex.completions):
         try:
             candidates += completions_token_histories(trajectory, model)
         except ValueError as error:
             if "requires exact token IDs" not in str(error):
                 raise
-            candidates += completions_string_histories(trajectory, model)
+            candidates += completions_string_histories(trajectory, model, reconcile)
     if chosen(ex.responses):
-        candidates += responses_histories(trajectory, model)
+        candidates += responses_histories(trajectory, model, reconcile)
     if chosen(ex.messages):
-        candidates += anthropic_messages_histories(trajectory, model)
+        candidates += anthropic_messages_histories(trajectory, model, reconcile)
     if not candidates:
         suffix = f" for model {model!r}" if model is not None else ""
         raise ValueError(f"Trajectory contains no exchanges{suffix}")
@@ -873,7 +871,7 @@ def tokenize_history(history: History, *, base_model: str | None, tokenizer: Any
     from .chat_format import end_of_turn_ids
     from .tokenized import _check_unsupported, _resolve_tokenizer, _sequences
 
-    _check_unsupported(chat_template, chat_template_kwargs, False)
+    _check_unsupported(chat_template, chat_template_kwargs)
     tok = _resolve_tokenizer(tokenizer, base_model, history.model)
     exchanges = _cited_exchanges(history)
     if exchanges:
@@ -884,12 +882,45 @@ def tokenize_history(history: History, *, base_model: str | None, tokenizer: Any
         raise ValueError(f"{type(history).__name__} cites no exchanges; there is nothing to tokenize")
     trajectory.validate_fields()
     where = f"{type(history).__name__}(model={history.model!r})"
-    seqs = _sequences(trajectory, tok, end_of_turn_ids(tok), history.model or base_model or "", None, where)
+    # a history's turns are one sequence: an earlier sampled turn the server spelled again from its text is kept
+    # as sampled (reconciled), as ART tokenizes the text-equivalent histories its reconciling views give
+    seqs = _sequences(trajectory, tok, end_of_turn_ids(tok), history.model or base_model or "", None, where,
+                      reconcile=True)
     return _one(seqs, "History tokenization")
 
 
 def tensorize_history(history: History, *, device: Any = None, **kwargs: Any) -> TensorizedHistory:
     return tokenize_history(history, **kwargs).tensorize(device=device)
+
+
+def tokenize_legacy_history(history: LegacyHistory, *, model: str, base_model: str | None, tokenizer: Any,
+                            chat_template: str | None,
+                            chat_template_kwargs: Mapping[str, object] | None) -> TokenizedHistory:
+    """`LegacyHistory.tokenize()`: its one token sequence, named `model`, as `art.tokenize` makes it."""
+    from .chat_format import end_of_turn_ids
+    from .tokenized import _check_unsupported, _resolve_tokenizer, _sequences
+
+    _check_unsupported(chat_template, chat_template_kwargs)
+    tok = _resolve_tokenizer(tokenizer, base_model, model)
+    trajectory = Trajectory(messages_and_choices=copy.deepcopy(history.messages_and_choices),
+                            tools=copy.deepcopy(history.tools))
+    trajectory.validate_fields()
+    seqs = _sequences(trajectory, tok, end_of_turn_ids(tok), model, None, "LegacyHistory")
+    one = _one(seqs, "History tokenization")
+    one.history = history  # the conversation asked about, as ART's `TokenizedHistory.history`
+    return one
+
+
+def tokenize_item(item: Any, **kwargs: Any) -> Any:
+    """`Trajectory.tokenize()` / `TrajectoryGroup.tokenize()`: `art.tokenize` of the one item (tokenized.py)."""
+    from .tokenized import tokenize_item as tokenize
+
+    return tokenize(item, **kwargs)
+
+
+def trajectory_messages(trajectory: Trajectory) -> Messages:
+    """`Trajectory.messages()` of captured exchanges (ART's): the one history's Chat Completions messages."""
+    return trajectory_history(trajectory, None).as_chat_completions_history().messages
 
 
 register_protocol_histories(sys.modules[__name__])  # Trajectory's history accessors and art.trajectories' names
