@@ -209,6 +209,17 @@ def test_reconcile_files_respelled_turns_of_other_protocols_together_and_only_th
     one = t.tokenize(tokenizer=tok, reconcile_text_equivalent_tokenizations=True)
     assert one.tokens == [*prompt, *sampled, *encode(tok, " Q: and Spain? A:"), 7, end]
 
+    # a third turn whose prompt spells both earlier turns the tokenizer's way: both kept as sampled
+    madrid = other_spelling(tok, " Madrid")
+    t3 = trajectory(completion(prompt, " Paris", sampled, 0), completion(later, " Madrid", [*madrid, end], 1),
+                    completion([*later, *encode(tok, " Madrid"), end, *encode(tok, " Q: Italy?")], " Rome",
+                               [9, end], 2))
+    assert len(t3.tokenize(tokenizer=tok, multi_history=True).histories) == 3
+    three = t3.tokenize(tokenizer=tok, reconcile_text_equivalent_tokenizations=True)
+    assert three.tokens == [*prompt, *sampled, *encode(tok, " Q: and Spain? A:"), *madrid, end,
+                            *encode(tok, " Q: Italy?"), 9, end]
+    assert sum(1 for f in three.flags if f & TokenFlag.SAMPLED) == len(sampled) + len(madrid) + 1 + 2
+
     # another text at the turn's place is not text-equivalent: still two sequences
     other = [*prompt, *encode(tok, " Lyon"), end, *encode(tok, " Q: and Spain? A:")]
     t2 = trajectory(completion(prompt, " Paris", sampled, 0), completion(other, " Madrid", [7, end], 1))
