@@ -486,6 +486,9 @@ def test_messages_and_for_logging_of_a_captured_trajectory(url: str) -> None:
         r = httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": [q]}).json()
         httpx.post(url + "/v1/chat/completions",
                    json={"model": "m", "messages": [q, r["choices"][0]["message"], {"role": "user", "content": "r"}]})
+    with pytest.raises(ValueError, match="exactly one history; found 2"):  # the payloads' ids do not chain (ART's)
+        t.messages()
+    t.exchanges.chat_completions[1].response.model_extra["prompt_token_ids"] = [*PROMPT, *IDS, 6]  # now they do
     assert t.messages() == [q, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "r"},
                             {"role": "assistant", "content": "hi"}]
     logged = t.for_logging()

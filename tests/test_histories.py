@@ -38,9 +38,12 @@ def trajectory(*exchanges: Any) -> art.Trajectory:
     return t
 
 
-def chat(messages: list[dict], texts: list[str], at: int, model: str = "m", **request: Any) -> Any:
+def chat(messages: list[dict], texts: list[str], at: int, model: str = "m", prompt: list[int] | None = None,
+         **request: Any) -> Any:
+    """A chat exchange; its choices carry sampled ids, and `prompt` ids when given (without them, only the
+    messages decide the branches)."""
     choices = [{"index": k, "finish_reason": "stop", "message": {"role": "assistant", "content": text},
-                "prompt_token_ids": [1, 2, 3], "token_ids": [4 + k, 9], "logprobs": None}
+                "prompt_token_ids": prompt, "token_ids": [4 + k, 9], "logprobs": None}
                for k, text in enumerate(texts)]
     return exchange("chat_completions", {"model": model, "messages": messages, **request},
                     {"id": f"c{at}", "object": "chat.completion", "created": 1, "model": model, "choices": choices},
@@ -220,7 +223,7 @@ def test_history_tokenize_is_art_tokenize_of_the_exchanges_it_cites(tok) -> None
     with pytest.raises(art.ConfigError, match="chat_template"):
         t.history().tokenize(tokenizer=tok, chat_template="{{ x }}")
 
-    two = trajectory(chat([USER], ["x", "y"], 0))  # one chat branch: only its choice is tokenized
+    two = trajectory(chat([USER], ["x", "y"], 0, prompt=[1, 2, 3]))  # one chat branch: only its choice is tokenized
     first, second = two.chat_completions_histories()
     assert first.tokenize(tokenizer=tok).tokens == [1, 2, 3, 4, 9]
     assert second.tokenize(tokenizer=tok).tokens == [1, 2, 3, 5, 9]

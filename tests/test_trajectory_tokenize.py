@@ -193,10 +193,16 @@ def test_reconcile_keeps_a_respelled_chat_turn_in_one_sequence(tok) -> None:
     assert all(f & SAMPLED == SAMPLED for f in one.flags[n2 + len(added):])
     assert [lp for lp in one.logprobs if not math.isnan(lp)] == [-0.5] * (len(sampled) + len(second_ids))
 
-    # the history view holds both turns; its tokenize() repairs as ART's does, giving the one sequence
-    assert t.chat_completions_history(reconcile_text_equivalent_tokenizations=True).tokenize(
-        tokenizer=tok).tokens == one.tokens
-    assert t.history().tokenize(tokenizer=tok).tokens == one.tokens
+    # the views (ART's default): turn 2's prompt ids do not continue turn 1's record, so two histories, each one
+    # of the two sequences; reconciling, one history of both turns, whose tokenize() repairs as ART's does
+    views = t.histories()
+    assert [len(h.messages) for h in views] == [2, 4]
+    assert [h.tokenize(tokenizer=tok).tokens for h in views] == [
+        h.tokens for h in t.tokenize(tokenizer=tok, multi_history=True).histories]
+    with pytest.raises(ValueError, match="exactly one history; found 2"):
+        t.messages()
+    merged = t.history(reconcile_text_equivalent_tokenizations=True)
+    assert len(merged.messages) == 4 and merged.tokenize(tokenizer=tok).tokens == one.tokens
 
 
 def test_reconcile_files_respelled_turns_of_other_protocols_together_and_only_them(tok) -> None:
@@ -227,6 +233,31 @@ def test_reconcile_files_respelled_turns_of_other_protocols_together_and_only_th
         t2.tokenize(tokenizer=tok, reconcile_text_equivalent_tokenizations=True)
 
 
+def test_history_views_follow_the_token_record_unless_reconciling() -> None:
+    ask = {"role": "user", "content": [{"type": "text", "text": "capital?"}]}
+    reply = [{"type": "text", "text": "Paris"}]
+
+    def message(messages: list[dict], ids: tuple[list[int], list[int]], at: int) -> Any:
+        return exchange("messages", {"model": "m", "max_tokens": 8, "messages": messages},
+                        {"id": f"a{at}", "type": "message", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+                         "usage": {"input_tokens": 3, "output_tokens": 2}, "content": reply,
+                         "prompt_token_ids": ids[0], "token_ids": ids[1]}, at)
+
+    history = [ask, {"role": "assistant", "content": reply}, {"role": "user", "content": "Spain?"}]
+    chained = trajectory(message([ask], ([1, 2], [3, 4]), 0), message(history, ([1, 2, 3, 4, 5], [6]), 1))
+    assert len(chained.anthropic_messages_history().messages) == 4
+    respelled = trajectory(message([ask], ([1, 2], [3, 4]), 0), message(history, ([1, 2, 4, 5], [6]), 1))
+    first, second = respelled.anthropic_messages_histories()
+    assert len(first.messages) == 2 and len(second.messages) == 4
+    # the second prompt kept the end of what the first sampled ([4], not [3]; a template that drops thinking does
+    # that): its copy of the turn cites the first response
+    assert second.message_sources[1].exchange is respelled.exchanges.messages[0]
+    assert len(respelled.anthropic_messages_history(reconcile_text_equivalent_tokenizations=True).messages) == 4
+    elsewhere = trajectory(message([ask], ([1, 2], [3, 4]), 0), message(history, ([1, 2, 7, 8, 5], [6]), 1))
+    assert elsewhere.anthropic_messages_histories()[1].message_sources[1].exchange is \
+        elsewhere.exchanges.messages[1]  # nothing of it kept: the request's own message
+
+
 def test_reconciling_history_views_compare_reasoning(tok) -> None:
     thought = {"role": "assistant", "content": "Paris", "reasoning_content": "France's capital"}
     first = chat([USER], "Paris", [1, 2], [3], 0, message=thought)
@@ -238,3 +269,39 @@ def test_reconciling_history_views_compare_reasoning(tok) -> None:
     assert [len(h.messages) for h in split] == [2, 4] and all(type(h) is ChatCompletionsHistory for h in split)
     assert split[0].messages[1]["reasoning"] == "France's capital"
     assert len(t.histories(reconcile_text_equivalent_tokenizations=True)) == 2
+
+
+def _turn(messages: list[dict], message: dict, at: int, record: tuple[list[int], list[int]] | None,
+          finish: str = "stop", **request: Any) -> Any:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "message": message, "logprobs": None}
+    if record is not None:
+        choice.update(prompt_token_ids=record[0], token_ids=record[1])
+    return exchange("chat_completions", {"model": "m", "messages": messages, **request},
+                    {"id": f"c{at}", "object": "chat.completion", "created": 1, "model": "m", "choices": [choice]}, at)
+
+
+def test_chat_views_split_where_a_prompt_lost_sampled_reasoning_or_continued_a_cut_tool_call() -> None:
+    thought = {"role": "assistant", "content": "Paris", "reasoning_content": "France's capital"}
+    said = {"role": "assistant", "content": "Madrid"}
+    later = [USER, thought, AGAIN, said, {"role": "user", "content": "Italy?"}]
+
+    def rollout(third_prompt: list[int]) -> art.Trajectory:  # turn 2 has no record: only reasoning can decide
+        return trajectory(_turn([USER], thought, 0, ([1, 2], [3, 4])), _turn([USER, thought, AGAIN], said, 1, None),
+                          _turn(later, {"role": "assistant", "content": "Rome"}, 2, (third_prompt, [8])))
+
+    assert len(rollout([1, 2, 3, 4, 5, 6, 7]).chat_completions_histories()) == 1
+    assert len(rollout([1, 2, 9, 5, 6, 7]).chat_completions_histories()) == 2  # turn 1's reasoning ids are gone
+    assert len(rollout([1, 2, 9, 5, 6, 7]).chat_completions_histories(
+        reconcile_text_equivalent_tokenizations=True)) == 1
+
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "k", "type": "function", "function": {"name": "look", "arguments": "{\"q\": \"Pa"}}]}
+    result = {"role": "tool", "tool_call_id": "k", "content": "?"}
+
+    def tool_rollout(limit: int) -> art.Trajectory:
+        return trajectory(_turn([USER], call, 0, ([1, 2], [3, 4]), finish="tool_calls", max_tokens=limit),
+                          _turn([USER, call, result], said, 1, ([1, 2, 3, 4, 5], [6])))
+
+    assert len(tool_rollout(8).chat_completions_histories()) == 1
+    assert len(tool_rollout(2).chat_completions_histories()) == 2  # the call ran into max_tokens: never continued
+    assert len(tool_rollout(2).chat_completions_histories(reconcile_text_equivalent_tokenizations=True)) == 2

@@ -18,14 +18,18 @@ The branching rule is ART's: exchanges of one model in start order; a request wh
 with a branch's items (same tools and template) extends the longest such branch, replacing it; a
 prompt that is a prefix of a branch (a regeneration) starts a new branch with that branch's sources;
 anything else starts a new branch. Several choices make several branches. Chat messages compare
-without their reasoning (`reasoning`, `reasoning_content`), as ART's default; with
-`reconcile_text_equivalent_tokenizations=True` (ART's opt-in to merging text-equal histories whose
-ids differ) they compare with it, as ART's.
+without their reasoning (`reasoning`, `reasoning_content`), as ART's default. Text is not enough
+for Chat Completions and Anthropic Messages (ART's token check, `_ChatLineage`,
+`_MessagesLineage`): a request continues a branch only when its prompt ids begin with the last
+sampled turn's prompt + sampled ids (where both are recorded), and, for chat, still hold every
+earlier sampled turn's ids that carried reasoning, and the last turn is not a tool call cut at the
+request's token limit. `reconcile_text_equivalent_tokenizations=True` (ART's opt-in to merging
+text-equal histories whose ids differ) drops the id checks (not the cut tool call), and chat
+messages then compare with their reasoning, as ART's.
 
-What is simpler than ART's (documented in docs/art-compatibility.md): branches are decided by
-items alone, not also by the exact token ids each turn was sampled with, so the default views
-merge text-equal turns that ART's split (as its reconciling views do); a Responses exchange with
-several `token_generations` is one output, not one branch per generation (sources carry
+What is simpler than ART's (documented in docs/art-compatibility.md): Responses and Completions
+string views branch by items alone, without the token check; a Responses exchange with several
+`token_generations` is one output, not one branch per generation (sources carry
 `generation_index=None`). `History.tokenize()` / `tensorize()` go through artrl's `art.tokenize`
 path (tokenized.py): the exchanges a history cites are trained on their token record, an earlier
 sampled turn that a later prompt spelled again from its text kept as sampled (ART's repair,
@@ -231,10 +235,13 @@ class _Branches(Generic[_I, _S]):
     key: Callable[[_I], str]
     branches: list[_Branch[_I, _S]] = field(default_factory=list)
 
-    def prompt_sources(self, prompt: Sequence[_I], defaults: list[_S | None], context: Any) -> list[_S | None]:
-        """The sources of a prompt: those of the longest branch it continues, the rest `defaults`."""
+    def prompt_sources(self, prompt: Sequence[_I], defaults: list[_S | None], context: Any,
+                       continues: Callable[[_Branch[_I, _S]], bool] | None = None) -> list[_S | None]:
+        """The sources of a prompt: those of the longest branch it continues (and `continues` accepts), the rest
+        `defaults`."""
         keys = [self.key(i) for i in prompt]
-        parents = [b for b in self.branches if len(b.keys) < len(keys) and b.keys == keys[:len(b.keys)]]
+        parents = [b for b in self.branches if len(b.keys) < len(keys) and b.keys == keys[:len(b.keys)]
+                   and (continues is None or continues(b))]
         if not parents:
             return defaults
         parent = min(parents, key=lambda b: (-len(b.keys), b.order))
@@ -242,9 +249,13 @@ class _Branches(Generic[_I, _S]):
 
     def extend(self, prompt: Sequence[_I], prompt_sources: Sequence[_S | None],
                outputs: Sequence[tuple[int, Sequence[_I], Sequence[_S | None]]], context: Any, sequence: int,
-               start_time: datetime, context_source: Any = None) -> None:
+               start_time: datetime, context_source: Any = None,
+               continues: Callable[[_Branch[_I, _S]], bool] | None = None) -> None:
+        """File one exchange: its prompt extends (or regenerates) a branch of the same context that `continues`
+        accepts (the token check: ART's, below), else starts a new one; one new branch per output."""
         keys = [self.key(i) for i in prompt]
-        same = [(k, b) for k, b in enumerate(self.branches) if b.context == context]
+        same = [(k, b) for k, b in enumerate(self.branches)
+                if b.context == context and (continues is None or continues(b))]
         extends = [(k, b) for k, b in same if b.keys == keys[:len(b.keys)] and len(b.keys) <= len(keys)]
         parent: _Branch[_I, _S] | None = None
         if extends:
@@ -275,6 +286,144 @@ class _Branches(Generic[_I, _S]):
 
 def _json_key(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
+
+
+# --------------------------------------------------------------------------- the token check (ART's default)
+#
+# Text alone does not decide a branch: a request whose messages repeat a branch's continues it only when its prompt
+# ids begin with the last sampled turn's prompt + sampled ids (when both are recorded), so a history is one token
+# sequence. A server that spelled that turn again from its text breaks the chain: a new branch, unless
+# `reconcile_text_equivalent_tokenizations=True` merges text-equal turns (History.tokenize() then keeps the
+# re-spelled turn as sampled). The prompt's sources still cite the earlier turn when the prompt kept the end of
+# what it sampled.
+
+_Ids = tuple[list[int] | None, list[int] | None]
+
+
+def _ids(value: Any) -> list[int] | None:
+    return [int(t) for t in value] if isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value) else None
+
+
+def _prefix_function(seq: Sequence[Any]) -> list[int]:
+    """pi[i]: the length of the longest proper prefix of seq[:i + 1] that is also its suffix (Knuth-Morris-Pratt)."""
+    pi = [0] * len(seq)
+    for i in range(1, len(seq)):
+        k = pi[i - 1]
+        while k and seq[i] != seq[k]:
+            k = pi[k - 1]
+        pi[i] = k + 1 if seq[i] == seq[k] else 0
+    return pi
+
+
+def _contains(tokens: Sequence[int], part: Sequence[int]) -> bool:
+    return not part or len(part) in _prefix_function([*part, None, *tokens])[len(part) + 1:]
+
+
+def _keeps_suffix(prompt: list[int] | None, output: list[int] | None, later: Sequence[int] | None) -> bool:
+    """Whether `later` begins with `prompt`, then some (non-empty) end of `output`."""
+    if prompt is None or output is None or later is None or list(later[:len(prompt)]) != prompt:
+        return False
+    rest = list(later[len(prompt):len(prompt) + len(output)])
+    return bool(output and rest) and _prefix_function([*rest, None, *output])[-1] > 0
+
+
+def _chat_ids(exchange: ChatCompletionsExchange, choice_index: int) -> _Ids:
+    """A chat choice's recorded prompt ids and sampled ids (each None when not sent)."""
+    choice = next((c for c in exchange.response.choices if c.index == choice_index), None)
+    if choice is None:
+        raise ValueError("Chat choice source index is out of bounds")
+    extra = _extra(choice)
+    ids = _ids(extra.get("token_ids"))
+    if ids is None and choice.logprobs is not None and choice.logprobs.content:
+        pairs = [_token_id(lp.token) for lp in choice.logprobs.content]
+        ids = pairs if all(t is not None for t in pairs) else None  # type: ignore[assignment]
+    return _ids(extra.get("prompt_token_ids", _extra(exchange.response).get("prompt_token_ids"))), ids
+
+
+@dataclass
+class _ChatLineage:
+    """ART's checks of whether a chat request's prompt ids continue a branch (above)."""
+
+    prompt_ids: list[int] | None
+    length: int  # messages in the request
+    reconcile: bool
+
+    def _last(self, branch: _Branch[Any, Any]) -> Any:
+        return next((s for s in reversed(branch.sources[:self.length]) if s is not None
+                     and isinstance(s.exchange, ChatCompletionsExchange) and s.choice_index is not None), None)
+
+    def exact(self, branch: _Branch[Any, Any]) -> bool:
+        if self.prompt_ids is None or (last := self._last(branch)) is None:
+            return True
+        prompt, output = _chat_ids(last.exchange, last.choice_index)
+        return prompt is None or output is None or self.prompt_ids[:len(prompt) + len(output)] == [*prompt, *output]
+
+    def keeps_reasoning(self, branch: _Branch[Any, Any]) -> bool:
+        """A template that dropped an earlier sampled turn's reasoning splits the history (ART's rule)."""
+        if self.prompt_ids is None:
+            return True
+        for message, source in zip(branch.items[:self.length], branch.sources[:self.length]):
+            if (message.get("reasoning") or message.get("reasoning_content")) and source is not None and \
+                    isinstance(source.exchange, ChatCompletionsExchange) and source.choice_index is not None:
+                _, output = _chat_ids(source.exchange, source.choice_index)
+                if output and not _contains(self.prompt_ids, output):
+                    return False
+        return True
+
+    def cut_tool_call(self, branch: _Branch[Any, Any]) -> bool:
+        """The last sampled turn is a tool call that ran into the request's token limit: never continued."""
+        if (last := self._last(branch)) is None:
+            return False
+        choice = next((c for c in last.exchange.response.choices if c.index == last.choice_index), None)
+        if choice is None or choice.finish_reason != "tool_calls" or not choice.message.tool_calls:
+            return False
+        limit = last.exchange.request.get("max_completion_tokens", last.exchange.request.get("max_tokens"))
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+            return False
+        _, output = _chat_ids(last.exchange, last.choice_index)
+        return output is not None and len(output) >= limit
+
+    def continues(self, branch: _Branch[Any, Any]) -> bool:
+        return not self.cut_tool_call(branch) and (self.reconcile or (self.keeps_reasoning(branch)
+                                                                      and self.exact(branch)))
+
+    def cites(self, branch: _Branch[Any, Any]) -> bool:
+        """Whether the prompt's messages cite the branch's sources (it continues it, or kept its last output)."""
+        if self.reconcile or self.exact(branch):
+            return True
+        last = self._last(branch)
+        return last is not None and _keeps_suffix(*_chat_ids(last.exchange, last.choice_index), self.prompt_ids)
+
+
+def _messages_ids(exchange: MessagesExchange) -> _Ids:
+    data = exchange.response.model_dump()  # the record's fields are extras of the SDK's Message (wire_records.py)
+    return _ids(data.get("prompt_token_ids")), _ids(data.get("token_ids"))
+
+
+@dataclass
+class _MessagesLineage:
+    """ART's check for Anthropic Messages: the request's prompt ids continue the last response's record."""
+
+    prompt_ids: list[int] | None
+    length: int
+    reconcile: bool
+
+    def _last(self, branch: _Branch[Any, Any]) -> Any:
+        return next((s for s in reversed(branch.sources[:self.length]) if s is not None and s.request_index is None),
+                    None)
+
+    def continues(self, branch: _Branch[Any, Any]) -> bool:
+        if self.reconcile or self.prompt_ids is None or (last := self._last(branch)) is None:
+            return True
+        prompt, output = _messages_ids(last.exchange)
+        return prompt is None or output is None or self.prompt_ids[:len(prompt) + len(output)] == [*prompt, *output]
+
+    def cites(self, branch: _Branch[Any, Any]) -> bool:
+        if self.continues(branch):
+            return True
+        last = self._last(branch)
+        return last is not None and _keeps_suffix(*_messages_ids(last.exchange), self.prompt_ids)
 
 
 def _dump(value: Any) -> Any:
@@ -349,14 +498,16 @@ def chat_completions_histories(trajectory: Trajectory, model: str | None,
             context = (_json_key(request.get("tools")), request.get("chat_template"),
                        _json_key(request.get("chat_template_kwargs")))
             prompt = [normalize_chat_message(m) for m in request.get("messages") or []]
+            choices = _ordered_choices(exchange.response.choices, "Chat Completions")
+            lineage = _ChatLineage(_chat_ids(exchange, choices[0].index)[0], len(prompt), reconcile)
             sources = tree.prompt_sources(prompt, [ChatCompletionsMessageSource(exchange=exchange, request_index=k)
-                                                   for k in range(len(prompt))], context)
+                                                   for k in range(len(prompt))], context, lineage.cites)
             outputs = [(c.index, [normalize_chat_message(c.message.model_dump(mode="python", exclude_none=True))],
                         [ChatCompletionsMessageSource(exchange=exchange, choice_index=c.index)])
-                       for c in _ordered_choices(exchange.response.choices, "Chat Completions")]
+                       for c in choices]
             tree.extend(prompt, sources, outputs, context, sequence, exchange.start_time,
                         context_source=(request.get("tools"), request.get("chat_template"),
-                                        request.get("chat_template_kwargs")))
+                                        request.get("chat_template_kwargs")), continues=lineage.continues)
         for b in tree.ordered():
             tools, template, kwargs = b.context_source
             histories.append(ChatCompletionsHistory(model=name, messages=copy.deepcopy(b.items),
@@ -392,13 +543,14 @@ def anthropic_messages_histories(trajectory: Trajectory, model: str | None,
         for sequence, exchange in enumerate(exchanges):
             request = exchange.request
             prompt = [copy.deepcopy(dict(m)) for m in request.get("messages") or []]
+            lineage = _MessagesLineage(_messages_ids(exchange)[0], len(prompt), reconcile)
             sources = tree.prompt_sources(prompt, [AnthropicMessageSource(exchange=exchange, request_index=k)
-                                                   for k in range(len(prompt))], None)
+                                                   for k in range(len(prompt))], None, lineage.cites)
             response = {"role": "assistant", "content": [_dump(b) for b in exchange.response.content]}
             context = (_json_key(request.get("system")), _json_key(request.get("tools")),
                        request.get("chat_template"), _json_key(request.get("chat_template_kwargs")))
             tree.extend(prompt, sources, [(0, [response], [AnthropicMessageSource(exchange=exchange)])], context,
-                        sequence, exchange.start_time, context_source=exchange)
+                        sequence, exchange.start_time, context_source=exchange, continues=lineage.continues)
         for b in tree.ordered():
             source = b.context_source
             request = source.request
