@@ -19,8 +19,8 @@ with a branch's items (same tools and template) extends the longest such branch,
 prompt that is a prefix of a branch (a regeneration) starts a new branch with that branch's sources;
 anything else starts a new branch. Several choices make several branches. Chat messages compare
 without their reasoning (`reasoning`, `reasoning_content`), as ART's default. Text is not enough
-for Chat Completions and Anthropic Messages (ART's token check, `_ChatLineage`,
-`_MessagesLineage`): a request continues a branch only when its prompt ids begin with the last
+for Chat Completions and Anthropic Messages (ART's token check,
+history_lineage.py): a request continues a branch only when its prompt ids begin with the last
 sampled turn's prompt + sampled ids (where both are recorded), and, for chat, still hold every
 earlier sampled turn's ids that carried reasoning, and the last turn is not a tool call cut at the
 request's token limit. `reconcile_text_equivalent_tokenizations=True` (ART's opt-in to merging
@@ -52,6 +52,7 @@ import pydantic
 
 from .exchanges import (ChatCompletionsExchange, CompletionsExchange, MessagesExchange, ResponsesExchange,
                         TrajectoryExchanges)
+from .history_lineage import ChatLineage, MessagesLineage, chat_ids, messages_ids
 from .trajectories import History, LegacyHistory, Trajectory, register_protocol_histories
 from .types import Messages, Tools
 from .wire_records import _extra, _token_id
@@ -288,144 +289,6 @@ def _json_key(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-# --------------------------------------------------------------------------- the token check (ART's default)
-#
-# Text alone does not decide a branch: a request whose messages repeat a branch's continues it only when its prompt
-# ids begin with the last sampled turn's prompt + sampled ids (when both are recorded), so a history is one token
-# sequence. A server that spelled that turn again from its text breaks the chain: a new branch, unless
-# `reconcile_text_equivalent_tokenizations=True` merges text-equal turns (History.tokenize() then keeps the
-# re-spelled turn as sampled). The prompt's sources still cite the earlier turn when the prompt kept the end of
-# what it sampled.
-
-_Ids = tuple[list[int] | None, list[int] | None]
-
-
-def _ids(value: Any) -> list[int] | None:
-    return [int(t) for t in value] if isinstance(value, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value) else None
-
-
-def _prefix_function(seq: Sequence[Any]) -> list[int]:
-    """pi[i]: the length of the longest proper prefix of seq[:i + 1] that is also its suffix (Knuth-Morris-Pratt)."""
-    pi = [0] * len(seq)
-    for i in range(1, len(seq)):
-        k = pi[i - 1]
-        while k and seq[i] != seq[k]:
-            k = pi[k - 1]
-        pi[i] = k + 1 if seq[i] == seq[k] else 0
-    return pi
-
-
-def _contains(tokens: Sequence[int], part: Sequence[int]) -> bool:
-    return not part or len(part) in _prefix_function([*part, None, *tokens])[len(part) + 1:]
-
-
-def _keeps_suffix(prompt: list[int] | None, output: list[int] | None, later: Sequence[int] | None) -> bool:
-    """Whether `later` begins with `prompt`, then some (non-empty) end of `output`."""
-    if prompt is None or output is None or later is None or list(later[:len(prompt)]) != prompt:
-        return False
-    rest = list(later[len(prompt):len(prompt) + len(output)])
-    return bool(output and rest) and _prefix_function([*rest, None, *output])[-1] > 0
-
-
-def _chat_ids(exchange: ChatCompletionsExchange, choice_index: int) -> _Ids:
-    """A chat choice's recorded prompt ids and sampled ids (each None when not sent)."""
-    choice = next((c for c in exchange.response.choices if c.index == choice_index), None)
-    if choice is None:
-        raise ValueError("Chat choice source index is out of bounds")
-    extra = _extra(choice)
-    ids = _ids(extra.get("token_ids"))
-    if ids is None and choice.logprobs is not None and choice.logprobs.content:
-        pairs = [_token_id(lp.token) for lp in choice.logprobs.content]
-        ids = pairs if all(t is not None for t in pairs) else None  # type: ignore[assignment]
-    return _ids(extra.get("prompt_token_ids", _extra(exchange.response).get("prompt_token_ids"))), ids
-
-
-@dataclass
-class _ChatLineage:
-    """ART's checks of whether a chat request's prompt ids continue a branch (above)."""
-
-    prompt_ids: list[int] | None
-    length: int  # messages in the request
-    reconcile: bool
-
-    def _last(self, branch: _Branch[Any, Any]) -> Any:
-        return next((s for s in reversed(branch.sources[:self.length]) if s is not None
-                     and isinstance(s.exchange, ChatCompletionsExchange) and s.choice_index is not None), None)
-
-    def exact(self, branch: _Branch[Any, Any]) -> bool:
-        if self.prompt_ids is None or (last := self._last(branch)) is None:
-            return True
-        prompt, output = _chat_ids(last.exchange, last.choice_index)
-        return prompt is None or output is None or self.prompt_ids[:len(prompt) + len(output)] == [*prompt, *output]
-
-    def keeps_reasoning(self, branch: _Branch[Any, Any]) -> bool:
-        """A template that dropped an earlier sampled turn's reasoning splits the history (ART's rule)."""
-        if self.prompt_ids is None:
-            return True
-        for message, source in zip(branch.items[:self.length], branch.sources[:self.length]):
-            if (message.get("reasoning") or message.get("reasoning_content")) and source is not None and \
-                    isinstance(source.exchange, ChatCompletionsExchange) and source.choice_index is not None:
-                _, output = _chat_ids(source.exchange, source.choice_index)
-                if output and not _contains(self.prompt_ids, output):
-                    return False
-        return True
-
-    def cut_tool_call(self, branch: _Branch[Any, Any]) -> bool:
-        """The last sampled turn is a tool call that ran into the request's token limit: never continued."""
-        if (last := self._last(branch)) is None:
-            return False
-        choice = next((c for c in last.exchange.response.choices if c.index == last.choice_index), None)
-        if choice is None or choice.finish_reason != "tool_calls" or not choice.message.tool_calls:
-            return False
-        limit = last.exchange.request.get("max_completion_tokens", last.exchange.request.get("max_tokens"))
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
-            return False
-        _, output = _chat_ids(last.exchange, last.choice_index)
-        return output is not None and len(output) >= limit
-
-    def continues(self, branch: _Branch[Any, Any]) -> bool:
-        return not self.cut_tool_call(branch) and (self.reconcile or (self.keeps_reasoning(branch)
-                                                                      and self.exact(branch)))
-
-    def cites(self, branch: _Branch[Any, Any]) -> bool:
-        """Whether the prompt's messages cite the branch's sources (it continues it, or kept its last output)."""
-        if self.reconcile or self.exact(branch):
-            return True
-        last = self._last(branch)
-        return last is not None and _keeps_suffix(*_chat_ids(last.exchange, last.choice_index), self.prompt_ids)
-
-
-def _messages_ids(exchange: MessagesExchange) -> _Ids:
-    data = exchange.response.model_dump()  # the record's fields are extras of the SDK's Message (wire_records.py)
-    return _ids(data.get("prompt_token_ids")), _ids(data.get("token_ids"))
-
-
-@dataclass
-class _MessagesLineage:
-    """ART's check for Anthropic Messages: the request's prompt ids continue the last response's record."""
-
-    prompt_ids: list[int] | None
-    length: int
-    reconcile: bool
-
-    def _last(self, branch: _Branch[Any, Any]) -> Any:
-        return next((s for s in reversed(branch.sources[:self.length]) if s is not None and s.request_index is None),
-                    None)
-
-    def continues(self, branch: _Branch[Any, Any]) -> bool:
-        if self.reconcile or self.prompt_ids is None or (last := self._last(branch)) is None:
-            return True
-        prompt, output = _messages_ids(last.exchange)
-        return prompt is None or output is None or self.prompt_ids[:len(prompt) + len(output)] == [*prompt, *output]
-
-    def cites(self, branch: _Branch[Any, Any]) -> bool:
-        if self.continues(branch):
-            return True
-        last = self._last(branch)
-        return last is not None and _keeps_suffix(*_messages_ids(last.exchange), self.prompt_ids)
-
-
 def _dump(value: Any) -> Any:
     return value.model_dump(mode="json", exclude_none=True) if isinstance(value, pydantic.BaseModel) else value
 
@@ -499,7 +362,7 @@ def chat_completions_histories(trajectory: Trajectory, model: str | None,
                        _json_key(request.get("chat_template_kwargs")))
             prompt = [normalize_chat_message(m) for m in request.get("messages") or []]
             choices = _ordered_choices(exchange.response.choices, "Chat Completions")
-            lineage = _ChatLineage(_chat_ids(exchange, choices[0].index)[0], len(prompt), reconcile)
+            lineage = ChatLineage(chat_ids(exchange, choices[0].index)[0], len(prompt), reconcile)
             sources = tree.prompt_sources(prompt, [ChatCompletionsMessageSource(exchange=exchange, request_index=k)
                                                    for k in range(len(prompt))], context, lineage.cites)
             outputs = [(c.index, [normalize_chat_message(c.message.model_dump(mode="python", exclude_none=True))],
@@ -543,7 +406,7 @@ def anthropic_messages_histories(trajectory: Trajectory, model: str | None,
         for sequence, exchange in enumerate(exchanges):
             request = exchange.request
             prompt = [copy.deepcopy(dict(m)) for m in request.get("messages") or []]
-            lineage = _MessagesLineage(_messages_ids(exchange)[0], len(prompt), reconcile)
+            lineage = MessagesLineage(messages_ids(exchange)[0], len(prompt), reconcile)
             sources = tree.prompt_sources(prompt, [AnthropicMessageSource(exchange=exchange, request_index=k)
                                                    for k in range(len(prompt))], None, lineage.cites)
             response = {"role": "assistant", "content": [_dump(b) for b in exchange.response.content]}
