@@ -457,9 +457,9 @@ def test_tokenize_and_tensorize_give_the_record_with_its_flags(tok) -> None:
             await art.tokenize([chained], tokenizer=tok, chat_template="{{ x }}")
         with pytest.raises(art.ConfigError, match="needs a tokenizer"):
             await art.tokenize([chained])
-        # base_model names the tokenizer only: it selects no exchanges (theirs name the served model, "m")
+        # base_model names the tokenizer only: it selects no exchanges, whose served model ("m") names the sequence
         [named] = await art.tokenize([chained], base_model="artrl/tiny")
-        assert named.tokens == t.tokens and named.model == "artrl/tiny"
+        assert named.tokens == t.tokens and named.model == "m"
         with pytest.raises(ValueError, match="found 0"):
             await art.tokenize([chained], tokenizer=tok, model="other")
 

@@ -79,7 +79,7 @@ def test_trajectory_and_group_tokenize_are_art_tokenize_of_one_item(tok) -> None
     one = t.tokenize(tokenizer=tok)
     assert type(one) is TokenizedTrajectory and one.trajectory is t and one.reward == 0.5
     assert one.tokens == whole.tokens == [10, 11, 12, end, 14, 15] and one.flags == whole.flags
-    assert t.tokenize(tokenizer=tok, model="m").model == "m"
+    assert one.model == "m" and t.tokenize(tokenizer=tok, base_model="artrl/tiny").model == "m"  # the served model
     tensors = t.tensorize(tokenizer=tok)
     assert type(tensors) is TensorizedTrajectory and tensors.tokens.tolist() == one.tokens
     assert tensors.flags.tolist() == [int(f) for f in one.flags] and str(tensors.tokens.dtype) == "torch.int64"

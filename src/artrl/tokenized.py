@@ -28,8 +28,9 @@ fallback renders with the tokenizer's own);
 `ASSISTANT` marks sampled turns only, not earlier assistant turns inside a prompt; a
 `TokenizedHistory.history` is a `LegacyHistory` (messages and choices), not ART's
 protocol-native history; the work runs in a worker thread, not a process pool. `model` selects
-exchanges by model name (exact, else a shell pattern) as ART's selector does, and names the
-sequences; `base_model` only names the tokenizer (and the sequences when `model` is not given).
+exchanges by model name (exact, else a shell pattern) as ART's selector does; sequences of
+exchanges are named by the exchanges' model (as ART's), those of legacy data by `model`, else
+`base_model`; `base_model` otherwise only names the tokenizer.
 """
 
 from __future__ import annotations
@@ -192,9 +193,14 @@ def _histories(trajectory: Trajectory, model: str | None, where: str,
 
 def _sequences(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int], model: str, select: str | None,
                where: str, reconcile: bool = False) -> list[TokenizedHistory]:
-    """The sequences of `trajectory`, named `model`; its exchanges of the model `select` only (all for None).
-    `reconcile`: ART's `reconcile_text_equivalent_tokenizations` (module docstring)."""
+    """The sequences of `trajectory`; its exchanges of the model `select` only (all for None). They are named by
+    their exchanges' model when those name one (as ART's), else `model`. `reconcile`: ART's
+    `reconcile_text_equivalent_tokenizations` (module docstring)."""
     out = []
+    if trajectory.exchanges:
+        served = {e.model for _, e in _select(trajectory.exchanges, select).all()}
+        if len(served) == 1 and None not in served:
+            model = served.pop()
     spelling = ((lambda text: encode(tokenizer, text)), end_ids) if reconcile else None
     for history, at in _histories(trajectory, select, where, spelling):
         stats = TokenizeStats()
