@@ -457,9 +457,9 @@ def test_tokenize_and_tensorize_give_the_record_with_its_flags(tok) -> None:
             await art.tokenize([chained], tokenizer=tok, chat_template="{{ x }}")
         with pytest.raises(art.ConfigError, match="needs a tokenizer"):
             await art.tokenize([chained])
-        # base_model names the tokenizer only: it selects no exchanges (theirs name the served model, "m")
+        # base_model names the tokenizer only: it selects no exchanges, whose served model ("m") names the sequence
         [named] = await art.tokenize([chained], base_model="artrl/tiny")
-        assert named.tokens == t.tokens and named.model == "artrl/tiny"
+        assert named.tokens == t.tokens and named.model == "m"
         with pytest.raises(ValueError, match="found 0"):
             await art.tokenize([chained], tokenizer=tok, model="other")
 
@@ -486,6 +486,9 @@ def test_messages_and_for_logging_of_a_captured_trajectory(url: str) -> None:
         r = httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": [q]}).json()
         httpx.post(url + "/v1/chat/completions",
                    json={"model": "m", "messages": [q, r["choices"][0]["message"], {"role": "user", "content": "r"}]})
+    with pytest.raises(ValueError, match="exactly one history; found 2"):  # the payloads' ids do not chain (ART's)
+        t.messages()
+    t.exchanges.chat_completions[1].response.model_extra["prompt_token_ids"] = [*PROMPT, *IDS, 6]  # now they do
     assert t.messages() == [q, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "r"},
                             {"role": "assistant", "content": "hi"}]
     logged = t.for_logging()
@@ -494,10 +497,10 @@ def test_messages_and_for_logging_of_a_captured_trajectory(url: str) -> None:
         httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": [q]})
         httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
         httpx.post(url + "/v1/messages", json={"model": "m"})
-    with pytest.raises(ValueError, match="messages exchanges are not provided"):
+    with pytest.raises(ValueError, match="multiple protocol histories"):  # ART's: one protocol's history
         two.messages()
     two.exchanges.messages.clear()
-    with pytest.raises(ValueError, match="exactly one conversation; its chat completions make 2"):
+    with pytest.raises(ValueError, match="exactly one history; found 2"):
         two.messages()
 
 

@@ -4,6 +4,7 @@ per-protocol accessors, each subclass's fields, `as_chat_completions_history()`,
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import re
@@ -37,9 +38,12 @@ def trajectory(*exchanges: Any) -> art.Trajectory:
     return t
 
 
-def chat(messages: list[dict], texts: list[str], at: int, model: str = "m", **request: Any) -> Any:
+def chat(messages: list[dict], texts: list[str], at: int, model: str = "m", prompt: list[int] | None = None,
+         **request: Any) -> Any:
+    """A chat exchange; its choices carry sampled ids, and `prompt` ids when given (without them, only the
+    messages decide the branches)."""
     choices = [{"index": k, "finish_reason": "stop", "message": {"role": "assistant", "content": text},
-                "prompt_token_ids": [1, 2, 3], "token_ids": [4 + k, 9], "logprobs": None}
+                "prompt_token_ids": prompt, "token_ids": [4 + k, 9], "logprobs": None}
                for k, text in enumerate(texts)]
     return exchange("chat_completions", {"model": model, "messages": messages, **request},
                     {"id": f"c{at}", "object": "chat.completion", "created": 1, "model": model, "choices": choices},
@@ -204,8 +208,6 @@ def test_legacy_mixed_and_refused() -> None:
     with pytest.raises(ValueError, match="multiple protocol histories"):
         mixed.histories()
     assert type(mixed.chat_completions_history()) is ChatCompletionsHistory  # one protocol, asked for by name
-    with pytest.raises(art.ConfigError, match="reconcile_text_equivalent_tokenizations"):
-        mixed.chat_completions_history(reconcile_text_equivalent_tokenizations=True)
 
 
 def test_history_tokenize_is_art_tokenize_of_the_exchanges_it_cites(tok) -> None:
@@ -221,7 +223,7 @@ def test_history_tokenize_is_art_tokenize_of_the_exchanges_it_cites(tok) -> None
     with pytest.raises(art.ConfigError, match="chat_template"):
         t.history().tokenize(tokenizer=tok, chat_template="{{ x }}")
 
-    two = trajectory(chat([USER], ["x", "y"], 0))  # one chat branch: only its choice is tokenized
+    two = trajectory(chat([USER], ["x", "y"], 0, prompt=[1, 2, 3]))  # one chat branch: only its choice is tokenized
     first, second = two.chat_completions_histories()
     assert first.tokenize(tokenizer=tok).tokens == [1, 2, 3, 4, 9]
     assert second.tokenize(tokenizer=tok).tokens == [1, 2, 3, 5, 9]
@@ -265,3 +267,13 @@ def test_arts_history_names_and_accessors_are_all_here() -> None:
         assert callable(getattr(art.Trajectory, name, None)), name
     for name in classes["History"][2]:  # as_chat_completions_history, tokenize, tensorize
         assert callable(getattr(History, name, None)), name
+    for cls, ours in (("LegacyHistory", LegacyHistory), ("Trajectory", art.Trajectory),
+                      ("TrajectoryGroup", art.TrajectoryGroup)):
+        assert {"tokenize", "tensorize"} <= set(classes[cls][2]), cls
+        for name in ("tokenize", "tensorize"):  # keyword for keyword
+            theirs = re.search(rf"class {cls}\(.*?\n    def {name}\(\n        self,\n        \*,\n(.*?)\n    \)",
+                               source, re.S)
+            assert theirs is not None, (cls, name)
+            keywords = re.findall(r"^        (\w+):", theirs.group(1), re.M)
+            assert keywords == [p for p in inspect.signature(getattr(ours, name)).parameters if p != "self"], \
+                (cls, name, keywords)

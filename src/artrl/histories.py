@@ -18,15 +18,23 @@ The branching rule is ART's: exchanges of one model in start order; a request wh
 with a branch's items (same tools and template) extends the longest such branch, replacing it; a
 prompt that is a prefix of a branch (a regeneration) starts a new branch with that branch's sources;
 anything else starts a new branch. Several choices make several branches. Chat messages compare
-without their reasoning (`reasoning`, `reasoning_content`), as ART's default.
+without their reasoning (`reasoning`, `reasoning_content`), as ART's default. Text is not enough
+for Chat Completions and Anthropic Messages (ART's token check,
+history_lineage.py): a request continues a branch only when its prompt ids begin with the last
+sampled turn's prompt + sampled ids (where both are recorded), and, for chat, still hold every
+earlier sampled turn's ids that carried reasoning, and the last turn is not a tool call cut at the
+request's token limit. `reconcile_text_equivalent_tokenizations=True` (ART's opt-in to merging
+text-equal histories whose ids differ) drops the id checks (not the cut tool call), and chat
+messages then compare with their reasoning, as ART's.
 
-What is simpler than ART's (documented in docs/art-compatibility.md): branches are decided by
-items alone, not also by the exact token ids each turn was sampled with, so
-`reconcile_text_equivalent_tokenizations=True` (ART's opt-in to merging text-equal histories
-whose ids differ) is refused; a Responses exchange with several `token_generations` is one
-output, not one branch per generation (sources carry `generation_index=None`).
-`History.tokenize()` / `tensorize()` go through artrl's `art.tokenize` path (tokenized.py): the
-exchanges a history cites are trained on their token record.
+What is simpler than ART's (documented in docs/art-compatibility.md): Responses and Completions
+string views branch by items alone, without the token check; a Responses exchange with several
+`token_generations` is one output, not one branch per generation (sources carry
+`generation_index=None`). `History.tokenize()` / `tensorize()` go through artrl's `art.tokenize`
+path (tokenized.py): the exchanges a history cites are trained on their token record, an earlier
+sampled turn that a later prompt spelled again from its text kept as sampled (ART's repair,
+`wire_records.reconciled_prompt`), so a history is one sequence. `Trajectory.messages()` is the
+one history's Chat Completions messages, whatever protocol it was captured in (ART's).
 """
 
 from __future__ import annotations
@@ -42,9 +50,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union
 
 import pydantic
 
-from .errors import ConfigError
 from .exchanges import (ChatCompletionsExchange, CompletionsExchange, MessagesExchange, ResponsesExchange,
                         TrajectoryExchanges)
+from .history_lineage import ChatLineage, MessagesLineage, chat_ids, messages_ids
 from .trajectories import History, LegacyHistory, Trajectory, register_protocol_histories
 from .types import Messages, Tools
 from .wire_records import _extra, _token_id
@@ -175,13 +183,6 @@ _I = TypeVar("_I")
 _S = TypeVar("_S")
 
 
-def _check_reconcile(reconcile: bool) -> None:
-    if reconcile:
-        raise ConfigError("reconcile_text_equivalent_tokenizations=True is not supported: artrl's histories "
-                          "branch by items (messages, input items, prompts) alone and train each sampled turn on "
-                          "the server's token record. Leave it False.")
-
-
 def _require_unmixed(trajectory: Trajectory) -> None:
     if trajectory.exchanges and (trajectory.messages_and_choices or trajectory.tools is not None
                                  or trajectory.additional_histories):
@@ -235,10 +236,13 @@ class _Branches(Generic[_I, _S]):
     key: Callable[[_I], str]
     branches: list[_Branch[_I, _S]] = field(default_factory=list)
 
-    def prompt_sources(self, prompt: Sequence[_I], defaults: list[_S | None], context: Any) -> list[_S | None]:
-        """The sources of a prompt: those of the longest branch it continues, the rest `defaults`."""
+    def prompt_sources(self, prompt: Sequence[_I], defaults: list[_S | None], context: Any,
+                       continues: Callable[[_Branch[_I, _S]], bool] | None = None) -> list[_S | None]:
+        """The sources of a prompt: those of the longest branch it continues (and `continues` accepts), the rest
+        `defaults`."""
         keys = [self.key(i) for i in prompt]
-        parents = [b for b in self.branches if len(b.keys) < len(keys) and b.keys == keys[:len(b.keys)]]
+        parents = [b for b in self.branches if len(b.keys) < len(keys) and b.keys == keys[:len(b.keys)]
+                   and (continues is None or continues(b))]
         if not parents:
             return defaults
         parent = min(parents, key=lambda b: (-len(b.keys), b.order))
@@ -246,9 +250,13 @@ class _Branches(Generic[_I, _S]):
 
     def extend(self, prompt: Sequence[_I], prompt_sources: Sequence[_S | None],
                outputs: Sequence[tuple[int, Sequence[_I], Sequence[_S | None]]], context: Any, sequence: int,
-               start_time: datetime, context_source: Any = None) -> None:
+               start_time: datetime, context_source: Any = None,
+               continues: Callable[[_Branch[_I, _S]], bool] | None = None) -> None:
+        """File one exchange: its prompt extends (or regenerates) a branch of the same context that `continues`
+        accepts (the token check: ART's, below), else starts a new one; one new branch per output."""
         keys = [self.key(i) for i in prompt]
-        same = [(k, b) for k, b in enumerate(self.branches) if b.context == context]
+        same = [(k, b) for k, b in enumerate(self.branches)
+                if b.context == context and (continues is None or continues(b))]
         extends = [(k, b) for k, b in same if b.keys == keys[:len(b.keys)] and len(b.keys) <= len(keys)]
         parent: _Branch[_I, _S] | None = None
         if extends:
@@ -313,6 +321,12 @@ def _chat_key(message: Mapping[str, Any]) -> str:
     return _json_key(data)
 
 
+def _chat_key_with_reasoning(message: Mapping[str, Any]) -> str:
+    """A message's key when text-equivalent histories merge (ART's reconciling views compare reasoning too: a
+    request that dropped an earlier turn's reasoning starts a new branch)."""
+    return _json_key(normalize_chat_message(message))
+
+
 def _ordered_choices(choices: Sequence[Any], protocol: str) -> list[Any]:
     if not choices:
         raise ValueError(f"{protocol} response contains no choices")
@@ -335,26 +349,28 @@ def _legacy(trajectory: Trajectory) -> list[LegacyHistory]:
 
 def chat_completions_histories(trajectory: Trajectory, model: str | None,
                                reconcile: bool = False) -> list[ChatCompletionsHistory]:
-    _check_reconcile(reconcile)
     _require_unmixed(trajectory)
     if not trajectory.exchanges:
         return [legacy_as_chat_completions_history(h, model=model) for h in _legacy(trajectory)]
     histories = []
     for name, exchanges in _selected_models(trajectory.exchanges.chat_completions, model, "Chat Completions"):
-        tree: _Branches[dict[str, Any], ChatCompletionsMessageSource] = _Branches(key=_chat_key)
+        tree: _Branches[dict[str, Any], ChatCompletionsMessageSource] = _Branches(
+            key=_chat_key_with_reasoning if reconcile else _chat_key)
         for sequence, exchange in enumerate(exchanges):
             request = exchange.request
             context = (_json_key(request.get("tools")), request.get("chat_template"),
                        _json_key(request.get("chat_template_kwargs")))
             prompt = [normalize_chat_message(m) for m in request.get("messages") or []]
+            choices = _ordered_choices(exchange.response.choices, "Chat Completions")
+            lineage = ChatLineage(chat_ids(exchange, choices[0].index)[0], len(prompt), reconcile)
             sources = tree.prompt_sources(prompt, [ChatCompletionsMessageSource(exchange=exchange, request_index=k)
-                                                   for k in range(len(prompt))], context)
+                                                   for k in range(len(prompt))], context, lineage.cites)
             outputs = [(c.index, [normalize_chat_message(c.message.model_dump(mode="python", exclude_none=True))],
                         [ChatCompletionsMessageSource(exchange=exchange, choice_index=c.index)])
-                       for c in _ordered_choices(exchange.response.choices, "Chat Completions")]
+                       for c in choices]
             tree.extend(prompt, sources, outputs, context, sequence, exchange.start_time,
                         context_source=(request.get("tools"), request.get("chat_template"),
-                                        request.get("chat_template_kwargs")))
+                                        request.get("chat_template_kwargs")), continues=lineage.continues)
         for b in tree.ordered():
             tools, template, kwargs = b.context_source
             histories.append(ChatCompletionsHistory(model=name, messages=copy.deepcopy(b.items),
@@ -383,7 +399,6 @@ def _anthropic_key(message: Mapping[str, Any]) -> str:
 
 def anthropic_messages_histories(trajectory: Trajectory, model: str | None,
                                  reconcile: bool = False) -> list[AnthropicMessagesHistory]:
-    _check_reconcile(reconcile)
     _require_unmixed(trajectory)
     histories = []
     for name, exchanges in _selected_models(trajectory.exchanges.messages, model, "Anthropic Messages"):
@@ -391,13 +406,14 @@ def anthropic_messages_histories(trajectory: Trajectory, model: str | None,
         for sequence, exchange in enumerate(exchanges):
             request = exchange.request
             prompt = [copy.deepcopy(dict(m)) for m in request.get("messages") or []]
+            lineage = MessagesLineage(messages_ids(exchange)[0], len(prompt), reconcile)
             sources = tree.prompt_sources(prompt, [AnthropicMessageSource(exchange=exchange, request_index=k)
-                                                   for k in range(len(prompt))], None)
+                                                   for k in range(len(prompt))], None, lineage.cites)
             response = {"role": "assistant", "content": [_dump(b) for b in exchange.response.content]}
             context = (_json_key(request.get("system")), _json_key(request.get("tools")),
                        request.get("chat_template"), _json_key(request.get("chat_template_kwargs")))
             tree.extend(prompt, sources, [(0, [response], [AnthropicMessageSource(exchange=exchange)])], context,
-                        sequence, exchange.start_time, context_source=exchange)
+                        sequence, exchange.start_time, context_source=exchange, continues=lineage.continues)
         for b in tree.ordered():
             source = b.context_source
             request = source.request
@@ -431,7 +447,6 @@ def _responses_input(value: Any) -> list[dict[str, Any]]:
 
 def responses_histories(trajectory: Trajectory, model: str | None,
                         reconcile: bool = False) -> list[ResponsesHistory]:
-    _check_reconcile(reconcile)
     _require_unmixed(trajectory)
     histories = []
     for name, exchanges in _selected_models(trajectory.exchanges.responses, model, "Responses"):
@@ -574,7 +589,6 @@ def completions_token_history(trajectory: Trajectory, model: str | None) -> Comp
 
 def completions_string_histories(trajectory: Trajectory, model: str | None,
                                  reconcile: bool = False) -> list[CompletionsStringHistory]:
-    _check_reconcile(reconcile)
     _require_unmixed(trajectory)
     histories = []
     for name, exchanges in _selected_models(trajectory.exchanges.completions, model, "Completions"):
@@ -616,7 +630,6 @@ def trajectory_histories(trajectory: Trajectory, model: str | None,
                          reconcile: bool = False) -> list[Any]:
     """ART's `Trajectory.histories()`: the legacy histories, or the histories of the one protocol whose exchanges
     `model` selects (a ValueError when it selects several protocols)."""
-    _check_reconcile(reconcile)
     _require_unmixed(trajectory)
     if not trajectory.exchanges:
         return _legacy(trajectory)
@@ -629,18 +642,18 @@ def trajectory_histories(trajectory: Trajectory, model: str | None,
     ex = trajectory.exchanges
     candidates: list[Any] = []
     if chosen(ex.chat_completions):
-        candidates += chat_completions_histories(trajectory, model)
+        candidates += chat_completions_histories(trajectory, model, reconcile)
     if chosen(ex.completions):
         try:
             candidates += completions_token_histories(trajectory, model)
         except ValueError as error:
             if "requires exact token IDs" not in str(error):
                 raise
-            candidates += completions_string_histories(trajectory, model)
+            candidates += completions_string_histories(trajectory, model, reconcile)
     if chosen(ex.responses):
-        candidates += responses_histories(trajectory, model)
+        candidates += responses_histories(trajectory, model, reconcile)
     if chosen(ex.messages):
-        candidates += anthropic_messages_histories(trajectory, model)
+        candidates += anthropic_messages_histories(trajectory, model, reconcile)
     if not candidates:
         suffix = f" for model {model!r}" if model is not None else ""
         raise ValueError(f"Trajectory contains no exchanges{suffix}")
@@ -873,7 +886,7 @@ def tokenize_history(history: History, *, base_model: str | None, tokenizer: Any
     from .chat_format import end_of_turn_ids
     from .tokenized import _check_unsupported, _resolve_tokenizer, _sequences
 
-    _check_unsupported(chat_template, chat_template_kwargs, False)
+    _check_unsupported(chat_template, chat_template_kwargs)
     tok = _resolve_tokenizer(tokenizer, base_model, history.model)
     exchanges = _cited_exchanges(history)
     if exchanges:
@@ -884,12 +897,45 @@ def tokenize_history(history: History, *, base_model: str | None, tokenizer: Any
         raise ValueError(f"{type(history).__name__} cites no exchanges; there is nothing to tokenize")
     trajectory.validate_fields()
     where = f"{type(history).__name__}(model={history.model!r})"
-    seqs = _sequences(trajectory, tok, end_of_turn_ids(tok), history.model or base_model or "", None, where)
+    # a history's turns are one sequence: an earlier sampled turn the server spelled again from its text is kept
+    # as sampled (reconciled), as ART tokenizes the text-equivalent histories its reconciling views give
+    seqs = _sequences(trajectory, tok, end_of_turn_ids(tok), history.model or base_model or "", None, where,
+                      reconcile=True)
     return _one(seqs, "History tokenization")
 
 
 def tensorize_history(history: History, *, device: Any = None, **kwargs: Any) -> TensorizedHistory:
     return tokenize_history(history, **kwargs).tensorize(device=device)
+
+
+def tokenize_legacy_history(history: LegacyHistory, *, model: str, base_model: str | None, tokenizer: Any,
+                            chat_template: str | None,
+                            chat_template_kwargs: Mapping[str, object] | None) -> TokenizedHistory:
+    """`LegacyHistory.tokenize()`: its one token sequence, named `model`, as `art.tokenize` makes it."""
+    from .chat_format import end_of_turn_ids
+    from .tokenized import _check_unsupported, _resolve_tokenizer, _sequences
+
+    _check_unsupported(chat_template, chat_template_kwargs)
+    tok = _resolve_tokenizer(tokenizer, base_model, model)
+    trajectory = Trajectory(messages_and_choices=copy.deepcopy(history.messages_and_choices),
+                            tools=copy.deepcopy(history.tools))
+    trajectory.validate_fields()
+    seqs = _sequences(trajectory, tok, end_of_turn_ids(tok), model, None, "LegacyHistory")
+    one = _one(seqs, "History tokenization")
+    one.history = history  # the conversation asked about, as ART's `TokenizedHistory.history`
+    return one
+
+
+def tokenize_item(item: Any, **kwargs: Any) -> Any:
+    """`Trajectory.tokenize()` / `TrajectoryGroup.tokenize()`: `art.tokenize` of the one item (tokenized.py)."""
+    from .tokenized import tokenize_item as tokenize
+
+    return tokenize(item, **kwargs)
+
+
+def trajectory_messages(trajectory: Trajectory) -> Messages:
+    """`Trajectory.messages()` of captured exchanges (ART's): the one history's Chat Completions messages."""
+    return trajectory_history(trajectory, None).as_chat_completions_history().messages
 
 
 register_protocol_histories(sys.modules[__name__])  # Trajectory's history accessors and art.trajectories' names

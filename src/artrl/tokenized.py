@@ -16,14 +16,21 @@ otherwise, as ART's); `multi_history=True` gives a `TokenizedMultiHistoryTraject
 them. Groups give `TokenizedTrajectoryGroup`s. `tensorize` is the same as torch tensors (int64
 tokens, float32 logprobs, int32 flags) on `device`.
 
-Differences from ART, each refused or documented, never ignored: `chat_template`,
-`chat_template_kwargs` and `reconcile_text_equivalent_tokenizations=True` are refused with a
-ConfigError (the record needs no template; the fallback renders with the tokenizer's own);
+`reconcile_text_equivalent_tokenizations=True` (ART's opt-in): a turn whose prompt spelled an
+earlier sampled turn again from its text, with other ids than it sampled, continues that turn's
+sequence with the turn kept as sampled (wire_records.reconciled_prompt, ART's repair), instead of
+starting a new sequence; the context added so is not `EXACT` (the server sent another spelling).
+`Trajectory.tokenize()` / `TrajectoryGroup.tokenize()` (and `tensorize()`) are this of one item.
+
+Differences from ART, each refused or documented, never ignored: `chat_template` and
+`chat_template_kwargs` are refused with a ConfigError (the record needs no template; the
+fallback renders with the tokenizer's own);
 `ASSISTANT` marks sampled turns only, not earlier assistant turns inside a prompt; a
 `TokenizedHistory.history` is a `LegacyHistory` (messages and choices), not ART's
 protocol-native history; the work runs in a worker thread, not a process pool. `model` selects
-exchanges by model name (exact, else a shell pattern) as ART's selector does, and names the
-sequences; `base_model` only names the tokenizer (and the sequences when `model` is not given).
+exchanges by model name (exact, else a shell pattern) as ART's selector does; sequences of
+exchanges are named by the exchanges' model (as ART's), those of legacy data by `model`, else
+`base_model`; `base_model` otherwise only names the tokenizer.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from dataclasses import dataclass
 from enum import IntFlag
 from typing import TYPE_CHECKING, Any
 
-from .chat_format import end_of_turn_ids
+from .chat_format import encode, end_of_turn_ids
 from .errors import ConfigError
 from .exchanges import TrajectoryExchanges
 from .preprocess.tokenize import TokenizeStats, tokenize_history
@@ -176,28 +183,37 @@ def _select(exchanges: TrajectoryExchanges, model: str | None) -> TrajectoryExch
                                   for name in ("chat_completions", "completions", "responses", "messages")})
 
 
-def _histories(trajectory: Trajectory, model: str | None, where: str) -> list[tuple[LegacyHistory | Trajectory, str]]:
+def _histories(trajectory: Trajectory, model: str | None, where: str,
+               reconcile: tuple[Any, frozenset[int]] | None) -> list[tuple[LegacyHistory | Trajectory, str]]:
     if trajectory.exchanges:
-        return record_histories(_select(trajectory.exchanges, model), where)
+        return record_histories(_select(trajectory.exchanges, model), where, reconcile)
     return [(trajectory, where), *((h, f"{where}, additional_histories[{k}]")
                                    for k, h in enumerate(trajectory.additional_histories))]
 
 
 def _sequences(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int], model: str, select: str | None,
-               where: str) -> list[TokenizedHistory]:
-    """The sequences of `trajectory`, named `model`; its exchanges of the model `select` only (all for None)."""
+               where: str, reconcile: bool = False) -> list[TokenizedHistory]:
+    """The sequences of `trajectory`; its exchanges of the model `select` only (all for None). They are named by
+    their exchanges' model when those name one (as ART's), else `model`. `reconcile`: ART's
+    `reconcile_text_equivalent_tokenizations` (module docstring)."""
     out = []
-    for history, at in _histories(trajectory, select, where):
+    if trajectory.exchanges:
+        served = {e.model for _, e in _select(trajectory.exchanges, select).all()}
+        if len(served) == 1 and None not in served:
+            model = served.pop()
+    spelling = ((lambda text: encode(tokenizer, text)), end_ids) if reconcile else None
+    for history, at in _histories(trajectory, select, where, spelling):
         stats = TokenizeStats()
         seqs = tokenize_history(history.messages_and_choices, history.tools, tokenizer, end_ids=end_ids, where=at,
-                                stats=stats)
+                                stats=stats, reconcile=reconcile)
         conversation = history if isinstance(history, LegacyHistory) else LegacyHistory(
             messages_and_choices=history.messages_and_choices, tools=history.tools)
         for k, seq in enumerate(seqs):
             rendered = stats.rendered_turns > 0 and k == len(seqs) - 1  # the rendered sequence comes last
+            respelled = {i for a, b in seq.reconciled for i in range(a, b)}
             flags, logprobs = [], []
-            for token, trainable, lp in zip(seq.token_ids, seq.trainable_mask, seq.logprobs):
-                flag = TokenFlag(0) if rendered else TokenFlag.EXACT
+            for i, (token, trainable, lp) in enumerate(zip(seq.token_ids, seq.trainable_mask, seq.logprobs)):
+                flag = TokenFlag(0) if rendered or i in respelled else TokenFlag.EXACT
                 if trainable:
                     flag |= TokenFlag.ASSISTANT | TokenFlag.OUTPUT | (TokenFlag(0) if rendered else TokenFlag.SAMPLED)
                     if token in end_ids:
@@ -210,11 +226,11 @@ def _sequences(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int], 
 
 
 def _tokenize_one(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int], model: str, select: str | None,
-                  multi_history: bool, where: str) -> Any:
+                  multi_history: bool, where: str, reconcile: bool = False) -> Any:
     if not isinstance(trajectory, Trajectory):
         raise TypeError(f"{where} has type {type(trajectory).__name__}; expected a Trajectory.")
     trajectory.validate_fields()
-    seqs = _sequences(trajectory, tokenizer, end_ids, model, select, where)
+    seqs = _sequences(trajectory, tokenizer, end_ids, model, select, where, reconcile)
     if multi_history:
         return TokenizedMultiHistoryTrajectory(trajectory=trajectory, histories=seqs)
     if len(seqs) != 1:
@@ -237,31 +253,54 @@ def _resolve_tokenizer(tokenizer: Any, base_model: str | None, model: str | None
     return load_tokenizer(name)
 
 
-def _check_unsupported(chat_template: str | None, chat_template_kwargs: Mapping[str, object] | None,
-                       reconcile: bool) -> None:
+def _check_unsupported(chat_template: str | None, chat_template_kwargs: Mapping[str, object] | None) -> None:
     for name, value, bad in (("chat_template", chat_template, chat_template is not None),
-                             ("chat_template_kwargs", chat_template_kwargs, chat_template_kwargs is not None),
-                             ("reconcile_text_equivalent_tokenizations", reconcile, bool(reconcile))):
+                             ("chat_template_kwargs", chat_template_kwargs, chat_template_kwargs is not None)):
         if bad:
             raise ConfigError(f"art.tokenize({name}={value!r:.80}) is not supported: artrl trains each sampled turn "
                               "on the server's token record and renders data without one with the tokenizer's own "
                               f"chat template. Leave {name} unset.")
 
 
+def _prepare(model: str | None, base_model: str | None, tokenizer: Any, chat_template: str | None,
+             chat_template_kwargs: Mapping[str, object] | None) -> tuple[Any, frozenset[int], str]:
+    """The tokenizer, its end-of-turn ids, and the name of the sequences (`model`, else `base_model`)."""
+    _check_unsupported(chat_template, chat_template_kwargs)
+    tok = _resolve_tokenizer(tokenizer, base_model, model)
+    return tok, end_of_turn_ids(tok), model or base_model or ""  # only `model` selects exchanges
+
+
+def _tokenize_value(value: Any, tok: Any, end_ids: frozenset[int], label: str, model: str | None,
+                    multi_history: bool, where: str, reconcile: bool) -> Any:
+    if isinstance(value, TrajectoryGroup):
+        return TokenizedTrajectoryGroup(trajectory_group=value, trajectories=[
+            _tokenize_one(t, tok, end_ids, label, model, multi_history, f"{where}.trajectories[{ti}]", reconcile)
+            for ti, t in enumerate(value.trajectories)])
+    return _tokenize_one(value, tok, end_ids, label, model, multi_history, where, reconcile)
+
+
+def tokenize_item(item: Trajectory | TrajectoryGroup, *, multi_history: bool = False, reconcile: bool = False,
+                  model: str | None = None, base_model: str | None = None, tokenizer: Any = None,
+                  chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None,
+                  where: str | None = None) -> Any:
+    """One trajectory or group, tokenized as `art.tokenize` does it (`Trajectory.tokenize()`,
+    `TrajectoryGroup.tokenize()`)."""
+    tok, end_ids, label = _prepare(model, base_model, tokenizer, chat_template, chat_template_kwargs)
+    name = where or ("group" if isinstance(item, TrajectoryGroup) else "trajectory")
+    return _tokenize_value(item, tok, end_ids, label, model, multi_history, name, reconcile)
+
+
 def _run(items: Iterable[Any], multi_history: bool, reconcile: bool, model: str | None, base_model: str | None,
          tokenizer: Any, chat_template: str | None, chat_template_kwargs: Mapping[str, object] | None) -> list[Any]:
-    _check_unsupported(chat_template, chat_template_kwargs, reconcile)
+    tok, end_ids, label = _prepare(model, base_model, tokenizer, chat_template, chat_template_kwargs)
     values = list(items)
-    tok = _resolve_tokenizer(tokenizer, base_model, model)
-    end_ids = end_of_turn_ids(tok)
-    label = model or base_model or ""  # names the sequences; only `model` selects exchanges
     if all(isinstance(v, TrajectoryGroup) for v in values):
-        return [TokenizedTrajectoryGroup(trajectory_group=g, trajectories=[
-            _tokenize_one(t, tok, end_ids, label, model, multi_history, f"groups[{gi}].trajectories[{ti}]")
-            for ti, t in enumerate(g.trajectories)]) for gi, g in enumerate(values)]
+        return [_tokenize_value(g, tok, end_ids, label, model, multi_history, f"groups[{gi}]", reconcile)
+                for gi, g in enumerate(values)]
     if any(isinstance(v, TrajectoryGroup) for v in values):
         raise TypeError("art.tokenize takes trajectories or trajectory groups, not a mix of both.")
-    return [_tokenize_one(t, tok, end_ids, label, model, multi_history, f"items[{i}]") for i, t in enumerate(values)]
+    return [_tokenize_value(t, tok, end_ids, label, model, multi_history, f"items[{i}]", reconcile)
+            for i, t in enumerate(values)]
 
 
 async def tokenize(items: Iterable[Trajectory] | Iterable[TrajectoryGroup], *, multi_history: bool = False,

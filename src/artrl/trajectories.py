@@ -176,6 +176,21 @@ class LegacyHistory(pydantic.BaseModel):
         """This conversation as a `ChatCompletionsHistory` of `model` (its messages, no sources)."""
         return _protocol_histories().legacy_as_chat_completions_history(self, model=model)
 
+    def tokenize(self, *, model: str, base_model: str | None = None, tokenizer: Any = None,
+                 chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
+        """This conversation's one token sequence (a `TokenizedHistory` named `model`), as `art.tokenize` makes it:
+        sampled turns on their token record, turns without one rendered (tokenized.py)."""
+        return _protocol_histories().tokenize_legacy_history(self, model=model, base_model=base_model,
+                                                             tokenizer=tokenizer, chat_template=chat_template,
+                                                             chat_template_kwargs=chat_template_kwargs)
+
+    def tensorize(self, *, model: str, base_model: str | None = None, tokenizer: Any = None,
+                  chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None,
+                  device: Any = None) -> Any:
+        """`tokenize()`, as torch tensors on `device` (a `TensorizedHistory`)."""
+        return self.tokenize(model=model, base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
+                             chat_template_kwargs=chat_template_kwargs).tensorize(device=device)
+
 
 _warned_legacy_history = False
 
@@ -399,7 +414,7 @@ class Trajectory(pydantic.BaseModel):
         return f"Trajectory(reward={self.reward}, metrics={self.metrics}, metadata={self.metadata})"
 
     # ART 0.5.23's protocol-native histories (histories.py). `model` selects exchanges by model name (exact, else
-    # a shell pattern); reconcile_text_equivalent_tokenizations=True is refused (histories.py says why).
+    # a shell pattern); reconcile_text_equivalent_tokenizations=True merges text-equal turns (histories.py).
     def chat_completions_history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
         return _protocol_histories().chat_completions_history(self, model, reconcile_text_equivalent_tokenizations)
 
@@ -436,10 +451,33 @@ class Trajectory(pydantic.BaseModel):
     def histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
         return _protocol_histories().trajectory_histories(self, model, reconcile_text_equivalent_tokenizations)
 
+    def tokenize(self, *, multi_history: bool = False, reconcile_text_equivalent_tokenizations: bool = False,
+                 model: str | None = None, base_model: str | None = None, tokenizer: Any = None,
+                 chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
+        """This trajectory as training sees it: `art.tokenize([self], ...)[0]` (tokenized.py), a
+        `TokenizedTrajectory`, or with `multi_history=True` a `TokenizedMultiHistoryTrajectory`."""
+        return _protocol_histories().tokenize_item(
+            self, multi_history=multi_history, reconcile=reconcile_text_equivalent_tokenizations, model=model,
+            base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs)
+
+    def tensorize(self, *, multi_history: bool = False, reconcile_text_equivalent_tokenizations: bool = False,
+                  model: str | None = None, base_model: str | None = None, tokenizer: Any = None,
+                  chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None,
+                  device: Any = None) -> Any:
+        """`tokenize()`, as torch tensors on `device` (a `TensorizedTrajectory` or
+        `TensorizedMultiHistoryTrajectory`)."""
+        return self.tokenize(multi_history=multi_history,
+                             reconcile_text_equivalent_tokenizations=reconcile_text_equivalent_tokenizations,
+                             model=model, base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
+                             chat_template_kwargs=chat_template_kwargs).tensorize(device=device)
+
     def messages(self) -> Messages:
-        """The chat messages of the conversation (for captured exchanges: of their one chat conversation)."""
+        """The chat messages of the conversation. For captured exchanges (ART's rule): the one history
+        `history()` gives, as Chat Completions messages, so Responses and Anthropic Messages exchanges convert
+        too; a ValueError for several protocols, models or branches, and for Completions (no chat messages)."""
         if self.exchanges:
-            return get_messages(one_chat_conversation(self.exchanges).messages_and_choices)
+            return _protocol_histories().trajectory_messages(self)
         return get_messages(self.messages_and_choices)
 
     def for_logging(self) -> dict[str, Any]:
@@ -580,6 +618,25 @@ class TrajectoryGroup(pydantic.BaseModel):
 
     def log(self, message: str) -> None:
         self.logs.append(message)
+
+    def tokenize(self, *, multi_history: bool = False, reconcile_text_equivalent_tokenizations: bool = False,
+                 model: str | None = None, base_model: str | None = None, tokenizer: Any = None,
+                 chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
+        """The group as training sees it: `art.tokenize([self], ...)[0]`, a `TokenizedTrajectoryGroup`."""
+        return _protocol_histories().tokenize_item(
+            self, multi_history=multi_history, reconcile=reconcile_text_equivalent_tokenizations, model=model,
+            base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs)
+
+    def tensorize(self, *, multi_history: bool = False, reconcile_text_equivalent_tokenizations: bool = False,
+                  model: str | None = None, base_model: str | None = None, tokenizer: Any = None,
+                  chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None,
+                  device: Any = None) -> Any:
+        """`tokenize()`, as torch tensors on `device` (a `TensorizedTrajectoryGroup`)."""
+        return self.tokenize(multi_history=multi_history,
+                             reconcile_text_equivalent_tokenizations=reconcile_text_equivalent_tokenizations,
+                             model=model, base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
+                             chat_template_kwargs=chat_template_kwargs).tensorize(device=device)
 
     def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
         return iter(self.trajectories)

@@ -22,12 +22,16 @@ sampled ids begin its prompt), and a turn of theirs without a complete record is
 `TrajectoryError` naming the exchange (there is no text to render it from that would be right).
 A chat response with several choices gives several turns; each branches from the same messages.
 Logprobs that are missing, or not all numbers, leave the turn without logprobs (trained as
-on-policy and counted, as for any such choice).
+on-policy and counted, as for any such choice). With ART's opt-in `reconcile_text_equivalent_tokenizations`
+(art.tokenize only), a turn also extends a conversation whose earlier sampled turns its prompt spells
+from their text with other ids (`reconciled_prompt`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from openai.types.chat.chat_completion import Choice
@@ -188,6 +192,55 @@ def exchange_turns(endpoint: Endpoint, exchange: Exchange, where: str = "exchang
     raise TrajectoryError(f"{where} has type {type(exchange).__name__}; expected an exchange of {endpoint}.")
 
 
+# --------------------------------------------------------------------------- text-equivalent prompts (opt-in)
+
+
+@dataclass
+class SampledSpan:
+    """A sampled turn inside a token sequence: where its ids start, the ids, and the text they spell (None when
+    the turn is more than text: tool calls, reasoning)."""
+
+    start: int
+    ids: list[int]
+    text: str | None
+
+
+def sampled_text(choice: Choice) -> str | None:
+    """The text a sampled turn's ids spell, when that is all the turn is (no tool calls, no reasoning)."""
+    message = choice.message
+    extra = message.model_extra or {}
+    if message.tool_calls or extra.get("reasoning") or extra.get("reasoning_content"):
+        return None
+    return message.content if isinstance(message.content, str) else None
+
+
+def reconciled_prompt(prompt: Sequence[int], sequence: Sequence[int], sampled: Sequence[SampledSpan],
+                      encode: Callable[[str], list[int]], end_ids: Collection[int]) -> list[int] | None:
+    """`prompt` with each earlier sampled turn spelled with its sampled ids, where the server re-tokenized that
+    turn's text when it built `prompt`; None unless the result then begins with `sequence` (ART 0.5.23's
+    `reconcile_text_equivalent_tokenizations`).
+
+    The server renders a later request's messages as text and tokenizes it, so a turn whose sampled ids are not
+    the tokenizer's own spelling of its text (" Paris" sampled as " Par" "is") comes back spelled differently.
+    Only that is repaired: the prompt must hold, at the turn's place, exactly the tokenizer's ids of its text
+    (then the turn's final end-of-turn id, when it sampled one), and agree with `sequence` everywhere else.
+    """
+    repaired = list(prompt)
+    for span in sampled:
+        core = span.ids[:-1] if span.ids and span.ids[-1] in end_ids else span.ids
+        if span.text is None:
+            return None
+        spelled = encode(span.text)
+        if spelled == core:
+            continue
+        written = [*spelled, *span.ids[len(core):]]
+        start = span.start
+        if repaired[:start] != list(sequence[:start]) or repaired[start:start + len(written)] != written:
+            return None
+        repaired[start:start + len(written)] = span.ids
+    return repaired if repaired[:len(sequence)] == list(sequence) else None
+
+
 # --------------------------------------------------------------------------- a trajectory's exchanges -> histories
 
 
@@ -197,9 +250,13 @@ def _has_record(choice: Choice) -> bool:
         isinstance(extra.get("token_ids"), list) and bool(extra["token_ids"])
 
 
-def record_histories(exchanges: TrajectoryExchanges, where: str = "trajectory") -> list[tuple[LegacyHistory, str]]:
+def record_histories(exchanges: TrajectoryExchanges, where: str = "trajectory",
+                     reconcile: tuple[Callable[[str], list[int]], Collection[int]] | None = None
+                     ) -> list[tuple[LegacyHistory, str]]:
     """The conversations of a trajectory's exchanges, each with a name for messages: chat completions filed by
-    their messages, the other protocols by their tokens (module docstring)."""
+    their messages, the other protocols by their tokens (module docstring). `reconcile` (the tokenizer's encode
+    and end-of-turn ids): a turn whose prompt continues a conversation once earlier sampled turns are spelled
+    with their sampled ids (`reconciled_prompt`) is filed into it."""
     out: list[tuple[LegacyHistory, str]] = []
     chat_main = LegacyHistory(messages_and_choices=[])
     chat_others: list[LegacyHistory] = []
@@ -212,7 +269,8 @@ def record_histories(exchanges: TrajectoryExchanges, where: str = "trajectory") 
     for n, h in enumerate([chat_main, *chat_others] if chat_main.messages_and_choices else chat_others):
         out.append((h, f"{where}, exchanges.chat_completions (conversation {n})"))
     for endpoint in ("completions", "responses", "messages"):
-        chains: list[tuple[LegacyHistory, list[int]]] = []  # (conversation, its last prompt + sampled ids)
+        # (conversation, its last prompt + sampled ids, its sampled turns in those ids)
+        chains: list[tuple[LegacyHistory, list[int], list[SampledSpan]]] = []
         for k, exchange in enumerate(getattr(exchanges, endpoint)):
             at = f"{where}: exchanges.{endpoint}[{k}]"
             for choice in exchange_turns(endpoint, exchange, at):
@@ -223,10 +281,16 @@ def record_histories(exchanges: TrajectoryExchanges, where: str = "trajectory") 
                         "vLLM with return_token_ids) so every response carries it.")
                 prompt, ids = choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"]
                 chain = next((c for c in chains if prompt[:len(c[1])] == c[1]), None)
+                if chain is None and reconcile is not None:
+                    for c in chains:
+                        if (repaired := reconciled_prompt(prompt, c[1], c[2], *reconcile)) is not None:
+                            chain, prompt = c, repaired
+                            break
                 if chain is None:
-                    chain = (LegacyHistory(messages_and_choices=[]), [])
+                    chain = (LegacyHistory(messages_and_choices=[]), [], [])
                     chains.append(chain)
                 chain[0].messages_and_choices.append(choice)
+                chain[2].append(SampledSpan(len(prompt), list(ids), sampled_text(choice)))
                 chain[1][:] = [*prompt, *ids]
-        out += [(h, f"{where}, exchanges.{endpoint} (conversation {n})") for n, (h, _) in enumerate(chains)]
+        out += [(h, f"{where}, exchanges.{endpoint} (conversation {n})") for n, (h, _, _) in enumerate(chains)]
     return out

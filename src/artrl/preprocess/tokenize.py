@@ -78,7 +78,7 @@ from ..errors import TrajectoryError
 from ..images import ProcessedImage
 from .media import ConversationImages, same_images
 from ..trajectories import LegacyHistory, Trajectory, TrajectoryGroup, revalidate
-from ..wire_records import record_histories
+from ..wire_records import SampledSpan, reconciled_prompt, record_histories, sampled_text
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,9 @@ class TokenizedSequence:
     images: list[tuple[int, ProcessedImage]] = field(default_factory=list)
     # [3, len] (time, height, width) position ids of a sequence with images (models/vision.py); None: 0..len-1
     rope_positions: Any = None
+    # [start, end) of context tokens that continue the sequence only once earlier sampled turns were spelled with
+    # their sampled ids (`reconcile`, wire_records.reconciled_prompt): not the server's prompt as it was sent
+    reconciled: list[tuple[int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -252,6 +255,7 @@ def tokenize_history(
     where: str = "trajectory",
     stats: TokenizeStats | None = None,
     vision: Any = None,
+    reconcile: bool = False,
 ) -> list[TokenizedSequence]:
     """Tokenize one conversation into the sequences its trainable turns are trained on (module docstring).
 
@@ -262,12 +266,18 @@ def tokenize_history(
         end_ids: ids that end a turn (`chat_format.end_of_turn_ids` of the model; default: the tokenizer's).
         where: a name for error messages, e.g. "group 2, trajectory 5".
         vision: a vision-language model's `models.vision.VisionInputs` (None: the model reads text only).
+        reconcile: ART's `reconcile_text_equivalent_tokenizations` (art.tokenize only; training never sets it): a
+            turn whose prompt spells an earlier sampled turn of the sequence with the tokenizer's ids of its text,
+            not the ids it sampled, extends the sequence with that turn kept as sampled
+            (`wire_records.reconciled_prompt`), instead of starting a new sequence; the context added so is
+            recorded in `reconciled`.
     """
     stats = stats if stats is not None else TokenizeStats()
     eot = frozenset(end_ids) if end_ids is not None else end_of_turn_ids(tokenizer)
     media = ConversationImages(messages_and_choices, vision, where)
     sequences: list[TokenizedSequence] = []
     chain: TokenizedSequence | None = None
+    spans: list[SampledSpan] = []  # the sampled turns of `chain`
     rendered: list[int] = []
     last = len(messages_and_choices) - 1
     for i, item in enumerate(messages_and_choices):
@@ -289,8 +299,15 @@ def tokenize_history(
             stats.turns_missing_logprobs += 1
             lps = [math.nan] * len(ids)
         stats.record_turns += 1
+        if chain is not None and len(prompt) >= len(chain) and prompt[:len(chain)] == chain.token_ids:
+            chain.reconciled.clear()  # the server's own prompt holds the whole sequence so far
+        elif chain is not None and reconcile and not images and not chain.images and (repaired := reconciled_prompt(
+                prompt, chain.token_ids, spans, lambda text: encode(tokenizer, text), eot)) is not None:
+            prompt = repaired
+            chain.reconciled.append((len(chain), len(prompt)))
         if chain is not None and len(prompt) >= len(chain) and prompt[:len(chain)] == chain.token_ids and \
                 same_images(chain.images, [s for s in images if s[0] < len(chain)]):
+            spans.append(SampledSpan(len(prompt), list(ids), sampled_text(item)))
             _extend(chain, prompt[len(chain):], ids, lps, routing, [s for s in images if s[0] >= len(chain)])
             continue
         if chain is not None:
@@ -298,6 +315,7 @@ def tokenize_history(
             stats.repeated_context_tokens += min(len(prompt), len(chain))  # computed again (an upper bound)
             sequences.append(chain)
         chain = TokenizedSequence(token_ids=[], trainable_mask=[], logprobs=[])
+        spans = [SampledSpan(len(prompt), list(ids), sampled_text(item))]
         _extend(chain, prompt, ids, lps, routing, images)
     if chain is not None:
         sequences.append(chain)
