@@ -37,6 +37,16 @@ def test_art_0523_top_level_names_are_exported():
     assert issubclass(art.LocalServingUnavailableError, RuntimeError)
 
 
+def test_arts_megatron_names_say_there_is_no_megatron_back_end():
+    for name in ("MegatronRuntimeConfig", "MegatronTopologyConfig", "get_megatron_runtime_config",
+                 "init_megatron_runtime_config"):
+        with pytest.raises(AttributeError, match=f"artrl has no {name}: .*Megatron back end"):
+            getattr(art, name)
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        art.not_a_name  # noqa: B018
+    assert not hasattr(art, "MegatronRuntimeConfig")
+
+
 def test_get_tokenizer_loads_a_models_tokenizer_and_passes_options_on(tiny_path, monkeypatch):
     tok = art.get_tokenizer("artrl/tiny")
     assert tok.encode("blue") and tok.chat_template

@@ -39,6 +39,17 @@ from .yield_trajectory import capture_yielded_trajectory, yield_trajectory
 
 __version__ = "0.1.0"
 
+#: ART 0.5.23's top-level names for its Megatron back end, which artrl does not have: importing one says so.
+_MEGATRON_NAMES = frozenset({"MegatronRuntimeConfig", "MegatronTopologyConfig", "get_megatron_runtime_config",
+                             "init_megatron_runtime_config"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _MEGATRON_NAMES:
+        raise AttributeError(f"artrl has no {name}: it configures ART's Megatron back end, which artrl does not "
+                             "have (LocalBackend trains with transformers + peft; docs/art-compatibility.md)")
+    raise AttributeError(f"module 'artrl' has no attribute {name!r}")
+
 __all__ = [
     # ART's names (art/__init__.py)
     "dev", "auto_trajectory", "capture_auto_trajectory", "gather_trajectories", "gather_trajectory_groups",
