@@ -66,8 +66,9 @@ SIZES: Final = {
                      "EVAL_TRAJECTORY_COUNT": "4"},
     # the program's defaults (4 groups a step, 8 workers, 8 rollouts a group, bound 6, temperature 1) but for:
     # steps, learning rate, MAX_TOKENS (a 30-bit guess in its JSON call fits in 60 tokens; the tiny model would
-    # otherwise run on to 300), no eval at start
-    "binary_prefix": {"MAX_STEPS": "16", "LEARNING_RATE": "1e-2", "MAX_TOKENS": "60", "EVAL_AT_START": "0",
+    # otherwise run on to 300), no eval at start. At 3e-3 and above the synchronous loop's tiny model learnt "10"
+    # for a few steps, then lost the format within a step or two (guesses of words, calls cut at MAX_TOKENS)
+    "binary_prefix": {"MAX_STEPS": "10", "LEARNING_RATE": "2e-3", "MAX_TOKENS": "60", "EVAL_AT_START": "0",
                       "SCENARIO_COUNT": "1000"},
 }
 
@@ -152,6 +153,7 @@ def load_program(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -270,6 +272,10 @@ def summarize_history(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"steps_done": len(train), "step_rewards": rewards, "step_gain": window_gain(rewards),
             "groups_per_step": [r.get("sample_efficiency/accepted_groups_per_step") for r in train],
             "staleness": [r.get("train/staleness") for r in train],
+            # the served policy's logprob of each sampled token against the trainer's (docs/token-record.md), and
+            # the loss's mean importance ratio: how far the record and the weights trained were apart
+            "sampled_logprob_delta_max": [r.get("train/sampled_logprob_delta_max") for r in train],
+            "mean_ratio": [r.get("train/mean_ratio") for r in train],
             "discarded_stale_groups": max((r.get("train/discarded_stale_groups", 0.0) for r in train), default=0.0),
             "set_aside_rows": len(set_aside)}
 
@@ -309,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="replicates (they seed the eval requests)")
     p.add_argument("--eval-samples", type=int, default=None,
-                   help="replies per eval prompt (default: 8 for yes/no/maybe's 48 prompts, 256 for binary "
+                   help="replies per eval prompt (default: 8 for yes/no/maybe's 48 prompts, 128 for binary "
                         "prefix's one)")
     p.add_argument("--set", action="append", default=[], metavar="K=V",
                    help="override a size for every arm of every program (e.g. LEARNING_RATE=3e-3)")
@@ -330,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     for program_name in args.programs:
         program = load_program(PROGRAMS_DIR / PROGRAMS[program_name])
         sizes = {**SIZES[program_name], **overrides}
-        samples = args.eval_samples or (8 if program_name == "yes_no_maybe" else 256)
+        samples = args.eval_samples or (8 if program_name == "yes_no_maybe" else 128)
         base_model = prime(program_name, program, args.cache / program_name)
         for seed in args.seeds:
             before = evaluate(program_name, program, str(base_model), None, seed, samples, sizes)
@@ -352,27 +358,31 @@ def main(argv: list[str] | None = None) -> int:
 # ------------------------------------------------------------------ the table
 
 def table(records: list[dict[str, Any]]) -> str:
-    """Per program: mean gain over replicates of each arm (with the replicates' gains), pipeline / sync."""
-    lines = ["| program | sync gain | pipeline gain | pipeline / sync | in-flight gain | in-flight / pipeline | "
-             "eval before |", "|---|---|---|---|---|---|---|"]
+    """Per program: each arm's gain over replicates (mean +- sample std, median), pipeline / sync and
+    in-flight / pipeline (of the means), and the mean eval before training."""
+    lines = ["| program | replicates | sync gain | pipeline gain | pipeline / sync | in-flight gain | "
+             "in-flight / pipeline | eval before |", "|---|---|---|---|---|---|---|---|"]
     for program in PROGRAMS:
-        by_arm = {arm: [r for r in records if r["program"] == program and r["arm"] == arm] for arm in ARMS}
-        if not any(by_arm.values()):
+        gains = {arm: [r["gain"] for r in records if r["program"] == program and r["arm"] == arm] for arm in ARMS}
+        if not any(gains.values()):
             continue
-        mean = {arm: statistics.fmean(r["gain"] for r in rs) if rs else None for arm, rs in by_arm.items()}
+        mean = {arm: statistics.fmean(g) if g else None for arm, g in gains.items()}
 
         def cell(arm: str) -> str:
-            if mean[arm] is None:
+            g = gains[arm]
+            if not g:
                 return "-"
-            gains = ", ".join(f"{r['gain']:+.3f}" for r in by_arm[arm])
-            return f"{mean[arm]:+.3f} ({gains})"
+            std = f" +- {statistics.stdev(g):.3f}" if len(g) > 1 else ""
+            return f"{mean[arm]:+.3f}{std} (median {statistics.median(g):+.3f})"
 
         def ratio(a: str, b: str) -> str:
             return f"{mean[a] / mean[b]:.2f}" if mean[a] is not None and mean[b] else "-"
 
-        before = sorted({round(r["eval_before"], 3) for rs in by_arm.values() for r in rs})
-        lines.append(f"| {program} | {cell('sync')} | {cell('pipeline')} | {ratio('pipeline', 'sync')} | "
-                     f"{cell('in_flight')} | {ratio('in_flight', 'pipeline')} | {', '.join(map(str, before))} |")
+        before = statistics.fmean(r["eval_before"] for r in records if r["program"] == program)
+        replicates = "/".join(str(len(gains[arm])) for arm in ARMS)
+        lines.append(f"| {program} | {replicates} | {cell('sync')} | {cell('pipeline')} | "
+                     f"{ratio('pipeline', 'sync')} | {cell('in_flight')} | {ratio('in_flight', 'pipeline')} | "
+                     f"{before:.3f} |")
     return "\n".join(lines)
 
 
