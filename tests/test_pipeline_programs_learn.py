@@ -1,11 +1,13 @@
 """benchmarks/pipeline_programs_learn.py's synchronous arm (`SyncLoop`, put in a pipeline program's
-`PipelineTrainer` place) and its window gain, on fakes: no model, no server."""
+`PipelineTrainer` place) and its window gain, on fakes: no model, no server; and docs/pipeline.md's tables are
+the recorded runs'."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
 import itertools
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -89,3 +91,13 @@ def test_window_gain(bench):
     assert bench.window_gain([0.0, 0.0, 0.0, 0.5, 1.0, 1.0, 1.0]) == pytest.approx(1.0)
     assert bench.window_gain([0.2, 0.6]) == pytest.approx(0.4)  # one step at each end
     assert bench.window_gain([0.3]) is None
+
+
+@pytest.mark.parametrize("results", ["pipeline-programs-learn.jsonl", "pipeline-programs-learn-lr5e-3.jsonl"])
+def test_docs_table_is_the_results_file(bench, results):
+    """docs/pipeline.md's tables are what `--table` prints from the recorded runs."""
+    root = PATH.parents[1]
+    lines = (root / "benchmarks" / "results" / "2026-12-03-cpu" / results).read_text().splitlines()
+    rows = bench.table([json.loads(line) for line in lines if line.strip()]).splitlines()[2:]
+    docs = (root / "docs" / "pipeline.md").read_text().splitlines()
+    assert rows and all(row in docs for row in rows)
