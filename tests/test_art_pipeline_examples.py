@@ -5,13 +5,11 @@ pipeline's keys: ART 0.5.18's (examples/art_pipeline/) and ART 0.5.23's (example
 The untrained tiny model answers gibberish, so every group would score the same and the pipeline would set
 every group aside (ART's "model collapse" stop) without training. The fixtures first teach the tiny model
 the programs' answers (the words; a make_guess call with a short binary guess) with a few SFT calls and save
-it as a local model directory, which the programs take through their BASE_MODEL variable.
+it as a local model directory (artrl.bench.primed_tiny), which the programs take through their BASE_MODEL variable.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
 import os
 import subprocess
@@ -20,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-import artrl as art
+from artrl.bench import primed_tiny
 from artrl.run import storage
 
 pytest.importorskip("dotenv", reason="ART's programs import python-dotenv (pip install -e '.[art-examples]')")
@@ -44,45 +42,14 @@ def example(name: str):
         sys.path.remove(str(EXAMPLES))
 
 
-def sft_tiny(out: Path, data: list[art.Trajectory], learning_rate: float, calls: int) -> Path:
-    """The tiny model after `calls` SFT calls on `data`, saved (adapter merged) as a plain model directory."""
-    async def main() -> None:
-        backend = art.LocalBackend(path=str(out / "runs"), show_progress=False)
-        model = art.TrainableModel(name="prep", project="prep", base_model="artrl/tiny")
-        await model.register(backend)
-        for _ in range(calls):
-            await model.train_sft(data, config=art.TrainSFTConfig(learning_rate=learning_rate, batch_size=16))
-        session = backend._runs["prep"]
-        session.trainer.model.merge_and_unload().save_pretrained(out / "model")
-        session.trainer.tokenizer.save_pretrained(out / "model")
-        backend.close()
-
-    asyncio.run(main())
-    return out / "model"
-
-
 @pytest.fixture(scope="module")
 def word_model(tmp_path_factory) -> Path:
-    ynm = example("yes_no_maybe_pipeline")
-    answers = itertools.cycle(["maybe", "no", "yes", "ok"])
-    data = [art.Trajectory(messages_and_choices=[{"role": "user", "content": s["prompt"]},
-                                                 {"role": "assistant", "content": next(answers)}], reward=0.0)
-            for s in ynm.build_scenarios() for _ in range(2)]
-    return sft_tiny(tmp_path_factory.mktemp("word_model"), data, 3e-3, 6)
+    return primed_tiny.word_model(tmp_path_factory.mktemp("word_model"), example("yes_no_maybe_pipeline"))
 
 
 @pytest.fixture(scope="module")
 def guess_model(tmp_path_factory) -> Path:
-    bp = example("binary_prefix_tool_pipeline")
-    guesses = itertools.cycle(["1", "0", "11", "10"])
-    call = lambda g: {"id": "c1", "type": "function",  # noqa: E731
-                      "function": {"name": bp.TOOL_NAME, "arguments": json.dumps({"guess": g})}}
-    data = [art.Trajectory(messages_and_choices=[{"role": "system", "content": bp.SYSTEM_PROMPT},
-                                                 {"role": "user", "content": bp.USER_PROMPT},
-                                                 {"role": "assistant", "content": "",
-                                                  "tool_calls": [call(next(guesses))]}], tools=bp.TOOLS, reward=0.0)
-            for _ in range(48)]
-    return sft_tiny(tmp_path_factory.mktemp("guess_model"), data, 1e-2, 8)
+    return primed_tiny.guess_model(tmp_path_factory.mktemp("guess_model"), example("binary_prefix_tool_pipeline"))
 
 
 def run_program(name: str, tmp_path: Path, examples: Path = EXAMPLES, **env: str) -> list[dict]:

@@ -1,6 +1,8 @@
 """ART 0.5.23's `art/pipeline_trainer/binary_prefix_tool_pipeline.py`, run on artrl. The only edits:
 * `import art` -> `import artrl as art`; `from . import ...` -> `from artrl.pipeline_trainer import ...`
 * `TinkerNativeBackend(path=art_path)` -> `LocalBackend(path=art_path)`
+* ROLLOUT_WEIGHT_UPDATE_MODE readable from the environment (unset: as in ART), so
+  benchmarks/pipeline_programs_learn.py can run it with `rollout_weight_update_mode="in_flight_lora"`
 Sizes come from the environment as in ART (MAX_STEPS, MAX_TOKENS, ROLLOUTS_PER_SCENARIO, BASE_MODEL, ...).
 """
 
@@ -222,6 +224,9 @@ async def main() -> None:
                 "training_client_args": {"rank": int(lora_rank)},
             }
         }
+    if os.environ.get("ROLLOUT_WEIGHT_UPDATE_MODE"):
+        internal_config = {**(internal_config or {}),
+                           "rollout_weight_update_mode": os.environ["ROLLOUT_WEIGHT_UPDATE_MODE"]}
 
     backend = LocalBackend(path=art_path)
     model = art.TrainableModel(

@@ -5,6 +5,9 @@ ART 0.5.23's `art/pipeline_trainer/yes_no_maybe_pipeline.py`, run on artrl. The 
 * `TinkerNativeBackend` -> `LocalBackend` (and the TINKER_API_KEY check, which only Tinker needs, removed)
 * BASE_MODEL, ROLLOUTS_PER_SCENARIO, MAX_STEPS, EVAL_TRAJECTORY_COUNT, ART_PATH readable from the environment
   (ART hard-codes them), so a test can run it small on the tiny model
+* LEARNING_RATE (ART's 5e-5 by default) and ROLLOUT_WEIGHT_UPDATE_MODE (unset: no `_internal_config`, as in ART)
+  readable from the environment, so benchmarks/pipeline_programs_learn.py can size the step for the tiny model
+  and run the program with `rollout_weight_update_mode="in_flight_lora"`
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ MAX_TOKENS = 5
 MAX_STEPS = int(os.environ.get("MAX_STEPS", "20"))
 EVAL_TRAJECTORY_COUNT = int(os.environ.get("EVAL_TRAJECTORY_COUNT", "30"))
 EVAL_EVERY_N_STEPS = 2
+LEARNING_RATE = float(os.environ.get("LEARNING_RATE", "5e-5"))
+ROLLOUT_WEIGHT_UPDATE_MODE = os.environ.get("ROLLOUT_WEIGHT_UPDATE_MODE")
 
 
 def build_scenarios() -> list[dict]:
@@ -120,6 +125,8 @@ async def main() -> None:
         run_name=model_name,
         project=PROJECT,
         base_model=BASE_MODEL,
+        _internal_config=(art.dev.InternalModelConfig(rollout_weight_update_mode=ROLLOUT_WEIGHT_UPDATE_MODE)
+                          if ROLLOUT_WEIGHT_UPDATE_MODE else None),
     )
 
     print("Registering model with backend")
@@ -139,7 +146,7 @@ async def main() -> None:
         rollout_fn=rollout_fn,
         scenarios=scenarios,
         config=None,
-        learning_rate=5e-5,
+        learning_rate=LEARNING_RATE,
         loss_fn="cispo",
         eval_fn=eval_callback,
         max_steps=MAX_STEPS,

@@ -1,0 +1,390 @@
+"""Do ART 0.5.23's pipeline programs learn on artrl, and as much as the synchronous loop over the same steps?
+
+For each program of examples/art_pipeline_0523/ (yes/no/maybe; binary prefix with a tool call), each replicate
+and each arm, the same start (the tiny model primed for the program's answer format, artrl.bench.primed_tiny,
+built once) and the same sizes (environment variables the programs read, SIZES below) are run for MAX_STEPS
+train steps:
+
+* `pipeline`: the program itself, as a subprocess (`python examples/art_pipeline_0523/<program>.py`);
+* `in_flight`: the same with ROLLOUT_WEIGHT_UPDATE_MODE=in_flight_lora (the programs' one added hook), i.e.
+  `InternalModelConfig(rollout_weight_update_mode="in_flight_lora")`: running rollouts move to each new version;
+* `sync`: the same program in a subprocess with its `PipelineTrainer` replaced by `SyncLoop` below, a plain
+  synchronous loop over the program's own scenarios, rollout function, reward, model, learning rate, loss and
+  groups per step (`min_batch_size`): take that many scenarios, `art.gather_trajectory_groups` of the program's
+  rollout function on them, train, repeat. Swapping the class, rather than copying the rollout, keeps every part
+  the program builds (the binary-prefix program's rollout is a closure inside its `main`) the same object.
+
+**Gain.** A held-out evaluation, identical for every arm: the program's own prompts and reward, sampled at the
+rollouts' temperature, `--eval-samples` replies per prompt from seeded requests (the same seeds before and
+after), on the primed model (before: step 0, one figure per program and replicate, shared by its arms) and on
+the run's last checkpoint (after). gain = after - before. The train rows' `train/reward` per step is recorded
+too (`step_rewards`, with `step_gain`: mean of the last WINDOW steps minus the first WINDOW), but it is not the
+same measure in every arm: the pipeline logs only groups whose rewards spread (it sets the others aside) and
+its groups were sampled up to `max_steps_off_policy` versions earlier.
+
+The programs' own requests are not seeded (ART's programs set no seed), so a replicate is a rerun, not a
+reproduction; its number seeds only the evaluation's requests.
+
+One JSON line per (program, arm, replicate) on stdout, with the command:
+
+    PYTHONPATH=src OMP_NUM_THREADS=2 python benchmarks/pipeline_programs_learn.py --seeds 0 1 \\
+        >> benchmarks/results/2026-12-03-cpu/pipeline-programs-learn.jsonl
+
+`--table FILE` prints docs/pipeline.md's table from such a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Final
+
+ROOT: Final = Path(__file__).resolve().parents[1]
+PROGRAMS_DIR: Final = ROOT / "examples" / "art_pipeline_0523"
+PROGRAMS: Final = {"yes_no_maybe": "yes_no_maybe_pipeline.py", "binary_prefix": "binary_prefix_tool_pipeline.py"}
+ARMS: Final = ("sync", "pipeline", "in_flight")
+WINDOW: Final = 3
+"""Steps averaged at each end of `step_rewards` for `step_gain`."""
+EVAL_CONCURRENCY: Final = 16
+
+SIZES: Final = {
+    # the program's defaults but for: steps, learning rate (ART's 5e-5 moves the tiny model's LoRA too little in
+    # a few steps), and its own eval kept small (it does not train; the benchmark evaluates every arm alike)
+    "yes_no_maybe": {"MAX_STEPS": "16", "ROLLOUTS_PER_SCENARIO": "8", "LEARNING_RATE": "1e-2",
+                     "EVAL_TRAJECTORY_COUNT": "4"},
+    # the program's defaults (4 groups a step, 8 workers, 8 rollouts a group, bound 6, temperature 1) but for:
+    # steps, learning rate, MAX_TOKENS (a 30-bit guess in its JSON call fits in 60 tokens; the tiny model would
+    # otherwise run on to 300), no eval at start. At 3e-3 and above the synchronous loop's tiny model learnt "10"
+    # for a few steps, then lost the format within a step or two (guesses of words, calls cut at MAX_TOKENS)
+    "binary_prefix": {"MAX_STEPS": "10", "LEARNING_RATE": "2e-3", "MAX_TOKENS": "60", "EVAL_AT_START": "0",
+                      "SCENARIO_COUNT": "1000"},
+}
+
+# ------------------------------------------------------------------ the synchronous arm
+
+PIPELINE_ONLY: Final = frozenset({
+    # scheduling, staleness, eval, logging and resume: what the synchronous loop has no use for
+    "eval_fn", "eval_every_n_steps", "eval_at_start", "max_steps_off_policy", "limit_mean_steps_off_policy",
+    "log_interval_seconds", "status_ewa_alpha", "total_scenarios", "resume", "save_checkpoint",
+    "discard_queue_multiplier", "optimizer_save_interval", "checkpoint_retention_strategy",
+    "checkpoint_retention_interval", "score_reference_groups_per_step", "score_reference_rollouts_per_group",
+    "num_rollout_workers", "max_batch_size", "queue_maxsize"})
+
+
+class SyncLoop:
+    """The synchronous loop in `PipelineTrainer`'s place, for `SyncLoop.train()` where the program calls
+    `trainer.train()`: each step takes `min_batch_size` scenarios, gathers the program's rollout function on
+    all of them (`art.gather_trajectory_groups`, every rollout from the newest weights), trains them, repeats.
+
+    The train call is the pipeline's own (`backend.train` with its keywords) followed by the train row
+    (`model.log`, as `model.train` writes it), with the pipeline's staleness keys at their on-policy values, so
+    the program's own history summary reads the same, and `sample_efficiency/accepted_groups_per_step` counting
+    the groups whose rewards spread (the others have no advantage; the pipeline sets them aside uncounted).
+    A keyword that would change what is trained and that this loop does not honour is refused; the
+    pipeline-only ones (PIPELINE_ONLY) are accepted and unused."""
+
+    def __init__(self, model: Any, backend: Any, rollout_fn: Any, scenarios: Iterable | AsyncIterator, config: Any,
+                 eval_fn: Any = None, *, pipeline: Any = None, min_batch_size: int | None = None,
+                 learning_rate: float = 1e-5, loss_fn: str = "cispo", loss_fn_config: dict | None = None,
+                 normalize_advantages: bool = True, adam_params: object | None = None, max_steps: int | None = None,
+                 **pipeline_only: Any) -> None:
+        from artrl.pipeline_trainer import PipelineRuntimeConfig
+
+        unknown = set(pipeline_only) - PIPELINE_ONLY
+        if unknown:
+            raise TypeError(f"SyncLoop does not honour {sorted(unknown)}; extend it before comparing")
+        if max_steps is None:
+            raise ValueError("SyncLoop needs max_steps (the arms are compared over the same steps)")
+        del eval_fn
+        self.model, self.backend, self.rollout_fn, self.config = model, backend, rollout_fn, config
+        self.scenarios = scenarios
+        self.groups_per_step = min_batch_size or (pipeline or PipelineRuntimeConfig()).min_batch_size
+        self.train_kwargs = {"learning_rate": learning_rate, "loss_fn": loss_fn, "loss_fn_config": loss_fn_config,
+                             "normalize_advantages": normalize_advantages, "adam_params": adam_params}
+        self.max_steps = max_steps
+
+    async def _take(self, n: int) -> list:
+        taken: list = []
+        if hasattr(self.scenarios, "__anext__"):
+            async for scenario in self.scenarios:
+                taken.append(scenario)
+                if len(taken) == n:
+                    break
+        else:
+            it = iter(self.scenarios)
+            self.scenarios = it
+            for scenario in it:
+                taken.append(scenario)
+                if len(taken) == n:
+                    break
+        return taken
+
+    async def train(self) -> None:
+        import artrl as art
+
+        for _ in range(self.max_steps):
+            scenarios = await self._take(self.groups_per_step)
+            if not scenarios:
+                break
+            groups = await art.gather_trajectory_groups(
+                (self.rollout_fn(self.model, s, self.config) for s in scenarios), pbar_desc=None)
+            result = await self.backend.train(self.model, groups, **self.train_kwargs)
+            # the groups with an advantage (rewards that spread): what the pipeline's figure of that name counts
+            spread = sum(len({t.reward for t in g.trajectories}) > 1 for g in groups)
+            metrics = {**result.metrics, "discarded_stale_groups": 0.0, "steps_off_policy": 1.0, "staleness": 0.0,
+                       "staleness_max": 0.0, "sample_efficiency/accepted_groups_per_step": float(spread)}
+            await self.model.log(groups, split="train", step=int(result.step), metrics=metrics)
+
+
+def load_program(path: Path) -> ModuleType:
+    """The program at `path` as a module (its `if __name__ == "__main__"` not run)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_sync_child(program_path: Path) -> None:
+    """In a child process: the program's `main` with `SyncLoop` as its `PipelineTrainer`."""
+    program = load_program(program_path)
+    program.PipelineTrainer = SyncLoop
+    asyncio.run(program.main())
+
+
+# ------------------------------------------------------------------ evaluation
+
+def request_seed(replicate: int, index: int) -> int:
+    h = hashlib.sha256(f"eval:{replicate}:{index}".encode()).digest()
+    return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
+
+
+async def sample_eval(program_name: str, program: ModuleType, model: Any, replicate: int, samples: int,
+                      env: dict[str, str]) -> list[float]:
+    """Rewards of `samples` replies to each of the program's prompts, by its reward, seeded by `replicate`.
+
+    The requests run EVAL_CONCURRENCY at a time; a seeded request samples the same tokens whatever it shares a
+    batch with (serve/sampling.py), up to float noise."""
+    client = model.openai_client()
+    name = model.get_inference_name()
+    limit = asyncio.Semaphore(EVAL_CONCURRENCY)
+
+    async def words(i: int, scenario: dict) -> list[float]:
+        async with limit:
+            response = await client.chat.completions.create(
+                messages=[{"role": "user", "content": scenario["prompt"]}], model=name,
+                max_tokens=program.MAX_TOKENS, n=samples, seed=request_seed(replicate, i))
+        return [program.reward_for_answer(c.message.content or "") for c in response.choices]
+
+    async def guess(i: int) -> list[float]:  # one reply a request, as the program's rollouts
+        async with limit:
+            response = await client.chat.completions.create(
+                messages=[{"role": "system", "content": program.SYSTEM_PROMPT},
+                          {"role": "user", "content": program.USER_PROMPT}],
+                model=name, max_tokens=int(env["MAX_TOKENS"]),
+                temperature=float(env.get("ROLLOUT_TEMPERATURE", "1.0")), tools=program.TOOLS,
+                tool_choice=program.TOOL_CHOICE, seed=request_seed(replicate, i))
+        raw, _ = program.extract_guess(response.choices[0])
+        raw = raw or ""
+        return [float(program.shared_prefix_len(raw, program.SECRET_BITS) if program.is_valid_guess(raw) else 0)]
+
+    if program_name == "yes_no_maybe":
+        parts = await asyncio.gather(*(words(i, s) for i, s in enumerate(program.build_scenarios())))
+    else:
+        parts = await asyncio.gather(*(guess(i) for i in range(samples)))
+    return [r for part in parts for r in part]
+
+
+def evaluate(program_name: str, program: ModuleType, base_model: str, art_path: Path | None, replicate: int,
+             samples: int, env: dict[str, str]) -> dict[str, Any]:
+    """Mean eval reward of the run under `art_path` at its last checkpoint, or of `base_model` when None."""
+    import artrl as art
+
+    async def main() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory() as scratch:
+            if art_path is None:
+                path, project, name = Path(scratch), "eval", "base"
+            else:
+                run = run_dir(art_path)
+                path, project, name = art_path, run.parent.parent.name, run.name
+            backend = art.LocalBackend(path=str(path), show_progress=False)
+            try:
+                model = art.TrainableModel(name=name, project=project, base_model=base_model)
+                await model.register(backend)
+                step = await model.get_step()
+                rewards = await sample_eval(program_name, program, model, replicate, samples, env)
+            finally:
+                backend.close()
+        return {"step": step, "reward": statistics.fmean(rewards), "n": len(rewards)}
+
+    return asyncio.run(main())
+
+
+# ------------------------------------------------------------------ the runs
+
+def run_dir(art_path: Path) -> Path:
+    (run,) = art_path.glob("*/models/*")
+    return run
+
+
+def history(art_path: Path) -> list[dict[str, Any]]:
+    from artrl.run import storage
+
+    path = run_dir(art_path) / storage.HISTORY_FILE
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def scenarios_pulled(art_path: Path) -> int | None:
+    """The scenarios the pipeline took from the stream (its state; None for the synchronous loop, which keeps none)."""
+    from artrl.pipeline_trainer.state import PIPELINE_STATE_KEY
+    from artrl.run import storage
+
+    path = run_dir(art_path) / storage.STATE_FILE
+    state = json.loads(path.read_text()) if path.exists() else {}
+    return (state.get(PIPELINE_STATE_KEY) or {}).get("total_scenarios_consumed")
+
+
+def window_gain(values: list[float], window: int = WINDOW) -> float | None:
+    """Mean of the last `window` values minus the first `window` (fewer when there are under 2 * window)."""
+    w = min(window, len(values) // 2)
+    if w == 0:
+        return None
+    return statistics.fmean(values[-w:]) - statistics.fmean(values[:w])
+
+
+def summarize_history(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    train = sorted((r for r in rows if r.get("split") == "train"), key=lambda r: r["step"])
+    rewards = [r["train/reward"] for r in train]
+    set_aside = [r for r in rows if r.get("split") == "discarded"]
+    return {"steps_done": len(train), "step_rewards": rewards, "step_gain": window_gain(rewards),
+            "groups_per_step": [r.get("sample_efficiency/accepted_groups_per_step") for r in train],
+            "staleness": [r.get("train/staleness") for r in train],
+            # the served policy's logprob of each sampled token against the trainer's (docs/token-record.md), and
+            # the loss's mean importance ratio: how far the record and the weights trained were apart
+            "sampled_logprob_delta_max": [r.get("train/sampled_logprob_delta_max") for r in train],
+            "mean_ratio": [r.get("train/mean_ratio") for r in train],
+            "discarded_stale_groups": max((r.get("train/discarded_stale_groups", 0.0) for r in train), default=0.0),
+            "set_aside_rows": len(set_aside)}
+
+
+def run_arm(program_name: str, arm: str, base_model: Path, work: Path, env_sizes: dict[str, str]) -> tuple[Path, float]:
+    """Run one arm in a subprocess; (its ART_PATH, wall seconds)."""
+    art_path = work / ".art"
+    program = PROGRAMS_DIR / PROGRAMS[program_name]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "ART_PATH": str(art_path),
+           "PYTHONPATH": str(ROOT / "src"), "BASE_MODEL": str(base_model), **env_sizes}
+    env.pop("ROLLOUT_WEIGHT_UPDATE_MODE", None)
+    if arm == "in_flight":
+        env["ROLLOUT_WEIGHT_UPDATE_MODE"] = "in_flight_lora"
+    cmd = ([sys.executable, str(program)] if arm != "sync"
+           else [sys.executable, str(Path(__file__).resolve()), "--sync-child", str(program)])
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=3600)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"{program_name} {arm} failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                           f"{proc.stderr[-4000:]}")
+    return art_path, wall
+
+
+def prime(program_name: str, program: ModuleType, out: Path) -> Path:
+    from artrl.bench import primed_tiny
+
+    if (out / "model" / "config.json").exists():
+        return out / "model"
+    build = primed_tiny.word_model if program_name == "yes_no_maybe" else primed_tiny.guess_model
+    return build(out, program)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--programs", nargs="+", choices=sorted(PROGRAMS), default=list(PROGRAMS))
+    p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="replicates (they seed the eval requests)")
+    p.add_argument("--eval-samples", type=int, default=None,
+                   help="replies per eval prompt (default: 8 for yes/no/maybe's 48 prompts, 128 for binary "
+                        "prefix's one)")
+    p.add_argument("--set", action="append", default=[], metavar="K=V",
+                   help="override a size for every arm of every program (e.g. LEARNING_RATE=3e-3)")
+    p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "artrl-pipeline-programs-learn",
+                   help="where the primed models are kept between invocations")
+    p.add_argument("--sync-child", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--table", type=Path, help="print the markdown table of a results file and exit")
+    args = p.parse_args(argv)
+    if args.sync_child:
+        run_sync_child(args.sync_child)
+        return 0
+    if args.table:
+        print(table([json.loads(line) for line in args.table.read_text().splitlines() if line.strip()]))
+        return 0
+    overrides = dict(kv.split("=", 1) for kv in args.set)
+    given = argv if argv is not None else sys.argv[1:]
+    command = " ".join(["python", "benchmarks/pipeline_programs_learn.py", *given])
+    for program_name in args.programs:
+        program = load_program(PROGRAMS_DIR / PROGRAMS[program_name])
+        sizes = {**SIZES[program_name], **overrides}
+        samples = args.eval_samples or (8 if program_name == "yes_no_maybe" else 128)
+        base_model = prime(program_name, program, args.cache / program_name)
+        for seed in args.seeds:
+            before = evaluate(program_name, program, str(base_model), None, seed, samples, sizes)
+            for arm in args.arms:
+                with tempfile.TemporaryDirectory(prefix=f"artrl-ppl-{program_name}-{arm}-") as work:
+                    art_path, wall = run_arm(program_name, arm, base_model, Path(work), sizes)
+                    after = evaluate(program_name, program, str(base_model), art_path, seed, samples, sizes)
+                    summary = summarize_history(history(art_path))
+                    summary["scenarios_pulled"] = scenarios_pulled(art_path)
+                record = {"bench": "pipeline_programs_learn", "program": program_name, "arm": arm, "seed": seed,
+                          "sizes": sizes, "eval_samples": after["n"], "eval_before": before["reward"],
+                          "eval_after": after["reward"], "eval_after_step": after["step"],
+                          "gain": after["reward"] - before["reward"], **summary, "wall_s": round(wall, 1),
+                          "omp_threads": os.environ.get("OMP_NUM_THREADS"), "command": command}
+                print(json.dumps(record), flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------ the table
+
+def table(records: list[dict[str, Any]]) -> str:
+    """Per program: each arm's gain over replicates (mean +- sample std, median), pipeline / sync and
+    in-flight / pipeline (of the means), and the mean eval before training."""
+    lines = ["| program | replicates | sync gain | pipeline gain | pipeline / sync | in-flight gain | "
+             "in-flight / pipeline | eval before |", "|---|---|---|---|---|---|---|---|"]
+    for program in PROGRAMS:
+        gains = {arm: [r["gain"] for r in records if r["program"] == program and r["arm"] == arm] for arm in ARMS}
+        if not any(gains.values()):
+            continue
+        mean = {arm: statistics.fmean(g) if g else None for arm, g in gains.items()}
+
+        def cell(arm: str) -> str:
+            g = gains[arm]
+            if not g:
+                return "-"
+            std = f" +- {statistics.stdev(g):.3f}" if len(g) > 1 else ""
+            return f"{mean[arm]:+.3f}{std} (median {statistics.median(g):+.3f})"
+
+        def ratio(a: str, b: str) -> str:
+            return f"{mean[a] / mean[b]:.2f}" if mean[a] is not None and mean[b] else "-"
+
+        before = statistics.fmean(r["eval_before"] for r in records if r["program"] == program)
+        replicates = "/".join(str(len(gains[arm])) for arm in ARMS)
+        lines.append(f"| {program} | {replicates} | {cell('sync')} | {cell('pipeline')} | "
+                     f"{ratio('pipeline', 'sync')} | {cell('in_flight')} | {ratio('in_flight', 'pipeline')} | "
+                     f"{before:.3f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""benchmarks/pipeline_programs_learn.py's synchronous arm (`SyncLoop`, put in a pipeline program's
+`PipelineTrainer` place) and its window gain, on fakes: no model, no server; and docs/pipeline.md's tables are
+the recorded runs'."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import itertools
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import artrl as art
+from artrl.pipeline_trainer import PipelineRuntimeConfig
+
+PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "pipeline_programs_learn.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("pipeline_programs_learn", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class FakeBackend:
+    def __init__(self) -> None:
+        self.calls: list[tuple[list, dict]] = []
+
+    async def train(self, model, groups, **kwargs):
+        self.calls.append((list(groups), kwargs))
+        return SimpleNamespace(step=len(self.calls), metrics={"loss/train": 0.5})
+
+
+class FakeModel:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, int, dict]] = []
+
+    async def log(self, groups, split, step, metrics):
+        self.rows.append((split, step, metrics))
+
+
+async def rollout(model, scenario, config) -> art.TrajectoryGroup:
+    return art.TrajectoryGroup([art.Trajectory(messages_and_choices=[{"role": "user", "content": str(scenario)},
+                                                                     {"role": "assistant", "content": "x"}],
+                                               reward=r) for r in (0.0, 1.0)])
+
+
+def trained_scenarios(backend: FakeBackend) -> list[list[str]]:
+    return [[g.trajectories[0].messages_and_choices[0]["content"] for g in groups] for groups, _ in backend.calls]
+
+
+def test_sync_loop_trains_min_batch_size_scenarios_a_step_in_stream_order(bench):
+    async def stream():
+        for i in range(100):
+            yield i
+
+    backend, model = FakeBackend(), FakeModel()
+    loop = bench.SyncLoop(model, backend, rollout, stream(), None, eval_fn=object(),
+                          pipeline=PipelineRuntimeConfig(min_batch_size=3), learning_rate=0.02, max_steps=3,
+                          max_steps_off_policy=6, eval_at_start=False)
+    asyncio.run(loop.train())
+    assert trained_scenarios(backend) == [["0", "1", "2"], ["3", "4", "5"], ["6", "7", "8"]]
+    assert all(kw["learning_rate"] == 0.02 and kw["loss_fn"] == "cispo" for _, kw in backend.calls)
+    assert [(split, step) for split, step, _ in model.rows] == [("train", 1), ("train", 2), ("train", 3)]
+    assert all(m["steps_off_policy"] == 1.0 and m["loss/train"] == 0.5 for _, _, m in model.rows)
+
+
+def test_sync_loop_takes_a_plain_iterable_once_and_stops_when_it_ends(bench):
+    backend = FakeBackend()
+    asyncio.run(bench.SyncLoop(FakeModel(), backend, rollout, ["a", "b", "c", "d", "e"], None, max_steps=5).train())
+    assert trained_scenarios(backend) == [["a", "b", "c", "d"], ["e"]]  # ART's default min_batch_size, 4
+    backend = FakeBackend()
+    cycled = itertools.cycle(["a", "b", "c"])
+    asyncio.run(bench.SyncLoop(FakeModel(), backend, rollout, cycled, None, min_batch_size=2, max_steps=2).train())
+    assert trained_scenarios(backend) == [["a", "b"], ["c", "a"]]
+
+
+def test_sync_loop_refuses_what_it_would_not_honour(bench):
+    with pytest.raises(TypeError, match="kl_penalty_coef"):
+        bench.SyncLoop(FakeModel(), FakeBackend(), rollout, [], None, max_steps=1, kl_penalty_coef=0.1)
+    with pytest.raises(ValueError, match="max_steps"):
+        bench.SyncLoop(FakeModel(), FakeBackend(), rollout, [], None)
+
+
+def test_window_gain(bench):
+    assert bench.window_gain([0.0, 0.0, 0.0, 0.5, 1.0, 1.0, 1.0]) == pytest.approx(1.0)
+    assert bench.window_gain([0.2, 0.6]) == pytest.approx(0.4)  # one step at each end
+    assert bench.window_gain([0.3]) is None
+
+
+@pytest.mark.parametrize("results", ["pipeline-programs-learn.jsonl", "pipeline-programs-learn-lr5e-3.jsonl"])
+def test_docs_table_is_the_results_file(bench, results):
+    """docs/pipeline.md's tables are what `--table` prints from the recorded runs."""
+    root = PATH.parents[1]
+    lines = (root / "benchmarks" / "results" / "2026-12-03-cpu" / results).read_text().splitlines()
+    rows = bench.table([json.loads(line) for line in lines if line.strip()]).splitlines()[2:]
+    docs = (root / "docs" / "pipeline.md").read_text().splitlines()
+    assert rows and all(row in docs for row in rows)
