@@ -89,6 +89,37 @@ def test_a_row_spanning_a_swap_records_two_spans_each_sampled_by_its_version(
                                      "update_seq"}
 
 
+def test_a_grammar_held_row_spanning_a_swap_records_each_versions_raw_logprobs(
+        setup: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
+    """A reply held to a JSON schema (what a forced tool call is) keeps its grammar across the swap, and each
+    span's logprobs are its version's raw (unmasked) logprobs, as without a grammar."""
+    import json
+
+    from artrl.serve.structured import StructuredOutput
+
+    model, tokenizer, paths = setup["model"], setup["tokenizer"], setup["paths"]
+    schema = {"type": "object", "properties": {"guess": {"type": "string", "maxLength": 40}}, "required": ["guess"]}
+    engine = TransformersEngine(model, tokenizer, end_ids=frozenset({tokenizer.eos_token_id}), in_flight_updates=True)
+    request = GenerationRequest(prompt_ids=prompt_of(tokenizer, "guess a word"), n=2, max_tokens=40, seed=3,
+                                structured=StructuredOutput(kind="json_schema", schema=schema))
+    try:
+        engine.set_live_weights(paths[1], 1)
+        StepHook(engine, at=4, action=lambda: engine.set_live_weights(paths[2], 2))
+        results = submit(loop, engine, request).result(120)
+    finally:
+        engine.close()
+    v1, v2 = reference(setup, 1), reference(setup, 2)
+    for result in results:
+        assert [(a, v) for a, _, v, _ in result.policy_token_spans] == [(0, 1), (4, 2)]
+        cut = result.policy_token_spans[0][1]
+        assert gap(result.logprobs[:cut], recompute(v1, request.prompt_ids, result.token_ids)[:cut]) < TOLERANCE
+        assert gap(result.logprobs[cut:], recompute(v2, request.prompt_ids, result.token_ids)[cut:]) < TOLERANCE
+        text = tokenizer.decode([t for t in result.token_ids if t != tokenizer.eos_token_id])
+        assert text.startswith('{"guess"'), text  # the grammar holds the reply from its first token
+        if result.finish_reason == "stop":
+            assert isinstance(json.loads(text)["guess"], str)  # and across the swap to its end
+
+
 def test_a_waiting_row_of_the_request_takes_the_new_version_from_its_first_token(
         setup: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
     """n=3 with room for 2 rows: the third waits holding version 1, and moves to version 2 before it starts."""
