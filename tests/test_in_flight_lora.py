@@ -50,6 +50,18 @@ def gap(a: list[float], b: list[float]) -> float:
     return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
 
 
+def swap_during(engine: TransformersEngine, request: GenerationRequest, paths: dict[int, str], at: int,
+                loop: asyncio.AbstractEventLoop, timeout: float = 120) -> list[Any]:
+    """`request`'s results on `engine`, version 1 live from the start and version 2 going live before decode step
+    `at`; the engine is closed after."""
+    try:
+        engine.set_live_weights(paths[1], 1)
+        StepHook(engine, at=at, action=lambda: engine.set_live_weights(paths[2], 2))
+        return submit(loop, engine, request).result(timeout)
+    finally:
+        engine.close()
+
+
 def _sample_across_a_swap(setup: dict[str, Any], loop: asyncio.AbstractEventLoop, *, in_flight: bool, n: int = 1,
                           static_cache: bool = False, swap_at: int = 5) -> tuple[GenerationRequest, list[Any], Any]:
     """Rows of version 1; version 2 goes live before decode step `swap_at` (its token is still version 1's)."""
@@ -57,12 +69,7 @@ def _sample_across_a_swap(setup: dict[str, Any], loop: asyncio.AbstractEventLoop
     engine = TransformersEngine(model, tokenizer, end_ids=frozenset(), in_flight_updates=in_flight,
                                 static_cache=static_cache)
     request = GenerationRequest(prompt_ids=prompt_of(tokenizer, "tell me a story"), n=n, max_tokens=16, seed=7)
-    try:
-        engine.set_live_weights(paths[1], 1)
-        StepHook(engine, at=swap_at, action=lambda: engine.set_live_weights(paths[2], 2))
-        results = submit(loop, engine, request).result(120)
-    finally:
-        engine.close()
+    results = swap_during(engine, request, paths, swap_at, loop)
     return request, results, engine
 
 
@@ -102,12 +109,7 @@ def test_a_grammar_held_row_spanning_a_swap_records_each_versions_raw_logprobs(
     engine = TransformersEngine(model, tokenizer, end_ids=frozenset({tokenizer.eos_token_id}), in_flight_updates=True)
     request = GenerationRequest(prompt_ids=prompt_of(tokenizer, "guess a word"), n=2, max_tokens=40, seed=3,
                                 structured=StructuredOutput(kind="json_schema", schema=schema))
-    try:
-        engine.set_live_weights(paths[1], 1)
-        StepHook(engine, at=4, action=lambda: engine.set_live_weights(paths[2], 2))
-        results = submit(loop, engine, request).result(120)
-    finally:
-        engine.close()
+    results = swap_during(engine, request, paths, 4, loop)
     v1, v2 = reference(setup, 1), reference(setup, 2)
     for result in results:
         assert [(a, v) for a, _, v, _ in result.policy_token_spans] == [(0, 1), (4, 2)]
@@ -126,12 +128,7 @@ def test_a_waiting_row_of_the_request_takes_the_new_version_from_its_first_token
     model, tokenizer, paths = setup["model"], setup["tokenizer"], setup["paths"]
     engine = TransformersEngine(model, tokenizer, max_batch_size=2, end_ids=frozenset(), in_flight_updates=True)
     request = GenerationRequest(prompt_ids=prompt_of(tokenizer, "count to three"), n=3, max_tokens=6, seed=5)
-    try:
-        engine.set_live_weights(paths[1], 1)
-        StepHook(engine, at=2, action=lambda: engine.set_live_weights(paths[2], 2))
-        results = submit(loop, engine, request).result(120)
-    finally:
-        engine.close()
+    results = swap_during(engine, request, paths, 2, loop)
     assert [[(a, b, v) for a, b, v, _ in r.policy_token_spans] for r in results] == \
         [[(0, 2, 1), (2, 6, 2)]] * 2 + [[(0, 6, 2)]]
     assert results[2].policy_version == 2
@@ -151,12 +148,7 @@ def test_on_a_gpu_merged_weights_and_graphs_follow_the_swap(setup: dict[str, Any
                                 in_flight_updates=True, merge_lora=True, static_cache=static_cache,
                                 cuda_graphs=static_cache)
     request = GenerationRequest(prompt_ids=prompt_of(tokenizer, "tell me a story"), n=2, max_tokens=16, seed=7)
-    try:
-        engine.set_live_weights(paths[1], 1)
-        StepHook(engine, at=5, action=lambda: engine.set_live_weights(paths[2], 2))
-        results = submit(loop, engine, request).result(300)
-    finally:
-        engine.close()
+    results = swap_during(engine, request, paths, 5, loop, timeout=300)
     v1, v2 = reference(setup, 1), reference(setup, 2)
     for result in results:
         assert [(a, b, v) for a, b, v, _ in result.policy_token_spans] == [(0, 5, 1), (5, 16, 2)]
