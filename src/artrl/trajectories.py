@@ -299,7 +299,33 @@ def file_turn(main: Trajectory | LegacyHistory, others: list[LegacyHistory], mes
 
 
 
-class Trajectory(pydantic.BaseModel):
+class _Tokenizes:
+    """ART's `tokenize()` / `tensorize()` of a Trajectory and a TrajectoryGroup: `art.tokenize([self], ...)[0]`
+    (tokenized.py), and that as torch tensors."""
+
+    def tokenize(self, *, multi_history: bool = False, reconcile_text_equivalent_tokenizations: bool = False,
+                 model: str | None = None, base_model: str | None = None, tokenizer: Any = None,
+                 chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
+        """This item as training sees it: a `TokenizedTrajectory` (with `multi_history=True` a
+        `TokenizedMultiHistoryTrajectory`), or a group's `TokenizedTrajectoryGroup`."""
+        return _protocol_histories().tokenize_item(
+            self, multi_history=multi_history, reconcile=reconcile_text_equivalent_tokenizations, model=model,
+            base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs)
+
+    def tensorize(self, *, multi_history: bool = False, reconcile_text_equivalent_tokenizations: bool = False,
+                  model: str | None = None, base_model: str | None = None, tokenizer: Any = None,
+                  chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None,
+                  device: Any = None) -> Any:
+        """`tokenize()`, as torch tensors on `device` (a `TensorizedTrajectory`,
+        `TensorizedMultiHistoryTrajectory` or `TensorizedTrajectoryGroup`)."""
+        return self.tokenize(multi_history=multi_history,
+                             reconcile_text_equivalent_tokenizations=reconcile_text_equivalent_tokenizations,
+                             model=model, base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
+                             chat_template_kwargs=chat_template_kwargs).tensorize(device=device)
+
+
+class Trajectory(_Tokenizes, pydantic.BaseModel):
     """One episode of an agent: what it saw, what it sampled, and its reward.
 
     It holds either `exchanges` (what a capture scope recorded: `with art.Trajectory() as t:`,
@@ -451,27 +477,6 @@ class Trajectory(pydantic.BaseModel):
     def histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
         return _protocol_histories().trajectory_histories(self, model, reconcile_text_equivalent_tokenizations)
 
-    def tokenize(self, *, multi_history: bool = False, reconcile_text_equivalent_tokenizations: bool = False,
-                 model: str | None = None, base_model: str | None = None, tokenizer: Any = None,
-                 chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
-        """This trajectory as training sees it: `art.tokenize([self], ...)[0]` (tokenized.py), a
-        `TokenizedTrajectory`, or with `multi_history=True` a `TokenizedMultiHistoryTrajectory`."""
-        return _protocol_histories().tokenize_item(
-            self, multi_history=multi_history, reconcile=reconcile_text_equivalent_tokenizations, model=model,
-            base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
-            chat_template_kwargs=chat_template_kwargs)
-
-    def tensorize(self, *, multi_history: bool = False, reconcile_text_equivalent_tokenizations: bool = False,
-                  model: str | None = None, base_model: str | None = None, tokenizer: Any = None,
-                  chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None,
-                  device: Any = None) -> Any:
-        """`tokenize()`, as torch tensors on `device` (a `TensorizedTrajectory` or
-        `TensorizedMultiHistoryTrajectory`)."""
-        return self.tokenize(multi_history=multi_history,
-                             reconcile_text_equivalent_tokenizations=reconcile_text_equivalent_tokenizations,
-                             model=model, base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
-                             chat_template_kwargs=chat_template_kwargs).tensorize(device=device)
-
     def messages(self) -> Messages:
         """The chat messages of the conversation. For captured exchanges (ART's rule): the one history
         `history()` gives, as Chat Completions messages, so Responses and Anthropic Messages exchanges convert
@@ -550,7 +555,7 @@ def revalidate(traj: Any, where: str) -> None:
 # --------------------------------------------------------------------------- groups
 
 
-class TrajectoryGroup(pydantic.BaseModel):
+class TrajectoryGroup(_Tokenizes, pydantic.BaseModel):
     """Trajectories that answer the same prompt; advantages are relative to the group.
 
     `TrajectoryGroup(trajectories)` builds a group at once; exceptions among the
@@ -618,25 +623,6 @@ class TrajectoryGroup(pydantic.BaseModel):
 
     def log(self, message: str) -> None:
         self.logs.append(message)
-
-    def tokenize(self, *, multi_history: bool = False, reconcile_text_equivalent_tokenizations: bool = False,
-                 model: str | None = None, base_model: str | None = None, tokenizer: Any = None,
-                 chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
-        """The group as training sees it: `art.tokenize([self], ...)[0]`, a `TokenizedTrajectoryGroup`."""
-        return _protocol_histories().tokenize_item(
-            self, multi_history=multi_history, reconcile=reconcile_text_equivalent_tokenizations, model=model,
-            base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
-            chat_template_kwargs=chat_template_kwargs)
-
-    def tensorize(self, *, multi_history: bool = False, reconcile_text_equivalent_tokenizations: bool = False,
-                  model: str | None = None, base_model: str | None = None, tokenizer: Any = None,
-                  chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None,
-                  device: Any = None) -> Any:
-        """`tokenize()`, as torch tensors on `device` (a `TensorizedTrajectoryGroup`)."""
-        return self.tokenize(multi_history=multi_history,
-                             reconcile_text_equivalent_tokenizations=reconcile_text_equivalent_tokenizations,
-                             model=model, base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
-                             chat_template_kwargs=chat_template_kwargs).tensorize(device=device)
 
     def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
         return iter(self.trajectories)
