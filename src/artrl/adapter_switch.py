@@ -118,11 +118,14 @@ def load_frozen_adapter(model: Any, name: str, path: str | Path) -> None:
     """
     import torch
 
+    from .models.lora_dtype import adapters_in_base_dtype
+
     _peft_model(model, f"adapter {name!r} from {path}")
     device = next(model.parameters()).device
     with preserved_training_state(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         try:
             model.load_adapter(str(path), adapter_name=name, is_trainable=False)
+            adapters_in_base_dtype(model)  # the new adapter's layers too (models/lora_dtype.py)
         except Exception:
             if name in model.peft_config:  # peft may have injected the adapter before its weights failed
                 model.delete_adapter(name)

@@ -70,7 +70,10 @@ def build_app(args: Any) -> Any:
         if adapter is not None:
             from peft import PeftModel
 
+            from ..models.lora_dtype import adapters_in_base_dtype
+
             model = PeftModel.from_pretrained(model, str(adapter))  # a peft model: set_live_weights adds versions
+            adapters_in_base_dtype(model)
         ends = end_of_turn_ids(tok, model)
     else:
         model, tok = None, load_tokenizer(args.model, cfg)

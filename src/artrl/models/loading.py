@@ -226,6 +226,8 @@ def add_lora(model: Any, cfg: InternalModelConfig | None = None) -> Any:
     """Wrap `model` in a peft LoRA adapter named 'default' (deterministic init from cfg.seed)."""
     from peft import LoraConfig, get_peft_model
 
+    from .lora_dtype import adapters_in_base_dtype
+
     cfg = cfg or InternalModelConfig()
     targets: list[str] | str | None = cfg.target_modules
     parameters = None
@@ -256,6 +258,7 @@ def add_lora(model: Any, cfg: InternalModelConfig | None = None) -> Any:
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(cfg.seed)
         peft_model = get_peft_model(model, lora)
+    adapters_in_base_dtype(peft_model)  # no float32 copy of each adapted projection's input (models/lora_dtype.py)
     if cfg.gradient_checkpointing:
         peft_model.get_base_model().gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": False})
