@@ -3,10 +3,13 @@
 Eight rows of 64 greedy tokens each on the tiny model with a LoRA adapter: either every row
 on the live policy version (`--mix single`: peft's plain forward), or the rows spread over
 two versions and the base weights (`--mix mixed`: peft's `adapter_names` forward). The
-whole process is what a timer measures (see docs/engines.md, *Mixed-version batches*):
+whole process is what a timer measures (see docs/engines.md, *Mixed-version batches*), the two
+modes run in turn, five of each:
 
-    farm-bench -n 5 -- python benchmarks/mixed_versions.py --mix mixed \
-        --vs 'python benchmarks/mixed_versions.py --mix single'
+    for i in 1 2 3 4 5; do
+        /usr/bin/time -f %e python benchmarks/mixed_versions.py --mix mixed
+        /usr/bin/time -f %e python benchmarks/mixed_versions.py --mix single
+    done
 
 Prints one JSON line: rows, decode steps, and the decode wall seconds inside the process.
 """
