@@ -11,11 +11,16 @@ decoder layer where the checkpointed hidden state is 17 MB, and 6.8 GB above the
 With the threshold fixed (which also turns the dynamic rule off) the same call peaks ~17 MB a layer
 above a fixed part: what the memory plan counts (docs/performance.md, "Long trajectories").
 
-`fix_mmap_threshold()` sets it (`mallopt(M_MMAP_THRESHOLD, 128 KiB)`) once per process, when a
-trainer is made on a CPU. It changes nothing where the C library is not glibc, and nothing when the
-environment already sets `MALLOC_MMAP_THRESHOLD_` (glibc read that at start: the user's choice stands).
-Mapping each large tensor costs page faults on first touch; the train calls measured ran as fast
-(docs/performance.md has the A/B).
+`fix_mmap_threshold()` sets it once per process, when a trainer is made on a CPU, to 1 MiB
+(`mallopt(M_MMAP_THRESHOLD, 1 MiB)`), and the heap's trim threshold to 64 MiB (`M_TRIM_THRESHOLD`;
+with the dynamic rule off it stays at glibc's 128 KiB, and the heap's free top goes back to the system
+at nearly every free). Both are what a backward pass needs: torch's CPU flash attention backward in
+bf16 allocates and frees scratch blocks of a few hundred KiB per block of queries; at a 128 KiB
+threshold each was a fresh mapping, faulted in page by page (31 million more page faults in one 2-layer
+call at 32k tokens, which took 27% less time without them). Blocks up to 1 MiB from the heap cannot grow it as the
+32 MiB ones did: the measured peaks are the same (docs/performance.md, "Long trajectories").
+It changes nothing where the C library is not glibc; when the environment sets
+`MALLOC_MMAP_THRESHOLD_` or `MALLOC_TRIM_THRESHOLD_`, that setting stands (glibc read it at start).
 """
 
 from __future__ import annotations
@@ -28,22 +33,27 @@ import threading
 
 log = logging.getLogger(__name__)
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
-THRESHOLD_BYTES = 128 * 1024  # glibc's own starting value, kept fixed
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
+M_MMAP_THRESHOLD = -3
+THRESHOLD_BYTES = 1024 * 1024  # above it, a block is mapped and unmapped when freed
+TRIM_BYTES = 64 * 1024 * 1024  # free memory the heap's top may keep
 ENV = "MALLOC_MMAP_THRESHOLD_"
+TRIM_ENV = "MALLOC_TRIM_THRESHOLD_"
 
 _lock = threading.Lock()
 _done: bool | None = None
 
 
 def fix_mmap_threshold() -> bool:
-    """Fix glibc's mmap threshold at `THRESHOLD_BYTES` for this process (once); whether it is fixed now (by this
-    call, an earlier one, or the environment). False where the C library has no `mallopt` (not glibc)."""
+    """Fix glibc's mmap threshold at `THRESHOLD_BYTES` and its trim threshold at `TRIM_BYTES` for this process
+    (once); whether the mmap threshold is fixed now (by this call, an earlier one, or the environment). False where
+    the C library has no `mallopt` (not glibc). A threshold the environment sets is left as it is."""
     global _done
     with _lock:
         if _done is not None:
             return _done
-        if os.environ.get(ENV):
+        from_env = bool(os.environ.get(ENV))
+        if from_env and os.environ.get(TRIM_ENV):
             _done = True
             return _done
         _done = False
@@ -53,9 +63,13 @@ def fix_mmap_threshold() -> bool:
             mallopt = libc.mallopt
         except (OSError, AttributeError):
             log.debug("no mallopt in this C library: the host allocator keeps its defaults")
+            _done = from_env
             return _done
         mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
         mallopt.restype = ctypes.c_int
-        _done = bool(mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES))
-        log.debug("glibc mmap threshold fixed at %d bytes: %s", THRESHOLD_BYTES, _done)
+        _done = from_env or bool(mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES))
+        if _done and not os.environ.get(TRIM_ENV):
+            mallopt(M_TRIM_THRESHOLD, TRIM_BYTES)  # after the mmap threshold: setting that one resets the trim rule
+        log.debug("glibc mmap threshold %s, trim threshold %s", os.environ.get(ENV) or THRESHOLD_BYTES,
+                  os.environ.get(TRIM_ENV) or TRIM_BYTES)
         return _done
