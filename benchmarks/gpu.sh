@@ -5,6 +5,9 @@
 #
 #   stage            what                                                            file (JSON lines)
 #   env              versions, device, free memory, which optional kernels import   env.json
+#   long-context     bench memory --context: one RL call on a long trajectory pair,  long-context.json
+#                    plan beside peak (0.6B; 8B with its checkpointed inputs offloaded
+#                    to host memory and without)
 #   train-0.6b       bench train at --scale 1, ours vs reference, + a profile table  train-qwen3-0.6b.json
 #   train-8b         the same at the 8B shape (reference: its first rows only)       train-qwen3-8b.json
 #   kernels          A/B of the kernel switches on the 0.6B shape, ours only, short  kernels.json
@@ -59,6 +62,9 @@ if [[ "$mode" == "--cpu-smoke" ]]; then
   demo_args=(--quick)
   pipeline_args=(--steps 3 --groups-per-step 2 --rollouts-per-group 2 --turns 2 --tool-latency 0.1 --max-tokens 4
                  --prompt-words 20 --result-words 10)
+  long_small=(--context 256 --layout completion)
+  long_large=(--context 256 --layout completion --gradient-checkpointing)
+  long_arms=("")  # offloading is CUDA's
   serve_ab=()  # the switches are CUDA's
   ngpu=0
 else
@@ -78,6 +84,11 @@ else
   # both arms, 6 train calls each of 8 groups x 8 rollouts, 3 turns of 32 tokens with a 0.5 s tool after each
   pipeline_args=(--steps 6 --groups-per-step 8 --rollouts-per-group 8 --turns 3 --tool-latency 0.5 --max-tokens 32
                  --prompt-words 200 --result-words 100)
+  # one trajectory pair, every token trained: 0.6B at 2 x 32k tokens (checkpointing and offloading as the plan
+  # chooses), 8B at 2 x 16k with checkpointing, its layers' inputs offloaded to host memory and kept on the GPU
+  long_small=(--dtype bfloat16 --context 32768 --layout completion)
+  long_large=(--dtype bfloat16 --context 16384 --layout completion --gradient-checkpointing)
+  long_arms=("--offload-activations" "--no-offload-activations")
   serve_ab=("--static-cache" "--merge-lora off")
   ngpu=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 fi
@@ -97,8 +108,12 @@ if ! "$py" -c "import $modules" 2>/dev/null; then
   "$py" -m pip install --quiet --no-index --find-links "$wheels" -r "$reqs"
 fi
 if [[ -d "$wheels" ]] && ! "$py" -c "import trl, datasets, liger_kernel" 2>/dev/null; then
-  "$py" -m pip install --quiet --no-index --no-deps --find-links "$wheels" -r "$here/gpu-peer-requirements.txt" \
-    2>/dev/null || echo "gpu.sh: some optional peer packages are not in $wheels (gpu_wheels.sh --peer)" >&2
+  # one at a time: a package the image has already (pyarrow, pandas) need not be in the folder, and one that is
+  # missing must not keep the others out
+  while read -r req; do
+    "$py" -m pip install --quiet --no-index --no-deps --find-links "$wheels" "$req" 2>/dev/null \
+      || echo "gpu.sh: optional peer package $req is not in $wheels (gpu_wheels.sh --peer)" >&2
+  done < <(grep -v '^#' "$here/gpu-peer-requirements.txt" | grep .)
 fi
 
 # ----------------------------------------------------------------------------------------- stages
@@ -120,7 +135,7 @@ stage() {
   (( rc == 0 )) || failed=$(( failed + 1 ))
   rm -f "$so" "$se"
 }
-for f in env train-$(tag $small) train-$(tag $large) kernels trl serve demo pipeline workers; do rm -f "$out/$f.json"; done
+for f in env long-context train-$(tag $small) train-$(tag $large) kernels trl serve demo pipeline workers; do rm -f "$out/$f.json"; done
 cli=("$py" -m artrl.cli)
 
 stage env 10 env.json "$py" - <<'PY'
@@ -136,6 +151,16 @@ if torch.cuda.is_available():
                 free_gb=round(free / 1e9, 1), total_gb=round(total / 1e9, 1))
 print(json.dumps(info))
 PY
+
+# long trajectories (docs/performance.md, "Long trajectories"): the plan beside the measured peak, offloading's
+# price and saving
+stage "long-context $(tag $small)" 40 long-context.json "${cli[@]}" bench memory --model "$small" --device $dev \
+  "${long_small[@]}"
+for v in "${long_arms[@]}"; do
+  # shellcheck disable=SC2086  # a variant is one flag, or none
+  stage "long-context $(tag $large) $v" 60 long-context.json "${cli[@]}" bench memory --model "$large" \
+    --device $dev "${long_large[@]}" $v
+done
 
 stage train-0.6b 75 "train-$(tag $small).json" \
   "${cli[@]}" bench train --workload "$workload" --model "$small" --device $dev "${train_small[@]}"

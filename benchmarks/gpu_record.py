@@ -22,8 +22,11 @@ HEADLINES = ("mfu", "ratio_tokens_per_s", "computed_tokens_ratio", "trainable_to
              "wall_s", "rollout_s", "train_s", "rollout_completion_tokens_per_s", "val_reward_after_rl",
              # bench pipeline's: the ratio, where the workload sits, each arm's idle shares and staleness
              "ratio_sync_over_pipeline", "sync_rollout_over_train", "trainer_idle_fraction", "actor_idle_fraction",
-             "mean_staleness")
-PARTS = ("ours", "reference", "artrl", "trl", "concurrent", "sequential", "sync", "pipeline")
+             "mean_staleness",
+             # bench memory --context's: the plan's error, the call's peak above the model, its choices
+             "plan_error", "row_tokens", "train_above_registered_gb", "checkpointing", "offloaded", "peak_gb",
+             "call_refused", "message")
+PARTS = ("ours", "reference", "artrl", "trl", "concurrent", "sequential", "sync", "pipeline", "context", "train")
 
 
 def headline(record: dict[str, Any]) -> str:

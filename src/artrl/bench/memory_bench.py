@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optim", default=None, help="ART's trainer_args.optim (default adamw_torch)")
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--offload-activations", action=argparse.BooleanOptionalAction, default=None,
+                   help="on CUDA, keep the checkpointed layer inputs in host memory (InternalModelConfig."
+                        "offload_activations; default: when the call's longest micro-batch needs it)")
     p.add_argument("--device", default=None, help="cpu, cuda (default: cuda when available)")
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--rollouts", type=int, default=2, help="trajectories per group")
@@ -140,7 +143,7 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
                               "load_in_8bit": args.load_in_8bit}
     if args.logprob_chunk_size:
         fields["logprob_chunk_size"] = args.logprob_chunk_size
-    for name in ("load_in_4bit", "optim", "gradient_checkpointing", "device"):
+    for name in ("load_in_4bit", "optim", "gradient_checkpointing", "offload_activations", "device"):
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
     cfg = art.InternalModelConfig(**fields)
@@ -217,7 +220,18 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
         from ..train.memory import MEMORY_FRACTION
 
         checkpointing = plan_memory(registered.shape, workload).parts["activations"] > train_free * MEMORY_FRACTION
-    workload = dataclasses.replace(workload, gradient_checkpointing=bool(checkpointing))
+    # offloading as the call ran it (train/memory.py call_checkpointing: CUDA only; None: when checkpointing alone
+    # does not fit the call's longest micro-batch)
+    offloaded = device.type == "cuda" and bool(cfg.offload_activations)
+    if device.type == "cuda" and cfg.offload_activations is None and checkpointing is not False:
+        from ..train.memory import MEMORY_FRACTION
+
+        with_checkpointing = dataclasses.replace(workload, gradient_checkpointing=True)
+        offloaded = plan_memory(registered.shape, with_checkpointing).parts["activations"] > train_free * MEMORY_FRACTION
+    if cfg.gradient_checkpointing is not False:
+        checkpointing = checkpointing or offloaded  # offloading is of the checkpointed inputs
+    workload = dataclasses.replace(workload, gradient_checkpointing=bool(checkpointing),
+                                   offload_activations=offloaded)
     plan = plan_memory(registered.shape, workload)
     # the largest phase peak (ru_maxrss is no help: resetting VmHWM between phases resets it too)
     peak = max(v for k, v in phases.figures.items() if k.endswith("_peak"))
@@ -227,9 +241,14 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
         above = measured["train_peak"] - measured["registered"]
         context = {"context": {"tokens": args.context, "layout": args.layout, "row_tokens": tokens,
                                "trained_tokens": trained, "checkpointing": bool(checkpointing),
+                               "offloaded": offloaded,
                                "train_above_registered_gb": round(above, 3),
                                "mb_per_token_above_registered": round(above * 1e3 / max(tokens, 1), 4),
                                "plan_activations_gb": round(plan.parts["activations"] / GB, 3)}}
+    if device.type == "cuda":  # the host side of offloading: pinned copies of the layers' inputs
+        import resource
+
+        measured["host_max_resident"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB, 3)
     return {**out, "refused": False, **context, "plan_workload": plan.as_json(), "measured_gb": measured,
             "plan_error": round(plan.peak / GB / peak - 1, 3),
             "train": train_figures(metrics, phases.seconds["train"], measured["train_peak"],
