@@ -154,11 +154,11 @@ PY
 
 # long trajectories (docs/performance.md, "Long trajectories"): the plan beside the measured peak, offloading's
 # price and saving
-stage "long-context $(tag $small)" 40 long-context.json "${cli[@]}" bench memory --model "$small" --device $dev \
+stage "long-context $(tag $small)" 70 long-context.json "${cli[@]}" bench memory --model "$small" --device $dev \
   "${long_small[@]}"
 for v in "${long_arms[@]}"; do
   # shellcheck disable=SC2086  # a variant is one flag, or none
-  stage "long-context $(tag $large) $v" 60 long-context.json "${cli[@]}" bench memory --model "$large" \
+  stage "long-context $(tag $large) $v" 70 long-context.json "${cli[@]}" bench memory --model "$large" \
     --device $dev "${long_large[@]}" $v
 done
 
