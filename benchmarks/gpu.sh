@@ -23,7 +23,7 @@
 # Each stage runs under its own `timeout` (its budget, or what is left of the cap); one that
 # fails or times out adds a line with its exit code and stderr tail to its file, and the next
 # stage runs. Each figure is printed as its stage finishes. Budgets (seconds, GPU): env 10,
-# train-0.6b 75, train-8b 120, kernels 2x15, trl 35+45, serve 45+60, demo 60, pipeline 90, compiled arm
+# long-context 3x70, train-0.6b 75, train-8b 120, kernels 2x15, trl 35+45, serve 45+60, demo 60, pipeline 90, compiled arm
 # what is left (up to 60)
 # (GPU_SH_BUDGET_FACTOR multiplies them: 8 in --cpu-smoke).
 #
