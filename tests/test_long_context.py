@@ -115,17 +115,50 @@ def test_gradients_are_the_same_with_checkpointing_offload_and_the_dense_mask(ti
         set_checkpointing(inner, ckpt)
         trainer.offload_activations = offload
         offloads = []
-        save_on_cpu = torch.autograd.graph.save_on_cpu
+        saving = trainer.offload.saving
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(torch.autograd.graph, "save_on_cpu", lambda **kw: offloads.append(kw) or save_on_cpu(**kw))
+            mp.setattr(trainer.offload, "saving", lambda: offloads.append(1) or saving())
             results[name] = _grads(trainer, packed, plan)
         assert len(offloads) == (len(plan.steps[0].micro_batches) if offload else 0)
+        if offload:
+            assert trainer.offload.tensors > 0
     ref = results["tree"]
     assert all(g.norm() > 0 for g in ref.values())
     for name in ("checkpointed", "offloaded", "dense"):
         for key, g in results[name].items():
             error = float((g - ref[key]).norm() / ref[key].norm())
             assert error < 1e-5, f"{name}: {key}: relative error {error:.2e}"
+
+
+def test_offloading_moves_the_layers_inputs_and_never_a_weight(tiny_path, make_choice):
+    """With checkpointing on, an offloaded forward moves what it saves outside the checkpointed layers (each layer's
+    input, the LM head's chunks' inputs) and no parameter: torch's save_on_cpu also copied each LM-head chunk's
+    weight (1.24 GB a chunk on the Qwen3-8B shape: 40 GB of pinned host memory for a 16k-token call on one H200)."""
+    from tests.test_train import rl_groups
+
+    model, tok = load_model(str(tiny_path), art.InternalModelConfig(seed=0))
+    trainer = Trainer(model, tok)
+    # answers long enough for the LM head to run in several chunks
+    packed = pack(tokenize_groups(rl_groups(make_choice, n_groups=1, per_group=2), tok).groups,
+                  max_length=trainer.max_length)
+    plan = plan_batches(packed, per_device_train_batch_size=1, grad_accumulation_sequences=None)
+    model.train()
+    set_checkpointing(model.get_base_model(), True)
+    trainer.offload_activations = True
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    moved: list[torch.Tensor] = []
+    pack_one = trainer.offload._pack
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trainer.offload, "_pack", lambda t: (out := pack_one(t)) is not t and moved.append(t) or out)
+        _grads(trainer, packed, plan)
+    assert moved and not [t.shape for t in moved if t.untyped_storage().data_ptr() in weights]
+    cfg = trainer.model_config
+    tokens = max(mb.tokens for mb in plan.steps[0].micro_batches)
+    layer_input = tokens * cfg.hidden_size * 4  # float32
+    assert sum(t.shape[-1] == cfg.hidden_size and t.numel() == tokens * cfg.hidden_size for t in moved) \
+        >= cfg.num_hidden_layers
+    # the layers' inputs and a few more of their size (the final norm's, the head's), nothing the size of a weight
+    assert trainer.offload.bytes <= (cfg.num_hidden_layers + 4) * layer_input, (trainer.offload.bytes, layer_input)
 
 
 def test_the_token_record_holds_with_checkpointing_and_offload(tiny_path):

@@ -199,6 +199,10 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
                     "seconds_to_refuse": round(time.perf_counter() - t_call, 2), "message": str(e),
                     "measured_gb": {k: round(v, 3) for k, v in phases.figures.items()}}
         phases.end("train")
+        # what the call's last micro-batch moved to host memory (train/offload.py); None where the trainer is elsewhere
+        run_trainer = getattr(getattr(backend, "_runs", {}).get(model.name), "trainer", None)
+        offload = getattr(run_trainer, "offload", None)
+        offloaded_gb = round(offload.bytes / GB, 3) if offload is not None else None
     finally:
         backend.close()
     metrics = result.metrics
@@ -241,7 +245,7 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
         above = measured["train_peak"] - measured["registered"]
         context = {"context": {"tokens": args.context, "layout": args.layout, "row_tokens": tokens,
                                "trained_tokens": trained, "checkpointing": bool(checkpointing),
-                               "offloaded": offloaded,
+                               "offloaded": offloaded, "offloaded_gb": offloaded_gb if offloaded else 0.0,
                                "train_above_registered_gb": round(above, 3),
                                "mb_per_token_above_registered": round(above * 1e3 / max(tokens, 1), 4),
                                "plan_activations_gb": round(plan.parts["activations"] / GB, 3)}}

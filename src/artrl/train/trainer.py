@@ -64,6 +64,7 @@ from ..once_per_run import OncePerRun
 from ..progress import ProgressBar, progress_bar
 from ..types import InternalModelConfig, OptimizerConfig
 from .attention import attention_mask_for
+from .offload import HostOffload
 from .kernels import apply_kernels, fused_adamw
 from .logprobs import TokenLogprobModel
 from .loss import LossTerms, histogram_quantile
@@ -209,6 +210,7 @@ class Trainer:
         # `force_offload` runs that path on a CPU too (a copy within host memory), for the tests of its math
         self.offload_activations = False
         self.force_offload = False
+        self.offload = HostOffload(model, pin_memory=self.device.type == "cuda")
         self._references: list[str] = []  # frozen KL reference adapters loaded, oldest first
         # the dtype activations run in: the frozen floating weights' (a quantised model's packed weights are not)
         self.dtype = next(p for p in inner.parameters() if not p.requires_grad and p.is_floating_point()).dtype
@@ -358,7 +360,7 @@ class Trainer:
         adapter_ctx = self._reference(ref_adapter) if not adapter else contextlib.nullcontext()
         offload = contextlib.nullcontext()
         if grad and self.offload_activations:
-            offload = torch.autograd.graph.save_on_cpu(pin_memory=dev.type == "cuda")
+            offload = self.offload.saving()
         with ctx, adapter_ctx, offload:
             targets = input_ids[b_idx.to(dev), t_idx.to(dev)]  # [n]
             logp, ent = self.token_model(input_ids, mask, positions, b_idx.to(dev), prev.to(dev),
