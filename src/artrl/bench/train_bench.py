@@ -23,10 +23,13 @@ random:qwen3-30b-a3b to its first N layers so it fits a small machine.
 
 from __future__ import annotations
 
+import collections
 import json
+import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +39,8 @@ from ..types import InternalModelConfig, TrainConfig
 from .pack_bench import REFERENCE_MULTIPLE
 from .flops import ModelShape, hardware_peak, packed_counts
 from .workload import load_workload, scaled, workload_groups
+
+log = logging.getLogger("artrl.bench.train")
 
 if TYPE_CHECKING:
     import torch  # loaded by the benchmark's run, not by `artrl --help`
@@ -64,8 +69,10 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
     from ..train.trainer import Trainer
 
     torch.manual_seed(0)
+    t_load = time.perf_counter()
     model, tok = load_model(model_name, model_cfg,
                             shape_overrides={"num_hidden_layers": layers} if layers else None)
+    log.info("%s: %s loaded in %.1f s", mode, model_name, time.perf_counter() - t_load)
     moe = is_moe(model.get_base_model().config)
     if dense_experts:
         if not moe:
@@ -84,22 +91,28 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
         plan.steps = plan.steps[:max_steps]
     loss_fn = rl_loss_fn(cfg)
     # warm-up: one micro-batch forward/backward, not timed, gradients dropped
+    t_warm = time.perf_counter()
     warm = plan.steps[0]
     trainer.accumulate(packed, type(warm)(warm.micro_batches[:1], warm.trainable_tokens, warm.sequences), loss_fn)
     trainer.optimizer.zero_grad(set_to_none=True)
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    log.info("%s: warm-up micro-batch in %.1f s (compiles, if any); timing %d optimizer steps, %d micro-batches",
+             mode, time.perf_counter() - t_warm, len(plan.steps), plan.num_micro_batches)
     t0 = time.perf_counter()
     steps = list(trainer.run(packed, plan, loss_fn, [cfg.learning_rate] * len(plan.steps), optimizer=cfg,
                              show_progress=False))
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
+    log.info("%s: timed call in %.1f s", mode, seconds)
     peak_mb = round(_peak_memory_mb(trainer.device), 1)
     profiled = None
     if profile_micro_batches is not None:
+        t_profile = time.perf_counter()
         profiled = _profile(trainer, packed, plan, loss_fn, cfg, profile_micro_batches)
+        log.info("%s: profiled call in %.1f s", mode, time.perf_counter() - t_profile)
     trainable = sum(s.trainable_tokens for s in plan.steps)
     real, trainable_check, keys = packed_counts(packed, [r for st in plan.steps for r in st.rows])
     assert trainable_check == trainable
@@ -190,11 +203,26 @@ def _subprocess(mode: str, args: Any) -> dict[str, Any]:
     if mode == "dense":  # ours, with every expert on every token
         cmd[cmd.index("--mode") + 1] = "ours"
         cmd += ["--dense-experts"]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
-    if out.returncode != 0:
-        raise SystemExit(f"artrl bench train: the {mode} run failed (exit {out.returncode}); its last output:\n"
-                         + "\n".join(out.stderr.strip().splitlines()[-25:]))
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    # the run's log passes through as it comes (a run stopped from outside, by a time limit, still shows where it
+    # was), and its last lines stay for the error below
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    last: collections.deque[str] = collections.deque(maxlen=25)
+
+    def forward() -> None:
+        for line in proc.stderr:
+            last.append(line.rstrip("\n"))
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+    relay = threading.Thread(target=forward, daemon=True)
+    relay.start()
+    stdout = proc.stdout.read()
+    code = proc.wait()
+    relay.join()
+    if code != 0:
+        raise SystemExit(f"artrl bench train: the {mode} run failed (exit {code}); its last output:\n"
+                         + "\n".join(last))
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def _configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
@@ -318,8 +346,13 @@ def argparse_hidden() -> str:
 
 if __name__ == "__main__":
     import argparse
+    import logging
 
     from ..errors import ArtrlError
+
+    # a mode's progress on stderr (the parent passes it through): a run stopped by a time limit shows where it was
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
