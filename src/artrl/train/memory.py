@@ -70,12 +70,13 @@ class MemoryBudget:
         return max(self.tokens, self.tokens_checkpointed, self.tokens_offloaded or 0)
 
 
-def bytes_per_token(config: Any, dtype: torch.dtype, checkpointing: bool, offload: bool = False) -> int:
+def bytes_per_token(config: Any, dtype: torch.dtype, checkpointing: bool, offload: bool = False,
+                    fused: bool = False) -> int:
     """Activation bytes one token keeps on the device for backward (models/memory_plan.py's estimate, for a model
-    config)."""
+    config; `fused`: Liger's kernels are in the model)."""
     from ..models.memory_plan import ModelShape, bytes_per_token as per_token
 
-    return per_token(ModelShape.of(config), torch.finfo(dtype).bits // 8, checkpointing, offload)
+    return per_token(ModelShape.of(config), torch.finfo(dtype).bits // 8, checkpointing, offload, fused)
 
 
 def head_bytes(config: Any, chunk_size: int) -> int:
@@ -98,14 +99,14 @@ def free_bytes(device: torch.device) -> int:
     return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
 
 
-def budget_for(config: Any, dtype: torch.dtype, chunk_size: int, free: int, *, offload: bool = False
-               ) -> MemoryBudget:
+def budget_for(config: Any, dtype: torch.dtype, chunk_size: int, free: int, *, offload: bool = False,
+               fused: bool = False) -> MemoryBudget:
     """The token budgets that `free` bytes allow (at least one `BUDGET_MULTIPLE`); `offload`: also the budget with
-    the checkpointed layer inputs in host memory (a CUDA device)."""
+    the checkpointed layer inputs in host memory (a CUDA device); `fused`: Liger's kernels are in the model."""
     usable = free * MEMORY_FRACTION - head_bytes(config, chunk_size)
 
     def tokens(checkpointing: bool, offloaded: bool = False) -> int:
-        n = int(usable // bytes_per_token(config, dtype, checkpointing, offloaded))
+        n = int(usable // bytes_per_token(config, dtype, checkpointing, offloaded, fused))
         return max(BUDGET_MULTIPLE, n // BUDGET_MULTIPLE * BUDGET_MULTIPLE)
 
     return MemoryBudget(tokens(False), tokens(True), int(free), tokens(True, True) if offload else None)
@@ -121,7 +122,8 @@ def device_budget(trainer: "Trainer", host: bool = False) -> MemoryBudget | None
         return None
     config = trainer.model_config
     return budget_for(config, trainer.dtype, cfg.logprob_chunk_size, free_bytes(trainer.device),
-                      offload=trainer.device.type == "cuda" and cfg.offload_activations is not False)
+                      offload=trainer.device.type == "cuda" and cfg.offload_activations is not False,
+                      fused=bool(getattr(trainer, "kernels", {}).get("liger_kernel")))
 
 
 def checkpointing_on(model: Any) -> bool:
