@@ -24,11 +24,20 @@ and in `artrl.get_tokenizer`:
    `apply_chat_template` still wins; nothing else needs to pass one, so the server's prompt, the
    trainer's rendering and a user's own `tokenizer.apply_chat_template` all agree.
 
+3. **Other families**, each made only where the stock statement occurs exactly once, each keyed on
+   `preserve_thinking` so that `preserve_thinking=False` renders as the stock template does:
+   Gemma 4 (a model turn's thought is kept before the last user turn too, not only beside a tool call after
+   it); MiniMax (reasoning before the last user turn); gpt-oss / harmony (the analysis beside an earlier tool
+   call that a final answer followed, the analysis of an earlier final answer, and that answer closed with
+   the `<|return|>` the model sampled instead of `<|end|>`); Kimi K2.5 (every turn through the branch that
+   keeps reasoning, none through the one that blanks it); GLM with `clear_thinking` false (an answer's
+   whitespace as sampled, not stripped); Gemma 4's trim of a turn's text.
+
 The rewrite is idempotent, and a template it does not recognise is returned unchanged. What this does not
-do (ART does; docs/art-compatibility.md): the rewrites of Gemma 4, MiniMax, gpt-oss (harmony), Kimi K2.5,
-GLM (beyond the default) and DeepSeek V4 templates, and the whitespace-keeping edits of later Qwen templates
-(those that trim `reasoning_content`). Where ART disables Qwen's inline parser outright, artrl disables it
-only while `preserve_thinking` is true, so `preserve_thinking=False` gives the stock rendering back.
+do (ART does; docs/art-compatibility.md): DeepSeek V4 (its chat format is a Python encoder, not a template,
+and ART passes it `drop_thinking=False`), and the whitespace-keeping edits of later Qwen templates (those that
+trim `reasoning_content`). Where ART disables Qwen's inline parser outright, artrl disables it only while
+`preserve_thinking` is true, so `preserve_thinking=False` gives the stock rendering back.
 """
 
 from __future__ import annotations
@@ -56,6 +65,64 @@ _QWEN3_LAST_TURN_LITERAL: Final = ("{%- if (loop.last and not (" + _PRESERVING +
 _QWEN3_REWRITES: Final = ((_QWEN3_DROPS_EARLIER, _QWEN3_KEEPS_EARLIER), (_QWEN3_PARSES_INLINE, _QWEN3_LITERAL_INLINE),
                           (_QWEN3_LAST_TURN, _QWEN3_LAST_TURN_LITERAL))
 
+# Other families, each rewrite made only where its stock text occurs exactly once (the stock conditions are the
+# templates' own text, so an unknown revision is left as it ships):
+_GEMMA4_DROPS_EARLIER: Final = "thinking_text and loop.index0 > ns_turn.last_user_idx and message.get('tool_calls')"
+"""Gemma 4: a model turn's thought is written only after the last user turn, and only beside a tool call."""
+_GEMMA4_GATE_DROPS_EARLIER: Final = ("(loop.index0 > ns_turn.last_user_idx) or "
+                                     "(" + PRESERVE_THINKING + " and message.get('tool_calls'))")
+"""A Gemma 4 revision with its own switch, which keeps only earlier thoughts beside a tool call."""
+_MINIMAX_DROPS_EARLIER: Final = "reasoning_content and loop.index0 > ns.last_user_index"
+"""MiniMax: reasoning is written only after the last user turn."""
+_HARMONY_DROPS_EARLIER: Final = tuple(f"message.{field} and not future_final_message.found"
+                                      for field in ("content", "thinking"))
+"""gpt-oss (harmony): an assistant turn's analysis is written only when no final answer follows it."""
+_HARMONY_NO_COT: Final = "{#- CoT is dropped during all previous turns, so we never render it for inference #}"
+"""gpt-oss: where an earlier turn's final answer is written, its analysis is not."""
+_HARMONY_FINAL_END: Final = '"<|start|>assistant<|channel|>final<|message|>" + message.content + "<|end|>"'
+"""gpt-oss: an earlier final answer is closed with <|end|>, where the model sampled <|return|>."""
+_KIMI_HISTORY: Final = (("set hist_msgs = messages[:ns.last_non_tool_call_assistant_msg+1]",
+                         "set hist_msgs = [] if " + _PRESERVING + " else messages[:ns.last_non_tool_call_assistant_msg+1]"),
+                        ("set suffix_msgs = messages[ns.last_non_tool_call_assistant_msg+1:]",
+                         "set suffix_msgs = messages if " + _PRESERVING
+                         + " else messages[ns.last_non_tool_call_assistant_msg+1:]"),
+                        ("{%- if thinking is defined and thinking is false -%}",
+                         "{%- if thinking is defined and thinking is false and not " + _PRESERVING + " -%}"))
+"""Kimi K2.5: turns up to the last plain answer are rendered by a branch that blanks their reasoning; with
+`preserve_thinking` every turn goes through the branch that keeps it."""
+_GLM_STRIPS: Final = (("{{ content.strip() }}", "{{ content if not " + CLEAR_THINKING + " else content.strip() }}"),
+                      ("{%- if content.strip() -%}",
+                       "{%- if (content if not " + CLEAR_THINKING + " else content.strip()) -%}"))
+"""GLM: an assistant turn's text is stripped of its whitespace, which the model sampled."""
+_GEMMA4_TRIMS: Final = tuple(("{{- " + value + " | trim -}}",
+                              "{{- " + value + " if " + _PRESERVING + " and message.role == 'assistant' else "
+                              + value + " | trim -}}") for value in ("message['content']", "item['text']"))
+"""Gemma 4: an assistant turn's text is trimmed, which the model sampled with its whitespace."""
+
+
+def _family_rewrites(template: str) -> list[tuple[str, str]]:
+    """The (stock, kept) rewrites of the families other than Qwen3 that `template` may hold."""
+    either = f"({_PRESERVING} or "
+    rewrites = [(_GEMMA4_DROPS_EARLIER, "thinking_text and " + either + _GEMMA4_DROPS_EARLIER[len("thinking_text and "):]
+                 + ")"),
+                (_GEMMA4_GATE_DROPS_EARLIER, PRESERVE_THINKING + " or (loop.index0 > ns_turn.last_user_idx)"),
+                (_MINIMAX_DROPS_EARLIER, "reasoning_content and " + either
+                 + _MINIMAX_DROPS_EARLIER[len("reasoning_content and "):] + ")"),
+                *((stock, stock.replace(" and not ", " and " + either + "not ") + ")")
+                  for stock in _HARMONY_DROPS_EARLIER),
+                (_HARMONY_NO_COT, "{%- if " + _PRESERVING + " and message.thinking is defined %}"
+                 "<|start|>assistant<|channel|>analysis<|message|>{{ message.thinking }}<|end|>{%- endif %}"),
+                (_HARMONY_FINAL_END, _HARMONY_FINAL_END[:-len('"<|end|>"')]
+                 + '("<|return|>" if ' + _PRESERVING + ' else "<|end|>")')]
+    if "set hist_msgs = messages[:ns.last_non_tool_call_assistant_msg+1]" in template:
+        rewrites += _KIMI_HISTORY
+    if CLEAR_THINKING in template:
+        rewrites += _GLM_STRIPS
+    if "ns_turn.last_user_idx" in template:
+        rewrites += _GEMMA4_TRIMS
+    return rewrites
+
+
 _DEFAULTS: Final = ((PRESERVE_THINKING, "true"), (CLEAR_THINKING, "false"))
 """Template variable -> the value that keeps history, set as the template's default."""
 
@@ -76,6 +143,9 @@ def chat_template_with_preserved_thinking(chat_template: Any) -> Any:
         for stock, kept in _QWEN3_REWRITES:
             if template.count(stock) == 1:
                 template = template.replace(stock, kept)
+    for stock, kept in _family_rewrites(template):
+        if template.count(stock) == 1:
+            template = template.replace(stock, kept)
     for name, value in reversed(_DEFAULTS):
         line = _default_line(name, value)
         if name in template and line not in template:

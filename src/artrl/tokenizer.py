@@ -7,9 +7,9 @@ As in ART, `trust_remote_code` defaults to True for a local directory or when th
 HF_TRUST_REMOTE_CODE is 1/true/yes, and to False otherwise; a keyword given by the caller wins.
 
 As in ART, the chat template is edited to keep earlier assistant turns' reasoning (preserved_thinking.py: Qwen3's
-hybrid templates, and templates with a `preserve_thinking` / `clear_thinking` switch), the same edit the server
-and the trainer load their tokenizer with. What ART adds and this does not (docs/art-compatibility.md): that
-edit for the other families ART knows (Gemma 4, MiniMax, gpt-oss, Kimi K2.5, DeepSeek V4), the fallback to a public Llama 3 tokenizer
+hybrid templates, Gemma 4, gpt-oss, MiniMax, Kimi K2.5 and GLM, and templates with a `preserve_thinking` /
+`clear_thinking` switch), the same edit the server and the trainer load their tokenizer with. What ART adds and
+this does not (docs/art-compatibility.md): DeepSeek V4's chat encoder, the fallback to a public Llama 3 tokenizer
 when Meta's gated repository cannot be read, and the model-specific loaders of Kimi K2, DeepSeek V4,
 Inkling and tinker-registered tokenizers. A tokenizer is not cached: each call loads a new one.
 """
