@@ -50,6 +50,8 @@ STREAM = sse(chunk({"role": "assistant", "content": ""}),
                                                                               "arguments": "ty\": 1}"}}]}, -0.2),
              chunk({}, finish="tool_calls"))
 
+UNFINISHED = sse(chunk({"role": "assistant", "content": "he"}, -0.1), chunk({"content": "llo"}, -0.2))
+
 
 class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
@@ -57,6 +59,8 @@ class _Handler(BaseHTTPRequestHandler):
         last = body["messages"][-1].get("content") or ""
         if last == "fail":
             payload, status, kind = json.dumps({"error": {"message": "bad"}}).encode(), 400, "application/json"
+        elif body.get("stream") and last == "unfinished":  # a choice that never sends a finish_reason
+            payload, status, kind = UNFINISHED, 200, "text/event-stream"
         elif body.get("stream"):
             payload, status, kind = STREAM, 200, "text/event-stream"
         else:
@@ -144,6 +148,27 @@ def test_auto_trajectory_files_completions_into_conversations(base_url):
     call = streamed.message.tool_calls[0]
     assert (call.id, call.function.name, call.function.arguments) == ("call_1", "get_weather", '{"city": 1}')
     assert [lp.logprob for lp in streamed.logprobs.content] == [-0.1, -0.2]
+
+
+def test_a_stream_whose_choice_never_finished_is_read_as_stop_by_auto_trajectory_only(base_url):
+    """ART 0.5.17's auto_trajectory read a stream that ended ([DONE]) without its choice's finish_reason as finished
+    with "stop" (its own test server sends one); 0.5.23's capture, `trajectory_group`, leaves such a response out."""
+    ask = {"role": "user", "content": "unfinished"}
+
+    async def agent() -> None:
+        stream = await client(base_url).chat.completions.create(model="m", messages=[ask], stream=True)
+        async for _ in stream:
+            pass
+
+    trajectory = asyncio.run(art.capture_auto_trajectory(agent()))
+    choice = trajectory.messages_and_choices[-1]
+    assert choice.finish_reason == "stop" and choice.message.content == "hello"
+    assert [lp.logprob for lp in choice.logprobs.content] == [-0.1, -0.2]
+
+    async def captured():
+        return await art.trajectory(agent())
+
+    assert asyncio.run(captured()).messages_and_choices == []  # refused: not captured
 
 
 def test_sync_clients_are_recorded_too(base_url):

@@ -173,7 +173,8 @@ class CaptureState:
             return
         try:
             exchange = build_exchange(self.endpoint, self.request, body, start_time=self.start_time,
-                                      end_time=datetime.now(timezone.utc))
+                                      end_time=datetime.now(timezone.utc),
+                                      unfinished_as_stop=getattr(scope, "unfinished_as_stop", False))
         except Exception as e:  # noqa: BLE001 - the agent's request succeeded; only the recording failed
             log.warning("a %s response from %s could not be read (%s: %s); it is not captured", self.endpoint,
                         self.url_path, type(e).__name__, e)

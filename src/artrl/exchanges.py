@@ -194,13 +194,15 @@ def is_terminal_event(endpoint: Endpoint, block: bytes) -> bool:
 
 
 def build_exchange(endpoint: Endpoint, request: dict[str, Any], body: bytes, *, start_time: datetime,
-                   end_time: datetime) -> Exchange:
+                   end_time: datetime, unfinished_as_stop: bool = False) -> Exchange:
     """The exchange of one request and its response bytes; ValueError when the response is incomplete or not
-    the protocol's."""
+    the protocol's. `unfinished_as_stop`: a Chat Completions stream that ended ([DONE]) with a choice that never
+    sent a finish_reason is read as finished with "stop", as ART 0.5.17's auto_trajectory read it (0.5.23's
+    capture refuses such a stream, and so does this without the flag)."""
     stream = request.get("stream") is True
     times = {"request": request, "start_time": start_time, "end_time": end_time}
     if endpoint == "chat_completions":
-        return ChatCompletionsExchange(response=_chat_response(body, stream), **times)
+        return ChatCompletionsExchange(response=_chat_response(body, stream, unfinished_as_stop), **times)
     if endpoint == "completions":
         return CompletionsExchange(response=_completion_response(body, stream), **times)
     if endpoint == "responses":
@@ -210,7 +212,7 @@ def build_exchange(endpoint: Endpoint, request: dict[str, Any], body: bytes, *, 
     raise ValueError(f"unknown protocol {endpoint!r}; expected one of {sorted(set(ENDPOINT_PATHS.values()))}")
 
 
-def _chat_response(body: bytes, stream: bool) -> ChatCompletion:
+def _chat_response(body: bytes, stream: bool, unfinished_as_stop: bool = False) -> ChatCompletion:
     if not stream:
         return ChatCompletion.model_validate_json(body)
     events = sse_events(body)
@@ -222,7 +224,7 @@ def _chat_response(body: bytes, stream: bool) -> ChatCompletion:
         raise ValueError("a Chat Completions stream without choices")
     unfinished = [i for i in indices if not any(c.get("index", 0) == i and c.get("finish_reason")
                                                 for chunk in chunks for c in chunk.get("choices") or [])]
-    if unfinished:
+    if unfinished and not unfinished_as_stop:  # choice_from_chunks gives an unfinished choice "stop"
         raise ValueError(f"Chat Completions stream choices {unfinished} never finished")
     data: dict[str, Any] = {}
     for chunk in chunks:  # the response's own fields (id, model, usage, a response-level token record): last wins
