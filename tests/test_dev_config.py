@@ -217,6 +217,10 @@ def test_model_level_trainer_args_are_call_defaults_a_call_can_override():
     ({"trainer_gpu_ids": [0], "inference_gpu_ids": []}, "inference_gpu_ids must be non-empty"),
     ({"trainer_gpu_ids": [0, 1], "inference_gpu_ids": [1]}, "must not overlap"),
     ({"trainer_gpu_ids": [0], "inference_gpu_ids": [1, 2]}, None),  # ART refuses it; artrl starts a replica per GPU
+    # ART 0.5.23: one engine over both GPUs; artrl's replicas cannot honour it, so it is refused, not ignored
+    ({"trainer_gpu_ids": [0], "inference_gpu_ids": [1, 2], "engine_args": {"tensor_parallel_size": 2}},
+     "one replica each"),
+    ({"trainer_gpu_ids": [0], "inference_gpu_ids": [1], "engine_args": {"tensor_parallel_size": 1}}, None),
     ({"trainer_gpu_ids": [1], "inference_gpu_ids": [0]}, "must start at GPU 0"),
     ({"trainer_gpu_ids": [0, 2], "inference_gpu_ids": [1]}, "must be contiguous starting from 0"),
     ({"trainer_gpu_ids": [0], "inference_gpu_ids": [1], "init_args": {"fast_inference": True}},

@@ -241,6 +241,8 @@ def test_model_openai_clients_carry_the_session_header(tmp_path):
     (dict(inference_endpoints=["127.0.0.1:8000"]), "'http://host:port'"),
     (dict(inference_endpoints=["http://a:1", "http://a:1/"]), "names a server twice"),
     (dict(inference_gpu_ids=[1, 1]), "distinct"),
+    # ART 0.5.23's spelling of one engine over two GPUs: replicas cannot honour it
+    (dict(inference_gpu_ids=[1, 2], engine_args={"tensor_parallel_size": 2}), "drop tensor_parallel_size"),
 ])
 def test_replica_settings_are_checked_with_the_way_out(kw, fragment):
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace(")", r"\)")):

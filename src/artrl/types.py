@@ -682,6 +682,12 @@ class InternalModelConfig(_Config):
         if n is not None and urls is not None:
             raise ConfigError(f"inference_replicas={n} and inference_endpoints={urls}: replicas are either started "
                               "here (inference_replicas) or started elsewhere (inference_endpoints); set one of them.")
+        parallel = (self.engine_args or {}).get("tensor_parallel_size")
+        if len(gpus) > 1 and parallel not in (None, 1):
+            # ART 0.5.23 reads this as one engine over the GPUs; replicas cannot honour it, so it is refused
+            raise ConfigError(f"inference_gpu_ids={gpus} with engine_args.tensor_parallel_size={parallel}: artrl "
+                              "serves several inference GPUs as one replica each (docs/distributed.md), not as one "
+                              "tensor-parallel engine over them; drop tensor_parallel_size for replicas.")
         if n is not None and len(gpus) > 1:
             raise ConfigError(f"inference_replicas={n} with inference_gpu_ids={gpus}: several inference GPUs already "
                               f"start one replica each ({len(gpus)}); drop inference_replicas, or name one GPU to "

@@ -5,8 +5,10 @@ ART's "dedicated mode" trains on `trainer_gpu_ids` and serves with vLLM on
 GPUs, the server on the inference GPU: docs/distributed.md); ART scripts also
 call these checks on their own configs, so they behave as ART's: pure functions
 over the nested dict that raise ValueError on an inconsistent configuration.
-One difference: ART refuses more than one inference GPU ("Multi-GPU inference not
-yet supported"); artrl starts one inference replica per GPU, so that is accepted
+One difference: ART 0.5.17 refuses more than one inference GPU ("Multi-GPU inference not
+yet supported") and ART 0.5.23 reads several as one tensor-parallel engine (with
+engine_args.tensor_parallel_size equal to their number); artrl starts one inference replica
+per GPU, so several are accepted, and with tensor_parallel_size above 1 refused by name
 (docs/art-compatibility.md).
 """
 
@@ -40,6 +42,13 @@ def validate_dedicated_config(config: Mapping[str, Any]) -> None:
         raise ValueError(f"trainer_gpu_ids={list(trainer)} must start at GPU 0 (training runs in this process)")
     if list(trainer) != list(range(len(trainer))):
         raise ValueError(f"trainer_gpu_ids={list(trainer)} must be contiguous starting from 0, e.g. [0, 1]")
+    parallel = int((config.get("engine_args") or {}).get("tensor_parallel_size") or 1)
+    if len(inference) > 1 and parallel > 1:
+        # ART 0.5.23 reads several inference GPUs with tensor_parallel_size = their number as one engine over them
+        raise ValueError(f"inference_gpu_ids={list(inference)} with engine_args.tensor_parallel_size={parallel}: "
+                         "artrl serves several inference GPUs as one replica each (docs/distributed.md), not as one "
+                         "tensor-parallel engine; remove tensor_parallel_size for replicas, or give one inference "
+                         "GPU per replica")
     if (config.get("init_args") or {}).get("fast_inference"):
         raise ValueError("fast_inference is incompatible with dedicated mode (init_args.fast_inference=True; "
                          "inference runs in its own process there); remove it")
