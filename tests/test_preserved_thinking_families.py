@@ -112,3 +112,39 @@ def test_glm_keeps_an_answers_whitespace_unless_clear_thinking():
     assert "[assistant]It is 4.[end]" in render(GLM_LIKE, [Q1, answer, Q2])
     assert "[assistant]\nIt is 4.\n[end]" in render(edited, [Q1, answer, Q2])
     assert render(edited, [Q1, answer, Q2], clear_thinking=True) == render(GLM_LIKE, [Q1, answer, Q2])
+
+
+SAMPLED = "<think>\nI add them.\n</think>\n\nIt is 4."  # what artrl's server returns as an assistant turn's content
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_think", "qwen3_6", "qwen3_8"])
+def test_later_qwen_templates_write_an_earlier_sampled_turn_as_it_was_sampled(name):
+    """Qwen3.5, 3.6 and 3.8 write a kept turn as a `<think>` block of its reasoning, then its content. Content that
+    holds its own block (the sampled text) lost it to 3.5's and 3.6's parser before the last user turn, and got a
+    second, empty block in front of it in 3.8's, which has no parser. Edited, it is written as it was sampled,
+    and structured `reasoning_content` is kept as before."""
+    stock = (DATA / f"{name}.jinja").read_text()
+    edited = chat_template_with_preserved_thinking(stock)
+    assert chat_template_with_preserved_thinking(edited) == edited and preserves_thinking(edited)
+    inline = [Q1, {"role": "assistant", "content": SAMPLED}, Q2]
+    verbatim = "<|im_start|>assistant\n" + SAMPLED + "<|im_end|>"
+    assert verbatim not in render(stock, inline)
+    assert verbatim in render(edited, inline)
+    structured = [Q1, {"role": "assistant", "reasoning_content": THOUGHT, "content": "It is 4."}, Q2]
+    assert f"<think>\n{THOUGHT}\n</think>\n\nIt is 4." in render(edited, structured)
+    for conversation in (inline, structured):
+        assert render(edited, conversation, preserve_thinking=False) == render(stock, conversation,
+                                                                                 preserve_thinking=False)
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_think", "qwen3_6", "qwen3_8"])
+def test_later_qwen_turn_2_prompt_holds_turn_1_as_the_model_saw_and_sampled_it(name):
+    """These templates' generation prompt opens the `<think>` block (thinking on), so the sampled text, which the
+    server returns as the turn's content, starts inside it. Turn 2's prompt text starts with turn 1's prompt text +
+    that sampled text + the end of turn: the context the model was in."""
+    edited = chat_template_with_preserved_thinking((DATA / f"{name}.jinja").read_text())
+    prompt1 = render(edited, [Q1])
+    assert prompt1.endswith("<|im_start|>assistant\n<think>\n")
+    sampled = "I add them.\n</think>\n\nIt is 4."
+    prompt2 = render(edited, [Q1, {"role": "assistant", "content": sampled}, Q2])
+    assert prompt2.startswith(prompt1 + sampled + "<|im_end|>\n<|im_start|>user\nAnd doubled?")

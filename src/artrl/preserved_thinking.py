@@ -33,10 +33,19 @@ and in `artrl.get_tokenizer`:
    keeps reasoning, none through the one that blanks it); GLM with `clear_thinking` false (an answer's
    whitespace as sampled, not stripped); Gemma 4's trim of a turn's text.
 
+4. **Qwen3.5 and later** (3.5, 3.6, 3.8: a kept turn is written as a `<think>` block of its structured reasoning,
+   then its content, and the generation prompt opens the block when thinking is on): with `preserve_thinking`,
+   content that holds `</think>` (the sampled text, as artrl's server returns it) is written as it was sampled,
+   after the `<think>\n` the generation prompt opened when it does not open its own block, instead of after an
+   empty block of its own (3.8 has no parser and wrote two blocks; 3.5 and 3.6 parsed it and, with the first
+   rewrite, also wrote two). So turn 2's prompt text starts with turn 1's prompt and sampled text. The server's
+   token record does not yet carry over such a turn (its placeholder renders without `</think>`): the prompt is
+   the template's text, and the trainer starts a new sequence there, on the context the model saw.
+
 The rewrite is idempotent, and a template it does not recognise is returned unchanged. What this does not
 do (ART does; docs/art-compatibility.md): DeepSeek V4 (its chat format is a Python encoder, not a template,
-and ART passes it `drop_thinking=False`), and the whitespace-keeping edits of later Qwen templates (those that
-trim `reasoning_content`). Where ART disables Qwen's inline parser outright, artrl disables it only while
+and ART passes it `drop_thinking=False`), and the whitespace-keeping edits of later Qwen templates for
+structured `reasoning_content` (which they trim). Where ART disables Qwen's inline parser outright, artrl disables it only while
 `preserve_thinking` is true, so `preserve_thinking=False` gives the stock rendering back.
 """
 
@@ -62,8 +71,18 @@ _QWEN3_LAST_TURN: Final = "{%- if loop.last or (not loop.last and reasoning_cont
 """Qwen3's test for writing a `<think>` block: always on the last turn (an empty one without reasoning)."""
 _QWEN3_LAST_TURN_LITERAL: Final = ("{%- if (loop.last and not (" + _PRESERVING + " and '<think>' in content)) "
                                    "or (not loop.last and reasoning_content) %}")
+_QWEN35_WRITES_THINK: Final = (r"{{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content + "
+                                r"'\n</think>\n\n' + content }}")
+"""Qwen3.5 and later: a kept turn is written as a `<think>` block of its reasoning, then its content (whose own
+`<think>` block, the sampled text, these templates parse out, or in 3.8 do not parse at all, writing two blocks)."""
+_QWEN35_WRITES_LITERAL: Final = (r"{{- '<|im_start|>' + message.role + '\n' + (((content if '<think>' in content "
+                                 r"else '<think>\n' + content)) if (" + _PRESERVING
+                                 + r" and message.reasoning_content is not string and '</think>' in content) else "
+                                 r"'<think>\n' + reasoning_content + '\n</think>\n\n' + content) }}")
+"""With `preserve_thinking`, content holding `</think>` is the sampled text: as it is when it opens its own block,
+after the `<think>\n` that these templates' generation prompt opens (thinking on) when it does not."""
 _QWEN3_REWRITES: Final = ((_QWEN3_DROPS_EARLIER, _QWEN3_KEEPS_EARLIER), (_QWEN3_PARSES_INLINE, _QWEN3_LITERAL_INLINE),
-                          (_QWEN3_LAST_TURN, _QWEN3_LAST_TURN_LITERAL))
+                          (_QWEN3_LAST_TURN, _QWEN3_LAST_TURN_LITERAL), (_QWEN35_WRITES_THINK, _QWEN35_WRITES_LITERAL))
 
 # Other families, each rewrite made only where its stock text occurs exactly once (the stock conditions are the
 # templates' own text, so an unknown revision is left as it ships):
@@ -139,7 +158,8 @@ def chat_template_with_preserved_thinking(chat_template: Any) -> Any:
     if not isinstance(chat_template, str):
         return chat_template
     template = chat_template
-    if "enable_thinking" in template and template.count(_QWEN3_DROPS_EARLIER) == 1:
+    if "enable_thinking" in template and (template.count(_QWEN3_DROPS_EARLIER) == 1
+                                          or template.count(_QWEN35_WRITES_THINK) == 1):
         for stock, kept in _QWEN3_REWRITES:
             if template.count(stock) == 1:
                 template = template.replace(stock, kept)
