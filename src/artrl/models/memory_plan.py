@@ -431,9 +431,9 @@ def settings_for(cfg: Any, base_model: str, device_type: str, **workload: Any) -
     checkpointing = bool(cfg.gradient_checkpointing) if cfg.gradient_checkpointing is not None else False
     fused = False
     if device_type == "cuda" and cfg.liger_kernel is not False:  # the trainer's rule (train/kernels.py)
-        from ..train.kernels import liger_available
+        import importlib.util
 
-        fused = bool(cfg.liger_kernel) or liger_available()
+        fused = bool(cfg.liger_kernel) or importlib.util.find_spec("liger_kernel") is not None
     return MemorySettings(fused_kernels=fused, device_type=device_type, quantization=quantization, dtype_bytes=dtype_bytes,
                           lora_rank=cfg.lora_rank, target_modules=targets, optim_bits=optim_spec(cfg.optim).bits,
                           gradient_checkpointing=checkpointing, logprob_chunk_size=cfg.logprob_chunk_size,
