@@ -33,8 +33,7 @@ class HostOffload:
 
     def _pack(self, t: torch.Tensor) -> Any:
         size = t.numel() * t.element_size()
-        if (t.layout is not torch.strided or size < MIN_BYTES
-                or t.untyped_storage().data_ptr() in self._resident):
+        if t.layout is not torch.strided or size < MIN_BYTES or _storage(t) in self._resident:
             return t
         self.bytes += size
         self.tensors += 1
@@ -55,9 +54,16 @@ class HostOffload:
         """The forward under this context offloads what it saves."""
         # storages, not tensors: a transposed or sliced weight (lm_head.weight[:, ...], weight.t()) is its own tensor
         # over the parameter's storage; read at each forward, since adapters come and go (KL references)
-        self._resident = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
-        self._resident |= {b.untyped_storage().data_ptr() for b in self.model.buffers()}
+        self._resident = {_storage(p) for p in self.model.parameters()} | {_storage(b) for b in self.model.buffers()}
         self.bytes = 0
         self.tensors = 0
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    """The address of `t`'s storage (None for a tensor without one, e.g. a wrapper subclass)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
