@@ -195,3 +195,64 @@ def test_local_backend_samples_and_trains_turns_on_the_earlier_reasoning(tmp_pat
             assert result.metrics["data/rendered_turns"] == 0
 
     asyncio.run(main())
+
+
+# ------------------------------------------------------------------- Qwen3.5 and later: the prompt opens the block
+
+LATER_TURN_1 = "The user wants the sum, so 2 and 2 make 4.\n</think>\n\nIt is 4."  # sampled after "<think>\n"
+LATER_TURN_2 = "Double it.\n</think>\n\nIt is 8."
+
+
+@pytest.fixture(scope="module", params=["qwen3_6", "qwen3_8"])
+def later_tok(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The tiny tokenizer with a Qwen3.6 or 3.8 template, loaded as the server and the trainer load it."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path())
+    tok.chat_template = (DATA / f"{request.param}.jinja").read_text()
+    out = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    tok.save_pretrained(out)
+    return load_tokenizer(str(out))
+
+
+def test_a_later_qwen_thinking_turn_carries_its_record_into_turn_2(later_tok):
+    """Thinking on, the generation prompt opens the `<think>` block and the sampled text closes it. Turn 2's prompt is
+    turn 1's prompt + the very ids sampled for turn 1 (spelled here as the model may spell them, not as the text
+    encodes: one word letter by letter), and the trainer trains both turns in one sequence."""
+    tok = later_tok
+    builder, end = PromptBuilder(), end_of_turn_ids(tok)
+    prompt1 = builder.prompt_ids(tok, [Q1], None, end)
+    assert tok.decode(prompt1).endswith("<|im_start|>assistant\n<think>\n")
+    head, word, tail = LATER_TURN_1.partition("sum")
+    spelled = encode(tok, head) + [i for ch in word for i in encode(tok, ch)] + encode(tok, tail)
+    assert spelled != encode(tok, LATER_TURN_1) and tok.decode(spelled) == LATER_TURN_1
+    c1 = record_choice(tok, prompt1, LATER_TURN_1)
+    data = c1.model_dump()
+    data["token_ids"] = ids1 = spelled + [tok.convert_tokens_to_ids("<|im_end|>")]
+    data["logprobs"]["content"] = [{"token": tok.decode([i]), "logprob": -0.5, "bytes": None, "top_logprobs": []}
+                                   for i in ids1]
+    c1 = Choice.model_validate(data)
+    builder.remember(tok, template_message(c1), prompt1, ids1, LATER_TURN_1, ids1[-1])
+    prompt2 = builder.prompt_ids(tok, [Q1, template_message(c1), Q2], None, end)
+    assert prompt2[:len(prompt1) + len(ids1)] == prompt1 + ids1
+    c2 = record_choice(tok, prompt2, LATER_TURN_2)
+    stats = TokenizeStats()
+    seqs = tokenize_history([Q1, c1, Q2, c2], None, tok, stats=stats)
+    assert len(seqs) == 1 and stats.record_splits == 0 and stats.record_turns == 2
+    assert seqs[0].token_ids == prompt2 + c2.model_extra["token_ids"]
+
+
+def test_a_later_qwen_thinking_turn_without_its_prompt_renders_after_the_opened_block(later_tok):
+    """A sampled turn with its ids but not its prompt's (another server's Choice) is trained by rendering the
+    conversation around it: its ids go after the `<think>` the generation prompt opened, as the model saw them."""
+    tok = later_tok
+    data = record_choice(tok, [], LATER_TURN_1).model_dump()
+    del data["prompt_token_ids"]
+    c1 = Choice.model_validate(data)
+    stats = TokenizeStats()
+    (seq,) = tokenize_history([Q1, c1, Q2], None, tok, stats=stats)
+    assert stats.rendered_turns == 1 and stats.record_turns == 0
+    text = tok.decode(seq.token_ids)
+    assert "What is 2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n" + LATER_TURN_1 + "<|im_end|>" in text
+    trained = tok.decode([t for t, m in zip(seq.token_ids, seq.trainable_mask) if m])
+    assert trained == LATER_TURN_1 + "<|im_end|>"

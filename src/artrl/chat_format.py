@@ -86,6 +86,18 @@ PLACEHOLDER = "@@ARTRL_TURN_{}@@"
 """Stands for an assistant turn's content while a template renders the rest of the conversation."""
 
 
+def turn_marker(k: int, content: Any) -> str:
+    """What stands for assistant turn `k` (content `content`) while a template renders the rest: PLACEHOLDER, and
+    after it the `</think>` that closes a reasoning block the content did not open. Such content was sampled after
+    a generation prompt that opened the block (Qwen3.5 and later, thinking on), and a template that keeps it
+    (preserved_thinking.py) writes it after that opening only when it holds the closing tag: so must the
+    placeholder, for the template to put it where the sampled text goes."""
+    ph = PLACEHOLDER.format(k)
+    if isinstance(content, str) and "</think>" in content and "<think>" not in content:
+        return ph + "</think>"
+    return ph
+
+
 # --------------------------------------------------------------------------- validation
 
 
@@ -344,11 +356,13 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def split_at_placeholders(text: str, indices: Sequence[int]) -> list[str] | None:
-    """`text` cut at PLACEHOLDER.format(i) for each i in order; None unless each occurs exactly once, in order."""
+def split_at_placeholders(text: str, indices: Sequence[int], markers: Sequence[str] | None = None
+                          ) -> list[str] | None:
+    """`text` cut at PLACEHOLDER.format(i) for each i in order (or at `markers`, one per index: `turn_marker`);
+    None unless each occurs exactly once, in order."""
     pieces, rest = [], text
-    for i in indices:
-        ph = PLACEHOLDER.format(i)
+    for n, i in enumerate(indices):
+        ph = markers[n] if markers is not None else PLACEHOLDER.format(i)
         if rest.count(ph) != 1:
             return None
         before, rest = rest.split(ph, 1)
@@ -437,13 +451,13 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[
     end_text = {e: tokenizer.decode([e], skip_special_tokens=False) for e in end_ids}
 
     def attempt(indices: list[int]) -> tuple[list[str], Fits] | None:
-        ph = [({"role": "assistant", "content": PLACEHOLDER.format(i)} if i in indices else m)
-              for i, m in enumerate(messages)]
+        markers = {i: turn_marker(i, messages[i].get("content")) for i in indices}
+        ph = [({"role": "assistant", "content": markers[i]} if i in indices else m) for i, m in enumerate(messages)]
         try:
             ph_text = render_text(tokenizer, ph, tools, add_generation_prompt=True, where=where, images=images)
         except TrajectoryError:
             return None
-        pieces = split_at_placeholders(ph_text, indices)
+        pieces = split_at_placeholders(ph_text, indices, [markers[i] for i in indices])
         if pieces is None:
             return None
         fits = _fitting(text, pieces, [candidates[i] for i in indices], end_text)

@@ -38,9 +38,9 @@ and in `artrl.get_tokenizer`:
    content that holds `</think>` (the sampled text, as artrl's server returns it) is written as it was sampled,
    after the `<think>\n` the generation prompt opened when it does not open its own block, instead of after an
    empty block of its own (3.8 has no parser and wrote two blocks; 3.5 and 3.6 parsed it and, with the first
-   rewrite, also wrote two). So turn 2's prompt text starts with turn 1's prompt and sampled text. The server's
-   token record does not yet carry over such a turn (its placeholder renders without `</think>`): the prompt is
-   the template's text, and the trainer starts a new sequence there, on the context the model saw.
+   rewrite, also wrote two). So turn 2's prompt starts with turn 1's prompt and sampled text, and the server's
+   token record carries the very ids sampled for turn 1 into it (chat_format.turn_marker: the placeholder that
+   stands for such a turn holds the closing tag too, so the template writes it where the sampled text goes).
 
 The rewrite is idempotent, and a template it does not recognise is returned unchanged. What this does not
 do (ART does; docs/art-compatibility.md): DeepSeek V4 (its chat format is a Python encoder, not a template,

@@ -69,6 +69,7 @@ from openai.types.chat.chat_completion import Choice
 from ..chat_format import (
     PLACEHOLDER,
     encode,
+    turn_marker,
     end_of_turn_ids,
     render_text,
     split_at_placeholders,
@@ -346,6 +347,7 @@ def _render(items: Sequence[Any], trainable: set[int], tools: list[dict[str, Any
     template_messages: list[dict[str, Any]] = []
     # per placeholder: ("ids", (ids, logprobs)) for sampled ids, ("render", choice or None) for text
     turns: list[tuple[str, Any]] = []
+    markers: list[str] = []  # what stands for each placeholder turn in the rendering
     for i, item in enumerate(items):
         msg = template_message(item)
         if i not in trainable:
@@ -361,19 +363,21 @@ def _render(items: Sequence[Any], trainable: set[int], tools: list[dict[str, Any
             lps = _choice_logprobs(item, len(_check_ids(ids, at, "token_ids", None)), at)
             if lps is None:
                 stats.turns_missing_logprobs += 1
-            template_messages.append({"role": "assistant", "content": ph})
+            markers.append(turn_marker(len(turns), msg.get("content")))
+            template_messages.append({"role": "assistant", "content": markers[-1]})
             turns.append(("ids", (ids, lps)))
         else:
             if isinstance(item, Choice):
                 stats.retokenized_turns += 1
+            markers.append(ph)
             template_messages.append({**msg, "content": ph + msg["content"]})
             turns.append(("render", item))
 
     text = render_text(tokenizer, template_messages, tools, add_generation_prompt=False, where=where,
                        images=media.vision.image_tokens(images) if images and media is not None else None)
-    pieces = split_at_placeholders(text, range(len(turns)))
+    pieces = split_at_placeholders(text, range(len(turns)), markers)
     if pieces is None:
-        counts = [text.count(PLACEHOLDER.format(k)) for k in range(len(turns))]
+        counts = [text.count(marker) for marker in markers]
         k = next(k for k, c in enumerate(counts) if c != 1)
         raise TrajectoryError(
             f"{where}: the chat template rendered assistant turn {k} {counts[k]} times; artrl needs "
