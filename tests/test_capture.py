@@ -152,7 +152,7 @@ def test_auto_trajectory_files_completions_into_conversations(base_url):
 
 def test_a_stream_whose_choice_never_finished_is_read_as_stop_by_auto_trajectory_only(base_url):
     """ART 0.5.17's auto_trajectory read a stream that ended ([DONE]) without its choice's finish_reason as finished
-    with "stop" (its own test server sends one); 0.5.23's capture, `trajectory_group`, leaves such a response out."""
+    with "stop" (its own test server sends one); 0.5.23's capture, `art.trajectory`, leaves such a response out."""
     ask = {"role": "user", "content": "unfinished"}
 
     async def agent() -> None:

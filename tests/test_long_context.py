@@ -148,8 +148,15 @@ def test_offloading_moves_the_layers_inputs_and_never_a_weight(tiny_path, make_c
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     moved: list[torch.Tensor] = []
     pack_one = trainer.offload._pack
+
+    def recording(t: torch.Tensor):  # the tensors the hook moved (a tensor it keeps comes back as itself)
+        out = pack_one(t)
+        if out is not t:
+            moved.append(t)
+        return out
+
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(trainer.offload, "_pack", lambda t: (out := pack_one(t)) is not t and moved.append(t) or out)
+        mp.setattr(trainer.offload, "_pack", recording)
         _grads(trainer, packed, plan)
     assert moved and not [t.shape for t in moved if t.untyped_storage().data_ptr() in weights]
     cfg = trainer.model_config

@@ -17,8 +17,9 @@ with the dynamic rule off it stays at glibc's 128 KiB, and the heap's free top g
 at nearly every free). Both are what a backward pass needs: torch's CPU flash attention backward in
 bf16 allocates and frees scratch blocks of a few hundred KiB per block of queries; at a 128 KiB
 threshold each was a fresh mapping, faulted in page by page (about 30 million more page faults in one
-2-layer bf16 call at 32k tokens, which takes 26% less time without them). Blocks up to 1 MiB from the heap cannot grow it as the
-32 MiB ones did: the measured peaks are the same (docs/performance.md, "Long trajectories").
+2-layer bf16 call at 32k tokens, which takes 26% less time without them). Blocks up to 1 MiB from the heap
+cannot grow it as the 32 MiB ones did: the measured peaks are the same (docs/performance.md, "Long
+trajectories").
 It changes nothing where the C library is not glibc; when the environment sets
 `MALLOC_MMAP_THRESHOLD_` or `MALLOC_TRIM_THRESHOLD_`, that setting stands (glibc read it at start).
 """

@@ -45,8 +45,8 @@ and in `artrl.get_tokenizer`:
 The rewrite is idempotent, and a template it does not recognise is returned unchanged. What this does not
 do (ART does; docs/art-compatibility.md): DeepSeek V4 (its chat format is a Python encoder, not a template,
 and ART passes it `drop_thinking=False`), and the whitespace-keeping edits of later Qwen templates for
-structured `reasoning_content` (which they trim). Where ART disables Qwen's inline parser outright, artrl disables it only while
-`preserve_thinking` is true, so `preserve_thinking=False` gives the stock rendering back.
+structured `reasoning_content` (which they trim). Where ART disables Qwen's inline parser outright, artrl disables
+it only while `preserve_thinking` is true, so `preserve_thinking=False` gives the stock rendering back.
 """
 
 from __future__ import annotations
@@ -86,22 +86,37 @@ _QWEN3_REWRITES: Final = ((_QWEN3_DROPS_EARLIER, _QWEN3_KEEPS_EARLIER), (_QWEN3_
 
 # Other families, each rewrite made only where its stock text occurs exactly once (the stock conditions are the
 # templates' own text, so an unknown revision is left as it ships):
-_GEMMA4_DROPS_EARLIER: Final = "thinking_text and loop.index0 > ns_turn.last_user_idx and message.get('tool_calls')"
-"""Gemma 4: a model turn's thought is written only after the last user turn, and only beside a tool call."""
-_GEMMA4_GATE_DROPS_EARLIER: Final = ("(loop.index0 > ns_turn.last_user_idx) or "
-                                     "(" + PRESERVE_THINKING + " and message.get('tool_calls'))")
-"""A Gemma 4 revision with its own switch, which keeps only earlier thoughts beside a tool call."""
-_MINIMAX_DROPS_EARLIER: Final = "reasoning_content and loop.index0 > ns.last_user_index"
-"""MiniMax: reasoning is written only after the last user turn."""
-_HARMONY_DROPS_EARLIER: Final = tuple(f"message.{field} and not future_final_message.found"
-                                      for field in ("content", "thinking"))
-"""gpt-oss (harmony): an assistant turn's analysis is written only when no final answer follows it."""
-_HARMONY_NO_COT: Final = "{#- CoT is dropped during all previous turns, so we never render it for inference #}"
-"""gpt-oss: where an earlier turn's final answer is written, its analysis is not."""
-_HARMONY_FINAL_END: Final = '"<|start|>assistant<|channel|>final<|message|>" + message.content + "<|end|>"'
-"""gpt-oss: an earlier final answer is closed with <|end|>, where the model sampled <|return|>."""
-_KIMI_HISTORY: Final = (("set hist_msgs = messages[:ns.last_non_tool_call_assistant_msg+1]",
-                         "set hist_msgs = [] if " + _PRESERVING + " else messages[:ns.last_non_tool_call_assistant_msg+1]"),
+
+
+def _or_preserving(guard: str, condition: str) -> tuple[str, str]:
+    """(stock, kept) for a stock test `guard and condition` that drops earlier reasoning: kept, `condition` holds
+    only while `preserve_thinking` is not true."""
+    return f"{guard} and {condition}", f"{guard} and ({_PRESERVING} or {condition})"
+
+
+_DROPS_EARLIER: Final = (
+    # Gemma 4: a model turn's thought is written only after the last user turn, and only beside a tool call
+    _or_preserving("thinking_text", "loop.index0 > ns_turn.last_user_idx and message.get('tool_calls')"),
+    # a Gemma 4 revision with its own switch, which keeps only earlier thoughts beside a tool call
+    ("(loop.index0 > ns_turn.last_user_idx) or (" + PRESERVE_THINKING + " and message.get('tool_calls'))",
+     PRESERVE_THINKING + " or (loop.index0 > ns_turn.last_user_idx)"),
+    # MiniMax: reasoning is written only after the last user turn
+    _or_preserving("reasoning_content", "loop.index0 > ns.last_user_index"),
+    # gpt-oss (harmony): an assistant turn's analysis is written only when no final answer follows it
+    _or_preserving("message.content", "not future_final_message.found"),
+    _or_preserving("message.thinking", "not future_final_message.found"),
+    # gpt-oss: where an earlier turn's final answer is written, its analysis is not ...
+    ("{#- CoT is dropped during all previous turns, so we never render it for inference #}",
+     "{%- if " + _PRESERVING + " and message.thinking is defined %}"
+     "<|start|>assistant<|channel|>analysis<|message|>{{ message.thinking }}<|end|>{%- endif %}"),
+    # ... and the answer is closed with <|end|>, where the model sampled <|return|>
+    ('"<|start|>assistant<|channel|>final<|message|>" + message.content + "<|end|>"',
+     '"<|start|>assistant<|channel|>final<|message|>" + message.content + ("<|return|>" if ' + _PRESERVING
+     + ' else "<|end|>")'))
+_KIMI_HISTORY_MARK: Final = "set hist_msgs = messages[:ns.last_non_tool_call_assistant_msg+1]"
+_KIMI_HISTORY: Final = ((_KIMI_HISTORY_MARK,
+                         "set hist_msgs = [] if " + _PRESERVING
+                         + " else messages[:ns.last_non_tool_call_assistant_msg+1]"),
                         ("set suffix_msgs = messages[ns.last_non_tool_call_assistant_msg+1:]",
                          "set suffix_msgs = messages if " + _PRESERVING
                          + " else messages[ns.last_non_tool_call_assistant_msg+1:]"),
@@ -119,27 +134,19 @@ _GEMMA4_TRIMS: Final = tuple(("{{- " + value + " | trim -}}",
 """Gemma 4: an assistant turn's text is trimmed, which the model sampled with its whitespace."""
 
 
-def _family_rewrites(template: str) -> list[tuple[str, str]]:
+def _family_rewrites(template: str) -> tuple[tuple[str, str], ...]:
     """The (stock, kept) rewrites of the families other than Qwen3 that `template` may hold."""
-    either = f"({_PRESERVING} or "
-    rewrites = [(_GEMMA4_DROPS_EARLIER, "thinking_text and " + either + _GEMMA4_DROPS_EARLIER[len("thinking_text and "):]
-                 + ")"),
-                (_GEMMA4_GATE_DROPS_EARLIER, PRESERVE_THINKING + " or (loop.index0 > ns_turn.last_user_idx)"),
-                (_MINIMAX_DROPS_EARLIER, "reasoning_content and " + either
-                 + _MINIMAX_DROPS_EARLIER[len("reasoning_content and "):] + ")"),
-                *((stock, stock.replace(" and not ", " and " + either + "not ") + ")")
-                  for stock in _HARMONY_DROPS_EARLIER),
-                (_HARMONY_NO_COT, "{%- if " + _PRESERVING + " and message.thinking is defined %}"
-                 "<|start|>assistant<|channel|>analysis<|message|>{{ message.thinking }}<|end|>{%- endif %}"),
-                (_HARMONY_FINAL_END, _HARMONY_FINAL_END[:-len('"<|end|>"')]
-                 + '("<|return|>" if ' + _PRESERVING + ' else "<|end|>")')]
-    if "set hist_msgs = messages[:ns.last_non_tool_call_assistant_msg+1]" in template:
-        rewrites += _KIMI_HISTORY
-    if CLEAR_THINKING in template:
-        rewrites += _GLM_STRIPS
-    if "ns_turn.last_user_idx" in template:
-        rewrites += _GEMMA4_TRIMS
-    return rewrites
+    return (_DROPS_EARLIER + (_KIMI_HISTORY if _KIMI_HISTORY_MARK in template else ())
+            + (_GLM_STRIPS if CLEAR_THINKING in template else ())
+            + (_GEMMA4_TRIMS if "ns_turn.last_user_idx" in template else ()))
+
+
+def _rewritten(template: str, rewrites: tuple[tuple[str, str], ...]) -> str:
+    """`template` with each stock text that occurs exactly once replaced by its kept form, in order."""
+    for stock, kept in rewrites:
+        if template.count(stock) == 1:
+            template = template.replace(stock, kept)
+    return template
 
 
 _DEFAULTS: Final = ((PRESERVE_THINKING, "true"), (CLEAR_THINKING, "false"))
@@ -160,12 +167,8 @@ def chat_template_with_preserved_thinking(chat_template: Any) -> Any:
     template = chat_template
     if "enable_thinking" in template and (template.count(_QWEN3_DROPS_EARLIER) == 1
                                           or template.count(_QWEN35_WRITES_THINK) == 1):
-        for stock, kept in _QWEN3_REWRITES:
-            if template.count(stock) == 1:
-                template = template.replace(stock, kept)
-    for stock, kept in _family_rewrites(template):
-        if template.count(stock) == 1:
-            template = template.replace(stock, kept)
+        template = _rewritten(template, _QWEN3_REWRITES)
+    template = _rewritten(template, _family_rewrites(template))
     for name, value in reversed(_DEFAULTS):
         line = _default_line(name, value)
         if name in template and line not in template:

@@ -219,19 +219,19 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
     trained = int(metrics.get("data/step_trainable_assistant_tokens", tokens))
     workload = dataclasses.replace(registered.settings, gradient_checkpointing=False, micro_batch_tokens=tokens,
                                    head_tokens=trained, serving_tokens=rows * prompt)
+    from ..train.memory import MEMORY_FRACTION
+
+    def does_not_fit(settings: Any) -> bool:  # the planned activations against the memory free when the call began
+        return plan_memory(registered.shape, settings).parts["activations"] > train_free * MEMORY_FRACTION
+
     checkpointing = cfg.gradient_checkpointing
     if checkpointing is None:
-        from ..train.memory import MEMORY_FRACTION
-
-        checkpointing = plan_memory(registered.shape, workload).parts["activations"] > train_free * MEMORY_FRACTION
+        checkpointing = does_not_fit(workload)
     # offloading as the call ran it (train/memory.py call_checkpointing: CUDA only; None: when checkpointing alone
     # does not fit the call's longest micro-batch)
     offloaded = device.type == "cuda" and bool(cfg.offload_activations)
     if device.type == "cuda" and cfg.offload_activations is None and checkpointing is not False:
-        from ..train.memory import MEMORY_FRACTION
-
-        with_checkpointing = dataclasses.replace(workload, gradient_checkpointing=True)
-        offloaded = plan_memory(registered.shape, with_checkpointing).parts["activations"] > train_free * MEMORY_FRACTION
+        offloaded = does_not_fit(dataclasses.replace(workload, gradient_checkpointing=True))
     if cfg.gradient_checkpointing is not False:
         checkpointing = checkpointing or offloaded  # offloading is of the checkpointed inputs
     workload = dataclasses.replace(workload, gradient_checkpointing=bool(checkpointing),

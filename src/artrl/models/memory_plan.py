@@ -434,7 +434,8 @@ def settings_for(cfg: Any, base_model: str, device_type: str, **workload: Any) -
         import importlib.util
 
         fused = bool(cfg.liger_kernel) or importlib.util.find_spec("liger_kernel") is not None
-    return MemorySettings(fused_kernels=fused, device_type=device_type, quantization=quantization, dtype_bytes=dtype_bytes,
+    return MemorySettings(device_type=device_type, quantization=quantization, dtype_bytes=dtype_bytes,
+                          fused_kernels=fused,
                           lora_rank=cfg.lora_rank, target_modules=targets, optim_bits=optim_spec(cfg.optim).bits,
                           gradient_checkpointing=checkpointing, logprob_chunk_size=cfg.logprob_chunk_size,
                           random_init=base_model in RANDOM_SHAPES, **workload)

@@ -69,11 +69,11 @@ from openai.types.chat.chat_completion import Choice
 from ..chat_format import (
     PLACEHOLDER,
     encode,
-    turn_marker,
     end_of_turn_ids,
     render_text,
     split_at_placeholders,
     template_message,
+    turn_marker,
 )
 from ..errors import TrajectoryError
 from ..images import ProcessedImage
