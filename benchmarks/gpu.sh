@@ -11,6 +11,9 @@
 #   long-context     bench memory --context: one RL call on a long trajectory pair,  long-context.json
 #                    plan beside peak (0.6B; 8B with its checkpointed inputs offloaded
 #                    to host memory and without)
+#   cap              a call near the longest the plan allows: the 8B shape on the GPU capped at   cap.json
+#                    24 GB (as a 24 GB card), a pair too long for it (refused before it trains,
+#                    naming the length that fits), then a pair of that length
 #   train-0.6b       bench train at --scale 1, ours vs reference, + a profile table  train-qwen3-0.6b.json
 #   train-8b         the same at the 8B shape (reference: its first rows only)       train-qwen3-8b.json
 #   kernels          A/B of the kernel switches on the 0.6B shape, ours only, short  kernels.json
@@ -26,7 +29,7 @@
 # Each stage runs under its own `timeout` (its budget, or what is left of the cap); one that
 # fails or times out adds a line with its exit code and stderr tail to its file, and the next
 # stage runs. Each figure is printed as its stage finishes. Budgets (seconds, GPU): env 60,
-# long-context 3x70, train-0.6b 180, train-8b 240, kernels 2x15, trl 35+45, serve 45+60, demo 60, pipeline 90, compiled arm
+# long-context 3x70, cap 60+70, train-0.6b 180, train-8b 240, kernels 2x15, trl 35+45, serve 45+60, demo 60, pipeline 90, compiled arm
 # what is left (up to 60)
 # (GPU_SH_BUDGET_FACTOR multiplies them: 8 in --cpu-smoke).
 #
@@ -68,6 +71,8 @@ if [[ "$mode" == "--cpu-smoke" ]]; then
   long_small=(--context 256 --layout completion)
   long_large=(--context 256 --layout completion --gradient-checkpointing)
   long_arms=("")  # offloading is CUDA's
+  cap_args=(--context 256 --layout completion --gradient-checkpointing)  # no cap on a CPU: the plumbing only
+  cap_longest=512
   serve_ab=()  # the switches are CUDA's
   ngpu=0
 else
@@ -92,6 +97,8 @@ else
   long_small=(--dtype bfloat16 --context 32768 --layout completion)
   long_large=(--dtype bfloat16 --context 16384 --layout completion --gradient-checkpointing)
   long_arms=("--offload-activations" "--no-offload-activations")
+  cap_args=(--gpu-memory-gb 24 --dtype bfloat16 --context 16384 --layout completion)
+  cap_longest=1000000
   serve_ab=("--static-cache" "--merge-lora off")
   ngpu=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 fi
@@ -139,7 +146,7 @@ stage() {
   (( rc == 0 )) || failed=$(( failed + 1 ))
   rm -f "$so" "$se"
 }
-for f in env long-context train-$(tag $small) train-$(tag $large) kernels trl serve demo pipeline workers; do
+for f in env long-context cap train-$(tag $small) train-$(tag $large) kernels trl serve demo pipeline workers; do
   [[ -z "${GPU_SH_STAGES:-}" ]] && rm -f "$out/$f.json"  # a run of some stages adds to what earlier runs wrote
 done
 cli=("$py" -m artrl.cli)
@@ -167,6 +174,22 @@ for v in "${long_arms[@]}"; do
   stage "long-context $(tag $large) $v" 70 long-context.json "${cli[@]}" bench memory --model "$large" \
     --device $dev "${long_large[@]}" $v
 done
+
+# a call near the longest the plan allows (docs/performance.md, "The planned longest context on a GPU"): refused
+# first, then at the length the refusal named (or, where the first call fitted, the length its budget allowed)
+stage "cap $(tag $large) too long" 60 cap.json "${cli[@]}" bench memory --model "$large" --device $dev "${cap_args[@]}"
+if [[ -z "${GPU_SH_STAGES:-}" || " $GPU_SH_STAGES " == *" cap "* ]]; then
+  fit=$("$py" -c 'import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+last = lines[-1] if lines else {}
+print(last.get("fit") or (last.get("context") or {}).get("fit_tokens") or 0)' "$out/cap.json" 2>/dev/null || echo 0)
+  # the pair shares a short prompt: its row holds both answers, so each is half the fit, less the prompt's tokens
+  each=$(( fit / 2 - 32 )); (( each > cap_longest )) && each=$cap_longest
+  if (( each > 64 )); then
+    stage "cap $(tag $large) at the fit" 70 cap.json "${cli[@]}" bench memory --model "$large" --device $dev \
+      "${cap_args[@]}" --context "$each"  # the later --context wins
+  fi
+fi
 
 stage train-0.6b 180 "train-$(tag $small).json" \
   "${cli[@]}" bench train --workload "$workload" --model "$small" --device $dev "${train_small[@]}"

@@ -25,8 +25,9 @@ HEADLINES = ("mfu", "ratio_tokens_per_s", "computed_tokens_ratio", "trainable_to
              "mean_staleness",
              # bench memory --context's: the plan's error, the call's peak above the model, its choices
              "plan_error", "row_tokens", "train_above_registered_gb", "checkpointing", "offloaded", "peak_gb",
-             "call_refused", "message")
-PARTS = ("ours", "reference", "artrl", "trl", "concurrent", "sequential", "sync", "pipeline", "context", "train")
+             "call_refused", "message", "fit", "fit_tokens", "offloaded_gb", "host_max_resident", "gpu_memory_gb")
+PARTS = ("ours", "reference", "artrl", "trl", "concurrent", "sequential", "sync", "pipeline", "context", "train",
+         "measured_gb")
 
 
 def headline(record: dict[str, Any]) -> str:

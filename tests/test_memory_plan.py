@@ -140,3 +140,40 @@ def test_a_prefill_of_several_prompts_never_copies_the_lm_head(tok):
         grew = _status_kb("VmHWM") * 1024 - before
     assert logits.shape == (4, config.vocab_size)
     assert grew < head / 2, f"the prefill of 4 prompts held {grew / 1e6:.0f} MB more; the LM head is {head / 1e6:.0f} MB"
+
+
+class _FakeCuda:
+    """torch.cuda's memory queries on an imagined 80 GB card: 70 GB free, torch holding 6 GB of which 4 GB in use."""
+
+    def __init__(self, fraction: float) -> None:
+        self.fraction = fraction
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (int(70 * GB), int(80 * GB)))
+        monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda dev=None: self.fraction)
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev=None: int(6 * GB))
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev=None: int(4 * GB))
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
+@pytest.mark.parametrize("fraction, available, unused", [(1.0, 76, 72), (0.3, 24, 20), (0.04, 3.2, 0)])
+def test_a_process_capped_on_its_gpu_plans_and_budgets_within_the_cap(monkeypatch, fraction, available, unused):
+    """torch.cuda.set_per_process_memory_fraction makes torch's allocator refuse past fraction x the card: the plan
+    (available_bytes) and the trainer's budgets (free_bytes) count that cap as the device's size, so a process made
+    to run as on a 24 GB card refuses a call too long for 24 GB before it starts instead of failing at the cap."""
+    from artrl.train import memory
+
+    _FakeCuda(fraction).install(monkeypatch)
+    assert memory_plan.available_bytes("cuda") == pytest.approx(available * GB, rel=1e-9)
+    assert memory.free_bytes(torch.device("cuda", 0)) == pytest.approx(unused * GB, rel=1e-9)
+    budget = memory.budget_for(random_config("random:qwen3-8b"), torch.bfloat16, 1024,
+                               memory.free_bytes(torch.device("cuda", 0)), offload=True)
+    uncapped = memory.budget_for(random_config("random:qwen3-8b"), torch.bfloat16, 1024, int(72 * GB), offload=True)
+    assert (budget.tokens_offloaded < uncapped.tokens_offloaded) == (fraction < 1.0)
+
+
+def test_bench_memory_caps_only_a_gpu():
+    from artrl.bench.memory_bench import cap_gpu_memory
+
+    with pytest.raises(SystemExit, match="caps a CUDA device"):
+        cap_gpu_memory(torch.device("cpu"), 24)

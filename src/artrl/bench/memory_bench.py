@@ -25,8 +25,13 @@ call on them. One JSON line:
 sampled; the turns are text, trained as on-policy): sharing an N-token prompt (`--layout prompt`) or
 answering a short prompt at length (`--layout completion`, every token trained). The line then has
 `context`: the call's row tokens, trained tokens, whether it checkpointed, its peak above the registered
-model, in total and per token, and the plan's activations. A call whose longest micro-batch fits no
+model, in total and per token, the plan's activations, and `fit_tokens`, the most tokens the trainer's budget
+(train/memory.py) let that setting hold when the call began. A call whose longest micro-batch fits no
 setting is refused before it trains: `{"call_refused": true, "tokens": ..., "fit": ..., "message": ...}`.
+
+`--gpu-memory-gb G` caps the process at G GB of its GPU (`torch.cuda.set_per_process_memory_fraction`), which
+the plan and the trainer's budgets count as the device's size: a call planned, trained or refused as on a card
+of G GB.
 
 A model whose plan does not fit (and `--check-memory`, the default) prints
 `{"refused": true, "message": ..., "seconds": ...}`: how long the refusal took.
@@ -72,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --context: the pair shares a long prompt and answers briefly (prompt), or a short "
                         "prompt and two long answers (completion)")
     p.add_argument("--logprob-chunk-size", type=int, default=None, help="InternalModelConfig.logprob_chunk_size")
+    p.add_argument("--gpu-memory-gb", type=float, default=None,
+                   help="on CUDA, cap this process at this many GB of the GPU (torch.cuda."
+                        "set_per_process_memory_fraction): plan, train and refuse as on a card of that size")
 
 
 def _status_kb(key: str) -> int:
@@ -151,6 +159,8 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
     phases = _Phases(device.type)
     out: dict[str, Any] = {"bench": "memory", "model": args.model, "device": device.type,
                            "settings": {k: v for k, v in fields.items() if k != "check_memory"}}
+    if args.gpu_memory_gb is not None:
+        out["gpu_memory_gb"] = cap_gpu_memory(device, args.gpu_memory_gb)
     check_model_source(args.model)  # in seconds, never the network for artrl's names (models/source.py)
     registered = plan_for(args.model, cfg, device)  # what register checks
     out["plan_register"] = registered.as_json()
@@ -185,9 +195,11 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
                 (art.TrajectoryGroup(rollout(g, k) for k in range(args.rollouts)) for g in range(args.groups)),
                 pbar_desc=None)
         phases.end("rollouts")
-        from ..train.memory import free_bytes
+        from ..train.memory import device_budget, free_bytes
 
         train_free = free_bytes(device)  # what the call's choice of checkpointing sees
+        session = getattr(backend, "_runs", {}).get(model.name)
+        budget = device_budget(session.trainer, host=True) if getattr(session, "trainer", None) else None
         phases.start()
         t_call = time.perf_counter()
         try:
@@ -243,7 +255,11 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
     context = {}
     if args.context:
         above = measured["train_peak"] - measured["registered"]
-        context = {"context": {"tokens": args.context, "layout": args.layout, "row_tokens": tokens,
+        fit = None  # the most tokens the call's setting fits, by the trainer's budget when the call began
+        if budget is not None:
+            fit = (budget.tokens_offloaded if offloaded else budget.tokens_checkpointed if checkpointing
+                   else budget.tokens)
+        context = {"context": {"tokens": args.context, "layout": args.layout, "row_tokens": tokens, "fit_tokens": fit,
                                "trained_tokens": trained, "checkpointing": bool(checkpointing),
                                "offloaded": offloaded, "offloaded_gb": offloaded_gb if offloaded else 0.0,
                                "train_above_registered_gb": round(above, 3),
@@ -261,6 +277,21 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
             "computed_tokens": metrics.get("train/computed_tokens"),
             "sampled_logprob_delta_max": metrics.get("train/sampled_logprob_delta_max"),
             "seconds": phases.seconds}
+
+
+def cap_gpu_memory(device: Any, gb: float) -> float:
+    """Cap this process at `gb` GB of its CUDA device (torch's allocator refuses more), so that the plan, the call's
+    budgets and its refusals are those of a card of that size; the cap as set, in GB."""
+    import torch
+
+    if device.type != "cuda":
+        raise SystemExit(f"--gpu-memory-gb caps a CUDA device; this run is on {device.type}")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    if not 0 < gb * GB <= total:
+        raise SystemExit(f"--gpu-memory-gb {gb}: this GPU holds {total / GB:.1f} GB")
+    torch.cuda.set_per_process_memory_fraction(gb * GB / total, index)
+    return round(gb, 3)
 
 
 def filler_text(tokenizer: Any, tokens: int, seed: int) -> str:

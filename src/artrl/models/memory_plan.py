@@ -369,9 +369,24 @@ def available_bytes(device_type: str, device_index: int | None = None) -> int:
         import torch
 
         dev = torch.device("cuda", device_index if device_index is not None else torch.cuda.current_device())
-        free, _ = torch.cuda.mem_get_info(dev)
-        return int(free + torch.cuda.memory_reserved(dev))
+        free, cap = cuda_free_and_cap(dev)
+        held = int(free + torch.cuda.memory_reserved(dev))
+        return held if cap is None else min(held, cap)
     return host_available_bytes() + current_rss_bytes()
+
+
+def cuda_free_and_cap(dev: Any) -> tuple[int, int | None]:
+    """The CUDA device's free memory and this process's cap on what torch's allocator may reserve there
+    (`torch.cuda.set_per_process_memory_fraction` x the device's memory: a process sharing its GPU, or made to plan
+    as on a smaller card), None when no cap is set. The plan and the trainer's budgets count the cap as the device's
+    size, so a capped process plans, chooses checkpointing and offloading, and refuses too-long calls within it
+    rather than failing at the cap with an out-of-memory error."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(dev)
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.9
+    fraction = float(getter(dev)) if getter is not None else 1.0
+    return int(free), (int(fraction * total) if fraction < 1.0 else None)
 
 
 def host_available_bytes() -> int:

@@ -2,7 +2,8 @@
 
 On CUDA, when a call sets neither `per_device_train_batch_size` nor
 `max_tokens_per_microbatch`, the token budget of a micro-batch follows the free
-memory (`torch.cuda.mem_get_info`, plus what torch's allocator holds unused):
+memory (`torch.cuda.mem_get_info`, plus what torch's allocator holds unused; within the process's cap when
+`torch.cuda.set_per_process_memory_fraction` set one):
 
     budget = (free * MEMORY_FRACTION - head) / bytes_per_token
 
@@ -91,12 +92,14 @@ def head_bytes(config: Any, chunk_size: int) -> int:
 def free_bytes(device: torch.device) -> int:
     """Free device memory, counting what torch's caching allocator reserved but does not use; on a CPU the host's
     available memory."""
-    if device.type != "cuda":
-        from ..models.memory_plan import host_available_bytes
+    from ..models.memory_plan import cuda_free_and_cap, host_available_bytes
 
+    if device.type != "cuda":
         return host_available_bytes()
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    free, cap = cuda_free_and_cap(device)
+    allocated = torch.cuda.memory_allocated(device)
+    unused = int(free + torch.cuda.memory_reserved(device) - allocated)
+    return unused if cap is None else max(0, min(unused, cap - allocated))
 
 
 def budget_for(config: Any, dtype: torch.dtype, chunk_size: int, free: int, *, offload: bool = False,
