@@ -148,9 +148,14 @@ class _FakeCuda:
     def __init__(self, fraction: float) -> None:
         self.fraction = fraction
 
+    def fraction_of(self, device: int) -> float:
+        if not isinstance(device, int):  # torch's wants an index (a torch.device("cuda") without one is refused)
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        return self.fraction
+
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (int(70 * GB), int(80 * GB)))
-        monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda dev=None: self.fraction)
+        monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", self.fraction_of)
         monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev=None: int(6 * GB))
         monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev=None: int(4 * GB))
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -165,9 +170,11 @@ def test_a_process_capped_on_its_gpu_plans_and_budgets_within_the_cap(monkeypatc
 
     _FakeCuda(fraction).install(monkeypatch)
     assert memory_plan.available_bytes("cuda") == pytest.approx(available * GB, rel=1e-9)
+    # the trainer's device is torch.device("cuda"), without an index
+    assert memory.free_bytes(torch.device("cuda")) == pytest.approx(unused * GB, rel=1e-9)
     assert memory.free_bytes(torch.device("cuda", 0)) == pytest.approx(unused * GB, rel=1e-9)
     budget = memory.budget_for(random_config("random:qwen3-8b"), torch.bfloat16, 1024,
-                               memory.free_bytes(torch.device("cuda", 0)), offload=True)
+                               memory.free_bytes(torch.device("cuda")), offload=True)
     uncapped = memory.budget_for(random_config("random:qwen3-8b"), torch.bfloat16, 1024, int(72 * GB), offload=True)
     assert (budget.tokens_offloaded < uncapped.tokens_offloaded) == (fraction < 1.0)
 

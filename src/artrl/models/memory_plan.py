@@ -383,9 +383,10 @@ def cuda_free_and_cap(dev: Any) -> tuple[int, int | None]:
     rather than failing at the cap with an out-of-memory error."""
     import torch
 
-    free, total = torch.cuda.mem_get_info(dev)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()  # the fraction wants an index
+    free, total = torch.cuda.mem_get_info(index)
     getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.9
-    fraction = float(getter(dev)) if getter is not None else 1.0
+    fraction = float(getter(index)) if getter is not None else 1.0
     return int(free), (int(fraction * total) if fraction < 1.0 else None)
 
 
