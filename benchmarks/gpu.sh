@@ -29,7 +29,7 @@
 # Each stage runs under its own `timeout` (its budget, or what is left of the cap); one that
 # fails or times out adds a line with its exit code and stderr tail to its file, and the next
 # stage runs. Each figure is printed as its stage finishes. Budgets (seconds, GPU): env 60,
-# long-context 3x70, cap 60+70, train-0.6b 180, train-8b 240, kernels 2x15, trl 35+45, serve 45+60, demo 60, pipeline 90, compiled arm
+# long-context 70+2x90, cap 60+90, train-0.6b 180, train-8b 240, kernels 2x15, trl 35+45, serve 45+60, demo 60, pipeline 90, compiled arm
 # what is left (up to 60)
 # (GPU_SH_BUDGET_FACTOR multiplies them: 8 in --cpu-smoke).
 #
@@ -78,7 +78,9 @@ if [[ "$mode" == "--cpu-smoke" ]]; then
 else
   cap=${GPU_SH_SECONDS:-540}; factor=${GPU_SH_BUDGET_FACTOR:-1}
   small=random:qwen3-0.6b; large=random:qwen3-8b; dev=cuda
-  train_small=(--scale 1 --profile --profile-micro-batches 4)
+  # one profiled micro-batch: on the second H200 run the profile of 4 (about 68k tokens each) outlasted what was left
+  # of the stage's 180 s after a 31.6 s timed call, and the reference mode never started
+  train_small=(--scale 1 --profile --profile-micro-batches 1)
   train_large=(--scale 1 --reference-steps 12 --profile --profile-micro-batches 2)
   ab_scale=0.25
   # the defaults (memory-aware budget and checkpointing, Liger when it imports, no compile) against each switch;
@@ -97,7 +99,9 @@ else
   long_small=(--dtype bfloat16 --context 32768 --layout completion)
   long_large=(--dtype bfloat16 --context 16384 --layout completion --gradient-checkpointing)
   long_arms=("--offload-activations" "--no-offload-activations")
-  cap_args=(--gpu-memory-gb 24 --dtype bfloat16 --context 16384 --layout completion)
+  # each answer its own row (the shared prompt is short): 2 x 24,576 is over what 24 GB fits a row (18,944 tokens
+  # measured on 2026-12-04; 2 x 16,384 trained in two micro-batches)
+  cap_args=(--gpu-memory-gb 24 --dtype bfloat16 --context 24576 --layout completion)
   cap_longest=1000000
   serve_ab=("--static-cache" "--merge-lora off")
   ngpu=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
@@ -171,7 +175,7 @@ stage "long-context $(tag $small)" 70 long-context.json "${cli[@]}" bench memory
   "${long_small[@]}"
 for v in "${long_arms[@]}"; do
   # shellcheck disable=SC2086  # a variant is one flag, or none
-  stage "long-context $(tag $large) $v" 70 long-context.json "${cli[@]}" bench memory --model "$large" \
+  stage "long-context $(tag $large) $v" 90 long-context.json "${cli[@]}" bench memory --model "$large" \
     --device $dev "${long_large[@]}" $v
 done
 
@@ -183,10 +187,11 @@ if [[ -z "${GPU_SH_STAGES:-}" || " $GPU_SH_STAGES " == *" cap "* ]]; then
 lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 last = lines[-1] if lines else {}
 print(last.get("fit") or (last.get("context") or {}).get("fit_tokens") or 0)' "$out/cap.json" 2>/dev/null || echo 0)
-  # the pair shares a short prompt: its row holds both answers, so each is half the fit, less the prompt's tokens
-  each=$(( fit / 2 - 32 )); (( each > cap_longest )) && each=$cap_longest
+  # the pair shares a short prompt: each answer is a row of its own (two rows of about the fit go to two
+  # micro-batches), so each answer is the fit less the prompt's tokens
+  each=$(( fit - 48 )); (( each > cap_longest )) && each=$cap_longest
   if (( each > 64 )); then
-    stage "cap $(tag $large) at the fit" 70 cap.json "${cli[@]}" bench memory --model "$large" --device $dev \
+    stage "cap $(tag $large) at the fit" 90 cap.json "${cli[@]}" bench memory --model "$large" --device $dev \
       "${cap_args[@]}" --context "$each"  # the later --context wins
   fi
 fi

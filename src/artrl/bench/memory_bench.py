@@ -244,6 +244,10 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
     offloaded = device.type == "cuda" and bool(cfg.offload_activations)
     if device.type == "cuda" and cfg.offload_activations is None and checkpointing is not False:
         offloaded = does_not_fit(dataclasses.replace(workload, gradient_checkpointing=True))
+    if offloaded_gb is not None and device.type == "cuda":
+        # what the trainer did, where it says: its own budget (train/memory.py) decides, and near the boundary it
+        # may decide otherwise than the plan's figures above
+        offloaded = offloaded_gb > 0
     if cfg.gradient_checkpointing is not False:
         checkpointing = checkpointing or offloaded  # offloading is of the checkpointed inputs
     workload = dataclasses.replace(workload, gradient_checkpointing=bool(checkpointing),
@@ -261,7 +265,7 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
                    else budget.tokens)
         context = {"context": {"tokens": args.context, "layout": args.layout, "row_tokens": tokens, "fit_tokens": fit,
                                "trained_tokens": trained, "checkpointing": bool(checkpointing),
-                               "offloaded": offloaded, "offloaded_gb": offloaded_gb if offloaded else 0.0,
+                               "offloaded": offloaded, "offloaded_gb": offloaded_gb or 0.0,
                                "train_above_registered_gb": round(above, 3),
                                "mb_per_token_above_registered": round(above * 1e3 / max(tokens, 1), 4),
                                "plan_activations_gb": round(plan.parts["activations"] / GB, 3)}}
