@@ -119,3 +119,18 @@ def test_the_trl_peer_measures_both_sides_on_the_same_work(capsys):
     # the same assistant tokens on both sides (chat templates may differ by an end-of-turn token per reply)
     assert abs(ours["trainable_tokens"] - trl["trainable_tokens"]) <= 4
     assert out["ratio_tokens_per_s"] == round(ours["trainable_tokens_per_s"] / trl["trainable_tokens_per_s"], 3)
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_the_plan_counts_liger_exactly_where_the_trainer_applies_it(monkeypatch, installed):
+    """One rule (models/liger.py) for the trainer, which applies the kernels, and the memory plan, which counts
+    their smaller activations: on CUDA when asked for, or by default when installed; never on a CPU."""
+    from artrl.models import liger, memory_plan
+
+    monkeypatch.setattr(liger, "liger_available", lambda: installed)
+    for choice in (None, True, False):
+        cfg = art.InternalModelConfig(liger_kernel=choice)
+        for device_type in ("cuda", "cpu"):
+            expected = device_type == "cuda" and (choice is True or (choice is None and installed))
+            assert liger.liger_applies(cfg, device_type) is expected
+            assert memory_plan.settings_for(cfg, "artrl/tiny", device_type).fused_kernels is expected

@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from ..errors import ConfigError
+from .liger import liger_applies
 from .quantization import INT8_BYTES_PER_WEIGHT, NF4_BYTES_PER_WEIGHT
 from .shapes import RANDOM_DRAW_ROWS
 from .structure import PROJECTIONS, text_config
@@ -445,11 +446,7 @@ def settings_for(cfg: Any, base_model: str, device_type: str, **workload: Any) -
     targets = cfg.target_modules
     targets = tuple([targets] if isinstance(targets, str) else targets) if targets not in (None, "all-linear") else None
     checkpointing = bool(cfg.gradient_checkpointing) if cfg.gradient_checkpointing is not None else False
-    fused = False
-    if device_type == "cuda" and cfg.liger_kernel is not False:  # the trainer's rule (train/kernels.py)
-        import importlib.util
-
-        fused = bool(cfg.liger_kernel) or importlib.util.find_spec("liger_kernel") is not None
+    fused = liger_applies(cfg, device_type)  # the trainer's rule (train/kernels.py)
     return MemorySettings(device_type=device_type, quantization=quantization, dtype_bytes=dtype_bytes,
                           fused_kernels=fused,
                           lora_rank=cfg.lora_rank, target_modules=targets, optim_bits=optim_spec(cfg.optim).bits,

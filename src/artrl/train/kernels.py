@@ -19,20 +19,16 @@ imports), compilation off; on a CPU all off, so the CPU path is what it was.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from typing import Any
 
 import torch
 
 from ..errors import ConfigError
+from ..models.liger import liger_applies, liger_available
 from ..types import InternalModelConfig
 
 log = logging.getLogger(__name__)
-
-
-def liger_available() -> bool:
-    return importlib.util.find_spec("liger_kernel") is not None
 
 
 def fused_adamw(cfg: InternalModelConfig, device: torch.device) -> bool:
@@ -68,7 +64,7 @@ def apply_kernels(model: torch.nn.Module, cfg: InternalModelConfig, device: torc
     cuda = device.type == "cuda"
     liger = cfg.liger_kernel
     if liger is None:
-        liger = cuda and liger_available()
+        liger = liger_applies(cfg, device.type)
     elif liger and not cuda:
         raise ConfigError(f"liger_kernel=True needs a CUDA device (Liger's kernels are Triton); the model is on "
                           f"{device}. Leave it None or False.")
