@@ -272,6 +272,9 @@ def summarize_history(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"steps_done": len(train), "step_rewards": rewards, "step_gain": window_gain(rewards),
             "groups_per_step": [r.get("sample_efficiency/accepted_groups_per_step") for r in train],
             "staleness": [r.get("train/staleness") for r in train],
+            # the trained tokens' mean age in versions: a group's staleness for step_lora, less for in-flight
+            # updates, whose tokens after a swap come from newer versions (counted by `policy_token_spans`)
+            "token_policy_age": [r.get("offpolicy/token_weighted_policy_age_steps") for r in train],
             # the served policy's logprob of each sampled token against the trainer's (docs/token-record.md), and
             # the loss's mean importance ratio: how far the record and the weights trained were apart
             "sampled_logprob_delta_max": [r.get("train/sampled_logprob_delta_max") for r in train],
@@ -359,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def table(records: list[dict[str, Any]]) -> str:
     """Per program: each arm's gain over replicates (mean +- sample std, median), pipeline / sync and
-    in-flight / pipeline (of the means), and the mean eval before training."""
+    in-flight / pipeline (of the means), and the mean eval before training; then, per program with two or more
+    replicates of each, in-flight's gain minus the pipeline's with its standard error and Welch's t."""
     lines = ["| program | replicates | sync gain | pipeline gain | pipeline / sync | in-flight gain | "
              "in-flight / pipeline | eval before |", "|---|---|---|---|---|---|---|---|"]
     for program in PROGRAMS:
@@ -383,7 +387,22 @@ def table(records: list[dict[str, Any]]) -> str:
         lines.append(f"| {program} | {replicates} | {cell('sync')} | {cell('pipeline')} | "
                      f"{ratio('pipeline', 'sync')} | {cell('in_flight')} | {ratio('in_flight', 'pipeline')} | "
                      f"{before:.3f} |")
+    for program in PROGRAMS:
+        gains = {arm: [r["gain"] for r in records if r["program"] == program and r["arm"] == arm] for arm in ARMS}
+        if (found := welch(gains["in_flight"], gains["pipeline"])) is not None:
+            diff, se, t = found
+            lines.append(f"\n{program}: in-flight - pipeline gain {diff:+.3f}, standard error {se:.3f}, Welch t "
+                         f"{t:+.2f} ({len(gains['in_flight'])} and {len(gains['pipeline'])} replicates)")
     return "\n".join(lines)
+
+
+def welch(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
+    """(mean(a) - mean(b), its standard error, Welch's t) of two samples; None under 2 values in either."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    diff = statistics.fmean(a) - statistics.fmean(b)
+    se = (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
+    return diff, se, diff / se if se > 0 else float("nan")
 
 
 if __name__ == "__main__":
