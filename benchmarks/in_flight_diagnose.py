@@ -1,0 +1,235 @@
+"""What the trainer is given by a binary-prefix pipeline run, in-flight (or step_lora): record, then check.
+
+One run of examples/art_pipeline_0523/binary_prefix_tool_pipeline.py (the sizes of
+benchmarks/pipeline_programs_learn.py, from its primed model), in this process, with the program's `LocalBackend`
+replaced by `RecordingBackend`: every `train` call's groups are written to `calls.jsonl` (per trajectory: reward,
+the version the rollout started on, the choice's prompt and sampled ids, their sampled logprobs and
+`policy_token_spans`) before they are trained, with the call's metrics after. Every checkpoint stays on disk.
+
+Then, offline, with the base model and each checkpoint's adapter:
+
+* **the record**: each sampled token's logprob recomputed (one forward over prompt + reply, no cache) under the
+  version its span names, against the logprob the server recorded: a mismatch is a wrong behaviour logprob;
+* **the ratio the loss sees**: the same under the weights the call trains from (`r_t = exp(new_t - old_t)`),
+  per token group (tokens of single-version replies, and of multi-version replies before and after the swap);
+* **the replies**: reward and validity of replies sampled by one version against those that changed version;
+* **the learning curve** (`--curve N`): the benchmark's held-out eval (N seeded replies at the rollouts'
+  temperature) of every checkpoint, where the benchmark scores the last one only.
+
+    PYTHONPATH=src OMP_NUM_THREADS=2 python benchmarks/in_flight_diagnose.py --mode in_flight_lora --out d --curve 64
+    PYTHONPATH=src OMP_NUM_THREADS=2 python benchmarks/in_flight_diagnose.py --analyze d
+
+The summary is one JSON object: the last line on stdout (the program prints its own lines before it), and
+`summary.json` in the run's directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Final
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pipeline_programs_learn as ppl  # noqa: E402
+
+CALLS_FILE: Final = "calls.jsonl"
+
+
+def make_recording_backend(base: type, out: Path) -> type:
+    class RecordingBackend(base):  # type: ignore[misc, valid-type]
+        """The program's backend; each `train` call's groups are written to `out / CALLS_FILE` first."""
+
+        async def train(self, model: Any, groups: Any, **kwargs: Any) -> Any:
+            step = await model.get_step()
+            rows = []
+            for g, group in enumerate(groups):
+                for trajectory in group.trajectories:
+                    choice = trajectory.messages_and_choices[-1]
+                    extra = choice.model_extra or {}
+                    rows.append({"group": g, "reward": trajectory.reward,
+                                 "valid": trajectory.metrics.get("valid_guess"),
+                                 "initial_version": trajectory.initial_policy_version,
+                                 "prompt_ids": extra.get("prompt_token_ids"), "token_ids": extra.get("token_ids"),
+                                 "logprobs": [c.logprob for c in choice.logprobs.content],
+                                 "spans": extra.get("policy_token_spans"), "finish": choice.finish_reason})
+            result = await super().train(model, groups, **kwargs)
+            with (out / CALLS_FILE).open("a") as f:
+                f.write(json.dumps({"from_step": step, "trajectories": rows, "metrics": result.metrics}) + "\n")
+            return result
+
+    return RecordingBackend
+
+
+def record(mode: str, out: Path, base_model: Path, sizes: dict[str, str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CALLS_FILE).unlink(missing_ok=True)
+    os.environ.update({"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "ART_PATH": str(out / ".art"),
+                       "BASE_MODEL": str(base_model), **sizes})
+    os.environ.pop("ROLLOUT_WEIGHT_UPDATE_MODE", None)
+    if mode == "in_flight_lora":
+        os.environ["ROLLOUT_WEIGHT_UPDATE_MODE"] = mode
+    program = ppl.load_program(ppl.PROGRAMS_DIR / ppl.PROGRAMS["binary_prefix"])
+    program.LocalBackend = make_recording_backend(program.LocalBackend, out)
+    asyncio.run(program.main())
+    (out / "base_model").write_text(str(base_model))
+    (out / "mode").write_text(mode)
+
+
+# ------------------------------------------------------------------ analysis
+
+def token_logprobs(model: Any, prompt: list[int], reply: list[int]) -> list[float]:
+    """log pi(reply[t] | prompt, reply[:t]) for each t, one forward, no cache."""
+    import torch
+
+    ids = torch.tensor([prompt + reply])  # [1, seq]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()  # [reply, vocab]
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(reply)[:, None])[:, 0].tolist()
+
+
+def analyze(out: Path) -> dict[str, Any]:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    calls = [json.loads(line) for line in (out / CALLS_FILE).read_text().splitlines()]
+    run = ppl.run_dir(out / ".art")
+    base = AutoModelForCausalLM.from_pretrained((out / "base_model").read_text(), torch_dtype=torch.float32)
+    checkpoints = {int(p.name): p for p in (run / "checkpoints").iterdir() if p.name.isdigit()}
+    model = PeftModel.from_pretrained(base, str(checkpoints[0]), adapter_name="v0")
+    for step, path in sorted(checkpoints.items()):
+        if step:
+            model.load_adapter(str(path), adapter_name=f"v{step}")
+    model.eval()
+
+    def under(version: int, prompt: list[int], reply: list[int]) -> list[float]:
+        model.set_adapter(f"v{version}")
+        return token_logprobs(model, prompt, reply)
+
+    record_err: list[float] = []  # |recorded - recomputed under the span's version|
+    log_ratio: dict[str, list[float]] = {"single": [], "before_swap": [], "after_swap": []}
+    replies: dict[str, list[dict[str, Any]]] = {"single": [], "multi": []}
+    per_call = []
+    for call in calls:
+        s = call["from_step"]
+        call_ratios = []
+        for t in call["trajectories"]:
+            prompt, reply, recorded = t["prompt_ids"], t["token_ids"], t["logprobs"]
+            spans = t["spans"] or [{"start_token": 0, "end_token": len(reply), "policy_version": t["initial_version"]}]
+            versions = [sp["policy_version"] for sp in spans]
+            kind = "multi" if len(set(versions)) > 1 else "single"
+            replies[kind].append({"reward": t["reward"], "valid": t["valid"], "len": len(reply),
+                                  "finish": t["finish"]})
+            new = under(s, prompt, reply)
+            for k, sp in enumerate(spans):
+                a, b, v = sp["start_token"], sp["end_token"], sp["policy_version"]
+                if v in checkpoints:
+                    own = under(v, prompt, reply)
+                    record_err += [abs(own[i] - recorded[i]) for i in range(a, b)]
+                where = "single" if kind == "single" else ("before_swap" if k == 0 else "after_swap")
+                log_ratio[where] += [new[i] - recorded[i] for i in range(a, b)]
+                call_ratios += [new[i] - recorded[i] for i in range(a, b)]
+        per_call.append({"from_step": s, "groups": len({t["group"] for t in call["trajectories"]}),
+                         "tokens": len(call_ratios),
+                         "mean_ratio": statistics.fmean(math.exp(x) for x in call_ratios) if call_ratios else None,
+                         "loss_mean_ratio": call["metrics"].get("train/mean_ratio")})
+
+    def ratio_summary(values: list[float]) -> dict[str, Any]:
+        if not values:
+            return {"tokens": 0}
+        r = sorted(math.exp(x) for x in values)
+        return {"tokens": len(r), "mean_ratio": statistics.fmean(r), "median": statistics.median(r),
+                "p05": r[int(0.05 * (len(r) - 1))], "p95": r[int(0.95 * (len(r) - 1))],
+                "mean_log_ratio": statistics.fmean(values)}
+
+    def reply_summary(items: list[dict[str, Any]]) -> dict[str, Any]:
+        if not items:
+            return {"n": 0}
+        return {"n": len(items), "mean_reward": statistics.fmean(i["reward"] for i in items),
+                "valid": statistics.fmean(float(i["valid"] or 0) for i in items),
+                "mean_len": statistics.fmean(i["len"] for i in items),
+                "cut_at_length": statistics.fmean(i["finish"] == "length" for i in items)}
+
+    return {"replies_spanning_versions": len(replies["multi"]) / max(1, len(replies["multi"]) + len(replies["single"])),
+            "record_abs_err_max": max(record_err, default=None),
+            "record_abs_err_mean": statistics.fmean(record_err) if record_err else None,
+            "record_tokens_checked": len(record_err),
+            "ratio": {k: ratio_summary(v) for k, v in log_ratio.items()},
+            "replies": {k: reply_summary(v) for k, v in replies.items()}, "calls": per_call}
+
+
+def curve(out: Path, samples: int, replicate: int, sizes: dict[str, str]) -> list[dict[str, Any]]:
+    """The benchmark's held-out eval (seeded replies at the rollouts' temperature) of every checkpoint of the run."""
+    import artrl as art
+
+    program = ppl.load_program(ppl.PROGRAMS_DIR / ppl.PROGRAMS["binary_prefix"])
+    run = ppl.run_dir(out / ".art")
+
+    class AtStep:  # the model, its inference name pinned to one checkpoint (`name@step`)
+        def __init__(self, model: Any, step: int) -> None:
+            self.model, self.step = model, step
+
+        def openai_client(self) -> Any:
+            return self.model.openai_client()
+
+        def get_inference_name(self) -> str:
+            return self.model.get_inference_name(step=self.step)
+
+    async def main() -> list[dict[str, Any]]:
+        backend = art.LocalBackend(path=str(out / ".art"), show_progress=False)
+        try:
+            model = art.TrainableModel(name=run.name, project=run.parent.parent.name,
+                                       base_model=(out / "base_model").read_text())
+            await model.register(backend)
+            steps = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+            rows = []
+            for step in steps:
+                rewards = await ppl.sample_eval("binary_prefix", program, AtStep(model, step), replicate, samples,
+                                                sizes)
+                rows.append({"step": step, "reward": statistics.fmean(rewards),
+                             "zero": statistics.fmean(r == 0 for r in rewards)})
+            return rows
+        finally:
+            backend.close()
+
+    return asyncio.run(main())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=("step_lora", "in_flight_lora"), default="in_flight_lora")
+    p.add_argument("--out", type=Path, help="record a run into this directory, then analyze it")
+    p.add_argument("--analyze", type=Path, help="analyze a recorded run only")
+    p.add_argument("--curve", type=int, default=0, metavar="SAMPLES",
+                   help="also evaluate every checkpoint with the benchmark's eval, this many replies (0: not)")
+    p.add_argument("--set", action="append", default=[], metavar="K=V", help="override a size (as the benchmark)")
+    p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "artrl-pipeline-programs-learn",
+                   help="the benchmark's primed models (built there when missing)")
+    args = p.parse_args(argv)
+    sizes = {**ppl.SIZES["binary_prefix"], **dict(kv.split("=", 1) for kv in args.set)}
+    if args.out is not None:
+        program = ppl.load_program(ppl.PROGRAMS_DIR / ppl.PROGRAMS["binary_prefix"])
+        base_model = ppl.prime("binary_prefix", program, args.cache / "binary_prefix")
+        record(args.mode, args.out, base_model, sizes)
+    target = args.analyze or args.out
+    if target is None:
+        p.error("give --out or --analyze")
+    mode_file = target / "mode"
+    summary = {"mode": mode_file.read_text() if mode_file.exists() else None, **analyze(target)}
+    if args.curve:
+        summary["curve"] = curve(target, args.curve, 0, sizes)
+    (target / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
