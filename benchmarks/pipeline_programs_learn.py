@@ -30,7 +30,7 @@ One JSON line per (program, arm, replicate) on stdout, with the command:
     PYTHONPATH=src OMP_NUM_THREADS=2 python benchmarks/pipeline_programs_learn.py --seeds 0 1 \\
         >> benchmarks/results/2026-12-03-cpu/pipeline-programs-learn.jsonl
 
-`--table FILE` prints docs/pipeline.md's table from such a file.
+`--table FILE...` prints docs/pipeline.md's table from such files.
 """
 
 from __future__ import annotations
@@ -325,13 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "artrl-pipeline-programs-learn",
                    help="where the primed models are kept between invocations")
     p.add_argument("--sync-child", type=Path, help=argparse.SUPPRESS)
-    p.add_argument("--table", type=Path, help="print the markdown table of a results file and exit")
+    p.add_argument("--table", type=Path, nargs="+", help="print the markdown table of results files and exit")
     args = p.parse_args(argv)
     if args.sync_child:
         run_sync_child(args.sync_child)
         return 0
     if args.table:
-        print(table([json.loads(line) for line in args.table.read_text().splitlines() if line.strip()]))
+        print(table([json.loads(line) for path in args.table for line in path.read_text().splitlines()
+                     if line.strip()]))
         return 0
     overrides = dict(kv.split("=", 1) for kv in args.set)
     given = argv if argv is not None else sys.argv[1:]
