@@ -12,6 +12,8 @@ Then, offline, with the base model and each checkpoint's adapter:
   version its span names, against the logprob the server recorded: a mismatch is a wrong behaviour logprob;
 * **the ratio the loss sees**: the same under the weights the call trains from (`r_t = exp(new_t - old_t)`),
   per token group (tokens of single-version replies, and of multi-version replies before and after the swap);
+* **the weights the loss gives**: per call, the mean of CISPO's clipped ratio (its token weight) over the tokens
+  of replies with positive advantage and over those with negative (the sign of reward minus its group's mean);
 * **the replies**: reward and validity of replies sampled by one version against those that changed version;
 * **the learning curve** (`--curve N`): the benchmark's held-out eval (N seeded replies at the rollouts'
   temperature) of every checkpoint, where the benchmark scores the last one only.
@@ -99,6 +101,10 @@ def analyze(out: Path) -> dict[str, Any]:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from artrl.train.loss import LOG_RATIO_BOUND
+    from artrl.types import CISPO_EPSILON, CISPO_EPSILON_HIGH
+
+    low, high = CISPO_EPSILON, CISPO_EPSILON_HIGH  # the programs train with ART's default loss, CISPO
     torch.manual_seed(0)
     calls = [json.loads(line) for line in (out / CALLS_FILE).read_text().splitlines()]
     run = ppl.run_dir(out / ".art")
@@ -121,6 +127,9 @@ def analyze(out: Path) -> dict[str, Any]:
     for call in calls:
         s = call["from_step"]
         call_ratios = []
+        group_mean = {g: statistics.fmean(t["reward"] for t in call["trajectories"] if t["group"] == g)
+                      for g in {t["group"] for t in call["trajectories"]}}
+        weights: dict[str, list[float]] = {"positive": [], "negative": []}  # the loss's token weights, by A's sign
         for t in call["trajectories"]:
             prompt, reply, recorded = t["prompt_ids"], t["token_ids"], t["logprobs"]
             spans = t["spans"] or [{"start_token": 0, "end_token": len(reply), "policy_version": t["initial_version"]}]
@@ -129,6 +138,11 @@ def analyze(out: Path) -> dict[str, Any]:
             replies[kind].append({"reward": t["reward"], "valid": t["valid"], "len": len(reply),
                                   "finish": t["finish"]})
             new = under(s, prompt, reply)
+            advantage = t["reward"] - group_mean[t["group"]]
+            if advantage:
+                weights["positive" if advantage > 0 else "negative"] += [
+                    min(max(math.exp(min(n - o, LOG_RATIO_BOUND)), 1 - low), 1 + high)
+                    for n, o in zip(new, recorded)]
             for k, sp in enumerate(spans):
                 a, b, v = sp["start_token"], sp["end_token"], sp["policy_version"]
                 if v in checkpoints:
@@ -139,6 +153,9 @@ def analyze(out: Path) -> dict[str, Any]:
                 call_ratios += [new[i] - recorded[i] for i in range(a, b)]
         per_call.append({"from_step": s, "groups": len({t["group"] for t in call["trajectories"]}),
                          "tokens": len(call_ratios),
+                         **{f"{sign}_advantage_tokens": len(w) for sign, w in weights.items()},
+                         **{f"{sign}_advantage_mean_weight": statistics.fmean(w) if w else None
+                            for sign, w in weights.items()},
                          "mean_ratio": statistics.fmean(math.exp(x) for x in call_ratios) if call_ratios else None,
                          "loss_mean_ratio": call["metrics"].get("train/mean_ratio")})
 
