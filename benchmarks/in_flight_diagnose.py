@@ -124,6 +124,8 @@ def analyze(out: Path) -> dict[str, Any]:
     log_ratio: dict[str, list[float]] = {"single": [], "before_swap": [], "after_swap": []}
     replies: dict[str, list[dict[str, Any]]] = {"single": [], "multi": []}
     per_call = []
+    age = {r["step"]: r.get("offpolicy/token_weighted_policy_age_steps") for r in ppl.history(out / ".art")
+           if r.get("split") == "train"}  # the pipeline's figure, on the train row of the step a call produced
     for call in calls:
         s = call["from_step"]
         call_ratios = []
@@ -152,7 +154,7 @@ def analyze(out: Path) -> dict[str, Any]:
                 log_ratio[where] += [new[i] - recorded[i] for i in range(a, b)]
                 call_ratios += [new[i] - recorded[i] for i in range(a, b)]
         per_call.append({"from_step": s, "groups": len({t["group"] for t in call["trajectories"]}),
-                         "tokens": len(call_ratios),
+                         "tokens": len(call_ratios), "token_policy_age": age.get(s + 1),
                          **{f"{sign}_advantage_tokens": len(w) for sign, w in weights.items()},
                          **{f"{sign}_advantage_mean_weight": statistics.fmean(w) if w else None
                             for sign, w in weights.items()},
