@@ -30,7 +30,8 @@ One JSON line per (program, arm, replicate) on stdout, with the command:
     PYTHONPATH=src OMP_NUM_THREADS=2 python benchmarks/pipeline_programs_learn.py --seeds 0 1 \\
         >> benchmarks/results/2026-12-03-cpu/pipeline-programs-learn.jsonl
 
-`--table FILE...` prints docs/pipeline.md's table from such files.
+`--table FILE...` prints docs/pipeline.md's table from such files, and in-flight's gain minus the pipeline's
+with its standard error and Welch's t.
 """
 
 from __future__ import annotations
@@ -331,8 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         run_sync_child(args.sync_child)
         return 0
     if args.table:
-        print(table([json.loads(line) for path in args.table for line in path.read_text().splitlines()
-                     if line.strip()]))
+        records = [json.loads(line) for path in args.table for line in path.read_text().splitlines() if line.strip()]
+        print(table(records))
+        if found := differences(records):
+            print(f"\n{found}")
         return 0
     overrides = dict(kv.split("=", 1) for kv in args.set)
     given = argv if argv is not None else sys.argv[1:]
@@ -363,8 +366,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def table(records: list[dict[str, Any]]) -> str:
     """Per program: each arm's gain over replicates (mean +- sample std, median), pipeline / sync and
-    in-flight / pipeline (of the means), and the mean eval before training; then, per program with two or more
-    replicates of each, in-flight's gain minus the pipeline's with its standard error and Welch's t."""
+    in-flight / pipeline (of the means), and the mean eval before training."""
     lines = ["| program | replicates | sync gain | pipeline gain | pipeline / sync | in-flight gain | "
              "in-flight / pipeline | eval before |", "|---|---|---|---|---|---|---|---|"]
     for program in PROGRAMS:
@@ -388,11 +390,18 @@ def table(records: list[dict[str, Any]]) -> str:
         lines.append(f"| {program} | {replicates} | {cell('sync')} | {cell('pipeline')} | "
                      f"{ratio('pipeline', 'sync')} | {cell('in_flight')} | {ratio('in_flight', 'pipeline')} | "
                      f"{before:.3f} |")
+    return "\n".join(lines)
+
+
+def differences(records: list[dict[str, Any]]) -> str:
+    """Per program with two or more replicates of each: in-flight's gain minus the pipeline's, its standard
+    error and Welch's t, one line each."""
+    lines = []
     for program in PROGRAMS:
         gains = {arm: [r["gain"] for r in records if r["program"] == program and r["arm"] == arm] for arm in ARMS}
         if (found := welch(gains["in_flight"], gains["pipeline"])) is not None:
             diff, se, t = found
-            lines.append(f"\n{program}: in-flight - pipeline gain {diff:+.3f}, standard error {se:.3f}, Welch t "
+            lines.append(f"{program}: in-flight - pipeline gain {diff:+.3f}, standard error {se:.3f}, Welch t "
                          f"{t:+.2f} ({len(gains['in_flight'])} and {len(gains['pipeline'])} replicates)")
     return "\n".join(lines)
 

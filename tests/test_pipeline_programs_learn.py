@@ -101,3 +101,25 @@ def test_docs_table_is_the_results_file(bench, results):
     rows = bench.table([json.loads(line) for line in lines if line.strip()]).splitlines()[2:]
     docs = (root / "docs" / "pipeline.md").read_text().splitlines()
     assert rows and all(row in docs for row in rows)
+
+
+def test_welch_against_a_hand_computed_example(bench):
+    # means 2 and 5, sample variances 1 and 10/3, n 3 and 4: se = sqrt(1/3 + (10/3)/4)
+    diff, se, t = bench.welch([1.0, 2.0, 3.0], [3.0, 4.0, 6.0, 7.0])
+    assert diff == pytest.approx(-3.0)
+    assert se == pytest.approx((1 / 3 + 10 / 3 / 4) ** 0.5)
+    assert t == pytest.approx(diff / se)
+    assert bench.welch([1.0], [2.0, 3.0]) is None
+
+
+def test_docs_in_flight_binary_prefix_figures_are_the_results_files(bench):
+    """docs/pipeline.md's in-flight against step_lora figures on binary prefix are what `--table` prints from
+    the recorded runs (12 and 12 replicates over the two days' files)."""
+    root = PATH.parents[1]
+    files = [root / "benchmarks" / "results" / "2026-12-03-cpu" / "pipeline-programs-learn.jsonl",
+             root / "benchmarks" / "results" / "2026-12-04-cpu" / "pipeline-programs-learn-binary-in-flight.jsonl"]
+    records = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
+    line = next(x for x in bench.differences(records).splitlines() if x.startswith("binary_prefix"))
+    assert "-0.500, standard error 0.115, Welch t -4.35 (12 and 12 replicates)" in line
+    docs = " ".join((root / "docs" / "pipeline.md").read_text().split())
+    assert "difference -0.500, standard error 0.115, Welch t -4.35" in docs
