@@ -30,8 +30,8 @@ One JSON line per (program, arm, replicate) on stdout, with the command:
     PYTHONPATH=src OMP_NUM_THREADS=2 python benchmarks/pipeline_programs_learn.py --seeds 0 1 \\
         >> benchmarks/results/2026-12-03-cpu/pipeline-programs-learn.jsonl
 
-`--table FILE...` prints docs/pipeline.md's table from such files, and in-flight's gain minus the pipeline's
-with its standard error and Welch's t.
+`--table FILE...` prints docs/pipeline.md's table from such files, in-flight's gain minus the pipeline's with
+its standard error and Welch's t, and how gain follows the trained tokens' mean policy age (where recorded).
 """
 
 from __future__ import annotations
@@ -334,8 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         records = [json.loads(line) for path in args.table for line in path.read_text().splitlines() if line.strip()]
         print(table(records))
-        if found := differences(records):
-            print(f"\n{found}")
+        for found in (differences(records), age_fit(records)):
+            if found:
+                print(f"\n{found}")
         return 0
     overrides = dict(kv.split("=", 1) for kv in args.set)
     given = argv if argv is not None else sys.argv[1:]
@@ -403,6 +404,33 @@ def differences(records: list[dict[str, Any]]) -> str:
             diff, se, t = found
             lines.append(f"{program}: in-flight - pipeline gain {diff:+.3f}, standard error {se:.3f}, Welch t "
                          f"{t:+.2f} ({len(gains['in_flight'])} and {len(gains['pipeline'])} replicates)")
+    return "\n".join(lines)
+
+
+def mean_token_age(record: dict[str, Any]) -> float | None:
+    """A run's trained tokens' mean policy age over its calls after the first (None: not recorded)."""
+    ages = [a for a in record.get("token_policy_age", [])[1:] if a is not None]
+    return statistics.fmean(ages) if ages else None
+
+
+def age_fit(records: list[dict[str, Any]]) -> str:
+    """Per program with four or more runs of the pipeline and in-flight arms that record their token age: the
+    correlation of gain with mean token age, and a least-squares fit gain = a + b * age + c * [in-flight] (c:
+    what in-flight gains or loses beyond the age of its tokens), one line each."""
+    import numpy as np
+
+    lines = []
+    for program in PROGRAMS:
+        runs = [(age, r["gain"], r["arm"] == "in_flight") for r in records
+                if r["program"] == program and r["arm"] in ("pipeline", "in_flight")
+                and (age := mean_token_age(r)) is not None]
+        if len(runs) < 4 or len({arm for _, _, arm in runs}) < 2:
+            continue
+        ages, gains = [a for a, _, _ in runs], [g for _, g, _ in runs]
+        fit = np.linalg.lstsq(np.array([[1.0, a, float(f)] for a, _, f in runs]), np.array(gains), rcond=None)[0]
+        corr = statistics.correlation(ages, gains)
+        lines.append(f"{program}: over {len(runs)} runs, corr(gain, mean token age) {corr:+.2f}; "
+                     f"gain = {fit[0]:+.3f} {fit[1]:+.3f} * age {fit[2]:+.3f} * [in-flight]")
     return "\n".join(lines)
 
 

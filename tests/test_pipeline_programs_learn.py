@@ -123,3 +123,13 @@ def test_docs_in_flight_binary_prefix_figures_are_the_results_files(bench):
     assert "-0.500, standard error 0.115, Welch t -4.35 (12 and 12 replicates)" in line
     docs = " ".join((root / "docs" / "pipeline.md").read_text().split())
     assert "difference -0.500, standard error 0.115, Welch t -4.35" in docs
+
+
+def test_age_fit_recovers_a_planted_line(bench):
+    """Gains made exactly 0.1 + 0.3 * age - 0.2 for in-flight runs: the fit gives those coefficients back."""
+    records = [{"program": "binary_prefix", "arm": arm, "gain": 0.1 + 0.3 * age - (0.2 if arm == "in_flight" else 0),
+                "token_policy_age": [0.0, age, age]}
+               for arm, age in [("pipeline", 1.0), ("pipeline", 2.0), ("pipeline", 2.5), ("in_flight", 0.5),
+                                ("in_flight", 1.0), ("in_flight", 1.5)]]
+    assert "gain = +0.100 +0.300 * age -0.200 * [in-flight]" in bench.age_fit(records)
+    assert bench.age_fit(records[:3]) == ""  # one arm only: nothing to fit
