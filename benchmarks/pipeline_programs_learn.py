@@ -30,8 +30,9 @@ One JSON line per (program, arm, replicate) on stdout, with the command:
     PYTHONPATH=src OMP_NUM_THREADS=2 python benchmarks/pipeline_programs_learn.py --seeds 0 1 \\
         >> benchmarks/results/2026-12-03-cpu/pipeline-programs-learn.jsonl
 
-`--table FILE...` prints docs/pipeline.md's table from such files, in-flight's gain minus the pipeline's with
-its standard error and Welch's t, and how gain follows the trained tokens' mean policy age (where recorded).
+`--table FILE[:ARM,...]...` prints docs/pipeline.md's table from such files (of the arms named, where named),
+in-flight's gain minus the pipeline's with its standard error and Welch's t, and how gain follows the trained
+tokens' mean policy age (where recorded).
 """
 
 from __future__ import annotations
@@ -326,13 +327,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "artrl-pipeline-programs-learn",
                    help="where the primed models are kept between invocations")
     p.add_argument("--sync-child", type=Path, help=argparse.SUPPRESS)
-    p.add_argument("--table", type=Path, nargs="+", help="print the markdown table of results files and exit")
+    p.add_argument("--table", nargs="+", metavar="FILE[:ARM,...]",
+                   help="print the markdown table of results files and exit; FILE:in_flight takes only that arm's "
+                        "lines of FILE")
     args = p.parse_args(argv)
     if args.sync_child:
         run_sync_child(args.sync_child)
         return 0
     if args.table:
-        records = [json.loads(line) for path in args.table for line in path.read_text().splitlines() if line.strip()]
+        records = [r for spec in args.table for r in read_results(spec)]
         print(table(records))
         for found in (differences(records), age_fit(records)):
             if found:
@@ -364,6 +367,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ------------------------------------------------------------------ the table
+
+def read_results(spec: str) -> list[dict[str, Any]]:
+    """The records of results file `spec`, or of `FILE:ARM,...` those of the arms named (so that one table can
+    set, say, the pipeline arm of one file against the in-flight arm of another)."""
+    path, _, arms = spec.rpartition(":")
+    if not path or not set(arms.split(",")) <= set(ARMS):
+        path, arms = spec, ""
+    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [r for r in records if r["arm"] in arms.split(",")] if arms else records
+
 
 def table(records: list[dict[str, Any]]) -> str:
     """Per program: each arm's gain over replicates (mean +- sample std, median), pipeline / sync and

@@ -133,3 +133,11 @@ def test_age_fit_recovers_a_planted_line(bench):
                                 ("in_flight", 1.0), ("in_flight", 1.5)]]
     assert "gain = +0.100 +0.300 * age -0.200 * [in-flight]" in bench.age_fit(records)
     assert bench.age_fit(records[:3]) == ""  # one arm only: nothing to fit
+
+
+def test_read_results_takes_the_arms_named(bench, tmp_path):
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(json.dumps({"arm": arm, "gain": i}) + "\n" for i, arm in enumerate(bench.ARMS)))
+    assert [r["arm"] for r in bench.read_results(str(path))] == list(bench.ARMS)
+    assert [r["arm"] for r in bench.read_results(f"{path}:in_flight")] == ["in_flight"]
+    assert [r["arm"] for r in bench.read_results(f"{path}:sync,in_flight")] == ["sync", "in_flight"]
