@@ -197,9 +197,11 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
         phases.end("rollouts")
         from ..train.memory import device_budget, free_bytes
 
-        train_free = free_bytes(device)  # what the call's choice of checkpointing sees
-        session = getattr(backend, "_runs", {}).get(model.name)
-        budget = device_budget(session.trainer, host=True) if getattr(session, "trainer", None) else None
+        # the call's trainer (None where workers elsewhere train) and its budgets as the call begins: the free memory
+        # its choices of checkpointing and offloading see
+        run_trainer = getattr(getattr(backend, "_runs", {}).get(model.name), "trainer", None)
+        budget = device_budget(run_trainer, host=True) if run_trainer is not None else None
+        train_free = budget.free_bytes if budget is not None else free_bytes(device)
         phases.start()
         t_call = time.perf_counter()
         try:
@@ -212,7 +214,6 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
                     "measured_gb": {k: round(v, 3) for k, v in phases.figures.items()}}
         phases.end("train")
         # what the call's last micro-batch moved to host memory (train/offload.py); None where the trainer is elsewhere
-        run_trainer = getattr(getattr(backend, "_runs", {}).get(model.name), "trainer", None)
         offload = getattr(run_trainer, "offload", None)
         offloaded_gb = round(offload.bytes / GB, 3) if offload is not None else None
     finally:

@@ -64,10 +64,10 @@ from ..once_per_run import OncePerRun
 from ..progress import ProgressBar, progress_bar
 from ..types import InternalModelConfig, OptimizerConfig
 from .attention import attention_mask_for
-from .offload import HostOffload
 from .kernels import apply_kernels, fused_adamw
 from .logprobs import TokenLogprobModel
 from .loss import LossTerms, histogram_quantile
+from .offload import HostOffload
 from ..optim_spec import optim_spec
 from .optimizers import build_optimizer, load_state
 from .routing import TrainerRouting
