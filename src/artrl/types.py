@@ -420,6 +420,19 @@ class ServerlessTrainResult(TrainResult):
     artifact_name: str | None = None
 
 
+def tensor_parallel_over_replicas(inference_gpu_ids: Any, engine_args: Any) -> str | None:
+    """Why several inference GPUs with `engine_args.tensor_parallel_size` above 1 are refused, or None: ART 0.5.23
+    reads them as one engine over the GPUs, and artrl serves them as one replica each, which cannot honour it (the
+    config's check and dev.validate_dedicated_config's, one rule)."""
+    gpus = list(inference_gpu_ids or [])
+    parallel = (engine_args or {}).get("tensor_parallel_size")
+    if len(gpus) <= 1 or parallel in (None, 1):
+        return None
+    return (f"inference_gpu_ids={gpus} with engine_args.tensor_parallel_size={parallel}: artrl serves several "
+            "inference GPUs as one replica each (docs/distributed.md), not as one tensor-parallel engine over them; "
+            "drop tensor_parallel_size for replicas, or give one inference GPU per replica.")
+
+
 class InternalModelConfig(_Config):
     """How a TrainableModel is loaded, adapted and served (ART: `art.dev.InternalModelConfig`).
 
@@ -682,12 +695,9 @@ class InternalModelConfig(_Config):
         if n is not None and urls is not None:
             raise ConfigError(f"inference_replicas={n} and inference_endpoints={urls}: replicas are either started "
                               "here (inference_replicas) or started elsewhere (inference_endpoints); set one of them.")
-        parallel = (self.engine_args or {}).get("tensor_parallel_size")
-        if len(gpus) > 1 and parallel not in (None, 1):
-            # ART 0.5.23 reads this as one engine over the GPUs; replicas cannot honour it, so it is refused
-            raise ConfigError(f"inference_gpu_ids={gpus} with engine_args.tensor_parallel_size={parallel}: artrl "
-                              "serves several inference GPUs as one replica each (docs/distributed.md), not as one "
-                              "tensor-parallel engine over them; drop tensor_parallel_size for replicas.")
+        tensor_parallel = tensor_parallel_over_replicas(gpus, self.engine_args)
+        if tensor_parallel:
+            raise ConfigError(tensor_parallel)
         if n is not None and len(gpus) > 1:
             raise ConfigError(f"inference_replicas={n} with inference_gpu_ids={gpus}: several inference GPUs already "
                               f"start one replica each ({len(gpus)}); drop inference_replicas, or name one GPU to "

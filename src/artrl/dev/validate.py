@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..types import tensor_parallel_over_replicas
+
 
 def is_dedicated_mode(config: Mapping[str, Any]) -> bool:
     """True when the config names both trainer and inference GPUs."""
@@ -42,13 +44,9 @@ def validate_dedicated_config(config: Mapping[str, Any]) -> None:
         raise ValueError(f"trainer_gpu_ids={list(trainer)} must start at GPU 0 (training runs in this process)")
     if list(trainer) != list(range(len(trainer))):
         raise ValueError(f"trainer_gpu_ids={list(trainer)} must be contiguous starting from 0, e.g. [0, 1]")
-    parallel = int((config.get("engine_args") or {}).get("tensor_parallel_size") or 1)
-    if len(inference) > 1 and parallel > 1:
-        # ART 0.5.23 reads several inference GPUs with tensor_parallel_size = their number as one engine over them
-        raise ValueError(f"inference_gpu_ids={list(inference)} with engine_args.tensor_parallel_size={parallel}: "
-                         "artrl serves several inference GPUs as one replica each (docs/distributed.md), not as one "
-                         "tensor-parallel engine; remove tensor_parallel_size for replicas, or give one inference "
-                         "GPU per replica")
+    tensor_parallel = tensor_parallel_over_replicas(inference, config.get("engine_args"))
+    if tensor_parallel:
+        raise ValueError(tensor_parallel)
     if (config.get("init_args") or {}).get("fast_inference"):
         raise ValueError("fast_inference is incompatible with dedicated mode (init_args.fast_inference=True; "
                          "inference runs in its own process there); remove it")
