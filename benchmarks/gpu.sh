@@ -131,10 +131,12 @@ if [[ -d "$wheels" ]] && ! "$py" -c "import trl, datasets, liger_kernel" 2>/dev/
 fi
 
 # ----------------------------------------------------------------------------------------- stages
+# wanted NAME: whether GPU_SH_STAGES (when set) names the stage, by its first word
+wanted() { [[ -z "${GPU_SH_STAGES:-}" || " $GPU_SH_STAGES " == *" ${1%% *} "* ]]; }
 # stage NAME BUDGET FILE CMD...: run CMD under timeout min(BUDGET, time left), record it (gpu_record.py)
 stage() {
   local name=$1 budget=$(( $2 * factor )) file=$3; shift 3
-  if [[ -n "${GPU_SH_STAGES:-}" && " $GPU_SH_STAGES " != *" ${name%% *} "* ]]; then return 0; fi
+  wanted "$name" || return 0
   local left=$(( cap - (SECONDS - start) ))
   local limit=$(( budget < left ? budget : left ))
   local so se t0 rc
@@ -182,7 +184,7 @@ done
 # a call near the longest the plan allows (docs/performance.md, "The planned longest context on a GPU"): refused
 # first, then at the length the refusal named (or, where the first call fitted, the length its budget allowed)
 stage "cap $(tag $large) too long" 60 cap.json "${cli[@]}" bench memory --model "$large" --device $dev "${cap_args[@]}"
-if [[ -z "${GPU_SH_STAGES:-}" || " $GPU_SH_STAGES " == *" cap "* ]]; then
+if wanted cap; then
   fit=$("$py" -c 'import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 last = lines[-1] if lines else {}
