@@ -86,16 +86,6 @@ def record(mode: str, out: Path, base_model: Path, sizes: dict[str, str]) -> Non
 
 # ------------------------------------------------------------------ analysis
 
-def token_logprobs(model: Any, prompt: list[int], reply: list[int]) -> list[float]:
-    """log pi(reply[t] | prompt, reply[:t]) for each t, one forward, no cache."""
-    import torch
-
-    ids = torch.tensor([prompt + reply])  # [1, seq]
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()  # [reply, vocab]
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(reply)[:, None])[:, 0].tolist()
-
-
 def analyze(out: Path) -> dict[str, Any]:
     import torch
     from peft import PeftModel
@@ -118,7 +108,7 @@ def analyze(out: Path) -> dict[str, Any]:
 
     def under(version: int, prompt: list[int], reply: list[int]) -> list[float]:
         model.set_adapter(f"v{version}")
-        return token_logprobs(model, prompt, reply)
+        return ppl.token_logprobs(model, prompt, reply)
 
     record_err: list[float] = []  # |recorded - recomputed under the span's version|
     log_ratio: dict[str, list[float]] = {"single": [], "before_swap": [], "after_swap": []}

@@ -8,6 +8,11 @@ train steps:
 * `pipeline`: the program itself, as a subprocess (`python examples/art_pipeline_0523/<program>.py`);
 * `in_flight`: the same with ROLLOUT_WEIGHT_UPDATE_MODE=in_flight_lora (the programs' one added hook), i.e.
   `InternalModelConfig(rollout_weight_update_mode="in_flight_lora")`: running rollouts move to each new version;
+* `in_flight_start_logprobs`: in-flight rollouts, but each train call is handed every sampled token's logprob
+  under the version its rollout *started* on (recomputed, StartLogprobs below) instead of the version that
+  sampled it: the importance ratios step_lora's record would give those tokens, so against `in_flight` it
+  separates what in-flight's data does from what its fresher ratios do; `pipeline_start_logprobs` is its
+  control, step_lora with the same recompute (its values are the record's, its cost is the same);
 * `sync`: the same program in a subprocess with its `PipelineTrainer` replaced by `SyncLoop` below, a plain
   synchronous loop over the program's own scenarios, rollout function, reward, model, learning rate, loss and
   groups per step (`min_batch_size`): take that many scenarios, `art.gather_trajectory_groups` of the program's
@@ -56,7 +61,11 @@ from typing import Any, Final
 ROOT: Final = Path(__file__).resolve().parents[1]
 PROGRAMS_DIR: Final = ROOT / "examples" / "art_pipeline_0523"
 PROGRAMS: Final = {"yes_no_maybe": "yes_no_maybe_pipeline.py", "binary_prefix": "binary_prefix_tool_pipeline.py"}
-ARMS: Final = ("sync", "pipeline", "in_flight")
+ARMS: Final = ("sync", "pipeline", "in_flight", "pipeline_start_logprobs", "in_flight_start_logprobs")
+START_LOGPROBS_ARMS: Final = {"pipeline_start_logprobs": "pipeline", "in_flight_start_logprobs": "in_flight"}
+"""Arms whose trainer is handed each token's logprob under the version its rollout started on (StartLogprobs),
+by the arm whose rollouts they run."""
+START_LOGPROBS_FILE: Final = "start_logprobs.jsonl"
 WINDOW: Final = 3
 """Steps averaged at each end of `step_rewards` for `step_gain`."""
 EVAL_CONCURRENCY: Final = 16
@@ -158,6 +167,119 @@ def load_program(path: Path) -> ModuleType:
     sys.modules[path.stem] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def token_logprobs(model: Any, prompt: list[int], reply: list[int]) -> list[float]:
+    """log pi(reply[t] | prompt, reply[:t]) for each t, one forward, no cache."""
+    import torch
+
+    ids = torch.tensor([prompt + reply])  # [1, seq]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()  # [reply, vocab]
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(reply)[:, None])[:, 0].tolist()
+
+
+class StartLogprobs:
+    """Rewrites the groups of a train call so that every sampled token's logprob is the one under the version
+    its trajectory's rollout started on (`initial_policy_version`), recomputed with the base model and that
+    checkpoint's adapter (float32, one forward a reply, no cache: what the server recorded to ~1e-5,
+    benchmarks/in_flight_diagnose.py). The spans are left as recorded, so the token-age figures still say which
+    version sampled each token. `score(version, prompt_ids, reply_ids)` is the recompute (injectable for tests).
+
+    Per call it appends one line to `log`: tokens rewritten (sampled by a newer version than the start), the
+    mean recomputed-minus-recorded logprob on them, and the largest |recomputed - recorded| on tokens the start
+    version sampled itself (the recompute's own error: should stay near 1e-5)."""
+
+    def __init__(self, score: Any, log: Path | None = None) -> None:
+        self.score, self.log = score, log
+
+    def rewrite(self, groups: Iterable[Any]) -> dict[str, Any]:
+        own_err, shift = 0.0, []
+        for group in groups:
+            for trajectory in group.trajectories:
+                start = trajectory.initial_policy_version
+                for choice in trajectory.messages_and_choices:
+                    extra = getattr(choice, "model_extra", None)
+                    if not extra or choice.logprobs is None or not choice.logprobs.content:
+                        continue
+                    if start is None:
+                        raise RuntimeError("a trained trajectory has no initial_policy_version to rescore under")
+                    reply, content = extra["token_ids"], choice.logprobs.content
+                    spans = extra.get("policy_token_spans") or [
+                        {"start_token": 0, "end_token": len(reply), "policy_version": start}]
+                    values = self.score(start, extra["prompt_token_ids"], reply)
+                    for span in spans:
+                        for i in range(span["start_token"], span["end_token"]):
+                            if span["policy_version"] == start:
+                                own_err = max(own_err, abs(values[i] - content[i].logprob))
+                            else:
+                                shift.append(values[i] - content[i].logprob)
+                    for lp, value in zip(content, values, strict=True):
+                        lp.logprob = min(value, 0.0)
+        row = {"tokens_rewritten": len(shift), "mean_shift": statistics.fmean(shift) if shift else None,
+               "own_version_abs_err_max": own_err}
+        if self.log is not None:
+            with self.log.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        return row
+
+
+def checkpoint_scorer(base_model: str, checkpoints: Path) -> Any:
+    """score(version, prompt, reply) under the base model with `checkpoints / <version>`'s adapter, each adapter
+    loaded once, when first asked for."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    state: dict[str, Any] = {"model": None, "loaded": set()}
+
+    def score(version: int, prompt: list[int], reply: list[int]) -> list[float]:
+        found = [p for p in checkpoints.iterdir() if p.name.isdigit() and int(p.name) == version]
+        if not found:
+            raise FileNotFoundError(f"no checkpoint of version {version} under {checkpoints} to rescore under")
+        name = f"v{version}"
+        if state["model"] is None:
+            base = AutoModelForCausalLM.from_pretrained(base_model, torch_dtype=torch.float32)
+            state["model"] = PeftModel.from_pretrained(base, str(found[0]), adapter_name=name).eval()
+        elif name not in state["loaded"]:
+            state["model"].load_adapter(str(found[0]), adapter_name=name)
+        state["loaded"].add(name)
+        state["model"].set_adapter(name)
+        return token_logprobs(state["model"], prompt, reply)
+
+    return score
+
+
+def run_start_logprobs_child(program_path: Path) -> None:
+    """In a child process: the program's `main` with its backend's `train` handed StartLogprobs' groups."""
+    program = load_program(program_path)
+    art_path = Path(os.environ["ART_PATH"])
+
+    class StartLogprobsBackend(program.LocalBackend):  # type: ignore[misc, name-defined]
+        async def train(self, model: Any, groups: Any, **kwargs: Any) -> Any:
+            groups = list(groups)
+            checkpoints = run_dir(art_path) / "checkpoints"
+            if not hasattr(self, "_start_logprobs"):
+                self._start_logprobs = StartLogprobs(checkpoint_scorer(os.environ["BASE_MODEL"], checkpoints),
+                                                     art_path / START_LOGPROBS_FILE)
+            self._start_logprobs.rewrite(groups)
+            return await super().train(model, groups, **kwargs)
+
+    program.LocalBackend = StartLogprobsBackend
+    asyncio.run(program.main())
+
+
+def start_logprobs_summary(art_path: Path) -> dict[str, Any]:
+    """What StartLogprobs did over a run (empty for the other arms)."""
+    path = art_path / START_LOGPROBS_FILE
+    if not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    shifts = [(r["mean_shift"], r["tokens_rewritten"]) for r in rows if r["tokens_rewritten"]]
+    rewritten = sum(n for _, n in shifts)
+    return {"start_logprobs_tokens_rewritten": rewritten,
+            "start_logprobs_mean_shift": sum(m * n for m, n in shifts) / rewritten if rewritten else None,
+            "start_logprobs_own_version_abs_err_max": max(r["own_version_abs_err_max"] for r in rows)}
 
 
 def run_sync_child(program_path: Path) -> None:
@@ -292,10 +414,12 @@ def run_arm(program_name: str, arm: str, base_model: Path, work: Path, env_sizes
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "ART_PATH": str(art_path),
            "PYTHONPATH": str(ROOT / "src"), "BASE_MODEL": str(base_model), **env_sizes}
     env.pop("ROLLOUT_WEIGHT_UPDATE_MODE", None)
-    if arm == "in_flight":
+    if START_LOGPROBS_ARMS.get(arm, arm) == "in_flight":
         env["ROLLOUT_WEIGHT_UPDATE_MODE"] = "in_flight_lora"
-    cmd = ([sys.executable, str(program)] if arm != "sync"
-           else [sys.executable, str(Path(__file__).resolve()), "--sync-child", str(program)])
+    here = str(Path(__file__).resolve())
+    cmd = ([sys.executable, here, "--sync-child", str(program)] if arm == "sync"
+           else [sys.executable, here, "--start-logprobs-child", str(program)] if arm in START_LOGPROBS_ARMS
+           else [sys.executable, str(program)])
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=3600)
     wall = time.perf_counter() - started
@@ -327,12 +451,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "artrl-pipeline-programs-learn",
                    help="where the primed models are kept between invocations")
     p.add_argument("--sync-child", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--start-logprobs-child", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--table", nargs="+", metavar="FILE[:ARM,...]",
                    help="print the markdown table of results files and exit; FILE:in_flight takes only that arm's "
                         "lines of FILE")
     args = p.parse_args(argv)
     if args.sync_child:
         run_sync_child(args.sync_child)
+        return 0
+    if args.start_logprobs_child:
+        run_start_logprobs_child(args.start_logprobs_child)
         return 0
     if args.table:
         records = [r for spec in args.table for r in read_results(spec)]
@@ -357,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                     after = evaluate(program_name, program, str(base_model), art_path, seed, samples, sizes)
                     summary = summarize_history(history(art_path))
                     summary["scenarios_pulled"] = scenarios_pulled(art_path)
+                    summary.update(start_logprobs_summary(art_path))
                 record = {"bench": "pipeline_programs_learn", "program": program_name, "arm": arm, "seed": seed,
                           "sizes": sizes, "eval_samples": after["n"], "eval_before": before["reward"],
                           "eval_after": after["reward"], "eval_after_step": after["step"],
@@ -383,6 +512,7 @@ def table(records: list[dict[str, Any]]) -> str:
     in-flight / pipeline (of the means), and the mean eval before training."""
     lines = ["| program | replicates | sync gain | pipeline gain | pipeline / sync | in-flight gain | "
              "in-flight / pipeline | eval before |", "|---|---|---|---|---|---|---|---|"]
+    extra: list[str] = []
     for program in PROGRAMS:
         gains = {arm: [r["gain"] for r in records if r["program"] == program and r["arm"] == arm] for arm in ARMS}
         if not any(gains.values()):
@@ -400,10 +530,18 @@ def table(records: list[dict[str, Any]]) -> str:
             return f"{mean[a] / mean[b]:.2f}" if mean[a] is not None and mean[b] else "-"
 
         before = statistics.fmean(r["eval_before"] for r in records if r["program"] == program)
-        replicates = "/".join(str(len(gains[arm])) for arm in ARMS)
-        lines.append(f"| {program} | {replicates} | {cell('sync')} | {cell('pipeline')} | "
-                     f"{ratio('pipeline', 'sync')} | {cell('in_flight')} | {ratio('in_flight', 'pipeline')} | "
-                     f"{before:.3f} |")
+        replicates = "/".join(str(len(gains[arm])) for arm in ("sync", "pipeline", "in_flight"))
+        if any(gains[arm] for arm in ("sync", "pipeline", "in_flight")):
+            lines.append(f"| {program} | {replicates} | {cell('sync')} | {cell('pipeline')} | "
+                         f"{ratio('pipeline', 'sync')} | {cell('in_flight')} | {ratio('in_flight', 'pipeline')} | "
+                         f"{before:.3f} |")
+        extra.extend(f"| {program} | {arm_label(arm)} | {len(gains[arm])} | {cell(arm)} | {before:.3f} |"
+                     for arm in START_LOGPROBS_ARMS if gains[arm])
+    if len(lines) == 2:  # none of the three main arms: their table is left out
+        lines = []
+    if extra:  # the start-logprobs arms, where the records have them
+        lines += [*([""] if lines else []), "| program | arm | replicates | gain | eval before |",
+                  "|---|---|---|---|---|", *extra]
     return "\n".join(lines)
 
 
@@ -411,13 +549,20 @@ def differences(records: list[dict[str, Any]]) -> str:
     """Per program with two or more replicates of each: in-flight's gain minus the pipeline's, its standard
     error and Welch's t, one line each."""
     lines = []
+    pairs = [("in_flight", "pipeline"), ("in_flight_start_logprobs", "pipeline_start_logprobs"),
+             ("in_flight_start_logprobs", "in_flight"), ("pipeline_start_logprobs", "pipeline")]
     for program in PROGRAMS:
         gains = {arm: [r["gain"] for r in records if r["program"] == program and r["arm"] == arm] for arm in ARMS}
-        if (found := welch(gains["in_flight"], gains["pipeline"])) is not None:
-            diff, se, t = found
-            lines.append(f"{program}: in-flight - pipeline gain {diff:+.3f}, standard error {se:.3f}, Welch t "
-                         f"{t:+.2f} ({len(gains['in_flight'])} and {len(gains['pipeline'])} replicates)")
+        for a, b in pairs:
+            if (found := welch(gains[a], gains[b])) is not None:
+                diff, se, t = found
+                lines.append(f"{program}: {arm_label(a)} - {arm_label(b)} gain {diff:+.3f}, standard error "
+                             f"{se:.3f}, Welch t {t:+.2f} ({len(gains[a])} and {len(gains[b])} replicates)")
     return "\n".join(lines)
+
+
+def arm_label(arm: str) -> str:
+    return arm.replace("in_flight", "in-flight").replace("_start_logprobs", " (start logprobs)")
 
 
 def mean_token_age(record: dict[str, Any]) -> float | None:

@@ -141,3 +141,76 @@ def test_read_results_takes_the_arms_named(bench, tmp_path):
     assert [r["arm"] for r in bench.read_results(str(path))] == list(bench.ARMS)
     assert [r["arm"] for r in bench.read_results(f"{path}:in_flight")] == ["in_flight"]
     assert [r["arm"] for r in bench.read_results(f"{path}:sync,in_flight")] == ["sync", "in_flight"]
+
+
+def test_start_logprobs_hands_the_trainer_each_token_under_the_version_its_rollout_started_on(bench, tmp_path):
+    """A reply sampled by version 3 for its first two tokens and version 4 for the last three (in-flight) is
+    rescored whole under version 3; a step_lora reply keeps its values; the log counts what moved."""
+    from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+    from openai.types.chat.chat_completion_message import ChatCompletionMessage
+    from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
+
+    def choice(recorded, spans):
+        c = Choice(finish_reason="stop", index=0, message=ChatCompletionMessage(role="assistant", content="x"),
+                   logprobs=ChoiceLogprobs(content=[ChatCompletionTokenLogprob(token=f"token_id:{i}", logprob=v,
+                                                                               bytes=None, top_logprobs=[])
+                                                    for i, v in enumerate(recorded)]))
+        extra = {"prompt_token_ids": [1, 2], "token_ids": [10 + i for i in range(len(recorded))]}
+        if spans is not None:
+            extra["policy_token_spans"] = spans
+        for k, v in extra.items():
+            setattr(c, k, v)
+        return c
+
+    def score(version, prompt, reply):  # version v gives token t the logprob -(v + t / 10)
+        assert prompt == [1, 2]
+        return [-(version + (t - 10) / 10) for t in reply]
+
+    spans = [{"start_token": 0, "end_token": 2, "policy_version": 3},
+             {"start_token": 2, "end_token": 5, "policy_version": 4}]
+    in_flight = choice([-3.0, -3.1, -4.2, -4.3, -4.4], spans)
+    step = choice([-3.0, -3.1000004], None)
+    trajectories = [art.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, c], reward=r,
+                                   initial_policy_version=3) for c, r in ((in_flight, 1.0), (step, 0.0))]
+    log = tmp_path / bench.START_LOGPROBS_FILE
+    row = bench.StartLogprobs(score, log).rewrite([art.TrajectoryGroup(trajectories)])
+
+    assert [lp.logprob for lp in in_flight.logprobs.content] == pytest.approx([-3.0, -3.1, -3.2, -3.3, -3.4])
+    assert [lp.logprob for lp in step.logprobs.content] == pytest.approx([-3.0, -3.1])
+    assert in_flight.model_extra["policy_token_spans"] == spans  # the record of who sampled what stays
+    assert row["tokens_rewritten"] == 3 and row["mean_shift"] == pytest.approx(1.0)
+    assert row["own_version_abs_err_max"] == pytest.approx(4e-7, abs=1e-7)
+    assert json.loads(log.read_text()) == row
+    assert bench.start_logprobs_summary(tmp_path) == {
+        "start_logprobs_tokens_rewritten": 3, "start_logprobs_mean_shift": pytest.approx(1.0),
+        "start_logprobs_own_version_abs_err_max": pytest.approx(4e-7, abs=1e-7)}
+
+
+def test_docs_start_logprobs_figures_are_the_results_file(bench):
+    """docs/pipeline.md's "The gap is the ratios" figures are what `--table` prints from the recorded runs."""
+    root = PATH.parents[1]
+    path = root / "benchmarks" / "results" / "2026-12-04-cpu" / "pipeline-programs-learn-binary-start-logprobs.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    found = bench.differences(records)
+    docs = " ".join((root / "docs" / "pipeline.md").read_text().split())
+    for line_part, docs_part in [
+            ("in-flight - pipeline gain -0.427, standard error 0.107, Welch t -3.99 (8 and 8",
+             "-0.427, standard error 0.107, Welch t -3.99"),
+            ("in-flight (start logprobs) - pipeline (start logprobs) gain +0.146, standard error 0.161, Welch t +0.91",
+             "+0.146 (standard error 0.161, Welch t +0.91)"),
+            ("in-flight (start logprobs) - in-flight gain +0.547, standard error 0.167, Welch t +3.27",
+             "+0.547 (standard error 0.167, Welch t +3.27"),
+            ("pipeline (start logprobs) - pipeline gain -0.025, standard error 0.096", "-0.025 (standard error 0.096)")]:
+        assert line_part in found
+        assert docs_part in docs
+    table = bench.table(records)
+    for arm, cell in [("pipeline_start_logprobs", "+0.450 +- 0.204 (median +0.488)"),
+                      ("in_flight_start_logprobs", "+0.596 +- 0.406 (median +0.605)")]:
+        assert f"| {bench.arm_label(arm)} | 8 | {cell} |" in table and cell in docs
+    for cell in ("+0.476 +- 0.179 (median +0.488)", "+0.049 +- 0.244 (median -0.055)"):  # step_lora, in-flight
+        assert cell in table and cell in docs
+    summaries = [r for r in records if r["arm"] in bench.START_LOGPROBS_ARMS]
+    assert max(r["start_logprobs_own_version_abs_err_max"] for r in summaries) < 2e-5  # the recompute is the record
+    assert sum(r["start_logprobs_tokens_rewritten"] for r in summaries if r["arm"] == "in_flight_start_logprobs") \
+        == 28225
+    assert all(r["start_logprobs_tokens_rewritten"] == 0 for r in summaries if r["arm"] == "pipeline_start_logprobs")
