@@ -3,6 +3,7 @@ and the printed command reproduces the run. Speed is not checked here (the bench
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
 
@@ -46,12 +47,44 @@ def test_scenarios_carry_ids_and_the_prompt_and_results_have_the_asked_length():
     assert "\n" not in AgentWorkload(result_words=0).tool_result(1)
 
 
+@pytest.mark.parametrize("final_tokens", [0, 7])
+def test_a_final_answer_comes_after_the_last_tool_result_with_no_tool_after_it(monkeypatch, final_tokens):
+    """Each policy turn but a final answer is followed by one tool wait; the final answer (with final_tokens)
+    gets its own budget and carries the last tool result in its prompt."""
+    from types import SimpleNamespace
+
+    from artrl.bench import agent_workload
+
+    sent, waits = [], []
+
+    class Completions:
+        async def create(self, **kwargs):
+            sent.append({**kwargs, "messages": list(kwargs["messages"])})  # as sent (the list grows after)
+            return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content="aei"))])
+
+    model = SimpleNamespace(openai_client=lambda: SimpleNamespace(chat=SimpleNamespace(completions=Completions())),
+                            get_inference_name=lambda: "m")
+
+    async def sleep(seconds):
+        waits.append((len(sent), seconds))
+
+    monkeypatch.setattr(agent_workload.asyncio, "sleep", sleep)
+    monkeypatch.setattr(agent_workload, "choice_from_completion", lambda c: c.choices[0])
+    w = AgentWorkload(turns=2, tool_latency_s=0.3, max_tokens=4, final_tokens=final_tokens)
+    trajectory = asyncio.run(agent_workload.AgentRollouts(w).rollout(model, w.scenarios(1)[0], 0))
+    assert [r["max_tokens"] for r in sent] == [4, 4] + ([final_tokens] if final_tokens else [])
+    assert waits == [(1, 0.3), (2, 0.3)]  # after turns 1 and 2; never after the final answer
+    if final_tokens:
+        assert sent[-1]["messages"][-1]["content"] == w.tool_result(2)
+        assert trajectory.reward == 1.0 and len(trajectory.messages_and_choices) == 2 + 2 * 3 - 1
+
+
 def test_the_printed_command_parses_back_to_the_same_config():
     cfg = PipelineBenchConfig(turns=3, tool_latency_s=0.25, groups_per_step=5, rollouts_per_group=3, steps=7,
                               max_steps_off_policy=2, rollout_workers=9, max_tokens=5, prompt_words=11,
                               result_words=13, model="artrl/tiny", device="cpu", train_threads=1,
                               train_in_worker=True, learning_rate=3e-4, loss_fn="ppo", seed=4, arms=("pipeline",),
-                              autotune="online")
+                              autotune="online", final_tokens=12)
     argv = shlex.split(cfg.command())
     assert argv[:3] == ["artrl", "bench", "pipeline"]
     assert config_from_args(_parser().parse_args(argv[1:] + ["--path", "/x"])) == cfg
@@ -61,7 +94,7 @@ def test_the_printed_command_parses_back_to_the_same_config():
 
 @pytest.mark.parametrize("field, value", [("turns", 0), ("rollouts_per_group", 1), ("tool_latency_s", -1.0),
                                           ("max_steps_off_policy", -1), ("loss_fn", "sft"), ("arms", ("async",)),
-                                          ("rollout_workers", 0), ("autotune", "profile")])
+                                          ("rollout_workers", 0), ("autotune", "profile"), ("final_tokens", -1)])
 def test_config_refuses_values_that_cannot_run(field, value):
     with pytest.raises(ConfigError, match=field.split("_s")[0] if field != "arms" else "arms"):
         PipelineBenchConfig(**{field: value}).check()
@@ -133,3 +166,27 @@ def test_token_lag_counts_each_token_by_the_version_that_sampled_it():
                            reward=1.0, initial_policy_version=2, final_policy_version=3)
     _count_token_lag(lags, later, from_step=3)
     assert lags == {1: 11, 0: 7}
+
+
+def test_docs_in_flight_lag_figures_are_the_results_file():
+    """docs/pipeline.md's and docs/performance.md's in-flight lag figures on rollouts that end with a long
+    answer are the recorded runs': per mode and seed, the mean lag, and seed 1's tokens by lag."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    path = root / "benchmarks" / "results" / "2026-12-04-cpu" / "bench-pipeline-in-flight-final-answer.jsonl"
+    runs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    pipeline_md = " ".join((root / "docs" / "pipeline.md").read_text().split())
+    performance_md = " ".join((root / "docs" / "performance.md").read_text().split())
+    by = {}
+    for r in runs:
+        assert r["final_tokens"] == 64 and "--final-tokens 64" in r["command"]
+        by.setdefault((r["tool_latency_s"], shlex.split(r["command"])[shlex.split(r["command"]).index("--seed") + 1]),
+                      {})[r["rollout_weight_update_mode"]] = r["pipeline"]
+    for (tools, seed), modes in by.items():
+        step, flight = modes["step_lora"]["token_policy_lag_mean"], modes["in_flight_lora"]["token_policy_lag_mean"]
+        assert f"| {step:.3f} | {flight:.3f} | {flight / step:.2f} |" in performance_md
+    seed1 = by[(3.0, "1")]
+    for mode, mean in (("step_lora", "1.485"), ("in_flight_lora", "0.548")):
+        counts = " | ".join(f"{seed1[mode]['tokens_by_policy_lag'][k]:,}" for k in "0123")
+        assert f"| `{mode}` | {counts} | {mean}" in pipeline_md

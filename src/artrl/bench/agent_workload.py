@@ -6,7 +6,9 @@ model, `max_tokens` at temperature 1, seeded), then a "tool" runs for `tool_late
 (an `asyncio.sleep`: the agent waits, the machine is free) and its result, `result_words` words,
 comes back as the next user message. Later turns carry every earlier result: the trainer
 processes all of it for every rollout, the engine only prefills it, so `result_words` sets how
-training-heavy a step is. The reward is graded from what was sampled, so groups have reward spread.
+training-heavy a step is. With `final_tokens`, the episode then ends as an agent's usually does:
+one more answer of up to `final_tokens` tokens after the last tool result, with no tool after it. The
+reward is graded from what was sampled, so groups have reward spread.
 
 Choices, and what they simplify:
 
@@ -90,6 +92,10 @@ class AgentWorkload:
     result_words: int = 0
     """Words of each tool result after the first line (what a search or a file read returns)."""
     seed: int = 0
+    final_tokens: int = 0
+    """Completion budget of a final answer after the last tool result, with no tool after it (0: none; the
+    episode ends with its last tool call). It puts the bulk of an episode's tokens at its end, where a long
+    answer after the tools puts them."""
 
     def tool_result(self, turn: int) -> str:
         body = " ".join(f"line{(turn * 31 + i) % 97}" for i in range(self.result_words))
@@ -128,7 +134,8 @@ class AgentRollouts:
                                           {"role": "user", "content": scenario["task"]}]  # what is sent
         record: list[Any] = list(messages)  # what is trained: the same, with the sampled Choices
         answers: list[str | None] = []
-        for turn in range(w.turns):
+        for turn in range(w.turns + (1 if w.final_tokens else 0)):
+            final = turn == w.turns  # the answer after the last tool result (with final_tokens only)
             if turn:
                 observation = {"role": "user", "content": w.tool_result(turn)}
                 messages.append(observation)
@@ -136,7 +143,8 @@ class AgentRollouts:
             sent = time.perf_counter()
             try:
                 completion = await client.chat.completions.create(
-                    model=model.get_inference_name(), messages=messages, max_tokens=w.max_tokens, temperature=1.0,
+                    model=model.get_inference_name(), messages=messages,
+                    max_tokens=w.final_tokens if final else w.max_tokens, temperature=1.0,
                     logprobs=True, seed=request_seed(w.seed, scenario["id"], index, turn))
             finally:
                 self.requests.add(sent, time.perf_counter())
@@ -144,7 +152,7 @@ class AgentRollouts:
             record.append(choice)
             messages.append({"role": "assistant", "content": choice.message.content or ""})
             answers.append(choice.message.content)
-            if w.tool_latency_s > 0:
+            if w.tool_latency_s > 0 and not final:
                 await asyncio.sleep(w.tool_latency_s)  # the tool runs (choice 1 of the module docstring)
         return Trajectory(messages_and_choices=record, reward=vowel_share(answers),
                           metadata={"scenario_id": scenario["id"], "rollout": index})

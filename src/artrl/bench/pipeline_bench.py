@@ -89,6 +89,8 @@ class PipelineBenchConfig:
     (max_steps_off_policy + 1), enough to fill every step the bound lets run ahead."""
     max_tokens: int = 8
     """Completion budget of each turn."""
+    final_tokens: int = 0
+    """Completion budget of a final answer after the last tool result, with no tool after it (0: none)."""
     prompt_words: int = 50
     """Words of the agent's system prompt (its tool manual): the trainer's share of the work grows with it."""
     result_words: int = 200
@@ -127,6 +129,9 @@ class PipelineBenchConfig:
         if self.rollouts_per_group < 2:
             raise ConfigError(f"bench pipeline: rollouts_per_group={self.rollouts_per_group}; a group needs >= 2 "
                               "rollouts to have reward spread (ART's pipeline sets single-rollout groups aside)")
+        if self.final_tokens < 0:
+            raise ConfigError(f"bench pipeline: final_tokens={self.final_tokens}; it must be >= 0 (0: no final "
+                              "answer)")
         if self.tool_latency_s < 0 or self.max_steps_off_policy < 0:
             raise ConfigError(f"bench pipeline: tool_latency_s={self.tool_latency_s} and max_steps_off_policy="
                               f"{self.max_steps_off_policy} must be >= 0")
@@ -150,7 +155,7 @@ class PipelineBenchConfig:
     def workload(self) -> AgentWorkload:
         return AgentWorkload(turns=self.turns, tool_latency_s=self.tool_latency_s, max_tokens=self.max_tokens,
                              rollouts_per_group=self.rollouts_per_group, prompt_words=self.prompt_words,
-                             result_words=self.result_words, seed=self.seed)
+                             result_words=self.result_words, seed=self.seed, final_tokens=self.final_tokens)
 
     def train_kwargs(self) -> dict[str, Any]:
         """The keywords of every train call, as PipelineTrainer's training stage passes them."""
@@ -167,6 +172,8 @@ class PipelineBenchConfig:
                  "--loss-fn", self.loss_fn, "--seed", self.seed]
         if self.rollout_workers is not None:
             parts += ["--rollout-workers", self.rollout_workers]
+        if self.final_tokens:
+            parts += ["--final-tokens", self.final_tokens]
         if self.device is not None:
             parts += ["--device", self.device]
         if self.train_threads is not None:
@@ -397,7 +404,7 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
         "turns": cfg.turns, "tool_latency_s": cfg.tool_latency_s, "groups_per_step": cfg.groups_per_step,
         "rollouts_per_group": cfg.rollouts_per_group, "steps": cfg.steps,
         "max_steps_off_policy": cfg.max_steps_off_policy, "rollout_workers": cfg.workers,
-        "max_tokens": cfg.max_tokens, "prompt_words": cfg.prompt_words,
+        "max_tokens": cfg.max_tokens, "final_tokens": cfg.final_tokens, "prompt_words": cfg.prompt_words,
         "result_words": cfg.result_words, "loss_fn": cfg.loss_fn, "learning_rate": cfg.learning_rate,
         "autotune": cfg.autotune, "rollout_weight_update_mode": cfg.update_mode, **arms}
     if "sync" in arms and "pipeline" in arms and arms["pipeline"]["wall_s"] > 0:
@@ -433,6 +440,9 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--rollout-workers", type=int, default=None, help="the pipeline's rollout workers (default: "
                    "groups-per-step x (max-steps-off-policy + 1))")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help=f"tokens per turn (default {d.max_tokens})")
+    p.add_argument("--final-tokens", type=int, default=d.final_tokens,
+                   help="tokens of a final answer after the last tool result, with no tool after it (default 0: "
+                        "none; the rollout ends with its last tool call)")
     p.add_argument("--prompt-words", type=int, default=d.prompt_words,
                    help=f"words of the agent's system prompt (default {d.prompt_words})")
     p.add_argument("--result-words", type=int, default=d.result_words,
@@ -460,7 +470,8 @@ def config_from_args(args: Any) -> PipelineBenchConfig:
     return PipelineBenchConfig(
         turns=args.turns, tool_latency_s=args.tool_latency, groups_per_step=args.groups_per_step,
         rollouts_per_group=args.rollouts_per_group, steps=args.steps, max_steps_off_policy=args.max_steps_off_policy,
-        rollout_workers=args.rollout_workers, max_tokens=args.max_tokens, prompt_words=args.prompt_words,
+        rollout_workers=args.rollout_workers, max_tokens=args.max_tokens, final_tokens=args.final_tokens,
+        prompt_words=args.prompt_words,
         result_words=args.result_words, model=args.model, device=args.device,
         train_threads=args.train_threads, train_in_worker={"worker": True, "here": False}.get(args.trainer),
         learning_rate=args.learning_rate, loss_fn=args.loss_fn, seed=args.seed,
