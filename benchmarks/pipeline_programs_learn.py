@@ -546,8 +546,9 @@ def table(records: list[dict[str, Any]]) -> str:
 
 
 def differences(records: list[dict[str, Any]]) -> str:
-    """Per program with two or more replicates of each: in-flight's gain minus the pipeline's, its standard
-    error and Welch's t, one line each."""
+    """Per program and pair of arms with two or more replicates of each: the first arm's gain minus the second's,
+    its standard error and Welch's t, one line each. The pairs: in-flight against the pipeline, and where the
+    records have them, the start-logprobs arms against each other and each against its plain arm."""
     lines = []
     pairs = [("in_flight", "pipeline"), ("in_flight_start_logprobs", "pipeline_start_logprobs"),
              ("in_flight_start_logprobs", "in_flight"), ("pipeline_start_logprobs", "pipeline")]
