@@ -200,7 +200,8 @@ def test_docs_start_logprobs_figures_are_the_results_file(bench):
              "+0.146 (standard error 0.161, Welch t +0.91)"),
             ("in-flight (start logprobs) - in-flight gain +0.547, standard error 0.167, Welch t +3.27",
              "+0.547 (standard error 0.167, Welch t +3.27"),
-            ("pipeline (start logprobs) - pipeline gain -0.025, standard error 0.096", "-0.025 (standard error 0.096)")]:
+            ("pipeline (start logprobs) - pipeline gain -0.025, standard error 0.096",
+             "-0.025 (standard error 0.096)")]:
         assert line_part in found
         assert docs_part in docs
     table = bench.table(records)
@@ -214,3 +215,20 @@ def test_docs_start_logprobs_figures_are_the_results_file(bench):
     assert sum(r["start_logprobs_tokens_rewritten"] for r in summaries if r["arm"] == "in_flight_start_logprobs") \
         == 28225
     assert all(r["start_logprobs_tokens_rewritten"] == 0 for r in summaries if r["arm"] == "pipeline_start_logprobs")
+
+
+def test_docs_binary_prefix_at_1e_3_figures_are_the_results_files(bench):
+    """docs/pipeline.md's figures at learning rate 1e-3 (11 and 11 plain runs, six rescored) are `--table`'s."""
+    results = PATH.parents[1] / "benchmarks" / "results" / "2026-12-04-cpu"
+    records = [json.loads(line) for name in ("pipeline-programs-learn-binary-lr1e-3.jsonl",
+                                             "pipeline-programs-learn-binary-lr1e-3-start-logprobs.jsonl")
+               for line in (results / name).read_text().splitlines() if line.strip()]
+    assert {r["sizes"]["LEARNING_RATE"] for r in records} == {"1e-3"}
+    docs = " ".join((PATH.parents[1] / "docs" / "pipeline.md").read_text().split())
+    found = bench.differences(records)
+    assert "in-flight - pipeline gain -0.312, standard error 0.092, Welch t -3.40 (11 and 11" in found
+    assert "(difference -0.312, standard error 0.092, Welch t -3.40, eleven each)" in docs
+    assert "gain = -0.248 +0.372 * age -0.068 * [in-flight]" in bench.age_fit(records)
+    table = bench.table(records)
+    for cell in ("+0.362 +- 0.237", "+0.050 +- 0.190", "+0.197 +- 0.310"):
+        assert cell in table and cell in docs
