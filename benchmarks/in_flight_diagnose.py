@@ -15,6 +15,9 @@ Then, offline, with the base model and each checkpoint's adapter:
 * **the weights the loss gives**: per call, the mean of CISPO's clipped ratio (its token weight) over the tokens
   of replies with positive advantage and over those with negative (the sign of reward minus its group's mean);
 * **the replies**: reward and validity of replies sampled by one version against those that changed version;
+* **the grammar's share** (`--grammar-mass`): on the tokens sampled after a swap, the start version's logprob
+  minus the sampling version's, raw (as the record and the trainer hold them) and within the forced tool call's
+  grammar, with the mass each version puts on the grammar's allowed tokens;
 * **the learning curve** (`--curve N`): the benchmark's held-out eval (N seeded replies at the rollouts'
   temperature) of every checkpoint, where the benchmark scores the last one only.
 
@@ -175,6 +178,91 @@ def analyze(out: Path) -> dict[str, Any]:
             "replies": {k: reply_summary(v) for k, v in replies.items()}, "calls": per_call}
 
 
+def grammar_mass(out: Path) -> dict[str, Any]:
+    """Over the tokens of multi-version replies sampled after a swap: the mean logprob difference (start version
+    minus sampling version) raw, as the record and the trainer hold it, and within the grammar the replies were
+    sampled under (the program's forced tool call, compiled as the server compiles it), with the log of the mass
+    each version puts on the grammar's allowed tokens. Sampling from the grammar-masked distribution makes the
+    masked difference at most 0 in expectation; the raw one also carries log(Z_start / Z_sampler). And over every
+    trained token, log(Z_trained_from / Z_sampler): the factor the grammar's mass puts into the raw ratio the loss
+    weighs that token by."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from artrl.chat_format import end_of_turn_ids
+    from artrl.serve.structured import GrammarCompiler, bitmask_words, structured_output
+    from artrl.serve.tool_calls import tool_call_syntax
+
+    program = ppl.load_program(ppl.PROGRAMS_DIR / ppl.PROGRAMS["binary_prefix"])
+    base_path = (out / "base_model").read_text()
+    tokenizer = AutoTokenizer.from_pretrained(base_path)
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    checkpoints = {int(p.name): p for p in (ppl.run_dir(out / ".art") / "checkpoints").iterdir() if p.name.isdigit()}
+    model = PeftModel.from_pretrained(base, str(checkpoints[0]), adapter_name="v0")
+    for step, path in sorted(checkpoints.items()):
+        if step:
+            model.load_adapter(str(path), adapter_name=f"v{step}")
+    model.eval()
+    vocab = base.config.vocab_size
+    grammar = GrammarCompiler(tokenizer, vocab, end_of_turn_ids(tokenizer, base)).compile(
+        structured_output(None, program.TOOLS, program.TOOL_CHOICE, None, tool_call_syntax(tokenizer)))
+
+    def logprobs(version: int, prompt: list[int], reply: list[int]) -> Any:  # [reply, vocab]
+        model.set_adapter(f"v{version}")
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + reply])).logits[0, len(prompt) - 1:-1].float()
+        return torch.log_softmax(logits, -1)
+
+    raw, masked, mass_start, mass_sampler, refused, replies = [], [], [], [], 0, 0
+    drift: list[float] = []  # every trained token: log Z under the weights trained from minus under its sampler
+    bit = torch.arange(32, dtype=torch.int32)
+    for call in (json.loads(line) for line in (out / CALLS_FILE).read_text().splitlines()):
+        for t in call["trajectories"]:
+            start, prompt, reply = t["initial_version"], t["prompt_ids"], t["token_ids"]
+            spans = t["spans"] or [{"start_token": 0, "end_token": len(reply), "policy_version": start}]
+            row, words, allowed = grammar.row(), torch.zeros(bitmask_words(vocab), dtype=torch.int32), []
+            for token in reply:
+                row.fill_bitmask(words)
+                allowed.append(((words[:, None] >> bit) & 1).flatten()[:vocab].bool())
+                if not row.accept(token):
+                    break
+            if len(allowed) < len(reply) or not all(a[tk] for a, tk in zip(allowed, reply)):
+                refused += 1  # a reply the grammar does not replay: counted, left out
+                continue
+            versions = {sp["policy_version"] for sp in spans}
+            under = {v: logprobs(v, prompt, reply) for v in versions | {start, call["from_step"]}}
+            for sp in spans:
+                v = sp["policy_version"]
+                drift += [torch.logsumexp(under[call["from_step"]][i][allowed[i]], 0).item()
+                          - torch.logsumexp(under[v][i][allowed[i]], 0).item()
+                          for i in range(sp["start_token"], sp["end_token"])]
+            if len(versions) < 2:
+                continue
+            replies += 1
+            for sp in spans:
+                v = sp["policy_version"]
+                for i in range(sp["start_token"], sp["end_token"]) if v != start else ():
+                    z_start = torch.logsumexp(under[start][i][allowed[i]], 0).item()
+                    z_v = torch.logsumexp(under[v][i][allowed[i]], 0).item()
+                    diff = under[start][i][reply[i]].item() - under[v][i][reply[i]].item()
+                    raw.append(diff)
+                    masked.append(diff - (z_start - z_v))
+                    mass_start.append(z_start)
+                    mass_sampler.append(z_v)
+    mean = statistics.fmean
+    return {"replies": replies, "replies_the_grammar_refused": refused, "tokens": len(raw),
+            "mean_raw_difference": mean(raw) if raw else None,
+            "mean_masked_difference": mean(masked) if masked else None,
+            "mean_log_allowed_mass_start": mean(mass_start) if raw else None,
+            "mean_log_allowed_mass_sampler": mean(mass_sampler) if raw else None,
+            "share_of_tokens_where_start_has_more_allowed_mass": mean(a > b for a, b in zip(mass_start, mass_sampler))
+            if raw else None,
+            # what the grammar's mass does to every trained token's raw ratio: log(Z_trained_from / Z_sampler)
+            "trained_tokens": len(drift),
+            "mean_log_allowed_mass_trained_from_minus_sampler": mean(drift) if drift else None}
+
+
 def curve(out: Path, samples: int, replicate: int, sizes: dict[str, str]) -> list[dict[str, Any]]:
     """The benchmark's held-out eval (seeded replies at the rollouts' temperature) of every checkpoint of the run."""
     import artrl as art
@@ -217,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=("step_lora", "in_flight_lora"), default="in_flight_lora")
     p.add_argument("--out", type=Path, help="record a run into this directory, then analyze it")
     p.add_argument("--analyze", type=Path, help="analyze a recorded run only")
+    p.add_argument("--grammar-mass", action="store_true",
+                   help="also compare, on the tokens sampled after a swap, the start and sampling versions' logprobs "
+                        "raw and within the tool call's grammar, with each version's mass on the allowed tokens")
     p.add_argument("--curve", type=int, default=0, metavar="SAMPLES",
                    help="also evaluate every checkpoint with the benchmark's eval, this many replies (0: not)")
     p.add_argument("--set", action="append", default=[], metavar="K=V", help="override a size (as the benchmark)")
@@ -232,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     if target is None:
         p.error("give --out or --analyze")
     mode_file = target / "mode"
-    summary = {"mode": mode_file.read_text() if mode_file.exists() else None, **analyze(target)}
+    summary = {"mode": mode_file.read_text().strip() if mode_file.exists() else None, **analyze(target)}
+    if args.grammar_mass:
+        summary["grammar_mass"] = grammar_mass(target)
     if args.curve:
         summary["curve"] = curve(target, args.curve, 0, sizes)
     (target / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -232,3 +232,22 @@ def test_docs_binary_prefix_at_1e_3_figures_are_the_results_files(bench):
     table = bench.table(records)
     for cell in ("+0.362 +- 0.237", "+0.050 +- 0.190", "+0.197 +- 0.310"):
         assert cell in table and cell in docs
+
+
+def test_docs_grammar_mass_figures_are_the_results_file():
+    """docs/pipeline.md's grammar figures are in-flight_diagnose.py --grammar-mass's recorded summaries."""
+    root = PATH.parents[1]
+    path = root / "benchmarks" / "results" / "2026-12-04-cpu" / "in-flight-grammar-mass.jsonl"
+    runs = {r["mode"]: r["grammar_mass"] for r in map(json.loads, path.read_text().splitlines())}
+    docs = " ".join((root / "docs" / "pipeline.md").read_text().split())
+    flight, step = runs["in_flight_lora"], runs["step_lora"]
+    assert flight["replies_the_grammar_refused"] == step["replies_the_grammar_refused"] == 0
+    assert step["tokens"] == 0  # step_lora's replies never change version
+    assert flight["mean_masked_difference"] <= 0 < flight["mean_raw_difference"]
+    for figure in (f"{flight['tokens']:,} tokens", f"+{flight['mean_raw_difference']:.3f} raw",
+                   f"{flight['mean_masked_difference']:.3f} within the grammar",
+                   f"at {flight['share_of_tokens_where_start_has_more_allowed_mass']:.0%} of them",
+                   f"{flight['mean_log_allowed_mass_start']:.3f} against {flight['mean_log_allowed_mass_sampler']:.3f}",
+                   f"averages {flight['mean_log_allowed_mass_trained_from_minus_sampler']:.3f} in that run and "
+                   f"{step['mean_log_allowed_mass_trained_from_minus_sampler']:.3f} in the step_lora one"):
+        assert figure in docs, figure
