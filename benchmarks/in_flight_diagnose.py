@@ -91,9 +91,8 @@ def record(mode: str, out: Path, base_model: Path, sizes: dict[str, str]) -> Non
 
 def analyze(out: Path) -> dict[str, Any]:
     import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
+    from artrl.run import storage
     from artrl.train.loss import LOG_RATIO_BOUND
     from artrl.types import CISPO_EPSILON, CISPO_EPSILON_HIGH
 
@@ -101,13 +100,8 @@ def analyze(out: Path) -> dict[str, Any]:
     torch.manual_seed(0)
     calls = [json.loads(line) for line in (out / CALLS_FILE).read_text().splitlines()]
     run = ppl.run_dir(out / ".art")
-    base = AutoModelForCausalLM.from_pretrained((out / "base_model").read_text(), torch_dtype=torch.float32)
-    checkpoints = {int(p.name): p for p in (run / "checkpoints").iterdir() if p.name.isdigit()}
-    model = PeftModel.from_pretrained(base, str(checkpoints[0]), adapter_name="v0")
-    for step, path in sorted(checkpoints.items()):
-        if step:
-            model.load_adapter(str(path), adapter_name=f"v{step}")
-    model.eval()
+    checkpoints = set(storage.list_checkpoints(run))
+    model = ppl.model_with_checkpoints((out / "base_model").read_text(), run)
 
     def under(version: int, prompt: list[int], reply: list[int]) -> list[float]:
         model.set_adapter(f"v{version}")
@@ -187,8 +181,7 @@ def grammar_mass(out: Path) -> dict[str, Any]:
     trained token, log(Z_trained_from / Z_sampler): the factor the grammar's mass puts into the raw ratio the loss
     weighs that token by."""
     import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from artrl.chat_format import end_of_turn_ids
     from artrl.serve.structured import GrammarCompiler, bitmask_words, structured_output
@@ -197,59 +190,53 @@ def grammar_mass(out: Path) -> dict[str, Any]:
     program = ppl.load_program(ppl.PROGRAMS_DIR / ppl.PROGRAMS["binary_prefix"])
     base_path = (out / "base_model").read_text()
     tokenizer = AutoTokenizer.from_pretrained(base_path)
-    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-    checkpoints = {int(p.name): p for p in (ppl.run_dir(out / ".art") / "checkpoints").iterdir() if p.name.isdigit()}
-    model = PeftModel.from_pretrained(base, str(checkpoints[0]), adapter_name="v0")
-    for step, path in sorted(checkpoints.items()):
-        if step:
-            model.load_adapter(str(path), adapter_name=f"v{step}")
-    model.eval()
-    vocab = base.config.vocab_size
-    grammar = GrammarCompiler(tokenizer, vocab, end_of_turn_ids(tokenizer, base)).compile(
+    model = ppl.model_with_checkpoints(base_path, ppl.run_dir(out / ".art"))
+    vocab = model.config.vocab_size
+    grammar = GrammarCompiler(tokenizer, vocab, end_of_turn_ids(tokenizer, model)).compile(
         structured_output(None, program.TOOLS, program.TOOL_CHOICE, None, tool_call_syntax(tokenizer)))
 
-    def logprobs(version: int, prompt: list[int], reply: list[int]) -> Any:  # [reply, vocab]
-        model.set_adapter(f"v{version}")
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([prompt + reply])).logits[0, len(prompt) - 1:-1].float()
-        return torch.log_softmax(logits, -1)
+    bit = torch.arange(32, dtype=torch.int32)
+
+    def allowed_tokens(reply: list[int]) -> Any:
+        """[reply, vocab] bool: the grammar's allowed tokens at each position, as the server masked them; None when
+        a sampled token is outside the grammar."""
+        row, words, allowed = grammar.row(), torch.zeros(bitmask_words(vocab), dtype=torch.int32), []
+        for token in reply:
+            row.fill_bitmask(words)
+            allowed.append(((words[:, None] >> bit) & 1).flatten()[:vocab].bool())
+            if not row.accept(token):
+                return None
+        return torch.stack(allowed)
 
     raw, masked, mass_start, mass_sampler, refused, replies = [], [], [], [], 0, 0
     drift: list[float] = []  # every trained token: log Z under the weights trained from minus under its sampler
-    bit = torch.arange(32, dtype=torch.int32)
     for call in (json.loads(line) for line in (out / CALLS_FILE).read_text().splitlines()):
         for t in call["trajectories"]:
             start, prompt, reply = t["initial_version"], t["prompt_ids"], t["token_ids"]
             spans = t["spans"] or [{"start_token": 0, "end_token": len(reply), "policy_version": start}]
-            row, words, allowed = grammar.row(), torch.zeros(bitmask_words(vocab), dtype=torch.int32), []
-            for token in reply:
-                row.fill_bitmask(words)
-                allowed.append(((words[:, None] >> bit) & 1).flatten()[:vocab].bool())
-                if not row.accept(token):
-                    break
-            if len(allowed) < len(reply) or not all(a[tk] for a, tk in zip(allowed, reply)):
+            allowed = allowed_tokens(reply)
+            if allowed is None:
                 refused += 1  # a reply the grammar does not replay: counted, left out
                 continue
             versions = {sp["policy_version"] for sp in spans}
-            under = {v: logprobs(v, prompt, reply) for v in versions | {start, call["from_step"]}}
+            picked, mass = {}, {}  # per version: each sampled token's logprob, and the log mass on allowed tokens
+            for v in versions | {start, call["from_step"]}:
+                model.set_adapter(f"v{v}")
+                lp = ppl.reply_logprobs(model, prompt, reply)  # [reply, vocab]
+                picked[v] = lp.gather(-1, torch.tensor(reply)[:, None])[:, 0].tolist()
+                mass[v] = torch.logsumexp(lp.masked_fill(~allowed, -math.inf), -1).tolist()
             for sp in spans:
                 v = sp["policy_version"]
-                drift += [torch.logsumexp(under[call["from_step"]][i][allowed[i]], 0).item()
-                          - torch.logsumexp(under[v][i][allowed[i]], 0).item()
-                          for i in range(sp["start_token"], sp["end_token"])]
-            if len(versions) < 2:
-                continue
-            replies += 1
-            for sp in spans:
-                v = sp["policy_version"]
-                for i in range(sp["start_token"], sp["end_token"]) if v != start else ():
-                    z_start = torch.logsumexp(under[start][i][allowed[i]], 0).item()
-                    z_v = torch.logsumexp(under[v][i][allowed[i]], 0).item()
-                    diff = under[start][i][reply[i]].item() - under[v][i][reply[i]].item()
+                for i in range(sp["start_token"], sp["end_token"]):
+                    drift.append(mass[call["from_step"]][i] - mass[v][i])
+                    if v == start or len(versions) < 2:  # the tokens of replies that changed version, after the swap
+                        continue
+                    diff = picked[start][i] - picked[v][i]
                     raw.append(diff)
-                    masked.append(diff - (z_start - z_v))
-                    mass_start.append(z_start)
-                    mass_sampler.append(z_v)
+                    masked.append(diff - (mass[start][i] - mass[v][i]))
+                    mass_start.append(mass[start][i])
+                    mass_sampler.append(mass[v][i])
+            replies += len(versions) > 1
     mean = statistics.fmean
     return {"replies": replies, "replies_the_grammar_refused": refused, "tokens": len(raw),
             "mean_raw_difference": mean(raw) if raw else None,
@@ -266,6 +253,7 @@ def grammar_mass(out: Path) -> dict[str, Any]:
 def curve(out: Path, samples: int, replicate: int, sizes: dict[str, str]) -> list[dict[str, Any]]:
     """The benchmark's held-out eval (seeded replies at the rollouts' temperature) of every checkpoint of the run."""
     import artrl as art
+    from artrl.run import storage
 
     program = ppl.load_program(ppl.PROGRAMS_DIR / ppl.PROGRAMS["binary_prefix"])
     run = ppl.run_dir(out / ".art")
@@ -286,7 +274,7 @@ def curve(out: Path, samples: int, replicate: int, sizes: dict[str, str]) -> lis
             model = art.TrainableModel(name=run.name, project=run.parent.parent.name,
                                        base_model=(out / "base_model").read_text())
             await model.register(backend)
-            steps = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+            steps = storage.list_checkpoints(run)
             rows = []
             for step in steps:
                 rewards = await ppl.sample_eval("binary_prefix", program, AtStep(model, step), replicate, samples,

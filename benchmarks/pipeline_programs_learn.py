@@ -169,14 +169,43 @@ def load_program(path: Path) -> ModuleType:
     return module
 
 
-def token_logprobs(model: Any, prompt: list[int], reply: list[int]) -> list[float]:
-    """log pi(reply[t] | prompt, reply[:t]) for each t, one forward, no cache."""
+def reply_logprobs(model: Any, prompt: list[int], reply: list[int]) -> Any:
+    """log pi(. | prompt, reply[:t]) for each t: the [reply, vocab] float32 tensor of one forward, no cache."""
     import torch
 
     ids = torch.tensor([prompt + reply])  # [1, seq]
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()  # [reply, vocab]
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(reply)[:, None])[:, 0].tolist()
+    return torch.log_softmax(logits, -1)
+
+
+def token_logprobs(model: Any, prompt: list[int], reply: list[int]) -> list[float]:
+    """log pi(reply[t] | prompt, reply[:t]) for each t, one forward, no cache."""
+    import torch
+
+    return reply_logprobs(model, prompt, reply).gather(-1, torch.tensor(reply)[:, None])[:, 0].tolist()
+
+
+def model_with_checkpoints(base_model: str, run: Path) -> Any:
+    """The base model (float32, eval mode) with the adapter of every complete checkpoint of run directory `run`
+    loaded, as `v<step>`: `set_adapter(f"v{step}")` selects one."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from artrl.run import storage
+
+    base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    model = None
+    for step in storage.list_checkpoints(run):
+        path, name = str(storage.checkpoint_dir(run, step)), f"v{step}"
+        if model is None:
+            model = PeftModel.from_pretrained(base, path, adapter_name=name)
+        else:
+            model.load_adapter(path, adapter_name=name)
+    if model is None:
+        raise FileNotFoundError(f"{run} has no complete checkpoint to load")
+    return model.eval()
 
 
 class StartLogprobs:
@@ -224,26 +253,29 @@ class StartLogprobs:
         return row
 
 
-def checkpoint_scorer(base_model: str, checkpoints: Path) -> Any:
-    """score(version, prompt, reply) under the base model with `checkpoints / <version>`'s adapter, each adapter
-    loaded once, when first asked for."""
+def checkpoint_scorer(base_model: str, run: Path) -> Any:
+    """score(version, prompt, reply) under the base model with the adapter of run directory `run`'s checkpoint of
+    that step, each adapter loaded once, when first asked for (the run writes them as it goes)."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from artrl.run import storage
+
     state: dict[str, Any] = {"model": None, "loaded": set()}
 
     def score(version: int, prompt: list[int], reply: list[int]) -> list[float]:
-        found = [p for p in checkpoints.iterdir() if p.name.isdigit() and int(p.name) == version]
-        if not found:
-            raise FileNotFoundError(f"no checkpoint of version {version} under {checkpoints} to rescore under")
         name = f"v{version}"
-        if state["model"] is None:
-            base = AutoModelForCausalLM.from_pretrained(base_model, torch_dtype=torch.float32)
-            state["model"] = PeftModel.from_pretrained(base, str(found[0]), adapter_name=name).eval()
-        elif name not in state["loaded"]:
-            state["model"].load_adapter(str(found[0]), adapter_name=name)
-        state["loaded"].add(name)
+        if name not in state["loaded"]:
+            if version not in storage.list_checkpoints(run):
+                raise FileNotFoundError(f"{run} has no complete checkpoint of version {version} to rescore under")
+            path = storage.checkpoint_dir(run, version)
+            if state["model"] is None:
+                base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+                state["model"] = PeftModel.from_pretrained(base, str(path), adapter_name=name).eval()
+            else:
+                state["model"].load_adapter(str(path), adapter_name=name)
+            state["loaded"].add(name)
         state["model"].set_adapter(name)
         return token_logprobs(state["model"], prompt, reply)
 
@@ -258,10 +290,9 @@ def run_start_logprobs_child(program_path: Path) -> None:
     class StartLogprobsBackend(program.LocalBackend):  # type: ignore[misc, name-defined]
         async def train(self, model: Any, groups: Any, **kwargs: Any) -> Any:
             groups = list(groups)
-            checkpoints = run_dir(art_path) / "checkpoints"
             if not hasattr(self, "_start_logprobs"):
-                self._start_logprobs = StartLogprobs(checkpoint_scorer(os.environ["BASE_MODEL"], checkpoints),
-                                                     art_path / START_LOGPROBS_FILE)
+                scorer = checkpoint_scorer(os.environ["BASE_MODEL"], run_dir(art_path))
+                self._start_logprobs = StartLogprobs(scorer, art_path / START_LOGPROBS_FILE)
             self._start_logprobs.rewrite(groups)
             return await super().train(model, groups, **kwargs)
 
