@@ -181,32 +181,11 @@ def grammar_mass(out: Path) -> dict[str, Any]:
     trained token, log(Z_trained_from / Z_sampler): the factor the grammar's mass puts into the raw ratio the loss
     weighs that token by."""
     import torch
-    from transformers import AutoTokenizer
-
-    from artrl.chat_format import end_of_turn_ids
-    from artrl.serve.structured import GrammarCompiler, bitmask_words, structured_output
-    from artrl.serve.tool_calls import tool_call_syntax
 
     program = ppl.load_program(ppl.PROGRAMS_DIR / ppl.PROGRAMS["binary_prefix"])
     base_path = (out / "base_model").read_text()
-    tokenizer = AutoTokenizer.from_pretrained(base_path)
     model = ppl.model_with_checkpoints(base_path, ppl.run_dir(out / ".art"))
-    vocab = model.config.vocab_size
-    grammar = GrammarCompiler(tokenizer, vocab, end_of_turn_ids(tokenizer, model)).compile(
-        structured_output(None, program.TOOLS, program.TOOL_CHOICE, None, tool_call_syntax(tokenizer)))
-
-    bit = torch.arange(32, dtype=torch.int32)
-
-    def allowed_tokens(reply: list[int]) -> Any:
-        """[reply, vocab] bool: the grammar's allowed tokens at each position, as the server masked them; None when
-        a sampled token is outside the grammar."""
-        row, words, allowed = grammar.row(), torch.zeros(bitmask_words(vocab), dtype=torch.int32), []
-        for token in reply:
-            row.fill_bitmask(words)
-            allowed.append(((words[:, None] >> bit) & 1).flatten()[:vocab].bool())
-            if not row.accept(token):
-                return None
-        return torch.stack(allowed)
+    grammar, vocab = ppl.tool_call_grammar(base_path, program)
 
     raw, masked, mass_start, mass_sampler, refused, replies = [], [], [], [], 0, 0
     drift: list[float] = []  # every trained token: log Z under the weights trained from minus under its sampler
@@ -214,7 +193,7 @@ def grammar_mass(out: Path) -> dict[str, Any]:
         for t in call["trajectories"]:
             start, prompt, reply = t["initial_version"], t["prompt_ids"], t["token_ids"]
             spans = t["spans"] or [{"start_token": 0, "end_token": len(reply), "policy_version": start}]
-            allowed = allowed_tokens(reply)
+            allowed = ppl.allowed_tokens(grammar, vocab, reply)
             if allowed is None:
                 refused += 1  # a reply the grammar does not replay: counted, left out
                 continue

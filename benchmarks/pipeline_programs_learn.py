@@ -13,6 +13,10 @@ train steps:
   sampled it: the importance ratios step_lora's record would give those tokens, so against `in_flight` it
   separates what in-flight's data does from what its fresher ratios do; `pipeline_start_logprobs` is its
   control, step_lora with the same recompute (its values are the record's, its cost is the same);
+* `in_flight_grammar_ratios` / `pipeline_grammar_ratios`: in-flight / step_lora rollouts, each train call handed
+  every sampled token's logprob rewritten so that its importance ratio (at the weights the call trains from) is
+  the ratio *within the tool call's grammar* the reply was sampled under, not the raw one (GrammarRatios below):
+  whether the grammar's drift in the raw ratios is what costs in-flight its gain;
 * `sync`: the same program in a subprocess with its `PipelineTrainer` replaced by `SyncLoop` below, a plain
   synchronous loop over the program's own scenarios, rollout function, reward, model, learning rate, loss and
   groups per step (`min_batch_size`): take that many scenarios, `art.gather_trajectory_groups` of the program's
@@ -61,11 +65,17 @@ from typing import Any, Final
 ROOT: Final = Path(__file__).resolve().parents[1]
 PROGRAMS_DIR: Final = ROOT / "examples" / "art_pipeline_0523"
 PROGRAMS: Final = {"yes_no_maybe": "yes_no_maybe_pipeline.py", "binary_prefix": "binary_prefix_tool_pipeline.py"}
-ARMS: Final = ("sync", "pipeline", "in_flight", "pipeline_start_logprobs", "in_flight_start_logprobs")
+ARMS: Final = ("sync", "pipeline", "in_flight", "pipeline_start_logprobs", "in_flight_start_logprobs",
+               "pipeline_grammar_ratios", "in_flight_grammar_ratios")
 START_LOGPROBS_ARMS: Final = {"pipeline_start_logprobs": "pipeline", "in_flight_start_logprobs": "in_flight"}
 """Arms whose trainer is handed each token's logprob under the version its rollout started on (StartLogprobs),
 by the arm whose rollouts they run."""
+GRAMMAR_RATIO_ARMS: Final = {"pipeline_grammar_ratios": "pipeline", "in_flight_grammar_ratios": "in_flight"}
+"""Arms whose trainer is handed logprobs that make each token's ratio the one within the grammar (GrammarRatios),
+by the arm whose rollouts they run."""
+RESCORED_ARMS: Final = {**START_LOGPROBS_ARMS, **GRAMMAR_RATIO_ARMS}
 START_LOGPROBS_FILE: Final = "start_logprobs.jsonl"
+GRAMMAR_RATIOS_FILE: Final = "grammar_ratios.jsonl"
 WINDOW: Final = 3
 """Steps averaged at each end of `step_rewards` for `step_gain`."""
 EVAL_CONCURRENCY: Final = 16
@@ -208,6 +218,43 @@ def model_with_checkpoints(base_model: str, run: Path) -> Any:
     return model.eval()
 
 
+def tool_call_grammar(base_model: str, program: ModuleType) -> tuple[Any, int]:
+    """(the binary-prefix program's forced tool call compiled as the server compiles it, the model's vocabulary
+    size): what every one of its replies was sampled within."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from artrl.chat_format import end_of_turn_ids
+    from artrl.serve.structured import GrammarCompiler, structured_output
+    from artrl.serve.tool_calls import tool_call_syntax
+
+    tokenizer = AutoTokenizer.from_pretrained(base_model)
+    config = AutoConfig.from_pretrained(base_model)
+    try:  # what a loaded model's `generation_config` is: its file, else the model config's
+        generation: Any = GenerationConfig.from_pretrained(base_model)
+    except OSError:
+        generation = config
+    grammar = GrammarCompiler(tokenizer, config.vocab_size, end_of_turn_ids(tokenizer, generation)).compile(
+        structured_output(None, program.TOOLS, program.TOOL_CHOICE, None, tool_call_syntax(tokenizer)))
+    return grammar, config.vocab_size
+
+
+def allowed_tokens(grammar: Any, vocab: int, reply: list[int]) -> Any:
+    """[reply, vocab] bool: the grammar's allowed tokens at each position of `reply`, as the server masked them;
+    None when a sampled token is outside the grammar."""
+    import torch
+
+    from artrl.serve.structured import bitmask_words
+
+    bit = torch.arange(32, dtype=torch.int32)
+    row, words, allowed = grammar.row(), torch.zeros(bitmask_words(vocab), dtype=torch.int32), []
+    for token in reply:
+        row.fill_bitmask(words)
+        allowed.append(((words[:, None] >> bit) & 1).flatten()[:vocab].bool())
+        if not row.accept(token):
+            return None
+    return torch.stack(allowed)
+
+
 class StartLogprobs:
     """Rewrites the groups of a train call so that every sampled token's logprob is the one under the version
     its trajectory's rollout started on (`initial_policy_version`), recomputed with the base model and that
@@ -253,9 +300,71 @@ class StartLogprobs:
         return row
 
 
-def checkpoint_scorer(base_model: str, run: Path) -> Any:
+class GrammarRatios:
+    """Rewrites the groups of a train call so that each sampled token's importance ratio, at the weights the call
+    trains from (version `trained_from`), is its ratio within the grammar the reply was sampled under rather than
+    the raw one: the token sampled by version v at position i is handed
+
+        log pi_v(a_i) - log Z_v(i) + log Z_from(i),    Z_u(i) = version u's mass on the tokens allowed at i,
+
+    so that exp(log pi_from(a_i) - handed) = [pi_from(a_i) / Z_from(i)] / [pi_v(a_i) / Z_v(i)]. The gradient stays
+    the raw logprob's (the trainer has no mask); only the weights change. A reply the grammar does not replay
+    keeps its record (counted). `score(version, prompt, reply)` -> [reply, vocab] logprobs and `allowed(reply)` ->
+    [reply, vocab] bool or None are injectable for tests.
+
+    Per call it appends one line to `log`: tokens rewritten, the mean handed-minus-recorded logprob (the mean
+    log(Z_from / Z_v) the raw ratios carried), replies refused, and the largest |recomputed - recorded| logprob
+    (the recompute's own error)."""
+
+    def __init__(self, score: Any, allowed: Any, log: Path | None = None) -> None:
+        self.score, self.allowed, self.log = score, allowed, log
+
+    def rewrite(self, groups: Iterable[Any], trained_from: int) -> dict[str, Any]:
+        import torch
+
+        own_err, shift, refused = 0.0, [], 0
+        for group in groups:
+            for trajectory in group.trajectories:
+                for choice in trajectory.messages_and_choices:
+                    extra = getattr(choice, "model_extra", None)
+                    if not extra or choice.logprobs is None or not choice.logprobs.content:
+                        continue
+                    reply, content = extra["token_ids"], choice.logprobs.content
+                    start = trajectory.initial_policy_version
+                    if start is None:
+                        raise RuntimeError("a trained trajectory has no initial_policy_version to rescore under")
+                    allowed = self.allowed(reply)
+                    if allowed is None:
+                        refused += 1
+                        continue
+                    spans = extra.get("policy_token_spans") or [
+                        {"start_token": 0, "end_token": len(reply), "policy_version": start}]
+                    picked, mass = {}, {}
+                    for v in {sp["policy_version"] for sp in spans} | {trained_from}:
+                        lp = self.score(v, extra["prompt_token_ids"], reply)  # [reply, vocab]
+                        picked[v] = lp.gather(-1, torch.tensor(reply)[:, None])[:, 0].tolist()
+                        mass[v] = torch.logsumexp(lp.masked_fill(~allowed, -float("inf")), -1).tolist()
+                    for span in spans:
+                        v = span["policy_version"]
+                        for i in range(span["start_token"], span["end_token"]):
+                            own_err = max(own_err, abs(picked[v][i] - content[i].logprob))
+                            handed = min(picked[v][i] - mass[v][i] + mass[trained_from][i], 0.0)
+                            shift.append(handed - content[i].logprob)
+                            content[i].logprob = handed
+        row = {"trained_from": trained_from, "tokens_rewritten": len(shift),
+               "mean_shift": statistics.fmean(shift) if shift else None, "replies_refused": refused,
+               "recompute_abs_err_max": own_err}
+        if self.log is not None:
+            with self.log.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        return row
+
+
+def checkpoint_scorer(base_model: str, run: Path, scores: Any = None) -> Any:
     """score(version, prompt, reply) under the base model with the adapter of run directory `run`'s checkpoint of
-    that step, each adapter loaded once, when first asked for (the run writes them as it goes)."""
+    that step, each adapter loaded once, when first asked for (the run writes them as it goes): `scores(model,
+    prompt, reply)`'s value, by default `token_logprobs` (each sampled token's logprob; `reply_logprobs` gives
+    the [reply, vocab] tensor)."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -277,26 +386,36 @@ def checkpoint_scorer(base_model: str, run: Path) -> Any:
                 state["model"].load_adapter(str(path), adapter_name=name)
             state["loaded"].add(name)
         state["model"].set_adapter(name)
-        return token_logprobs(state["model"], prompt, reply)
+        return (scores or token_logprobs)(state["model"], prompt, reply)
 
     return score
 
 
-def run_start_logprobs_child(program_path: Path) -> None:
-    """In a child process: the program's `main` with its backend's `train` handed StartLogprobs' groups."""
+def run_rescore_child(program_path: Path, arm: str) -> None:
+    """In a child process: the program's `main` with its backend's `train` handed the groups rewritten for `arm`,
+    one of RESCORED_ARMS (StartLogprobs or GrammarRatios)."""
     program = load_program(program_path)
     art_path = Path(os.environ["ART_PATH"])
+    base_model = os.environ["BASE_MODEL"]
 
-    class StartLogprobsBackend(program.LocalBackend):  # type: ignore[misc, name-defined]
+    class RescoringBackend(program.LocalBackend):  # type: ignore[misc, name-defined]
         async def train(self, model: Any, groups: Any, **kwargs: Any) -> Any:
             groups = list(groups)
-            if not hasattr(self, "_start_logprobs"):
-                scorer = checkpoint_scorer(os.environ["BASE_MODEL"], run_dir(art_path))
-                self._start_logprobs = StartLogprobs(scorer, art_path / START_LOGPROBS_FILE)
-            self._start_logprobs.rewrite(groups)
+            if arm in START_LOGPROBS_ARMS:
+                if not hasattr(self, "_rescore"):
+                    self._rescore = StartLogprobs(checkpoint_scorer(base_model, run_dir(art_path)),
+                                                  art_path / START_LOGPROBS_FILE)
+                self._rescore.rewrite(groups)
+            else:
+                if not hasattr(self, "_rescore"):
+                    grammar, vocab = tool_call_grammar(base_model, program)
+                    self._rescore = GrammarRatios(checkpoint_scorer(base_model, run_dir(art_path), reply_logprobs),
+                                                  lambda reply: allowed_tokens(grammar, vocab, reply),
+                                                  art_path / GRAMMAR_RATIOS_FILE)
+                self._rescore.rewrite(groups, await model.get_step())
             return await super().train(model, groups, **kwargs)
 
-    program.LocalBackend = StartLogprobsBackend
+    program.LocalBackend = RescoringBackend
     asyncio.run(program.main())
 
 
@@ -311,6 +430,20 @@ def start_logprobs_summary(art_path: Path) -> dict[str, Any]:
     return {"start_logprobs_tokens_rewritten": rewritten,
             "start_logprobs_mean_shift": sum(m * n for m, n in shifts) / rewritten if rewritten else None,
             "start_logprobs_own_version_abs_err_max": max(r["own_version_abs_err_max"] for r in rows)}
+
+
+def grammar_ratios_summary(art_path: Path) -> dict[str, Any]:
+    """What GrammarRatios did over a run (empty for the other arms)."""
+    path = art_path / GRAMMAR_RATIOS_FILE
+    if not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    shifts = [(r["mean_shift"], r["tokens_rewritten"]) for r in rows if r["tokens_rewritten"]]
+    rewritten = sum(n for _, n in shifts)
+    return {"grammar_ratios_tokens_rewritten": rewritten,
+            "grammar_ratios_mean_shift": sum(m * n for m, n in shifts) / rewritten if rewritten else None,
+            "grammar_ratios_replies_refused": sum(r["replies_refused"] for r in rows),
+            "grammar_ratios_recompute_abs_err_max": max(r["recompute_abs_err_max"] for r in rows)}
 
 
 def run_sync_child(program_path: Path) -> None:
@@ -445,11 +578,11 @@ def run_arm(program_name: str, arm: str, base_model: Path, work: Path, env_sizes
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "ART_PATH": str(art_path),
            "PYTHONPATH": str(ROOT / "src"), "BASE_MODEL": str(base_model), **env_sizes}
     env.pop("ROLLOUT_WEIGHT_UPDATE_MODE", None)
-    if START_LOGPROBS_ARMS.get(arm, arm) == "in_flight":
+    if RESCORED_ARMS.get(arm, arm) == "in_flight":
         env["ROLLOUT_WEIGHT_UPDATE_MODE"] = "in_flight_lora"
     here = str(Path(__file__).resolve())
     cmd = ([sys.executable, here, "--sync-child", str(program)] if arm == "sync"
-           else [sys.executable, here, "--start-logprobs-child", str(program)] if arm in START_LOGPROBS_ARMS
+           else [sys.executable, here, "--rescore-child", str(program), arm] if arm in RESCORED_ARMS
            else [sys.executable, str(program)])
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=3600)
@@ -482,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "artrl-pipeline-programs-learn",
                    help="where the primed models are kept between invocations")
     p.add_argument("--sync-child", type=Path, help=argparse.SUPPRESS)
-    p.add_argument("--start-logprobs-child", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--rescore-child", nargs=2, metavar=("PROGRAM", "ARM"), help=argparse.SUPPRESS)
     p.add_argument("--table", nargs="+", metavar="FILE[:ARM,...]",
                    help="print the markdown table of results files and exit; FILE:in_flight takes only that arm's "
                         "lines of FILE")
@@ -490,8 +623,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.sync_child:
         run_sync_child(args.sync_child)
         return 0
-    if args.start_logprobs_child:
-        run_start_logprobs_child(args.start_logprobs_child)
+    if args.rescore_child:
+        run_rescore_child(Path(args.rescore_child[0]), args.rescore_child[1])
         return 0
     if args.table:
         records = [r for spec in args.table for r in read_results(spec)]
@@ -517,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
                     summary = summarize_history(history(art_path))
                     summary["scenarios_pulled"] = scenarios_pulled(art_path)
                     summary.update(start_logprobs_summary(art_path))
+                    summary.update(grammar_ratios_summary(art_path))
                 record = {"bench": "pipeline_programs_learn", "program": program_name, "arm": arm, "seed": seed,
                           "sizes": sizes, "eval_samples": after["n"], "eval_before": before["reward"],
                           "eval_after": after["reward"], "eval_after_step": after["step"],
@@ -567,7 +701,7 @@ def table(records: list[dict[str, Any]]) -> str:
                          f"{ratio('pipeline', 'sync')} | {cell('in_flight')} | {ratio('in_flight', 'pipeline')} | "
                          f"{before:.3f} |")
         extra.extend(f"| {program} | {arm_label(arm)} | {len(gains[arm])} | {cell(arm)} | {before:.3f} |"
-                     for arm in START_LOGPROBS_ARMS if gains[arm])
+                     for arm in RESCORED_ARMS if gains[arm])
     if len(lines) == 2:  # none of the three main arms: their table is left out
         lines = []
     if extra:  # the start-logprobs arms, where the records have them
@@ -582,7 +716,9 @@ def differences(records: list[dict[str, Any]]) -> str:
     records have them, the start-logprobs arms against each other and each against its plain arm."""
     lines = []
     pairs = [("in_flight", "pipeline"), ("in_flight_start_logprobs", "pipeline_start_logprobs"),
-             ("in_flight_start_logprobs", "in_flight"), ("pipeline_start_logprobs", "pipeline")]
+             ("in_flight_start_logprobs", "in_flight"), ("pipeline_start_logprobs", "pipeline"),
+             ("in_flight_grammar_ratios", "pipeline_grammar_ratios"), ("in_flight_grammar_ratios", "in_flight"),
+             ("pipeline_grammar_ratios", "pipeline")]
     for program in PROGRAMS:
         gains = {arm: [r["gain"] for r in records if r["program"] == program and r["arm"] == arm] for arm in ARMS}
         for a, b in pairs:
@@ -594,7 +730,8 @@ def differences(records: list[dict[str, Any]]) -> str:
 
 
 def arm_label(arm: str) -> str:
-    return arm.replace("in_flight", "in-flight").replace("_start_logprobs", " (start logprobs)")
+    return (arm.replace("in_flight", "in-flight").replace("_start_logprobs", " (start logprobs)")
+            .replace("_grammar_ratios", " (grammar ratios)"))
 
 
 def mean_token_age(record: dict[str, Any]) -> float | None:

@@ -186,6 +186,89 @@ def test_start_logprobs_hands_the_trainer_each_token_under_the_version_its_rollo
         "start_logprobs_own_version_abs_err_max": pytest.approx(4e-7, abs=1e-7)}
 
 
+def test_grammar_ratios_hand_each_token_its_ratio_within_the_grammar(bench, tmp_path):
+    """A reply sampled by version 3 (its first two tokens) then 4 (the third), trained from version 5: each token
+    is handed log pi_v(a) - log Z_v + log Z_5, so exp(log pi_5(a) - handed) is the ratio of the masked policies;
+    a forced position (one allowed token) gets ratio 1 whatever the versions' raw logprobs; a reply the grammar
+    refuses keeps its record, counted."""
+    import math
+
+    import torch
+    from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+    from openai.types.chat.chat_completion_message import ChatCompletionMessage
+    from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
+
+    reply = [0, 2, 1]
+    logits = {v: torch.tensor([[1.0 * v, 0.0, 2.0, -1.0], [0.5, 0.0, 0.3 * v, 1.0], [0.0, 0.1 * v, -0.5, 0.2]])
+              for v in (3, 4, 5)}
+    lp = {v: torch.log_softmax(x, -1) for v, x in logits.items()}
+    allowed = torch.tensor([[True, False, False, False],  # forced
+                            [True, False, True, True], [False, True, True, False]])
+
+    def choice(tokens):
+        recorded = [lp[3][0, tokens[0]].item(), lp[3][1, tokens[1]].item(), lp[4][2, tokens[2]].item()]
+        c = Choice(finish_reason="stop", index=0, message=ChatCompletionMessage(role="assistant", content="x"),
+                   logprobs=ChoiceLogprobs(content=[ChatCompletionTokenLogprob(token=f"token_id:{t}", logprob=v,
+                                                                               bytes=None, top_logprobs=[])
+                                                    for t, v in zip(tokens, recorded)]))
+        for k, v in {"prompt_token_ids": [7], "token_ids": tokens,
+                     "policy_token_spans": [{"start_token": 0, "end_token": 2, "policy_version": 3},
+                                            {"start_token": 2, "end_token": 3, "policy_version": 4}]}.items():
+            setattr(c, k, v)
+        return c, recorded
+
+    (kept, _), (refused, refused_record) = choice(reply), choice([1, 2, 1])
+    trajectories = [art.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, c], reward=r,
+                                   initial_policy_version=3) for c, r in ((kept, 1.0), (refused, 0.0))]
+    scored = []
+
+    def score(version, prompt, tokens):
+        scored.append(version)
+        assert prompt == [7]
+        return lp[version]
+
+    def allowed_for(tokens):
+        return allowed if tokens == reply else None  # token 1 is outside the grammar at position 0
+
+    log = tmp_path / bench.GRAMMAR_RATIOS_FILE
+    row = bench.GrammarRatios(score, allowed_for, log).rewrite([art.TrajectoryGroup(trajectories)], trained_from=5)
+
+    def masked(v, i):  # log of the grammar-masked policy of version v at position i, for the sampled token
+        return (lp[v][i, reply[i]] - torch.logsumexp(lp[v][i].masked_fill(~allowed[i], -math.inf), -1)).item()
+
+    handed = [t.logprob for t in kept.logprobs.content]
+    ratios = [math.exp(lp[5][i, reply[i]].item() - handed[i]) for i in range(3)]
+    assert ratios == pytest.approx([math.exp(masked(5, 0) - masked(3, 0)), math.exp(masked(5, 1) - masked(3, 1)),
+                                    math.exp(masked(5, 2) - masked(4, 2))], rel=1e-5)
+    assert ratios[0] == pytest.approx(1.0)  # forced
+    assert all(v <= 0 for v in handed)
+    assert [t.logprob for t in refused.logprobs.content] == refused_record
+    assert sorted(set(scored)) == [3, 4, 5]
+    assert row["tokens_rewritten"] == 3 and row["replies_refused"] == 1 and row["trained_from"] == 5
+    assert row["recompute_abs_err_max"] == pytest.approx(0.0, abs=1e-6)
+    assert json.loads(log.read_text()) == row
+    summary = bench.grammar_ratios_summary(tmp_path)
+    assert summary["grammar_ratios_tokens_rewritten"] == 3 and summary["grammar_ratios_replies_refused"] == 1
+
+
+def test_tool_call_grammar_replays_a_forced_call_and_refuses_free_text(bench, tiny_path):
+    """The binary-prefix program's forced tool call, compiled as the server compiles it: a call replays (its
+    fixed parts allow one token each), text that is no call does not."""
+    import torch
+    from transformers import AutoTokenizer
+
+    program = bench.load_program(bench.PROGRAMS_DIR / bench.PROGRAMS["binary_prefix"])
+    grammar, vocab = bench.tool_call_grammar(str(tiny_path), program)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_path))
+    call = '<tool_call>\n{"name": "make_guess", "arguments": {"guess": "10"}}\n</tool_call>' + tokenizer.eos_token
+    ids = tokenizer(call, add_special_tokens=False)["input_ids"]
+    allowed = bench.allowed_tokens(grammar, vocab, ids)
+    assert allowed is not None and allowed.shape == (len(ids), vocab)
+    assert allowed[0].sum() == 1 and allowed[0, ids[0]]  # the call's opening is forced
+    assert allowed[torch.arange(len(ids)), ids].all()  # every token of the call is allowed where it stands
+    assert bench.allowed_tokens(grammar, vocab, tokenizer("hello", add_special_tokens=False)["input_ids"]) is None
+
+
 def test_docs_start_logprobs_figures_are_the_results_file(bench):
     """docs/pipeline.md's "The gap is the ratios" figures are what `--table` prints from the recorded runs."""
     root = PATH.parents[1]
