@@ -17,6 +17,11 @@ train steps:
   every sampled token's logprob rewritten so that its importance ratio (at the weights the call trains from) is
   the ratio *within the tool call's grammar* the reply was sampled under, not the raw one (GrammarRatios below):
   whether the grammar's drift in the raw ratios is what costs in-flight its gain;
+* `sync_free_tokens` / `pipeline_free_tokens` / `in_flight_free_tokens`: the synchronous loop / step_lora /
+  in-flight, with the tokens the grammar forced (one allowed token at their place: the call's fixed text) left
+  out of the loss (FreeTokens below). Under the grammar those tokens are no choice: the masked policy gives
+  each logprob 0 under every version, so no gradient and ratio 1, where the raw loss pushes them with each
+  reply's advantage and weighs them by the drift of their raw probability;
 * `sync`: the same program in a subprocess with its `PipelineTrainer` replaced by `SyncLoop` below, a plain
   synchronous loop over the program's own scenarios, rollout function, reward, model, learning rate, loss and
   groups per step (`min_batch_size`): take that many scenarios, `art.gather_trajectory_groups` of the program's
@@ -66,7 +71,8 @@ ROOT: Final = Path(__file__).resolve().parents[1]
 PROGRAMS_DIR: Final = ROOT / "examples" / "art_pipeline_0523"
 PROGRAMS: Final = {"yes_no_maybe": "yes_no_maybe_pipeline.py", "binary_prefix": "binary_prefix_tool_pipeline.py"}
 ARMS: Final = ("sync", "pipeline", "in_flight", "pipeline_start_logprobs", "in_flight_start_logprobs",
-               "pipeline_grammar_ratios", "in_flight_grammar_ratios")
+               "pipeline_grammar_ratios", "in_flight_grammar_ratios", "sync_free_tokens", "pipeline_free_tokens",
+               "in_flight_free_tokens")
 START_LOGPROBS_ARMS: Final = {"pipeline_start_logprobs": "pipeline", "in_flight_start_logprobs": "in_flight"}
 """Arms whose trainer is handed each token's logprob under the version its rollout started on (StartLogprobs),
 by the arm whose rollouts they run."""
@@ -74,6 +80,10 @@ GRAMMAR_RATIO_ARMS: Final = {"pipeline_grammar_ratios": "pipeline", "in_flight_g
 """Arms whose trainer is handed logprobs that make each token's ratio the one within the grammar (GrammarRatios),
 by the arm whose rollouts they run."""
 RESCORED_ARMS: Final = {**START_LOGPROBS_ARMS, **GRAMMAR_RATIO_ARMS}
+FREE_TOKEN_ARMS: Final = {"sync_free_tokens": "sync", "pipeline_free_tokens": "pipeline",
+                          "in_flight_free_tokens": "in_flight"}
+"""Arms that train only the tokens the grammar left a choice at (FreeTokens), by the arm they otherwise are."""
+FREE_TOKENS_FILE: Final = "free_tokens.json"
 START_LOGPROBS_FILE: Final = "start_logprobs.jsonl"
 GRAMMAR_RATIOS_FILE: Final = "grammar_ratios.jsonl"
 WINDOW: Final = 3
@@ -360,6 +370,71 @@ class GrammarRatios:
         return row
 
 
+class FreeTokens:
+    """Leaves the tokens a grammar forced out of the loss: patched into the tokenizer's `_extend` (which appends a
+    sampled turn to the sequence it is trained in), each sampled turn is replayed through the grammar from its
+    first token (`allowed(ids)` -> [ids, vocab] bool, or None where the grammar refuses the turn: kept whole,
+    counted), and the positions with exactly one allowed token lose their trainable flag. `counts` says how many
+    tokens were kept and left out, and turns refused; `install()` patches, `save(path)` writes the counts."""
+
+    def __init__(self, allowed: Any) -> None:
+        self.allowed = allowed
+        self.counts = {"free": 0, "forced": 0, "turns": 0, "turns_refused": 0}
+
+    def forced(self, ids: list[int]) -> list[bool] | None:
+        allowed = self.allowed(ids)
+        return None if allowed is None else (allowed.sum(-1) == 1).tolist()
+
+    def install(self) -> None:
+        import math
+
+        from artrl.preprocess import tokenize
+
+        extend = tokenize._extend
+
+        def patched(seq: Any, context: Any, sampled: Any, logprobs: Any, *args: Any, **kwargs: Any) -> None:
+            start = len(seq.token_ids) + len(context)
+            extend(seq, context, sampled, logprobs, *args, **kwargs)
+            self.counts["turns"] += 1
+            forced = self.forced(list(sampled))
+            if forced is None:
+                self.counts["turns_refused"] += 1
+                self.counts["free"] += len(sampled)
+                return
+            for i, f in enumerate(forced):
+                if f:
+                    seq.trainable_mask[start + i] = False
+                    seq.logprobs[start + i] = math.nan
+            self.counts["forced"] += sum(forced)
+            self.counts["free"] += len(forced) - sum(forced)
+
+        tokenize._extend = patched
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.counts))
+
+
+def run_free_tokens_child(program_path: Path, base_arm: str) -> None:
+    """In a child process: the program's `main` (with SyncLoop in its PipelineTrainer's place for "sync") training
+    only the tokens its tool call's grammar left a choice at (FreeTokens); the counts go to FREE_TOKENS_FILE."""
+    import atexit
+
+    program = load_program(program_path)
+    grammar, vocab = tool_call_grammar(os.environ["BASE_MODEL"], program)
+    free = FreeTokens(lambda ids: allowed_tokens(grammar, vocab, ids))
+    free.install()
+    atexit.register(free.save, Path(os.environ["ART_PATH"]) / FREE_TOKENS_FILE)
+    if base_arm == "sync":
+        program.PipelineTrainer = SyncLoop
+    asyncio.run(program.main())
+
+
+def free_tokens_summary(art_path: Path) -> dict[str, Any]:
+    """FreeTokens' counts over a run (empty for the other arms)."""
+    path = art_path / FREE_TOKENS_FILE
+    return {f"free_tokens_{k}": v for k, v in json.loads(path.read_text()).items()} if path.exists() else {}
+
+
 def checkpoint_scorer(base_model: str, run: Path, scores: Any = None) -> Any:
     """score(version, prompt, reply) under the base model with the adapter of run directory `run`'s checkpoint of
     that step, each adapter loaded once, when first asked for (the run writes them as it goes): `scores(model,
@@ -578,10 +653,12 @@ def run_arm(program_name: str, arm: str, base_model: Path, work: Path, env_sizes
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "ART_PATH": str(art_path),
            "PYTHONPATH": str(ROOT / "src"), "BASE_MODEL": str(base_model), **env_sizes}
     env.pop("ROLLOUT_WEIGHT_UPDATE_MODE", None)
-    if RESCORED_ARMS.get(arm, arm) == "in_flight":
+    base_arm = FREE_TOKEN_ARMS.get(arm) or RESCORED_ARMS.get(arm, arm)
+    if base_arm == "in_flight":
         env["ROLLOUT_WEIGHT_UPDATE_MODE"] = "in_flight_lora"
     here = str(Path(__file__).resolve())
     cmd = ([sys.executable, here, "--sync-child", str(program)] if arm == "sync"
+           else [sys.executable, here, "--free-tokens-child", str(program), base_arm] if arm in FREE_TOKEN_ARMS
            else [sys.executable, here, "--rescore-child", str(program), arm] if arm in RESCORED_ARMS
            else [sys.executable, str(program)])
     started = time.perf_counter()
@@ -616,12 +693,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="where the primed models are kept between invocations")
     p.add_argument("--sync-child", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--rescore-child", nargs=2, metavar=("PROGRAM", "ARM"), help=argparse.SUPPRESS)
+    p.add_argument("--free-tokens-child", nargs=2, metavar=("PROGRAM", "ARM"), help=argparse.SUPPRESS)
     p.add_argument("--table", nargs="+", metavar="FILE[:ARM,...]",
                    help="print the markdown table of results files and exit; FILE:in_flight takes only that arm's "
                         "lines of FILE")
     args = p.parse_args(argv)
     if args.sync_child:
         run_sync_child(args.sync_child)
+        return 0
+    if args.free_tokens_child:
+        run_free_tokens_child(Path(args.free_tokens_child[0]), args.free_tokens_child[1])
         return 0
     if args.rescore_child:
         run_rescore_child(Path(args.rescore_child[0]), args.rescore_child[1])
@@ -651,6 +732,7 @@ def main(argv: list[str] | None = None) -> int:
                     summary["scenarios_pulled"] = scenarios_pulled(art_path)
                     summary.update(start_logprobs_summary(art_path))
                     summary.update(grammar_ratios_summary(art_path))
+                    summary.update(free_tokens_summary(art_path))
                 record = {"bench": "pipeline_programs_learn", "program": program_name, "arm": arm, "seed": seed,
                           "sizes": sizes, "eval_samples": after["n"], "eval_before": before["reward"],
                           "eval_after": after["reward"], "eval_after_step": after["step"],
@@ -701,7 +783,7 @@ def table(records: list[dict[str, Any]]) -> str:
                          f"{ratio('pipeline', 'sync')} | {cell('in_flight')} | {ratio('in_flight', 'pipeline')} | "
                          f"{before:.3f} |")
         extra.extend(f"| {program} | {arm_label(arm)} | {len(gains[arm])} | {cell(arm)} | {before:.3f} |"
-                     for arm in RESCORED_ARMS if gains[arm])
+                     for arm in (*RESCORED_ARMS, *FREE_TOKEN_ARMS) if gains[arm])
     if len(lines) == 2:  # none of the three main arms: their table is left out
         lines = []
     if extra:  # the start-logprobs arms, where the records have them
@@ -718,7 +800,8 @@ def differences(records: list[dict[str, Any]]) -> str:
     pairs = [("in_flight", "pipeline"), ("in_flight_start_logprobs", "pipeline_start_logprobs"),
              ("in_flight_start_logprobs", "in_flight"), ("pipeline_start_logprobs", "pipeline"),
              ("in_flight_grammar_ratios", "pipeline_grammar_ratios"), ("in_flight_grammar_ratios", "in_flight"),
-             ("pipeline_grammar_ratios", "pipeline")]
+             ("pipeline_grammar_ratios", "pipeline"), ("in_flight_free_tokens", "pipeline_free_tokens"),
+             ("pipeline_free_tokens", "sync_free_tokens"), ("pipeline_free_tokens", "pipeline")]
     for program in PROGRAMS:
         gains = {arm: [r["gain"] for r in records if r["program"] == program and r["arm"] == arm] for arm in ARMS}
         for a, b in pairs:
@@ -731,7 +814,7 @@ def differences(records: list[dict[str, Any]]) -> str:
 
 def arm_label(arm: str) -> str:
     return (arm.replace("in_flight", "in-flight").replace("_start_logprobs", " (start logprobs)")
-            .replace("_grammar_ratios", " (grammar ratios)"))
+            .replace("_grammar_ratios", " (grammar ratios)").replace("_free_tokens", " (free tokens)"))
 
 
 def mean_token_age(record: dict[str, Any]) -> float | None:

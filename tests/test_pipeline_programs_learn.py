@@ -251,6 +251,32 @@ def test_grammar_ratios_hand_each_token_its_ratio_within_the_grammar(bench, tmp_
     assert summary["grammar_ratios_tokens_rewritten"] == 3 and summary["grammar_ratios_replies_refused"] == 1
 
 
+def test_free_tokens_leave_the_grammar_forced_tokens_out_of_the_loss(bench, tmp_path, monkeypatch):
+    """Patched into the tokenizer, FreeTokens unflags the sampled positions where the grammar allowed one token;
+    the context stays untrained, the free tokens keep their flag and logprob; a turn the grammar refuses is
+    kept whole and counted."""
+    import math
+
+    import torch
+
+    from artrl.preprocess import tokenize
+
+    monkeypatch.setattr(tokenize, "_extend", tokenize._extend)  # restored after the test
+    allowed = {(5, 6, 7): torch.tensor([[True, False, False], [True, True, False], [False, False, True]])}
+    free = bench.FreeTokens(lambda ids: allowed.get(tuple(ids)))
+    free.install()
+    seq = tokenize.TokenizedSequence(token_ids=[], trainable_mask=[], logprobs=[])
+    tokenize._extend(seq, [1, 2], [5, 6, 7], [-0.1, -0.2, -0.3])
+    tokenize._extend(seq, [3], [8, 9], [-0.4, -0.5])  # refused by the grammar: kept whole
+    assert seq.token_ids == [1, 2, 5, 6, 7, 3, 8, 9]
+    assert seq.trainable_mask == [False, False, False, True, False, False, True, True]
+    assert [None if math.isnan(v) else v for v in seq.logprobs] == [None, None, None, -0.2, None, None, -0.4, -0.5]
+    assert free.counts == {"free": 3, "forced": 2, "turns": 2, "turns_refused": 1}
+    free.save(tmp_path / bench.FREE_TOKENS_FILE)
+    assert bench.free_tokens_summary(tmp_path) == {"free_tokens_free": 3, "free_tokens_forced": 2,
+                                                   "free_tokens_turns": 2, "free_tokens_turns_refused": 1}
+
+
 def test_tool_call_grammar_replays_a_forced_call_and_refuses_free_text(bench, tiny_path):
     """The binary-prefix program's forced tool call, compiled as the server compiles it: a call replays (its
     fixed parts allow one token each), text that is no call does not."""
@@ -298,6 +324,61 @@ def test_docs_start_logprobs_figures_are_the_results_file(bench):
     assert sum(r["start_logprobs_tokens_rewritten"] for r in summaries if r["arm"] == "in_flight_start_logprobs") \
         == 28225
     assert all(r["start_logprobs_tokens_rewritten"] == 0 for r in summaries if r["arm"] == "pipeline_start_logprobs")
+
+
+def test_docs_grammar_ratio_figures_are_the_results_file(bench):
+    """docs/pipeline.md's "Within the grammar" figures are what `--table` prints from the recorded runs, and the
+    runs' own checks hold: the recompute is the record, no reply refused, ratios within the grammar near 1."""
+    root = PATH.parents[1]
+    path = root / "benchmarks" / "results" / "2026-12-04-cpu" / "pipeline-programs-learn-binary-grammar-ratios.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    docs = " ".join((root / "docs" / "pipeline.md").read_text().split())
+    found = bench.differences(records)
+    assert "in-flight - pipeline gain -0.521, standard error 0.101, Welch t -5.18 (8 and 8" in found
+    assert "in-flight (grammar ratios) - pipeline (grammar ratios) gain +0.010, standard error 0.044" in found
+    assert "-0.521, standard error 0.101, Welch t -5.18" in docs
+    assert "in-flight minus step_lora +0.010, standard error 0.044" in docs
+    table = bench.table(records)
+    for arm, cell in [("pipeline", "+0.533 +- 0.135 (median +0.512)"), ("in_flight", "+0.012 +- 0.251 (median -0.090)"),
+                      ("pipeline_grammar_ratios", "-0.160 +- 0.084 (median -0.184)"),
+                      ("in_flight_grammar_ratios", "-0.150 +- 0.090 (median -0.184)")]:
+        assert cell in table and cell in docs, arm
+    grammar = [r for r in records if r["arm"] in bench.GRAMMAR_RATIO_ARMS]
+    assert len(grammar) == 16
+    assert max(r["grammar_ratios_recompute_abs_err_max"] for r in grammar) < 2e-5
+    assert sum(r["grammar_ratios_replies_refused"] for r in grammar) == 0
+    assert [sum(r["grammar_ratios_tokens_rewritten"] for r in grammar if r["arm"] == arm)
+            for arm in ("pipeline_grammar_ratios", "in_flight_grammar_ratios")] == [123899, 122428]
+    ratios = [x for r in grammar for x in r["mean_ratio"][1:] if x is not None]
+    assert 0.985 <= min(ratios) and max(ratios) <= 1.018  # "0.991-1.018", "0.985-1.012" in the docs' table
+    assert "| step_lora, grammar ratios | -0.160 +- 0.084 (median -0.184) | 7 | 0.991-1.018 |" in docs
+    assert "| in-flight, grammar ratios | -0.150 +- 0.090 (median -0.184) | 7 | 0.985-1.012 |" in docs
+
+
+def test_docs_free_token_figures_are_the_results_files(bench):
+    """docs/pipeline.md's "Nor with the grammar's forced tokens left out" figures are `--table`'s, and the runs
+    left out what the docs say."""
+    results = PATH.parents[1] / "benchmarks" / "results" / "2026-12-04-cpu"
+    free = [json.loads(line) for line in (results / "pipeline-programs-learn-binary-free-tokens.jsonl")
+            .read_text().splitlines() if line.strip()]
+    plain = bench.read_results(f"{results / 'pipeline-programs-learn-binary-grammar-ratios.jsonl'}:pipeline,in_flight")
+    docs = " ".join((PATH.parents[1] / "docs" / "pipeline.md").read_text().split())
+    table = bench.table(free)
+    for label, cell, below in [("synchronous loop", "-0.192 +- 0.023 (median -0.199)", 8),
+                               ("step_lora", "+0.076 +- 0.358 (median -0.047)", 5),
+                               ("in-flight", "-0.192 +- 0.030 (median -0.195)", 8)]:
+        assert cell in table
+        assert f"| {label}, free tokens | {cell} | {below} |" in docs
+    for arm, below in (("sync_free_tokens", 8), ("pipeline_free_tokens", 5), ("in_flight_free_tokens", 8)):
+        assert sum(r["gain"] < 0 for r in free if r["arm"] == arm) == below
+    assert "pipeline (free tokens) - pipeline gain -0.457, standard error 0.135, Welch t -3.38" in \
+        bench.differences(free + plain)
+    assert "-0.457 against its plain arm over the same replicate numbers (standard error 0.135, Welch t -3.38)" in docs
+    for arm in bench.FREE_TOKEN_ARMS:
+        runs = [r for r in free if r["arm"] == arm]
+        share = sum(r["free_tokens_forced"] for r in runs) / sum(r["free_tokens_forced"] + r["free_tokens_free"]
+                                                                  for r in runs)
+        assert 0.67 <= share <= 0.71 and sum(r["free_tokens_turns_refused"] for r in runs) == 0
 
 
 def test_docs_binary_prefix_at_1e_3_figures_are_the_results_files(bench):
