@@ -494,31 +494,31 @@ def run_rescore_child(program_path: Path, arm: str) -> None:
     asyncio.run(program.main())
 
 
-def start_logprobs_summary(art_path: Path) -> dict[str, Any]:
-    """What StartLogprobs did over a run (empty for the other arms)."""
-    path = art_path / START_LOGPROBS_FILE
+def _rewrite_summary(path: Path, prefix: str, totals: dict[str, str], maxima: dict[str, str]) -> dict[str, Any]:
+    """A rewriting arm's per-call log lines (StartLogprobs, GrammarRatios) over a run, its keys under `prefix`:
+    tokens rewritten, their mean shift, `totals` (summed) and `maxima` (largest) of the rows' fields (empty where
+    the arm left no log)."""
     if not path.exists():
         return {}
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     shifts = [(r["mean_shift"], r["tokens_rewritten"]) for r in rows if r["tokens_rewritten"]]
     rewritten = sum(n for _, n in shifts)
-    return {"start_logprobs_tokens_rewritten": rewritten,
-            "start_logprobs_mean_shift": sum(m * n for m, n in shifts) / rewritten if rewritten else None,
-            "start_logprobs_own_version_abs_err_max": max(r["own_version_abs_err_max"] for r in rows)}
+    return {f"{prefix}_tokens_rewritten": rewritten,
+            f"{prefix}_mean_shift": sum(m * n for m, n in shifts) / rewritten if rewritten else None,
+            **{f"{prefix}_{key}": sum(r[field] for r in rows) for key, field in totals.items()},
+            **{f"{prefix}_{key}": max(r[field] for r in rows) for key, field in maxima.items()}}
+
+
+def start_logprobs_summary(art_path: Path) -> dict[str, Any]:
+    """What StartLogprobs did over a run (empty for the other arms)."""
+    return _rewrite_summary(art_path / START_LOGPROBS_FILE, "start_logprobs", {},
+                            {"own_version_abs_err_max": "own_version_abs_err_max"})
 
 
 def grammar_ratios_summary(art_path: Path) -> dict[str, Any]:
     """What GrammarRatios did over a run (empty for the other arms)."""
-    path = art_path / GRAMMAR_RATIOS_FILE
-    if not path.exists():
-        return {}
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    shifts = [(r["mean_shift"], r["tokens_rewritten"]) for r in rows if r["tokens_rewritten"]]
-    rewritten = sum(n for _, n in shifts)
-    return {"grammar_ratios_tokens_rewritten": rewritten,
-            "grammar_ratios_mean_shift": sum(m * n for m, n in shifts) / rewritten if rewritten else None,
-            "grammar_ratios_replies_refused": sum(r["replies_refused"] for r in rows),
-            "grammar_ratios_recompute_abs_err_max": max(r["recompute_abs_err_max"] for r in rows)}
+    return _rewrite_summary(art_path / GRAMMAR_RATIOS_FILE, "grammar_ratios", {"replies_refused": "replies_refused"},
+                            {"recompute_abs_err_max": "recompute_abs_err_max"})
 
 
 def run_sync_child(program_path: Path) -> None:
@@ -714,6 +714,10 @@ def main(argv: list[str] | None = None) -> int:
             if found:
                 print(f"\n{found}")
         return 0
+    grammar_arms = [a for a in args.arms if a in GRAMMAR_RATIO_ARMS or a in FREE_TOKEN_ARMS]
+    if grammar_arms and args.programs != ["binary_prefix"]:
+        p.error(f"arms {', '.join(grammar_arms)} replay the binary-prefix program's tool-call grammar: run them with "
+                "--programs binary_prefix")
     overrides = dict(kv.split("=", 1) for kv in args.set)
     given = argv if argv is not None else sys.argv[1:]
     command = " ".join(["python", "benchmarks/pipeline_programs_learn.py", *given])
@@ -786,7 +790,7 @@ def table(records: list[dict[str, Any]]) -> str:
                      for arm in (*RESCORED_ARMS, *FREE_TOKEN_ARMS) if gains[arm])
     if len(lines) == 2:  # none of the three main arms: their table is left out
         lines = []
-    if extra:  # the start-logprobs arms, where the records have them
+    if extra:  # the rescored and free-token arms, where the records have them
         lines += [*([""] if lines else []), "| program | arm | replicates | gain | eval before |",
                   "|---|---|---|---|---|", *extra]
     return "\n".join(lines)
