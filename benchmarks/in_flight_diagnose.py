@@ -180,8 +180,6 @@ def grammar_mass(out: Path) -> dict[str, Any]:
     masked difference at most 0 in expectation; the raw one also carries log(Z_start / Z_sampler). And over every
     trained token, log(Z_trained_from / Z_sampler): the factor the grammar's mass puts into the raw ratio the loss
     weighs that token by."""
-    import torch
-
     program = ppl.load_program(ppl.PROGRAMS_DIR / ppl.PROGRAMS["binary_prefix"])
     base_path = (out / "base_model").read_text()
     model = ppl.model_with_checkpoints(base_path, ppl.run_dir(out / ".art"))
@@ -201,9 +199,7 @@ def grammar_mass(out: Path) -> dict[str, Any]:
             picked, mass = {}, {}  # per version: each sampled token's logprob, and the log mass on allowed tokens
             for v in versions | {start, call["from_step"]}:
                 model.set_adapter(f"v{v}")
-                lp = ppl.reply_logprobs(model, prompt, reply)  # [reply, vocab]
-                picked[v] = lp.gather(-1, torch.tensor(reply)[:, None])[:, 0].tolist()
-                mass[v] = torch.logsumexp(lp.masked_fill(~allowed, -math.inf), -1).tolist()
+                picked[v], mass[v] = ppl.picked_and_mass(ppl.reply_logprobs(model, prompt, reply), reply, allowed)
             for sp in spans:
                 v = sp["policy_version"]
                 for i in range(sp["start_token"], sp["end_token"]):

@@ -62,7 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
@@ -265,6 +265,41 @@ def allowed_tokens(grammar: Any, vocab: int, reply: list[int]) -> Any:
     return torch.stack(allowed)
 
 
+def sampled_replies(groups: Iterable[Any]) -> Iterator[tuple[int, list[int], list[int], list[Any], list[dict]]]:
+    """(start version, prompt ids, reply ids, its logprob records, its policy spans) of every recorded choice of
+    the groups' trajectories; a reply without spans is its start version's whole. The records are the choice's
+    own objects: a rewrite sets their `logprob`."""
+    for group in groups:
+        for trajectory in group.trajectories:
+            start = trajectory.initial_policy_version
+            for choice in trajectory.messages_and_choices:
+                extra = getattr(choice, "model_extra", None)
+                if not extra or choice.logprobs is None or not choice.logprobs.content:
+                    continue
+                if start is None:
+                    raise RuntimeError("a trained trajectory has no initial_policy_version to rescore under")
+                reply = extra["token_ids"]
+                spans = extra.get("policy_token_spans") or [
+                    {"start_token": 0, "end_token": len(reply), "policy_version": start}]
+                yield start, extra["prompt_token_ids"], reply, choice.logprobs.content, spans
+
+
+def picked_and_mass(lp: Any, reply: list[int], allowed: Any) -> tuple[list[float], list[float]]:
+    """From one version's [reply, vocab] logprobs: each sampled token's logprob, and the log of the mass on the
+    tokens `allowed` ([reply, vocab] bool) at its place."""
+    import torch
+
+    picked = lp.gather(-1, torch.tensor(reply)[:, None])[:, 0].tolist()
+    return picked, torch.logsumexp(lp.masked_fill(~allowed, -float("inf")), -1).tolist()
+
+
+def append_row(log: Path | None, row: dict[str, Any]) -> None:
+    """One JSON line on `log` (None: nowhere)."""
+    if log is not None:
+        with log.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 class StartLogprobs:
     """Rewrites the groups of a train call so that every sampled token's logprob is the one under the version
     its trajectory's rollout started on (`initial_policy_version`), recomputed with the base model and that
@@ -281,32 +316,19 @@ class StartLogprobs:
 
     def rewrite(self, groups: Iterable[Any]) -> dict[str, Any]:
         own_err, shift = 0.0, []
-        for group in groups:
-            for trajectory in group.trajectories:
-                start = trajectory.initial_policy_version
-                for choice in trajectory.messages_and_choices:
-                    extra = getattr(choice, "model_extra", None)
-                    if not extra or choice.logprobs is None or not choice.logprobs.content:
-                        continue
-                    if start is None:
-                        raise RuntimeError("a trained trajectory has no initial_policy_version to rescore under")
-                    reply, content = extra["token_ids"], choice.logprobs.content
-                    spans = extra.get("policy_token_spans") or [
-                        {"start_token": 0, "end_token": len(reply), "policy_version": start}]
-                    values = self.score(start, extra["prompt_token_ids"], reply)
-                    for span in spans:
-                        for i in range(span["start_token"], span["end_token"]):
-                            if span["policy_version"] == start:
-                                own_err = max(own_err, abs(values[i] - content[i].logprob))
-                            else:
-                                shift.append(values[i] - content[i].logprob)
-                    for lp, value in zip(content, values, strict=True):
-                        lp.logprob = min(value, 0.0)
+        for start, prompt, reply, content, spans in sampled_replies(groups):
+            values = self.score(start, prompt, reply)
+            for span in spans:
+                for i in range(span["start_token"], span["end_token"]):
+                    if span["policy_version"] == start:
+                        own_err = max(own_err, abs(values[i] - content[i].logprob))
+                    else:
+                        shift.append(values[i] - content[i].logprob)
+            for lp, value in zip(content, values, strict=True):
+                lp.logprob = min(value, 0.0)
         row = {"tokens_rewritten": len(shift), "mean_shift": statistics.fmean(shift) if shift else None,
                "own_version_abs_err_max": own_err}
-        if self.log is not None:
-            with self.log.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+        append_row(self.log, row)
         return row
 
 
@@ -330,43 +352,26 @@ class GrammarRatios:
         self.score, self.allowed, self.log = score, allowed, log
 
     def rewrite(self, groups: Iterable[Any], trained_from: int) -> dict[str, Any]:
-        import torch
-
         own_err, shift, refused = 0.0, [], 0
-        for group in groups:
-            for trajectory in group.trajectories:
-                for choice in trajectory.messages_and_choices:
-                    extra = getattr(choice, "model_extra", None)
-                    if not extra or choice.logprobs is None or not choice.logprobs.content:
-                        continue
-                    reply, content = extra["token_ids"], choice.logprobs.content
-                    start = trajectory.initial_policy_version
-                    if start is None:
-                        raise RuntimeError("a trained trajectory has no initial_policy_version to rescore under")
-                    allowed = self.allowed(reply)
-                    if allowed is None:
-                        refused += 1
-                        continue
-                    spans = extra.get("policy_token_spans") or [
-                        {"start_token": 0, "end_token": len(reply), "policy_version": start}]
-                    picked, mass = {}, {}
-                    for v in {sp["policy_version"] for sp in spans} | {trained_from}:
-                        lp = self.score(v, extra["prompt_token_ids"], reply)  # [reply, vocab]
-                        picked[v] = lp.gather(-1, torch.tensor(reply)[:, None])[:, 0].tolist()
-                        mass[v] = torch.logsumexp(lp.masked_fill(~allowed, -float("inf")), -1).tolist()
-                    for span in spans:
-                        v = span["policy_version"]
-                        for i in range(span["start_token"], span["end_token"]):
-                            own_err = max(own_err, abs(picked[v][i] - content[i].logprob))
-                            handed = min(picked[v][i] - mass[v][i] + mass[trained_from][i], 0.0)
-                            shift.append(handed - content[i].logprob)
-                            content[i].logprob = handed
+        for _, prompt, reply, content, spans in sampled_replies(groups):
+            allowed = self.allowed(reply)
+            if allowed is None:
+                refused += 1
+                continue
+            picked, mass = {}, {}
+            for v in {sp["policy_version"] for sp in spans} | {trained_from}:
+                picked[v], mass[v] = picked_and_mass(self.score(v, prompt, reply), reply, allowed)
+            for span in spans:
+                v = span["policy_version"]
+                for i in range(span["start_token"], span["end_token"]):
+                    own_err = max(own_err, abs(picked[v][i] - content[i].logprob))
+                    handed = min(picked[v][i] - mass[v][i] + mass[trained_from][i], 0.0)
+                    shift.append(handed - content[i].logprob)
+                    content[i].logprob = handed
         row = {"trained_from": trained_from, "tokens_rewritten": len(shift),
                "mean_shift": statistics.fmean(shift) if shift else None, "replies_refused": refused,
                "recompute_abs_err_max": own_err}
-        if self.log is not None:
-            with self.log.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+        append_row(self.log, row)
         return row
 
 
