@@ -1,12 +1,12 @@
 """How a checkpointed RL call's peak grows with the number of decoder layers, with glibc's mmap threshold dynamic
-(its default) or fixed (what a CPU trainer sets: src/artrl/host_allocator.py).
+(its default) or as a CPU trainer sets it for the call (src/artrl/host_allocator.py).
 
 One RL call through the public API on random:qwen3-0.6b cut to `--layers` decoder layers (float32, this CPU), on one
 trajectory pair sharing a `--context`-token prompt; prints one JSON line: the resident memory after `register`, the
 train call's high-water mark above it (VmHWM, reset before the call), and the setting. With the threshold fixed the
 peak grows by one checkpointed hidden state per layer (context x hidden x 4 bytes: 17 MB at 4,224 tokens); left
 dynamic, by ~200 MB a layer (docs/performance.md, "Long trajectories"). `--dynamic` leaves glibc's default: the
-trainer's call to mallopt is skipped (host_allocator reads as done), in this process only.
+trainer's calls to mallopt are skipped (host_allocator reads as having none), in this process only.
 
     python benchmarks/heap_growth.py --layers 4 [--dynamic] [--no-checkpointing]
 """
@@ -31,7 +31,7 @@ MODEL = "random:qwen3-0.6b"
 async def main(args: argparse.Namespace) -> dict:
     shapes.RANDOM_SHAPES[MODEL][1]["num_hidden_layers"] = args.layers  # this process's copy of the shape only
     if args.dynamic:
-        host_allocator._done = False  # as if the C library had no mallopt: glibc keeps its dynamic threshold
+        host_allocator._mallopt = False  # as if the C library had no mallopt: glibc keeps its dynamic threshold
     cfg = art.InternalModelConfig(gradient_checkpointing=args.checkpointing, check_memory=False)
     group = context_pair(MODEL, cfg, args.context, "prompt")
     model = art.TrainableModel(name="heap", project="bench", base_model=MODEL, _internal_config=cfg)

@@ -5,6 +5,7 @@ refused before it trains (train/memory.py, models/memory_plan.py, models/tree_at
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 import textwrap
@@ -268,7 +269,64 @@ def test_a_cpu_trainer_fixes_the_threshold(tiny_path):
 
     model, tok = load_model(str(tiny_path))
     Trainer(model, tok)
-    assert host_allocator._done is True
+    assert host_allocator.current_thresholds() is not None
+
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("tokens, hidden, element_bytes, layers, mmap_mib", [
+    (3068, 128, 4, 4, 16),     # the seed-like train bench on artrl/tiny: small, the roomy threshold
+    (1152, 1024, 4, 8, 2),     # 0.6B cut to 8 layers at 1,152 tokens: a 4.5 MiB hidden state, 2 MiB under it
+    (4224, 1024, 4, 8, 8),     # 0.6B at 4,224 tokens: 16.5 MiB, 8 MiB under it
+    (32776, 1024, 2, 2, 16),   # the 2-layer bf16 call at 32k tokens: 64 MiB, capped at 16 MiB
+    (640, 1024, 4, 28, 1),     # the whole 0.6B at 640 tokens: 2.5 MiB, the 1 MiB floor
+])
+def test_each_call_gets_the_threshold_its_hidden_state_allows(tokens, hidden, element_bytes, layers, mmap_mib):
+    from artrl.host_allocator import ROOMY_GROWTH_BYTES, heap_allowance, kept_hidden_bytes, thresholds_for
+
+    t = thresholds_for(tokens, hidden, element_bytes, layers)
+    assert t.mmap_bytes == mmap_mib * MiB, t
+    allowance = heap_allowance(tokens, hidden, element_bytes, layers)
+    if mmap_mib == 16 and allowance:
+        assert 0 < allowance <= ROOMY_GROWTH_BYTES
+    else:  # kept hidden states are mappings of their own: at most half of one is served by the heap
+        assert allowance == 0 and t.mmap_bytes <= kept_hidden_bytes(tokens, hidden, element_bytes) // 2
+
+
+_PER_CALL = textwrap.dedent("""
+    import sys
+    import artrl as art
+    from artrl import host_allocator
+    from artrl.models.loading import load_model
+    from artrl.train.trainer import Trainer
+    seen = []
+    real = host_allocator.use_thresholds
+    def spy(t):
+        seen.append(t.mmap_bytes)
+        return real(t)
+    import artrl.train.trainer as trainer_module
+    trainer_module.use_thresholds = spy
+    model, tok = load_model(sys.argv[1])
+    trainer = Trainer(model, tok)
+    trainer._set_allocator(type("P", (), {"steps": [type("S", (), {"micro_batches": [
+        type("M", (), {"tokens": int(sys.argv[2])})()]})()]})())
+    print(seen[-1], host_allocator.current_thresholds()[0])
+""")
+
+
+@pytest.mark.parametrize("tokens, mmap_mib", [(3068, 16), (40_000, 8)])
+def test_a_train_call_sets_the_threshold_for_its_largest_micro_batch(tiny_path, tmp_path, tokens, mmap_mib):
+    """Through the trainer, in a process of its own (the setting is process-wide): the tiny model's 128-wide
+    float32 hidden state at 3,068 tokens is a roomy call, at 40,000 tokens a 19.5 MiB one, kept out of the heap
+    under an 8 MiB threshold."""
+    script = tmp_path / "per_call.py"
+    script.write_text(_PER_CALL)
+    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}
+    out = subprocess.run([sys.executable, str(script), str(tiny_path), str(tokens)], capture_output=True, text=True,
+                         check=True, env=env)
+    asked, now = map(int, out.stdout.split())
+    assert asked == now == mmap_mib * MiB
 
 
 # ----------------------------------------------------------------------------------------------- the plan

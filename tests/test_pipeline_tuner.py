@@ -21,7 +21,7 @@ from test_pipeline_trainer import FakeBackend, group, make_model, run, scenarios
 from artrl.errors import ConfigError
 from artrl.pipeline_trainer import PipelineAutotuneConfig, PipelineRuntimeConfig, PipelineTrainer
 from artrl.pipeline_tuner import PipelineAutotuner, PipelineTunerProfileStore, PipelineTuneSettings, StepMeasurement
-from artrl.pipeline_tuner.autotune import ScheduleJudge, build_initial_settings, freshness_worker_limit
+from artrl.pipeline_tuner.autotune import ScheduleJudge, build_initial_settings, freshness_worker_limit, worker_limit
 from artrl.pipeline_tuner.config import TunerWindowStats
 
 # ---------------------------------------------------------------------------------------------- ART's rules
@@ -109,6 +109,26 @@ def test_workers_stay_inside_arts_freshness_limit_and_initial_settings_are_arts(
     s = build_initial_settings(config=PipelineAutotuneConfig(mode="online"), inference_gpu_count=1,
                                target_packed_sequences=1, policy_age_limit_steps=4.0)
     assert (s.num_rollout_workers, s.min_batch_size, s.max_batch_size, s.queue_maxsize) == (8, 8, 8, 8)
+
+
+def test_at_a_bound_of_one_step_the_defaults_roll_out_a_whole_step_at_once_not_one_group():
+    """ART's freshness limit is one worker at a bound of 1 (a pipeline slower than the loop it replaces); the
+    limit here never goes below one step's groups, and above them it is ART's."""
+    for age, art_limit, ours in ((1.0, 1, 8), (2.0, 10, 10), (4.0, 32, 32)):
+        assert freshness_worker_limit(target_groups_per_step=8, limit_steps_off_policy=age,
+                                      running_reserve_fraction=0.75, worker_step=2) == art_limit
+        assert worker_limit(target_groups_per_step=8, limit_steps_off_policy=age, running_reserve_fraction=0.75,
+                            worker_step=2) == ours
+    assert worker_limit(target_groups_per_step=5, limit_steps_off_policy=1.0, running_reserve_fraction=0.75,
+                        worker_step=2) == 6  # a whole step's groups, rounded up to the worker step
+    assert worker_limit(target_groups_per_step=8, limit_steps_off_policy=1.0, running_reserve_fraction=0.0,
+                        worker_step=2) is None  # no reserve: no limit, as in ART
+    s = build_initial_settings(config=PipelineAutotuneConfig(mode="online"), inference_gpu_count=1,
+                               target_packed_sequences=1, policy_age_limit_steps=1.0)
+    assert (s.num_rollout_workers, s.min_batch_size, s.max_batch_size) == (8, 8, 8)
+    t = _tuner(workers=8, age=1.0)
+    d = _apply(t, _stats(underfeed=0.06, pressure=0.6))  # balanced: the floor does not push workers down
+    assert t.settings.num_rollout_workers == 8, d
 
 
 # ---------------------------------------------------------------------------------------------- the schedule

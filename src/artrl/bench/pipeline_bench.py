@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 PROJECT = "artrl-bench-pipeline"
 LOSS_FNS = ("cispo", "ppo")
 AUTOTUNE = ("off", "online")
+TUNER_STARTS = ("art", "bench")
 UPDATE_MODES = ("step_lora", "in_flight_lora")
 
 
@@ -115,6 +116,11 @@ class PipelineBenchConfig:
     """Which arms to run (both by default; one alone for a quick look)."""
     autotune: str = "off"
     """The pipeline arm's `PipelineAutotuneConfig.mode`: off (the fixed shape above) or online (the tuner)."""
+    tuner_start: str = "art"
+    """With autotune online, where the tuner starts: "art", `PipelineAutotuneConfig(mode="online")` with nothing
+    else set (ART's defaults: what a user who turns the tuner on gets); "bench", the bench's shape
+    (`initial_*` knobs at groups_per_step groups and the bench's workers, `queue_running_reserve_fraction=0`),
+    how the figures before 2026-12-05 were taken."""
     update_mode: str = "step_lora"
     """The pipeline arm's `rollout_weight_update_mode`: step_lora (a rollout samples from the version it started
     on) or in_flight_lora (running sequences move to each new version, docs/pipeline.md)."""
@@ -143,6 +149,8 @@ class PipelineBenchConfig:
             raise ConfigError(f"bench pipeline: update_mode={self.update_mode!r}; choose one of {UPDATE_MODES}")
         if self.autotune not in AUTOTUNE:
             raise ConfigError(f"bench pipeline: autotune={self.autotune!r}; choose one of {AUTOTUNE}")
+        if self.tuner_start not in TUNER_STARTS:
+            raise ConfigError(f"bench pipeline: tuner_start={self.tuner_start!r}; choose one of {TUNER_STARTS}")
         unknown = sorted(set(self.arms) - {"sync", "pipeline"})
         if unknown or not self.arms:
             raise ConfigError(f"bench pipeline: arms={self.arms}; choose among 'sync' and 'pipeline'")
@@ -184,6 +192,8 @@ class PipelineBenchConfig:
             parts += ["--arms", ",".join(self.arms)]
         if self.autotune != "off":
             parts += ["--autotune", self.autotune]
+        if self.tuner_start != "art":
+            parts += ["--tuner-start", self.tuner_start]
         if self.update_mode != "step_lora":
             parts += ["--rollout-weight-update-mode", self.update_mode]
         return shlex.join(str(p) for p in parts)
@@ -315,9 +325,11 @@ async def run_pipeline(backend: Any, model: Any, cfg: PipelineBenchConfig, recor
         runtime: dict[str, Any] = {"pipeline": PipelineRuntimeConfig(**shape)}
     except ImportError:
         runtime = dict(shape)
-    if cfg.autotune != "off":
-        # the tuner owns the shape (ART's rule); it starts from the bench's. No freshness worker limit
-        # (queue_running_reserve_fraction=0): admission already keeps every group within the bound
+    if cfg.autotune != "off" and cfg.tuner_start == "art":
+        # what a user who turns the tuner on gets: ART's defaults, the tuner owns the shape (ART's rule)
+        runtime = {"autotune": PipelineAutotuneConfig(mode=cfg.autotune)}
+    elif cfg.autotune != "off":
+        # the tuner starts from the bench's shape, with no freshness worker limit
         runtime = {"autotune": PipelineAutotuneConfig(
             mode=cfg.autotune, initial_min_groups_per_packed_sequence=cfg.groups_per_step,
             initial_max_groups_per_packed_sequence=cfg.groups_per_step,
@@ -406,9 +418,16 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
         "max_steps_off_policy": cfg.max_steps_off_policy, "rollout_workers": cfg.workers,
         "max_tokens": cfg.max_tokens, "final_tokens": cfg.final_tokens, "prompt_words": cfg.prompt_words,
         "result_words": cfg.result_words, "loss_fn": cfg.loss_fn, "learning_rate": cfg.learning_rate,
-        "autotune": cfg.autotune, "rollout_weight_update_mode": cfg.update_mode, **arms}
+        "autotune": cfg.autotune, "tuner_start": cfg.tuner_start if cfg.autotune != "off" else None,
+        "rollout_weight_update_mode": cfg.update_mode, **arms}
     if "sync" in arms and "pipeline" in arms and arms["pipeline"]["wall_s"] > 0:
         out["ratio_sync_over_pipeline"] = round(arms["sync"]["wall_s"] / arms["pipeline"]["wall_s"], 3)
+        # the tuner may take more groups a step than the loop (ART's initial shape), so the fair figure is
+        # seconds per trained group: the loop's over the pipeline's (> 1: the pipeline is faster)
+        sync_g, pipe_g = arms["sync"]["groups_trained"], arms["pipeline"]["groups_trained"]
+        if sync_g and pipe_g:
+            out["ratio_per_trained_group"] = round((arms["sync"]["wall_s"] / sync_g)
+                                                   / (arms["pipeline"]["wall_s"] / pipe_g), 3)
     if "sync" in arms and arms["sync"]["train_s"] > 0:  # where the workload sits: >1 rollouts dominate
         out["sync_rollout_over_train"] = round(arms["sync"]["rollout_s"] / arms["sync"]["train_s"], 3)
     out["command"] = cfg.command()
@@ -464,6 +483,9 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--autotune", choices=AUTOTUNE, default=d.autotune, help="the pipeline arm's tuner: off (the "
                    "fixed shape, default) or online (workers, batch floor and overlap-or-in-turn set from what it "
                    "measures)")
+    p.add_argument("--tuner-start", choices=TUNER_STARTS, default=d.tuner_start, help="with --autotune online: "
+                   "'art' (default), PipelineAutotuneConfig(mode='online') with nothing else set, ART's defaults; "
+                   "'bench', the tuner starts from the bench's shape with no freshness worker limit")
 
 
 def config_from_args(args: Any) -> PipelineBenchConfig:
@@ -476,6 +498,7 @@ def config_from_args(args: Any) -> PipelineBenchConfig:
         train_threads=args.train_threads, train_in_worker={"worker": True, "here": False}.get(args.trainer),
         learning_rate=args.learning_rate, loss_fn=args.loss_fn, seed=args.seed,
         arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()), autotune=args.autotune,
+        tuner_start=args.tuner_start,
         update_mode=args.rollout_weight_update_mode)
 
 

@@ -15,8 +15,10 @@ process holds, on the device the model trains on (host RAM on a CPU):
     engine_cache  the engine's KV cache of `serving_tokens` tokens                 serving
     activations   one micro-batch of `micro_batch_tokens` tokens kept for          a train step
                   backward (every layer's, or with checkpointing one input per
-                  layer and one layer at a time), the LM head's chunk, and a 4-bit
-                  layer's weight dequantised for its matmul
+                  layer and one layer at a time), the LM head's chunk, a 4-bit
+                  layer's weight dequantised for its matmul, and on a CPU the
+                  heap growth a small call's allocator setting allows (at most
+                  256 MiB: `heap_allowance`, host_allocator.py)
     loading       while weights load: one tensor drawn or read in float32 and,     loading
                   when quantised, bitsandbytes' working set for it
 
@@ -47,6 +49,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from ..errors import ConfigError
+from ..host_allocator import heap_allowance
 from .liger import liger_applies
 from .quantization import INT8_BYTES_PER_WEIGHT, NF4_BYTES_PER_WEIGHT
 from .shapes import RANDOM_DRAW_ROWS
@@ -280,6 +283,8 @@ def plan_memory(shape: ModelShape, s: MemorySettings, available: int | None = No
     else:
         activations = n * token_bytes(shape, s) + head  # every layer's activations held while the head runs
     activations += dequant + experts_lora
+    if on_cpu:  # the heap growth a small call's allocator setting allows (runtime: host_allocator.py)
+        activations += heap_allowance(n, shape.hidden, s.dtype_bytes, shape.layers)
     draw = RANDOM_DRAW_ROWS * shape.largest_linear()[0] * 4 if s.random_init else largest * 4
     # bitsandbytes' quantiser holds the tensor in float32 twice and its codes as int32 (its CPU path)
     quantize = largest * (s.dtype_bytes + 4 + 4 + 4 + 1) if s.quantization else 0
@@ -322,10 +327,25 @@ def max_context(shape: ModelShape, s: MemorySettings, available: int, *, cached_
         return 0
     cache_per = cached_sequences * kv_bytes_per_token(shape, s.dtype_bytes)
     if not s.gradient_checkpointing:
-        return int((room - head) // (token_bytes(shape, s) + cache_per))
-    # activations(n) = n * kept + max(head, n * layer): both n * kept + head and n * (kept + layer) must fit
-    kept, layer = kept_bytes(shape, s) + cache_per, layer_bytes(shape, s.dtype_bytes, s.fused_kernels)
-    return int(min((room - head) // kept, room // (kept + layer)))
+        n = int((room - head) // (token_bytes(shape, s) + cache_per))
+    else:
+        # activations(n) = n * kept + max(head, n * layer): both n * kept + head and n * (kept + layer) must fit
+        kept, layer = kept_bytes(shape, s) + cache_per, layer_bytes(shape, s.dtype_bytes, s.fused_kernels)
+        n = int(min((room - head) // kept, room // (kept + layer)))
+
+    def fits(tokens: int) -> bool:
+        return plan_memory(shape, replace(s, micro_batch_tokens=tokens, head_tokens=None,
+                                          serving_tokens=cache + cached_sequences * tokens), available).fits()
+
+    if n > 0 and s.device_type == "cpu" and not fits(n):
+        # a micro-batch small enough for the allocator's heap allowance (host_allocator.py): the plan is not linear
+        # there, so the longest one that fits is searched for
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        n = lo
+    return n
 
 
 def alternatives(shape: ModelShape, s: MemorySettings, available: int) -> list[tuple[str, MemoryPlan]]:

@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 from ..pipeline_tuner.autotune import PipelineAutotuner, Schedule, StepMeasurement, build_initial_settings, \
-    freshness_worker_limit
+    worker_limit
 from ..pipeline_tuner.config import PipelineAutotuneConfig, PipelineAutotunerProfile, PipelineTuneSettings, \
     TunerDecision
 from ..pipeline_tuner.store import PipelineTunerProfileStore
@@ -104,10 +104,8 @@ class PipelineTuning:
         """ART's `_settings_with_current_queue`: the min-batch floor, this run's freshness worker limit, a
         one-batch queue."""
         c = self.config
-        limit = freshness_worker_limit(target_groups_per_step=settings.target_groups_per_step,
-                                       limit_steps_off_policy=age,
-                                       running_reserve_fraction=c.queue_running_reserve_fraction,
-                                       worker_step=c.worker_step)
+        limit = worker_limit(target_groups_per_step=settings.target_groups_per_step, limit_steps_off_policy=age,
+                             running_reserve_fraction=c.queue_running_reserve_fraction, worker_step=c.worker_step)
         workers = settings.num_rollout_workers if limit is None else min(settings.num_rollout_workers, limit)
         return settings.model_copy(update={
             "min_batch_size": max(settings.min_batch_size, math.ceil(settings.target_groups_per_step *

@@ -37,7 +37,8 @@ Two parts:
      trainer idle at most `trainer_min_batch_raise_score`: raise it again;
    * a worker move is `worker_move_fraction` of the workers rounded to `worker_step` (at least one step, at most
      `max_worker_move`), within [`worker_step`, `max_rollout_workers`] and ART's freshness limit
-     (`freshness_worker_limit`: one queued batch inside the policy-age budget).
+     (`freshness_worker_limit`: one queued batch inside the policy-age budget), which here never goes below one
+     step's groups (`worker_limit`: the loop's concurrency; admission keeps the bound).
 
    In turn the trainer's idle time is the rollout phase by construction, so only the stale-backlog rule runs
    there. Not built: ART's packing-spill target adaptation (`target_groups_per_step` stays where it started; its
@@ -98,21 +99,41 @@ def freshness_worker_limit(*, target_groups_per_step: int, limit_steps_off_polic
     return max(1, (raw_limit // max(1, worker_step)) * max(1, worker_step))
 
 
+def worker_limit(*, target_groups_per_step: int, limit_steps_off_policy: float, running_reserve_fraction: float,
+                 worker_step: int) -> int | None:
+    """The most rollout workers the tuner runs: ART's freshness limit (`freshness_worker_limit`), never below one
+    step's groups (rounded up to `worker_step`), the synchronous loop's own concurrency.
+
+    ART's limit keeps the rollouts *running* (`queue_running_reserve_fraction` of the workers) plus one queued
+    batch inside the policy-age budget: at a bound of one step (`max_steps_off_policy=1`) that budget is one
+    batch, and the limit is one worker, so a pipeline with ART's defaults rolls out one group at a time where
+    the loop it replaces rolls out a whole step's groups at once (2.7x slower per rollout on a 1 s tool workload,
+    docs/pipeline.md, "The online tuner"). Here a rollout is admitted only when the version it would start on is
+    inside the bound (pipeline_trainer/staleness.py), so workers beyond ART's limit wait at admission instead of
+    producing stale groups: the floor costs no freshness."""
+    limit = freshness_worker_limit(target_groups_per_step=target_groups_per_step,
+                                   limit_steps_off_policy=limit_steps_off_policy,
+                                   running_reserve_fraction=running_reserve_fraction, worker_step=worker_step)
+    if limit is None:
+        return None
+    return max(limit, _ceil_to_multiple(max(1, int(target_groups_per_step)), max(1, worker_step)))
+
+
 def build_initial_settings(*, config: PipelineAutotuneConfig, inference_gpu_count: int,
                            target_packed_sequences: int, policy_age_limit_steps: float,
                            rollout_worker_capacity: int | None = None) -> PipelineTuneSettings:
     """ART's starting point: `initial_max_groups_per_packed_sequence` groups per packed sequence per step (the
     minimum at least the freshness floor), `initial_model_calls_per_inference_gpu` workers per inference device,
-    capped by the freshness limit; the queue holds one batch."""
+    capped by the worker limit (`worker_limit`: ART's freshness limit, never below one step's groups); the queue
+    holds one batch."""
     target_slots = max(1, int(target_packed_sequences))
     max_batch = int(config.initial_max_groups_per_packed_sequence) * target_slots
     min_batch = min(int(config.initial_min_groups_per_packed_sequence) * target_slots, max_batch)
     workers = min(config.max_rollout_workers,
                   _ceil_to_multiple(config.initial_model_calls_per_inference_gpu * inference_gpu_count,
                                     config.worker_step, minimum=config.worker_step))
-    limit = freshness_worker_limit(target_groups_per_step=max_batch, limit_steps_off_policy=policy_age_limit_steps,
-                                   running_reserve_fraction=config.queue_running_reserve_fraction,
-                                   worker_step=config.worker_step)
+    limit = worker_limit(target_groups_per_step=max_batch, limit_steps_off_policy=policy_age_limit_steps,
+                         running_reserve_fraction=config.queue_running_reserve_fraction, worker_step=config.worker_step)
     if limit is not None:
         workers = min(workers, limit)
     if rollout_worker_capacity is not None:
@@ -181,9 +202,10 @@ class ScheduleJudge:
                 return "run_overlapped", (f"overlap {overlap:.3g} s/group beats in turn {spg:.3g} s/group "
                                           f"({self.evidence['overlap_speedup']:.2f}x)")
             self._window = []
-            return "run_in_turn", (f"overlap {overlap:.3g} s/group does not beat in turn {spg:.3g} s/group by "
-                                   f"{self.min_gain:.0%} ({self.evidence['overlap_speedup']:.2f}x): rollouts and "
-                                   "training contend, so they run in turn")
+            return "run_in_turn", (f"giving up overlap: {overlap:.3g} s/group overlapped does not beat {spg:.3g} "
+                                   f"s/group in turn (the synchronous loop's schedule) by {self.min_gain:.0%} "
+                                   f"({self.evidence['overlap_speedup']:.2f}x): rollouts and training contend, so "
+                                   "they run in turn")
         # decided, overlapped: each window must still beat the in-turn figure
         baseline = self.evidence["in_turn_s_per_group"]
         self.evidence["overlap_s_per_group"] = spg
@@ -191,8 +213,8 @@ class ScheduleJudge:
         self._window = []
         if spg >= baseline:
             self.schedule = "in_turn"
-            return "run_in_turn", (f"overlapped steps fell to {spg:.3g} s/group, no faster than in turn "
-                                   f"({baseline:.3g} s/group)")
+            return "run_in_turn", (f"giving up overlap: overlapped steps fell to {spg:.3g} s/group, no faster "
+                                   f"than in turn, the synchronous loop's schedule ({baseline:.3g} s/group)")
         return None
 
 
@@ -346,7 +368,7 @@ class PipelineAutotuner:
                              reason=reason, previous=previous, updated=updated, stats=stats)
 
     def _worker_limit(self, target: int) -> int | None:
-        return freshness_worker_limit(target_groups_per_step=target,
+        return worker_limit(target_groups_per_step=target,
                                       limit_steps_off_policy=self.policy_age_limit_steps,
                                       running_reserve_fraction=self.config.queue_running_reserve_fraction,
                                       worker_step=self.config.worker_step)

@@ -59,7 +59,7 @@ from torch.profiler import record_function
 from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..errors import ConfigError
-from ..host_allocator import fix_mmap_threshold
+from ..host_allocator import fix_mmap_threshold, thresholds_for, use_thresholds
 from ..once_per_run import OncePerRun
 from ..progress import ProgressBar, progress_bar
 from ..types import InternalModelConfig, OptimizerConfig
@@ -384,6 +384,8 @@ class Trainer:
         opts = options or StepOptions(need_ref=need_ref)
         bar = progress_bar(total=plan.num_micro_batches, desc=desc, unit="mb", disable=not show_progress, leave=False)
         state: CallState | None = None
+        if self.device.type == "cpu":
+            self._set_allocator(plan)
         try:
             with self.model_lock, self._own_rng(), call_checkpointing(self, _unwrap(self.model), plan):
                 # what the call may change, kept to put back if it runs out of device memory half-way (a
@@ -412,6 +414,14 @@ class Trainer:
             bar.close()
             self.model.eval()
 
+
+    def _set_allocator(self, plan: BatchPlan) -> None:
+        """glibc's thresholds for this call, by its largest micro-batch's kept hidden state (host_allocator.py)."""
+        tokens = max((mb.tokens for st in plan.steps for mb in st.micro_batches), default=0)
+        cfg = self.model_config
+        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg  # a vision-language model's decoder
+        use_thresholds(thresholds_for(tokens, getattr(cfg, "hidden_size", 0) or 0, self.dtype.itemsize,
+                                      getattr(cfg, "num_hidden_layers", 1) or 1))
 
     def recompute_logprobs(self, packed: PackedRows, plan: BatchPlan, *, chunk_size: int | None = None,
                            replay: bool = True) -> PackedRows:
