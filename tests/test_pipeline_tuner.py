@@ -225,7 +225,9 @@ def test_on_a_shared_cpu_the_tuner_runs_rollouts_and_training_in_turn(tmp_path, 
     async def main():
         backend = FakeBackend()
         model = await make_model(tmp_path, backend)
-        work = Work()
+        # rollouts longer than the trainer's turn-around between calls, so the two workers (one step's groups, the
+        # worker limit's floor at a bound of 1) are still rolling out the next step when a train call starts
+        work = Work(rollout_slices=30)
         backend.during_train = work.train
         trainer = PipelineTrainer(model, backend, work.rollout, scenarios(40), None, autotune=_online(),
                                   max_steps_off_policy=1, eval_fn=None, clock=work.clock, max_steps=14)
