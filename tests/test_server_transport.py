@@ -464,8 +464,8 @@ def test_50000_tools_are_refused_without_building_them(gated: tuple[ServerHandle
     from artrl.serve.request import parse_body
 
     handle, _ = gated
-    response, refusal, built = _refusal_against_building(
-        json.dumps(TOOLS_50K).encode(), parse_body, f"{handle.base_url}/chat/completions")
+    payload = json.dumps(TOOLS_50K).encode()
+    response, refusal, built = _refusal_against_building(payload, parse_body, f"{handle.base_url}/chat/completions")
     assert response.status_code == 400 and response.json()["error"]["param"] == "tools", response.text[:300]
     # the refusal holds the body (received, joined) and one empty dict a tool; building holds every tool's dicts
     assert refusal < built / 2, (refusal, built, len(payload))
@@ -492,9 +492,9 @@ def test_the_other_protocols_refuse_50000_tools_without_building_them(
     handle, _ = gated
     model = ResponsesRequest if route == "responses" else MessagesRequest
     metrics = httpx.get(f"{handle.url}/metrics", timeout=20).json()
-    response, refusal, built = _refusal_against_building(
-        json.dumps(_protocol_tools_50k(route)).encode(), model.model_validate_json, f"{handle.base_url}/{route}",
-        {"anthropic-version": "2023-06-01"})
+    payload = json.dumps(_protocol_tools_50k(route)).encode()
+    url, headers = f"{handle.base_url}/{route}", {"anthropic-version": "2023-06-01"}
+    response, refusal, built = _refusal_against_building(payload, model.model_validate_json, url, headers)
     assert response.status_code == 400 and "holds 50000 tools" in response.text, response.text[:300]
     assert refusal < built / 2, (refusal, built, len(payload))
     after = httpx.get(f"{handle.url}/metrics", timeout=20).json()
