@@ -52,12 +52,12 @@ def test_connections_have_nagle_off(handle: ServerHandle) -> None:
 
 class GatedTokenizer:
     """The tiny tokenizer, whose chat template waits for `release` (after setting `entered`) on long conversations:
-    a request's rendering held open for as long as a test needs."""
+    a request's rendering held open for as long as a test needs. Counts its renders and its tokenizations."""
 
     def __init__(self, tokenizer: Any, min_messages: int) -> None:
         self._tokenizer, self._min = tokenizer, min_messages
         self.entered, self.release = threading.Event(), threading.Event()
-        self.renders = 0
+        self.renders = self.tokenized = 0
 
     def apply_chat_template(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
         self.renders += 1
@@ -73,6 +73,7 @@ class GatedTokenizer:
         return len(self._tokenizer)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.tokenized += 1
         return self._tokenizer(*args, **kwargs)
 
 
@@ -135,6 +136,23 @@ def test_oversized_requests_get_a_400_naming_the_limit_before_rendering(
     error = response.json()["error"]
     assert fragment in error["message"] and error["param"] in ("messages", "tools", "response_format"), error
     assert tokenizer.renders == 0, "refused after rendering"
+
+
+def test_a_completions_prompt_longer_than_the_model_can_spell_is_refused_before_tokenizing(
+        gated: tuple[ServerHandle, GatedTokenizer]) -> None:
+    """A text prompt past what 8192 tokens (the engine's length) can spell, at the tokenizer's longest token, is
+    refused by its character count, as chat's messages are: a 400 naming `prompt`, nothing tokenized."""
+    handle, tokenizer = gated
+    most = 8192 * max(len(token) for token in tokenizer.get_vocab())
+    before = tokenizer.tokenized
+    response = httpx.post(f"{handle.base_url}/completions", json={"model": "m", "prompt": "x" * (most + 1),
+                                                                  "max_tokens": 1}, timeout=60)
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert error["param"] == "prompt" and error["message"].startswith(f"The prompt and tools hold {most + 1} "
+                                                                      "characters"), error
+    assert f"at most {most} characters" in error["message"], error
+    assert tokenizer.tokenized == before, "the prompt was tokenized before it was refused"
 
 
 # --------------------------------------------------------------------------- timeouts, keep-alive, HTTP errors
