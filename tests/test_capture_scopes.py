@@ -108,6 +108,7 @@ class _Handler(BaseHTTPRequestHandler):
                 payload = payload[: len(payload) // 2]
         else:
             payload, status = json.dumps(PAYLOADS[endpoint][1]).encode(), 200
+        status = body.get("status", status)  # an error status over a protocol's body, where the test asks
         self.send_response(status)
         if self.headers.get("X-Gzip"):
             payload = gzip.compress(payload)
@@ -251,6 +252,19 @@ def test_failed_and_incomplete_responses_are_not_captured(url: str, caplog) -> N
         httpx.post(url + "/v1/messages", json={"model": "m"})
     assert counts(t)["messages"] == 1
     assert "incomplete Messages stream" in caplog.text
+
+
+@pytest.mark.parametrize(("status", "captured"), [(200, 2), (400, 0), (429, 0), (500, 0), (503, 0)])
+def test_an_error_status_is_not_captured_even_when_its_body_reads_as_a_reply(url: str, status: int,
+                                                                             captured: int) -> None:
+    """A 4xx or 5xx whose body is a whole protocol reply (a proxy's or a gateway's, say) records no exchange: the
+    same bodies under 200 record one each, plain and streamed."""
+    with art.Trajectory() as t:
+        for path, _, _ in PAYLOADS.values():
+            for stream in (False, True):
+                response = httpx.post(url + path, json={"model": "m", "stream": stream, "status": status})
+                assert response.status_code == status
+    assert counts(t) == {name: captured for name in PAYLOADS}
 
 
 # --------------------------------------------------------------------------- scopes

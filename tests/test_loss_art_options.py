@@ -205,11 +205,11 @@ def test_contradictions_between_our_names_and_arts_are_refused():
 
 # --------------------------------------------------------------------------- ART 0.5.23's ratio rules and figures
 
-def _one(new: float, old: float, dtype=torch.float64, **options):
+def _one(new: float, old: float, dtype=torch.float64, kind: str = "ppo", **options):
     n = torch.tensor([new], dtype=dtype, requires_grad=True)
     t = lambda v: torch.tensor(v, dtype=dtype)  # noqa: E731
     eps = 6e4 if dtype == torch.float16 else 1e12  # PPO's clip out of the way (6e4: float16's range)
-    terms = policy_loss(n, t([old]), t([1.0]), t([1.0]), torch.tensor([0]), t([0.0]), kind="ppo", epsilon=eps,
+    terms = policy_loss(n, t([old]), t([1.0]), t([1.0]), torch.tensor([0]), t([0.0]), kind=kind, epsilon=eps,
                         epsilon_high=eps, **options)
     terms.loss_sum.backward()
     return terms, n.grad.item()
@@ -223,6 +223,23 @@ def test_log_ratio_is_clamped_before_exp(dtype, bound):
     assert math.isfinite(terms.loss_sum.item()) and grad == 0.0  # past the clamp the ratio is constant
     inside, grad_inside = _one(-1.0, -6.0, dtype)
     assert inside.sums["ratio_raw"].item() == pytest.approx(math.exp(5.0), rel=1e-2) and grad_inside != 0.0
+
+
+@pytest.mark.parametrize(("options", "slope"), [
+    ({"kind": "gspo"}, -1.0),  # GSPO: the sequence ratio's value, each token's gradient (ratio * A, A = 1)
+    ({"importance_sampling_level": "sequence"}, 0.0),
+    ({"importance_sampling_level": "average"}, 0.0),
+    ({"importance_sampling_level": "geometric_average"}, 0.0),
+], ids=["gspo", "sequence", "average", "geometric_average"])
+@pytest.mark.parametrize(("dtype", "bound"), [(torch.float64, 20.0), (torch.float16, 10.0)], ids=["float64", "float16"])
+def test_sequence_log_ratio_is_clamped_before_exp(options, slope, dtype, bound):
+    # a one-token sequence 30 above its sampled logprob: its token and sequence log-ratios both stop at the bound,
+    # so every level's ratio is exactly exp(bound); an unclamped sequence ratio would show exp(30) (1.1e13,
+    # finite in float64: only the value can tell) or, mixed with the token's, exp(25) or (exp(20) + exp(30)) / 2
+    terms, grad = _one(-1.0, -31.0, dtype, **options)
+    ratio = math.exp(bound)
+    assert terms.sums["ratio_raw"].item() == pytest.approx(ratio, rel=1e-3)
+    assert grad == pytest.approx(slope * ratio, rel=1e-3)
 
 
 @pytest.mark.parametrize("bad", [math.nan, -math.inf, math.inf])

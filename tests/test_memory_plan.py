@@ -53,6 +53,19 @@ def test_lora_targets_and_rank_size_the_adapter():
                                                                + 3 * (5120 + 17408))
 
 
+def test_the_configured_rank_sizes_the_adapter_planned_before_loading(monkeypatch):
+    # the plan register checks (check_model_fits on an InternalModelConfig): the adapter, its gradients and its
+    # optimizer state grow with lora_rank, as lora_weights says (r (in + out) per projection)
+    monkeypatch.setattr(memory_plan, "available_bytes", lambda *a: int(1000 * GB))
+    plans = {rank: memory_plan.check_model_fits("random:qwen3-14b", art.InternalModelConfig(lora_rank=rank),
+                                                torch.device("cpu")) for rank in (8, 32)}
+    assert plans[32].parts["adapter"] == 4 * plans[8].parts["adapter"]
+    assert plans[32].parts["optimizer"] == 4 * plans[8].parts["optimizer"]
+    for rank, plan in plans.items():
+        assert plan.parts["gradients"] == 4 * memory_plan.lora_weights(Q14, rank, None)  # float32, one a weight
+        assert plan.settings.lora_rank == rank
+
+
 def test_what_does_not_fit_is_answered_with_what_would():
     s = MemorySettings(dtype_bytes=2, random_init=True)
     ways = alternatives(Q14, s, int(20 * GB))

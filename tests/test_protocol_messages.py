@@ -17,8 +17,10 @@ import pytest
 
 from artrl.serve import ServedModels, ServerHandle, TransformersEngine, create_app, start_server
 from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult
+from artrl.serve.request import INLINE_PARSE_BYTES
 from artrl.serve.scripted import ScriptedEngine
 from engine_helpers import one_thread_engine, recompute
+from protocol_helpers import COUNTED_MESSAGES, counting_server, live_step, refused_by_count
 
 KEY = "sk-protocols"
 TOLERANCE = 1e-4
@@ -120,6 +122,20 @@ def test_stop_sequence_is_named(client: anthropic.Anthropic, scripted: ScriptedE
     assert message.content[0].text == "one two "
     _, sampled, logprobs = record(message)
     assert scripted.tokenizer.decode(sampled).endswith("three") and len(logprobs) == len(sampled)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_record_names_the_policy_version_that_sampled_it(client: anthropic.Anthropic, scripted: ScriptedEngine,
+                                                             stream: bool) -> None:
+    script(scripted, "It is sunny.")
+    kwargs: dict[str, Any] = {"model": "scripted", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+    with live_step(scripted, 3):
+        if stream:
+            with client.messages.stream(**kwargs) as events:
+                extra = next(e for e in events if e.type == "message_delta").model_extra
+        else:
+            extra = client.messages.create(**kwargs).model_extra
+    assert extra["policy_version"] == 3
 
 
 def test_max_tokens_stop_reason(client: anthropic.Anthropic) -> None:
@@ -261,6 +277,23 @@ def test_missing_max_tokens_is_a_400_naming_it(root: str) -> None:
 def test_bad_input_is_a_clear_400(root: str, body: dict[str, Any], named: str) -> None:
     message = anthropic_error(post(root, {"model": "m", "max_tokens": 8, **body}), 400, "invalid_request_error")
     assert named in message and "response_format" not in message
+
+
+@pytest.fixture(scope="module")
+def counting(engine: TransformersEngine) -> Iterator[ServerHandle]:
+    with counting_server(engine.tokenizer) as handle:
+        yield handle
+
+
+def test_large_messages_over_the_limit_are_refused_by_count(counting: ServerHandle) -> None:
+    """One message too many in 300 kB: counted and refused before they are built, in Anthropic's shape."""
+    turns = [{"role": "user", "content": "x" * 60_000}, {"role": "assistant", "content": "ok"}] * 5
+    body = {"model": "scripted", "max_tokens": 1, "messages": [*turns, {"role": "user", "content": "x"}]}
+    assert len(body["messages"]) == COUNTED_MESSAGES + 1 and len(json.dumps(body)) > INLINE_PARSE_BYTES
+    response, refused = refused_by_count(counting, lambda: post(counting.base_url.removesuffix("/v1"), body))
+    message = anthropic_error(response, 400, "invalid_request_error")
+    assert message.startswith(f"messages holds {COUNTED_MESSAGES + 1} messages"), message
+    assert refused == 1, "refused once built, not by its count"
 
 
 def test_unknown_model_wrong_key_and_big_body(root: str) -> None:

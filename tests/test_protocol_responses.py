@@ -18,8 +18,10 @@ import pytest
 from openai.types.responses import Response
 
 from artrl.serve import ServedModels, ServerHandle, TransformersEngine, create_app, start_server
+from artrl.serve.request import INLINE_PARSE_BYTES
 from artrl.serve.scripted import ScriptedEngine
 from engine_helpers import one_thread_engine, recompute
+from protocol_helpers import COUNTED_MESSAGES, counting_server, live_step, refused_by_count
 
 KEY = "sk-protocols"
 TOLERANCE = 1e-4
@@ -156,6 +158,19 @@ def test_streamed_function_call(client: openai.OpenAI, scripted: ScriptedEngine)
     assert len(generation(final)["token_ids"]) == len(generation(final)["compact_logprobs"])
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_record_names_the_policy_version_that_sampled_it(client: openai.OpenAI, scripted: ScriptedEngine,
+                                                             stream: bool) -> None:
+    script(scripted, "It is sunny.")
+    with live_step(scripted, 3):
+        if stream:
+            events = list(client.responses.create(model="scripted", input="weather?", stream=True))
+            response = events[-1].response  # response.completed's
+        else:
+            response = client.responses.create(model="scripted", input="weather?")
+    assert generation(response)["policy_version"] == 3
+
+
 def test_store_false_and_unknown_previous_response(client: openai.OpenAI, server: ServerHandle) -> None:
     kept = client.responses.create(model="m", input="hi", max_output_tokens=2, store=False)
     for missing in (kept.id, "resp_unknown"):
@@ -207,6 +222,25 @@ def test_a_count_refusal_names_input_and_the_servers_own_setting(server: ServerH
     error = post(server, {"model": "m", "input": [{"role": "user", "content": "hi"}] * 3000}).json()["error"]
     assert error["param"] == "input" and error["message"].startswith("input holds 3000"), error
     assert "create_app(max_messages=" in error["message"], error
+
+
+@pytest.fixture(scope="module")
+def counting(engine: TransformersEngine) -> Iterator[ServerHandle]:
+    with counting_server(engine.tokenizer) as handle:
+        yield handle
+
+
+def test_a_large_input_over_the_item_limit_is_refused_by_count(counting: ServerHandle) -> None:
+    """One item too many in 330 kB: counted and refused before they are built, naming `input`."""
+    items = COUNTED_MESSAGES + 1
+    body = {"model": "scripted", "max_output_tokens": 1, "input": [{"role": "user", "content": "x" * 30_000}] * items}
+    assert len(json.dumps(body)) > INLINE_PARSE_BYTES
+    response, refused = refused_by_count(counting, lambda: httpx.post(f"{counting.base_url}/responses", json=body,
+                                                                      timeout=60))
+    assert response.status_code == 400, response.text[:300]
+    assert refused == 1, "refused once built, not by its count"
+    error = response.json()["error"]
+    assert error["param"] == "input" and error["message"].startswith(f"input holds {items} items"), error
 
 
 def test_wrong_key_unknown_model_and_big_body(server: ServerHandle) -> None:

@@ -52,12 +52,12 @@ def test_connections_have_nagle_off(handle: ServerHandle) -> None:
 
 class GatedTokenizer:
     """The tiny tokenizer, whose chat template waits for `release` (after setting `entered`) on long conversations:
-    a request's rendering held open for as long as a test needs."""
+    a request's rendering held open for as long as a test needs. Counts its renders and its tokenizations."""
 
     def __init__(self, tokenizer: Any, min_messages: int) -> None:
         self._tokenizer, self._min = tokenizer, min_messages
         self.entered, self.release = threading.Event(), threading.Event()
-        self.renders = 0
+        self.renders = self.tokenized = 0
 
     def apply_chat_template(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
         self.renders += 1
@@ -73,6 +73,7 @@ class GatedTokenizer:
         return len(self._tokenizer)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.tokenized += 1
         return self._tokenizer(*args, **kwargs)
 
 
@@ -135,6 +136,23 @@ def test_oversized_requests_get_a_400_naming_the_limit_before_rendering(
     error = response.json()["error"]
     assert fragment in error["message"] and error["param"] in ("messages", "tools", "response_format"), error
     assert tokenizer.renders == 0, "refused after rendering"
+
+
+def test_a_completions_prompt_longer_than_the_model_can_spell_is_refused_before_tokenizing(
+        gated: tuple[ServerHandle, GatedTokenizer]) -> None:
+    """A text prompt past what 8192 tokens (the engine's length) can spell, at the tokenizer's longest token, is
+    refused by its character count, as chat's messages are: a 400 naming `prompt`, nothing tokenized."""
+    handle, tokenizer = gated
+    most = 8192 * max(len(token) for token in tokenizer.get_vocab())
+    before = tokenizer.tokenized
+    response = httpx.post(f"{handle.base_url}/completions", json={"model": "m", "prompt": "x" * (most + 1),
+                                                                  "max_tokens": 1}, timeout=60)
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert error["param"] == "prompt" and error["message"].startswith(f"The prompt and tools hold {most + 1} "
+                                                                      "characters"), error
+    assert f"at most {most} characters" in error["message"], error
+    assert tokenizer.tokenized == before, "the prompt was tokenized before it was refused"
 
 
 # --------------------------------------------------------------------------- timeouts, keep-alive, HTTP errors
@@ -464,8 +482,8 @@ def test_50000_tools_are_refused_without_building_them(gated: tuple[ServerHandle
     from artrl.serve.request import parse_body
 
     handle, _ = gated
-    response, refusal, built = _refusal_against_building(
-        json.dumps(TOOLS_50K).encode(), parse_body, f"{handle.base_url}/chat/completions")
+    payload = json.dumps(TOOLS_50K).encode()
+    response, refusal, built = _refusal_against_building(payload, parse_body, f"{handle.base_url}/chat/completions")
     assert response.status_code == 400 and response.json()["error"]["param"] == "tools", response.text[:300]
     # the refusal holds the body (received, joined) and one empty dict a tool; building holds every tool's dicts
     assert refusal < built / 2, (refusal, built, len(payload))
@@ -492,9 +510,9 @@ def test_the_other_protocols_refuse_50000_tools_without_building_them(
     handle, _ = gated
     model = ResponsesRequest if route == "responses" else MessagesRequest
     metrics = httpx.get(f"{handle.url}/metrics", timeout=20).json()
-    response, refusal, built = _refusal_against_building(
-        json.dumps(_protocol_tools_50k(route)).encode(), model.model_validate_json, f"{handle.base_url}/{route}",
-        {"anthropic-version": "2023-06-01"})
+    payload = json.dumps(_protocol_tools_50k(route)).encode()
+    url, headers = f"{handle.base_url}/{route}", {"anthropic-version": "2023-06-01"}
+    response, refusal, built = _refusal_against_building(payload, model.model_validate_json, url, headers)
     assert response.status_code == 400 and "holds 50000 tools" in response.text, response.text[:300]
     assert refusal < built / 2, (refusal, built, len(payload))
     after = httpx.get(f"{handle.url}/metrics", timeout=20).json()
