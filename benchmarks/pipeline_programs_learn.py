@@ -22,6 +22,12 @@ train steps:
   out of the loss (FreeTokens below). Under the grammar those tokens are no choice: the masked policy gives
   each logprob 0 under every version, so no gradient and ratio 1, where the raw loss pushes them with each
   reply's advantage and weighs them by the drift of their raw probability;
+* `--corrections NAME ...` (CORRECTIONS below): each of the arms `sync`, `pipeline`, `in_flight` run once per
+  named off-policy correction, its TrainConfig fields added to every train call of the program (CorrectedBackend
+  below; `none` adds nothing and runs the program as it is); `--sampler-dtype bfloat16` makes the built-in
+  engine decode under bf16 autocast while the trainer stays float32 (a bf16 sampler's kernel mismatch, as vLLM
+  serving bf16 weights has). A run counts as collapsed (COLLAPSE_GAIN) when it stopped before MAX_STEPS (ART's
+  model-collapse stop) or its held-out gain is below COLLAPSE_GAIN;
 * `sync`: the same program in a subprocess with its `PipelineTrainer` replaced by `SyncLoop` below, a plain
   synchronous loop over the program's own scenarios, rollout function, reward, model, learning rate, loss and
   groups per step (`min_batch_size`): take that many scenarios, `art.gather_trajectory_groups` of the program's
@@ -86,6 +92,24 @@ FREE_TOKEN_ARMS: Final = {"sync_free_tokens": "sync", "pipeline_free_tokens": "p
 FREE_TOKENS_FILE: Final = "free_tokens.json"
 START_LOGPROBS_FILE: Final = "start_logprobs.jsonl"
 GRAMMAR_RATIOS_FILE: Final = "grammar_ratios.jsonl"
+CORRECTIONS: Final = {
+    # name -> TrainConfig fields added to every train call (docs/off-policy.md); bounds [0.5, 2] for every ratio
+    "none": {},
+    "token_truncate": {"importance_sampling_correction": "token_truncate", "importance_sampling_clip_min": 0.5,
+                       "importance_sampling_clip_max": 2.0},
+    "token_mask": {"importance_sampling_correction": "token_mask", "importance_sampling_clip_min": 0.5,
+                   "importance_sampling_clip_max": 2.0},
+    "sequence_mask": {"importance_sampling_correction": "sequence_mask", "importance_sampling_clip_min": 0.5,
+                      "importance_sampling_clip_max": 2.0},
+    "geometric_mask": {"importance_sampling_correction": "geometric_mask", "importance_sampling_clip_min": 0.5,
+                       "importance_sampling_clip_max": 2.0},
+    "off_policy_mask": {"off_policy_mask_threshold": 0.5},  # TRL's example value of DeepSeek-V3.2's delta
+}
+CORRECTION_ENV: Final = "ARTRL_BENCH_TRAIN_FIELDS"
+SAMPLER_DTYPE_ENV: Final = "ARTRL_BENCH_SAMPLER_DTYPE"
+COLLAPSE_GAIN: Final = 0.1
+"""A run collapsed when it stopped early or its held-out gain is below this (fixed before the correction runs;
+docs/pipeline.md's two collapsed in-flight runs at 1e-2 gained +0.018 and stopped at step 2)."""
 WINDOW: Final = 3
 """Steps averaged at each end of `step_rewards` for `step_gain`."""
 EVAL_CONCURRENCY: Final = 16
@@ -526,6 +550,49 @@ def grammar_ratios_summary(art_path: Path) -> dict[str, Any]:
                             {"recompute_abs_err_max": "recompute_abs_err_max"})
 
 
+def bf16_sampler(serving_copy: Any) -> Any:
+    """`serving_copy` (serve/transformers_engine.py's) whose copy decodes under bf16 autocast: the engine's
+    sampled logprobs come from bf16 matmuls while the trainer computes in float32."""
+    import functools
+
+    import torch
+
+    def copy(model: Any) -> Any:
+        served = serving_copy(model)
+        forward = served.forward
+
+        @functools.wraps(forward)
+        def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return forward(*args, **kwargs)
+
+        served.forward = autocast_forward
+        return served
+
+    return copy
+
+
+def run_corrected_child(program_path: Path, base_arm: str) -> None:
+    """In a child process: the program's `main` (SyncLoop in its PipelineTrainer's place for "sync") with the
+    TrainConfig fields of CORRECTION_ENV added to every train call, and a bf16 sampler where SAMPLER_DTYPE_ENV
+    says so."""
+    program = load_program(program_path)
+    fields = json.loads(os.environ.get(CORRECTION_ENV) or "{}")
+    if os.environ.get(SAMPLER_DTYPE_ENV, "float32") == "bfloat16":
+        from artrl.serve import transformers_engine
+
+        transformers_engine.serving_copy = bf16_sampler(transformers_engine.serving_copy)
+
+    class CorrectedBackend(program.LocalBackend):  # type: ignore[misc, name-defined]
+        async def train(self, model: Any, groups: Any, **kwargs: Any) -> Any:
+            return await super().train(model, groups, **{**kwargs, **fields})
+
+    program.LocalBackend = CorrectedBackend
+    if base_arm == "sync":
+        program.PipelineTrainer = SyncLoop
+    asyncio.run(program.main())
+
+
 def run_sync_child(program_path: Path) -> None:
     """In a child process: the program's `main` with `SyncLoop` as its `PipelineTrainer`."""
     program = load_program(program_path)
@@ -647,12 +714,18 @@ def summarize_history(rows: list[dict[str, Any]]) -> dict[str, Any]:
             # the loss's mean importance ratio: how far the record and the weights trained were apart
             "sampled_logprob_delta_max": [r.get("train/sampled_logprob_delta_max") for r in train],
             "mean_ratio": [r.get("train/mean_ratio") for r in train],
+            # the sampler/trainer mismatch every call measures (train/offpolicy.py), per step
+            **{f"mismatch_{key}": [r.get(f"offpolicy/{key}") for r in train]
+               for key in ("sampler_kl", "chi2_token", "token_below_min", "token_above_max", "sequence_below_min",
+                           "off_policy_masked_tokens")},
             "discarded_stale_groups": max((r.get("train/discarded_stale_groups", 0.0) for r in train), default=0.0),
             "set_aside_rows": len(set_aside)}
 
 
-def run_arm(program_name: str, arm: str, base_model: Path, work: Path, env_sizes: dict[str, str]) -> tuple[Path, float]:
-    """Run one arm in a subprocess; (its ART_PATH, wall seconds)."""
+def run_arm(program_name: str, arm: str, base_model: Path, work: Path, env_sizes: dict[str, str],
+            correction: str = "none", sampler_dtype: str = "float32") -> tuple[Path, float]:
+    """Run one arm (with an off-policy correction of CORRECTIONS, a sampler dtype) in a subprocess; (its ART_PATH,
+    wall seconds)."""
     art_path = work / ".art"
     program = PROGRAMS_DIR / PROGRAMS[program_name]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "ART_PATH": str(art_path),
@@ -662,7 +735,12 @@ def run_arm(program_name: str, arm: str, base_model: Path, work: Path, env_sizes
     if base_arm == "in_flight":
         env["ROLLOUT_WEIGHT_UPDATE_MODE"] = "in_flight_lora"
     here = str(Path(__file__).resolve())
-    cmd = ([sys.executable, here, "--sync-child", str(program)] if arm == "sync"
+    patched = correction != "none" or sampler_dtype != "float32"
+    if patched and arm not in ("sync", "pipeline", "in_flight"):
+        raise ValueError(f"arm {arm} takes no correction or sampler dtype (only sync, pipeline, in_flight do)")
+    env[CORRECTION_ENV], env[SAMPLER_DTYPE_ENV] = json.dumps(CORRECTIONS[correction]), sampler_dtype
+    cmd = ([sys.executable, here, "--corrected-child", str(program), base_arm] if patched
+           else [sys.executable, here, "--sync-child", str(program)] if arm == "sync"
            else [sys.executable, here, "--free-tokens-child", str(program), base_arm] if arm in FREE_TOKEN_ARMS
            else [sys.executable, here, "--rescore-child", str(program), arm] if arm in RESCORED_ARMS
            else [sys.executable, str(program)])
@@ -696,7 +774,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="override a size for every arm of every program (e.g. LEARNING_RATE=3e-3)")
     p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "artrl-pipeline-programs-learn",
                    help="where the primed models are kept between invocations")
+    p.add_argument("--corrections", nargs="+", choices=list(CORRECTIONS), default=["none"],
+                   help="off-policy corrections (CORRECTIONS), each run for every arm and replicate, alternated")
+    p.add_argument("--sampler-dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="bfloat16: the engine decodes under bf16 autocast, the trainer stays float32")
+    p.add_argument("--correction-table", nargs="+", metavar="FILE",
+                   help="print the corrections' table (collapses, gains, mismatch) of results files and exit")
     p.add_argument("--sync-child", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--corrected-child", nargs=2, metavar=("PROGRAM", "ARM"), help=argparse.SUPPRESS)
     p.add_argument("--rescore-child", nargs=2, metavar=("PROGRAM", "ARM"), help=argparse.SUPPRESS)
     p.add_argument("--free-tokens-child", nargs=2, metavar=("PROGRAM", "ARM"), help=argparse.SUPPRESS)
     p.add_argument("--table", nargs="+", metavar="FILE[:ARM,...]",
@@ -706,14 +791,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.sync_child:
         run_sync_child(args.sync_child)
         return 0
+    if args.corrected_child:
+        run_corrected_child(Path(args.corrected_child[0]), args.corrected_child[1])
+        return 0
+    if args.correction_table:
+        print(correction_table([r for spec in args.correction_table for r in read_results(spec)]))
+        return 0
     if args.free_tokens_child:
         run_free_tokens_child(Path(args.free_tokens_child[0]), args.free_tokens_child[1])
         return 0
     if args.rescore_child:
         run_rescore_child(Path(args.rescore_child[0]), args.rescore_child[1])
         return 0
-    if args.table:
-        records = [r for spec in args.table for r in read_results(spec)]
+    if args.table:  # the runs without a correction, sampled in float32 (--correction-table has the others)
+        records = [r for spec in args.table for r in read_results(spec)
+                   if r.get("correction", "none") == "none" and r.get("sampler_dtype", "float32") == "float32"]
         print(table(records))
         for found in (differences(records), age_fit(records)):
             if found:
@@ -733,19 +825,24 @@ def main(argv: list[str] | None = None) -> int:
         base_model = prime(program_name, program, args.cache / program_name)
         for seed in args.seeds:
             before = evaluate(program_name, program, str(base_model), None, seed, samples, sizes)
-            for arm in args.arms:
+            for arm, correction in ((a, c) for a in args.arms for c in args.corrections):
                 with tempfile.TemporaryDirectory(prefix=f"artrl-ppl-{program_name}-{arm}-") as work:
-                    art_path, wall = run_arm(program_name, arm, base_model, Path(work), sizes)
+                    art_path, wall = run_arm(program_name, arm, base_model, Path(work), sizes, correction,
+                                             args.sampler_dtype)
                     after = evaluate(program_name, program, str(base_model), art_path, seed, samples, sizes)
                     summary = summarize_history(history(art_path))
                     summary["scenarios_pulled"] = scenarios_pulled(art_path)
                     summary.update(start_logprobs_summary(art_path))
                     summary.update(grammar_ratios_summary(art_path))
                     summary.update(free_tokens_summary(art_path))
+                gain = after["reward"] - before["reward"]
                 record = {"bench": "pipeline_programs_learn", "program": program_name, "arm": arm, "seed": seed,
+                          "correction": correction, "correction_fields": CORRECTIONS[correction],
+                          "sampler_dtype": args.sampler_dtype,
+                          "collapsed": summary["steps_done"] < int(sizes["MAX_STEPS"]) or gain < COLLAPSE_GAIN,
                           "sizes": sizes, "eval_samples": after["n"], "eval_before": before["reward"],
                           "eval_after": after["reward"], "eval_after_step": after["step"],
-                          "gain": after["reward"] - before["reward"], **summary, "wall_s": round(wall, 1),
+                          "gain": gain, **summary, "wall_s": round(wall, 1),
                           "omp_threads": os.environ.get("OMP_NUM_THREADS"), "command": command}
                 print(json.dumps(record), flush=True)
     return 0
@@ -799,6 +896,49 @@ def table(records: list[dict[str, Any]]) -> str:
         lines += [*([""] if lines else []), "| program | arm | replicates | gain | eval before |",
                   "|---|---|---|---|---|", *extra]
     return "\n".join(lines)
+
+
+def correction_table(records: list[dict[str, Any]]) -> str:
+    """Per program, sampler dtype, arm and correction: replicates, collapsed runs (COLLAPSE_GAIN), the mean gain of
+    all runs and of those that did not collapse (+- sample std), that mean's difference from the same arm without
+    a correction (standard error, Welch's t), and the first step's mean sampler KL and share of tokens below / above
+    the measured bounds over the runs' calls after the first."""
+    lines = ["| program | sampler | arm | correction | replicates | collapsed | gain, all runs | gain, not collapsed "
+             "| - none (se, t) | sampler KL | tokens below / above bounds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def mean_sd(g: list[float]) -> str:
+        return "-" if not g else f"{statistics.fmean(g):+.3f}" + (f" +- {statistics.stdev(g):.3f}" if len(g) > 1 else "")
+
+    def later(r: dict[str, Any], key: str) -> list[float]:
+        return [v for v in r.get(f"mismatch_{key}", [])[1:] if v is not None]
+
+    keys = sorted({(r["program"], r.get("sampler_dtype", "float32"), r["arm"]) for r in records},
+                  key=lambda k: (list(PROGRAMS).index(k[0]), k[1], ARMS.index(k[2])))
+    for program, dtype, arm in keys:
+        runs = [r for r in records if (r["program"], r.get("sampler_dtype", "float32"), r["arm"]) == (program, dtype, arm)]
+        kept_none = [r["gain"] for r in runs if r.get("correction", "none") == "none" and not collapsed(r)]
+        for name in CORRECTIONS:
+            mine = [r for r in runs if r.get("correction", "none") == name]
+            if not mine:
+                continue
+            kept = [r["gain"] for r in mine if not collapsed(r)]
+            vs = welch(kept, kept_none) if name != "none" else None
+            versus = f"{vs[0]:+.3f} ({vs[1]:.3f}, {vs[2]:+.2f})" if vs else "-"
+            kl = [v for r in mine for v in later(r, "sampler_kl")]
+            below = [v for r in mine for v in later(r, "token_below_min")]
+            above = [v for r in mine for v in later(r, "token_above_max")]
+            share = f"{statistics.fmean(below):.3f} / {statistics.fmean(above):.3f}" if below and above else "-"
+            lines.append(f"| {program} | {dtype} | {arm_label(arm)} | {name} | {len(mine)} | "
+                         f"{sum(collapsed(r) for r in mine)} | {mean_sd([r['gain'] for r in mine])} | {mean_sd(kept)} | "
+                         f"{versus} | {f'{statistics.fmean(kl):.4f}' if kl else '-'} | {share} |")
+    return "\n".join(lines)
+
+
+def collapsed(record: dict[str, Any]) -> bool:
+    """Whether a run collapsed (COLLAPSE_GAIN): recorded, or, for records written before the field, recomputed."""
+    if "collapsed" in record:
+        return bool(record["collapsed"])
+    return record["steps_done"] < int(record["sizes"]["MAX_STEPS"]) or record["gain"] < COLLAPSE_GAIN
 
 
 def differences(records: list[dict[str, Any]]) -> str:

@@ -415,3 +415,34 @@ def test_docs_grammar_mass_figures_are_the_results_file():
                    f"averages {flight['mean_log_allowed_mass_trained_from_minus_sampler']:.3f} in that run and "
                    f"{step['mean_log_allowed_mass_trained_from_minus_sampler']:.3f} in the step_lora one"):
         assert figure in docs, figure
+
+
+CORRECTION_RESULTS = PATH.parents[1] / "benchmarks" / "results" / "2026-12-05-cpu"
+
+
+def test_a_run_collapses_when_it_stops_early_or_gains_too_little(bench):
+    record = {"steps_done": 16, "sizes": {"MAX_STEPS": "16"}, "gain": bench.COLLAPSE_GAIN}
+    assert not bench.collapsed(record)
+    assert bench.collapsed({**record, "gain": bench.COLLAPSE_GAIN - 0.01})
+    assert bench.collapsed({**record, "steps_done": 2})
+    assert bench.collapsed({**record, "collapsed": True})  # the recorded flag wins
+
+
+def test_corrected_runs_add_their_fields_to_every_train_call(bench):
+    """Each correction's fields are TrainConfig's (so a run cannot train with a misspelt one), and `none`
+    adds nothing."""
+    from artrl.types import TrainConfig
+
+    assert bench.CORRECTIONS["none"] == {}
+    for name, fields in bench.CORRECTIONS.items():
+        TrainConfig(**fields).check()
+        assert set(fields) <= set(TrainConfig.model_fields), name
+
+
+def test_docs_correction_table_is_the_results_files(bench):
+    """docs/off-policy.md's table is what `--correction-table` prints from the recorded runs."""
+    records = [r for path in sorted(CORRECTION_RESULTS.glob("yes-no-maybe-corrections*.jsonl"))
+               for r in bench.read_results(str(path))]
+    rows = bench.correction_table(records).splitlines()[2:]
+    docs = (PATH.parents[1] / "docs" / "off-policy.md").read_text().splitlines()
+    assert rows and all(row in docs for row in rows)

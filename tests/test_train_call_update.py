@@ -11,6 +11,11 @@ clip range the options name:
     r = [1.42,  0.55, 1.05, 6.69, 0.64],                   [0.74, 2.01, 0.30, 1.13]
 
 so ART's CISPO bounds [0, 5] clip one token, PPO's [0.8, 1.2] clip seven, and every ratio cap and mask bites.
+The same d are the trainer/sampler log-ratios artrl's off-policy corrections read (train/offpolicy.py): the
+sequences' sums are 1.25 and -0.68 (product ratios 3.49 and 0.51), their means 0.25 and -0.17 (geometric ratios
+1.28 and 0.84), and sampled - policy averages -0.25 and +0.17 (the second sequence, of negative advantage, is the
+one an off-policy sequence mask at 0.1 drops). On exactly on-policy data (every d 0) each correction must give
+the update without it.
 
 The expectation is computed without artrl's trainer: the checkpoint the call starts from is loaded with
 transformers and peft, each trajectory goes through its own unpacked forward pass, `policy_loss` gets the
@@ -43,6 +48,7 @@ from artrl.metrics_taxonomy import TRAINER_TO_ART
 from artrl.run.checkpoint import OPTIMIZER_KEY
 from artrl.run.storage import OPTIMIZER_FILE
 from artrl.train.loss import policy_loss
+from artrl.train.offpolicy import Correction
 
 USER = [{"role": "system", "content": "Answer with a colour."}, {"role": "user", "content": "Pick a colour."}]
 ANSWERS = ("blue like the sky", "green grass")  # 5 and 4 sampled ids with the end of turn
@@ -118,14 +124,15 @@ class Oracle:
         pos = torch.arange(len(prompt) - 1, ids.shape[1] - 1)  # [sampled]: the positions that predict them
         return logp[pos, ids[0, pos + 1]]  # [sampled]
 
-    def batch(self, checkpoint: str) -> tuple[list[int], list[list[int]], list[list[float]]]:
+    def batch(self, checkpoint: str, log_ratios: tuple[list[float], ...] = LOG_RATIOS) \
+            -> tuple[list[int], list[list[int]], list[list[float]]]:
         """The recorded turns: prompt ids, sampled ids, and sampled logprobs = policy logprob - d."""
         self.load(checkpoint)
         prompt = self.tok.apply_chat_template(USER, add_generation_prompt=True, tokenize=True, return_dict=False)
         sampled = [self.tok(a + "<|im_end|>", add_special_tokens=False).input_ids for a in ANSWERS]
         out = []
         with torch.no_grad():
-            for ids, d in zip(sampled, LOG_RATIOS):
+            for ids, d in zip(sampled, log_ratios):
                 assert len(ids) == len(d), (ids, d)
                 out.append((self.logprobs(prompt, ids) - torch.tensor(d)).tolist())
         return list(prompt), sampled, out
@@ -255,16 +262,17 @@ def _separation(want: dict[str, Any], other: dict[str, Any], before: dict[str, t
 
 
 def check_call(live: Live, call: dict[str, Any], want: Spec, without: dict[str, Spec], *,
-               dict_answer: bool = False) -> art.LocalTrainResult:
+               dict_answer: bool = False, log_ratios: tuple[list[float], ...] = LOG_RATIOS) -> art.LocalTrainResult:
     """Train one call with keywords `call` on the hand-made batch and compare it with the expectation `want`.
 
     `without` names, for each keyword under test, what the call would compute if that keyword were dropped on
     the way; each must be far (BITES tolerances) from `want`, so this check fails for a call that drops it.
-    `dict_answer`: the second trajectory answers with an assistant message instead of a sampled turn.
+    `dict_answer`: the second trajectory answers with an assistant message instead of a sampled turn;
+    `log_ratios`: each token's policy - sampled logprob (LOG_RATIOS unless given).
     """
     start = live.checkpoints[live.step]
     with one_thread():
-        batch = live.oracle.batch(start)
+        batch = live.oracle.batch(start, log_ratios)
         if dict_answer:  # no sampled logprobs: trained, if at all, as on-policy
             batch = (batch[0], batch[1], [batch[2][0], [math.nan] * len(batch[1][1])])
         before = live.oracle.adapter()
@@ -287,6 +295,14 @@ SCALED = (0.5 / (0.5 + 1e-6), -0.5 / (0.5 + 1e-6))
 # advantage_balance=0.5 on the unscaled (0.5, -0.5): the negative one halves, (0.5, -0.25), then both are scaled
 # back to the mean |A| per token before (5 and 4 tokens): 0.5 / ((5 * 0.5 + 4 * 0.25) / 9) = 9 / 7
 BALANCED = (0.5 * 9 / 7, -0.25 * 9 / 7)
+
+
+
+def bounds(lo: float | None, hi: float | None) -> dict[str, float]:
+    """The clip keywords of a correction case, those given."""
+    return {k: v for k, v in (("importance_sampling_clip_min", lo), ("importance_sampling_clip_max", hi))
+            if v is not None}
+
 
 # One call per row: its keywords, what it must compute, and for each keyword what it would compute without it.
 CASES: dict[str, tuple[dict[str, Any], Spec, dict[str, Spec]]] = {
@@ -329,6 +345,32 @@ CASES: dict[str, tuple[dict[str, Any], Spec, dict[str, Spec]]] = {
         spec(dict(truncated_importance_sampling=1.2), precalculate=True),
         {"precalculate_logprobs": spec(dict(truncated_importance_sampling=1.2)),
          "truncated_importance_sampling": spec(precalculate=True)}),
+    # artrl's off-policy corrections: the loss's old logprobs become the trainer's own (a one-step call's first
+    # pass: the oracle's precalculate), the sampled ones weigh each token through the bounded ratio
+    **{f"importance_sampling_correction={mode}, clip bounds {lo}, {hi}": (
+        {"importance_sampling_correction": mode, **bounds(lo, hi)},
+        spec(dict(correction=Correction(mode, lo, hi or 3.0)), precalculate=True),
+        {"importance_sampling_correction": spec(),
+         **({"importance_sampling_clip_min": spec(dict(correction=Correction(mode, None, hi or 3.0)), precalculate=True)}
+            if lo is not None else {}),
+         **({"importance_sampling_clip_max": spec(dict(correction=Correction(mode, lo, 3.0)), precalculate=True)}
+            if hi is not None else {})})
+       # each bound given bites on this batch (a mask's bounds one sequence each: both would mask everything)
+       for mode, lo, hi in (("token_truncate", 0.6, 2.0), ("token_mask", 0.6, 2.0), ("sequence_truncate", 0.6, 2.5),
+                            ("sequence_mask", None, 4.0), ("geometric_truncate", 0.9, 1.2),
+                            ("geometric_mask", 0.9, None))},
+    # ART's truncated_importance_sampling=c with precalculate_logprobs is token_truncate with clip_max c
+    "importance_sampling_correction=token_truncate is ART's truncated importance sampling": (
+        {"importance_sampling_correction": "token_truncate", "importance_sampling_clip_max": 1.2},
+        spec(dict(truncated_importance_sampling=1.2), precalculate=True),
+        {"importance_sampling_correction": spec()}),
+    "off_policy_mask_threshold": (
+        {"off_policy_mask_threshold": 0.1}, spec(dict(correction=Correction(mask_threshold=0.1))),
+        {"off_policy_mask_threshold": spec()}),
+    "use_bias_correction_kl": (
+        {"use_bias_correction_kl": True, "beta": 0.5},
+        spec(dict(beta=0.5, correction=Correction(bias_correction_kl=True)), ref="base"),
+        {"use_bias_correction_kl": spec(dict(beta=0.5), ref="base")}),
     "learning_rate, num_trajectories_learning_rate_multiplier_power, optimizer settings": (
         {"learning_rate": 3e-4, "num_trajectories_learning_rate_multiplier_power": 1.0, "max_grad_norm": 3.0,
          "weight_decay": 2.0, "adam_beta1": 0.5, "adam_beta2": 0.9, "adam_epsilon": 1e-3},

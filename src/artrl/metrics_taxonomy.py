@@ -16,6 +16,7 @@ docs/observability.md lists every key.
 | trainable_tokens                | data/step_trainer_tokens           |
 | step_seconds (summed)           | time/step_trainer_s                |
 | optimizer steps                 | data/step_num_gradient_steps       |
+| offpolicy/... (RL, first step)  | the same key (ART's `offpolicy` section) |
 | groups, trainable groups (RL)   | data/step_num_groups_submitted / _trainable |
 | trajectories + exceptions (RL)  | data/step_num_trajectories         |
 """
@@ -130,7 +131,8 @@ def trainer_metrics(summary: dict[str, float], kind: str) -> dict[str, float]:
         if key in TRAINER_TO_ART:
             out[TRAINER_TO_ART[key]] = value
         else:
-            out[key if key.startswith("data/") else f"train/{key}"] = value
+            # data/... (layout) and offpolicy/... (ART's section; train/offpolicy.py's mismatch) keep their names
+            out[key if key.startswith(("data/", "offpolicy/")) else f"train/{key}"] = value
     out.setdefault(TRAIN_GRADIENT_STEPS_KEY, 0.0)
     out.setdefault("data/step_trainer_tokens", 0.0)
     out["data/step_trainable_assistant_tokens"] = out["data/step_trainer_tokens"]  # ART 0.5.23's name of the count

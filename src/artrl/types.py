@@ -144,6 +144,9 @@ KEPT_ANYWAY_TRAIN_OPTIONS = {
 }
 
 ImportanceSamplingLevel = Literal["token", "sequence", "average", "geometric_average"]
+IMPORTANCE_SAMPLING_CLIP_MAX = 3.0  # TRL's vllm_importance_sampling_clip_max default
+ImportanceSamplingCorrection = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask",
+                                       "geometric_truncate", "geometric_mask"]
 
 # ART's clip defaults, which depend on the loss (art/loss.py): CISPO clips the detached importance weight to
 # [1 - 1.0, 1 + 4.0] = [0, 5]; PPO's surrogate clips the ratio to [0.8, 1.2].
@@ -191,6 +194,31 @@ class TrainConfig(BatchConfig, OptimizerConfig):
         False, description="ART: before the first step, recompute the logprobs of every trainable token with "
         "the current weights and use them as the old logprobs (the sampled ones are kept for "
         "truncated_importance_sampling). One extra no-grad forward over the call.")
+    # ----------------------------------------------------------------- off-policy corrections (artrl, TRL's names)
+    importance_sampling_correction: ImportanceSamplingCorrection | None = pydantic.Field(
+        None, description="artrl (TRL's vllm_importance_sampling_mode, for any sampler): weigh each token's policy "
+        "loss by the trainer/sampler ratio, the trainer's logprob at the weights the call starts from over the "
+        "token record's sampled one (kernel mismatch and staleness alike; in-flight replies per token): the "
+        "token's own ('token_*'), its sequence's product ('sequence_*') or their geometric mean "
+        "('geometric_*'), clipped into [importance_sampling_clip_min, importance_sampling_clip_max] "
+        "('*_truncate') or zeroed outside it ('*_mask'). The loss's old logprobs are then the trainer's "
+        "(the first pass's own in a one-step call, else recomputed once before the first step, as "
+        "precalculate_logprobs). None (the default): off. docs/off-policy.md.")
+    importance_sampling_clip_min: float | None = pydantic.Field(
+        None, ge=0, description="artrl (TRL's vllm_importance_sampling_clip_min): lower bound of "
+        "importance_sampling_correction's ratio (IcePop-style masking of ratios below it). None: no lower bound.")
+    importance_sampling_clip_max: float | None = pydantic.Field(
+        None, gt=0, description="artrl (TRL's vllm_importance_sampling_clip_max): upper bound of "
+        "importance_sampling_correction's ratio. None: "
+        f"{IMPORTANCE_SAMPLING_CLIP_MAX}, TRL's default.")
+    off_policy_mask_threshold: float | None = pydantic.Field(
+        None, gt=0, description="artrl (TRL's name; DeepSeek-V3.2's off-policy sequence masking, its delta): leave "
+        "out of the policy loss every sequence with a negative advantage whose mean (sampled - current) logprob "
+        "exceeds this many nats, each optimizer step. None: off.")
+    use_bias_correction_kl: bool = pydantic.Field(
+        False, description="artrl (TRL's name; DeepSeek-V3.2's unbiased KL estimate): multiply each token's beta "
+        "k3 term by exp(new - sampled logprob), with its gradient, since the tokens came from the sampler. "
+        "Needs beta > 0.")
     # ----------------------------------------------------------------- advantages (ART names)
     scale_rewards: bool = pydantic.Field(
         True, description="Divide group-relative advantages by the group's reward std.")
@@ -325,6 +353,7 @@ class TrainConfig(BatchConfig, OptimizerConfig):
                 f"loss='gspo' already uses a sequence-level ratio; importance_sampling_level="
                 f"{self.importance_sampling_level!r} would apply a second one. Use loss='gspo' alone, or "
                 f"ppo=True with importance_sampling_level={self.importance_sampling_level!r} (ART's GSPO).")
+        self._check_off_policy()
         if self.groups_per_optimizer_step is not None and self.grad_accumulation_sequences is not None:
             raise ConfigError(
                 f"groups_per_optimizer_step={self.groups_per_optimizer_step} and grad_accumulation_sequences="
@@ -340,6 +369,51 @@ class TrainConfig(BatchConfig, OptimizerConfig):
                     f"{self.grad_accumulation_sequences}. Lower per_device_train_batch_size or raise "
                     "grad_accumulation_sequences."
                 )
+
+
+    def _check_off_policy(self) -> None:
+        """artrl's off-policy options: each refused where it cannot apply (never accepted and ignored)."""
+        mode = self.importance_sampling_correction
+        bounds = {k: getattr(self, k) for k in ("importance_sampling_clip_min", "importance_sampling_clip_max")
+                  if getattr(self, k) is not None}
+        if mode is None and bounds:
+            named = ", ".join(f"{k}={v}" for k, v in bounds.items())
+            raise ConfigError(f"{named} bounds the weights of importance_sampling_correction, which is None, so it "
+                              "would change nothing; set importance_sampling_correction (e.g. 'token_mask'), or "
+                              "drop the bound.")
+        if mode is not None and self.truncated_importance_sampling:
+            raise ConfigError(
+                f"importance_sampling_correction={mode!r} and truncated_importance_sampling="
+                f"{self.truncated_importance_sampling} both weigh the loss by the trainer/sampler ratio; set one. "
+                f"ART's truncated_importance_sampling=c (with precalculate_logprobs=True) is "
+                f"importance_sampling_correction='token_truncate' with importance_sampling_clip_max=c.")
+        lo, hi = self.importance_sampling_clip_min, self.importance_sampling_clip_max
+        if mode is not None and lo is not None and lo >= (hi if hi is not None else IMPORTANCE_SAMPLING_CLIP_MAX):
+            raise ConfigError(f"importance_sampling_clip_min={lo} is not below importance_sampling_clip_max="
+                              f"{hi if hi is not None else f'{IMPORTANCE_SAMPLING_CLIP_MAX} (its default)'}: no ratio "
+                              "would lie between them. "
+                              "Lower the minimum or raise the maximum.")
+        sequence_ratio = "loss='gspo'" if self.resolved_loss() == "gspo" else (
+            "importance_sampling_level='sequence'" if self.importance_sampling_level == "sequence" else None)
+        if mode is not None and sequence_ratio and not mode.startswith("geometric_"):
+            raise ConfigError(
+                f"importance_sampling_correction={mode!r} contradicts {sequence_ratio}: that policy ratio is one "
+                "per sequence, the geometric mean of its tokens' ratios, while this correction weighs "
+                + ("each token by its own ratio" if mode.startswith("token_") else "a sequence by the product of "
+                   "its tokens' ratios")
+                + f". Use importance_sampling_correction='geometric_{mode.partition('_')[2]}' (the same ratio as "
+                "the policy's), or " + ("loss='ppo' (a token-level ratio)." if sequence_ratio.startswith("loss")
+                                        else "importance_sampling_level='token'."))
+        if self.use_bias_correction_kl and self.beta <= 0:
+            raise ConfigError("use_bias_correction_kl=True weighs the beta KL loss term, and beta=0 has none (ART's "
+                              "kl_penalty_coef shapes advantages instead); set beta > 0, or drop the option.")
+
+    def off_policy_options(self) -> list[str]:
+        """The artrl off-policy options this config turns on, as `name=value` (for messages)."""
+        on = [(n, getattr(self, n)) for n in ("importance_sampling_correction", "off_policy_mask_threshold")
+              if getattr(self, n) is not None]
+        on += [("use_bias_correction_kl", True)] if self.use_bias_correction_kl else []
+        return [f"{n}={v!r}" for n, v in on]
 
 
 # ART (art/local/backend.py `_train_sft`): batch_size="auto" is 2 trajectories per optimizer step.

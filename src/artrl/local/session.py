@@ -42,6 +42,7 @@ ART-facing facade are local/backend.py's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -238,7 +239,9 @@ class TrainingSession:
         started = time.monotonic()
         with self._training():
             ref = self._reference_adapter(cfg) if isinstance(cfg, TrainConfig) else None
-            call = prepare_call(kind, self._build_context(), data, cfg, ref_adapter=ref)
+            # the version this call trains, from which each sequence's policy age is counted (train/rl.py)
+            ctx = dataclasses.replace(self._build_context(), policy_version=self.step)
+            call = prepare_call(kind, ctx, data, cfg, ref_adapter=ref)
             if isinstance(cfg, TrainConfig) and cfg.plot_tensors and call.packed is not None:
                 from .plot_tensors import plot_packed
 

@@ -41,7 +41,16 @@ ART's options (types.TrainConfig; applied in ART's order):
 * truncated_importance_sampling: l_t *= sg(min(q_t, c)), q_t = exp(old_t - original_t),
   when the old logprobs were recomputed by the trainer (precalculate_logprobs;
   original = the sampled ones). Without them there is no trainer/sampler ratio and, as
-  in ART 0.5.23, the option is skipped, with one notice per process.
+  in ART 0.5.23, the option is skipped, with one notice per process. It is the
+  correction "token_truncate" with no lower bound and c as the upper one (below).
+
+artrl's off-policy options beyond ART (train/offpolicy.py has the formulas, `Correction`):
+importance_sampling_correction weighs l_t by the bounded trainer/sampler ratio of the token,
+its sequence or their geometric mean, truncated or masked (the trainer then hands the
+trainer's own logprobs as old and the sampled ones as original, as precalculate_logprobs does);
+off_policy_mask_threshold drops negative-advantage sequences too far from the sampler;
+use_bias_correction_kl weighs the beta term by exp(new_t - sampled_t). Applied after ART's
+options, to the policy term only (the KL term is added after, as in TRL).
 
 As ART 0.5.23: tokens without a finite old logprob (none sampled: nan; or -inf, inf)
 use old_t = sg(new_t), i.e. ratio 1 (on-policy); the tokenizer lets them through only
@@ -71,6 +80,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..notices import notice_once
+from .offpolicy import Correction, importance_weights, log_ratio_to_sampler, off_policy_keep, sequence_totals
 
 # The importance-ratio histogram (ART 0.5.23's bucket edges): bucket 0 holds r <= 1e-4, bucket k holds
 # EDGES[k-1] < r <= EDGES[k], the last one r > 1e4.
@@ -123,9 +133,7 @@ class LossTerms:
 
 def sequence_mean(values: torch.Tensor, sequence_ids: torch.Tensor) -> torch.Tensor:
     """Each token's sequence mean of `values` ([n] -> [n]); the gradient flows through the mean."""
-    uniq, inv = torch.unique(sequence_ids, return_inverse=True)
-    counts = values.new_zeros(len(uniq)).index_add_(0, inv, torch.ones_like(values))  # [seqs]
-    sums = values.new_zeros(len(uniq)).index_add(0, inv, values)  # [seqs]
+    sums, counts, inv = sequence_totals(values, sequence_ids)  # [seqs], [seqs], [n]
     return (sums / counts)[inv]  # [n]
 
 
@@ -151,14 +159,17 @@ def policy_loss(
     truncated_importance_sampling: float | None = None,
     original: torch.Tensor | None = None,
     kl_source: str = "current_learner",
+    correction: Correction | None = None,
 ) -> LossTerms:
     """All tensors are [n] over the micro-batch's trainable tokens; see the module docstring.
 
     `kl_mean` is the mean of kl_t over the optimizer step (None: over these tokens), kl_t = sg(new - ref), or
     sg(old - ref) with `kl_source="sample"`;
-    `original` holds the sampled logprobs when `old` was recomputed (precalculate_logprobs).
+    `original` holds the sampled logprobs when `old` was recomputed (precalculate_logprobs) or is the trainer's
+    own (a `correction` with a mode: then required); `correction`: artrl's off-policy options.
     """
     eps_high = epsilon if epsilon_high is None else epsilon_high
+    sampled_record = original if original is not None else old  # [n], the token record's (nan: none)
     old = torch.where(torch.isfinite(old), old, new.detach())  # [n]
     log_ratio = new - old  # [n]
     bound = LOG_RATIO_BOUND_FP16 if log_ratio.dtype == torch.float16 else LOG_RATIO_BOUND
@@ -206,16 +217,31 @@ def policy_loss(
     if truncated_importance_sampling:
         if original is not None:
             sampled = torch.where(torch.isnan(original), new.detach(), original)  # [n]
-            q = torch.exp(old - sampled)  # [n], trainer / sampler
-            per_token = per_token * torch.clamp(q, max=truncated_importance_sampling).detach()
+            per_token = per_token * importance_weights(old - sampled, sequence_ids, "token_truncate", None,
+                                                       truncated_importance_sampling)  # trainer / sampler, capped
         else:
             notice_once("loss.truncated_importance_sampling", f"truncated_importance_sampling="
                         f"{truncated_importance_sampling} is skipped: without precalculate_logprobs=True there are "
                         "no trainer-recomputed logprobs to compare with the sampled ones (as in ART 0.5.23).")
+    opsm_masked = weights.new_zeros(())
+    if correction is not None and correction.mode is not None:
+        if original is None:
+            raise ValueError(f"importance_sampling_correction={correction.mode!r} needs the trainer's logprobs as "
+                             "`old` and the sampled ones as `original` (train/trainer.py hands both)")
+        per_token = per_token * importance_weights(log_ratio_to_sampler(old, original), sequence_ids,
+                                                   correction.mode, correction.clip_min, correction.clip_max)
+    if correction is not None and correction.mask_threshold is not None:
+        keep = off_policy_keep(new, sampled_record, advantages, sequence_ids, correction.mask_threshold)  # [n]
+        per_token = per_token * keep
+        opsm_masked = ((keep == 0) & (weights != 0)).sum().to(weights.dtype)
     kl = torch.zeros_like(new)
     if beta > 0 and ref is not None:
         d = ref - new
         kl = torch.exp(d) - d - 1  # [n], k3 estimator, >= 0
+        if correction is not None and correction.bias_correction_kl:
+            # drawn from the sampler: weigh by pi / mu (with its gradient) for an unbiased KL(pi || ref)
+            to_sampler = new - new.detach() + log_ratio_to_sampler(new, sampled_record)  # [n], value l_t
+            kl = kl * torch.exp(to_sampler.clamp(-bound, bound))
     total = per_token + beta * kl
     with torch.no_grad():
         sums = dict(
@@ -226,6 +252,7 @@ def policy_loss(
             clipped=((ratio != clipped) & (weights > 0)).sum().to(weights.dtype),
             ratio=(weights * ratio).sum(),
             kl_ref=(weights * kl_ref).sum(),
+            opsm_masked=opsm_masked,
         )
         live = weights != 0  # [n]
         r = raw_ratio[live].to(torch.float64)  # [live]

@@ -20,16 +20,20 @@ from typing import Any
 import torch
 
 from .loss import RATIO_BUCKETS
+from .offpolicy import AGE_BUCKETS, AGE_FIELDS, AGE_VECTOR_KEY, MISMATCH_KEYS
 
 KEYS = ("loss", "policy", "kl", "entropy", "clipped", "ratio", "weight", "computed", "kl_ref",
         # ART 0.5.23's off-policy figures (train/loss.py): tokens, sum of their raw ratios, clipped tokens
         "ratio_tokens", "ratio_raw", "ratio_clipped",
         "delta_sum", "delta_max", "delta_tokens",
         # a mixture-of-experts model's routing replay (train/routing.py), the first optimizer step's
-        "routing_record", "routing_mismatch", "delta_free_max")
+        "routing_record", "routing_mismatch", "delta_free_max",
+        # the sampler/trainer mismatch (train/offpolicy.py; first step), tokens the off-policy sequence mask drops
+        *MISMATCH_KEYS, "opsm_masked")
 RATIO_HISTOGRAM_KEY = "ratio_hist"
-VECTORS = {RATIO_HISTOGRAM_KEY: RATIO_BUCKETS}
-"""Vector figures and their sizes: the importance-ratio histogram of RL losses (train/loss.py). Their elements are
+VECTORS = {RATIO_HISTOGRAM_KEY: RATIO_BUCKETS, AGE_VECTOR_KEY: AGE_BUCKETS * len(AGE_FIELDS)}
+"""Vector figures and their sizes: the importance-ratio histogram of RL losses (train/loss.py), the mismatch sums by
+policy age (train/offpolicy.py). Their elements are
 present (0) in every StepTotals, so ranks always combine the same keys."""
 
 

@@ -13,15 +13,19 @@ The forward passes before a call's first optimizer step run the weights that
 sampled the data (when it came from the current policy), so they also measure
 the token record (docs/token-record.md): `sampled_logprob_delta_mean` / `_max`
 are the mean and max |trainer logprob - sampled logprob| over the trainable
-tokens that carry a sampled logprob; they appear on the first step only.
+tokens that carry a sampled logprob; they appear on the first step only. The same
+pass gives the call's `offpolicy/...` mismatch figures (KL and chi-squared of sampler
+against trainer, the share each bound would act on, by policy age; train/offpolicy.py).
 
 What a step computes besides the policy's logprobs is a call's `StepOptions`:
 reference logprobs (base model with the adapter off, or a checkpoint loaded as
 a frozen adapter) for a KL term or ART's KL-penalised advantages, whose mean KL
 is taken over the whole optimizer step in a first no-grad pass; ART's
 `precalculate_logprobs` (the old logprobs recomputed once before the first
-step, the sampled ones kept for truncated importance sampling); the LM-head
-chunk size.
+step, the sampled ones kept for truncated importance sampling), or an
+off-policy correction's trainer logprobs (`trainer_old_logprobs`: a one-step
+call's own first pass, detached, since its weights have not moved yet; else
+the same recompute); the LM-head chunk size.
 
 `model_lock` is held for the whole of a train call. The built-in inference
 engine may serve this very model (serve/transformers_engine.py); it is then
@@ -75,6 +79,7 @@ from .memory import (CallState, MemoryBudget, call_checkpointing, device_budget,
                      out_of_memory_error)
 from ..models.loading import model_max_length
 from .memory import log as memory_log
+from .offpolicy import AGE_VECTOR_KEY, mismatch_metrics, mismatch_sums
 from .totals import RATIO_HISTOGRAM_KEY, StepTotals, vector_figure
 from ..models.tree_attention import TREE_ATTENTION, TreeLayout
 
@@ -119,6 +124,7 @@ class BuildContext:
     # says the token budget the free memory gave a call: INFO once per run, then DEBUG (None: INFO every call)
     memory_notes: OncePerRun | None = None
     vision: Any = None  # a vision-language model's models.vision.VisionInputs (None: the model reads text only)
+    policy_version: int | None = None  # the version the call trains (the run's step; None: unknown), for policy ages
 
 SAMPLED_DELTA_KEYS = ("sampled_logprob_delta_mean", "sampled_logprob_delta_max", "sampled_logprob_tokens",
                       # an MoE model's (train/routing.py): measured with the weights that sampled, like the delta
@@ -162,6 +168,12 @@ class StepOptions:
         the current weights; the sampled ones reach the loss as `original_logprobs`.
     routing_replay: a mixture-of-experts model's tokens with a routing record take the recorded experts
         (train/routing.py).
+    trainer_old_logprobs: the loss's old logprobs are the trainer's at the call's start, the sampled ones reach
+        it as `original_logprobs` (an off-policy correction, train/offpolicy.py): the first pass's own (detached)
+        in a call of one step, else recomputed as precalculate_logprobs does.
+    mismatch_bounds / mask_threshold: what the first step's `offpolicy/...` figures measure against (RL calls).
+    sequence_ages: the policy age of each of the call's sequences, by global sequence id (-1: unknown), for
+        those figures by age.
     """
 
     need_ref: bool = False
@@ -172,6 +184,16 @@ class StepOptions:
     chunk_size: int | None = None
     precalculate_logprobs: bool = False
     routing_replay: bool = True  # an MoE model replays the routing record (train/routing.py)
+    trainer_old_logprobs: bool = False
+    mismatch_bounds: tuple[float, float] = (1.0 / 3.0, 3.0)
+    mask_threshold: float | None = None
+    sequence_ages: tuple[int, ...] | None = None
+
+    def recomputes(self, steps: int) -> bool:
+        """Whether a call of `steps` optimizer steps recomputes its old logprobs before the first step (else a
+        correction's trainer logprobs are the first pass's own)."""
+        return self.precalculate_logprobs or (self.trainer_old_logprobs and (
+            steps > 1 or (self.kl_step_mean and self.kl_source == "sample")))  # the KL pass reads old too
 
 
 def _unwrap(model: Any) -> Any:
@@ -393,7 +415,7 @@ class Trainer:
                 state = None if self.sharded else CallState.take(self)
                 self.model.train()
                 original = None
-                if opts.precalculate_logprobs:
+                if opts.recomputes(len(plan.steps)):
                     original = packed.logprobs
                     packed = self.recompute_logprobs(packed, plan, chunk_size=opts.chunk_size,
                                                      replay=opts.routing_replay)
@@ -515,7 +537,11 @@ class Trainer:
             if original_logprobs is not None:
                 rows = torch.as_tensor(mb.rows, dtype=torch.long)
                 tb.original_logprobs = original_logprobs[rows, :mb.width][sub.trainable_mask].to(tb.logprobs.device)
+            elif opts.trainer_old_logprobs:  # a one-step call: its weights are still the call's first
+                tb.original_logprobs, tb.old_logprobs = tb.old_logprobs, tb.logprobs.detach()
             _add_sampled_delta(totals, tb)
+            if measure and opts.offpolicy_figures:
+                self._measure_mismatch(totals, tb, opts)
             with record_function("artrl/loss"):
                 terms = loss_fn(tb)
             with record_function("artrl/backward"):
@@ -530,6 +556,13 @@ class Trainer:
             totals.add(key, value)
         if terms.ratio_histogram is not None:
             totals.add_vector(RATIO_HISTOGRAM_KEY, terms.ratio_histogram)
+
+    def _measure_mismatch(self, totals: StepTotals, tb: TokenBatch, opts: StepOptions) -> None:
+        """The first step's sampler/trainer mismatch sums of a micro-batch (train/offpolicy.py)."""
+        sampled = tb.original_logprobs if tb.original_logprobs is not None else tb.old_logprobs  # [n]
+        ages = torch.tensor(opts.sequence_ages, dtype=torch.long) if opts.sequence_ages is not None else None
+        mismatch_sums(totals, tb.logprobs, sampled, tb.advantages, tb.weights, tb.sequence_ids,
+                      bounds=opts.mismatch_bounds, threshold=opts.mask_threshold, sequence_ages=ages)
 
     def _measure_routing(self, sub: PackedRows, tb: TokenBatch, totals: StepTotals, before: dict[str, float],
                          opts: StepOptions) -> None:
@@ -596,6 +629,10 @@ class Trainer:
                            importance_ratio_p95=histogram_quantile(counts, 0.95),
                            importance_ratio_p99=histogram_quantile(counts, 0.99),
                            clipped_token_fraction=totals["ratio_clipped"] / n)
+            metrics.update(mismatch_metrics(totals, vector_figure(totals, AGE_VECTOR_KEY),
+                                            bounds=opts.mismatch_bounds, threshold=opts.mask_threshold))
+            if opts.mask_threshold is not None:
+                metrics["offpolicy/off_policy_masked_tokens"] = totals["opsm_masked"] / w
         if opts.need_ref:
             metrics["kl"] = totals["kl"] / w
             metrics["kl_policy_ref"] = totals["kl_ref"] / w
@@ -610,5 +647,8 @@ class Trainer:
                 metrics["sampled_logprob_delta_max_without_replay"] = totals["delta_free_max"]
             metrics.update(self.routing.health())
             self.routing.reset_health()
-        bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
+        shown = {"loss": f"{metrics['loss']:.4f}"}
+        if "offpolicy/sampler_kl" in metrics:  # the first step's mismatch, as the train row has it
+            shown["sampler_kl"] = f"{metrics['offpolicy/sampler_kl']:.2e}"
+        bar.set_postfix(shown, refresh=False)
         return metrics
