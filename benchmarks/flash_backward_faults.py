@@ -6,7 +6,7 @@ process's system seconds and minor page faults over it, and the thresholds the p
 thresholds from the environment at start, so each setting is a process of its own:
 
     python benchmarks/flash_backward_faults.py                   # glibc's defaults (dynamic threshold)
-    python benchmarks/flash_backward_faults.py --trainer         # what a CPU trainer sets (src/artrl/host_allocator.py)
+    python benchmarks/flash_backward_faults.py --trainer         # what a CPU trainer sets (src/artrl/runtime/host_allocator.py)
     MALLOC_MMAP_THRESHOLD_=131072 python benchmarks/flash_backward_faults.py   # the 128 KiB threshold it set before
 
 docs/performance.md ("The threshold's price in bf16") has the figures.
@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--trainer", action="store_true", help="fix the thresholds as a CPU trainer does")
     args = parser.parse_args()
     if args.trainer:
-        from artrl.host_allocator import fix_mmap_threshold
+        from artrl.runtime.host_allocator import fix_mmap_threshold
 
         if not fix_mmap_threshold():
             raise SystemExit("this C library has no mallopt: nothing to measure")

@@ -1,5 +1,5 @@
 """How a checkpointed RL call's peak grows with the number of decoder layers, with glibc's mmap threshold dynamic
-(its default) or as a CPU trainer sets it for the call (src/artrl/host_allocator.py).
+(its default) or as a CPU trainer sets it for the call (src/artrl/runtime/host_allocator.py).
 
 One RL call through the public API on random:qwen3-0.6b cut to `--layers` decoder layers (float32, this CPU), on one
 trajectory pair sharing a `--context`-token prompt; prints one JSON line: the resident memory after `register`, the
@@ -21,7 +21,7 @@ import tempfile
 import time
 
 import artrl as art
-from artrl import host_allocator
+from artrl.runtime import host_allocator
 from artrl.bench.memory_bench import _reset_high_water_mark, _status_kb, context_pair
 from artrl.models import shapes
 

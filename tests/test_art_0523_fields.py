@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 import artrl as art
-from artrl import notices
+from artrl.runtime import notices
 from artrl.errors import ConfigError
 from artrl.local.backend import art_train_overrides
 from artrl.types import InternalModelConfig, TrainConfig, TrainSFTConfig

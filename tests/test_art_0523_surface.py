@@ -16,7 +16,7 @@ import math
 import pytest
 
 import artrl as art
-from artrl import notices
+from artrl.runtime import notices
 from artrl.errors import ConfigError, TrajectoryError
 from artrl.preprocess.tokenize import tokenize_sft
 from artrl.run import storage

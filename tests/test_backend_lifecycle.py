@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import artrl as art
-from artrl import notices
+from artrl.runtime import notices
 from artrl.serve import GenerationRequest, TransformersEngine
 from artrl.serve.engine import EngineClosedError
 from artrl.models.loading import load_base_model, load_model

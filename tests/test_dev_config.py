@@ -7,7 +7,7 @@ import logging
 import pytest
 
 import artrl as art
-from artrl import notices
+from artrl.runtime import notices
 from artrl.errors import ConfigError
 from artrl.types import TrainConfig
 

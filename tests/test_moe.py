@@ -180,7 +180,7 @@ def test_sampled_routing_is_recorded_replayed_and_its_mismatches_counted(tmp_pat
 def test_arts_megatron_bundle_keys_are_accepted_with_a_notice(caplog):
     import logging
 
-    from artrl import notices
+    from artrl.runtime import notices
 
     notices.forget()
     with caplog.at_level(logging.WARNING, logger="artrl.notices"):

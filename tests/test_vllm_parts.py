@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import artrl as art
-from artrl import notices
+from artrl.runtime import notices
 from artrl.errors import ConfigError
 from artrl.serve.engine import EngineClosedError
 from artrl.serve.vllm_args import FIXED, GRAMMAR_PROCESSOR, engine_arguments, lora_rank_slot

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterable
 
 from .gather import warn_deprecated_completion_tokens, wrap_group_awaitable
 from .gather_context import GatherContext, cancel_and_wait, context_with
-from .progress import progress_bar
+from .runtime.progress import progress_bar
 from .trajectories import TrajectoryGroup
 
 

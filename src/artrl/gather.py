@@ -31,7 +31,7 @@ from typing import Any
 from .errors import ArtrlError
 from .gather_context import (GatherContext, cancel_and_wait, get_gather_context, record_metrics,
                              set_gather_context)
-from .progress import progress_bar
+from .runtime.progress import progress_bar
 from .trajectories import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from .progress import ProgressBar
+from .runtime.progress import ProgressBar
 from .exchanges import exchange_completion_tokens
 
 

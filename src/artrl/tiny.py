@@ -43,7 +43,7 @@ import time
 from typing import TYPE_CHECKING, Final
 
 from artrl import tiny_vl
-from artrl._fs import fsync_dir, fsync_tree
+from artrl.runtime.fs import fsync_dir, fsync_tree
 from artrl.errors import CheckpointError
 
 if TYPE_CHECKING:  # torch and transformers load when a model is built or loaded, not with `import artrl`

@@ -290,7 +290,7 @@ class TrainConfig(BatchConfig, OptimizerConfig):
 
     def notice_ignored(self) -> None:
         """Log once per process each option set on this config that has no effect here (and why)."""
-        from .notices import notice_once
+        from .runtime.notices import notice_once
 
         for name, why in NO_EFFECT_TRAIN_OPTIONS.items():
             if name in self.model_fields_set:

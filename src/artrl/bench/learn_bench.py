@@ -63,7 +63,7 @@ from typing import Any, Final
 import torch
 
 from ..errors import ConfigError
-from ..progress import progress_bar
+from ..runtime.progress import progress_bar
 from .learn_results import (ARMS, GAIN_FLOOR, PAIRED_MARGIN, ResultsFile, compare_to_baseline, format_table,
                             run_key, run_scores, window)
 from .learn_tasks import TASKS, LearnTask, Prompt, WarmUp, get_task, prompt_schedule, warm_up_colours

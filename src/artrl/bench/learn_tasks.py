@@ -187,7 +187,7 @@ async def warm_up_colours(base_model: str, directory: Path, warm: WarmUp) -> Pat
         shutil.rmtree(tmp / "runs")
         model_dir = tmp / "model"
         (model_dir / WARMUP_MARKER).write_text(json.dumps({"base_model": base_model, "warmup": warm.__dict__}))
-        from .._fs import fsync_dir, fsync_tree
+        from ..runtime.fs import fsync_dir, fsync_tree
 
         fsync_tree(model_dir)
         try:

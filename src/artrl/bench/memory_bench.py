@@ -340,10 +340,10 @@ def train_figures(metrics: dict[str, float], seconds: float, peak_gb: float,
                   cpu_seconds: float | None = None) -> dict[str, Any]:
     """The train call beside its peak: the tokens it trained (0 when every group's rewards tied: nothing was
     trained, however fast the call), the optimizer steps it took, its seconds, the torch threads every train
-    call of this process sets (artrl/threads.py), and the process's CPU seconds over the call with the cores they
+    call of this process sets (artrl/runtime/threads.py), and the process's CPU seconds over the call with the cores they
     kept busy on average (CPU seconds / wall seconds: 1.0 is one core working, the other idle)."""
     from ..metrics_taxonomy import TRAIN_GRADIENT_STEPS_KEY
-    from ..threads import training_threads
+    from ..runtime.threads import training_threads
 
     trained = int(metrics.get("data/step_trainer_tokens", 0.0))
     return {"trained_tokens": trained, "optimizer_steps": int(metrics.get(TRAIN_GRADIENT_STEPS_KEY, 0.0)),

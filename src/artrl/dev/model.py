@@ -56,7 +56,7 @@ from typing import Any, Literal, NoReturn
 from typing_extensions import Required, TypedDict
 
 from ..errors import ConfigError
-from ..notices import notice_once
+from ..runtime.notices import notice_once
 from .engine import EngineArgs
 
 

@@ -36,7 +36,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
-from ..progress import ProgressBar
+from ..runtime.progress import ProgressBar
 from ..types import InternalModelConfig, OptimizerConfig
 from ..models.structure import decoder_layers
 from ..train.optimizers import moments

@@ -51,7 +51,7 @@ from ..backend import Backend
 from ..backend_hooks import backend_train_result
 from ..dev.train import METRIC_LOGGING, PACKED_SEQUENCE_LENGTH, check_metric_logging
 from ..errors import ConfigError
-from ..notices import notice_once
+from ..runtime.notices import notice_once
 from ..trajectories import Trajectory, TrajectoryGroup
 from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
 from ..run import storage

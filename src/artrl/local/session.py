@@ -53,8 +53,8 @@ from typing import Any
 
 from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..metrics_taxonomy import trainer_metrics
-from ..notices import notice_once
-from ..once_per_run import OncePerRun
+from ..runtime.notices import notice_once
+from ..runtime.once_per_run import OncePerRun
 from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
 from ..run import checkpoint, history, storage
 
@@ -94,14 +94,14 @@ class TrainingSession:
         from ..chat_format import end_of_turn_ids
         from ..models.loading import load_vision
         from ..models.source import check_model_source
-        from ..threads import training_threads
+        from ..runtime.threads import training_threads
         from ..train.trainer import Trainer
 
         # in seconds, with the way out (never the network for artrl's names); a cached model whose hub does not
         # answer loads from its cached directory, so nothing below waits on the network
         source = check_model_source(base_model) or base_model
         _check_run_owner(run, base_model)
-        training_threads()  # read before this session's decode worker sets its own count (artrl/threads.py)
+        training_threads()  # read before this session's decode worker sets its own count (artrl/runtime/threads.py)
         peft_model, tok = cls._load_weights(source, cfg)
         # one definition of what ends a turn, for the trainer and the engine alike
         end_ids = end_of_turn_ids(tok, peft_model)

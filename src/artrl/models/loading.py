@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from ..heap import release_free_memory
+from ..runtime.heap import release_free_memory
 from ..types import InternalModelConfig
 from .memory_plan import GB, check_model_fits, plan_for
 from .moe import EXPERTS_IMPLEMENTATION, is_moe, lora_targets
@@ -185,7 +185,7 @@ def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
                                    quantization=quantization)
         if quantization is not None:
             check_quantized_layers(model, quantization)
-        release_free_memory()  # the build's temporaries, left as holes in the C heap (artrl/heap.py)
+        release_free_memory()  # the build's temporaries, left as holes in the C heap (artrl/runtime/heap.py)
         log.info("built random-init %s (%s, %s, %.1fM parameters)", base_model, device, what, parameter_count(model) / 1e6)
         return model, tok
     extra: dict[str, Any] = {}
@@ -271,7 +271,7 @@ def load_model(base_model: str, cfg: InternalModelConfig | None = None, *,
     """(peft model with a fresh LoRA adapter, tokenizer); `shape_overrides`, `memory_planned`: see
     `load_base_model`."""
     if resolve_device(cfg or InternalModelConfig()).type == "cpu":
-        from ..host_allocator import fix_mmap_threshold
+        from ..runtime.host_allocator import fix_mmap_threshold
 
         fix_mmap_threshold()  # before the weights load: a heap fragmented by loading would stay (host_allocator.py)
     model, tok = load_base_model(base_model, cfg, shape_overrides=shape_overrides, memory_planned=memory_planned)

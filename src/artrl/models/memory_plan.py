@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from ..errors import ConfigError
-from ..host_allocator import heap_allowance
+from ..runtime.host_allocator import heap_allowance
 from .liger import liger_applies
 from .quantization import INT8_BYTES_PER_WEIGHT, NF4_BYTES_PER_WEIGHT
 from .shapes import RANDOM_DRAW_ROWS

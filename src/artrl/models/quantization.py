@@ -38,7 +38,7 @@ dtype there (oneDNN's, for CPUs with AVX512-BF16 or AMX: `fast_cpu_matmul`). Wit
 falls back to a scalar loop on one core, about 7x slower than float32 in the forward's orientation and 100x in
 the backward's (`grad @ W`), and a 4-bit train call spent nearly all its time there (benchmarks/results/
 2026-12-03-cpu). In float32 the weight is dequantised straight to float32 (bitsandbytes' OpenMP CPU kernel),
-the matmul is MKL's on the thread's torch threads (artrl/threads.py), and
+the matmul is MKL's on the thread's torch threads (artrl/runtime/threads.py), and
 the layer's input and output stay in the model's dtype; it costs a float32 rather than a bfloat16 copy of one
 layer's weight at a time, and serving computes the same (the engine shares these layers).
 

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from ..errors import ConfigError
-from ..notices import notice_once
+from ..runtime.notices import notice_once
 from ..pipeline_tuner.config import (BUILT_AUTOTUNE_MODES, PipelineAutotuneConfig, PipelineRuntimeConfig,
                                      refuse_unread_knobs)
 from ..trajectories import Trajectory, TrajectoryGroup, policy_token_counts

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 from ..errors import ConfigError
-from ..notices import notice_once
+from ..runtime.notices import notice_once
 from ..pipeline_tuner.autotune import StepMeasurement
 from ..pipeline_tuner.config import PipelineAutotuneConfig, PipelineRuntimeConfig, PipelineTuneSettings
 from ..local.adapter_leases import LeaseRegistry

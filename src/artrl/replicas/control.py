@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import shutdown
+from ..runtime import shutdown
 from ..errors import ConfigError
 from ..serve.models import STEP_SEPARATOR
 from .client import ReplicaClient, ReplicaError

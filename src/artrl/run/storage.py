@@ -35,7 +35,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .._fs import fsync_dir, fsync_tree, write_atomic
+from ..runtime.fs import fsync_dir, fsync_tree, write_atomic
 from ..errors import CheckpointError
 
 log = logging.getLogger(__name__)

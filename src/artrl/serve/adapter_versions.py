@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from artrl.adapter_switch import BASE_WEIGHTS, load_frozen_adapter
-from artrl.once_per_run import OncePerRun
+from artrl.runtime.once_per_run import OncePerRun
 from artrl.serve.engine import InvalidRequestError
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ free port, known before uvicorn starts; every connection with Nagle's algorithm
 off, else each response waits for the client's delayed ACK), speaks HTTP through
 serve/http_protocol.py (a deadline on request heads, JSON errors), keeps idle
 connections longer than clients do, and returns once `/health` answers. A
-server still running when the interpreter exits is stopped by artrl/shutdown.py,
+server still running when the interpreter exits is stopped by artrl/runtime/shutdown.py,
 after the engines.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import uvicorn
 
-from artrl import shutdown
+from artrl.runtime import shutdown
 from artrl.errors import ConfigError
 from artrl.serve.http_protocol import DEFAULT_HEAD_TIMEOUT_S, guarded_protocol
 
@@ -63,7 +63,7 @@ class ServerHandle:
         shutdown.untrack(self, shutdown.SERVERS)
 
     def shutdown_at_exit(self) -> None:
-        """Stopped at interpreter exit (artrl/shutdown.py), after the engines have failed what was in flight."""
+        """Stopped at interpreter exit (artrl/runtime/shutdown.py), after the engines have failed what was in flight."""
         self.stop(timeout=10.0)
 
     def __enter__(self) -> ServerHandle:

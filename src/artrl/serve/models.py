@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from artrl.errors import ArtrlError, CheckpointError
-from artrl.once_per_run import OncePerRun
+from artrl.runtime.once_per_run import OncePerRun
 from artrl.serve.engine import BASE_WEIGHTS, GenerationResult, InferenceEngine, InvalidRequestError
 
 logger = logging.getLogger(__name__)

@@ -50,7 +50,7 @@ what it leaves out compared with vLLM:
    request already decoding stops taking tokens at the next step, and the batch
    ends as soon as every row is finished or abandoned.
 6. **Closing stops the thread before the interpreter does.** `close()` (also run
-   at interpreter exit, artrl/shutdown.py) fails the batch in flight at its next
+   at interpreter exit, artrl/runtime/shutdown.py) fails the batch in flight at its next
    decode step and every queued request with `EngineClosedError`, then joins the
    worker, so no daemon thread is inside torch when Python finalises.
 7. **Structured outputs by a grammar.** A request with `structured` (a JSON schema or
@@ -87,14 +87,14 @@ from typing import Any
 
 import torch
 
-from artrl import shutdown
+from artrl.runtime import shutdown
 from artrl.adapter_switch import NotPeftModelError, serving_copy
 from artrl.chat_format import end_of_turn_ids
 from artrl.errors import ConfigError
 from artrl.models.moe import RoutingRecorder, is_moe
 from artrl.models.structure import config_max_length
 from artrl.models.quantization import quantization_of
-from artrl.once_per_run import OncePerRun
+from artrl.runtime.once_per_run import OncePerRun
 from artrl.serve.engine import (
     BASE_WEIGHTS,
     EngineClosedError,
@@ -110,7 +110,7 @@ from artrl.serve.decode_loop import _NOTHING, DecodeLoop, DecodeRow, EngineTask,
 from artrl.serve.merged_lora import LoraMerger
 from artrl.serve.sampling import row_key
 from artrl.serve.structured import GrammarCompiler
-from artrl.threads import training_threads
+from artrl.runtime.threads import training_threads
 
 logger = logging.getLogger(__name__)
 
@@ -431,7 +431,7 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
             # Set from this worker thread: OpenMP keeps the count per thread, so the trainer's thread keeps
             # its own (checked by test_decode_threads_leave_the_caller_alone). Threads started later take this
             # count at their first parallel op, so the process's own is read first, for train calls to set
-            # in theirs (artrl/threads.py).
+            # in theirs (artrl/runtime/threads.py).
             training_threads()
             torch.set_num_threads(self.num_threads)
         waiting: collections.deque[DecodeRow] = collections.deque()  # rows taken from the queue, not decoding

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import ConfigError
-from ..notices import notice_once
+from ..runtime.notices import notice_once
 
 #: Arguments whose value the token record depends on (point 1 of the module docstring).
 FIXED = {"logprobs_mode": "raw_logprobs", "enable_lora": True}

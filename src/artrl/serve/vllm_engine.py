@@ -49,7 +49,7 @@ token record and the trainer do not know it from the built-in engine. What it do
    wakes it afterwards. On CPU vLLM has no sleep mode and keeps its own copy of the weights,
    so rollouts go on while the trainer works.
 8. **Closing** fails every request in flight with `EngineClosedError`, shuts vLLM's processes
-   down, stops the loop and joins its thread (also at interpreter exit, artrl/shutdown.py).
+   down, stops the loop and joins its thread (also at interpreter exit, artrl/runtime/shutdown.py).
 9. **Structured outputs by artrl's grammar in vLLM's sampler.** A request with `structured` is
    compiled here first (`GrammarCompiler`: the llguidance grammar, checks, cache and 400 of the
    built-in engine; what cannot be compiled never reaches vLLM), then handed to vLLM with its
@@ -74,9 +74,9 @@ from typing import Any
 
 import torch
 
-from artrl import shutdown
+from artrl.runtime import shutdown
 from artrl.errors import ArtrlError, ConfigError
-from artrl.once_per_run import OncePerRun
+from artrl.runtime.once_per_run import OncePerRun
 from artrl.serve.engine import (
     BASE_WEIGHTS,
     EngineClosedError,

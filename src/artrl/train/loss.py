@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..notices import notice_once
+from ..runtime.notices import notice_once
 
 # The importance-ratio histogram (ART 0.5.23's bucket edges): bucket 0 holds r <= 1e-4, bucket k holds
 # EDGES[k-1] < r <= EDGES[k], the last one r > 1e4.

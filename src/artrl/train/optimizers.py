@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..notices import notice_once
+from ..runtime.notices import notice_once
 from ..optim_spec import DEFAULT_OPTIM, OptimSpec, optim_spec
 
 log = logging.getLogger(__name__)

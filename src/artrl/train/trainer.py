@@ -59,9 +59,9 @@ from torch.profiler import record_function
 from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..errors import ConfigError
-from ..host_allocator import fix_mmap_threshold, thresholds_for, use_thresholds
-from ..once_per_run import OncePerRun
-from ..progress import ProgressBar, progress_bar
+from ..runtime.host_allocator import fix_mmap_threshold, thresholds_for, use_thresholds
+from ..runtime.once_per_run import OncePerRun
+from ..runtime.progress import ProgressBar, progress_bar
 from ..types import InternalModelConfig, OptimizerConfig
 from .attention import attention_mask_for
 from .kernels import apply_kernels, fused_adamw

@@ -26,7 +26,7 @@ from collections.abc import Generator, Iterable
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from ..errors import TrajectoryError
-from ..progress import progress_bar
+from ..runtime.progress import progress_bar
 from ..trajectories import Trajectory
 from ..types import TrainSFTConfig
 

@@ -54,7 +54,7 @@ from typing import Any
 import pydantic
 from openai.types.chat.chat_completion import Choice
 
-from .._fs import write_atomic
+from ..runtime.fs import write_atomic
 from ..trajectories import LegacyHistory, Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import fastapi
 import pydantic
 from fastapi.exceptions import RequestValidationError
 
-from artrl.heap import release_free_memory
+from artrl.runtime.heap import release_free_memory
 from artrl.serve.guards import APIError
 from artrl.serve.request import INLINE_PARSE_BYTES, check_content_type, check_counts, count_items
 

@@ -15,7 +15,10 @@ from __future__ import annotations
 import logging
 import threading
 
-log = logging.getLogger(__name__)
+# The logger's name is public (docs/art-compatibility.md tells users to filter it), so it stays put when the
+# module moves.
+NOTICES_LOGGER = "artrl.notices"
+log = logging.getLogger(NOTICES_LOGGER)
 
 _seen: set[str] = set()
 _lock = threading.Lock()
