@@ -233,7 +233,7 @@ def tool_call_grammar(base_model: str, program: ModuleType) -> tuple[Any, int]:
     size): what every one of its replies was sampled within."""
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from artrl.chat_format import end_of_turn_ids
+    from artrl.chat.format import end_of_turn_ids
     from artrl.serve.structured import GrammarCompiler, structured_output
     from artrl.serve.tool_calls import tool_call_syntax
 

@@ -27,7 +27,7 @@ from openai.types.chat.chat_completion import Choice
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 from chat_families import FAMILIES, family_tokenizer, generation_config  # noqa: E402
 
-from artrl.chat_format import end_of_turn_ids, message_of  # noqa: E402
+from artrl.chat.format import end_of_turn_ids, message_of  # noqa: E402
 from artrl.preprocess.pack import pack  # noqa: E402
 from artrl.preprocess.tokenize import TokenizeStats, tokenize_history  # noqa: E402
 from artrl.serve import ServedModels, create_app  # noqa: E402

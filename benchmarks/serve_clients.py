@@ -40,7 +40,7 @@ def main() -> None:
     import httpx
     from openai import AsyncOpenAI, DefaultAioHttpClient
 
-    from artrl.chat_format import end_of_turn_ids
+    from artrl.chat.format import end_of_turn_ids
     from artrl.serve import ServedModels, create_app, start_server
     from artrl.serve.factory import open_engine
     from artrl.models.loading import load_base_model

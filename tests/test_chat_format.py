@@ -30,7 +30,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import artrl as art
 from artrl.trajectories import revalidate
-from artrl.chat_format import (
+from artrl.chat.format import (
     encode,
     end_of_turn_ids,
     message_of,

@@ -24,7 +24,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from artrl.chat_format import end_of_turn_ids
+from artrl.chat.format import end_of_turn_ids
 from artrl.serve.engine import (
     BASE_WEIGHTS,
     MAX_TOP_LOGPROBS,

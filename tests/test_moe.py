@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import artrl as art
-from artrl.chat_format import message_of
+from artrl.chat.format import message_of
 from artrl.models import moe
 from artrl.models.loading import load_model
 from artrl.models.memory_plan import ModelShape

@@ -71,7 +71,7 @@ class GatedModels(ServedModels):
 
 
 def start_replica(replica_id: str, base_model: str = "artrl/tiny"):
-    from artrl.chat_format import end_of_turn_ids
+    from artrl.chat.format import end_of_turn_ids
     from artrl.models.loading import load_model
     from artrl.serve.background import start_server
     from artrl.serve.factory import open_engine

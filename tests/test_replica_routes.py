@@ -45,7 +45,7 @@ def checkpoints(tmp_path_factory):
 @pytest.fixture(scope="module")
 def replica():
     """A built-in engine serving 'm' as replica 'r7' (its own peft model, as a replica process holds)."""
-    from artrl.chat_format import end_of_turn_ids
+    from artrl.chat.format import end_of_turn_ids
     from artrl.models.loading import load_model
     from artrl.serve.factory import open_engine
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import artrl as art
-from artrl.chat_format import encode, render_text
+from artrl.chat.format import encode, render_text
 from artrl.exchanges import build_exchange
 from artrl.tokenized import (TensorizedHistory, TensorizedMultiHistoryTrajectory, TensorizedTrajectory,
                              TensorizedTrajectoryGroup, TokenFlag, TokenizedHistory, TokenizedMultiHistoryTrajectory,

@@ -26,7 +26,7 @@ from PIL import Image
 
 import artrl as art
 from artrl.errors import ConfigError, ImageError
-from artrl.images import (DEFAULT_ALLOWED_LOCAL_MEDIA_PATH, DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS,
+from artrl.chat.images import (DEFAULT_ALLOWED_LOCAL_MEDIA_PATH, DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS,
                           MediaPolicy, load_image)
 from artrl.models.loading import add_lora, load_base_model, load_vision
 from artrl.models.vision import VisionInputs
@@ -302,7 +302,7 @@ def _choice(tok: Any, prompt: list[int], text: str, images: list[dict[str, Any]]
 
 
 def _served_prompt(vision: VisionInputs, tok: Any, messages: list[dict[str, Any]]) -> tuple[list[int], list[Any]]:
-    from artrl.chat_format import image_urls, render_prompt, template_message
+    from artrl.chat.format import image_urls, render_prompt, template_message
 
     images = [vision.process(vision.load(url, place)) for _, place, url in image_urls(messages, "m")]
     ids = render_prompt(tok, [template_message(m) for m in messages], images=vision.image_tokens(images))

@@ -25,7 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import artrl as art
-from artrl.chat_format import message_of
+from artrl.chat.format import message_of
 from artrl.serve.engine import BASE_WEIGHTS, GenerationRequest
 from artrl.serve.structured import structured_output
 

@@ -17,6 +17,7 @@ from . import dev, rewards, schedules, utils  # noqa: E402
 from .auto_trajectory import auto_trajectory, capture_auto_trajectory
 from .backend import Backend
 from .batches import trajectory_group_batches
+from .chat import images  # noqa: F401  (artrl.images.data_url, named by docs/models.md before it moved)
 from .dev import LoRAConfig
 from .errors import (ArtrlError, CheckpointError, ConfigError, LocalServingUnavailableError, NonFiniteError,
                      PackingError, TrainOutOfMemoryError, TrainTooLongError, TrajectoryError, WorkerError)

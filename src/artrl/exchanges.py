@@ -31,7 +31,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
-from .chat_chunks import choice_from_chunks
+from .chat.chunks import choice_from_chunks
 
 Endpoint = Literal["chat_completions", "completions", "responses", "messages"]
 

@@ -883,7 +883,7 @@ def _cited_exchanges(history: History) -> TrajectoryExchanges:
 def tokenize_history(history: History, *, base_model: str | None, tokenizer: Any, chat_template: str | None,
                      chat_template_kwargs: Mapping[str, object] | None) -> TokenizedHistory:
     """`History.tokenize()`: the history's one token sequence, as `art.tokenize` makes it (tokenized.py)."""
-    from .chat_format import end_of_turn_ids
+    from .chat.format import end_of_turn_ids
     from .tokenized import _check_unsupported, _resolve_tokenizer, _sequences
 
     _check_unsupported(chat_template, chat_template_kwargs)
@@ -912,7 +912,7 @@ def tokenize_legacy_history(history: LegacyHistory, *, model: str, base_model: s
                             chat_template: str | None,
                             chat_template_kwargs: Mapping[str, object] | None) -> TokenizedHistory:
     """`LegacyHistory.tokenize()`: its one token sequence, named `model`, as `art.tokenize` makes it."""
-    from .chat_format import end_of_turn_ids
+    from .chat.format import end_of_turn_ids
     from .tokenized import _check_unsupported, _resolve_tokenizer, _sequences
 
     _check_unsupported(chat_template, chat_template_kwargs)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from enum import IntFlag
 from typing import TYPE_CHECKING, Any
 
-from .chat_format import encode, end_of_turn_ids
+from .chat.format import encode, end_of_turn_ids
 from .errors import ConfigError
 from .exchanges import TrajectoryExchanges
 from .preprocess.tokenize import TokenizeStats, tokenize_history

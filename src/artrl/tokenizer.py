@@ -6,7 +6,7 @@ comes from `transformers.AutoTokenizer.from_pretrained`, with `revision` and eve
 As in ART, `trust_remote_code` defaults to True for a local directory or when the environment variable
 HF_TRUST_REMOTE_CODE is 1/true/yes, and to False otherwise; a keyword given by the caller wins.
 
-As in ART, the chat template is edited to keep earlier assistant turns' reasoning (preserved_thinking.py: Qwen3's
+As in ART, the chat template is edited to keep earlier assistant turns' reasoning (chat/preserved_thinking.py: Qwen3's
 hybrid templates, Gemma 4, gpt-oss, MiniMax, Kimi K2.5 and GLM, and templates with a `preserve_thinking` /
 `clear_thinking` switch), the same edit the server and the trainer load their tokenizer with. What ART adds and
 this does not (docs/art-compatibility.md): DeepSeek V4's chat encoder, the fallback to a public Llama 3 tokenizer
@@ -20,7 +20,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
-from .preserved_thinking import configure_preserved_thinking_chat_template
+from .chat.preserved_thinking import configure_preserved_thinking_chat_template
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

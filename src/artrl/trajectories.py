@@ -21,7 +21,7 @@ refuses a NaN/inf reward, an unknown role, non-string content or a malformed too
 call with a `TrajectoryError` that names the group, the trajectory and the field.
 Construction still refuses what pydantic cannot read (e.g. `reward="high"`) and a
 group member that is not a trajectory, with the same clear errors.
-The rules for messages, roles and tool calls live in `chat_format.py`, shared
+The rules for messages, roles and tool calls live in `chat/format.py`, shared
 with the tokenizer and the inference server.
 """
 
@@ -44,7 +44,7 @@ import pydantic
 from openai.types.chat.chat_completion import Choice
 
 from . import capture, capture_http
-from .chat_format import check_messages, check_tools
+from .chat.format import check_messages, check_tools
 from .errors import TrajectoryError
 from .exchanges import (ChatCompletionsExchange, CompletionsExchange, MessagesExchange,  # noqa: F401 - ART's
                         ResponsesExchange, TrajectoryExchanges, exchange_policy_token_spans,

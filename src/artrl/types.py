@@ -546,7 +546,7 @@ class InternalModelConfig(_Config):
         "the model; serve/vllm_args.py says which ones artrl sets itself. max_num_seqs, max_model_len and "
         "trust_remote_code also set inference_max_batch_size, inference_max_length and trust_remote_code. With "
         "the built-in engine the others have no effect, and each is noticed once when it opens.")
-    # ---- images (a vision-language model's; artrl/images.py)
+    # ---- images (a vision-language model's; artrl/chat/images.py)
     allowed_local_media_path: str | None = pydantic.Field(
         "/tmp", description="ART (engine_args.allowed_local_media_path, default '/tmp'): the directory file:// image "
         "URLs may read from, in requests to the server and in trajectories (symbolic links resolved first). None: "

@@ -225,7 +225,7 @@ class YardstickArm:
     async def start(self) -> tuple[Any, str]:
         from openai import AsyncOpenAI
 
-        from ..chat_format import end_of_turn_ids
+        from ..chat.format import end_of_turn_ids
         from ..serve import ServedModels, create_app, start_server
         from ..serve.factory import open_engine
         from ..models.loading import load_model

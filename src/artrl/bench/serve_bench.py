@@ -99,7 +99,7 @@ def _open_engine(model_name: str, cfg: Any, lora: bool = False, serve_copy: bool
     """(engine kind, engine, tokenizer, the transformers model or None) for `cfg`, as LocalBackend opens them
     (`serve_copy`: the built-in engine decodes a copy of the model sharing its frozen tensors, as a training
     session's engine does)."""
-    from ..chat_format import end_of_turn_ids
+    from ..chat.format import end_of_turn_ids
     from ..serve.factory import open_engine, resolve_engine_kind
     from ..models.loading import (RANDOM_SHAPES, add_lora, load_base_model, load_generation_config,
                                   load_tokenizer, resolve_device, resolve_name)
@@ -161,7 +161,7 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
     except ImportError:  # the Messages row is null
         anthropic = None
 
-    from ..chat_format import render_prompt
+    from ..chat.format import render_prompt
     from ..model import Model
     from ..openai_clients import transport_of
     from ..serve import ServedModels, create_app, start_server

@@ -16,7 +16,7 @@ turns either shape (or a mix) into the flat one:
     init_args/engine_args.trust_remote_code         -> trust_remote_code
     engine_args.max_num_seqs                        -> inference_max_batch_size
     engine_args.max_model_len                       -> inference_max_length
-    engine_args.allowed_local_media_path            -> allowed_local_media_path (file:// images, artrl/images.py)
+    engine_args.allowed_local_media_path            -> allowed_local_media_path (file:// images, artrl/chat/images.py)
     trainer_args.per_device_train_batch_size        -> per_device_train_batch_size (call default)
     trainer_args.gradient_accumulation_steps        -> grad_accumulation_sequences (rows per step, call default)
     trainer_args.adam_beta1 / adam_beta2 /
@@ -276,7 +276,7 @@ _TOP_REASON = {
 }
 
 _CHAT_TEMPLATE = ("artrl renders training data with the tokenizer's own chat template and its server applies the "
-                  "same one (chat_format.py); a template of the run's own is not supported yet. Set "
+                  "same one (chat/format.py); a template of the run's own is not supported yet. Set "
                   "tokenizer.chat_template in the model directory instead")
 # ART's top-level keys that artrl has no field for: the values that ask for what artrl does anyway (accepted), and
 # why any other value is refused (ConfigError naming the key, its value and this reason).

@@ -91,7 +91,7 @@ class TrainingSession:
     @classmethod
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
              cfg: InternalModelConfig, engine: Any = None) -> "TrainingSession":
-        from ..chat_format import end_of_turn_ids
+        from ..chat.format import end_of_turn_ids
         from ..models.loading import load_vision
         from ..models.source import check_model_source
         from ..runtime.threads import training_threads

@@ -41,7 +41,7 @@ def _adapter_and_run(checkpoint: str | None) -> tuple[Path | None, Path | None]:
 
 
 def build_app(args: Any) -> Any:
-    from ..chat_format import end_of_turn_ids
+    from ..chat.format import end_of_turn_ids
     from ..serve.background import is_loopback
     from ..serve.factory import open_engine, resolve_engine_kind
     from ..serve.models import ServedModels

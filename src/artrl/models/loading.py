@@ -98,10 +98,10 @@ def language_model_targets(names: list[str]) -> str:
 
 def load_tokenizer(base_model: str, cfg: InternalModelConfig | None = None) -> Any:
     """The tokenizer the server and the trainer share, its chat template set to keep earlier turns' reasoning
-    (preserved_thinking.py)."""
+    (chat/preserved_thinking.py)."""
     from transformers import AutoTokenizer
 
-    from ..preserved_thinking import configure_preserved_thinking_chat_template
+    from ..chat.preserved_thinking import configure_preserved_thinking_chat_template
 
     cfg = cfg or InternalModelConfig()
     path = resolve_name(base_model)
@@ -281,7 +281,7 @@ def load_model(base_model: str, cfg: InternalModelConfig | None = None, *,
 def load_vision(base_model: str, tokenizer: Any, config: Any, cfg: InternalModelConfig | None = None
                 ) -> VisionInputs | None:
     """A vision-language model's image processing under `cfg`'s media policy (None for a text-only model)."""
-    from ..images import MediaPolicy
+    from ..chat.images import MediaPolicy
 
     if not is_vision_model(config):
         return None

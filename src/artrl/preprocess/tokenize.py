@@ -53,7 +53,7 @@ divided by the group std when `scale_rewards`; a group whose advantages are all
 zero teaches nothing and is skipped and counted.
 
 Everything here is plain Python over lists, independent of any model. The chat
-format itself (validation, normalisation, end-of-turn ids) is `chat_format.py`.
+format itself (validation, normalisation, end-of-turn ids) is `chat/format.py`.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from typing import Any, Literal
 
 from openai.types.chat.chat_completion import Choice
 
-from ..chat_format import (
+from ..chat.format import (
     PLACEHOLDER,
     encode,
     end_of_turn_ids,
@@ -76,8 +76,8 @@ from ..chat_format import (
     turn_marker,
 )
 from ..errors import TrajectoryError
-from ..images import ProcessedImage
-from .media import ConversationImages, same_images
+from ..chat.images import ProcessedImage
+from ..chat.media import ConversationImages, same_images
 from ..trajectories import LegacyHistory, Trajectory, TrajectoryGroup, revalidate
 from ..wire_records import SampledSpan, reconciled_prompt, record_histories, sampled_text
 

@@ -1,7 +1,7 @@
 """The server's side of the chat format: request messages in, prompt ids and the token record out.
 
 The rules (roles, content, tool calls, rendering, end-of-turn ids, stops) are
-`artrl.chat_format`'s, shared with the data model and the trainer; this module
+`artrl.chat.format`'s, shared with the data model and the trainer; this module
 only applies them to HTTP requests and responses:
 
 * `request_messages` checks a request's `messages` with the same validation as
@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from artrl.chat_format import (
+from artrl.chat.format import (
     ImageTokens,
     Message,
     SampledCompletion,

@@ -40,9 +40,9 @@ from typing import Any
 
 import fastapi
 
-from artrl.chat_format import completion_text, cut_at_stop, image_urls
+from artrl.chat.format import completion_text, cut_at_stop, image_urls
 from artrl.errors import CheckpointError, ImageError
-from artrl.images import RECORD_KEY as IMAGES_RECORD_KEY, record_entries
+from artrl.chat.images import RECORD_KEY as IMAGES_RECORD_KEY, record_entries
 from artrl.models.moe import RECORD_KEY as ROUTING_RECORD_KEY, encode_routing
 from artrl.serve.chat import PromptBuilder, request_messages
 from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult, InvalidRequestError

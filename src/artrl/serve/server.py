@@ -52,7 +52,7 @@ Compared with OpenAI's API (and vLLM's server), this one:
    `RENDER_THREADS` at once, so it never delays another request's answer;
 7. takes images (`image_url` parts: data:, file:// under `allowed_local_media_path`, http(s)) for a
    vision-language model: each is loaded, checked and run through the model's image processor on a worker
-   thread (artrl/images.py, models/vision.py), the prompt's image tokens expanded, and each choice's record
+   thread (artrl/chat/images.py, models/vision.py), the prompt's image tokens expanded, and each choice's record
    names the prompt's images (`prompt_images`: content hash and grid). An image that does not decode, is
    too large, comes from where it may not, or goes to a model without a vision tower is a 400 naming the
    part (`messages[1].content[0]`);

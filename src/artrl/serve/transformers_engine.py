@@ -89,7 +89,7 @@ import torch
 
 from artrl.runtime import shutdown
 from artrl.adapter_switch import NotPeftModelError, serving_copy
-from artrl.chat_format import end_of_turn_ids
+from artrl.chat.format import end_of_turn_ids
 from artrl.errors import ConfigError
 from artrl.models.moe import RoutingRecorder, is_moe
 from artrl.models.structure import config_max_length

@@ -190,7 +190,7 @@ class Trainer:
         (None: `chat_format.end_of_turn_ids(tokenizer, model)`, what a session computes and passes). `vision`: a
         vision-language model's image processing (models/vision.py; `models.loading.load_vision`), which
         tokenizing its calls needs."""
-        from ..chat_format import end_of_turn_ids
+        from ..chat.format import end_of_turn_ids
 
         self.model = model
         self.tokenizer = tokenizer

@@ -2,7 +2,7 @@
 
 A vision-language model's sampled turn records its prompt's images by content hash and grid
 (`prompt_images`, docs/token-record.md), never the pixels. `ConversationImages.of_record` loads the images of
-the messages before the turn again (artrl/images.py, under the model's media policy), runs the model's processor
+the messages before the turn again (artrl/chat/images.py, under the model's media policy), runs the model's processor
 (models/vision.py, through the `vision` object the caller passes: nothing here imports a model), finds each
 recorded image by its hash, checks its grid, and places each in the prompt's ids. A conversation with images
 for a model without a vision tower is refused here, naming the part.
@@ -15,9 +15,9 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from ..chat_format import image_urls
+from .format import image_urls
 from ..errors import ImageError
-from ..images import RECORD_KEY as IMAGES_RECORD_KEY, ProcessedImage, read_record
+from .images import RECORD_KEY as IMAGES_RECORD_KEY, ProcessedImage, read_record
 
 
 def same_images(a: Sequence[tuple[int, ProcessedImage]], b: Sequence[tuple[int, ProcessedImage]]) -> bool:

@@ -6,7 +6,7 @@ messages; this module is the one set of rules they share:
 
 1. **Validation.** Roles are `VALID_ROLES`; content is a string, a list of
    `{"type": "text"}` parts and (in any role but the assistant's) `{"type":
-   "image_url"}` parts (artrl/images.py), or None (assistant turns only); a tool call has a
+   "image_url"}` parts (artrl/chat/images.py), or None (assistant turns only); a tool call has a
    non-empty function name and arguments that are a JSON object (a dict, or a
    string that parses to one). Every failure is a `TrajectoryError` whose
    message starts with the item's place (`Trajectory.messages_and_choices[3]`,
@@ -71,9 +71,9 @@ import pydantic
 from openai.types.chat.chat_completion import Choice
 from tokenizers import Tokenizer as _RustTokenizer
 
-from .errors import ImageError, TrajectoryError
+from ..errors import ImageError, TrajectoryError
 from .images import check_part, image_parts, is_image_part
-from .types import Message, MessageOrChoice
+from ..types import Message, MessageOrChoice
 
 
 VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -90,7 +90,7 @@ def turn_marker(k: int, content: Any) -> str:
     """What stands for assistant turn `k` (content `content`) while a template renders the rest: PLACEHOLDER, and
     after it the `</think>` that closes a reasoning block the content did not open. Such content was sampled after
     a generation prompt that opened the block (Qwen3.5 and later, thinking on), and a template that keeps it
-    (preserved_thinking.py) writes it after that opening only when it holds the closing tag: so must the
+    (chat/preserved_thinking.py) writes it after that opening only when it holds the closing tag: so must the
     placeholder, for the template to put it where the sampled text goes."""
     ph = PLACEHOLDER.format(k)
     if isinstance(content, str) and "</think>" in content and "<think>" not in content:

@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ImageError
+from ..errors import ImageError
 
 IMAGE_PART = "image_url"
 """The content part type of an image (OpenAI's)."""
