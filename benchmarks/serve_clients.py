@@ -44,7 +44,7 @@ def main() -> None:
     from artrl.serve import ServedModels, create_app, start_server
     from artrl.serve.factory import open_engine
     from artrl.models.loading import load_base_model
-    from artrl.types import InternalModelConfig
+    from artrl.config.model import InternalModelConfig
 
     torch.set_num_threads(1)
     cfg = InternalModelConfig(device="cpu", inference_cpu_threads=1)

@@ -93,7 +93,7 @@ def main() -> None:
     from artrl.serve.chat import PromptBuilder
     from artrl.serve.decode_batch import DecodeBatch
     from artrl.serve.decode_loop import DecodeLoop
-    from artrl.types import InternalModelConfig
+    from artrl.config.model import InternalModelConfig
 
     torch.set_num_threads(1)
     times: dict[str, list[float]] = defaultdict(list)

@@ -30,7 +30,8 @@ import artrl as art
 from artrl.runtime import notices
 from artrl.errors import ConfigError
 from artrl.local.backend import art_train_overrides
-from artrl.types import InternalModelConfig, TrainConfig, TrainSFTConfig
+from artrl.config.model import InternalModelConfig
+from artrl.types import TrainConfig, TrainSFTConfig
 
 TESTS = Path(__file__).parent
 

@@ -20,7 +20,8 @@ from artrl.runtime import notices
 from artrl.errors import ConfigError, TrajectoryError
 from artrl.preprocess.tokenize import tokenize_sft
 from artrl.run import storage
-from artrl.types import InternalModelConfig, TrainConfig, TrainSFTConfig
+from artrl.config.model import InternalModelConfig
+from artrl.types import TrainConfig, TrainSFTConfig
 
 USER = {"role": "user", "content": "Name a colour."}
 

@@ -163,7 +163,7 @@ def test_aggregate_counts_diverged_runs_without_averaging_them():
 
 def test_yardstick_step_moves_towards_the_better_reply(tiny_path):
     from artrl.models.loading import load_model
-    from artrl.types import InternalModelConfig
+    from artrl.config.model import InternalModelConfig
 
     model, tok = load_model(str(tiny_path), InternalModelConfig(seed=0, device="cpu"))
     prompt = Prompt("p", ({"role": "user", "content": "Say a word."},))

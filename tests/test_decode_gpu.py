@@ -26,7 +26,7 @@ MODEL = "random:qwen3-0.6b"
 
 def _model(dtype: str) -> tuple[Any, Any]:
     from artrl.models.loading import add_lora, load_base_model
-    from artrl.types import InternalModelConfig
+    from artrl.config.model import InternalModelConfig
 
     cfg = InternalModelConfig(device="cuda", dtype=dtype)
     model, tokenizer = load_base_model(MODEL, cfg)

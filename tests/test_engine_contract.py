@@ -35,7 +35,7 @@ from artrl.serve.engine import (
 )
 from artrl.serve.factory import open_engine
 from artrl.serve.scripted import ScriptedEngine
-from artrl.types import InternalModelConfig
+from artrl.config.model import InternalModelConfig
 
 TOLERANCE = 1e-4
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)

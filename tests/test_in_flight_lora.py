@@ -214,7 +214,7 @@ def test_in_flight_lora_is_accepted_for_the_built_in_engine_and_refused_for_vllm
 def test_the_vllm_engine_refuses_in_flight_updates_before_it_starts():
     pytest.importorskip("vllm")
     from artrl.serve.vllm_engine import VLLMEngine
-    from artrl.types import InternalModelConfig
+    from artrl.config.model import InternalModelConfig
 
     cfg = InternalModelConfig(rollout_weight_update_mode="in_flight_lora")
     with pytest.raises(ConfigError, match="not supported by the vLLM engine"):

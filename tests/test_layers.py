@@ -37,7 +37,7 @@ FORBIDDEN = {
                      "artrl.replicas", "artrl.pipeline_trainer"),
     "artrl.types": ("artrl.train", "artrl.serve", "artrl.local", "artrl.distributed", "artrl.run", "artrl.model",
                     "artrl.replicas"),
-    "artrl.optim_spec": ("artrl.models", "artrl.train", "artrl.types"),
+    "artrl.config.optimizers": ("artrl.models", "artrl.train", "artrl.types"),
     "artrl.train": ("artrl.serve", "artrl.local", "artrl.distributed", "artrl.run", "artrl.model"),
     "artrl.serve": ("artrl.train", "artrl.local", "artrl.distributed", "artrl.run", "artrl.model", "artrl.replicas"),
     "artrl.run": ("artrl.local", "artrl.distributed", "artrl.model", "artrl.runs", "artrl.serve", "artrl.train"),

@@ -13,7 +13,7 @@ from artrl.models.quantization import resolve_quantization
 from artrl.models.random_init import build_random_model
 from artrl.models.shapes import RANDOM_SHAPES, random_config
 from artrl.train import optimizers
-from artrl.optim_spec import SUPPORTED_OPTIMS, optim_spec
+from artrl.config.optimizers import SUPPORTED_OPTIMS, optim_spec
 from artrl.train.optimizers import build_optimizer, load_state, moments, set_moments
 
 CPU = torch.device("cpu")
@@ -56,10 +56,10 @@ def test_both_bit_widths_and_unknown_optimizers_are_refused_at_register_time():
 
 
 def test_without_bitsandbytes_quantisation_and_8bit_optimizers_say_how_to_install_it(monkeypatch):
-    import artrl.optim_spec
+    import artrl.config.optimizers
 
     monkeypatch.setattr(quantization, "bitsandbytes_installed", lambda: False)
-    monkeypatch.setattr(artrl.optim_spec, "bitsandbytes_installed", lambda: False)
+    monkeypatch.setattr(artrl.config.optimizers, "bitsandbytes_installed", lambda: False)
     with pytest.raises(art.ConfigError, match="default for a Hugging Face model.*pip install bitsandbytes.*"
                                               "load_in_4bit=False"):
         resolve_quantization(_cfg(), "Qwen/Qwen3-8B", "cuda")

@@ -294,7 +294,7 @@ def test_no_remote_code_unless_asked_for(monkeypatch, tiny_path):
     import transformers
 
     from artrl.models.loading import load_base_model
-    from artrl.types import InternalModelConfig
+    from artrl.config.model import InternalModelConfig
 
     seen: list[Any] = []
     for cls in (transformers.AutoModelForCausalLM, transformers.AutoTokenizer):

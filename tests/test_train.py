@@ -16,7 +16,8 @@ from artrl.models.loading import load_model
 from artrl.train.rl import _rl_loss, prepare_rl
 from artrl.train.sft import prepare_sft
 from artrl.trajectories import Trajectory, TrajectoryGroup
-from artrl.types import InternalModelConfig, TrainConfig, TrainSFTConfig
+from artrl.config.model import InternalModelConfig
+from artrl.types import TrainConfig, TrainSFTConfig
 
 
 @pytest.fixture()

@@ -18,7 +18,7 @@ from artrl.train.logprobs import token_logprobs
 from artrl.models.loading import load_model
 from artrl.train.memory import checkpointing_on
 from artrl.train.trainer import Trainer
-from artrl.types import InternalModelConfig
+from artrl.config.model import InternalModelConfig
 
 WORKLOAD = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "seed-like.json")
 

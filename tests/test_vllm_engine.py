@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 from artrl.chat.format import end_of_turn_ids
 from artrl.serve.engine import BASE_WEIGHTS, EngineClosedError, GenerationRequest, InvalidRequestError
 from artrl.serve.factory import open_engine
-from artrl.types import InternalModelConfig
+from artrl.config.model import InternalModelConfig
 
 pytestmark = pytest.mark.vllm
 

@@ -33,8 +33,9 @@ from .serverless import ServerlessBackend
 from .tokenized import tensorize, tokenize
 from .tokenizer import get_tokenizer
 from .trajectories import History, LegacyHistory, Trajectory, TrajectoryGroup
-from .types import (InternalModelConfig, LocalTrainResult, Messages, MessagesAndChoices, ServerlessTrainResult,
-                    Tools, TrainConfig, TrainResult, TrainSFTConfig)
+from .config.model import InternalModelConfig
+from .types import (LocalTrainResult, Messages, MessagesAndChoices, ServerlessTrainResult, Tools, TrainConfig,
+                    TrainResult, TrainSFTConfig)
 from .utils import choice_from_completion, retry
 from .yield_trajectory import capture_yielded_trajectory, yield_trajectory
 

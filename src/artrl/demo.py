@@ -61,7 +61,8 @@ from .run import storage
 from .model import TrainableModel
 from .tasks import colours
 from .trajectories import Trajectory, TrajectoryGroup
-from .types import InternalModelConfig, TrainConfig, TrainSFTConfig
+from .config.model import InternalModelConfig
+from .types import TrainConfig, TrainSFTConfig
 
 log = logging.getLogger(__name__)
 

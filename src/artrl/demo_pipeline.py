@@ -58,7 +58,8 @@ from .model import TrainableModel
 from .run import storage
 from .tasks import colours
 from .trajectories import TrajectoryGroup
-from .types import InternalModelConfig, TrainSFTConfig
+from .config.model import InternalModelConfig
+from .types import TrainSFTConfig
 
 log = logging.getLogger(__name__)
 

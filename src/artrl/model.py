@@ -9,7 +9,7 @@ Names and methods follow ART so an ART loop runs unchanged:
 
 Model-level settings (dtype, device, attention, inference batch size) go in
 `_internal_config=art.InternalModelConfig(...)`, the LoRA adapter in ART 0.5.23's
-`lora_config=art.LoRAConfig(...)` (lora_config.py); per-call settings (learning
+`lora_config=art.LoRAConfig(...)` (config/lora.py); per-call settings (learning
 rate, batching, loss) in `TrainConfig` / `TrainSFTConfig`.
 
 As in ART 0.5.23, a trainable model's `run_name` is its durable lineage: the run
@@ -42,7 +42,8 @@ from .run import storage
 from .run.history import RunHistory, best_logged_step, normalize_trajectory_groups
 from .metrics import MetricsBuilder
 from .trajectories import Trajectory, TrajectoryGroup
-from .types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
+from .config.model import InternalModelConfig
+from .types import TrainConfig, TrainResult, TrainSFTConfig
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +325,7 @@ class TrainableModel(Model):
     """A model with a LoRA adapter that `train` / `train_sft` update.
 
     `run_name` (ART 0.5.23) names the run directory and the tracked run; two models with one `name` and two
-    run names are two runs. `lora_config` (ART's `art.LoRAConfig`) shapes the adapter (lora_config.py).
+    run names are two runs. `lora_config` (ART's `art.LoRAConfig`) shapes the adapter (config/lora.py).
     """
 
     base_model: str
@@ -335,14 +336,14 @@ class TrainableModel(Model):
         "model is served as. None: `name` (ART 0.5.18's layout); read back, it is then `name`.")
     lora_config: dict[str, Any] | None = pydantic.Field(
         None, description="ART 0.5.23's `art.LoRAConfig(...)`: rank, alpha, dropout, target_modules, ... of the "
-        "adapter that trains, is saved and is served (lora_config.py says what each key does; a key artrl cannot "
+        "adapter that trains, is saved and is served (config/lora.py says what each key does; a key artrl cannot "
         "honour is a ConfigError). None: artrl's defaults (rank 8, alpha 16).")
 
     _internal_config: InternalModelConfig | None = pydantic.PrivateAttr(default=None)
     _cost_calculator: Any = pydantic.PrivateAttr(default=None)
 
     def __init__(self, *, _internal_config: InternalModelConfig | dict[str, Any] | None = None, **data: Any) -> None:
-        from .lora_config import apply_lora_config, lora_config_updates
+        from .config.lora import apply_lora_config, lora_config_updates
 
         lora_config_updates(data.get("lora_config"))  # ConfigError naming a bad key, before pydantic's own checks
         super().__init__(**data)

@@ -177,7 +177,8 @@ class ArtrlArm:
     name = "artrl"
 
     def __init__(self, base_model: str, seed: int, lr: float, extra: dict[str, Any], workdir: Path) -> None:
-        from ..types import InternalModelConfig, TrainConfig
+        from ..config.model import InternalModelConfig
+        from ..types import TrainConfig
 
         self.config = TrainConfig(**{**extra, "learning_rate": lr})
         self.internal = InternalModelConfig(seed=seed)
@@ -214,7 +215,7 @@ class YardstickArm:
     name = "yardstick"
 
     def __init__(self, base_model: str, seed: int, lr: float, extra: dict[str, Any], workdir: Path) -> None:
-        from ..types import InternalModelConfig
+        from ..config.model import InternalModelConfig
 
         del extra, workdir  # TrainConfig fields are artrl's; the yardstick is fixed
         self.base_model, self.lr = base_model, lr

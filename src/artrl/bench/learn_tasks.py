@@ -153,7 +153,8 @@ async def warm_up_colours(base_model: str, directory: Path, warm: WarmUp) -> Pat
     from .. import schedules
     from ..local import LocalBackend
     from ..model import TrainableModel
-    from ..types import InternalModelConfig, TrainSFTConfig
+    from ..config.model import InternalModelConfig
+    from ..types import TrainSFTConfig
 
     final = directory / f"colours-warmup-{warm.fingerprint(base_model)}"
     if (final / WARMUP_MARKER).exists():

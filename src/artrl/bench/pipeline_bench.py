@@ -365,7 +365,7 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
     from ..distributed.group import cpu_worker_threads
     from ..model import TrainableModel
     from ..models.loading import resolve_device
-    from ..types import InternalModelConfig
+    from ..config.model import InternalModelConfig
 
     concurrency = cfg.groups_per_step * cfg.rollouts_per_group * (cfg.max_steps_off_policy + 1)
     internal = InternalModelConfig(seed=cfg.seed, device=cfg.device,

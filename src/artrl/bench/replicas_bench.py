@@ -52,7 +52,7 @@ def add_arguments(p: Any) -> None:
 
 def _replica_set(n: int, args: Any, run: Path, token_time_ms: float) -> Any:
     from ..replicas.control import ReplicaSet
-    from ..types import InternalModelConfig
+    from ..config.model import InternalModelConfig
 
     cfg = InternalModelConfig(inference_replicas=n, inference_max_batch_size=args.slots, device="cpu")
     return ReplicaSet(name="bench", base_model="artrl/tiny", cfg=cfg, run=run, api_key="bench-key",

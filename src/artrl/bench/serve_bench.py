@@ -167,7 +167,7 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
     from ..serve import ServedModels, create_app, start_server
     from ..serve.engine import GenerationRequest
     from ..models.loading import load_base_model, resolve_device
-    from ..types import InternalModelConfig
+    from ..config.model import InternalModelConfig
 
     threads = {"inference_cpu_threads": num_threads} if num_threads is not None else {}  # else LocalBackend's
     cfg = InternalModelConfig(device=device, inference_engine=engine_kind, **threads)
@@ -293,7 +293,7 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
     from ..models.loading import resolve_device
     from ..models.quantization import quantization_of
     from ..serve import ServedModels, create_app, start_server
-    from ..types import InternalModelConfig
+    from ..config.model import InternalModelConfig
 
     threads = {"inference_cpu_threads": num_threads} if num_threads is not None else {}  # else LocalBackend's
     cfg = InternalModelConfig(device=device, inference_max_batch_size=max(concurrency, 1),

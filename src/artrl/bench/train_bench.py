@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..preprocess.pack import pack_reference
 from ..preprocess.plan import reference_plan
-from ..types import InternalModelConfig, TrainConfig
+from ..config.model import InternalModelConfig
+from ..types import TrainConfig
 from .pack_bench import REFERENCE_MULTIPLE
 from .flops import ModelShape, hardware_peak, packed_counts
 from .workload import load_workload, scaled, workload_groups

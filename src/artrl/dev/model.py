@@ -21,7 +21,7 @@ turns either shape (or a mix) into the flat one:
     trainer_args.gradient_accumulation_steps        -> grad_accumulation_sequences (rows per step, call default)
     trainer_args.adam_beta1 / adam_beta2 /
     adam_epsilon / weight_decay / max_grad_norm     -> the same names (call defaults)
-    trainer_args.optim                              -> optim (optim_spec.py)
+    trainer_args.optim                              -> optim (config/optimizers.py)
 
 `engine_args` are vLLM's engine arguments: the whole section is also kept as
 artrl's `engine_args` field, which reaches vLLM when it serves the model
@@ -43,7 +43,7 @@ splits and Tinker. When two keys give one field different values, the first
 in the order flat key, init_args, trainer_args, engine_args wins, with a notice.
 
 The LoRA adapter is ART 0.5.23's `TrainableModel(lora_config=LoRAConfig(...))`
-(lora_config.py maps it onto the same flat fields). ART 0.5.18's `peft_args`
+(config/lora.py maps it onto the same flat fields). ART 0.5.18's `peft_args`
 section, and `PeftArgs(...)`, raise ART's migration message
 (`PEFT_ARGS_MIGRATION_MESSAGE`), as ART 0.5.23 does.
 """
@@ -81,7 +81,7 @@ class InitArgs(TypedDict, total=False):
 class LoRAConfig(TypedDict, total=False):
     """ART 0.5.23's LoRA adapter settings, `TrainableModel(lora_config=LoRAConfig(...))`.
 
-    A plain dict at run time. lora_config.py says what each key does here (or why it is refused).
+    A plain dict at run time. config/lora.py says what each key does here (or why it is refused).
     """
 
     rank: int
@@ -154,10 +154,11 @@ class TinkerNativeArgs(TypedDict, total=False):
 
 
 class InternalModelConfig(TypedDict, total=False):
-    """ART's nested model config; artrl's flat keys (types.InternalModelConfig's fields) may be mixed in.
+    """ART's spelling of the model config: a dict that `artrl.InternalModelConfig` (config/model.py) accepts.
 
-    At run time this is a plain dict; `TrainableModel(_internal_config=...)` turns it into the typed
-    `artrl.InternalModelConfig` through `flatten_internal_config`.
+    ART's nested keys; artrl's flat keys (config/model.py's fields) may be mixed in. At run time this is a
+    plain dict; `TrainableModel(_internal_config=...)` turns it into the typed `artrl.InternalModelConfig`
+    through `flatten_internal_config`.
     """
 
     init_args: InitArgs

@@ -40,7 +40,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..errors import ArtrlError, CheckpointError, ConfigError
 from ..run import storage
-from ..types import InternalModelConfig
+from ..config.model import InternalModelConfig
 from . import checkpoint, protocol
 
 log = logging.getLogger("artrl.distributed.worker")

@@ -53,7 +53,8 @@ from ..dev.train import METRIC_LOGGING, PACKED_SEQUENCE_LENGTH, check_metric_log
 from ..errors import ConfigError
 from ..runtime.notices import notice_once
 from ..trajectories import Trajectory, TrajectoryGroup
-from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
+from ..config.model import InternalModelConfig
+from ..types import LocalTrainResult, TrainConfig, TrainSFTConfig
 from ..run import storage
 from ..tiny import TINY_MODEL_NAME
 from .adapter_leases import LeaseRegistry, pin_inference_step, pinned_inference_step
@@ -538,10 +539,10 @@ def _same_run(session: TrainingSession, model: "Model", run: Path) -> None:
 
 
 def _internal_config(model: "TrainableModel") -> InternalModelConfig:
-    """The model's config as artrl's typed one, with its `lora_config` applied (lora_config.py): None, artrl's flat
+    """The model's config as artrl's typed one, with its `lora_config` applied (config/lora.py): None, artrl's flat
     dict, or ART's nested dict (set on the model in any of ART's ways, including
     `object.__setattr__(model, "_internal_config", {...})`)."""
-    from ..lora_config import apply_lora_config
+    from ..config.lora import apply_lora_config
 
     return apply_lora_config(_typed_internal_config(model), getattr(model, "lora_config", None))
 

@@ -55,7 +55,8 @@ from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..metrics_taxonomy import trainer_metrics
 from ..runtime.notices import notice_once
 from ..runtime.once_per_run import OncePerRun
-from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
+from ..config.model import InternalModelConfig
+from ..types import LocalTrainResult, TrainConfig, TrainSFTConfig
 from ..run import checkpoint, history, storage
 
 log = logging.getLogger(__name__)

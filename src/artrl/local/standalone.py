@@ -49,7 +49,7 @@ def build_app(args: Any) -> Any:
     from ..models.loading import (RANDOM_SHAPES, load_base_model, load_config, load_generation_config, load_model,
                                   load_tokenizer, load_vision, resolve_device, resolve_name)
     from ..models.vision import is_vision_model
-    from ..types import InternalModelConfig
+    from ..config.model import InternalModelConfig
     from ..run import storage
 
     if not is_loopback(args.host) and not args.api_key:

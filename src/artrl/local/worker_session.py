@@ -30,7 +30,8 @@ from typing import Any
 from ..distributed.group import WorkerGroup
 from ..errors import ConfigError
 from ..run import checkpoint, storage
-from ..types import InternalModelConfig, TrainConfig
+from ..config.model import InternalModelConfig
+from ..types import TrainConfig
 from .session import CallOutcome, TrainingSession
 
 log = logging.getLogger(__name__)

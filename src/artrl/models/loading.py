@@ -34,7 +34,7 @@ import torch
 
 from ..errors import ConfigError
 from ..runtime.heap import release_free_memory
-from ..types import InternalModelConfig
+from ..config.model import InternalModelConfig
 from .memory_plan import GB, check_model_fits, plan_for
 from .moe import EXPERTS_IMPLEMENTATION, is_moe, lora_targets
 from .quantization import (Quantization, bnb_config, check_quantized_layers, is_own_model, prepare_quantized,

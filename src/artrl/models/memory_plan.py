@@ -454,7 +454,7 @@ def peak_rss_bytes() -> int:
 def settings_for(cfg: Any, base_model: str, device_type: str, **workload: Any) -> MemorySettings:
     """The plan's settings of InternalModelConfig `cfg` for `base_model` on `device_type` (`workload`:
     micro_batch_tokens, serving_tokens)."""
-    from ..optim_spec import optim_spec
+    from ..config.optimizers import optim_spec
     from .quantization import resolve_quantization
     from .shapes import RANDOM_SHAPES
 

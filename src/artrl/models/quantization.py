@@ -57,12 +57,12 @@ import logging
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConfigError
-from ..optim_spec import BNB_INSTALL_HINT, bitsandbytes_installed  # also read from here
+from ..config.optimizers import BNB_INSTALL_HINT, bitsandbytes_installed  # also read from here
 
 if TYPE_CHECKING:
     import torch
 
-    from ..types import InternalModelConfig
+    from ..config.model import InternalModelConfig
 
 log = logging.getLogger(__name__)
 

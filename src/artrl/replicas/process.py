@@ -71,7 +71,7 @@ def build_app(args: argparse.Namespace) -> tuple[Any, Any]:
     from ..run import storage
     from ..serve.models import ServedModels
     from ..serve.server import create_app
-    from ..types import InternalModelConfig
+    from ..config.model import InternalModelConfig
 
     cfg = InternalModelConfig(**json.loads(args.config))
     engine, kind = open_engine_for(args, cfg)

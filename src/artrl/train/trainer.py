@@ -62,13 +62,14 @@ from ..errors import ConfigError
 from ..runtime.host_allocator import fix_mmap_threshold, thresholds_for, use_thresholds
 from ..runtime.once_per_run import OncePerRun
 from ..runtime.progress import ProgressBar, progress_bar
-from ..types import InternalModelConfig, OptimizerConfig
+from ..config.model import InternalModelConfig
+from ..types import OptimizerConfig
 from .attention import attention_mask_for
 from .kernels import apply_kernels, fused_adamw
 from .logprobs import TokenLogprobModel
 from .loss import LossTerms, histogram_quantile
 from .offload import HostOffload
-from ..optim_spec import optim_spec
+from ..config.optimizers import optim_spec
 from .optimizers import build_optimizer, load_state
 from .routing import TrainerRouting
 from .memory import (CallState, MemoryBudget, call_checkpointing, device_budget, is_out_of_memory,

@@ -31,9 +31,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .dev.model import LoRAConfig, checkpointing_flag
-from .errors import ConfigError
-from .types import InternalModelConfig
+from ..dev.model import LoRAConfig, checkpointing_flag
+from ..errors import ConfigError
+from .model import InternalModelConfig
 
 _SAME: Callable[[Any], Any] = lambda v: v  # noqa: E731
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 DEFAULT_OPTIM = "adamw_torch"
 BNB_INSTALL_HINT = "pip install bitsandbytes"
