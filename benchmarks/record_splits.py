@@ -32,7 +32,7 @@ from artrl.preprocess.pack import pack  # noqa: E402
 from artrl.preprocess.tokenize import TokenizeStats, tokenize_history  # noqa: E402
 from artrl.serve import ServedModels, create_app  # noqa: E402
 from artrl.serve.scripted import ScriptedEngine  # noqa: E402
-from artrl.tiny import build_tiny_tokenizer  # noqa: E402
+from artrl.models.tiny import build_tiny_tokenizer  # noqa: E402
 
 SYSTEM = "You are a research assistant. Use the search tool to find facts, then answer in one paragraph. " * 3
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "Search the web.", "parameters": {

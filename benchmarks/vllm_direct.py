@@ -16,7 +16,7 @@ import time
 
 from vllm import LLM, SamplingParams
 
-from artrl.tiny import tiny_model_path
+from artrl.models.tiny import tiny_model_path
 
 variant = sys.argv[1] if len(sys.argv) > 1 else "plain"
 if variant not in ("plain", "lora", "lora+grammar"):

@@ -13,7 +13,7 @@ import torch
 
 from artrl.serve import TransformersEngine
 from artrl.serve.engine import GenerationRequest
-from artrl.tiny import load_tiny
+from artrl.models.tiny import load_tiny
 
 
 RANDOM_LORA_TARGETS = ["q_proj", "v_proj", "up_proj"]

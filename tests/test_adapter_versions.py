@@ -18,7 +18,7 @@ from peft import PeftModel
 import artrl as art
 from artrl.serve import GenerationRequest, ServedModels, TransformersEngine
 from artrl.serve.engine import BASE_WEIGHTS
-from artrl.tiny import load_tiny
+from artrl.models.tiny import load_tiny
 from artrl.trajectories import choice_policy_version, sampled_policy_versions
 from engine_helpers import StepHook, prompt_of, random_adapter as _adapter, recompute, submit
 

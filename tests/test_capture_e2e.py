@@ -30,7 +30,7 @@ import requests
 
 import artrl as art
 from artrl.chat.format import end_of_turn_ids
-from artrl.models.loading import load_tokenizer
+from artrl.models.tokenizer import load_tokenizer
 from artrl.tokenized import TokenFlag
 from artrl.trajectories import sampled_policy_versions
 

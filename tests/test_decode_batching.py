@@ -21,7 +21,7 @@ from peft.tuners.lora import Linear as LoraLinear
 
 from artrl.serve import GenerationRequest, TransformersEngine
 from artrl.serve.sampling import row_key, row_uniforms, sample_next_tokens
-from artrl.tiny import load_tiny
+from artrl.models.tiny import load_tiny
 from engine_helpers import prompt_of, recompute, submit
 
 TOLERANCE = 1e-4

@@ -75,9 +75,9 @@ def listed_paths(text: str) -> list[str]:
 
 
 def test_a_listing_names_files_apart_from_their_folder():
-    text = ("```\nsrc/artrl/\n  tiny.py  cli.py   the command line\n  train/   rl.py (the loss.py of it) gone.py\n"
+    text = ("```\nsrc/artrl/\n  types.py  cli.py   the command line\n  train/   rl.py (the loss.py of it) gone.py\n"
             "           sft.py\n  model.py\n```\n")
-    assert listed_paths(text) == ["tiny.py", "cli.py", "train/rl.py", "train/gone.py", "train/sft.py", "model.py"]
+    assert listed_paths(text) == ["types.py", "cli.py", "train/rl.py", "train/gone.py", "train/sft.py", "model.py"]
     assert [p for p in listed_paths(text) if not (ROOT / "src" / "artrl" / p).exists()] == ["train/gone.py"]
 
 
@@ -88,10 +88,10 @@ def test_every_file_a_source_listing_names_exists(page):
 
 def test_the_rule_finds_repository_paths_and_leaves_the_rest():
     text = ("run `artrl bench pack --workload ../shared/workloads/seed-like.json` or benchmarks/workloads/x.json; "
-            "see serve/engine.py, src/artrl/tiny.py and docs/batching.md; metrics train/loss and data/rows; "
+            "see serve/engine.py, src/artrl/models/tiny.py and docs/batching.md; metrics train/loss and data/rows; "
             "the run's .art/p/models/m/history.jsonl; openai/gpt-4o")
     assert repository_paths(text) == ["../shared/workloads/seed-like.json", "benchmarks/workloads/x.json",
-                                      "serve/engine.py", "src/artrl/tiny.py", "docs/batching.md"]
+                                      "serve/engine.py", "src/artrl/models/tiny.py", "docs/batching.md"]
     assert missing(text, ROOT) == ["../shared/workloads/seed-like.json", "benchmarks/workloads/x.json"]
 
 

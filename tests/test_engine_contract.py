@@ -60,7 +60,7 @@ def _base(tiny_path: pathlib.Path) -> Any:
 
 def open_builtin(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCase:
     """The built-in engine as a worker session opens it: a peft model of its own, no trainer on it."""
-    from artrl.models.loading import load_tokenizer
+    from artrl.models.tokenizer import load_tokenizer
 
     model = get_peft_model(_base(tiny_path), LORA)  # fresh LoRA: serves the base model's weights
     cfg = InternalModelConfig(inference_max_batch_size=8, inference_max_length=MAX_MODEL_LEN)
@@ -70,7 +70,7 @@ def open_builtin(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCase
 
 def open_builtin_static(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCase:
     """The built-in engine decoding in static cache slots (the GPU switch, run eagerly here), merged LoRA on."""
-    from artrl.models.loading import load_tokenizer
+    from artrl.models.tokenizer import load_tokenizer
 
     model = get_peft_model(_base(tiny_path), LORA)
     cfg = InternalModelConfig(inference_max_batch_size=8, inference_max_length=MAX_MODEL_LEN,
@@ -80,7 +80,7 @@ def open_builtin_static(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> Eng
 
 
 def open_scripted(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCase:
-    from artrl.models.loading import load_tokenizer
+    from artrl.models.tokenizer import load_tokenizer
 
     engine = ScriptedEngine(load_tokenizer(str(tiny_path)), end_ids, max_model_len=MAX_MODEL_LEN)
 
@@ -92,7 +92,7 @@ def open_scripted(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCas
 
 def open_vllm(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCase:
     """vLLM (its CPU build here) on the tiny model's directory; runs where vLLM is installed (marker `vllm`)."""
-    from artrl.models.loading import load_tokenizer
+    from artrl.models.tokenizer import load_tokenizer
 
     cfg = InternalModelConfig(inference_max_length=MAX_MODEL_LEN, lora_rank=LORA.r)
     engine = open_engine("vllm", tokenizer=load_tokenizer(str(tiny_path)), end_ids=end_ids, cfg=cfg,

@@ -18,7 +18,7 @@ import artrl as art
 from artrl.errors import ConfigError
 from artrl.serve import GenerationRequest, TransformersEngine
 from artrl.serve.core import policy_token_spans_json
-from artrl.tiny import load_tiny
+from artrl.models.tiny import load_tiny
 from engine_helpers import StepHook, prompt_of, random_adapter as _adapter, recompute, submit
 
 TOLERANCE = 1e-4

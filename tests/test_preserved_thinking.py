@@ -18,11 +18,11 @@ from openai.types.chat.chat_completion import Choice
 
 import artrl as art
 from artrl.chat.format import encode, end_of_turn_ids, template_message
-from artrl.models.loading import load_tokenizer
+from artrl.models.tokenizer import load_tokenizer
 from artrl.preprocess.tokenize import TokenizeStats, tokenize_history
 from artrl.chat.preserved_thinking import chat_template_with_preserved_thinking, preserves_thinking
 from artrl.serve.chat import PromptBuilder
-from artrl.tiny import CHAT_TEMPLATE, tiny_model_path
+from artrl.models.tiny import CHAT_TEMPLATE, tiny_model_path
 
 from chat_families import DATA, family_tokenizer
 

@@ -211,7 +211,7 @@ def _hf_checkpoint(tiny_path, tmp_path):
     """The tiny model as a directory artrl did not build: a Hugging Face checkpoint to the loader."""
     import shutil
 
-    from artrl.tiny import BUILD_MARKER_FILE
+    from artrl.models.tiny import BUILD_MARKER_FILE
 
     local = tmp_path / "checkpoint"
     shutil.copytree(tiny_path, local, ignore=shutil.ignore_patterns(BUILD_MARKER_FILE))

@@ -141,7 +141,7 @@ def test_a_replica_names_itself_and_refuses_a_turn_meant_for_another(replica):
 
 def test_control_routes_exist_only_when_asked_for():
     from artrl.serve.scripted import ScriptedEngine
-    from artrl.tiny import build_tiny_tokenizer
+    from artrl.models.tiny import build_tiny_tokenizer
 
     app = create_app(ServedModels("m", ScriptedEngine.from_text(build_tiny_tokenizer(), "ok")))
     with TestClient(app) as client:

@@ -37,7 +37,7 @@ from artrl.serve import (
     start_server,
 )
 from artrl.serve.scripted import ScriptedEngine
-from artrl.tiny import load_tiny
+from artrl.models.tiny import load_tiny
 from engine_helpers import recompute
 
 TOLERANCE = 1e-4

@@ -19,7 +19,7 @@ import pytest
 from artrl.serve import ServedModels, ServerHandle, create_app, start_server
 from artrl.serve.scripted import ScriptedEngine
 from artrl.serve.server import DEFAULT_MAX_MESSAGES, DEFAULT_MAX_SCHEMA_CHARS, DEFAULT_MAX_TOOLS, INLINE_RENDER_MESSAGES
-from artrl.tiny import build_tiny_tokenizer
+from artrl.models.tiny import build_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from artrl.serve import ServedModels, ServerHandle, TransformersEngine, create_a
 from artrl.serve.scripted import ScriptedEngine
 from artrl.serve.stream_text import TextStream
 from artrl.serve.tool_calls import TOOL_CALL_START, parse_tool_calls
-from artrl.tiny import load_tiny
+from artrl.models.tiny import load_tiny
 from engine_helpers import one_thread_engine
 
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather.", "parameters": {

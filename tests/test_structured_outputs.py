@@ -23,7 +23,7 @@ from artrl.chat.format import message_of
 from artrl.serve import GenerationRequest, ServedModels, ServerHandle, TransformersEngine, create_app, start_server
 from artrl.serve.scripted import ScriptedEngine
 from artrl.serve.structured import structured_output
-from artrl.tiny import load_tiny
+from artrl.models.tiny import load_tiny
 
 COLOUR = {
     "type": "object",

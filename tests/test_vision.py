@@ -35,7 +35,7 @@ from artrl.preprocess.tokenize import tokenize_groups, tokenize_sft
 from artrl.serve.models import ServedModels
 from artrl.serve.server import create_app, start_server
 from artrl.serve.transformers_engine import TransformersEngine
-from artrl.tiny import load_tiny
+from artrl.models.tiny import load_tiny
 
 from model_kinds import COLOURS, image_url, vision_content
 
@@ -418,7 +418,7 @@ def test_a_template_that_drops_images_is_refused_not_silently_trained(vl):
     """A real checkpoint's template may not render image parts in some role; the image would then be lost."""
     import copy
 
-    from artrl.tiny import CHAT_TEMPLATE
+    from artrl.models.tiny import CHAT_TEMPLATE
 
     _, tok, vision = vl
     blind = copy.deepcopy(tok)

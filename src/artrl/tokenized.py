@@ -248,7 +248,7 @@ def _resolve_tokenizer(tokenizer: Any, base_model: str | None, model: str | None
     if name is None:
         raise ConfigError("art.tokenize needs a tokenizer: pass tokenizer=... or base_model=... (the model whose "
                           "tokenizer served the trajectories, e.g. base_model='artrl/tiny').")
-    from .models.loading import load_tokenizer
+    from .models.tokenizer import load_tokenizer
 
     return load_tokenizer(name)
 

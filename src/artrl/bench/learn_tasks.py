@@ -134,7 +134,7 @@ class WarmUp:
     seed: int = 0
 
     def fingerprint(self, base_model: str) -> str:
-        from ..tiny import BUILTIN_MODELS, build_fingerprint
+        from ..models.tiny import BUILTIN_MODELS, build_fingerprint
 
         base = build_fingerprint(base_model) if base_model in BUILTIN_MODELS else base_model
         recipe = {"base": base, "warmup": self.__dict__, "data": [t.model_dump(mode="json", include={
@@ -210,8 +210,8 @@ def _merge(base_model: str, adapter_dir: str, out: Path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from ..tiny import resolve_model_path
-    from ..models.loading import load_tokenizer
+    from ..models.tiny import resolve_model_path
+    from ..models.tokenizer import load_tokenizer
 
     path = resolve_model_path(base_model)
     base: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

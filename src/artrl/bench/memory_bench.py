@@ -322,7 +322,7 @@ def context_pair(base_model: str, cfg: Any, tokens: int, layout: str) -> Any:
     prompt and answering in a few words (`layout` "prompt"), or a short prompt answered at length ("completion")."""
     import artrl as art
 
-    from ..models.loading import load_tokenizer
+    from ..models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(base_model, cfg)
     if layout == "prompt":

@@ -101,8 +101,9 @@ def _open_engine(model_name: str, cfg: Any, lora: bool = False, serve_copy: bool
     session's engine does)."""
     from ..chat.format import end_of_turn_ids
     from ..serve.factory import open_engine, resolve_engine_kind
-    from ..models.loading import (RANDOM_SHAPES, add_lora, load_base_model, load_generation_config,
-                                  load_tokenizer, resolve_device, resolve_name)
+    from ..models.loading import (RANDOM_SHAPES, add_lora, load_base_model, load_generation_config, resolve_device,
+                                  resolve_name)
+    from ..models.tokenizer import load_tokenizer
 
     on_disk = model_name not in RANDOM_SHAPES
     kind = resolve_engine_kind(cfg.inference_engine, resolve_device(cfg).type, weights_on_disk=on_disk)

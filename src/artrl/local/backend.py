@@ -56,7 +56,7 @@ from ..trajectories import Trajectory, TrajectoryGroup
 from ..config.model import InternalModelConfig
 from ..types import LocalTrainResult, TrainConfig, TrainSFTConfig
 from ..run import storage
-from ..tiny import TINY_MODEL_NAME
+from ..models.tiny import TINY_MODEL_NAME
 from .adapter_leases import LeaseRegistry, pin_inference_step, pinned_inference_step
 from .session import TrainingSession
 

@@ -47,7 +47,8 @@ def build_app(args: Any) -> Any:
     from ..serve.models import ServedModels
     from ..serve.server import create_app
     from ..models.loading import (RANDOM_SHAPES, load_base_model, load_config, load_generation_config, load_model,
-                                  load_tokenizer, load_vision, resolve_device, resolve_name)
+                                  load_vision, resolve_device, resolve_name)
+    from ..models.tokenizer import load_tokenizer
     from ..models.vision import is_vision_model
     from ..config.model import InternalModelConfig
     from ..run import storage

@@ -41,6 +41,7 @@ from .quantization import (Quantization, bnb_config, check_quantized_layers, is_
                            resolve_quantization, unquantized_modules, weight_numel)
 from .shapes import RANDOM_SHAPES, random_config
 from .source import load_config, resolve_name  # resolve_name: also read from here
+from .tokenizer import load_tokenizer
 from .structure import MAX_LENGTH_KEYS, PROJECTIONS, config_max_length, text_config
 from .vision import VisionInputs, is_vision_model
 
@@ -95,27 +96,6 @@ def language_model_targets(names: list[str]) -> str:
     """peft's regex for modules named `names` inside a vision-language model's language model only."""
     return rf".*\.language_model\..*\.({'|'.join(map(re.escape, names))})"
 
-
-def load_tokenizer(base_model: str, cfg: InternalModelConfig | None = None) -> Any:
-    """The tokenizer the server and the trainer share, its chat template set to keep earlier turns' reasoning
-    (chat/preserved_thinking.py)."""
-    from transformers import AutoTokenizer
-
-    from ..chat.preserved_thinking import configure_preserved_thinking_chat_template
-
-    cfg = cfg or InternalModelConfig()
-    path = resolve_name(base_model)
-    try:
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
-    except OSError as e:
-        raise ConfigError(f"could not load the tokenizer of {base_model!r} ({path}): {e}") from None
-    if not getattr(tok, "chat_template", None):
-        raise ConfigError(f"the tokenizer of {base_model!r} has no chat template; artrl renders trajectories "
-                          "with it. Use an instruct/chat model or set tokenizer.chat_template.")
-    configure_preserved_thinking_chat_template(tok)  # earlier turns keep their reasoning, as in ART
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
 
 
 def load_generation_config(base_model: str, cfg: InternalModelConfig | None = None) -> Any:

@@ -108,7 +108,7 @@ def is_own_model(base_model: str) -> bool:
     """A model artrl builds itself: a built-in name, a built-in's directory, or a random shape."""
     from pathlib import Path
 
-    from ..tiny import BUILD_MARKER_FILE, BUILTIN_MODELS
+    from .tiny import BUILD_MARKER_FILE, BUILTIN_MODELS
     from .shapes import RANDOM_SHAPES
 
     if base_model in BUILTIN_MODELS or base_model in RANDOM_SHAPES:

@@ -44,7 +44,7 @@ _PROBE_TIMEOUT_S = 10.0
 
 def known_models() -> list[str]:
     """The built-in models and random-init shapes, sorted."""
-    from ..tiny import BUILTIN_MODELS
+    from .tiny import BUILTIN_MODELS
     from .shapes import RANDOM_SHAPES
 
     return sorted([*BUILTIN_MODELS, *RANDOM_SHAPES])
@@ -62,7 +62,7 @@ def check_model_source(base_model: str) -> str | None:
     """Raise ConfigError, fast and with the remedy, if `base_model` cannot be loaded; else the cached snapshot
     directory to load instead of the name when the hub cannot be reached (None: load the name itself).
     See the module docstring."""
-    from ..tiny import BUILTIN_MODELS
+    from .tiny import BUILTIN_MODELS
     from .shapes import RANDOM_SHAPES
 
     if base_model in BUILTIN_MODELS or base_model in RANDOM_SHAPES:
@@ -125,7 +125,7 @@ def _refusal(repo_id: str, e: Exception) -> ConfigError | None:
 
 
 def resolve_name(base_model: str) -> str:
-    from ..tiny import BUILTIN_MODELS, TINY_MODEL_NAME, resolve_model_path
+    from .tiny import BUILTIN_MODELS, TINY_MODEL_NAME, resolve_model_path
     from .shapes import RANDOM_SHAPES
 
     if base_model in RANDOM_SHAPES:

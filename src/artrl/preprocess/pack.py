@@ -48,7 +48,8 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, PackingError
-from .rows import Node, PackedRows, PackStats
+from ..models.tree_attention import Node
+from .rows import PackedRows, PackStats
 from .tokenize import TokenizedSequence
 
 log = logging.getLogger(__name__)

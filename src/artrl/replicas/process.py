@@ -37,8 +37,8 @@ READY_PREFIX = "ARTRL_REPLICA_READY "
 def open_engine_for(args: argparse.Namespace, cfg: Any) -> tuple[Any, str]:
     """(engine, engine kind) that serves `args.base_model` in this process."""
     from ..chat.format import end_of_turn_ids
-    from ..models.loading import (RANDOM_SHAPES, load_generation_config, load_model, load_tokenizer, resolve_device,
-                                  resolve_name)
+    from ..models.loading import RANDOM_SHAPES, load_generation_config, load_model, resolve_device, resolve_name
+    from ..models.tokenizer import load_tokenizer
     from ..serve.factory import open_engine, resolve_engine_kind
 
     if args.engine == "scripted":

@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from artrl.adapter_switch import BASE_WEIGHTS, load_frozen_adapter
+from artrl.models.adapter_switch import BASE_WEIGHTS, load_frozen_adapter
 from artrl.runtime.once_per_run import OncePerRun
 from artrl.serve.engine import InvalidRequestError
 

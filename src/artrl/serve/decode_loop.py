@@ -51,7 +51,7 @@ record would mix the versions.
 
 The batch ends when no row is left and no waiting row can join. Around it: eval mode (on a
 model shared with the trainer, with every module's mode and `requires_grad` restored
-afterwards, artrl/adapter_switch.py; a model the engine has to itself just stays in eval:
+afterwards, artrl/models/adapter_switch.py; a model the engine has to itself just stays in eval:
 `_serving_mode`), the serving attention (serve/attention_switch.py), inference mode.
 """
 
@@ -69,7 +69,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from artrl.adapter_switch import preserved_training_state
+from artrl.models.adapter_switch import preserved_training_state
 from artrl.serve.adapter_versions import PEFT_BASE, AdapterVersions
 from artrl.serve.attention_switch import attention_for_serving
 from artrl.serve.decode_batch import DecodeBatch

@@ -64,7 +64,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from artrl import adapter_switch
+from artrl.models import adapter_switch
 from artrl.errors import ArtrlError
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ class EngineClosedError(ArtrlError, RuntimeError):
 
 
 #: `GenerationRequest.adapter` value for the base model's own weights: every LoRA adapter switched off
-#: (defined with the adapter switching it names, artrl/adapter_switch.py).
+#: (defined with the adapter switching it names, artrl/models/adapter_switch.py).
 BASE_WEIGHTS = adapter_switch.BASE_WEIGHTS
 
 

@@ -88,7 +88,7 @@ from typing import Any
 import torch
 
 from artrl.runtime import shutdown
-from artrl.adapter_switch import NotPeftModelError, serving_copy
+from artrl.models.adapter_switch import NotPeftModelError, serving_copy
 from artrl.chat.format import end_of_turn_ids
 from artrl.errors import ConfigError
 from artrl.models.moe import RoutingRecorder, is_moe

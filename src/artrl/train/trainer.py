@@ -299,7 +299,7 @@ class Trainer:
         (a KL reference); loading a name already there does nothing. The active (trained) adapter stays. At most
         `REFERENCE_ADAPTERS` stay loaded: a moving reference (kl_penalty_step_lag, ART's pipeline) names a new
         checkpoint each step, and the oldest one loaded is dropped for it, so a long run holds a bounded number."""
-        from ..adapter_switch import load_frozen_adapter
+        from ..models.adapter_switch import load_frozen_adapter
 
         with self.model_lock:
             loaded = getattr(self.model, "peft_config", {})
@@ -319,7 +319,7 @@ class Trainer:
             with self.model.disable_adapter() if hasattr(self.model, "disable_adapter") else contextlib.nullcontext():
                 yield
             return
-        from ..adapter_switch import serving
+        from ..models.adapter_switch import serving
 
         with serving(self.model, adapter):  # eval mode, adapter switched; modes and requires_grad restored
             yield

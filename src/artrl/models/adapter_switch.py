@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from artrl.errors import ArtrlError
+from ..errors import ArtrlError
 
 #: The adapter name that means "the base model, every adapter off".
 BASE_WEIGHTS = "artrl:base-weights"
@@ -118,7 +118,7 @@ def load_frozen_adapter(model: Any, name: str, path: str | Path) -> None:
     """
     import torch
 
-    from .models.lora_dtype import adapters_in_base_dtype
+    from .lora_dtype import adapters_in_base_dtype
 
     _peft_model(model, f"adapter {name!r} from {path}")
     device = next(model.parameters()).device

@@ -42,9 +42,9 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Final
 
-from artrl import tiny_vl
-from artrl.runtime.fs import fsync_dir, fsync_tree
-from artrl.errors import CheckpointError
+from . import tiny_vl
+from ..runtime.fs import fsync_dir, fsync_tree
+from ..errors import CheckpointError
 
 if TYPE_CHECKING:  # torch and transformers load when a model is built or loaded, not with `import artrl`
     import torch
@@ -355,7 +355,7 @@ def _build_into(directory: pathlib.Path, name: str = TINY_MODEL_NAME) -> None:
         raise CheckpointError(
             f"building {name}: transformers wrote no model files into {directory} (it writes only on rank 0 of an "
             "initialised torch.distributed process group). Build it before init_process_group, e.g. call "
-            "artrl.tiny.tiny_model_path() first.")
+            "artrl.models.tiny.tiny_model_path() first.")
     fsync_tree(directory)
     marker = {"version": version, "fingerprint": build_fingerprint(name)}
     (directory / BUILD_MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
