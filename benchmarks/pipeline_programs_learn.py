@@ -393,7 +393,7 @@ class FreeTokens:
     def install(self) -> None:
         import math
 
-        from artrl.preprocess import tokenize
+        from artrl.trajectories import sequences as tokenize
 
         extend = tokenize._extend
 

@@ -18,7 +18,7 @@ import pytest
 import artrl as art
 from artrl.runtime import notices
 from artrl.errors import ConfigError, TrajectoryError
-from artrl.preprocess.tokenize import tokenize_sft
+from artrl.trajectories.sequences import tokenize_sft
 from artrl.run import storage
 from artrl.config.model import InternalModelConfig
 from artrl.types import TrainConfig, TrainSFTConfig
@@ -239,7 +239,7 @@ def test_trainer_throughput_is_trainable_tokens_over_backend_train_time():
 
 
 def test_completion_tokens_is_the_sum_over_every_choice(make_choice):
-    from artrl.gather_context import GatherContext, record_metrics
+    from artrl.trajectories.gather_context import GatherContext, record_metrics
 
     a, b = make_choice("red green"), make_choice("blue")
     n = len(a.logprobs.content) + len(b.logprobs.content)

@@ -31,7 +31,7 @@ import requests
 import artrl as art
 from artrl.chat.format import end_of_turn_ids
 from artrl.models.tokenizer import load_tokenizer
-from artrl.tokenized import TokenFlag
+from artrl.trajectories.tokens import TokenFlag
 from artrl.trajectories import sampled_policy_versions
 
 TOLERANCE = 1e-3

@@ -38,7 +38,7 @@ from artrl.distributed.group import _cause_order
 from artrl.run import storage
 from artrl.preprocess.pack import pack
 from artrl.preprocess.plan import plan_batches
-from artrl.preprocess.tokenize import TokenizedSequence
+from artrl.trajectories.sequences import TokenizedSequence
 
 WORKLOAD = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "seed-like.json"
 DEVICE = os.environ.get("ARTRL_TEST_DEVICE", "cpu")

@@ -19,7 +19,7 @@ from openai.types.chat.chat_completion import Choice
 import artrl as art
 from artrl.chat.format import encode, end_of_turn_ids, template_message
 from artrl.models.tokenizer import load_tokenizer
-from artrl.preprocess.tokenize import TokenizeStats, tokenize_history
+from artrl.trajectories.sequences import TokenizeStats, tokenize_history
 from artrl.chat.preserved_thinking import chat_template_with_preserved_thinking, preserves_thinking
 from artrl.serve.chat import PromptBuilder
 from artrl.models.tiny import CHAT_TEMPLATE, tiny_model_path

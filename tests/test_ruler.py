@@ -198,7 +198,7 @@ def captured(answer: str) -> art.Trajectory:
     """A trajectory as a capture scope records it: one chat completion exchange."""
     from datetime import datetime, timezone
 
-    from artrl.exchanges import build_exchange
+    from artrl.trajectories.exchanges import build_exchange
 
     body = {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}}]}

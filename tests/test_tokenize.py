@@ -7,7 +7,7 @@ import math
 import pytest
 
 from artrl.errors import TrajectoryError
-from artrl.preprocess.tokenize import (
+from artrl.trajectories.sequences import (
     TokenizeStats,
     group_advantages,
     tokenize_groups,

@@ -15,8 +15,8 @@ import pytest
 
 import artrl as art
 from artrl.chat.format import encode, render_text
-from artrl.exchanges import build_exchange
-from artrl.tokenized import (TensorizedHistory, TensorizedMultiHistoryTrajectory, TensorizedTrajectory,
+from artrl.trajectories.exchanges import build_exchange
+from artrl.trajectories.tokens import (TensorizedHistory, TensorizedMultiHistoryTrajectory, TensorizedTrajectory,
                              TensorizedTrajectoryGroup, TokenFlag, TokenizedHistory, TokenizedMultiHistoryTrajectory,
                              TokenizedTrajectory, TokenizedTrajectoryGroup)
 from artrl.trajectories import ChatCompletionsHistory, LegacyHistory

@@ -22,15 +22,14 @@ from .dev import LoRAConfig
 from .errors import (ArtrlError, CheckpointError, ConfigError, LocalServingUnavailableError, NonFiniteError,
                      PackingError, TrainOutOfMemoryError, TrainTooLongError, TrajectoryError, WorkerError)
 from .gather import GatherError, gather_trajectories, gather_trajectory_groups
-from . import histories as _histories  # noqa: E402,F401  (registers the protocol-native histories)
 from .local import LocalBackend
 from .metric_definitions import (PIPELINE_RL_DASHBOARD_DEFAULT_METRICS, PIPELINE_RL_METRIC_DEFINITIONS,
                                  PIPELINE_RL_SCORE_METRICS, MetricDefinition)
 from .model import Model, TrainableModel
 from .pipeline_tuner import PipelineAutotuneConfig, PipelineRuntimeConfig
-from .scopes import current_trajectory, no_capture, trajectory, trajectory_group
+from .trajectories.scopes import current_trajectory, no_capture, trajectory, trajectory_group
 from .serverless import ServerlessBackend
-from .tokenized import tensorize, tokenize
+from .trajectories.tokens import tensorize, tokenize
 from .tokenizer import get_tokenizer
 from .trajectories import History, LegacyHistory, Trajectory, TrajectoryGroup
 from .config.model import InternalModelConfig

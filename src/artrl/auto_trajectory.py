@@ -4,9 +4,9 @@
 `Trajectory` holding every chat completion the agent made inside that call, as legacy histories
 (`messages_and_choices` with the sampled `Choice`s, `additional_histories`). Inside,
 `art.auto_trajectory()` is that trajectory (e.g. to set the reward); outside a capture it is None
-(`required=True`: RuntimeError). ART 0.5.23's scopes (`with art.Trajectory() as t:`, scopes.py)
-record the same traffic as `exchanges` instead; both are one capture core (capture.py) over the
-same wrapped clients (capture_http.py: httpx, aiohttp, requests), so this capture now also sees
+(`required=True`: RuntimeError). ART 0.5.23's scopes (`with art.Trajectory() as t:`, trajectories/scopes.py)
+record the same traffic as `exchanges` instead; both are one capture core (trajectories/capture/core.py) over the
+same wrapped clients (trajectories/capture/clients.py: httpx, aiohttp, requests), so this capture now also sees
 aiohttp and requests clients. Only chat completions are filed here (the other protocols have no
 `Choice` in ART 0.5.18's model; they are left out, with a debug line).
 
@@ -31,10 +31,10 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from . import capture, capture_http
-from .exchanges import ChatCompletionsExchange, build_exchange
-from .trajectories import Trajectory, file_turn
-from .wire_records import exchange_turns
+from .trajectories.capture import core as capture, clients as capture_http
+from .trajectories.exchanges import ChatCompletionsExchange, build_exchange
+from .trajectories.trajectory import Trajectory, file_turn
+from .trajectories.token_record import exchange_turns
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..preprocess.tokenize import TokenizedSequence
+from ..trajectories.sequences import TokenizedSequence
 
 
 def load_workload(path: str | Path) -> dict[str, Any]:

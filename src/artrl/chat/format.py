@@ -1,7 +1,7 @@
 """The chat format, in one place: messages, rendering, end-of-turn ids, stops.
 
-The data model (`trajectories.py`), the tokenizer of training data
-(`preprocess/tokenize.py`) and the inference server (`serve/`) all read chat
+The data model (`trajectories/trajectory.py`), the tokenizer of training data
+(`trajectories/sequences.py`) and the inference server (`serve/`) all read chat
 messages; this module is the one set of rules they share:
 
 1. **Validation.** Roles are `VALID_ROLES`; content is a string, a list of

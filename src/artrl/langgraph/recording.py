@@ -25,9 +25,9 @@ import weakref
 from typing import Any
 
 from ..auto_trajectory import AutoTrajectoryContext, _chat_request, _choice
-from ..capture_http import BytesSink
+from ..trajectories.capture.clients import BytesSink
 from ..model import OPENAI_CLIENT_TIMEOUT_S, OPENAI_CONNECT_TIMEOUT_S
-from ..trajectories import Trajectory
+from ..trajectories.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ import torch
 from ..errors import ConfigError, PackingError
 from ..models.tree_attention import Node
 from .rows import PackedRows, PackStats
-from .tokenize import TokenizedSequence
+from ..trajectories.sequences import TokenizedSequence
 
 log = logging.getLogger(__name__)
 

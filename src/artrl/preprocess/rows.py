@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..models.tree_attention import Node
-from .tokenize import TokenizedSequence
+from ..trajectories.sequences import TokenizedSequence
 
 
 @dataclass

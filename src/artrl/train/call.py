@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from ..preprocess.build import BuiltCall, build_call
 from ..preprocess.plan import BatchPlan
 from ..preprocess.rows import PackedRows
-from ..preprocess.tokenize import TokenizedSequence, TokenizeStats
+from ..trajectories.sequences import TokenizedSequence, TokenizeStats
 from ..runtime.once_per_run import OncePerRun
 from ..runtime.threads import use_training_threads
 from ..types import BatchConfig, OptimizerConfig

@@ -55,7 +55,7 @@ import pydantic
 from openai.types.chat.chat_completion import Choice
 
 from ..runtime.fs import write_atomic
-from ..trajectories import LegacyHistory, Trajectory, TrajectoryGroup
+from ..trajectories.trajectory import LegacyHistory, Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def trajectory_data(trajectory: Trajectory) -> dict[str, Any]:
 
 def _exception_data(e: Any) -> dict[str, str]:
     if isinstance(e, BaseException):
-        from ..trajectories import PydanticException
+        from ..trajectories.trajectory import PydanticException
 
         return PydanticException.from_exception(e).model_dump()
     if isinstance(e, str):
@@ -335,7 +335,7 @@ def unflatten_message(msg: dict[str, Any]) -> dict[str, Any]:
 
 def _exceptions(records: list[dict[str, Any]]) -> list[Any]:
     """Exceptions in the shape this TrajectoryGroup keeps (ART's PydanticException where it exists)."""
-    from .. import trajectories as tmod
+    from ..trajectories import trajectory as tmod
 
     shaped = getattr(tmod, "PydanticException", None)
     out: list[Any] = []

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..trajectories import LegacyHistory, Trajectory, TrajectoryGroup
+from ..trajectories.trajectory import LegacyHistory, Trajectory, TrajectoryGroup
 from .trajectory_logging import append_trajectory_groups_parquet
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The capture core: which scope is open in this context, and one request's capture from first byte to exchange.
 
 One core serves both capture APIs: ART 0.5.23's scopes (`with art.Trajectory() as t:`,
-`art.trajectory(...)`, scopes.py), which collect exchanges, and ART 0.5.18's
+`art.trajectory(...)`, trajectories/scopes.py), which collect exchanges, and ART 0.5.18's
 `capture_auto_trajectory` (auto_trajectory.py), which files chat completions as `Choice`s.
 
 * **Scopes** are a stack held in a context variable, as in ART: the innermost open scope of the
@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from .exchanges import Endpoint, build_exchange, endpoint_for_url, is_terminal_event
+from ..exchanges import Endpoint, build_exchange, endpoint_for_url, is_terminal_event
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ A rollout written for any agent framework becomes a trajectory without changing 
     group = await art.trajectory_group(rollout(task) for _ in range(8))
 
 Inside a scope, every successful request the agent makes to a model endpoint is captured whole
-(a streamed one assembled) into `t.exchanges` (capture.py, capture_http.py). Scopes nest: the
+(a streamed one assembled) into `t.exchanges` (capture/core.py, capture/clients.py). Scopes nest: the
 innermost open one captures, and a trajectory's scope may be opened again later.
 `art.current_trajectory()` is the innermost open scope's trajectory (None outside one;
 `require=True`: RuntimeError). Concurrent rollouts each capture their own (context variables).
@@ -32,9 +32,9 @@ import asyncio
 from collections.abc import Awaitable, Coroutine, Iterable
 from typing import Any
 
-from . import capture
-from .capture import no_capture
-from .trajectories import MetadataValue, PydanticException, Trajectory, TrajectoryGroup
+from .capture import core as capture
+from .capture.core import no_capture
+from .trajectory import MetadataValue, PydanticException, Trajectory, TrajectoryGroup
 
 __all__ = ["current_trajectory", "no_capture", "trajectory", "trajectory_group"]
 

@@ -3,7 +3,7 @@
 A trajectory of exchanges (exchanges.py) trains exactly as one of `Choice`s: each sampled
 turn becomes a `Choice` carrying the server's record (`prompt_token_ids`, `token_ids`, one
 logprob per sampled id, `policy_version`), and the turns are filed into conversations
-(`LegacyHistory`s); preprocess/tokenize.py then trains each turn on its record, chaining turns whose
+(`LegacyHistory`s); trajectories/sequences.py then trains each turn on its record, chaining turns whose
 prompt extends the sequence so far. Where each protocol keeps its record (vLLM's extensions,
 as ART 0.5.23 reads them; artrl's server emits the same fields):
 
@@ -36,10 +36,10 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from .errors import TrajectoryError
+from ..errors import TrajectoryError
 from .exchanges import (ChatCompletionsExchange, CompletionsExchange, Endpoint, Exchange, MessagesExchange,
                         ResponsesExchange, TrajectoryExchanges)
-from .trajectories import POLICY_TOKEN_SPANS_FIELD, POLICY_VERSION_FIELD, LegacyHistory, file_turn
+from .trajectory import POLICY_TOKEN_SPANS_FIELD, POLICY_VERSION_FIELD, LegacyHistory, file_turn
 
 #: Keys holding the sampled ids' logprobs as a plain list of numbers (vLLM's compact form; ART's own key).
 COMPACT_LOGPROBS_KEYS = ("compact_logprobs", "art_completion_logprobs")

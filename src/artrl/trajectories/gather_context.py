@@ -15,7 +15,7 @@ What we add: `semaphore` (the `max_concurrency` limit of `gather_trajectory_grou
 a fresh context for a group awaited outside any gather (ART shares one module-wide
 context whose sums never reset); there, as in ART, the first failed rollout raises.
 
-This module sits below `trajectories.py` (it knows trajectories only by their fields),
+This module sits below `trajectory.py` (it knows trajectories only by their fields),
 so `trajectories -> gather_context` and `gather -> trajectories` point one way.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from .runtime.progress import ProgressBar
+from ..runtime.progress import ProgressBar
 from .exchanges import exchange_completion_tokens
 
 

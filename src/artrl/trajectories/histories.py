@@ -20,7 +20,7 @@ prompt that is a prefix of a branch (a regeneration) starts a new branch with th
 anything else starts a new branch. Several choices make several branches. Chat messages compare
 without their reasoning (`reasoning`, `reasoning_content`), as ART's default. Text is not enough
 for Chat Completions and Anthropic Messages (ART's token check,
-history_lineage.py): a request continues a branch only when its prompt ids begin with the last
+lineage.py): a request continues a branch only when its prompt ids begin with the last
 sampled turn's prompt + sampled ids (where both are recorded), and, for chat, still hold every
 earlier sampled turn's ids that carried reasoning, and the last turn is not a tool call cut at the
 request's token limit. `reconcile_text_equivalent_tokenizations=True` (ART's opt-in to merging
@@ -31,7 +31,7 @@ What is simpler than ART's (documented in docs/art-compatibility.md): Responses 
 string views branch by items alone, without the token check; a Responses exchange with several
 `token_generations` is one output, not one branch per generation (sources carry
 `generation_index=None`). `History.tokenize()` / `tensorize()` go through artrl's `art.tokenize`
-path (tokenized.py): the exchanges a history cites are trained on their token record, an earlier
+path (tokens.py): the exchanges a history cites are trained on their token record, an earlier
 sampled turn that a later prompt spelled again from its text kept as sampled (ART's repair,
 `wire_records.reconciled_prompt`), so a history is one sequence. `Trajectory.messages()` is the
 one history's Chat Completions messages, whatever protocol it was captured in (ART's).
@@ -52,13 +52,13 @@ import pydantic
 
 from .exchanges import (ChatCompletionsExchange, CompletionsExchange, MessagesExchange, ResponsesExchange,
                         TrajectoryExchanges)
-from .history_lineage import ChatLineage, MessagesLineage, chat_ids, messages_ids
-from .trajectories import History, LegacyHistory, Trajectory, register_protocol_histories
-from .types import Messages, Tools
-from .wire_records import _extra, _token_id
+from .lineage import ChatLineage, MessagesLineage, chat_ids, messages_ids
+from .trajectory import History, LegacyHistory, Trajectory, register_protocol_histories
+from ..types import Messages, Tools
+from .token_record import _extra, _token_id
 
 if TYPE_CHECKING:
-    from .tokenized import TensorizedHistory, TokenizedHistory
+    from .tokens import TensorizedHistory, TokenizedHistory
 
 
 # --------------------------------------------------------------------------- the types (ART's fields)
@@ -882,9 +882,9 @@ def _cited_exchanges(history: History) -> TrajectoryExchanges:
 
 def tokenize_history(history: History, *, base_model: str | None, tokenizer: Any, chat_template: str | None,
                      chat_template_kwargs: Mapping[str, object] | None) -> TokenizedHistory:
-    """`History.tokenize()`: the history's one token sequence, as `art.tokenize` makes it (tokenized.py)."""
-    from .chat.format import end_of_turn_ids
-    from .tokenized import _check_unsupported, _resolve_tokenizer, _sequences
+    """`History.tokenize()`: the history's one token sequence, as `art.tokenize` makes it (tokens.py)."""
+    from ..chat.format import end_of_turn_ids
+    from .tokens import _check_unsupported, _resolve_tokenizer, _sequences
 
     _check_unsupported(chat_template, chat_template_kwargs)
     tok = _resolve_tokenizer(tokenizer, base_model, history.model)
@@ -912,8 +912,8 @@ def tokenize_legacy_history(history: LegacyHistory, *, model: str, base_model: s
                             chat_template: str | None,
                             chat_template_kwargs: Mapping[str, object] | None) -> TokenizedHistory:
     """`LegacyHistory.tokenize()`: its one token sequence, named `model`, as `art.tokenize` makes it."""
-    from .chat.format import end_of_turn_ids
-    from .tokenized import _check_unsupported, _resolve_tokenizer, _sequences
+    from ..chat.format import end_of_turn_ids
+    from .tokens import _check_unsupported, _resolve_tokenizer, _sequences
 
     _check_unsupported(chat_template, chat_template_kwargs)
     tok = _resolve_tokenizer(tokenizer, base_model, model)
@@ -927,8 +927,8 @@ def tokenize_legacy_history(history: LegacyHistory, *, model: str, base_model: s
 
 
 def tokenize_item(item: Any, **kwargs: Any) -> Any:
-    """`Trajectory.tokenize()` / `TrajectoryGroup.tokenize()`: `art.tokenize` of the one item (tokenized.py)."""
-    from .tokenized import tokenize_item as tokenize
+    """`Trajectory.tokenize()` / `TrajectoryGroup.tokenize()`: `art.tokenize` of the one item (tokens.py)."""
+    from .tokens import tokenize_item as tokenize
 
     return tokenize(item, **kwargs)
 

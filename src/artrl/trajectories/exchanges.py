@@ -16,7 +16,7 @@ is assembled from its server-sent events into the response a non-streamed reques
 got, with the token-record fields kept), and its start and end times. `build_exchange` reads
 the response bytes; an incomplete stream (no terminal event) is a ValueError, never half an
 exchange. The token record each response carries, and how it becomes training data, is
-wire_records.py.
+token_record.py.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
-from .chat.chunks import choice_from_chunks
+from ..chat.chunks import choice_from_chunks
 
 Endpoint = Literal["chat_completions", "completions", "responses", "messages"]
 

@@ -41,7 +41,7 @@ rotary positions, its own position ids. An image given to a model without a visi
 naming the part.
 
 Captured exchanges (a trajectory recorded by `with art.Trajectory() as t:`, in any wire protocol) are
-first turned into conversations of such Choices, each carrying its record (wire_records.py); from there
+first turned into conversations of such Choices, each carrying its record (token_record.py); from there
 they train exactly as above.
 
 Which turns are trainable: for RL, the sampled turns (Choices), plus assistant
@@ -78,8 +78,8 @@ from ..chat.format import (
 from ..errors import TrajectoryError
 from ..chat.images import ProcessedImage
 from ..chat.media import ConversationImages, same_images
-from ..trajectories import LegacyHistory, Trajectory, TrajectoryGroup, revalidate
-from ..wire_records import SampledSpan, reconciled_prompt, record_histories, sampled_text
+from .trajectory import LegacyHistory, Trajectory, TrajectoryGroup, revalidate
+from .token_record import SampledSpan, reconciled_prompt, record_histories, sampled_text
 
 log = logging.getLogger(__name__)
 
@@ -464,7 +464,7 @@ def _tokenize_trajectory(
     only the trajectory's own conversation is read (its final message), not its additional histories."""
     out = []
     base = name or f"group {gi}, trajectory {ti}"
-    if traj.exchanges:  # captured exchanges: their turns carry the same record (wire_records.py)
+    if traj.exchanges:  # captured exchanges: their turns carry the same record (token_record.py)
         named: list[tuple[LegacyHistory | Trajectory, str]] = record_histories(traj.exchanges, base)
     else:
         named = [(traj, base), *((h, f"{base}, additional_histories[{k}]")

@@ -43,14 +43,14 @@ from typing import Any
 import pydantic
 from openai.types.chat.chat_completion import Choice
 
-from . import capture, capture_http
-from .chat.format import check_messages, check_tools
-from .errors import TrajectoryError
+from .capture import core as capture, clients as capture_http
+from ..chat.format import check_messages, check_tools
+from ..errors import TrajectoryError
 from .exchanges import (ChatCompletionsExchange, CompletionsExchange, MessagesExchange,  # noqa: F401 - ART's
                         ResponsesExchange, TrajectoryExchanges, exchange_policy_token_spans,
                         exchange_policy_versions)  # art.trajectories names
 from .gather_context import GatherContext, cancel_and_wait, get_gather_context, record_metrics
-from .types import Messages, MessagesAndChoices, Tools
+from ..types import Messages, MessagesAndChoices, Tools
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class LegacyHistory(pydantic.BaseModel):
     def tokenize(self, *, model: str, base_model: str | None = None, tokenizer: Any = None,
                  chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
         """This conversation's one token sequence (a `TokenizedHistory` named `model`), as `art.tokenize` makes it:
-        sampled turns on their token record, turns without one rendered (tokenized.py)."""
+        sampled turns on their token record, turns without one rendered (tokens.py)."""
         return _protocol_histories().tokenize_legacy_history(self, model=model, base_model=base_model,
                                                              tokenizer=tokenizer, chat_template=chat_template,
                                                              chat_template_kwargs=chat_template_kwargs)
@@ -301,7 +301,7 @@ def file_turn(main: Trajectory | LegacyHistory, others: list[LegacyHistory], mes
 
 class _Tokenizes:
     """ART's `tokenize()` / `tensorize()` of a Trajectory and a TrajectoryGroup: `art.tokenize([self], ...)[0]`
-    (tokenized.py), and that as torch tensors."""
+    (tokens.py), and that as torch tensors."""
 
     def tokenize(self, *, multi_history: bool = False, reconcile_text_equivalent_tokenizations: bool = False,
                  model: str | None = None, base_model: str | None = None, tokenizer: Any = None,
@@ -738,7 +738,7 @@ async def _run_rollout(rollout: Awaitable[Any], context: GatherContext) -> Any:
 
 
 # ART 0.5.23's protocol-native histories live in histories.py, which builds on the classes above and on the
-# token record (wire_records.py, tokenized.py): this module reaches them only through the module registered when
+# token record (token_record.py, tokens.py): this module reaches them only through the module registered when
 # it is imported (`artrl/__init__.py` imports histories), so the data model imports nothing above it.
 _PROTOCOL_HISTORIES: Any = None
 PROTOCOL_HISTORY_NAMES = ("AnthropicMessageSource", "AnthropicMessagesHistory", "ChatCompletionsHistory",
@@ -756,7 +756,7 @@ def register_protocol_histories(module: Any) -> None:
 
 def _protocol_histories() -> Any:
     if _PROTOCOL_HISTORIES is None:  # only a partial import of the package gets here
-        raise RuntimeError("artrl.histories is not loaded: import artrl (the package) before using histories")
+        raise RuntimeError("artrl.trajectories.histories is not loaded: import artrl (the package) before using histories")
     return _PROTOCOL_HISTORIES
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .exchanges import ChatCompletionsExchange, MessagesExchange
-from .wire_records import _extra, _token_id
+from .token_record import _extra, _token_id
 
 _Ids = tuple[list[int] | None, list[int] | None]
 
@@ -124,7 +124,7 @@ class ChatLineage:
 
 
 def messages_ids(exchange: MessagesExchange) -> _Ids:
-    data = exchange.response.model_dump()  # the record's fields are extras of the SDK's Message (wire_records.py)
+    data = exchange.response.model_dump()  # the record's fields are extras of the SDK's Message (token_record.py)
     return _ids(data.get("prompt_token_ids")), _ids(data.get("token_ids"))
 
 

@@ -1,7 +1,7 @@
 """`art.tokenize` / `art.tensorize`: trajectories as the token sequences the trainer sees, with per-token facts.
 
-ART 0.5.23's pair, over artrl's tokenizer (preprocess/tokenize.py): each trajectory (legacy
-histories or captured exchanges, wire_records.py) becomes the sequences training uses, each a
+ART 0.5.23's pair, over artrl's tokenizer (trajectories/sequences.py): each trajectory (legacy
+histories or captured exchanges, token_record.py) becomes the sequences training uses, each a
 `TokenizedHistory` of `tokens`, `logprobs` (the sampled logprob on sampled tokens, NaN
 elsewhere) and `flags` (`TokenFlag`, ART's bits):
 
@@ -43,12 +43,12 @@ from dataclasses import dataclass
 from enum import IntFlag
 from typing import TYPE_CHECKING, Any
 
-from .chat.format import encode, end_of_turn_ids
-from .errors import ConfigError
+from ..chat.format import encode, end_of_turn_ids
+from ..errors import ConfigError
 from .exchanges import TrajectoryExchanges
-from .preprocess.tokenize import TokenizeStats, tokenize_history
-from .trajectories import LegacyHistory, Trajectory, TrajectoryGroup
-from .wire_records import record_histories
+from .sequences import TokenizeStats, tokenize_history
+from .trajectory import LegacyHistory, Trajectory, TrajectoryGroup
+from .token_record import record_histories
 
 if TYPE_CHECKING:
     import torch
@@ -248,7 +248,7 @@ def _resolve_tokenizer(tokenizer: Any, base_model: str | None, model: str | None
     if name is None:
         raise ConfigError("art.tokenize needs a tokenizer: pass tokenizer=... or base_model=... (the model whose "
                           "tokenizer served the trajectories, e.g. base_model='artrl/tiny').")
-    from .models.tokenizer import load_tokenizer
+    from ..models.tokenizer import load_tokenizer
 
     return load_tokenizer(name)
 

@@ -12,7 +12,7 @@ Outside a scope, in this context, a wrapper only calls the original.
 | aiohttp `ClientSession` | `_request` | the response's `content` stream, as the client reads it (aiohttp has decompressed it) |
 | requests `Session` | `send` | `response.content` at once; a streamed one through `iter_content`, as the client reads it |
 
-What is done with the bytes is the capture core's (capture.py). ART 0.5.23 patches these
+What is done with the bytes is the capture core's (core.py). ART 0.5.23 patches these
 classes (and httpx's `Response`) once for the whole process at first capture.
 """
 
@@ -25,8 +25,8 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from . import capture
-from .capture import CaptureState, begin, end
+from . import core as capture
+from .core import CaptureState, begin, end
 
 log = logging.getLogger(__name__)
 
