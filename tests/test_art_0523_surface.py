@@ -18,7 +18,7 @@ import pytest
 import artrl as art
 from artrl.runtime import notices
 from artrl.errors import ConfigError, TrajectoryError
-from artrl.trajectories.sequences import tokenize_sft
+from artrl.trajectories.tokenization import tokenize_sft
 from artrl.run import storage
 from artrl.config.model import InternalModelConfig
 from artrl.types import TrainConfig, TrainSFTConfig

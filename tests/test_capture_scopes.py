@@ -25,7 +25,7 @@ import artrl as art
 from artrl.trajectories.capture.clients import installed
 from artrl.errors import TrajectoryError
 from artrl.trajectories.exchanges import build_exchange, endpoint_for_url
-from artrl.trajectories.sequences import tokenize_groups
+from artrl.trajectories.tokenization import tokenize_groups
 from artrl.trajectories.token_record import exchange_turns
 
 PROMPT, IDS, LPS = [1, 2, 3], [4, 5], [-0.5, -0.25]

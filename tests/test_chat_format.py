@@ -38,7 +38,8 @@ from artrl.chat.format import (
     template_message,
 )
 from artrl.errors import TrajectoryError
-from artrl.trajectories.sequences import TokenizeStats, tokenize_history, tokenize_sft
+from artrl.trajectories.sequences import TokenizeStats, tokenize_history
+from artrl.trajectories.tokenization import tokenize_sft
 from artrl.serve import GenerationRequest, ServedModels, create_app
 from artrl.serve.chat import RecentCompletions
 from artrl.serve.scripted import ScriptedEngine

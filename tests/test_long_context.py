@@ -23,7 +23,7 @@ from artrl.models.shapes import random_config
 from artrl.models.tree_attention import _PrefixedCausal
 from artrl.preprocess.pack import pack
 from artrl.preprocess.plan import plan_batches
-from artrl.trajectories.sequences import tokenize_groups
+from artrl.trajectories.tokenization import tokenize_groups
 from artrl.train import memory
 from artrl.train.memory import set_checkpointing
 from artrl.train.call import run_call

@@ -244,7 +244,7 @@ def test_the_first_sampled_token_is_scored_with_the_prompts_last_position_replay
     that position (last MoE layer: no other position sees it) moves exactly that turn's first token's logprob.
     Completions of one prompt do not share that slot: one trajectory's claim moves its own first token only."""
     from artrl.preprocess.pack import pack
-    from artrl.trajectories.sequences import tokenize_groups
+    from artrl.trajectories.tokenization import tokenize_groups
 
     async def rollout(model, client, k: int) -> art.Trajectory:  # one prompt for the group: a shared prompt
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Name a colour."}]

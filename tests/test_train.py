@@ -9,7 +9,7 @@ import torch
 
 from artrl.preprocess.pack import pack
 from artrl.preprocess.plan import plan_batches
-from artrl.trajectories.sequences import tokenize_groups
+from artrl.trajectories.tokenization import tokenize_groups
 from artrl.train.call import run_call
 from artrl.train.trainer import Trainer
 from artrl.models.loading import load_model

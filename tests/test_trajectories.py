@@ -13,7 +13,7 @@ from openai.types.chat.chat_completion import Choice
 
 import artrl.trajectories as T
 from artrl.errors import ArtrlError, TrajectoryError
-from artrl.trajectories.sequences import tokenize_sft
+from artrl.trajectories.tokenization import tokenize_sft
 
 USER = {"role": "user", "content": "hi"}
 

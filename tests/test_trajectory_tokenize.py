@@ -16,9 +16,10 @@ import pytest
 import artrl as art
 from artrl.chat.format import encode, render_text
 from artrl.trajectories.exchanges import build_exchange
-from artrl.trajectories.tokens import (TensorizedHistory, TensorizedMultiHistoryTrajectory, TensorizedTrajectory,
-                             TensorizedTrajectoryGroup, TokenFlag, TokenizedHistory, TokenizedMultiHistoryTrajectory,
-                             TokenizedTrajectory, TokenizedTrajectoryGroup)
+from artrl.trajectories.tensors import (TensorizedHistory, TensorizedMultiHistoryTrajectory, TensorizedTrajectory,
+                                        TensorizedTrajectoryGroup)
+from artrl.trajectories.tokens import (TokenFlag, TokenizedHistory, TokenizedMultiHistoryTrajectory,
+                                       TokenizedTrajectory, TokenizedTrajectoryGroup)
 from artrl.trajectories import ChatCompletionsHistory, LegacyHistory
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -31,7 +31,7 @@ from artrl.chat.images import (DEFAULT_ALLOWED_LOCAL_MEDIA_PATH, DEFAULT_MAX_IMA
 from artrl.models.loading import add_lora, load_base_model, load_vision
 from artrl.models.vision import VisionInputs
 from artrl.preprocess.pack import _truncate, pack
-from artrl.trajectories.sequences import tokenize_groups, tokenize_sft
+from artrl.trajectories.tokenization import tokenize_groups, tokenize_sft
 from artrl.serve.models import ServedModels
 from artrl.serve.server import create_app, start_server
 from artrl.serve.transformers_engine import TransformersEngine

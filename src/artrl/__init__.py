@@ -27,11 +27,10 @@ from .metric_definitions import (PIPELINE_RL_DASHBOARD_DEFAULT_METRICS, PIPELINE
                                  PIPELINE_RL_SCORE_METRICS, MetricDefinition)
 from .model import Model, TrainableModel
 from .pipeline_tuner import PipelineAutotuneConfig, PipelineRuntimeConfig
-from .trajectories.scopes import current_trajectory, no_capture, trajectory, trajectory_group
 from .serverless import ServerlessBackend
-from .trajectories.tokens import tensorize, tokenize
 from .tokenizer import get_tokenizer
-from .trajectories import History, LegacyHistory, Trajectory, TrajectoryGroup
+from .trajectories import (History, LegacyHistory, Trajectory, TrajectoryGroup, current_trajectory, no_capture,
+                           tensorize, tokenize, trajectory, trajectory_group)
 from .config.model import InternalModelConfig
 from .types import (LocalTrainResult, Messages, MessagesAndChoices, ServerlessTrainResult, Tools, TrainConfig,
                     TrainResult, TrainSFTConfig)

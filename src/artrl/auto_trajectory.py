@@ -33,7 +33,8 @@ from openai.types.chat.chat_completion import Choice
 
 from .trajectories.capture import core as capture, clients as capture_http
 from .trajectories.exchanges import ChatCompletionsExchange, build_exchange
-from .trajectories.trajectory import Trajectory, file_turn
+from .trajectories.data import Trajectory
+from .trajectories.history import file_turn
 from .trajectories.token_record import exchange_turns
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .trajectories.trajectory import Trajectory, TrajectoryGroup
+from .trajectories.data import Trajectory, TrajectoryGroup
 from .types import TrainConfig, TrainResult, TrainSFTConfig
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from .metrics_taxonomy import average_metric_samples, build_training_summary_metrics, summarize_trajectory_groups
-from .trajectories.trajectory import TrajectoryGroup
+from .trajectories.data import TrajectoryGroup
 from .types import TrainResult
 
 if TYPE_CHECKING:

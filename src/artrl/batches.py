@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterable
 from .gather import warn_deprecated_completion_tokens, wrap_group_awaitable
 from .trajectories.gather_context import GatherContext, cancel_and_wait, context_with
 from .runtime.progress import progress_bar
-from .trajectories.trajectory import TrajectoryGroup
+from .trajectories.data import TrajectoryGroup
 
 
 async def trajectory_group_batches(

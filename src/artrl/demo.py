@@ -60,7 +60,7 @@ from .local import LocalBackend
 from .run import storage
 from .model import TrainableModel
 from .tasks import colours
-from .trajectories.trajectory import Trajectory, TrajectoryGroup
+from .trajectories.data import Trajectory, TrajectoryGroup
 from .config.model import InternalModelConfig
 from .types import TrainConfig, TrainSFTConfig
 

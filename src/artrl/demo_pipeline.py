@@ -57,7 +57,7 @@ from .local import LocalBackend
 from .model import TrainableModel
 from .run import storage
 from .tasks import colours
-from .trajectories.trajectory import TrajectoryGroup
+from .trajectories.data import TrajectoryGroup
 from .config.model import InternalModelConfig
 from .types import TrainSFTConfig
 

@@ -1,6 +1,6 @@
 """Running rollouts concurrently: `gather_trajectory_groups`, `gather_trajectories` (ART's names and signatures).
 
-`TrajectoryGroup(rollout() for _ in range(8))` returns an awaitable (trajectories/trajectory.py);
+`TrajectoryGroup(rollout() for _ in range(8))` returns an awaitable (trajectories/data.py);
 `gather_trajectory_groups` awaits many of them at once under one `GatherContext`
 (trajectories/gather_context.py): one tqdm bar over all rollouts with running means of the
 reward and metrics, and an exception budget. As in ART:
@@ -32,7 +32,7 @@ from .errors import ArtrlError
 from .trajectories.gather_context import (GatherContext, cancel_and_wait, get_gather_context, record_metrics,
                              set_gather_context)
 from .runtime.progress import progress_bar
-from .trajectories.trajectory import Trajectory, TrajectoryGroup
+from .trajectories.data import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from .errors import ConfigError
 from .run import storage
 from .run.history import RunHistory, best_logged_step, normalize_trajectory_groups
 from .metrics import MetricsBuilder
-from .trajectories.trajectory import Trajectory, TrajectoryGroup
+from .trajectories.data import Trajectory, TrajectoryGroup
 from .config.model import InternalModelConfig
 from .types import TrainConfig, TrainResult, TrainSFTConfig
 

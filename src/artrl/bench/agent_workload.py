@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..trajectories.trajectory import Trajectory, TrajectoryGroup
+from ..trajectories.data import Trajectory, TrajectoryGroup
 from ..utils import choice_from_completion
 
 VOWELS = frozenset("aeiou")

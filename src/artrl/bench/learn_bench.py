@@ -197,7 +197,7 @@ class ArtrlArm:
         return self.model.openai_client(), self.model.get_inference_name()
 
     async def update(self, groups: list[list[Sample]]) -> dict[str, float]:
-        from ..trajectories.trajectory import Trajectory, TrajectoryGroup
+        from ..trajectories.data import Trajectory, TrajectoryGroup
 
         batch = [TrajectoryGroup([Trajectory(messages_and_choices=[*s.prompt.messages, s.choice], reward=s.reward)
                                   for s in group]) for group in groups]

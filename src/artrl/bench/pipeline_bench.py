@@ -264,7 +264,8 @@ def _count_token_lag(lags: dict[int, int], trajectory: Any, from_step: int) -> N
     each one is. Each turn counts on its own: by its `policy_token_spans` (in-flight updates: every token at its
     own version), else all its sampled ids at the `policy_version` the server recorded on it (with step updates a
     later turn may run on a newer version than the first), else at the trajectory's initial version."""
-    from ..trajectories.trajectory import POLICY_TOKEN_SPANS_FIELD, choice_policy_version
+    from ..trajectories.token_record import POLICY_TOKEN_SPANS_FIELD
+    from ..trajectories.data import choice_policy_version
 
     histories = [trajectory.messages_and_choices,
                  *(h.messages_and_choices for h in getattr(trajectory, "additional_histories", []))]

@@ -1,6 +1,6 @@
 """The chat format, in one place: messages, rendering, end-of-turn ids, stops.
 
-The data model (`trajectories/trajectory.py`), the tokenizer of training data
+The data model (`trajectories/data.py`), the tokenizer of training data
 (`trajectories/sequences.py`) and the inference server (`serve/`) all read chat
 messages; this module is the one set of rules they share:
 

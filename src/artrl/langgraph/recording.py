@@ -27,7 +27,7 @@ from typing import Any
 from ..auto_trajectory import AutoTrajectoryContext, _chat_request, _choice
 from ..trajectories.capture.clients import BytesSink
 from ..model import OPENAI_CLIENT_TIMEOUT_S, OPENAI_CONNECT_TIMEOUT_S
-from ..trajectories.trajectory import Trajectory
+from ..trajectories.data import Trajectory
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ from ..backend_hooks import backend_train_result
 from ..dev.train import METRIC_LOGGING, PACKED_SEQUENCE_LENGTH, check_metric_logging
 from ..errors import ConfigError
 from ..runtime.notices import notice_once
-from ..trajectories.trajectory import Trajectory, TrajectoryGroup
+from ..trajectories.data import Trajectory, TrajectoryGroup
 from ..config.model import InternalModelConfig
 from ..types import LocalTrainResult, TrainConfig, TrainSFTConfig
 from ..run import storage

@@ -51,7 +51,7 @@ from ..pipeline_tuner.config import PipelineAutotuneConfig, PipelineRuntimeConfi
 from ..local.adapter_leases import LeaseRegistry
 from ..replicas.affinity import new_session
 from ..run import storage
-from ..trajectories.trajectory import Trajectory, TrajectoryGroup
+from ..trajectories.data import Trajectory, TrajectoryGroup
 from .checkpoint_retention import (CHECKPOINT_CREATED_AT_METRIC, CHECKPOINT_EVAL_COMPLETED_METRIC,
                                    CHECKPOINT_SAVED_METRIC, CheckpointRetentionContext, CheckpointRetentionStrategy,
                                    checkpoint_infos, steps_to_delete)

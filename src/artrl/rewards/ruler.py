@@ -46,7 +46,8 @@ import pydantic
 
 from ..errors import ArtrlError
 from ..chat.format import message_of
-from ..trajectories.trajectory import Trajectory, TrajectoryGroup, one_chat_conversation
+from ..trajectories.data import Trajectory, TrajectoryGroup
+from ..trajectories.history import one_chat_conversation
 from .judge import resolve
 from .litellm_judge import litellm_prices, litellm_request, litellm_response_cost, load_litellm
 

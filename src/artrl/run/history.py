@@ -39,7 +39,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..metrics import MetricsBuilder, is_builder_managed_metric
 from ..metrics_taxonomy import build_data_metrics_from_summary, summarize_trajectory_groups
-from ..trajectories.trajectory import Trajectory, TrajectoryGroup, revalidate
+from ..trajectories.data import Trajectory, TrajectoryGroup, revalidate
 from . import storage
 
 log = logging.getLogger(__name__)

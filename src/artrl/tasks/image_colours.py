@@ -24,7 +24,7 @@ from typing import Any, Final, Literal
 from PIL import Image, ImageDraw
 
 from ..chat.images import data_url
-from ..trajectories.trajectory import Trajectory
+from ..trajectories.data import Trajectory
 from ..utils import choice_from_completion
 from .colours import ANSWER_STYLES, MAX_TOKENS, graded, reward
 

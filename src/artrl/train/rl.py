@@ -20,8 +20,8 @@ from functools import partial
 
 from ..preprocess.advantages import balance_advantages
 from ..preprocess.build import BuiltCall
-from ..trajectories.sequences import tokenize_groups
-from ..trajectories.trajectory import TrajectoryGroup
+from ..trajectories.tokenization import tokenize_groups
+from ..trajectories.data import TrajectoryGroup
 from ..types import TrainConfig
 from .call import BuildContext, PreparedCall, build_batches
 from .loss import LossTerms, policy_loss

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .exchanges import ChatCompletionsExchange, MessagesExchange
-from .token_record import _extra, _token_id
+from .token_record import extra_field, token_id
 
 _Ids = tuple[list[int] | None, list[int] | None]
 
@@ -60,12 +60,12 @@ def chat_ids(exchange: ChatCompletionsExchange, choice_index: int) -> _Ids:
     choice = next((c for c in exchange.response.choices if c.index == choice_index), None)
     if choice is None:
         raise ValueError("Chat choice source index is out of bounds")
-    extra = _extra(choice)
+    extra = extra_field(choice)
     ids = _ids(extra.get("token_ids"))
     if ids is None and choice.logprobs is not None and choice.logprobs.content:
-        pairs = [_token_id(lp.token) for lp in choice.logprobs.content]
+        pairs = [token_id(lp.token) for lp in choice.logprobs.content]
         ids = pairs if all(t is not None for t in pairs) else None  # type: ignore[assignment]
-    return _ids(extra.get("prompt_token_ids", _extra(exchange.response).get("prompt_token_ids"))), ids
+    return _ids(extra.get("prompt_token_ids", extra_field(exchange.response).get("prompt_token_ids"))), ids
 
 
 @dataclass

@@ -34,7 +34,7 @@ from typing import Any
 
 from .capture import core as capture
 from .capture.core import no_capture
-from .trajectory import MetadataValue, PydanticException, Trajectory, TrajectoryGroup
+from .data import MetadataValue, PydanticException, Trajectory, TrajectoryGroup
 
 __all__ = ["current_trajectory", "no_capture", "trajectory", "trajectory_group"]
 

@@ -38,8 +38,17 @@ from openai.types.chat.chat_completion import Choice
 
 from ..errors import TrajectoryError
 from .exchanges import (ChatCompletionsExchange, CompletionsExchange, Endpoint, Exchange, MessagesExchange,
-                        ResponsesExchange, TrajectoryExchanges)
-from .trajectory import POLICY_TOKEN_SPANS_FIELD, POLICY_VERSION_FIELD, LegacyHistory, file_turn
+                        ResponsesExchange)
+
+#: The field of a sampled choice, set by artrl's server, naming the policy version (training step) that
+#: sampled it (docs/token-record.md).
+POLICY_VERSION_FIELD = "policy_version"
+
+
+#: ART's field of a sampled choice with in-flight adapter updates (`rollout_weight_update_mode="in_flight_lora"`):
+#: `[{start_token, end_token, policy_version, ...}, ...]`, the version that sampled each run of its tokens.
+POLICY_TOKEN_SPANS_FIELD = "policy_token_spans"
+
 
 #: Keys holding the sampled ids' logprobs as a plain list of numbers (vLLM's compact form; ART's own key).
 COMPACT_LOGPROBS_KEYS = ("compact_logprobs", "art_completion_logprobs")
@@ -48,11 +57,11 @@ COMPACT_LOGPROBS_KEYS = ("compact_logprobs", "art_completion_logprobs")
 # --------------------------------------------------------------------------- one exchange -> its turns
 
 
-def _extra(model: Any) -> dict[str, Any]:
+def extra_field(model: Any) -> dict[str, Any]:
     return (getattr(model, "model_extra", None) or {}) if not isinstance(model, dict) else model
 
 
-def _token_id(value: Any) -> int | None:
+def token_id(value: Any) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     if isinstance(value, str) and value.startswith("token_id:") and value[9:].isdigit():
@@ -93,8 +102,8 @@ def record_choice(text: str, prompt: Any, ids: Any, logprobs: list[float] | None
     return Choice.model_validate(data)
 
 
-def _chat_turns(exchange: ChatCompletionsExchange) -> list[Choice]:
-    response_prompt = _extra(exchange.response).get("prompt_token_ids")
+def chat_turns(exchange: ChatCompletionsExchange) -> list[Choice]:
+    response_prompt = extra_field(exchange.response).get("prompt_token_ids")
     turns = []
     for choice in exchange.response.choices:
         choice = choice.model_copy(deep=True)  # the captured exchange stays as the server sent it
@@ -113,15 +122,15 @@ def _completion_turns(exchange: CompletionsExchange, where: str) -> list[Choice]
     if exchange.request.get("echo") is True:
         raise TrajectoryError(f"{where}: a completions request with echo=true; its logprobs mix the prompt's and the "
                               "sample's, which training does not split yet. Send echo=false.")
-    response_prompt = _extra(exchange.response).get("prompt_token_ids")
+    response_prompt = extra_field(exchange.response).get("prompt_token_ids")
     turns = []
     for choice in exchange.response.choices:
-        extra = _extra(choice)
+        extra = extra_field(choice)
         prompt = extra.get("prompt_token_ids", response_prompt)
         classic = choice.logprobs.model_dump() if choice.logprobs is not None else {}
         ids = extra.get("token_ids")
         if ids is None and classic.get("tokens"):
-            pairs = [_token_id(t) for t in classic["tokens"]]
+            pairs = [token_id(t) for t in classic["tokens"]]
             ids = pairs if all(t is not None for t in pairs) else None
         n = len(ids) if isinstance(ids, list) else -1
         lps = _compact(extra, n) or _numbers(classic.get("token_logprobs"), n)
@@ -133,7 +142,7 @@ def _completion_turns(exchange: CompletionsExchange, where: str) -> list[Choice]
 
 def _responses_turns(exchange: ResponsesExchange) -> list[Choice]:
     response = exchange.response
-    extra = _extra(response)
+    extra = extra_field(response)
     generations = extra.get("token_generations")
     version = extra.get(POLICY_VERSION_FIELD)
     finish = "incomplete" if response.status == "incomplete" else None
@@ -147,7 +156,7 @@ def _responses_turns(exchange: ResponsesExchange) -> list[Choice]:
             lps = _compact(generation, len(ids))
         if lps is None and isinstance(generation.get("output_tokens"), list):
             pairs = [p if isinstance(p, dict) else {} for p in generation["output_tokens"]]
-            pair_ids = [_token_id(p.get("token_id", p.get("token"))) for p in pairs]
+            pair_ids = [token_id(p.get("token_id", p.get("token"))) for p in pairs]
             if all(t is not None for t in pair_ids) and (ids is None or ids == pair_ids):
                 ids = pair_ids
                 lps = _numbers([p.get("logprob") for p in pairs], len(pair_ids))
@@ -182,7 +191,7 @@ def _messages_turns(exchange: MessagesExchange) -> list[Choice]:
 def exchange_turns(endpoint: Endpoint, exchange: Exchange, where: str = "exchange") -> list[Choice]:
     """The sampled turns of one exchange, each a Choice carrying its record (whatever of it the server sent)."""
     if isinstance(exchange, ChatCompletionsExchange):
-        return _chat_turns(exchange)
+        return chat_turns(exchange)
     if isinstance(exchange, CompletionsExchange):
         return _completion_turns(exchange, where)
     if isinstance(exchange, ResponsesExchange):
@@ -239,58 +248,3 @@ def reconciled_prompt(prompt: Sequence[int], sequence: Sequence[int], sampled: S
             return None
         repaired[start:start + len(written)] = span.ids
     return repaired if repaired[:len(sequence)] == list(sequence) else None
-
-
-# --------------------------------------------------------------------------- a trajectory's exchanges -> histories
-
-
-def _has_record(choice: Choice) -> bool:
-    extra = choice.model_extra or {}
-    return isinstance(extra.get("prompt_token_ids"), list) and bool(extra["prompt_token_ids"]) and \
-        isinstance(extra.get("token_ids"), list) and bool(extra["token_ids"])
-
-
-def record_histories(exchanges: TrajectoryExchanges, where: str = "trajectory",
-                     reconcile: tuple[Callable[[str], list[int]], Collection[int]] | None = None
-                     ) -> list[tuple[LegacyHistory, str]]:
-    """The conversations of a trajectory's exchanges, each with a name for messages: chat completions filed by
-    their messages, the other protocols by their tokens (module docstring). `reconcile` (the tokenizer's encode
-    and end-of-turn ids): a turn whose prompt continues a conversation once earlier sampled turns are spelled
-    with their sampled ids (`reconciled_prompt`) is filed into it."""
-    out: list[tuple[LegacyHistory, str]] = []
-    chat_main = LegacyHistory(messages_and_choices=[])
-    chat_others: list[LegacyHistory] = []
-    for k, exchange in enumerate(exchanges.chat_completions):
-        messages = exchange.request.get("messages")
-        if not isinstance(messages, list):
-            raise TrajectoryError(f"{where}: exchanges.chat_completions[{k}].request has no messages list.")
-        for choice in _chat_turns(exchange):
-            file_turn(chat_main, chat_others, messages, exchange.request.get("tools"), choice)
-    for n, h in enumerate([chat_main, *chat_others] if chat_main.messages_and_choices else chat_others):
-        out.append((h, f"{where}, exchanges.chat_completions (conversation {n})"))
-    for endpoint in ("completions", "responses", "messages"):
-        # (conversation, its last prompt + sampled ids, its sampled turns in those ids)
-        chains: list[tuple[LegacyHistory, list[int], list[SampledSpan]]] = []
-        for k, exchange in enumerate(getattr(exchanges, endpoint)):
-            at = f"{where}: exchanges.{endpoint}[{k}]"
-            for choice in exchange_turns(endpoint, exchange, at):
-                if not _has_record(choice):
-                    raise TrajectoryError(
-                        f"{at} carries no complete token record (prompt_token_ids and sampled token_ids); a "
-                        f"{endpoint} turn is trained only on its record. Serve the model with artrl's server (or "
-                        "vLLM with return_token_ids) so every response carries it.")
-                prompt, ids = choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"]
-                chain = next((c for c in chains if prompt[:len(c[1])] == c[1]), None)
-                if chain is None and reconcile is not None:
-                    for c in chains:
-                        if (repaired := reconciled_prompt(prompt, c[1], c[2], *reconcile)) is not None:
-                            chain, prompt = c, repaired
-                            break
-                if chain is None:
-                    chain = (LegacyHistory(messages_and_choices=[]), [], [])
-                    chains.append(chain)
-                chain[0].messages_and_choices.append(choice)
-                chain[2].append(SampledSpan(len(prompt), list(ids), sampled_text(choice)))
-                chain[1][:] = [*prompt, *ids]
-        out += [(h, f"{where}, exchanges.{endpoint} (conversation {n})") for n, (h, _, _) in enumerate(chains)]
-    return out

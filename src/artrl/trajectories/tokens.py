@@ -18,9 +18,10 @@ tokens, float32 logprobs, int32 flags) on `device`.
 
 `reconcile_text_equivalent_tokenizations=True` (ART's opt-in): a turn whose prompt spelled an
 earlier sampled turn again from its text, with other ids than it sampled, continues that turn's
-sequence with the turn kept as sampled (wire_records.reconciled_prompt, ART's repair), instead of
+sequence with the turn kept as sampled (token_record.reconciled_prompt, ART's repair), instead of
 starting a new sequence; the context added so is not `EXACT` (the server sent another spelling).
-`Trajectory.tokenize()` / `TrajectoryGroup.tokenize()` (and `tensorize()`) are this of one item.
+`Trajectory.tokenize()` / `TrajectoryGroup.tokenize()` (and `tensorize()`) are this of one item; the entry
+points `art.tokenize` / `art.tensorize` over many are tokenization.py's.
 
 Differences from ART, each refused or documented, never ignored: `chat_template` and
 `chat_template_kwargs` are refused with a ConfigError (the record needs no template; the
@@ -35,23 +36,20 @@ exchanges are named by the exchanges' model (as ART's), those of legacy data by 
 
 from __future__ import annotations
 
-import asyncio
 import fnmatch
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntFlag
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..chat.format import encode, end_of_turn_ids
 from ..errors import ConfigError
+from ..models.tokenizer import load_tokenizer
 from .exchanges import TrajectoryExchanges
 from .sequences import TokenizeStats, tokenize_history
-from .trajectory import LegacyHistory, Trajectory, TrajectoryGroup
-from .token_record import record_histories
-
-if TYPE_CHECKING:
-    import torch
+from .tensors import (Conversation, TensorizedHistory, TensorizedMultiHistoryTrajectory, TensorizedTrajectory,
+                      TensorizedTrajectoryGroup, TrajectoryFields)
 
 
 class TokenFlag(IntFlag):
@@ -70,7 +68,7 @@ class TokenFlag(IntFlag):
 class TokenizedHistory:
     """One token sequence: `tokens`, `logprobs` and `flags`, one entry per token."""
 
-    history: LegacyHistory
+    history: Conversation  # a LegacyHistory (history.py)
     model: str
     tokens: list[int]
     logprobs: list[float]
@@ -86,29 +84,9 @@ class TokenizedHistory:
                                                     device=device or "cpu"))
 
 
-class _OfTrajectory:
-    trajectory: Trajectory
-
-    @property
-    def reward(self) -> float:
-        return self.trajectory.reward
-
-    @reward.setter
-    def reward(self, value: float) -> None:
-        self.trajectory.reward = value
-
-    @property
-    def metrics(self) -> dict[str, Any]:
-        return self.trajectory.metrics
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return self.trajectory.metadata
-
-
 @dataclass
-class TokenizedTrajectory(TokenizedHistory, _OfTrajectory):
-    trajectory: Trajectory
+class TokenizedTrajectory(TokenizedHistory, TrajectoryFields):
+    trajectory: Any  # the Trajectory (data.py)
 
     def tensorize(self, *, device: Any = None) -> "TensorizedTrajectory":
         h = TokenizedHistory.tensorize(self, device=device)
@@ -117,8 +95,8 @@ class TokenizedTrajectory(TokenizedHistory, _OfTrajectory):
 
 
 @dataclass
-class TokenizedMultiHistoryTrajectory(_OfTrajectory):
-    trajectory: Trajectory
+class TokenizedMultiHistoryTrajectory(TrajectoryFields):
+    trajectory: Any  # the Trajectory (data.py)
     histories: list[TokenizedHistory]
 
     def tensorize(self, *, device: Any = None) -> "TensorizedMultiHistoryTrajectory":
@@ -128,7 +106,7 @@ class TokenizedMultiHistoryTrajectory(_OfTrajectory):
 
 @dataclass
 class TokenizedTrajectoryGroup:
-    trajectory_group: TrajectoryGroup
+    trajectory_group: Any  # the TrajectoryGroup (data.py)
     trajectories: list[Any]
 
     @property
@@ -144,36 +122,10 @@ class TokenizedTrajectoryGroup:
                                          trajectories=[t.tensorize(device=device) for t in self.trajectories])
 
 
-@dataclass
-class TensorizedHistory:
-    history: LegacyHistory
-    model: str
-    tokens: "torch.Tensor"  # [n] int64
-    logprobs: "torch.Tensor"  # [n] float32, NaN where not sampled
-    flags: "torch.Tensor"  # [n] int32, TokenFlag bits
-
-
-@dataclass
-class TensorizedTrajectory(TensorizedHistory, _OfTrajectory):
-    trajectory: Trajectory
-
-
-@dataclass
-class TensorizedMultiHistoryTrajectory(_OfTrajectory):
-    trajectory: Trajectory
-    histories: list[TensorizedHistory]
-
-
-@dataclass
-class TensorizedTrajectoryGroup:
-    trajectory_group: TrajectoryGroup
-    trajectories: list[Any]
-
-
 # --------------------------------------------------------------------------- tokenizing
 
 
-def _select(exchanges: TrajectoryExchanges, model: str | None) -> TrajectoryExchanges:
+def select_exchanges(exchanges: TrajectoryExchanges, model: str | None) -> TrajectoryExchanges:
     """The exchanges of `model` (an exact name first, else a shell pattern); all of them for None."""
     if model is None:
         return exchanges
@@ -183,31 +135,22 @@ def _select(exchanges: TrajectoryExchanges, model: str | None) -> TrajectoryExch
                                   for name in ("chat_completions", "completions", "responses", "messages")})
 
 
-def _histories(trajectory: Trajectory, model: str | None, where: str,
-               reconcile: tuple[Any, frozenset[int]] | None) -> list[tuple[LegacyHistory | Trajectory, str]]:
-    if trajectory.exchanges:
-        return record_histories(_select(trajectory.exchanges, model), where, reconcile)
-    return [(trajectory, where), *((h, f"{where}, additional_histories[{k}]")
-                                   for k, h in enumerate(trajectory.additional_histories))]
+def sequence_name(exchanges: TrajectoryExchanges, select: str | None, default: str) -> str:
+    """The name of the sequences of `exchanges` (those of the model `select`; all for None): their model when they
+    name one (as ART's), else `default`."""
+    served = {e.model for _, e in select_exchanges(exchanges, select).all()}
+    return served.pop() if len(served) == 1 and None not in served else default
 
 
-def _sequences(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int], model: str, select: str | None,
-               where: str, reconcile: bool = False) -> list[TokenizedHistory]:
-    """The sequences of `trajectory`; its exchanges of the model `select` only (all for None). They are named by
-    their exchanges' model when those name one (as ART's), else `model`. `reconcile`: ART's
+def sequences_of(conversations: list[tuple[Conversation, str]], tokenizer: Any, end_ids: frozenset[int], model: str,
+                 reconcile: bool = False) -> list[TokenizedHistory]:
+    """The token sequences of `conversations` (each with a name for errors), named `model`. `reconcile`: ART's
     `reconcile_text_equivalent_tokenizations` (module docstring)."""
     out = []
-    if trajectory.exchanges:
-        served = {e.model for _, e in _select(trajectory.exchanges, select).all()}
-        if len(served) == 1 and None not in served:
-            model = served.pop()
-    spelling = ((lambda text: encode(tokenizer, text)), end_ids) if reconcile else None
-    for history, at in _histories(trajectory, select, where, spelling):
+    for history, at in conversations:
         stats = TokenizeStats()
         seqs = tokenize_history(history.messages_and_choices, history.tools, tokenizer, end_ids=end_ids, where=at,
                                 stats=stats, reconcile=reconcile)
-        conversation = history if isinstance(history, LegacyHistory) else LegacyHistory(
-            messages_and_choices=history.messages_and_choices, tools=history.tools)
         for k, seq in enumerate(seqs):
             rendered = stats.rendered_turns > 0 and k == len(seqs) - 1  # the rendered sequence comes last
             respelled = {i for a, b in seq.reconciled for i in range(a, b)}
@@ -220,17 +163,21 @@ def _sequences(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int], 
                         flag |= TokenFlag.STOP
                 flags.append(flag)
                 logprobs.append(lp if trainable and not rendered else math.nan)
-            out.append(TokenizedHistory(history=conversation, model=model, tokens=list(seq.token_ids),
+            out.append(TokenizedHistory(history=history, model=model, tokens=list(seq.token_ids),
                                         logprobs=logprobs, flags=flags))
     return out
 
 
-def _tokenize_one(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int], model: str, select: str | None,
-                  multi_history: bool, where: str, reconcile: bool = False) -> Any:
-    if not isinstance(trajectory, Trajectory):
-        raise TypeError(f"{where} has type {type(trajectory).__name__}; expected a Trajectory.")
+def tokenize_trajectory(trajectory: Any, tokenizer: Any, end_ids: frozenset[int], model: str, select: str | None,
+                        multi_history: bool, where: str, reconcile: bool = False) -> Any:
+    """One Trajectory (the caller has checked that it is one), tokenized as `art.tokenize` does it: its exchanges
+    of the model `select` only (all for None); its sequences named by their exchanges' model when those name one,
+    else `model`."""
     trajectory.validate_fields()
-    seqs = _sequences(trajectory, tokenizer, end_ids, model, select, where, reconcile)
+    spelling = ((lambda text: encode(tokenizer, text)), end_ids) if reconcile else None
+    if trajectory.exchanges:
+        model = sequence_name(trajectory.exchanges, select, model)
+    seqs = sequences_of(trajectory.conversations(select, where, spelling), tokenizer, end_ids, model, reconcile)
     if multi_history:
         return TokenizedMultiHistoryTrajectory(trajectory=trajectory, histories=seqs)
     if len(seqs) != 1:
@@ -241,19 +188,26 @@ def _tokenize_one(trajectory: Trajectory, tokenizer: Any, end_ids: frozenset[int
                                flags=s.flags, trajectory=trajectory)
 
 
-def _resolve_tokenizer(tokenizer: Any, base_model: str | None, model: str | None) -> Any:
+def tokenize_group(group: Any, tokenizer: Any, end_ids: frozenset[int], model: str, select: str | None,
+                   multi_history: bool, where: str, reconcile: bool = False) -> TokenizedTrajectoryGroup:
+    """A TrajectoryGroup, each of its trajectories as `tokenize_trajectory` does it."""
+    return TokenizedTrajectoryGroup(trajectory_group=group, trajectories=[
+        tokenize_trajectory(t, tokenizer, end_ids, model, select, multi_history, f"{where}.trajectories[{ti}]",
+                            reconcile)
+        for ti, t in enumerate(group.trajectories)])
+
+
+def resolve_tokenizer(tokenizer: Any, base_model: str | None, model: str | None) -> Any:
     if tokenizer is not None:
         return tokenizer
     name = base_model or model
     if name is None:
         raise ConfigError("art.tokenize needs a tokenizer: pass tokenizer=... or base_model=... (the model whose "
                           "tokenizer served the trajectories, e.g. base_model='artrl/tiny').")
-    from ..models.tokenizer import load_tokenizer
-
     return load_tokenizer(name)
 
 
-def _check_unsupported(chat_template: str | None, chat_template_kwargs: Mapping[str, object] | None) -> None:
+def check_unsupported(chat_template: str | None, chat_template_kwargs: Mapping[str, object] | None) -> None:
     for name, value, bad in (("chat_template", chat_template, chat_template is not None),
                              ("chat_template_kwargs", chat_template_kwargs, chat_template_kwargs is not None)):
         if bad:
@@ -262,63 +216,9 @@ def _check_unsupported(chat_template: str | None, chat_template_kwargs: Mapping[
                               f"chat template. Leave {name} unset.")
 
 
-def _prepare(model: str | None, base_model: str | None, tokenizer: Any, chat_template: str | None,
-             chat_template_kwargs: Mapping[str, object] | None) -> tuple[Any, frozenset[int], str]:
+def prepare(model: str | None, base_model: str | None, tokenizer: Any, chat_template: str | None,
+            chat_template_kwargs: Mapping[str, object] | None) -> tuple[Any, frozenset[int], str]:
     """The tokenizer, its end-of-turn ids, and the name of the sequences (`model`, else `base_model`)."""
-    _check_unsupported(chat_template, chat_template_kwargs)
-    tok = _resolve_tokenizer(tokenizer, base_model, model)
+    check_unsupported(chat_template, chat_template_kwargs)
+    tok = resolve_tokenizer(tokenizer, base_model, model)
     return tok, end_of_turn_ids(tok), model or base_model or ""  # only `model` selects exchanges
-
-
-def _tokenize_value(value: Any, tok: Any, end_ids: frozenset[int], label: str, model: str | None,
-                    multi_history: bool, where: str, reconcile: bool) -> Any:
-    if isinstance(value, TrajectoryGroup):
-        return TokenizedTrajectoryGroup(trajectory_group=value, trajectories=[
-            _tokenize_one(t, tok, end_ids, label, model, multi_history, f"{where}.trajectories[{ti}]", reconcile)
-            for ti, t in enumerate(value.trajectories)])
-    return _tokenize_one(value, tok, end_ids, label, model, multi_history, where, reconcile)
-
-
-def tokenize_item(item: Trajectory | TrajectoryGroup, *, multi_history: bool = False, reconcile: bool = False,
-                  model: str | None = None, base_model: str | None = None, tokenizer: Any = None,
-                  chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None,
-                  where: str | None = None) -> Any:
-    """One trajectory or group, tokenized as `art.tokenize` does it (`Trajectory.tokenize()`,
-    `TrajectoryGroup.tokenize()`)."""
-    tok, end_ids, label = _prepare(model, base_model, tokenizer, chat_template, chat_template_kwargs)
-    name = where or ("group" if isinstance(item, TrajectoryGroup) else "trajectory")
-    return _tokenize_value(item, tok, end_ids, label, model, multi_history, name, reconcile)
-
-
-def _run(items: Iterable[Any], multi_history: bool, reconcile: bool, model: str | None, base_model: str | None,
-         tokenizer: Any, chat_template: str | None, chat_template_kwargs: Mapping[str, object] | None) -> list[Any]:
-    tok, end_ids, label = _prepare(model, base_model, tokenizer, chat_template, chat_template_kwargs)
-    values = list(items)
-    if all(isinstance(v, TrajectoryGroup) for v in values):
-        return [_tokenize_value(g, tok, end_ids, label, model, multi_history, f"groups[{gi}]", reconcile)
-                for gi, g in enumerate(values)]
-    if any(isinstance(v, TrajectoryGroup) for v in values):
-        raise TypeError("art.tokenize takes trajectories or trajectory groups, not a mix of both.")
-    return [_tokenize_value(t, tok, end_ids, label, model, multi_history, f"items[{i}]", reconcile)
-            for i, t in enumerate(values)]
-
-
-async def tokenize(items: Iterable[Trajectory] | Iterable[TrajectoryGroup], *, multi_history: bool = False,
-                   reconcile_text_equivalent_tokenizations: bool = False, model: str | None = None,
-                   base_model: str | None = None, tokenizer: Any = None, chat_template: str | None = None,
-                   chat_template_kwargs: Mapping[str, object] | None = None) -> list[Any]:
-    """Tokenize trajectories (or groups) as training sees them (module docstring); order kept."""
-    return await asyncio.to_thread(_run, items, multi_history, reconcile_text_equivalent_tokenizations, model,
-                                   base_model, tokenizer, chat_template, chat_template_kwargs)
-
-
-async def tensorize(items: Iterable[Trajectory] | Iterable[TrajectoryGroup], *, multi_history: bool = False,
-                    reconcile_text_equivalent_tokenizations: bool = False, model: str | None = None,
-                    base_model: str | None = None, tokenizer: Any = None, chat_template: str | None = None,
-                    chat_template_kwargs: Mapping[str, object] | None = None, device: Any = None) -> list[Any]:
-    """`tokenize`, as torch tensors on `device` (CPU by default)."""
-    tokenized = await tokenize(items, multi_history=multi_history,
-                               reconcile_text_equivalent_tokenizations=reconcile_text_equivalent_tokenizations,
-                               model=model, base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
-                               chat_template_kwargs=chat_template_kwargs)
-    return [t.tensorize(device=device) for t in tokenized]

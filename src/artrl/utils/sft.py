@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from ..errors import TrajectoryError
 from ..runtime.progress import progress_bar
-from ..trajectories.trajectory import Trajectory
+from ..trajectories.data import Trajectory
 from ..types import TrainSFTConfig
 
 if TYPE_CHECKING:

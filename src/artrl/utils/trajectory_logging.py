@@ -55,7 +55,8 @@ import pydantic
 from openai.types.chat.chat_completion import Choice
 
 from ..runtime.fs import write_atomic
-from ..trajectories.trajectory import LegacyHistory, Trajectory, TrajectoryGroup
+from ..trajectories.history import LegacyHistory
+from ..trajectories.data import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +181,7 @@ def trajectory_data(trajectory: Trajectory) -> dict[str, Any]:
 
 def _exception_data(e: Any) -> dict[str, str]:
     if isinstance(e, BaseException):
-        from ..trajectories.trajectory import PydanticException
+        from ..trajectories.data import PydanticException
 
         return PydanticException.from_exception(e).model_dump()
     if isinstance(e, str):
@@ -335,7 +336,7 @@ def unflatten_message(msg: dict[str, Any]) -> dict[str, Any]:
 
 def _exceptions(records: list[dict[str, Any]]) -> list[Any]:
     """Exceptions in the shape this TrajectoryGroup keeps (ART's PydanticException where it exists)."""
-    from ..trajectories import trajectory as tmod
+    from ..trajectories import data as tmod
 
     shaped = getattr(tmod, "PydanticException", None)
     out: list[Any] = []

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..trajectories.trajectory import LegacyHistory, Trajectory, TrajectoryGroup
+from ..trajectories.history import LegacyHistory
+from ..trajectories.data import Trajectory, TrajectoryGroup
 from .trajectory_logging import append_trajectory_groups_parquet
 
 log = logging.getLogger(__name__)

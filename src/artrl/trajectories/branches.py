@@ -1,10 +1,10 @@
-"""ART 0.5.23's protocol-native histories: a trajectory's captured exchanges as the sequences an agent built.
+"""The branching views: a trajectory's captured exchanges as the protocol-native histories an agent built.
 
 `Trajectory.history()` / `histories()` and their per-protocol forms (`chat_completions_histories`,
 `anthropic_messages_histories`, `responses_histories`, `completions_token_histories`,
 `completions_string_histories`, and the singular of each) read `Trajectory.exchanges` (exchanges.py)
 and return, per model, one history per branch of the conversation, in the protocol's own
-shape, each item paired with the exchange it came from:
+shape (history.py, protocol_histories.py), each item paired with the exchange it came from:
 
 | history | items | sources (one per item / span) |
 |---|---|---|
@@ -30,10 +30,10 @@ messages then compare with their reasoning, as ART's.
 What is simpler than ART's (documented in docs/art-compatibility.md): Responses and Completions
 string views branch by items alone, without the token check; a Responses exchange with several
 `token_generations` is one output, not one branch per generation (sources carry
-`generation_index=None`). `History.tokenize()` / `tensorize()` go through artrl's `art.tokenize`
+`generation_index=None`). `History.tokenize()` / `tensorize()` (history.py) go through artrl's `art.tokenize`
 path (tokens.py): the exchanges a history cites are trained on their token record, an earlier
 sampled turn that a later prompt spelled again from its text kept as sampled (ART's repair,
-`wire_records.reconciled_prompt`), so a history is one sequence. `Trajectory.messages()` is the
+`token_record.reconciled_prompt`), so a history is one sequence. `Trajectory.messages()` is the
 one history's Chat Completions messages, whatever protocol it was captured in (ART's).
 """
 
@@ -42,139 +42,30 @@ from __future__ import annotations
 import copy
 import fnmatch
 import json
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union
+from typing import Any, Generic, Protocol, TypeVar
 
-import pydantic
-
-from .exchanges import (ChatCompletionsExchange, CompletionsExchange, MessagesExchange, ResponsesExchange,
-                        TrajectoryExchanges)
+from ..types import Messages, MessagesAndChoices, Tools
+from .exchanges import CompletionsExchange, TrajectoryExchanges
+from .history import (ChatCompletionsHistory, ChatCompletionsMessageSource, LegacyHistory,
+                      legacy_as_chat_completions_history)
 from .lineage import ChatLineage, MessagesLineage, chat_ids, messages_ids
-from .trajectory import History, LegacyHistory, Trajectory, register_protocol_histories
-from ..types import Messages, Tools
-from .token_record import _extra, _token_id
-
-if TYPE_CHECKING:
-    from .tokens import TensorizedHistory, TokenizedHistory
+from .protocol_histories import (AnthropicMessageSource, AnthropicMessagesHistory, CompletionsSource,
+                                 CompletionsStringHistory, CompletionsStringSourceSpan, CompletionsTokenHistory,
+                                 CompletionsTokenSourceSpan, ResponsesHistory, ResponsesItemSource, as_plain)
+from .token_record import extra_field, token_id
 
 
-# --------------------------------------------------------------------------- the types (ART's fields)
+class Trajectory(Protocol):
+    """What the views read of a trajectory (data.py's `Trajectory`, which calls them): its exchanges, or its
+    legacy histories."""
 
-
-class _HistorySource(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
-
-
-class ChatCompletionsMessageSource(_HistorySource):
-    """Where a chat message came from: a request's `messages[request_index]` or a response's choice."""
-
-    exchange: Union[ChatCompletionsExchange, MessagesExchange, ResponsesExchange]
-    request_index: pydantic.StrictInt | None = None
-    choice_index: pydantic.StrictInt | None = None
-    output_indices: tuple[pydantic.StrictInt, ...] | None = None
-    generation_index: pydantic.StrictInt | None = None
-
-
-class AnthropicMessageSource(_HistorySource):
-    exchange: MessagesExchange
-    request_index: pydantic.StrictInt | None = None  # None: the exchange's response
-
-
-class ResponsesItemSource(_HistorySource):
-    exchange: ResponsesExchange
-    request_index: pydantic.StrictInt | None = None
-    output_index: pydantic.StrictInt | None = None
-    generation_index: pydantic.StrictInt | None = None
-
-
-class CompletionsSource(_HistorySource):
-    exchange: CompletionsExchange
-    prompt_index: pydantic.StrictInt
-    choice_index: pydantic.StrictInt | None = None  # None: the request's prompt
-
-
-class CompletionsTokenSourceSpan(_HistorySource):
-    start: pydantic.StrictInt
-    end: pydantic.StrictInt
-    source: CompletionsSource | None
-
-
-class CompletionsStringSourceSpan(_HistorySource):
-    start: pydantic.StrictInt
-    end: pydantic.StrictInt
-    source: CompletionsSource | None
-
-
-_Kept = pydantic.SkipValidation  # items are kept as captured (ART's _Preserved)
-
-
-class ChatCompletionsHistory(History):
-    model: str | None
-    messages: _Kept[Messages]
-    message_sources: list[ChatCompletionsMessageSource | None]
-    tools: _Kept[Tools | None] = None
-    chat_template: str | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-
-    def as_chat_completions_history(self) -> ChatCompletionsHistory:
-        return self
-
-
-class AnthropicMessagesHistory(History):
-    model: str
-    messages: _Kept[list[dict[str, Any]]]
-    message_sources: list[AnthropicMessageSource | None]
-    system: _Kept[str | list[dict[str, Any]] | None] = None
-    system_source: MessagesExchange | None = None
-    tools: _Kept[list[dict[str, Any]] | None] = None
-    chat_template: str | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-
-    def as_chat_completions_history(self) -> ChatCompletionsHistory:
-        return anthropic_as_chat_completions_history(self)
-
-
-class ResponsesHistory(History):
-    model: str
-    input: _Kept[list[dict[str, Any]]]
-    input_sources: list[ResponsesItemSource | None]
-    instructions: str | None = None
-    instructions_source: ResponsesExchange | None = None
-    tools: _Kept[list[dict[str, Any]] | None] = None
-    conversation: _Kept[Any] = None
-    previous_response_id: str | None = None
-    chat_template: str | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-
-    def as_chat_completions_history(self) -> ChatCompletionsHistory:
-        return responses_as_chat_completions_history(self)
-
-
-class CompletionsTokenHistory(History):
-    model: str
-    prompt: list[int]
-    prompt_sources: list[CompletionsTokenSourceSpan]
-    sampled_spans: list[tuple[int, int]]
-
-    def as_chat_completions_history(self) -> ChatCompletionsHistory:
-        raise ValueError("Raw Completions history has no chat-message structure")
-
-
-class CompletionsStringHistory(History):
-    model: str
-    prompt: str
-    prompt_sources: list[CompletionsStringSourceSpan]
-    sampled_spans: list[tuple[int, int]]
-
-    def as_chat_completions_history(self) -> ChatCompletionsHistory:
-        raise ValueError("Raw Completions history has no chat-message structure")
-
-
-TrajectoryHistory = Union[LegacyHistory, ChatCompletionsHistory, AnthropicMessagesHistory, ResponsesHistory,
-                          CompletionsTokenHistory, CompletionsStringHistory]
+    exchanges: TrajectoryExchanges
+    messages_and_choices: MessagesAndChoices
+    tools: Tools | None
+    additional_histories: list[LegacyHistory]
 
 
 # --------------------------------------------------------------------------- selection and branching
@@ -289,17 +180,13 @@ def _json_key(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def _dump(value: Any) -> Any:
-    return value.model_dump(mode="json", exclude_none=True) if isinstance(value, pydantic.BaseModel) else value
-
-
 # --------------------------------------------------------------------------- chat completions
 
 
 def normalize_chat_message(message: Mapping[str, Any]) -> dict[str, Any]:
     """A chat message in ART's canonical history form (reasoning under `reasoning`; assistant content None -> "";
     no empty tool_calls, no annotations)."""
-    data = copy.deepcopy(dict(_dump(message)))
+    data = copy.deepcopy(dict(as_plain(message)))
     data.pop("annotations", None)
     if data.get("reasoning_content") is not None and not data.get("reasoning"):
         data["reasoning"] = data.pop("reasoning_content")
@@ -334,12 +221,6 @@ def _ordered_choices(choices: Sequence[Any], protocol: str) -> list[Any]:
     if len(set(indices)) != len(indices):
         raise ValueError(f"{protocol} response contains duplicate choice indices")
     return sorted(choices, key=lambda c: c.index)
-
-
-def legacy_as_chat_completions_history(history: LegacyHistory, *, model: str | None) -> ChatCompletionsHistory:
-    messages = history.messages()
-    return ChatCompletionsHistory(model=model, messages=messages, message_sources=[None] * len(messages),
-                                  tools=copy.deepcopy(history.tools))
 
 
 def _legacy(trajectory: Trajectory) -> list[LegacyHistory]:
@@ -391,8 +272,8 @@ def _anthropic_key(message: Mapping[str, Any]) -> str:
     data = copy.deepcopy(dict(message))
     content = data.get("content")
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else [
-        {k: v for k, v in _dump(b).items() if k not in ("token_ids", "logprobs")}
-        for b in content or [] if _dump(b).get("type") not in ("thinking", "redacted_thinking")]
+        {k: v for k, v in as_plain(b).items() if k not in ("token_ids", "logprobs")}
+        for b in content or [] if as_plain(b).get("type") not in ("thinking", "redacted_thinking")]
     data["content"] = blocks
     return _json_key(data)
 
@@ -409,7 +290,7 @@ def anthropic_messages_histories(trajectory: Trajectory, model: str | None,
             lineage = MessagesLineage(messages_ids(exchange)[0], len(prompt), reconcile)
             sources = tree.prompt_sources(prompt, [AnthropicMessageSource(exchange=exchange, request_index=k)
                                                    for k in range(len(prompt))], None, lineage.cites)
-            response = {"role": "assistant", "content": [_dump(b) for b in exchange.response.content]}
+            response = {"role": "assistant", "content": [as_plain(b) for b in exchange.response.content]}
             context = (_json_key(request.get("system")), _json_key(request.get("tools")),
                        request.get("chat_template"), _json_key(request.get("chat_template_kwargs")))
             tree.extend(prompt, sources, [(0, [response], [AnthropicMessageSource(exchange=exchange)])], context,
@@ -533,11 +414,11 @@ def _completion_groups(exchange: CompletionsExchange) -> list[tuple[int, str | l
 
 def _completion_ids(exchange: CompletionsExchange, choice: Any) -> tuple[list[int] | None, list[int] | None]:
     """A choice's exact prompt ids and sampled ids (the server's record), each None when not sent."""
-    extra = _extra(choice)
-    prompt = extra.get("prompt_token_ids", _extra(exchange.response).get("prompt_token_ids"))
+    extra = extra_field(choice)
+    prompt = extra.get("prompt_token_ids", extra_field(exchange.response).get("prompt_token_ids"))
     ids = extra.get("token_ids")
     if ids is None and choice.logprobs is not None and choice.logprobs.tokens:
-        pairs = [_token_id(t) for t in choice.logprobs.tokens]
+        pairs = [token_id(t) for t in choice.logprobs.tokens]
         ids = pairs if all(t is not None for t in pairs) else None
     return (list(prompt) if isinstance(prompt, list) else None), (list(ids) if isinstance(ids, list) else None)
 
@@ -669,273 +550,7 @@ def trajectory_history(trajectory: Trajectory, model: str | None, reconcile: boo
     return _one(histories, "Trajectory history")
 
 
-# --------------------------------------------------------------------------- conversions to chat
-
-
-def _content_text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return "".join(str(_dump(b).get("text") or "") for b in value or [] if isinstance(_dump(b), dict))
-
-
-def _anthropic_messages(system: Any, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Anthropic messages as chat messages (ART's mapping: text -> content, thinking -> reasoning, tool_use ->
-    tool_calls, tool_result -> a tool message)."""
-    out: list[dict[str, Any]] = []
-    if system:
-        out.append({"role": "system", "content": _content_text(system)})
-    for raw in messages:
-        role, content = raw.get("role", "user"), raw.get("content")
-        if isinstance(content, str):
-            out.append({"role": role, "content": content})
-            continue
-        text, reasoning, calls = "", "", []
-        for block in (_dump(b) for b in content or []):
-            kind = block.get("type")
-            if kind == "text":
-                text += str(block.get("text") or "")
-            elif kind == "thinking":
-                reasoning += str(block.get("thinking") or "")
-            elif kind == "tool_use":
-                calls.append({"id": block.get("id"), "type": "function",
-                              "function": {"name": block.get("name"),
-                                           "arguments": json.dumps(block.get("input") or {})}})
-            elif kind == "tool_result":
-                if text:
-                    out.append({"role": role, "content": text})
-                    text = ""
-                result = block.get("content", "")
-                out.append({"role": "tool", "tool_call_id": block.get("tool_use_id", block.get("id")),
-                            "content": result if isinstance(result, str) else _content_text(result)})
-            else:
-                raise ValueError(f"Unsupported Anthropic content block type: {kind!r}")
-        message: dict[str, Any] = {"role": role, "content": text}
-        if reasoning:
-            message["reasoning"] = reasoning
-        if calls:
-            message["tool_calls"] = calls
-        if text or reasoning or calls or role == "assistant":
-            out.append(message)
-    return out
-
-
-def _openai_tools(tools: Any, *, schema_key: str) -> Any:
-    """Anthropic (`input_schema`) or Responses (`parameters`) function tools as chat completion tools."""
-    if not isinstance(tools, list):
-        return tools
-    out = []
-    for tool in tools:
-        data = _dump(tool)
-        if not isinstance(data, dict) or data.get("type", "function") not in ("function", "custom"):
-            out.append(tool)
-            continue
-        function = {"name": data.get("name"), "description": data.get("description"),
-                    "parameters": data.get(schema_key, {})}
-        out.append({"type": "function", "function": {k: v for k, v in function.items() if v is not None}})
-    return out
-
-
-def anthropic_as_chat_completions_history(history: AnthropicMessagesHistory) -> ChatCompletionsHistory:
-    messages: list[dict[str, Any]] = []
-    sources: list[ChatCompletionsMessageSource | None] = []
-    if history.system:
-        messages += _anthropic_messages(history.system, [])
-        sources.append(ChatCompletionsMessageSource(exchange=history.system_source)
-                       if history.system_source is not None else None)
-    for message, source in zip(history.messages, history.message_sources, strict=True):
-        converted = _anthropic_messages(None, [message])
-        messages += converted
-        sources += [ChatCompletionsMessageSource(exchange=source.exchange, request_index=source.request_index,
-                                                 output_indices=(0,) if source.request_index is None else None)
-                    if source is not None else None] * len(converted)
-    return ChatCompletionsHistory(model=history.model, messages=messages, message_sources=sources,
-                                  tools=_openai_tools(history.tools, schema_key="input_schema"),
-                                  chat_template=history.chat_template,
-                                  chat_template_kwargs=copy.deepcopy(history.chat_template_kwargs))
-
-
-def _responses_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    text = ""
-    for block in (_dump(b) for b in content or []):
-        kind = block.get("type")
-        if kind not in ("input_text", "output_text", "refusal", "text"):
-            raise ValueError(f"Unsupported Responses content block type: {kind!r}")
-        text += str(block.get("refusal" if kind == "refusal" else "text") or "")
-    return text
-
-
-def _reasoning_text(item: Mapping[str, Any]) -> str:
-    return "".join(b.get("text", "") for f in ("content", "summary") for b in item.get(f) or []
-                   if isinstance(b, dict) and isinstance(b.get("text"), str))
-
-
-def responses_as_chat_completions_history(history: ResponsesHistory) -> ChatCompletionsHistory:
-    """Responses items as chat messages (ART's grouping): reasoning joins the assistant message or function calls
-    after it; consecutive function calls make one assistant message with several tool calls; a function call output
-    is a tool message. Each message's source cites its items' exchange (request index, or output indices)."""
-    if history.previous_response_id is not None or history.conversation is not None:
-        raise ValueError("Opaque Responses context cannot be represented as Chat Completions")
-    messages: list[dict[str, Any]] = []
-    sources: list[ChatCompletionsMessageSource | None] = []
-    if history.instructions:
-        messages.append({"role": "system", "content": history.instructions})
-        sources.append(ChatCompletionsMessageSource(exchange=history.instructions_source)
-                       if history.instructions_source is not None else None)
-    groups: list[tuple[dict[str, Any], list[ResponsesItemSource | None]]] = []
-    reasoning, reasoning_sources = "", []  # pending reasoning and its items' sources
-    calls: dict[str, Any] | None = None  # the open assistant message of consecutive function calls
-    for item, source in zip(history.input, history.input_sources, strict=True):
-        kind = item.get("type")
-        if kind == "reasoning":
-            calls = None
-            reasoning += _reasoning_text(item)
-            reasoning_sources.append(source)
-            continue
-        if kind == "function_call":
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
-            if calls is None:
-                calls = {"role": "assistant", "content": "", "tool_calls": [call]}
-                if reasoning:
-                    calls["reasoning"] = reasoning
-                groups.append((calls, [*reasoning_sources, source]))
-                reasoning, reasoning_sources = "", []
-            else:
-                calls["tool_calls"].append(call)
-                groups[-1][1].append(source)
-            continue
-        calls = None
-        if kind == "function_call_output":
-            message = {"role": "tool", "tool_call_id": item.get("call_id"),
-                       "content": _responses_text(item.get("output", ""))}
-        elif kind in (None, "message") and item.get("role"):
-            message = {"role": item["role"], "content": _responses_text(item.get("content"))}
-        else:
-            raise ValueError(f"Unsupported Responses input item type: {kind!r}")
-        if reasoning_sources:
-            if message["role"] == "assistant":
-                if reasoning:
-                    message["reasoning"] = reasoning
-                groups.append((message, [*reasoning_sources, source]))
-            else:
-                groups.append(({"role": "assistant", "content": "", "reasoning": reasoning}, reasoning_sources))
-                groups.append((message, [source]))
-            reasoning, reasoning_sources = "", []
-        else:
-            groups.append((message, [source]))
-    if reasoning_sources:
-        groups.append(({"role": "assistant", "content": "", "reasoning": reasoning}, reasoning_sources))
-    for message, group in groups:
-        messages.append(message)
-        sources.append(_chat_source(group))
-    return ChatCompletionsHistory(model=history.model, messages=messages, message_sources=sources,
-                                  tools=_openai_tools(history.tools, schema_key="parameters"),
-                                  chat_template=history.chat_template,
-                                  chat_template_kwargs=copy.deepcopy(history.chat_template_kwargs))
-
-
-def _chat_source(group: Sequence[ResponsesItemSource | None]) -> ChatCompletionsMessageSource | None:
-    """One chat message's source from its Responses items' sources (None when any item has none)."""
-    if not group or any(s is None for s in group):
-        return None
-    present = [s for s in group if s is not None]
-    if len({id(s.exchange) for s in present}) != 1:
-        raise ValueError("One projected Chat message cannot span multiple Responses exchanges")
-    outputs = tuple(dict.fromkeys(s.output_index for s in present if s.output_index is not None))
-    if outputs:
-        return ChatCompletionsMessageSource(exchange=present[0].exchange, output_indices=outputs)
-    return ChatCompletionsMessageSource(exchange=present[0].exchange,
-                                        request_index=next(s.request_index for s in present
-                                                           if s.request_index is not None))
-
-
-# --------------------------------------------------------------------------- tokenizing one history
-
-
-def _cited_exchanges(history: History) -> TrajectoryExchanges:
-    """The exchanges a history's sources cite, each once, in start order; a chat exchange keeps only the choices
-    the history holds (another choice is another branch)."""
-    cited: dict[int, Any] = {}
-    choices: dict[int, set[int]] = {}
-    for name in ("message_sources", "input_sources"):
-        for s in getattr(history, name, None) or []:
-            if s is not None:
-                cited.setdefault(id(s.exchange), s.exchange)
-                if (index := getattr(s, "choice_index", None)) is not None:
-                    choices.setdefault(id(s.exchange), set()).add(index)
-    for span in getattr(history, "prompt_sources", None) or []:
-        if span.source is not None:
-            cited.setdefault(id(span.source.exchange), span.source.exchange)
-            if span.source.choice_index is not None:
-                choices.setdefault(id(span.source.exchange), set()).add(span.source.choice_index)
-    out = TrajectoryExchanges()
-    for key, exchange in sorted(cited.items(), key=lambda kv: (kv[1].start_time, kv[1].end_time)):
-        if key in choices:
-            response = exchange.response.model_copy(
-                update={"choices": [c for c in exchange.response.choices if c.index in choices[key]]})
-            exchange = exchange.model_copy(update={"response": response})
-        out.append(exchange)
-    return out
-
-
-def tokenize_history(history: History, *, base_model: str | None, tokenizer: Any, chat_template: str | None,
-                     chat_template_kwargs: Mapping[str, object] | None) -> TokenizedHistory:
-    """`History.tokenize()`: the history's one token sequence, as `art.tokenize` makes it (tokens.py)."""
-    from ..chat.format import end_of_turn_ids
-    from .tokens import _check_unsupported, _resolve_tokenizer, _sequences
-
-    _check_unsupported(chat_template, chat_template_kwargs)
-    tok = _resolve_tokenizer(tokenizer, base_model, history.model)
-    exchanges = _cited_exchanges(history)
-    if exchanges:
-        trajectory = Trajectory(exchanges=exchanges)
-    elif isinstance(history, ChatCompletionsHistory):  # no captured record: rendered from its messages
-        trajectory = Trajectory(messages_and_choices=copy.deepcopy(history.messages), tools=history.tools)
-    else:
-        raise ValueError(f"{type(history).__name__} cites no exchanges; there is nothing to tokenize")
-    trajectory.validate_fields()
-    where = f"{type(history).__name__}(model={history.model!r})"
-    # a history's turns are one sequence: an earlier sampled turn the server spelled again from its text is kept
-    # as sampled (reconciled), as ART tokenizes the text-equivalent histories its reconciling views give
-    seqs = _sequences(trajectory, tok, end_of_turn_ids(tok), history.model or base_model or "", None, where,
-                      reconcile=True)
-    return _one(seqs, "History tokenization")
-
-
-def tensorize_history(history: History, *, device: Any = None, **kwargs: Any) -> TensorizedHistory:
-    return tokenize_history(history, **kwargs).tensorize(device=device)
-
-
-def tokenize_legacy_history(history: LegacyHistory, *, model: str, base_model: str | None, tokenizer: Any,
-                            chat_template: str | None,
-                            chat_template_kwargs: Mapping[str, object] | None) -> TokenizedHistory:
-    """`LegacyHistory.tokenize()`: its one token sequence, named `model`, as `art.tokenize` makes it."""
-    from ..chat.format import end_of_turn_ids
-    from .tokens import _check_unsupported, _resolve_tokenizer, _sequences
-
-    _check_unsupported(chat_template, chat_template_kwargs)
-    tok = _resolve_tokenizer(tokenizer, base_model, model)
-    trajectory = Trajectory(messages_and_choices=copy.deepcopy(history.messages_and_choices),
-                            tools=copy.deepcopy(history.tools))
-    trajectory.validate_fields()
-    seqs = _sequences(trajectory, tok, end_of_turn_ids(tok), model, None, "LegacyHistory")
-    one = _one(seqs, "History tokenization")
-    one.history = history  # the conversation asked about, as ART's `TokenizedHistory.history`
-    return one
-
-
-def tokenize_item(item: Any, **kwargs: Any) -> Any:
-    """`Trajectory.tokenize()` / `TrajectoryGroup.tokenize()`: `art.tokenize` of the one item (tokens.py)."""
-    from .tokens import tokenize_item as tokenize
-
-    return tokenize(item, **kwargs)
-
-
 def trajectory_messages(trajectory: Trajectory) -> Messages:
     """`Trajectory.messages()` of captured exchanges (ART's): the one history's Chat Completions messages."""
     return trajectory_history(trajectory, None).as_chat_completions_history().messages
 
-
-register_protocol_histories(sys.modules[__name__])  # Trajectory's history accessors and art.trajectories' names

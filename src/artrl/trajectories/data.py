@@ -1,4 +1,5 @@
-"""The user-facing data model: `Trajectory`, `TrajectoryGroup`, `LegacyHistory`, `History` (ART's, field for field).
+"""The user-facing data model: `Trajectory` and `TrajectoryGroup` (ART's, field for field; the conversation types
+`LegacyHistory` and `History` are history.py's).
 
 Names, fields, defaults and methods follow OpenPipe ART, so ART rollout code runs unchanged:
 
@@ -34,7 +35,6 @@ import logging
 import math
 import time
 import traceback
-import warnings
 from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -43,14 +43,15 @@ from typing import Any
 import pydantic
 from openai.types.chat.chat_completion import Choice
 
-from .capture import core as capture, clients as capture_http
-from ..chat.format import check_messages, check_tools
 from ..errors import TrajectoryError
-from .exchanges import (ChatCompletionsExchange, CompletionsExchange, MessagesExchange,  # noqa: F401 - ART's
-                        ResponsesExchange, TrajectoryExchanges, exchange_policy_token_spans,
-                        exchange_policy_versions)  # art.trajectories names
-from .gather_context import GatherContext, cancel_and_wait, get_gather_context, record_metrics
 from ..types import Messages, MessagesAndChoices, Tools
+from . import branches
+from .capture import clients as capture_http, core as capture
+from .exchanges import TrajectoryExchanges, exchange_policy_token_spans, exchange_policy_versions
+from .gather_context import GatherContext, cancel_and_wait, get_gather_context, record_metrics
+from .history import LegacyHistory, check_conversation, construct, get_messages, record_histories
+from .token_record import POLICY_TOKEN_SPANS_FIELD, POLICY_VERSION_FIELD
+from .tokens import prepare, select_exchanges, tokenize_group, tokenize_trajectory
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +73,6 @@ class PydanticException(pydantic.BaseModel):
     def from_exception(cls, error: BaseException) -> "PydanticException":
         return cls(type=str(type(error)), message=str(error),
                    traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)))
-
-
-#: The field of a sampled choice, set by artrl's server, naming the policy version (training step) that
-#: sampled it (docs/token-record.md).
-POLICY_VERSION_FIELD = "policy_version"
 
 
 def choice_policy_version(item: Any) -> int | None:
@@ -102,11 +98,6 @@ def sampled_policy_versions(trajectory: Any) -> list[int]:
                  *(h.messages_and_choices for h in getattr(trajectory, "additional_histories", []))]
     versions = [choice_policy_version(item) for items in histories for item in items]
     return [v for v in versions if v is not None]
-
-
-#: ART's field of a sampled choice with in-flight adapter updates (`rollout_weight_update_mode="in_flight_lora"`):
-#: `[{start_token, end_token, policy_version, ...}, ...]`, the version that sampled each run of its tokens.
-POLICY_TOKEN_SPANS_FIELD = "policy_token_spans"
 
 
 def policy_token_counts(trajectory: Any) -> dict[int, int] | None:
@@ -135,168 +126,7 @@ def policy_token_counts(trajectory: Any) -> dict[int, int] | None:
     return counts or None
 
 
-def get_messages(messages_and_choices: MessagesAndChoices) -> Messages:
-    """The chat messages of a conversation, as ART gives them to a chat template.
-
-    A Choice becomes its assistant message (`content` "" when absent, `tool_calls` when
-    present); a message whose `content` is None gets "".
-    """
-    messages: Messages = []
-    for item in messages_and_choices:
-        if isinstance(item, Choice):
-            message: dict[str, Any] = {"role": "assistant", "content": item.message.content or ""}
-            if item.message.tool_calls:
-                message["tool_calls"] = [call.model_dump(mode="json") for call in item.message.tool_calls]
-            messages.append(message)  # type: ignore[arg-type]
-        else:
-            message = dict(item)
-            if message.get("content") is None:
-                message["content"] = ""
-            messages.append(message)  # type: ignore[arg-type]
-    return messages
-
-
-class LegacyHistory(pydantic.BaseModel):
-    """Another conversation that belongs to the same episode, as messages and sampled choices.
-
-    ART 0.5.23's `LegacyHistory`, the element type of `Trajectory.additional_histories`; ART 0.5.18
-    called it `History` (that spelling still builds one, see `History`).
-    """
-
-    messages_and_choices: MessagesAndChoices
-    tools: Tools | None = None
-
-    def __init__(self, **data: Any) -> None:
-        _construct(super().__init__, type(self), data)
-
-    def messages(self) -> Messages:
-        return get_messages(self.messages_and_choices)
-
-    def as_chat_completions_history(self, *, model: str | None = None) -> Any:
-        """This conversation as a `ChatCompletionsHistory` of `model` (its messages, no sources)."""
-        return _protocol_histories().legacy_as_chat_completions_history(self, model=model)
-
-    def tokenize(self, *, model: str, base_model: str | None = None, tokenizer: Any = None,
-                 chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
-        """This conversation's one token sequence (a `TokenizedHistory` named `model`), as `art.tokenize` makes it:
-        sampled turns on their token record, turns without one rendered (tokens.py)."""
-        return _protocol_histories().tokenize_legacy_history(self, model=model, base_model=base_model,
-                                                             tokenizer=tokenizer, chat_template=chat_template,
-                                                             chat_template_kwargs=chat_template_kwargs)
-
-    def tensorize(self, *, model: str, base_model: str | None = None, tokenizer: Any = None,
-                  chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None,
-                  device: Any = None) -> Any:
-        """`tokenize()`, as torch tensors on `device` (a `TensorizedHistory`)."""
-        return self.tokenize(model=model, base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
-                             chat_template_kwargs=chat_template_kwargs).tensorize(device=device)
-
-
-_warned_legacy_history = False
-
-
-def _is_legacy_history_data(data: Any) -> bool:
-    return isinstance(data, dict) and "messages_and_choices" in data and "model" not in data
-
-
-def _legacy_history_notice() -> None:
-    global _warned_legacy_history
-    if not _warned_legacy_history:
-        _warned_legacy_history = True
-        warnings.warn("History(messages_and_choices=..., tools=...) is ART 0.5.18's spelling; it builds a "
-                      "LegacyHistory, ART 0.5.23's name for it (History is now the base of the protocol-native "
-                      "histories, with a `model` field).", DeprecationWarning, stacklevel=3)
-
-
-class History(pydantic.BaseModel):
-    """ART 0.5.23's `History`: the base of the protocol-native views of one tokenizable sequence.
-
-    It holds the `model` the sequence was sampled from (extra fields are refused, as in ART).
-    ART 0.5.18's `History` was the conversation that is now `LegacyHistory`; built with that
-    version's keywords (`History(messages_and_choices=..., tools=...)`, or `History.model_validate`
-    of such a dict) it returns a `LegacyHistory`, with one DeprecationWarning per process, so
-    0.5.18 programs keep running. Such an object is not an instance of `History` (as in 0.5.23).
-    """
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-    model: str | None
-
-    def __new__(cls, *args: Any, **data: Any) -> Any:
-        if cls is History and not args and _is_legacy_history_data(data):
-            _legacy_history_notice()
-            return LegacyHistory(**data)
-        return super().__new__(cls)
-
-    @classmethod
-    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        if cls is History and _is_legacy_history_data(obj):
-            _legacy_history_notice()
-            return LegacyHistory.model_validate(obj, *args, **kwargs)
-        return super().model_validate(obj, *args, **kwargs)
-
-    def as_chat_completions_history(self) -> Any:
-        raise ValueError(f"{type(self).__name__} cannot be represented as Chat Completions")
-
-    def tokenize(self, *, base_model: str | None = None, tokenizer: Any = None, chat_template: str | None = None,
-                 chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
-        """This history's one token sequence (a `TokenizedHistory`), as `art.tokenize` makes it: the exchanges
-        its sources cite are trained on their token record (histories.py)."""
-        return _protocol_histories().tokenize_history(self, base_model=base_model, tokenizer=tokenizer,
-                                                      chat_template=chat_template,
-                                                      chat_template_kwargs=chat_template_kwargs)
-
-    def tensorize(self, *, base_model: str | None = None, tokenizer: Any = None, chat_template: str | None = None,
-                  chat_template_kwargs: Mapping[str, object] | None = None, device: Any = None) -> Any:
-        """`tokenize()`, as torch tensors on `device` (a `TensorizedHistory`)."""
-        return self.tokenize(base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
-                             chat_template_kwargs=chat_template_kwargs).tensorize(device=device)
-
-
 # --------------------------------------------------------------------------- conversations (ART's prefix rule)
-
-
-def _normal(value: Any) -> Any:
-    """A message without the keys that say nothing (None values, empty tool_calls); content None -> ""."""
-    if isinstance(value, dict):
-        out = {k: _normal(v) for k, v in value.items() if v is not None and not (k == "tool_calls" and v == [])}
-        if "role" in out:
-            out.setdefault("content", "")
-        return out
-    if isinstance(value, list):
-        return [_normal(v) for v in value]
-    return value
-
-
-def continues(history: Trajectory | LegacyHistory, messages: list[Any], tools: Any) -> bool:
-    """Whether a request with `messages` and `tools` continues `history` (its messages so far begin them)."""
-    so_far = history.messages()
-    if len(so_far) > len(messages):
-        return False
-    try:
-        same = _normal(so_far) == _normal([dict(m) for m in messages[:len(so_far)]])
-    except (TypeError, ValueError):
-        return False
-    return same and (history.tools == tools or (not so_far and history.tools is None))
-
-
-def file_turn(main: Trajectory | LegacyHistory, others: list[LegacyHistory], messages: list[Any], tools: Any,
-              choice: Choice) -> None:
-    """Append a chat turn (its request's new messages, then the sampled choice) to the conversation it continues:
-    `main` first, else the first of `others`, else a new LegacyHistory appended to `others`."""
-    history: Trajectory | LegacyHistory = main
-    k = -1
-    while not continues(history, messages, tools):
-        k += 1
-        if k == len(others):
-            history = LegacyHistory(messages_and_choices=[])
-            others.append(history)
-            break
-        history = others[k]
-    history.messages_and_choices.extend(messages[len(history.messages_and_choices):])
-    history.messages_and_choices.append(choice)
-    history.tools = tools
-
 
 
 class _Tokenizes:
@@ -308,10 +138,8 @@ class _Tokenizes:
                  chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
         """This item as training sees it: a `TokenizedTrajectory` (with `multi_history=True` a
         `TokenizedMultiHistoryTrajectory`), or a group's `TokenizedTrajectoryGroup`."""
-        return _protocol_histories().tokenize_item(
-            self, multi_history=multi_history, reconcile=reconcile_text_equivalent_tokenizations, model=model,
-            base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
-            chat_template_kwargs=chat_template_kwargs)
+        tok, end_ids, label = prepare(model, base_model, tokenizer, chat_template, chat_template_kwargs)
+        return self._tokenized(tok, end_ids, label, model, multi_history, reconcile_text_equivalent_tokenizations)
 
     def tensorize(self, *, multi_history: bool = False, reconcile_text_equivalent_tokenizations: bool = False,
                   model: str | None = None, base_model: str | None = None, tokenizer: Any = None,
@@ -346,7 +174,7 @@ class Trajectory(_Tokenizes, pydantic.BaseModel):
     start_time: datetime = pydantic.Field(default_factory=datetime.now, exclude=True)
 
     def __init__(self, **data: Any) -> None:
-        _construct(super().__init__, type(self), data)
+        construct(super().__init__, type(self), data)
 
     @pydantic.model_validator(mode="after")
     def _one_representation(self) -> "Trajectory":
@@ -407,15 +235,12 @@ class Trajectory(_Tokenizes, pydantic.BaseModel):
                                       "(put other values in metadata).")
             if isinstance(value, float) and not math.isfinite(value):
                 raise TrajectoryError(f"Trajectory.metrics[{key!r}] is {value}; metrics must be finite.")
-        self.messages_and_choices = check_messages(self.messages_and_choices, "Trajectory.messages_and_choices")
-        check_tools(self.tools, "Trajectory.tools")
+        check_conversation(self, "Trajectory")
         for k, h in enumerate(self.additional_histories):
             if not isinstance(h, LegacyHistory):
                 raise TrajectoryError(f"Trajectory.additional_histories[{k}] has type {type(h).__name__}; "
                                       "expected a LegacyHistory (messages_and_choices, tools).")
-            where = f"Trajectory.additional_histories[{k}]"
-            h.messages_and_choices = check_messages(h.messages_and_choices, f"{where}.messages_and_choices")
-            check_tools(h.tools, f"{where}.tools")
+            check_conversation(h, f"Trajectory.additional_histories[{k}]")
 
     # ART's methods -----------------------------------------------------
     def log(self, message: str) -> None:
@@ -442,48 +267,63 @@ class Trajectory(_Tokenizes, pydantic.BaseModel):
     # ART 0.5.23's protocol-native histories (histories.py). `model` selects exchanges by model name (exact, else
     # a shell pattern); reconcile_text_equivalent_tokenizations=True merges text-equal turns (histories.py).
     def chat_completions_history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        return _protocol_histories().chat_completions_history(self, model, reconcile_text_equivalent_tokenizations)
+        return branches.chat_completions_history(self, model, reconcile_text_equivalent_tokenizations)
 
     def chat_completions_histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        return _protocol_histories().chat_completions_histories(self, model, reconcile_text_equivalent_tokenizations)
+        return branches.chat_completions_histories(self, model, reconcile_text_equivalent_tokenizations)
 
     def anthropic_messages_history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        return _protocol_histories().anthropic_messages_history(self, model, reconcile_text_equivalent_tokenizations)
+        return branches.anthropic_messages_history(self, model, reconcile_text_equivalent_tokenizations)
 
     def anthropic_messages_histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        return _protocol_histories().anthropic_messages_histories(self, model, reconcile_text_equivalent_tokenizations)
+        return branches.anthropic_messages_histories(self, model, reconcile_text_equivalent_tokenizations)
 
     def responses_history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        return _protocol_histories().responses_history(self, model, reconcile_text_equivalent_tokenizations)
+        return branches.responses_history(self, model, reconcile_text_equivalent_tokenizations)
 
     def responses_histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        return _protocol_histories().responses_histories(self, model, reconcile_text_equivalent_tokenizations)
+        return branches.responses_histories(self, model, reconcile_text_equivalent_tokenizations)
 
     def completions_token_history(self, *, model: str | None = None) -> Any:
-        return _protocol_histories().completions_token_history(self, model)
+        return branches.completions_token_history(self, model)
 
     def completions_token_histories(self, *, model: str | None = None) -> Any:
-        return _protocol_histories().completions_token_histories(self, model)
+        return branches.completions_token_histories(self, model)
 
     def completions_string_history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        return _protocol_histories().completions_string_history(self, model, reconcile_text_equivalent_tokenizations)
+        return branches.completions_string_history(self, model, reconcile_text_equivalent_tokenizations)
 
     def completions_string_histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        return _protocol_histories().completions_string_histories(self, model, reconcile_text_equivalent_tokenizations)
+        return branches.completions_string_histories(self, model, reconcile_text_equivalent_tokenizations)
 
     def history(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        return _protocol_histories().trajectory_history(self, model, reconcile_text_equivalent_tokenizations)
+        return branches.trajectory_history(self, model, reconcile_text_equivalent_tokenizations)
 
     def histories(self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False) -> Any:
-        return _protocol_histories().trajectory_histories(self, model, reconcile_text_equivalent_tokenizations)
+        return branches.trajectory_histories(self, model, reconcile_text_equivalent_tokenizations)
 
     def messages(self) -> Messages:
         """The chat messages of the conversation. For captured exchanges (ART's rule): the one history
         `history()` gives, as Chat Completions messages, so Responses and Anthropic Messages exchanges convert
         too; a ValueError for several protocols, models or branches, and for Completions (no chat messages)."""
         if self.exchanges:
-            return _protocol_histories().trajectory_messages(self)
+            return branches.trajectory_messages(self)
         return get_messages(self.messages_and_choices)
+
+    def conversations(self, model: str | None = None, where: str = "trajectory",
+                      reconcile: tuple[Any, frozenset[int]] | None = None) -> list[tuple[LegacyHistory, str]]:
+        """The conversations training reads, each with a name for errors: its exchanges of `model` (all for None)
+        filed into conversations (history.record_histories; `reconcile`: the tokenizer's encode and end-of-turn
+        ids, ART's reconcile_text_equivalent_tokenizations), else its own messages and its additional histories."""
+        if self.exchanges:
+            return record_histories(select_exchanges(self.exchanges, model), where, reconcile)
+        own = LegacyHistory(messages_and_choices=self.messages_and_choices, tools=self.tools)
+        return [(own, where), *((h, f"{where}, additional_histories[{k}]")
+                                for k, h in enumerate(self.additional_histories))]
+
+    def _tokenized(self, tokenizer: Any, end_ids: frozenset[int], label: str, model: str | None,
+                   multi_history: bool, reconcile: bool) -> Any:
+        return tokenize_trajectory(self, tokenizer, end_ids, label, model, multi_history, "trajectory", reconcile)
 
     def for_logging(self) -> dict[str, Any]:
         """A plain dict for console or file logs; each message says whether it was sampled (`trainable`).
@@ -507,39 +347,6 @@ class Trajectory(_Tokenizes, pydantic.BaseModel):
             "tools": self.tools,
             "logs": self.logs,
         }
-
-
-def one_chat_conversation(exchanges: TrajectoryExchanges) -> LegacyHistory:
-    """The one conversation a trajectory's chat completion exchanges make (ART's `history()` needs exactly one)."""
-    others = [name for name, _ in exchanges.all() if name != "chat_completions"]
-    if others:
-        raise ValueError(f"the messages of a trajectory with {others[0]} exchanges are not provided here; read its "
-                         "exchanges (trajectory.exchanges) instead")
-    main, rest = LegacyHistory(messages_and_choices=[]), []
-    for exchange in exchanges.chat_completions:
-        for choice in exchange.response.choices:
-            file_turn(main, rest, list(exchange.request.get("messages") or []), exchange.request.get("tools"), choice)
-    if rest:
-        raise ValueError(f"trajectory messages require exactly one conversation; its chat completions make "
-                         f"{len(rest) + 1}")
-    return main
-
-
-_warned_unknown_fields: set[tuple[str, str]] = set()
-
-
-def _construct(init: Any, cls: type[pydantic.BaseModel], data: dict[str, Any]) -> None:
-    """pydantic's __init__ with our error type; unknown fields are ignored as in ART, with one notice each."""
-    for name in sorted(set(data) - set(cls.model_fields)):
-        if (cls.__name__, name) not in _warned_unknown_fields:
-            _warned_unknown_fields.add((cls.__name__, name))
-            log.warning("%s has no field %r; it is ignored (as in ART). Known fields: %s", cls.__name__, name,
-                        ", ".join(cls.model_fields))
-    try:
-        init(**data)
-    except pydantic.ValidationError as e:
-        fields = ", ".join(".".join(str(p) for p in err["loc"]) for err in e.errors())
-        raise TrajectoryError(f"{cls.__name__} is malformed (fields: {fields}): {e}") from None
 
 
 def revalidate(traj: Any, where: str) -> None:
@@ -623,6 +430,10 @@ class TrajectoryGroup(_Tokenizes, pydantic.BaseModel):
 
     def log(self, message: str) -> None:
         self.logs.append(message)
+
+    def _tokenized(self, tokenizer: Any, end_ids: frozenset[int], label: str, model: str | None,
+                   multi_history: bool, reconcile: bool) -> Any:
+        return tokenize_group(self, tokenizer, end_ids, label, model, multi_history, "group", reconcile)
 
     def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
         return iter(self.trajectories)
@@ -735,32 +546,3 @@ async def _run_rollout(rollout: Awaitable[Any], context: GatherContext) -> Any:
         return await rollout
     async with context.semaphore:
         return await rollout
-
-
-# ART 0.5.23's protocol-native histories live in histories.py, which builds on the classes above and on the
-# token record (token_record.py, tokens.py): this module reaches them only through the module registered when
-# it is imported (`artrl/__init__.py` imports histories), so the data model imports nothing above it.
-_PROTOCOL_HISTORIES: Any = None
-PROTOCOL_HISTORY_NAMES = ("AnthropicMessageSource", "AnthropicMessagesHistory", "ChatCompletionsHistory",
-                          "ChatCompletionsMessageSource", "CompletionsSource", "CompletionsStringHistory",
-                          "CompletionsStringSourceSpan", "CompletionsTokenHistory", "CompletionsTokenSourceSpan",
-                          "ResponsesHistory", "ResponsesItemSource", "TrajectoryHistory")
-"""What ART 0.5.23 exports from art.trajectories that lives in histories.py (read here through `__getattr__`)."""
-
-
-def register_protocol_histories(module: Any) -> None:
-    """Called once by histories.py when it is imported."""
-    global _PROTOCOL_HISTORIES
-    _PROTOCOL_HISTORIES = module
-
-
-def _protocol_histories() -> Any:
-    if _PROTOCOL_HISTORIES is None:  # only a partial import of the package gets here
-        raise RuntimeError("artrl.trajectories.histories is not loaded: import artrl (the package) before using histories")
-    return _PROTOCOL_HISTORIES
-
-
-def __getattr__(name: str) -> Any:
-    if name in PROTOCOL_HISTORY_NAMES:
-        return getattr(_protocol_histories(), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
