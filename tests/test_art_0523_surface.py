@@ -269,7 +269,7 @@ def test_an_rl_train_row_has_arts_0523_figures(live, make_choice):
     assert m["loss/importance_ratio_mean"] == pytest.approx(m["train/mean_ratio"], rel=1e-6)  # unit weights here
     (row,) = [r for r in _train_rows(model) if r["step"] == result.step]
     assert row["loss/importance_ratio_mean"] == pytest.approx(m["loss/importance_ratio_mean"])
-    from artrl.metric_definitions import ARTRL_LOGS
+    from artrl.metrics import ARTRL_LOGS
 
     assert ARTRL_LOGS <= set(m)
 

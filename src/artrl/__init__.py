@@ -23,8 +23,8 @@ from .errors import (ArtrlError, CheckpointError, ConfigError, LocalServingUnava
                      PackingError, TrainOutOfMemoryError, TrainTooLongError, TrajectoryError, WorkerError)
 from .gather import GatherError, gather_trajectories, gather_trajectory_groups
 from .local import LocalBackend
-from .metric_definitions import (PIPELINE_RL_DASHBOARD_DEFAULT_METRICS, PIPELINE_RL_METRIC_DEFINITIONS,
-                                 PIPELINE_RL_SCORE_METRICS, MetricDefinition)
+from .metrics import (PIPELINE_RL_DASHBOARD_DEFAULT_METRICS, PIPELINE_RL_METRIC_DEFINITIONS,
+                      PIPELINE_RL_SCORE_METRICS, MetricDefinition)
 from .model import Model, TrainableModel
 from .pipeline_tuner import PipelineAutotuneConfig, PipelineRuntimeConfig
 from .serverless import ServerlessBackend

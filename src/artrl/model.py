@@ -27,20 +27,21 @@ to W&B or TensorBoard (run/tracking.py).
 from __future__ import annotations
 
 import logging
+import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from contextvars import Token
 from pathlib import Path
 from typing import Any
 
 import pydantic
 
-from .backend_hooks import train_through_hook
 from .dev.train import sft_metric_logging
 from .errors import ConfigError
 from .run import storage
 from .run.history import RunHistory, best_logged_step, normalize_trajectory_groups
 from .metrics import MetricsBuilder
+from .metrics_taxonomy import aggregate_step_metrics
 from .trajectories.data import Trajectory, TrajectoryGroup
 from .config.model import InternalModelConfig
 from .types import TrainConfig, TrainResult, TrainSFTConfig
@@ -51,6 +52,33 @@ OPENAI_CLIENT_TIMEOUT_S = 1200.0
 """Request timeout of `Model.openai_client()` (ART's: 1200 s, 5 s to connect)."""
 OPENAI_CONNECT_TIMEOUT_S = 5.0
 """Connect timeout of `Model.openai_client()` (ART's)."""
+
+
+# The train hooks' protocol as the model speaks it (backend.py): artrl's awaitable TrainResult, or ART's async
+# iterator of per-optimizer-step metric dicts.
+
+
+def is_metric_stream(produced: Any) -> bool:
+    """True when a hook returned ART's per-optimizer-step metric stream (an async iterator)."""
+    return hasattr(produced, "__aiter__")
+
+
+async def collect_step_metrics(stream: AsyncIterator[dict[str, float]], hook: str) -> tuple[list[dict], float]:
+    """Every metric dict the stream yields, and the seconds it took; a non-dict item is a TypeError naming it."""
+    started = time.monotonic()
+    samples: list[dict[str, float]] = []
+    async for item in stream:
+        if not isinstance(item, dict):
+            raise TypeError(f"{hook} yielded a {type(item).__name__} (item {len(samples)}); ART's hook protocol "
+                            "yields one dict of metrics per optimizer step, e.g. {'loss/train': 0.5}")
+        samples.append(item)
+    return samples, time.monotonic() - started
+
+
+def _close(produced: Any) -> None:
+    close = getattr(produced, "close", None)  # a coroutine never awaited: no "never awaited" warning
+    if callable(close):
+        close()
 
 
 def _no_cost(_prompt_tokens: int | None, _completion_tokens: int | None, _cost_context: str) -> dict[str, float]:
@@ -410,7 +438,7 @@ class TrainableModel(Model):
 
         As in ART, the row is written at the new step: the groups' averages (`train/reward`, ...),
         the trainer's metrics (`loss/train`, ...) and the groups as `trajectories/train/NNNN.parquet`.
-        The backend's `_train_model` may speak artrl's hook protocol or ART's (backend_hooks.py).
+        The backend's `_train_model` may speak artrl's hook protocol or ART's (backend.py).
         """
         groups = list(trajectory_groups)
         for i, g in enumerate(groups):
@@ -420,7 +448,7 @@ class TrainableModel(Model):
         # the backend builds and checks the config, and validates every trajectory while tokenizing, before
         # anything is trained or written; the row logged below takes the groups as validated
         config = config or TrainConfig()
-        return await train_through_hook(self, "rl", groups, config, _config or {}, verbose)
+        return await self._train_through_backend("rl", groups, config, _config or {}, verbose)
 
     async def train_sft(self, trajectories: Iterable[Trajectory], config: TrainSFTConfig | None = None,
                         _config: dict[str, Any] | None = None, verbose: bool = False,
@@ -429,11 +457,41 @@ class TrainableModel(Model):
         'train' row, or none with `log_metrics=False` (ART 0.5.23).
 
         As in ART, the backend's hook gets `_config["metric_logging"] = {"enabled": log_metrics}`.
-        None only from a backend on ART's hook protocol whose `_train_sft` yielded nothing (backend_hooks.py).
+        None only from a backend on ART's hook protocol whose `_train_sft` yielded nothing (backend.py).
         """
         dev_config = {**(_config or {}), "metric_logging": sft_metric_logging(_config, log_metrics)}
-        return await train_through_hook(self, "sft", list(trajectories), config or TrainSFTConfig(), dev_config,
-                                        verbose, log_row=log_metrics)
+        return await self._train_through_backend("sft", list(trajectories), config or TrainSFTConfig(), dev_config,
+                                                 verbose, log_row=log_metrics)
+
+    async def _train_through_backend(self, kind: str, data: list[Any], config: Any, dev_config: dict[str, Any],
+                                     verbose: bool, log_row: bool = True) -> TrainResult | None:
+        """Run the backend's RL (`kind="rl"`, data = groups) or SFT hook in whichever protocol it speaks
+        (backend.py), write the train row (unless `log_row` is False: ART's `train_sft(log_metrics=False)`), and
+        return the result."""
+        backend = self.backend()
+        hook_name = "_train_model" if kind == "rl" else "_train_sft"
+        produced = getattr(backend, hook_name)(self, data, config, dev_config, verbose)
+        groups = data if kind == "rl" else None
+        if not is_metric_stream(produced):
+            try:  # a coroutine has not started yet: the step before it is read first
+                before = await self.get_step()
+            except BaseException:
+                _close(produced)
+                raise
+            result = await produced
+            if log_row:
+                await self._log_train_row(groups, result, before, kind)
+            return result
+        samples, seconds = await collect_step_metrics(produced, f"{type(backend).__name__}.{hook_name}")
+        if kind == "sft" and not samples:
+            log.warning("%s: %s.%s yielded no metrics, so no train row is written (as in ART)", self.name,
+                        type(backend).__name__, hook_name)
+            return None
+        metrics = aggregate_step_metrics(samples, seconds, kind)
+        step = await self.get_step()
+        if log_row:
+            await self._log(groups, "train", metrics, step, extra={"kind": kind})
+        return TrainResult(step=step, metrics=metrics)
 
     async def _log_train_row(self, groups: list[TrajectoryGroup] | None, result: TrainResult, before: int,
                              kind: str) -> None:

@@ -48,9 +48,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..backend import Backend
-from ..backend_hooks import backend_train_result
 from ..dev.train import METRIC_LOGGING, PACKED_SEQUENCE_LENGTH, check_metric_logging
 from ..errors import ConfigError
+from ..metrics_taxonomy import (aggregate_step_metrics, build_training_summary_metrics,
+                                summarize_trajectory_groups)
+from ..model import collect_step_metrics
 from ..runtime.notices import notice_once
 from ..trajectories.data import Trajectory, TrajectoryGroup
 from ..config.model import InternalModelConfig
@@ -413,14 +415,14 @@ class LocalBackend(Backend):
         `save_checkpoint` and `verbose` mean what they mean in ART (TrainingSession.train). As in ART, the
         groups are not logged and no history row is written (call `model.log(...)`, as in ART).
         When `_train_model` is replaced by an async generator of per-step metrics (ART's hook protocol, on the
-        instance or in a subclass), this iterates it as ART's `LocalBackend.train` does (backend_hooks.py).
+        instance or in a subclass), this iterates it as ART's `LocalBackend.train` does (backend.py).
         """
         groups = list(trajectory_groups)
         kwargs.update(art_train_overrides(loss_fn=loss_fn, loss_fn_config=loss_fn_config,
                                           normalize_advantages=normalize_advantages, adam_params=adam_params,
                                           packed_sequence_length=packed_sequence_length,
                                           max_length=_internal_config(model).max_length))
-        if inspect.isasyncgenfunction(self._train_model):  # replaced by a hook on ART's protocol (backend_hooks.py)
+        if inspect.isasyncgenfunction(self._train_model):  # replaced by a hook on ART's protocol (backend.py)
             cfg = InternalModelConfig().call_config(config or TrainConfig(), kwargs)
             run = _run_dir(self._path, model)
             return await backend_train_result(self, model, groups, cfg, dict(kwargs), verbose,
@@ -464,6 +466,22 @@ class LocalBackend(Backend):
         cfg = session.cfg.call_config(config, overrides)
         return asyncio.to_thread(session.train, kind, data, cfg, show_progress=self.show_progress, verbose=verbose,
                                  save_checkpoint=save_checkpoint, history_row=history_row)
+
+
+async def backend_train_result(backend: Any, model: "TrainableModel", groups: list[TrajectoryGroup], config: Any,
+                               dev_config: dict[str, Any], verbose: bool, checkpoint_dir: Any) -> Any:
+    """ART's `LocalBackend.train` over an ART-protocol `_train_model`: the aggregated metrics with the groups'
+    data counts, the step the backend reports, and `checkpoint_dir(step)` when that directory exists."""
+    hook = f"{type(backend).__name__}._train_model"
+    samples, seconds = await collect_step_metrics(backend._train_model(model, groups, config, dev_config, verbose),
+                                                  hook)
+    metrics = aggregate_step_metrics(samples, seconds, "rl")
+    summary = build_training_summary_metrics(summarize_trajectory_groups(groups), include_trainable_groups=True)
+    metrics.update({k: v for k, v in summary.items() if k not in metrics})
+    step = await backend._get_step(model)
+    path = checkpoint_dir(step) if checkpoint_dir is not None else None
+    return LocalTrainResult(step=step, metrics=metrics,
+                            checkpoint_path=str(path) if path is not None and path.exists() else None)
 
 
 def art_train_overrides(*, loss_fn: str | None, loss_fn_config: dict[str, Any] | None, normalize_advantages: bool,
