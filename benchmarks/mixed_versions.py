@@ -27,7 +27,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from artrl.serve import GenerationRequest, TransformersEngine
-from artrl.serve.engine import BASE_WEIGHTS
+from artrl.serve.engines.base import BASE_WEIGHTS
 from artrl.models.tiny import load_tiny
 
 LORA = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj",

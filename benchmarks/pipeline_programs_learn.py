@@ -545,7 +545,7 @@ async def sample_eval(program_name: str, program: ModuleType, model: Any, replic
     """Rewards of `samples` replies to each of the program's prompts, by its reward, seeded by `replicate`.
 
     The requests run EVAL_CONCURRENCY at a time; a seeded request samples the same tokens whatever it shares a
-    batch with (serve/sampling.py), up to float noise."""
+    batch with (serve/engines/sampling.py), up to float noise."""
     client = model.openai_client()
     name = model.get_inference_name()
     limit = asyncio.Semaphore(EVAL_CONCURRENCY)

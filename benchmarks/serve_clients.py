@@ -42,7 +42,7 @@ def main() -> None:
 
     from artrl.chat.format import end_of_turn_ids
     from artrl.serve import ServedModels, create_app, start_server
-    from artrl.serve.factory import open_engine
+    from artrl.serve.engines.factory import open_engine
     from artrl.models.loading import load_base_model
     from artrl.config.model import InternalModelConfig
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from artrl.serve import TransformersEngine
-from artrl.serve.engine import GenerationRequest
+from artrl.serve.engines.base import GenerationRequest
 from artrl.models.tiny import load_tiny
 
 

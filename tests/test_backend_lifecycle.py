@@ -14,7 +14,7 @@ import torch
 import artrl as art
 from artrl.runtime import notices
 from artrl.serve import GenerationRequest, TransformersEngine
-from artrl.serve.engine import EngineClosedError
+from artrl.serve.errors import EngineClosedError
 from artrl.models.loading import load_base_model, load_model
 from artrl.config.model import InternalModelConfig
 

@@ -1,4 +1,4 @@
-"""The inference engine contract (serve/engine.py), checked on every engine.
+"""The inference engine contract (serve/engines/base.py), checked on every engine.
 
 Each engine is opened by a factory in `ENGINE_FACTORIES` on the tiny model (its
 live weights start as the base model's) with the end-of-turn ids the test hands
@@ -25,16 +25,11 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from artrl.chat.format import end_of_turn_ids
-from artrl.serve.engine import (
-    BASE_WEIGHTS,
-    MAX_TOP_LOGPROBS,
-    GenerationRequest,
-    GenerationResult,
-    InferenceEngine,
-    InvalidRequestError,
-)
-from artrl.serve.factory import open_engine
-from artrl.serve.scripted import ScriptedEngine
+from artrl.serve.engines.base import (BASE_WEIGHTS, MAX_TOP_LOGPROBS, GenerationRequest, GenerationResult,
+                                      InferenceEngine)
+from artrl.serve.errors import InvalidRequestError
+from artrl.serve.engines.factory import open_engine
+from artrl.serve.engines.scripted import ScriptedEngine
 from artrl.config.model import InternalModelConfig
 
 TOLERANCE = 1e-4

@@ -122,7 +122,7 @@ def test_a_prefill_of_several_prompts_never_copies_the_lm_head(tok):
     the engine's prefill asks for the last position by index, so its peak stays well below one copy of the weight."""
     from artrl.bench.memory_bench import _reset_high_water_mark, _status_kb
     from artrl.models.random_init import build_random_model
-    from artrl.serve.decode_batch import DecodeBatch
+    from artrl.serve.engines.decode_batch import DecodeBatch
 
     config = random_config("random:qwen3-0.6b", num_hidden_layers=1, hidden_size=512, intermediate_size=512,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=64)

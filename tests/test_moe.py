@@ -197,7 +197,7 @@ def test_the_vllm_engines_record_lines_up_with_the_tokens_the_trainer_replays(ti
     forward of the tiny MoE model: replayed at the sampled tokens' own positions, as the packer places a record,
     the record matches the trainer's own routing on every fed token; a record off by one position, or one that
     claims other experts for some tokens, is counted token for token."""
-    from artrl.serve.vllm_engine import _routing_record
+    from artrl.serve.engines.vllm_engine import _routing_record
     from artrl.train.routing import RoutingReplay
 
     model, _ = tiny_moe
@@ -317,7 +317,7 @@ def test_the_engine_records_each_prompts_last_position_from_a_batched_prefill(ti
     """Prompts of different lengths prefilled together (left-padded) and n samples of one prompt: each result's
     record of its prompt's last position is the experts a lone forward of that prompt picks there."""
     from artrl.serve import TransformersEngine
-    from artrl.serve.engine import GenerationRequest
+    from artrl.serve.engines.base import GenerationRequest
 
     model, tokenizer = tiny_moe
     prompts = [[5 + i for i in range(n)] for n in (3, 11, 7)]

@@ -21,7 +21,7 @@ from artrl.chat.format import encode, end_of_turn_ids, template_message
 from artrl.models.tokenizer import load_tokenizer
 from artrl.trajectories.sequences import TokenizeStats, tokenize_history
 from artrl.chat.preserved_thinking import chat_template_with_preserved_thinking, preserves_thinking
-from artrl.serve.chat import PromptBuilder
+from artrl.serve.http.prompts import PromptBuilder
 from artrl.models.tiny import CHAT_TEMPLATE, tiny_model_path
 
 from chat_families import DATA, family_tokenizer

@@ -16,8 +16,9 @@ import httpx
 import pytest
 
 from artrl.serve import ServedModels, ServerHandle, TransformersEngine, create_app, start_server
-from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult
-from artrl.serve.scripted import ScriptedEngine
+from artrl.serve.errors import EngineClosedError
+from artrl.serve.engines.base import GenerationRequest, GenerationResult
+from artrl.serve.engines.scripted import ScriptedEngine
 from engine_helpers import one_thread_engine, recompute
 
 KEY = "sk-protocols"

@@ -1,4 +1,4 @@
-"""A server as an inference replica (serve/control_routes.py) and the client's session affinity
+"""A server as an inference replica (serve/http/control_routes.py) and the client's session affinity
 (replicas/affinity.py): in one process, on the tiny model, no router. The replicas behind the real router
 are tests/test_replicas.py's."""
 
@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 import artrl as art
 from artrl.errors import ConfigError
 from artrl.replicas import affinity
-from artrl.serve.models import ServedModels
-from artrl.serve.server import create_app
+from artrl.serve.http.served_models import ServedModels
+from artrl.serve.http.server import create_app
 
 KEY = "k-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -47,7 +47,7 @@ def replica():
     """A built-in engine serving 'm' as replica 'r7' (its own peft model, as a replica process holds)."""
     from artrl.chat.format import end_of_turn_ids
     from artrl.models.loading import load_model
-    from artrl.serve.factory import open_engine
+    from artrl.serve.engines.factory import open_engine
 
     cfg = art.InternalModelConfig(seed=0, max_length=128)
     model, tok = load_model("artrl/tiny", cfg)
@@ -140,7 +140,7 @@ def test_a_replica_names_itself_and_refuses_a_turn_meant_for_another(replica):
 
 
 def test_control_routes_exist_only_when_asked_for():
-    from artrl.serve.scripted import ScriptedEngine
+    from artrl.serve.engines.scripted import ScriptedEngine
     from artrl.models.tiny import build_tiny_tokenizer
 
     app = create_app(ServedModels("m", ScriptedEngine.from_text(build_tiny_tokenizer(), "ok")))

@@ -20,7 +20,7 @@ from artrl.metrics import MetricsBuilder
 from artrl.rewards import JudgeError, ruler, ruler_score_group
 ruler_module = importlib.import_module("artrl.rewards.ruler")  # the module; `artrl.rewards.ruler` is the function
 from artrl.rewards.judge import resolve
-from artrl.serve.background import HEALTH_PATH, start_server
+from artrl.serve.http.background import HEALTH_PATH, start_server
 
 
 class ScriptedJudge:

@@ -317,7 +317,7 @@ def test_artrl_serve_passes_its_body_bounds_to_the_app():
     import argparse
 
     from artrl.local.standalone import add_arguments, build_app
-    from artrl.serve.guards import BodyLimit
+    from artrl.serve.http.guards import BodyLimit
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

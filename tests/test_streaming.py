@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from artrl.serve import ServedModels, ServerHandle, TransformersEngine, create_app, start_server
-from artrl.serve.scripted import ScriptedEngine
-from artrl.serve.stream_text import TextStream
+from artrl.serve.engines.scripted import ScriptedEngine
+from artrl.serve.http.stream_text import TextStream
 from artrl.serve.tool_calls import TOOL_CALL_START, parse_tool_calls
 from artrl.models.tiny import load_tiny
 from engine_helpers import one_thread_engine

@@ -32,9 +32,9 @@ from artrl.models.loading import add_lora, load_base_model, load_vision
 from artrl.models.vision import VisionInputs
 from artrl.preprocess.pack import _truncate, pack
 from artrl.trajectories.tokenization import tokenize_groups, tokenize_sft
-from artrl.serve.models import ServedModels
-from artrl.serve.server import create_app, start_server
-from artrl.serve.transformers_engine import TransformersEngine
+from artrl.serve.http.served_models import ServedModels
+from artrl.serve.http.server import create_app, start_server
+from artrl.serve.engines.transformers_engine import TransformersEngine
 from artrl.models.tiny import load_tiny
 
 from model_kinds import COLOURS, image_url, vision_content
@@ -395,7 +395,7 @@ def test_a_truncation_never_cuts_an_image(vl):
 
 
 def test_vllm_with_a_vision_language_model_is_one_config_error(tmp_path):
-    from artrl.serve.factory import resolve_engine_kind
+    from artrl.serve.engines.factory import resolve_engine_kind
 
     with pytest.raises(ConfigError, match="inference_engine='vllm' with a vision-language model"):
         resolve_engine_kind("vllm", "cpu", vision=True)
@@ -459,9 +459,9 @@ def test_processed_images_are_kept_by_content_hash_within_a_byte_bound(vl, monke
 def test_an_image_prompt_decodes_the_same_alone_or_left_padded_in_a_batch(vl):
     """The prefill places each prompt's 3-D positions after its left padding, and decoding continues from the
     position after the prompt's last: a row's logits do not depend on its batch."""
-    from artrl.serve.decode_batch import DecodeBatch
-    from artrl.serve.engine import GenerationRequest
-    from artrl.serve.transformers_engine import _cache_kwarg_name
+    from artrl.serve.engines.decode_batch import DecodeBatch
+    from artrl.serve.engines.base import GenerationRequest
+    from artrl.serve.engines.transformers_engine import _cache_kwarg_name
 
     model, tok, vision = vl
     image_prompt, images = _served_prompt(vision, tok, [{"role": "user", "content": vision_content("Hue?", "blue",

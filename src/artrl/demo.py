@@ -74,7 +74,7 @@ GROUP_SIZE = 8
 """Rollouts per question in an RL step (the group of group-relative advantages)."""
 
 _NOISY_LOGGERS = ("httpx", "httpx2", "httpcore", "uvicorn", "uvicorn.access", "uvicorn.error", "openai",
-                  "matplotlib", "artrl.local.backend", "artrl.serve.background", "artrl.models.loading")
+                  "matplotlib", "artrl.local.backend", "artrl.serve.http.background", "artrl.models.loading")
 
 
 @dataclass(frozen=True)

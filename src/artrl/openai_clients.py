@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .replicas.affinity import event_hooks
-from .serve.background import is_loopback
+from .serve.http.background import is_loopback
 
 
 @functools.cache

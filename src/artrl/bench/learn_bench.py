@@ -79,8 +79,8 @@ YARDSTICK_STD_EPS: Final = 1e-4
 """The yardstick's optimizer, clipping and advantage settings (TRL GRPOTrainer / transformers defaults)."""
 
 _NOISY_LOGGERS: Final = ("httpx", "httpcore", "openai", "uvicorn", "uvicorn.access", "uvicorn.error",
-                         "artrl.local.backend", "artrl.train.call", "artrl.models.loading", "artrl.serve.background",
-                         "artrl.serve.models")
+                         "artrl.local.backend", "artrl.train.call", "artrl.models.loading", "artrl.serve.http.background",
+                         "artrl.serve.http.served_models")
 
 
 @dataclass
@@ -228,7 +228,7 @@ class YardstickArm:
 
         from ..chat.format import end_of_turn_ids
         from ..serve import ServedModels, create_app, start_server
-        from ..serve.factory import open_engine
+        from ..serve.engines.factory import open_engine
         from ..models.loading import load_model
 
         cfg = self.internal

@@ -404,7 +404,7 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
             log.info("bench pipeline: %s arm %s", arm, arms[arm])
     finally:
         await backend.close()
-    from ..serve.factory import resolve_engine_kind
+    from ..serve.engines.factory import resolve_engine_kind
     from ..models.loading import RANDOM_SHAPES
 
     engine = resolve_engine_kind(internal.inference_engine, device.type,

@@ -1,7 +1,7 @@
 """`artrl bench replicas`: rollout throughput on 1, 2, 4... inference replicas behind the router.
 
 What it measures, on a workload whose requests wait on something other than this machine's CPU
-(each replica is the paced scripted engine, serve/scripted.py: `--slots` rows decode at once, each
+(each replica is the paced scripted engine, serve/engines/scripted.py: `--slots` rows decode at once, each
 holding its slot `--token-time-ms` per token for `--reply-tokens` tokens, asleep meanwhile; so a
 2-core machine measures the replicas and the router, not its own cores):
 

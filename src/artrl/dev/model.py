@@ -25,7 +25,7 @@ turns either shape (or a mix) into the flat one:
 
 `engine_args` are vLLM's engine arguments: the whole section is also kept as
 artrl's `engine_args` field, which reaches vLLM when it serves the model
-(`inference_engine="vllm"`, serve/vllm_args.py). With the built-in engine they
+(`inference_engine="vllm"`, serve/engines/vllm_args.py). With the built-in engine they
 cannot apply, and each unmapped one is noticed once when that engine opens
 (`notice_unused_engine_args`), not when the config is built: the engine is only
 known then.

@@ -107,7 +107,7 @@ class LocalBackend(Backend):
     def __init__(self, *, in_process: bool | None = None, path: str | None = None,
                  gpu_cost_per_hour_usd: float | None = None, host: str = "127.0.0.1", port: int = 0,
                  api_key: str | None = None, show_progress: bool = True) -> None:
-        from ..serve.background import is_loopback
+        from ..serve.http.background import is_loopback
 
         if not is_loopback(host) and not api_key:
             raise ConfigError(
@@ -195,7 +195,7 @@ class LocalBackend(Backend):
                         "artrl: it configures ART's vLLM server; artrl's server always returns token ids and "
                         "logprobs and parses tool calls itself.")
         # vLLM engine arguments: they join the model's own engine_args (which win) for the models registered
-        # from now on; the built-in engine notices them when it opens (serve/factory.py)
+        # from now on; the built-in engine notices them when it opens (serve/engines/factory.py)
         self._engine_args.update(config.get("engine_args") or {})
         if "log_file" in config:
             notice_once("openai_server.log_file", "_openai_client_config log_file has no effect in artrl: the "

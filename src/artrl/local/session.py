@@ -1,7 +1,7 @@
 """A training session: one registered trainable model on this machine.
 
 It owns the weights (a peft model loaded once), the trainer, the inference
-engine (serve/factory.py picks it; the built-in one decodes a copy of the
+engine (serve/engines/factory.py picks it; the built-in one decodes a copy of the
 trainer's model that shares its frozen base tensors, made before the trainer
 applies its kernels), the run directory and the step counter:
 
@@ -150,11 +150,11 @@ class TrainingSession:
     @classmethod
     def _open_engine(cls, model: Any, tokenizer: Any, end_ids: frozenset[int], cfg: InternalModelConfig,
                      base_model: str, vision: Any = None) -> Any:
-        """The inference engine `cfg.inference_engine` names (serve/factory.py), with the trainer's end ids.
+        """The inference engine `cfg.inference_engine` names (serve/engines/factory.py), with the trainer's end ids.
 
         The built-in one decodes a copy of `model` sharing its frozen tensors (`serve_copy`): the trainer (here,
         or the workers' copy restored into `model`) never shares a module with the decode thread."""
-        from ..serve.factory import open_engine, resolve_engine_kind
+        from ..serve.engines.factory import open_engine, resolve_engine_kind
         from ..models.loading import RANDOM_SHAPES, resolve_name
         from ..models.moe import is_moe
         from ..models.quantization import quantization_of

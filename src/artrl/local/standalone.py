@@ -11,7 +11,7 @@ The server binds to 127.0.0.1; any other `--host` needs `--api-key`.
 
 serves as an inference replica of a training run on another machine (its
 `inference_endpoints`): the same server with the control routes of
-serve/control_routes.py, through which that run loads every checkpoint here.
+serve/http/control_routes.py, through which that run loads every checkpoint here.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ def _adapter_and_run(checkpoint: str | None) -> tuple[Path | None, Path | None]:
 
 def build_app(args: Any) -> Any:
     from ..chat.format import end_of_turn_ids
-    from ..serve.background import is_loopback
-    from ..serve.factory import open_engine, resolve_engine_kind
-    from ..serve.models import ServedModels
-    from ..serve.server import create_app
+    from ..serve.http.background import is_loopback
+    from ..serve.engines.factory import open_engine, resolve_engine_kind
+    from ..serve.http.served_models import ServedModels
+    from ..serve.http.server import create_app
     from ..models.loading import (RANDOM_SHAPES, load_base_model, load_config, load_generation_config, load_model,
                                   load_vision, resolve_device, resolve_name)
     from ..models.tokenizer import load_tokenizer

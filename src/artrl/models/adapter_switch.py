@@ -140,7 +140,7 @@ def serving_copy(model: Any) -> Any:
     training thread never touch the same module. Every frozen parameter (the base weights, frozen
     adapters) becomes a new `Parameter` over the *same storage* (no memory for the base; a quantised weight is
     shared as the same object), every buffer is the same tensor, and only the trainable tensors (the LoRA adapter being trained) are copied. So
-    rebinding a copied parameter's `.data` (serve/merged_lora.py) leaves the trainer's parameter alone.
+    rebinding a copied parameter's `.data` (serve/engines/merged_lora.py) leaves the trainer's parameter alone.
     Make the copy before the trainer applies anything to its modules (kernels, compiled layers).
     """
     import copy

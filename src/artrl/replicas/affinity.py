@@ -8,7 +8,7 @@ each rollout in a task of its own, and its turns are awaited one after the other
 id belongs to the task that sends the request (created with its first request, forgotten with
 the task); a request that already carries an `X-Session-ID` keeps its own.
 
-The first answer says which replica served the rollout (`x-artrl-replica`, serve/control_routes.py);
+The first answer says which replica served the rollout (`x-artrl-replica`, serve/http/control_routes.py);
 every later turn says which one it expects (`x-artrl-replica-expected`). A replica that gets a
 turn meant for another one (the rollout's replica died and the router sent the turn
 elsewhere: the record of its earlier turns and its KV cache are gone with it) answers 410 with
@@ -26,7 +26,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ..session_headers import EXPECTED_HEADER, REPLICA_HEADER, SESSION_HEADER
+from ..serve.http.headers import EXPECTED_HEADER, REPLICA_HEADER, SESSION_HEADER
 
 
 @dataclass

@@ -8,12 +8,12 @@ The control plane (replicas/control.py) starts one per replica with `spawn.Repli
 with the model's `InternalModelConfig` (the trainer's LoRA shape, dtype, context length,
 batch size; the built-in engine holds a fresh adapter until the first checkpoint is made
 live), serves `name`, `name@step` and the base model like the training process's own
-server, plus the control routes (serve/control_routes.py), binds its port (0: a free one)
+server, plus the control routes (serve/http/control_routes.py), binds its port (0: a free one)
 and then writes one line `ARTRL_REPLICA_READY {"port": P}` to stdout: the parent waits on
 that line, not on polling. It exits when its standard input closes (the parent ended,
 however it ended) or on SIGTERM.
 
-`--engine scripted` serves the paced scripted engine (serve/scripted.py: `--token-time-ms`
+`--engine scripted` serves the paced scripted engine (serve/engines/scripted.py: `--token-time-ms`
 per token, `--reply-tokens` tokens per answer), for `artrl bench replicas`.
 """
 
@@ -39,10 +39,10 @@ def open_engine_for(args: argparse.Namespace, cfg: Any) -> tuple[Any, str]:
     from ..chat.format import end_of_turn_ids
     from ..models.loading import RANDOM_SHAPES, load_generation_config, load_model, resolve_device, resolve_name
     from ..models.tokenizer import load_tokenizer
-    from ..serve.factory import open_engine, resolve_engine_kind
+    from ..serve.engines.factory import open_engine, resolve_engine_kind
 
     if args.engine == "scripted":
-        from ..serve.scripted import ScriptedEngine
+        from ..serve.engines.scripted import ScriptedEngine
 
         tok = load_tokenizer(args.base_model, cfg)
         ids = list(range(10, 10 + args.reply_tokens - 1)) + [tok.eos_token_id]  # `reply_tokens` in all
@@ -69,8 +69,8 @@ def build_app(args: argparse.Namespace) -> tuple[Any, Any]:
     from pathlib import Path
 
     from ..run import storage
-    from ..serve.models import ServedModels
-    from ..serve.server import create_app
+    from ..serve.http.served_models import ServedModels
+    from ..serve.http.server import create_app
     from ..config.model import InternalModelConfig
 
     cfg = InternalModelConfig(**json.loads(args.config))
@@ -109,7 +109,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def serve(args: argparse.Namespace, *, ready_line: bool = True) -> int:
     """Serve until standard input closes or SIGTERM; returns the exit status."""
-    from ..serve.background import start_server
+    from ..serve.http.background import start_server
 
     app, engine = build_app(args)
     stop = threading.Event()

@@ -24,7 +24,7 @@ step, the sampled ones kept for truncated importance sampling); the LM-head
 chunk size.
 
 `model_lock` is held for the whole of a train call. The built-in inference
-engine may serve this very model (serve/transformers_engine.py); it is then
+engine may serve this very model (serve/engines/transformers_engine.py); it is then
 built with this lock, so generation and training take turns on one device.
 `end_ids` (the ids that close an assistant turn) are given by the session,
 which hands the same set to the inference engine.
