@@ -13,7 +13,7 @@ from .models.quantization import quiet_kernels_notice as _quiet_kernels_notice
 
 _quiet_kernels_notice()  # before anything imports bitsandbytes (models/quantization.py says why)
 
-from . import dev, rewards, schedules, utils  # noqa: E402
+from . import dev, rewards, utils  # noqa: E402
 from .auto_trajectory import auto_trajectory, capture_auto_trajectory
 from .backend import Backend
 from .batches import trajectory_group_batches
@@ -29,6 +29,7 @@ from .model import Model, TrainableModel
 from .pipeline_tuner import PipelineAutotuneConfig, PipelineRuntimeConfig
 from .serverless import ServerlessBackend
 from .tokenizer import get_tokenizer
+from .train import schedules  # artrl.schedules: learning-rate schedules (train/schedules.py)
 from .trajectories import (History, LegacyHistory, Trajectory, TrajectoryGroup, current_trajectory, no_capture,
                            tensorize, tokenize, trajectory, trajectory_group)
 from .config.model import InternalModelConfig

@@ -53,7 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import runs, schedules
+from . import runs
+from .train import schedules
 from .errors import ConfigError
 from .gather import gather_trajectory_groups
 from .local import LocalBackend

@@ -51,7 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import demo, schedules
+from . import demo
+from .train import schedules
 from .errors import ConfigError
 from .local import LocalBackend
 from .model import TrainableModel

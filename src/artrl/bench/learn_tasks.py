@@ -150,7 +150,7 @@ async def warm_up_colours(base_model: str, directory: Path, warm: WarmUp) -> Pat
     the base weights and the model and tokenizer are saved; the directory is renamed into place
     with a marker written last, so a crash never leaves a half-built model that a later run uses.
     """
-    from .. import schedules
+    from ..train import schedules
     from ..local import LocalBackend
     from ..model import TrainableModel
     from ..config.model import InternalModelConfig

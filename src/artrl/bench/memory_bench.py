@@ -195,12 +195,12 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
                 (art.TrajectoryGroup(rollout(g, k) for k in range(args.rollouts)) for g in range(args.groups)),
                 pbar_desc=None)
         phases.end("rollouts")
-        from ..train.memory import device_budget, free_bytes
+        from ..train.memory import free_bytes
 
         # the call's trainer (None where workers elsewhere train) and its budgets as the call begins: the free memory
         # its choices of checkpointing and offloading see
         run_trainer = getattr(getattr(backend, "_runs", {}).get(model.name), "trainer", None)
-        budget = device_budget(run_trainer, host=True) if run_trainer is not None else None
+        budget = run_trainer.memory_budget(host=True) if run_trainer is not None else None
         train_free = budget.free_bytes if budget is not None else free_bytes(device)
         phases.start()
         t_call = time.perf_counter()
@@ -240,7 +240,7 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
     checkpointing = cfg.gradient_checkpointing
     if checkpointing is None:
         checkpointing = does_not_fit(workload)
-    # offloading as the call ran it (train/memory.py call_checkpointing: CUDA only; None: when checkpointing alone
+    # offloading as the call ran it (train/trainer.py Trainer.call_memory: CUDA only; None: when checkpointing alone
     # does not fit the call's longest micro-batch)
     offloaded = device.type == "cuda" and bool(cfg.offload_activations)
     if device.type == "cuda" and cfg.offload_activations is None and checkpointing is not False:

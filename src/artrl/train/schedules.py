@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def _check(peak: float, steps: int, warmup: int) -> None:
