@@ -7,7 +7,7 @@ and sends `--requests` sequential chat completions, in `--rounds` rounds, with e
 
 * `openai`: `AsyncOpenAI(...).chat.completions.create` on the SDK's default transport (httpx);
 * `openai_aiohttp`: the same on the SDK's aiohttp transport (what `model.openai_client()` gives a
-  rollout for the local server, artrl/openai_clients.py);
+  rollout for the local server, src/artrl/client/openai.py);
 * `httpx`: `httpx.AsyncClient.post` of the same JSON body, the response parsed with `.json()`;
 * `raw`: the same HTTP/1.1 request written on one kept-alive socket (TCP_NODELAY) and the response
   read by its content-length: no client library at all.

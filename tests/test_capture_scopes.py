@@ -404,7 +404,7 @@ def test_exchanges_of_other_protocols_chain_on_their_tokens(tok) -> None:
 def test_a_captured_trajectory_is_logged_with_its_exchanges_whole(url: str, tmp_path) -> None:
     import pyarrow.parquet as pq
 
-    from artrl.utils.trajectory_logging import read_trajectory_groups_parquet, write_trajectory_groups_parquet
+    from artrl.run.trajectory_logs import read_trajectory_groups_parquet, write_trajectory_groups_parquet
 
     question = {"role": "user", "content": "q"}
     with art.Trajectory(reward=1.0) as t:

@@ -3,7 +3,7 @@
 Every import counts (module level and inside functions; only `if TYPE_CHECKING:`
 blocks are left out, they never run). Two rules:
 
-1. No cycle among artrl's modules.
+1. No cycle among artrl's modules, nor among its parts (a folder, or a root module).
 2. Layers, lowest first: a module imports only from its own layer or lower ones,
    and the named layers never import each other sideways. The run directory
    (`run/`) is below the training workers (`distributed/`) and the inference
@@ -141,6 +141,27 @@ def test_the_graph_sees_the_imports_it_must(graph: dict[str, set[str]]) -> None:
 
 def test_no_import_cycle(graph: dict[str, set[str]]) -> None:
     assert _cycles(graph) == []
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The same arrows between parts: a folder under src/artrl or a root module (`artrl.model`); the package's face
+    (`artrl/__init__.py`, which imports everything ART exports) is left out."""
+    def part(module: str) -> str | None:
+        names = module.split(".")
+        return ".".join(names[:2]) if len(names) > 1 else None
+
+    parts: dict[str, set[str]] = collections.defaultdict(set)
+    for module, targets in graph.items():
+        here = part(module)
+        for target in targets:
+            there = part(target)
+            if here and there and here != there:
+                parts[here].add(there)
+    return parts
+
+
+def test_no_package_cycle(graph: dict[str, set[str]]) -> None:
+    assert _cycles(package_graph(graph)) == []
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

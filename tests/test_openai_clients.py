@@ -15,7 +15,7 @@ import openai
 import pytest
 
 import artrl as art
-from artrl.openai_clients import aiohttp_available, transport_of
+from artrl.client.openai import aiohttp_available, transport_of
 from artrl.serve import ServedModels, create_app, start_server
 from artrl.serve.engines.scripted import ScriptedEngine
 from artrl.models.tiny import build_tiny_tokenizer

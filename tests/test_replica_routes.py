@@ -1,5 +1,5 @@
 """A server as an inference replica (serve/http/control_routes.py) and the client's session affinity
-(replicas/affinity.py): in one process, on the tiny model, no router. The replicas behind the real router
+(client/affinity.py): in one process, on the tiny model, no router. The replicas behind the real router
 are tests/test_replicas.py's."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 import artrl as art
 from artrl.errors import ConfigError
-from artrl.replicas import affinity
+from artrl.client import affinity
 from artrl.serve.http.served_models import ServedModels
 from artrl.serve.http.server import create_app
 
@@ -216,7 +216,7 @@ def test_a_task_whose_replica_is_gone_starts_a_new_session_after_the_failed_turn
 
 def test_model_openai_clients_carry_the_session_header(tmp_path):
     """`model.openai_client()` (cached, and with kwargs) sends the rollout's session: ART's code is unchanged."""
-    from artrl.openai_clients import OpenAIClients
+    from artrl.client.openai import OpenAIClients
 
     async def main():
         clients = OpenAIClients()

@@ -138,7 +138,7 @@ class Model(pydantic.BaseModel):
         The model then logs where the backend keeps its runs (`base_path`), and JSONL trajectory
         logs of earlier versions in its run directory are migrated to Parquet.
         """
-        from .utils.trajectory_migration import auto_migrate_on_register
+        from .run.migration import auto_migrate_on_register
 
         self._attach(backend)
         await backend.register(self)
@@ -161,9 +161,9 @@ class Model(pydantic.BaseModel):
         Without kwargs the client is cached, so rollouts may call this per request as ART code does: for a
         local server, inside a running event loop, one client per loop on the SDK's aiohttp transport
         (closed when that loop ends); otherwise one client on the SDK's default httpx transport
-        (artrl/openai_clients.py). With kwargs, a new client on the default transport each call. Every request
+        (client/openai.py). With kwargs, a new client on the default transport each call. Every request
         carries its rollout's `X-Session-ID` (one per asyncio task), which keeps a rollout's turns on one inference
-        replica behind a router (replicas/affinity.py).
+        replica behind a router (client/affinity.py).
         """
         if self.inference_base_url is None:
             if self.trainable:
@@ -175,13 +175,13 @@ class Model(pydantic.BaseModel):
         if kwargs:
             from openai import AsyncOpenAI, DefaultAsyncHttpxClient, Timeout
 
-            from .replicas.affinity import event_hooks
+            from .client.affinity import event_hooks
 
             kwargs.setdefault("timeout", Timeout(OPENAI_CLIENT_TIMEOUT_S, connect=OPENAI_CONNECT_TIMEOUT_S))
             kwargs.setdefault("http_client", DefaultAsyncHttpxClient(event_hooks=event_hooks()))
             return AsyncOpenAI(base_url=base_url, api_key=api_key, **kwargs)
         if self._clients is None:
-            from .openai_clients import OpenAIClients
+            from .client.openai import OpenAIClients
 
             self._clients = OpenAIClients()
         return self._clients.get(base_url, api_key, (OPENAI_CLIENT_TIMEOUT_S, OPENAI_CONNECT_TIMEOUT_S))
@@ -406,7 +406,7 @@ class TrainableModel(Model):
         if _openai_client_config is None:
             await super().register(backend)
             return
-        from .utils.trajectory_migration import auto_migrate_on_register
+        from .run.migration import auto_migrate_on_register
 
         self._attach(backend)
         # the hook registers the model and starts serving it, so the server settings apply before it listens

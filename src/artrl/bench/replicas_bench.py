@@ -63,7 +63,7 @@ def _replica_set(n: int, args: Any, run: Path, token_time_ms: float) -> Any:
 def _client(base_url: str) -> Any:
     from openai import AsyncOpenAI, DefaultAioHttpClient
 
-    from ..replicas.affinity import event_hooks
+    from ..client.affinity import event_hooks
 
     return AsyncOpenAI(base_url=base_url, api_key="bench-key", max_retries=0,
                        http_client=DefaultAioHttpClient(event_hooks=event_hooks()))
@@ -72,7 +72,7 @@ def _client(base_url: str) -> Any:
 async def _rollouts(base_url: str, args: Any) -> tuple[float, float, dict[str, int]]:
     """(seconds, this process's CPU seconds, requests per replica) for `args.rollouts` rollouts of `args.turns`
     turns, `args.concurrency` at once."""
-    from ..replicas.affinity import REPLICA_HEADER
+    from ..client.affinity import REPLICA_HEADER
 
     client = _client(base_url)
     gate = asyncio.Semaphore(args.concurrency)

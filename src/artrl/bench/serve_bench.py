@@ -13,7 +13,7 @@ longer than the others.
 
 `--latency` measures what a request costs besides the model's work instead (`run_latency_bench`): one short
 question with `max_tokens=1`, sent `--requests` times one at a time (mean, p50, p99) with the client
-`model.openai_client()` gives a rollout (`client`: its transport, artrl/openai_clients.py) and again with the
+`model.openai_client()` gives a rollout (`client`: its transport, client/openai.py) and again with the
 SDK's default httpx client (`sequential_httpx_client`), the same question in each other wire protocol the server
 speaks through its SDK's default client (`protocols`: Completions with the chat prompt's ids, Responses, Anthropic
 Messages; sent in turn with the httpx-client chat requests, one of each a round, and `protocols_p50_over_chat`
@@ -164,7 +164,7 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
 
     from ..chat.format import render_prompt
     from ..model import Model
-    from ..openai_clients import transport_of
+    from ..client.openai import transport_of
     from ..serve import ServedModels, create_app, start_server
     from ..serve.engines.base import GenerationRequest
     from ..models.loading import load_base_model, resolve_device

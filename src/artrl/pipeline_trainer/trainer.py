@@ -49,7 +49,7 @@ from ..runtime.notices import notice_once
 from ..pipeline_tuner.autotune import StepMeasurement
 from ..pipeline_tuner.config import PipelineAutotuneConfig, PipelineRuntimeConfig, PipelineTuneSettings
 from ..local.adapter_leases import LeaseRegistry
-from ..replicas.affinity import new_session
+from ..client.affinity import new_session
 from ..run import storage
 from ..trajectories.data import Trajectory, TrajectoryGroup
 from .checkpoint_retention import (CHECKPOINT_CREATED_AT_METRIC, CHECKPOINT_EVAL_COMPLETED_METRIC,

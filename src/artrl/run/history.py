@@ -249,7 +249,7 @@ class RunHistory:
 
     def write_trajectories(self, groups: list[TrajectoryGroup], split: str, step: int) -> Path | None:
         """Add the groups to `trajectories/<split>/NNNN.parquet` (atomically rewritten)."""
-        from ..utils.trajectory_logging import append_trajectory_groups_parquet
+        from .trajectory_logs import append_trajectory_groups_parquet
 
         path = storage.trajectory_log_path(self.run, split, step)
         with self._write_lock:

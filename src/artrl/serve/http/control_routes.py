@@ -139,7 +139,7 @@ def add_control_routes(app: fastapi.FastAPI, resolver: ServedModels, *, replica_
 
 class ReplicaHeader:
     """ASGI middleware: every response carries `x-artrl-replica: <replica_id>`; a request whose
-    `x-artrl-replica-expected` names another replica (a rollout whose own replica is gone, replicas/affinity.py)
+    `x-artrl-replica-expected` names another replica (a rollout whose own replica is gone, client/affinity.py)
     is answered 410 with `x-should-retry: false`, and never reaches the app."""
 
     def __init__(self, app: Any, replica_id: str) -> None:

@@ -19,7 +19,7 @@ An aiohttp session belongs to the event loop it first ran on, so:
    made outside a running loop (no loop to bind a session to), a server on another host (where the
    network, not the client, is the cost), or aiohttp missing.
 4. **One session per rollout.** Every request carries the `X-Session-ID` of the asyncio task that sends
-   it, which a router in front of several inference replicas keeps on one replica (replicas/affinity.py).
+   it, which a router in front of several inference replicas keeps on one replica (client/affinity.py).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from .replicas.affinity import event_hooks
-from .serve.http.background import is_loopback
+from ..serve.http.background import is_loopback
+from .affinity import event_hooks
 
 
 @functools.cache
