@@ -22,7 +22,7 @@ import time
 
 import artrl as art
 from artrl.runtime import host_allocator
-from artrl.bench.memory_bench import _reset_high_water_mark, _status_kb, context_pair
+from artrl.commands.bench.memory import _reset_high_water_mark, _status_kb, context_pair
 from artrl.models import shapes
 
 MODEL = "random:qwen3-0.6b"

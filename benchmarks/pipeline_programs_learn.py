@@ -1,7 +1,7 @@
 """Do ART 0.5.23's pipeline programs learn on artrl, and as much as the synchronous loop over the same steps?
 
 For each program of examples/art_pipeline_0523/ (yes/no/maybe; binary prefix with a tool call), each replicate
-and each arm, the same start (the tiny model primed for the program's answer format, artrl.bench.primed_tiny,
+and each arm, the same start (the tiny model primed for the program's answer format, benchmarks/harness/primed_tiny.py,
 built once) and the same sizes (environment variables the programs read, SIZES below) are run for MAX_STEPS
 train steps:
 
@@ -66,6 +66,8 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks.harness
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 PROGRAMS_DIR: Final = ROOT / "examples" / "art_pipeline_0523"
@@ -676,7 +678,7 @@ def run_arm(program_name: str, arm: str, base_model: Path, work: Path, env_sizes
 
 
 def prime(program_name: str, program: ModuleType, out: Path) -> Path:
-    from artrl.bench import primed_tiny
+    from benchmarks.harness import primed_tiny
 
     if (out / "model" / "config.json").exists():
         return out / "model"

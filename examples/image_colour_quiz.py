@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 
 import artrl as art
-from artrl import runs, schedules
+from artrl import schedules
+from artrl.commands import runs
 from artrl.run import storage
 from artrl.tasks import image_colours
 

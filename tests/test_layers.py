@@ -8,8 +8,8 @@ blocks are left out, they never run). Two rules:
    and the named layers never import each other sideways. The run directory
    (`run/`) is below the training workers (`distributed/`) and the inference
    replicas (`replicas/`, beside them), which are below the
-   user's model handle (`model.py`) and the run viewer (`runs.py`), which are
-   below the local backend and its sessions (`local/`). The pure-data path
+   user's model handle (`model.py`), which is below the local backend and its
+   sessions (`local/`), which are below what `artrl X` runs (`commands/`). The pure-data path
    (`preprocess/`) imports neither the trainer nor the server, and neither of
    those imports a backend. What a base model is (`models/`) is below both the
    trainer and the server; the config (`types.py`) imports neither, and the
@@ -27,8 +27,8 @@ import pytest
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "artrl"
 
 # name -> rank; an arrow must go to a strictly lower rank (the same name: inside one layer)
-LAYERS = {"artrl.run": 0, "artrl.distributed": 1, "artrl.replicas": 1, "artrl.model": 2, "artrl.runs": 2,
-          "artrl.local": 3}
+LAYERS = {"artrl.run": 0, "artrl.distributed": 1, "artrl.replicas": 1, "artrl.model": 2, "artrl.local": 3,
+          "artrl.commands": 4}
 # what a part of the data path must never import
 FORBIDDEN = {
     "artrl.preprocess": ("artrl.train", "artrl.serve", "artrl.local", "artrl.distributed", "artrl.run"),
@@ -40,7 +40,7 @@ FORBIDDEN = {
     "artrl.config.optimizers": ("artrl.models", "artrl.train", "artrl.types"),
     "artrl.train": ("artrl.serve", "artrl.local", "artrl.distributed", "artrl.run", "artrl.model"),
     "artrl.serve": ("artrl.train", "artrl.local", "artrl.distributed", "artrl.run", "artrl.model", "artrl.replicas"),
-    "artrl.run": ("artrl.local", "artrl.distributed", "artrl.model", "artrl.runs", "artrl.serve", "artrl.train"),
+    "artrl.run": ("artrl.local", "artrl.distributed", "artrl.model", "artrl.commands", "artrl.serve", "artrl.train"),
 }
 
 

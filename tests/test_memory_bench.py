@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from artrl.bench.memory_bench import train_figures
+from artrl.commands.bench.memory import train_figures
 from artrl.runtime.threads import training_threads
 
 

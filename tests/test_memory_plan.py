@@ -120,7 +120,7 @@ def test_unset_checkpointing_is_planned_as_a_call_would_choose_it(monkeypatch):
 def test_a_prefill_of_several_prompts_never_copies_the_lm_head(tok):
     """On a CPU, torch's linear over a strided [prompts, 1, hidden] view expands the LM head's weight once per prompt;
     the engine's prefill asks for the last position by index, so its peak stays well below one copy of the weight."""
-    from artrl.bench.memory_bench import _reset_high_water_mark, _status_kb
+    from artrl.commands.bench.memory import _reset_high_water_mark, _status_kb
     from artrl.models.random_init import build_random_model
     from artrl.serve.engines.decode_batch import DecodeBatch
 
@@ -180,7 +180,7 @@ def test_a_process_capped_on_its_gpu_plans_and_budgets_within_the_cap(monkeypatc
 
 
 def test_bench_memory_caps_only_a_gpu():
-    from artrl.bench.memory_bench import cap_gpu_memory
+    from artrl.commands.bench.memory import cap_gpu_memory
 
     with pytest.raises(SystemExit, match="caps a CUDA device"):
         cap_gpu_memory(torch.device("cpu"), 24)

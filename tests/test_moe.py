@@ -66,7 +66,7 @@ def test_lora_reaches_the_experts_under_arts_names(tiny_moe):
 
 
 def test_plans_and_flops_count_the_experts_a_token_runs():
-    from artrl.bench.flops import ModelShape as FlopShape
+    from artrl.commands.bench.flops import ModelShape as FlopShape
 
     shape = ModelShape.of(random_config("random:qwen3-30b-a3b"))
     total = shape.linear_weights() + shape.expert_weights() + shape.other_weights()

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from artrl.bench.workload import load_workload, workload_groups
+from artrl.commands.bench.workload import load_workload, workload_groups
 from artrl.errors import ConfigError, PackingError
 from artrl.preprocess.pack import pack, pack_reference
 from artrl.preprocess.plan import plan_batches, reference_plan

@@ -14,7 +14,7 @@ that line, not on polling. It exits when its standard input closes (the parent e
 however it ended) or on SIGTERM.
 
 `--engine scripted` serves the paced scripted engine (serve/engines/scripted.py: `--token-time-ms`
-per token, `--reply-tokens` tokens per answer), for `artrl bench replicas`.
+per token, `--reply-tokens` tokens per answer), for `python benchmarks/bench.py replicas`.
 """
 
 from __future__ import annotations

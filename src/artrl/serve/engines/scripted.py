@@ -8,7 +8,7 @@ ids the server sent in `prompts`. Not for serving users.
 Paced (`token_time_s > 0`), it stands for an engine whose time is not this machine's
 CPU (an accelerator, another host): each row holds one of `max_batch_size` decode slots
 for `token_time_s` per token it returns, sleeping meanwhile; rows beyond the slots wait
-for one. `artrl bench replicas` measures inference replicas on it, so that a small CPU
+for one. `python benchmarks/bench.py replicas` measures inference replicas on it, so that a small CPU
 machine is not what limits them.
 """
 

@@ -33,11 +33,11 @@ def run_rank(args: Any) -> dict[str, Any] | None:
     """One rank of the N-worker run (under torchrun); rank 0 returns the figures."""
     import torch.distributed as dist
 
-    from ..distributed.sharding import ShardedTrainer
-    from ..preprocess.plan import OptimizerStep
-    from ..models.loading import load_model, resolve_device, resolve_name
-    from ..train.rl import build_rl, rl_loss_fn
-    from .train_bench import _configs, _peak_memory_mb
+    from ...distributed.sharding import ShardedTrainer
+    from ...preprocess.plan import OptimizerStep
+    from ...models.loading import load_model, resolve_device, resolve_name
+    from ...train.rl import build_rl, rl_loss_fn
+    from .train import _configs, _peak_memory_mb
     from .workload import load_workload, workload_groups
 
     cfg, mcfg = _configs(args)
@@ -129,7 +129,7 @@ def run_workers(args: Any) -> dict[str, Any]:
         raise SystemExit(f"artrl bench train: --workers {args.workers} needs that many GPUs; "
                          f"{torch.cuda.device_count()} visible")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.workers),
-           "-m", "artrl.bench.workers_bench", *_forwarded(args)]
+           "-m", "artrl.commands.bench.workers", *_forwarded(args)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise SystemExit(f"artrl bench train: the {args.workers}-worker run failed (exit {out.returncode}); its "
@@ -138,7 +138,7 @@ def run_workers(args: Any) -> dict[str, Any]:
 
 
 def main(args: Any) -> int:
-    from .train_bench import _subprocess
+    from .train import _subprocess
 
     if args.workers < 2:
         raise SystemExit("artrl bench train: --workers N compares N >= 2 workers with one; without it the "
@@ -162,8 +162,8 @@ def main(args: Any) -> int:
 if __name__ == "__main__":
     import argparse
 
-    from ..errors import ArtrlError
-    from .train_bench import add_arguments
+    from ...errors import ArtrlError
+    from .train import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

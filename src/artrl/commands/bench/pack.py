@@ -11,8 +11,8 @@ import json
 import time
 from typing import Any
 
-from ..preprocess.pack import pack, pack_reference
-from ..preprocess.rows import PackedRows
+from ...preprocess.pack import pack, pack_reference
+from ...preprocess.rows import PackedRows
 from .workload import load_workload, scaled, workload_groups
 
 REFERENCE_MULTIPLE = 2048  # ART rounds its row length up to a multiple of this
@@ -48,6 +48,14 @@ def run_pack_bench(workload: str, *, row_length: int | None = None, max_length: 
     out["reference"] = _figures(ref)
     out["computed_vs_reference"] = round(ours.stats.computed_tokens / ref.stats.computed_tokens, 4)
     return out
+
+
+def add_arguments(p: Any) -> None:
+    p.add_argument("--workload", required=True,
+                   help="workload JSON (format: benchmarks/workloads/README.md), e.g. benchmarks/workloads/seed-like.json")
+    p.add_argument("--row-length", type=int, default=None, help="fix the row length (default: automatic)")
+    p.add_argument("--max-length", type=int, default=32768, help="model maximum length bounding the rows")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every length by this factor")
 
 
 def main(args: Any) -> int:

@@ -1,4 +1,4 @@
-"""The agent workload of `artrl bench pipeline`: multi-turn rollouts whose tool calls take time.
+"""The agent workload of `python benchmarks/bench.py pipeline`: multi-turn rollouts whose tool calls take time.
 
 An episode starts from a system prompt of `prompt_words` words (the agent's tool manual) and the
 task, then runs `turns` rounds of: the policy answers (one chat completion through the served
@@ -34,8 +34,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..trajectories.data import Trajectory, TrajectoryGroup
-from ..utils import choice_from_completion
+from artrl.trajectories.data import Trajectory, TrajectoryGroup
+from artrl.utils import choice_from_completion
 
 VOWELS = frozenset("aeiou")
 

@@ -142,10 +142,10 @@ class _Phases:
 async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
     import artrl as art
     import artrl.local.backend  # noqa: F401 -- imported before the baseline is read
-    from ..errors import ConfigError
-    from ..models.loading import resolve_device
-    from ..models.memory_plan import plan_for, plan_memory
-    from ..models.source import check_model_source
+    from ...errors import ConfigError
+    from ...models.loading import resolve_device
+    from ...models.memory_plan import plan_for, plan_memory
+    from ...models.source import check_model_source
 
     fields: dict[str, Any] = {"dtype": args.dtype, "lora_rank": args.lora_rank, "check_memory": args.check_memory,
                               "load_in_8bit": args.load_in_8bit}
@@ -195,7 +195,7 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
                 (art.TrajectoryGroup(rollout(g, k) for k in range(args.rollouts)) for g in range(args.groups)),
                 pbar_desc=None)
         phases.end("rollouts")
-        from ..train.memory import free_bytes
+        from ...train.memory import free_bytes
 
         # the call's trainer (None where workers elsewhere train) and its budgets as the call begins: the free memory
         # its choices of checkpointing and offloading see
@@ -232,7 +232,7 @@ async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:
     trained = int(metrics.get("data/step_trainable_assistant_tokens", tokens))
     workload = dataclasses.replace(registered.settings, gradient_checkpointing=False, micro_batch_tokens=tokens,
                                    head_tokens=trained, serving_tokens=rows * prompt)
-    from ..train.memory import MEMORY_FRACTION
+    from ...train.memory import MEMORY_FRACTION
 
     def does_not_fit(settings: Any) -> bool:  # the planned activations against the memory free when the call began
         return plan_memory(registered.shape, settings).parts["activations"] > train_free * MEMORY_FRACTION
@@ -322,7 +322,7 @@ def context_pair(base_model: str, cfg: Any, tokens: int, layout: str) -> Any:
     prompt and answering in a few words (`layout` "prompt"), or a short prompt answered at length ("completion")."""
     import artrl as art
 
-    from ..models.tokenizer import load_tokenizer
+    from ...models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(base_model, cfg)
     if layout == "prompt":
@@ -342,8 +342,8 @@ def train_figures(metrics: dict[str, float], seconds: float, peak_gb: float,
     trained, however fast the call), the optimizer steps it took, its seconds, the torch threads every train
     call of this process sets (artrl/runtime/threads.py), and the process's CPU seconds over the call with the cores they
     kept busy on average (CPU seconds / wall seconds: 1.0 is one core working, the other idle)."""
-    from ..metrics_taxonomy import TRAIN_GRADIENT_STEPS_KEY
-    from ..runtime.threads import training_threads
+    from ...metrics_taxonomy import TRAIN_GRADIENT_STEPS_KEY
+    from ...runtime.threads import training_threads
 
     trained = int(metrics.get("data/step_trainer_tokens", 0.0))
     return {"trained_tokens": trained, "optimizer_steps": int(metrics.get(TRAIN_GRADIENT_STEPS_KEY, 0.0)),

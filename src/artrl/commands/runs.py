@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .run import storage
+from ..errors import ConfigError
+from ..run import storage
 
 log = logging.getLogger(__name__)
 

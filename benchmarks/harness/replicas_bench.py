@@ -1,4 +1,4 @@
-"""`artrl bench replicas`: rollout throughput on 1, 2, 4... inference replicas behind the router.
+"""`python benchmarks/bench.py replicas`: rollout throughput on 1, 2, 4... inference replicas behind the router.
 
 What it measures, on a workload whose requests wait on something other than this machine's CPU
 (each replica is the paced scripted engine, serve/engines/scripted.py: `--slots` rows decode at once, each
@@ -51,8 +51,8 @@ def add_arguments(p: Any) -> None:
 
 
 def _replica_set(n: int, args: Any, run: Path, token_time_ms: float) -> Any:
-    from ..replicas.control import ReplicaSet
-    from ..config.model import InternalModelConfig
+    from artrl.replicas.control import ReplicaSet
+    from artrl.config.model import InternalModelConfig
 
     cfg = InternalModelConfig(inference_replicas=n, inference_max_batch_size=args.slots, device="cpu")
     return ReplicaSet(name="bench", base_model="artrl/tiny", cfg=cfg, run=run, api_key="bench-key",
@@ -63,7 +63,7 @@ def _replica_set(n: int, args: Any, run: Path, token_time_ms: float) -> Any:
 def _client(base_url: str) -> Any:
     from openai import AsyncOpenAI, DefaultAioHttpClient
 
-    from ..client.affinity import event_hooks
+    from artrl.client.affinity import event_hooks
 
     return AsyncOpenAI(base_url=base_url, api_key="bench-key", max_retries=0,
                        http_client=DefaultAioHttpClient(event_hooks=event_hooks()))
@@ -72,7 +72,7 @@ def _client(base_url: str) -> Any:
 async def _rollouts(base_url: str, args: Any) -> tuple[float, float, dict[str, int]]:
     """(seconds, this process's CPU seconds, requests per replica) for `args.rollouts` rollouts of `args.turns`
     turns, `args.concurrency` at once."""
-    from ..client.affinity import REPLICA_HEADER
+    from artrl.client.affinity import REPLICA_HEADER
 
     client = _client(base_url)
     gate = asyncio.Semaphore(args.concurrency)

@@ -1,4 +1,4 @@
-"""`artrl bench learn`: how much a policy learns per rollout, artrl against a plain GRPO step.
+"""`python benchmarks/bench.py learn`: how much a policy learns per rollout, artrl against a plain GRPO step.
 
 For every task x learning rate x seed, two runs ("arms") start from the same
 model (`--model`, default `artrl/tiny`; the colour quiz from its warmed-up copy,
@@ -62,8 +62,8 @@ from typing import Any, Final
 
 import torch
 
-from ..errors import ConfigError
-from ..runtime.progress import progress_bar
+from artrl.errors import ConfigError
+from artrl.runtime.progress import progress_bar
 from .learn_results import (ARMS, GAIN_FLOOR, PAIRED_MARGIN, ResultsFile, compare_to_baseline, format_table,
                             run_key, run_scores, window)
 from .learn_tasks import TASKS, LearnTask, Prompt, WarmUp, get_task, prompt_schedule, warm_up_colours
@@ -103,7 +103,7 @@ def request_seed(seed: int, step: int, prompt_index: int) -> int:
 async def sample_step(client: Any, model_name: str, task: LearnTask, prompts: list[Prompt], *, samples: int,
                       seed: int, step: int) -> list[list[Sample]]:
     """Sample `samples` replies to each prompt (one request per prompt, one at a time) and grade them."""
-    from ..utils import choice_from_completion
+    from artrl.utils import choice_from_completion
 
     groups = []
     for i, prompt in enumerate(prompts):
@@ -116,7 +116,7 @@ async def sample_step(client: Any, model_name: str, task: LearnTask, prompts: li
             choice = choice_from_completion(completion, k)
             ids = (choice.model_extra or {}).get("token_ids")
             if prompt_ids is None or ids is None:
-                raise ConfigError("the inference server returned no prompt_token_ids/token_ids; `artrl bench learn` "
+                raise ConfigError("the inference server returned no prompt_token_ids/token_ids; `python benchmarks/bench.py learn` "
                                   "samples from artrl's own server, which always does")
             group.append(Sample(prompt, choice, list(prompt_ids), list(ids),
                                 float(task.grade(choice.message.content or "", prompt))))
@@ -177,8 +177,8 @@ class ArtrlArm:
     name = "artrl"
 
     def __init__(self, base_model: str, seed: int, lr: float, extra: dict[str, Any], workdir: Path) -> None:
-        from ..config.model import InternalModelConfig
-        from ..types import TrainConfig
+        from artrl.config.model import InternalModelConfig
+        from artrl.types import TrainConfig
 
         self.config = TrainConfig(**{**extra, "learning_rate": lr})
         self.internal = InternalModelConfig(seed=seed)
@@ -187,8 +187,8 @@ class ArtrlArm:
         self.backend: Any = None
 
     async def start(self) -> tuple[Any, str]:
-        from ..local import LocalBackend
-        from ..model import TrainableModel
+        from artrl.local import LocalBackend
+        from artrl.model import TrainableModel
 
         self.model = TrainableModel(name="learn", project="bench-learn", base_model=self.base_model,
                                     _internal_config=self.internal)
@@ -197,7 +197,7 @@ class ArtrlArm:
         return self.model.openai_client(), self.model.get_inference_name()
 
     async def update(self, groups: list[list[Sample]]) -> dict[str, float]:
-        from ..trajectories.data import Trajectory, TrajectoryGroup
+        from artrl.trajectories.data import Trajectory, TrajectoryGroup
 
         batch = [TrajectoryGroup([Trajectory(messages_and_choices=[*s.prompt.messages, s.choice], reward=s.reward)
                                   for s in group]) for group in groups]
@@ -215,7 +215,7 @@ class YardstickArm:
     name = "yardstick"
 
     def __init__(self, base_model: str, seed: int, lr: float, extra: dict[str, Any], workdir: Path) -> None:
-        from ..config.model import InternalModelConfig
+        from artrl.config.model import InternalModelConfig
 
         del extra, workdir  # TrainConfig fields are artrl's; the yardstick is fixed
         self.base_model, self.lr = base_model, lr
@@ -226,10 +226,10 @@ class YardstickArm:
     async def start(self) -> tuple[Any, str]:
         from openai import AsyncOpenAI
 
-        from ..chat.format import end_of_turn_ids
-        from ..serve import ServedModels, create_app, start_server
-        from ..serve.engines.factory import open_engine
-        from ..models.loading import load_model
+        from artrl.chat.format import end_of_turn_ids
+        from artrl.serve import ServedModels, create_app, start_server
+        from artrl.serve.engines.factory import open_engine
+        from artrl.models.loading import load_model
 
         cfg = self.internal
         self.model, tok = await asyncio.to_thread(load_model, self.base_model, cfg)
@@ -329,7 +329,7 @@ class LearnSettings:
     warm_up: WarmUp = WarmUp()
 
     def check(self) -> None:
-        from ..types import TrainConfig
+        from artrl.types import TrainConfig
 
         if not self.tasks:
             raise ConfigError(f"--tasks is empty; choose from {sorted(TASKS)}")
@@ -459,5 +459,5 @@ def read_baseline(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise ConfigError(f"--baseline {path}: not a readable results file ({e})") from e
     if not isinstance(doc, dict) or doc.get("bench") != "learn" or not isinstance(doc.get("table"), list):
-        raise ConfigError(f"--baseline {path}: not an `artrl bench learn` results file")
+        raise ConfigError(f"--baseline {path}: not a `bench.py learn` results file")
     return doc

@@ -1,4 +1,4 @@
-"""The results of `artrl bench learn`: one JSON file, rewritten after every finished run.
+"""The results of `python benchmarks/bench.py learn`: one JSON file, rewritten after every finished run.
 
 Layout of the file (`--out`):
 
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
-from ..errors import ConfigError
+from artrl.errors import ConfigError
 
 WINDOW: Final = 3
 """Steps averaged at each end of a run for its gain."""
@@ -96,7 +96,7 @@ def _fmt(x: float | None, signed: bool = True) -> str:
 
 
 def format_table(table: list[dict[str, Any]], paired: list[dict[str, Any]]) -> str:
-    """The table `artrl bench learn` prints: gain per (task, lr, arm), then artrl minus yardstick."""
+    """The table `python benchmarks/bench.py learn` prints: gain per (task, lr, arm), then artrl minus yardstick."""
     lines = [f"{'task':<9} {'lr':>8} {'arm':<10} {'seeds':>5} {'gain':>7} {'std':>6} {'min..max':>15} "
              f"{'first':>6} {'last':>6} {'failed':>6}"]
     for r in table:
@@ -174,7 +174,7 @@ class ResultsFile:
             raise ConfigError(f"{self.path} exists but is not a readable results file ({e}); pass another --out "
                               "or move it away") from e
         if not isinstance(data, dict) or data.get("bench") != "learn" or not isinstance(data.get("runs"), list):
-            raise ConfigError(f"{self.path} exists but is not an `artrl bench learn` results file; pass another "
+            raise ConfigError(f"{self.path} exists but is not a `bench.py learn` results file; pass another "
                               "--out or move it away")
         old = data.get("settings", {})
         differ = sorted(k for k in set(old) | set(self.settings) if old.get(k) != self.settings.get(k))
@@ -197,7 +197,7 @@ class ResultsFile:
                 "table": table, "paired": paired}
 
     def save(self) -> None:
-        from ..run.storage import json_safe, write_json_atomic
+        from artrl.run.storage import json_safe, write_json_atomic
 
         write_json_atomic(self.path, json_safe(self.document()))
 

@@ -15,9 +15,9 @@ memory (max RSS on CPU, max allocated on GPU) is its own. One warm-up
 micro-batch runs before timing. Prints one JSON line.
 
 With `--workers N` it compares N data-parallel workers with one instead
-(bench/workers_bench.py). For a mixture-of-experts model, `--vs-dense-experts` also
+(commands/bench/workers.py). For a mixture-of-experts model, `--vs-dense-experts` also
 times ours with every expert on every token (models/moe.py's dense reference), and MFU
-counts active parameters (bench/flops.py); `--layers N` cuts a random shape such as
+counts active parameters (commands/bench/flops.py); `--layers N` cuts a random shape such as
 random:qwen3-30b-a3b to its first N layers so it fits a small machine.
 """
 
@@ -33,15 +33,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..preprocess.pack import pack_reference
-from ..preprocess.plan import reference_plan
-from ..config.model import InternalModelConfig
-from ..types import TrainConfig
-from .pack_bench import REFERENCE_MULTIPLE
+from ...preprocess.pack import pack_reference
+from ...preprocess.plan import reference_plan
+from ...config.model import InternalModelConfig
+from ...types import TrainConfig
+from .pack import REFERENCE_MULTIPLE
 from .flops import ModelShape, hardware_peak, packed_counts
 from .workload import load_workload, scaled, workload_groups
 
-log = logging.getLogger("artrl.bench.train")
+log = logging.getLogger("artrl.commands.bench.train")  # also when run as __main__ (its subprocesses)
 
 if TYPE_CHECKING:
     import torch  # loaded by the benchmark's run, not by `artrl --help`
@@ -63,11 +63,11 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
              dense_experts: bool = False) -> dict[str, Any]:
     import torch
 
-    from ..models.loading import load_model
-    from ..models.moe import is_moe, use_dense_reference
-    from ..models.quantization import quantization_of
-    from ..train.rl import build_rl, rl_loss_fn
-    from ..train.trainer import Trainer
+    from ...models.loading import load_model
+    from ...models.moe import is_moe, use_dense_reference
+    from ...models.quantization import quantization_of
+    from ...train.rl import build_rl, rl_loss_fn
+    from ...train.trainer import Trainer
 
     torch.manual_seed(0)
     t_load = time.perf_counter()
@@ -171,7 +171,7 @@ def _profile(trainer: Any, packed: Any, plan: Any, loss_fn: Any, cfg: TrainConfi
 
 
 def _subprocess(mode: str, args: Any) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "artrl.bench.train_bench", "--mode", mode, "--workload", args.workload,
+    cmd = [sys.executable, "-m", "artrl.commands.bench.train", "--mode", mode, "--workload", args.workload,
            "--scale", str(args.scale), "--model", args.model]
     if args.groups_per_optimizer_step:
         cmd += ["--groups-per-optimizer-step", str(args.groups_per_optimizer_step)]
@@ -243,7 +243,7 @@ def _configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
 
 
 def main(args: Any) -> int:
-    """Our layout against the reference (`--workers N`: bench/workers_bench.py's main, which the CLI runs)."""
+    """Our layout against the reference (`--workers N`: commands/bench/workers.py's main, which the CLI runs)."""
     if getattr(args, "mode", None):
         cfg, mcfg = _configs(args)
         steps = args.reference_steps if args.mode == "reference" and args.reference_steps else None
@@ -251,7 +251,7 @@ def main(args: Any) -> int:
                                   profile_micro_batches=args.profile_micro_batches if args.profile else None,
                                   layers=args.layers, dense_experts=args.dense_experts)))
         return 0
-    from ..models.loading import resolve_device, resolve_dtype
+    from ...models.loading import resolve_device, resolve_dtype
 
     _, mcfg = _configs(args)
     device = resolve_device(mcfg)
@@ -349,7 +349,7 @@ if __name__ == "__main__":
     import argparse
     import logging
 
-    from ..errors import ArtrlError
+    from ...errors import ArtrlError
 
     # a mode's progress on stderr (the parent passes it through): a run stopped by a time limit shows where it was
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -52,15 +52,15 @@ from pathlib import Path
 from typing import Any
 
 from . import demo
-from .train import schedules
-from .errors import ConfigError
-from .local import LocalBackend
-from .model import TrainableModel
-from .run import storage
-from .tasks import colours
-from .trajectories.data import TrajectoryGroup
-from .config.model import InternalModelConfig
-from .types import TrainSFTConfig
+from ..train import schedules
+from ..errors import ConfigError
+from ..local import LocalBackend
+from ..model import TrainableModel
+from ..run import storage
+from ..tasks import colours
+from ..trajectories.data import TrajectoryGroup
+from ..config.model import InternalModelConfig
+from ..types import TrainSFTConfig
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ async def _run_sync(backend: Any, model: Any, cfg: demo.DemoConfig, lr: float, a
 
 
 async def _run_pipeline(backend: Any, model: Any, cfg: demo.DemoConfig, lr: float, arm: ArmResult) -> None:
-    from .pipeline_trainer import PipelineRuntimeConfig, PipelineTrainer
+    from ..pipeline_trainer import PipelineRuntimeConfig, PipelineTrainer
 
     kw = _train_kwargs(cfg, lr)
     bound = arm.max_steps_off_policy or 0
@@ -259,7 +259,7 @@ async def run_pipeline_demo(path: str | Path = "./.art", *, config: demo.DemoCon
     names = [WARMUP_NAME, "sync"] + [f"pipeline-{b}" for b in bounds]
     runs = {n: _fresh(root, n) for n in names}
     internal = InternalModelConfig(seed=cfg.seed, device=device)
-    from .models.loading import resolve_device  # torch: loaded when the demo runs, not for `--help`
+    from ..models.loading import resolve_device  # torch: loaded when the demo runs, not for `--help`
 
     device_name = str(resolve_device(internal))
     if train_in_worker is None:

@@ -47,8 +47,8 @@ class ModelShape:
         cfg = inner.config
         emb = {id(p) for p in inner.get_input_embeddings().parameters()}
         emb |= {id(p) for p in inner.get_output_embeddings().parameters()}
-        from ..models.moe import moe_shape
-        from ..models.quantization import weight_numel
+        from ...models.moe import moe_shape
+        from ...models.quantization import weight_numel
 
         # a mixture-of-experts layer runs top_k of its experts per token: its expert weights (and their adapters)
         # count by the active share (models/moe.py)

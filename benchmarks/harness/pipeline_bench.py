@@ -1,8 +1,8 @@
-"""`artrl bench pipeline`: the synchronous RL loop against ART's `PipelineTrainer`, same model, same work.
+"""`python benchmarks/bench.py pipeline`: the synchronous RL loop against ART's `PipelineTrainer`, same model, same work.
 
 Both arms run from this process on one `LocalBackend`, each on a fresh LoRA adapter of the same
 base model (models `bench-sync` and `bench-pipeline`), over the same `steps x groups_per_step`
-scenarios of the agent workload (bench/agent_workload.py: turns whose tools take
+scenarios of the agent workload (agent_workload.py: turns whose tools take
 `tool_latency_s`), with the same train call:
 
 * **sync**: the loop of ART's examples: gather one step's groups, `backend.train`, log, repeat.
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from artrl.errors import ConfigError
 from .agent_workload import AgentRollouts, AgentWorkload, Intervals
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class PipelineBenchConfig:
 
     def command(self) -> str:
         """The command line that reproduces this run."""
-        parts = ["artrl", "bench", "pipeline", "--turns", self.turns, "--tool-latency", self.tool_latency_s,
+        parts = ["python", "benchmarks/bench.py", "pipeline", "--turns", self.turns, "--tool-latency", self.tool_latency_s,
                  "--groups-per-step", self.groups_per_step, "--rollouts-per-group", self.rollouts_per_group,
                  "--steps", self.steps, "--max-steps-off-policy", self.max_steps_off_policy,
                  "--max-tokens", self.max_tokens, "--prompt-words", self.prompt_words,
@@ -233,7 +233,7 @@ class ArmRecord:
 def _timed_backend_class() -> type:
     """LocalBackend whose `train` records its calls in `self.record` (subclassed here: the pipeline checks
     `isinstance(backend, LocalBackend)` and calls `backend.train` itself)."""
-    from ..local import LocalBackend
+    from artrl.local import LocalBackend
 
     class TimedLocalBackend(LocalBackend):
         record: ArmRecord | None = None
@@ -264,8 +264,8 @@ def _count_token_lag(lags: dict[int, int], trajectory: Any, from_step: int) -> N
     each one is. Each turn counts on its own: by its `policy_token_spans` (in-flight updates: every token at its
     own version), else all its sampled ids at the `policy_version` the server recorded on it (with step updates a
     later turn may run on a newer version than the first), else at the trajectory's initial version."""
-    from ..trajectories.token_record import POLICY_TOKEN_SPANS_FIELD
-    from ..trajectories.data import choice_policy_version
+    from artrl.trajectories.token_record import POLICY_TOKEN_SPANS_FIELD
+    from artrl.trajectories.data import choice_policy_version
 
     histories = [trajectory.messages_and_choices,
                  *(h.messages_and_choices for h in getattr(trajectory, "additional_histories", []))]
@@ -312,7 +312,7 @@ async def run_sync(backend: Any, model: Any, cfg: PipelineBenchConfig, record: A
 async def run_pipeline(backend: Any, model: Any, cfg: PipelineBenchConfig, record: ArmRecord) -> None:
     """ART's PipelineTrainer over the same scenarios, one batch of groups_per_step groups per train call."""
     try:
-        from ..pipeline_trainer import PipelineTrainer
+        from artrl.pipeline_trainer import PipelineTrainer
     except ImportError as e:
         raise ConfigError(f"bench pipeline: artrl.pipeline_trainer is not importable ({e}); run with "
                           "--arms sync, or on a tree that has it") from e
@@ -322,7 +322,7 @@ async def run_pipeline(backend: Any, model: Any, cfg: PipelineBenchConfig, recor
     shape: dict[str, int] = {"num_rollout_workers": cfg.workers, "min_batch_size": cfg.groups_per_step,
                              "max_batch_size": cfg.groups_per_step}
     try:  # ART 0.5.23's form; a tree from before it takes the direct keywords
-        from ..pipeline_trainer import PipelineAutotuneConfig, PipelineRuntimeConfig
+        from artrl.pipeline_trainer import PipelineAutotuneConfig, PipelineRuntimeConfig
         runtime: dict[str, Any] = {"pipeline": PipelineRuntimeConfig(**shape)}
     except ImportError:
         runtime = dict(shape)
@@ -363,10 +363,10 @@ def _engine_threads(cfg: Any, device_type: str) -> int | None:
 async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
     import torch
 
-    from ..distributed.group import cpu_worker_threads
-    from ..model import TrainableModel
-    from ..models.loading import resolve_device
-    from ..config.model import InternalModelConfig
+    from artrl.distributed.group import cpu_worker_threads
+    from artrl.model import TrainableModel
+    from artrl.models.loading import resolve_device
+    from artrl.config.model import InternalModelConfig
 
     concurrency = cfg.groups_per_step * cfg.rollouts_per_group * (cfg.max_steps_off_policy + 1)
     internal = InternalModelConfig(seed=cfg.seed, device=cfg.device,
@@ -404,8 +404,8 @@ async def _run(cfg: PipelineBenchConfig, path: Path) -> dict[str, Any]:
             log.info("bench pipeline: %s arm %s", arm, arms[arm])
     finally:
         await backend.close()
-    from ..serve.engines.factory import resolve_engine_kind
-    from ..models.loading import RANDOM_SHAPES
+    from artrl.serve.engines.factory import resolve_engine_kind
+    from artrl.models.loading import RANDOM_SHAPES
 
     engine = resolve_engine_kind(internal.inference_engine, device.type,
                                  weights_on_disk=cfg.model not in RANDOM_SHAPES)

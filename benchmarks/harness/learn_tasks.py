@@ -1,4 +1,4 @@
-"""The tasks of `artrl bench learn`: prompts, a grader, a completion budget, a starting model.
+"""The tasks of `python benchmarks/bench.py learn`: prompts, a grader, a completion budget, a starting model.
 
 Each task differs in the shape of its reward, so a step definition or a loss
 that only works for one shape shows up:
@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from ..errors import ConfigError
-from ..tasks import colours
+from artrl.errors import ConfigError
+from artrl.tasks import colours
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ TASKS: Final[dict[str, LearnTask]] = {
     "colours": LearnTask("colours", "graded", colours.MAX_TOKENS, _colour_prompts(),
                          lambda text, p: colours.reward(text, p.target), warm_up=True),
 }
-"""Every task `artrl bench learn --tasks` knows, by name."""
+"""Every task `python benchmarks/bench.py learn --tasks` knows, by name."""
 
 
 def get_task(name: str) -> LearnTask:
@@ -134,7 +134,7 @@ class WarmUp:
     seed: int = 0
 
     def fingerprint(self, base_model: str) -> str:
-        from ..models.tiny import BUILTIN_MODELS, build_fingerprint
+        from artrl.models.tiny import BUILTIN_MODELS, build_fingerprint
 
         base = build_fingerprint(base_model) if base_model in BUILTIN_MODELS else base_model
         recipe = {"base": base, "warmup": self.__dict__, "data": [t.model_dump(mode="json", include={
@@ -150,11 +150,11 @@ async def warm_up_colours(base_model: str, directory: Path, warm: WarmUp) -> Pat
     the base weights and the model and tokenizer are saved; the directory is renamed into place
     with a marker written last, so a crash never leaves a half-built model that a later run uses.
     """
-    from ..train import schedules
-    from ..local import LocalBackend
-    from ..model import TrainableModel
-    from ..config.model import InternalModelConfig
-    from ..types import TrainSFTConfig
+    from artrl.train import schedules
+    from artrl.local import LocalBackend
+    from artrl.model import TrainableModel
+    from artrl.config.model import InternalModelConfig
+    from artrl.types import TrainSFTConfig
 
     final = directory / f"colours-warmup-{warm.fingerprint(base_model)}"
     if (final / WARMUP_MARKER).exists():
@@ -188,7 +188,7 @@ async def warm_up_colours(base_model: str, directory: Path, warm: WarmUp) -> Pat
         shutil.rmtree(tmp / "runs")
         model_dir = tmp / "model"
         (model_dir / WARMUP_MARKER).write_text(json.dumps({"base_model": base_model, "warmup": warm.__dict__}))
-        from ..runtime.fs import fsync_dir, fsync_tree
+        from artrl.runtime.fs import fsync_dir, fsync_tree
 
         fsync_tree(model_dir)
         try:
@@ -210,8 +210,8 @@ def _merge(base_model: str, adapter_dir: str, out: Path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from ..models.tiny import resolve_model_path
-    from ..models.tokenizer import load_tokenizer
+    from artrl.models.tiny import resolve_model_path
+    from artrl.models.tokenizer import load_tokenizer
 
     path = resolve_model_path(base_model)
     base: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -54,16 +54,16 @@ from pathlib import Path
 from typing import Any
 
 from . import runs
-from .train import schedules
-from .errors import ConfigError
-from .gather import gather_trajectory_groups
-from .local import LocalBackend
-from .run import storage
-from .model import TrainableModel
-from .tasks import colours
-from .trajectories.data import Trajectory, TrajectoryGroup
-from .config.model import InternalModelConfig
-from .types import TrainConfig, TrainSFTConfig
+from ..train import schedules
+from ..errors import ConfigError
+from ..gather import gather_trajectory_groups
+from ..local import LocalBackend
+from ..run import storage
+from ..model import TrainableModel
+from ..tasks import colours
+from ..trajectories.data import Trajectory, TrajectoryGroup
+from ..config.model import InternalModelConfig
+from ..types import TrainConfig, TrainSFTConfig
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +259,7 @@ async def run_demo(path: str | Path = "./.art", *, rl_steps: int | None = None, 
 
     clock = _Clock()
     internal = InternalModelConfig(seed=cfg.seed, device=device)
-    from .models.loading import resolve_device  # torch: loaded when the demo runs, not for `--help`
+    from ..models.loading import resolve_device  # torch: loaded when the demo runs, not for `--help`
 
     device_name = str(resolve_device(internal))  # checks a CUDA device is there before anything starts
     model = TrainableModel(name=MODEL_NAME, project=PROJECT, base_model=base_model, _internal_config=internal)
@@ -360,7 +360,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "output at the end (the readable summary goes to standard error)")
     p.add_argument("--pipeline", action="store_true", help="instead: one SFT warm-up, then the RL stage three "
                    "ways, the synchronous loop and PipelineTrainer at each --bounds value; validation reward "
-                   "against wall time, and a plot (src/artrl/demo_pipeline.py)")
+                   "against wall time, and a plot (src/artrl/commands/demo_pipeline.py)")
     p.add_argument("--bounds", default="1,4", help="with --pipeline: the max_steps_off_policy of each pipelined "
                    "arm (default 1,4)")
     p.add_argument("--learning-rate", type=float, default=1e-3, help="with --pipeline: the constant RL learning "

@@ -14,8 +14,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from ..trajectories.sequences import TokenizedSequence
+from ...errors import ConfigError
+from ...trajectories.sequences import TokenizedSequence
 
 
 def load_workload(path: str | Path) -> dict[str, Any]:

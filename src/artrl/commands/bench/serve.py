@@ -99,11 +99,11 @@ def _open_engine(model_name: str, cfg: Any, lora: bool = False, serve_copy: bool
     """(engine kind, engine, tokenizer, the transformers model or None) for `cfg`, as LocalBackend opens them
     (`serve_copy`: the built-in engine decodes a copy of the model sharing its frozen tensors, as a training
     session's engine does)."""
-    from ..chat.format import end_of_turn_ids
-    from ..serve.engines.factory import open_engine, resolve_engine_kind
-    from ..models.loading import (RANDOM_SHAPES, add_lora, load_base_model, load_generation_config, resolve_device,
+    from ...chat.format import end_of_turn_ids
+    from ...serve.engines.factory import open_engine, resolve_engine_kind
+    from ...models.loading import (RANDOM_SHAPES, add_lora, load_base_model, load_generation_config, resolve_device,
                                   resolve_name)
-    from ..models.tokenizer import load_tokenizer
+    from ...models.tokenizer import load_tokenizer
 
     on_disk = model_name not in RANDOM_SHAPES
     kind = resolve_engine_kind(cfg.inference_engine, resolve_device(cfg).type, weights_on_disk=on_disk)
@@ -162,13 +162,13 @@ def run_latency_bench(model_name: str = "artrl/tiny", requests: int = 200, concu
     except ImportError:  # the Messages row is null
         anthropic = None
 
-    from ..chat.format import render_prompt
-    from ..model import Model
-    from ..client.openai import transport_of
-    from ..serve import ServedModels, create_app, start_server
-    from ..serve.engines.base import GenerationRequest
-    from ..models.loading import load_base_model, resolve_device
-    from ..config.model import InternalModelConfig
+    from ...chat.format import render_prompt
+    from ...model import Model
+    from ...client.openai import transport_of
+    from ...serve import ServedModels, create_app, start_server
+    from ...serve.engines.base import GenerationRequest
+    from ...models.loading import load_base_model, resolve_device
+    from ...config.model import InternalModelConfig
 
     threads = {"inference_cpu_threads": num_threads} if num_threads is not None else {}  # else LocalBackend's
     cfg = InternalModelConfig(device=device, inference_engine=engine_kind, **threads)
@@ -291,10 +291,10 @@ def run_serve_bench(model_name: str = "artrl/tiny", requests: int = 32, concurre
                          f"{sequential_requests}")
     from openai import AsyncOpenAI
 
-    from ..models.loading import resolve_device
-    from ..models.quantization import quantization_of
-    from ..serve import ServedModels, create_app, start_server
-    from ..config.model import InternalModelConfig
+    from ...models.loading import resolve_device
+    from ...models.quantization import quantization_of
+    from ...serve import ServedModels, create_app, start_server
+    from ...config.model import InternalModelConfig
 
     threads = {"inference_cpu_threads": num_threads} if num_threads is not None else {}  # else LocalBackend's
     cfg = InternalModelConfig(device=device, inference_max_batch_size=max(concurrency, 1),
