@@ -22,7 +22,7 @@ import time
 
 import artrl as art
 from artrl.runtime import host_allocator
-from artrl.commands.bench.memory import _reset_high_water_mark, _status_kb, context_pair
+from artrl.commands.bench.memory import reset_high_water_mark, status_kb, context_pair
 from artrl.models import shapes
 
 MODEL = "random:qwen3-0.6b"
@@ -39,13 +39,13 @@ async def main(args: argparse.Namespace) -> dict:
         backend = art.LocalBackend(path=root, show_progress=False)
         try:
             await model.register(backend)
-            registered = _status_kb("VmRSS") / 1e6
-            _reset_high_water_mark()
+            registered = status_kb("VmRSS") / 1e6
+            reset_high_water_mark()
             t0 = time.perf_counter()
             result = await model.train([group], config=art.TrainConfig(learning_rate=1e-5,
                                                                        allow_training_without_logprobs=True))
             seconds = time.perf_counter() - t0
-            peak = _status_kb("VmHWM") / 1e6
+            peak = status_kb("VmHWM") / 1e6
         finally:
             backend.close()
     return {"bench": "heap_growth", "model": MODEL, "layers": args.layers, "context": args.context,

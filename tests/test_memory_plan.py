@@ -120,7 +120,7 @@ def test_unset_checkpointing_is_planned_as_a_call_would_choose_it(monkeypatch):
 def test_a_prefill_of_several_prompts_never_copies_the_lm_head(tok):
     """On a CPU, torch's linear over a strided [prompts, 1, hidden] view expands the LM head's weight once per prompt;
     the engine's prefill asks for the last position by index, so its peak stays well below one copy of the weight."""
-    from artrl.commands.bench.memory import _reset_high_water_mark, _status_kb
+    from artrl.commands.bench.memory import reset_high_water_mark, status_kb
     from artrl.models.random_init import build_random_model
     from artrl.serve.engines.decode_batch import DecodeBatch
 
@@ -134,10 +134,10 @@ def test_a_prefill_of_several_prompts_never_copies_the_lm_head(tok):
     batch = DecodeBatch(model, "past_key_values", pad_id=0, device=torch.device("cpu"))
     with torch.no_grad():
         batch._prefill(prompts)  # the first call's one-off work
-        assert _reset_high_water_mark()
-        before = _status_kb("VmRSS") * 1024
+        assert reset_high_water_mark()
+        before = status_kb("VmRSS") * 1024
         *_, logits = batch._prefill(prompts)  # 4 prompts, one forward
-        grew = _status_kb("VmHWM") * 1024 - before
+        grew = status_kb("VmHWM") * 1024 - before
     assert logits.shape == (4, config.vocab_size)
     assert grew < head / 2, f"the prefill of 4 prompts held {grew / 1e6:.0f} MB more; the LM head is {head / 1e6:.0f} MB"
 

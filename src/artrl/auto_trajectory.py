@@ -96,7 +96,7 @@ async def capture_auto_trajectory(coroutine: Coroutine[Any, Any, Any]) -> Trajec
 # --------------------------------------------------------------------------- for recorders of one client
 
 
-def _chat_request(request: Any) -> dict[str, Any] | None:
+def chat_request(request: Any) -> dict[str, Any] | None:
     """The JSON body of an httpx chat completions request, or None for any other request."""
     if request.method != "POST" or not request.url.path.endswith(CHAT_COMPLETIONS_PATH):
         return None
@@ -107,7 +107,7 @@ def _chat_request(request: Any) -> dict[str, Any] | None:
     return body if isinstance(body, dict) and isinstance(body.get("messages"), list) else None
 
 
-def _choice(body: bytes, streamed: bool) -> Choice:
+def recorded_choice(body: bytes, streamed: bool) -> Choice:
     """The first sampled choice of a chat completion response's bytes, with its token record."""
     now = datetime.now(timezone.utc)
     exchange = build_exchange("chat_completions", {"stream": streamed}, body, start_time=now, end_time=now,

@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "set_per_process_memory_fraction): plan, train and refuse as on a card of that size")
 
 
-def _status_kb(key: str) -> int:
+def status_kb(key: str) -> int:
     with open("/proc/self/status") as fh:
         for line in fh:
             if line.startswith(key + ":"):
@@ -90,7 +90,7 @@ def _status_kb(key: str) -> int:
     return 0
 
 
-def _reset_high_water_mark() -> bool:
+def reset_high_water_mark() -> bool:
     """Reset VmHWM to the current RSS (Linux: write 5 to clear_refs); False where the kernel does not allow it."""
     try:
         with open("/proc/self/clear_refs", "w") as fh:
@@ -116,7 +116,7 @@ class _Phases:
             import torch
 
             return torch.cuda.memory_allocated() / GB
-        return _status_kb("VmRSS") * 1024 / GB
+        return status_kb("VmRSS") * 1024 / GB
 
     def start(self) -> None:
         self._t = time.perf_counter()
@@ -126,7 +126,7 @@ class _Phases:
 
             torch.cuda.reset_peak_memory_stats()
         else:
-            _reset_high_water_mark()
+            reset_high_water_mark()
 
     def end(self, name: str) -> None:
         self.seconds[name] = round(time.perf_counter() - self._t, 2)
@@ -136,7 +136,7 @@ class _Phases:
 
             self.figures[f"{name}_peak"] = torch.cuda.max_memory_allocated() / GB
         else:
-            self.figures[f"{name}_peak"] = _status_kb("VmHWM") * 1024 / GB
+            self.figures[f"{name}_peak"] = status_kb("VmHWM") * 1024 / GB
 
 
 async def _run(args: argparse.Namespace, root: str) -> dict[str, Any]:

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     import torch  # loaded by the benchmark's run, not by `artrl --help`
 
 
-def _peak_memory_mb(device: torch.device) -> float:
+def peak_memory_mb(device: torch.device) -> float:
     import torch
 
     if device.type == "cuda":
@@ -108,7 +108,7 @@ def run_mode(mode: str, workload: str, scale: float, model_name: str, cfg: Train
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     log.info("%s: timed call in %.1f s", mode, seconds)
-    peak_mb = round(_peak_memory_mb(trainer.device), 1)
+    peak_mb = round(peak_memory_mb(trainer.device), 1)
     profiled = None
     if profile_micro_batches is not None:
         t_profile = time.perf_counter()
@@ -170,7 +170,7 @@ def _profile(trainer: Any, packed: Any, plan: Any, loss_fn: Any, cfg: TrainConfi
     return table
 
 
-def _subprocess(mode: str, args: Any) -> dict[str, Any]:
+def run_in_subprocess(mode: str, args: Any) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "artrl.commands.bench.train", "--mode", mode, "--workload", args.workload,
            "--scale", str(args.scale), "--model", args.model]
     if args.groups_per_optimizer_step:
@@ -226,7 +226,7 @@ def _subprocess(mode: str, args: Any) -> dict[str, Any]:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def _configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
+def bench_configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
     cfg = TrainConfig(learning_rate=1e-5, per_device_train_batch_size=args.per_device_train_batch_size,
                       max_tokens_per_microbatch=args.max_tokens_per_microbatch or None,
                       groups_per_optimizer_step=args.groups_per_optimizer_step or None,
@@ -245,7 +245,7 @@ def _configs(args: Any) -> tuple[TrainConfig, InternalModelConfig]:
 def main(args: Any) -> int:
     """Our layout against the reference (`--workers N`: commands/bench/workers.py's main, which the CLI runs)."""
     if getattr(args, "mode", None):
-        cfg, mcfg = _configs(args)
+        cfg, mcfg = bench_configs(args)
         steps = args.reference_steps if args.mode == "reference" and args.reference_steps else None
         print(json.dumps(run_mode(args.mode, args.workload, args.scale, args.model, cfg, mcfg, max_steps=steps,
                                   profile_micro_batches=args.profile_micro_batches if args.profile else None,
@@ -253,13 +253,13 @@ def main(args: Any) -> int:
         return 0
     from ...models.loading import resolve_device, resolve_dtype
 
-    _, mcfg = _configs(args)
+    _, mcfg = bench_configs(args)
     device = resolve_device(mcfg)
     dtype = resolve_dtype(mcfg, device)  # the dtype both runs train in
     before = hardware_peak(device, dtype)
-    ref = _subprocess("reference", args) if args.only != "ours" else None
-    ours = _subprocess("ours", args) if args.only != "reference" else None
-    dense = _subprocess("dense", args) if args.vs_dense_experts else None
+    ref = run_in_subprocess("reference", args) if args.only != "ours" else None
+    ours = run_in_subprocess("ours", args) if args.only != "reference" else None
+    dense = run_in_subprocess("dense", args) if args.vs_dense_experts else None
     # measured before and after the runs, the higher one kept: a shared CPU's matmul speed drifts
     peak = max(before, hardware_peak(device, dtype), key=lambda p: p["measured_matmul_tflops"])
     for r in (x for x in (ours, ref, dense) if x is not None):

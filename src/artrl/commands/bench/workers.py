@@ -37,10 +37,10 @@ def run_rank(args: Any) -> dict[str, Any] | None:
     from ...preprocess.plan import OptimizerStep
     from ...models.loading import load_model, resolve_device, resolve_name
     from ...train.rl import build_rl, rl_loss_fn
-    from .train import _configs, _peak_memory_mb
+    from .train import bench_configs, peak_memory_mb
     from .workload import load_workload, workload_groups
 
-    cfg, mcfg = _configs(args)
+    cfg, mcfg = bench_configs(args)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(mcfg)
     if device.type == "cuda":
@@ -78,7 +78,7 @@ def run_rank(args: Any) -> dict[str, Any] | None:
             torch.cuda.synchronize()
         dist.barrier()
         seconds = time.perf_counter() - t0
-        peak = torch.tensor([_peak_memory_mb(device)], dtype=torch.float64,
+        peak = torch.tensor([peak_memory_mb(device)], dtype=torch.float64,
                             device=device if device.type == "cuda" else "cpu")
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         if dist.get_rank() != 0:
@@ -138,12 +138,12 @@ def run_workers(args: Any) -> dict[str, Any]:
 
 
 def main(args: Any) -> int:
-    from .train import _subprocess
+    from .train import run_in_subprocess
 
     if args.workers < 2:
         raise SystemExit("artrl bench train: --workers N compares N >= 2 workers with one; without it the "
                          "bench compares our layout with the reference")
-    one = _subprocess("ours", args)
+    one = run_in_subprocess("ours", args)
     many = run_workers(args)
     speedup = many["trainable_tokens_per_s"] / one["trainable_tokens_per_s"]
     print(json.dumps({

@@ -55,7 +55,7 @@ def _pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
-def _cat_uniforms(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
+def cat_uniforms(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
     """Rows of `a` then of `b`, right-padded to the wider of the two (a row never reads past its own steps)."""
     if a is None:
         return b
@@ -64,7 +64,7 @@ def _cat_uniforms(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
     return torch.cat([a, b])
 
 
-def _counters(first: Sequence[int] | None, rows: int, device: torch.device) -> torch.Tensor:
+def row_counters(first: Sequence[int] | None, rows: int, device: torch.device) -> torch.Tensor:
     """[rows] int64: each row's sampling counter to start from (0 for a new row)."""
     if first is None:
         return torch.zeros(rows, dtype=torch.int64, device=device)
@@ -169,7 +169,7 @@ class DecodeBatch:
         new_state = {
             "mask": mask, "positions": positions, "logits": logits,
             "uniforms": row_uniforms(list(keys), max(r.request.max_tokens for r in rows)).to(device),
-            "counters": _counters(first_counters, len(rows), device),
+            "counters": row_counters(first_counters, len(rows), device),
             "temperature": torch.tensor(list(temperature), dtype=torch.float32, device=device),
             "top_p": torch.tensor(list(top_p), dtype=torch.float32, device=device),
         }
@@ -190,7 +190,7 @@ class DecodeBatch:
         self.mask = torch.cat([_pad_left(self.mask, total, 1), _pad_left(mask, total, 1)])  # [batch, total]
         for name in ("positions", "logits", "counters", "temperature", "top_p"):
             setattr(self, name, torch.cat([getattr(self, name), new_state[name]]))
-        self.uniforms = _cat_uniforms(self.uniforms, new_state["uniforms"])
+        self.uniforms = cat_uniforms(self.uniforms, new_state["uniforms"])
         self.rows += list(rows)
         self.spans += spans
 

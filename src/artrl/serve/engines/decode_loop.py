@@ -144,7 +144,7 @@ class EngineTask:
 
 
 #: `DecodeLoop._entered` values besides an adapter name: nothing switched in, or a mixed-adapter forward.
-_NOTHING, _MIXED = object(), object()
+NOTHING_ENTERED, _MIXED = object(), object()
 
 
 class DecodeLoop:
@@ -286,7 +286,7 @@ class DecodeLoop:
         """Undo `_enter` (merged weights, the switched adapter); the next forward enters what it needs. Called
         before adapters are loaded or unloaded, after a failed batch, and after every batch unless the engine
         decodes its own serving copy, which keeps its mode between batches (module docstring)."""
-        mode, self._mode, self._entered = self._mode, None, _NOTHING
+        mode, self._mode, self._entered = self._mode, None, NOTHING_ENTERED
         if mode is not None:
             mode.close()
 
@@ -315,7 +315,7 @@ class DecodeLoop:
         distinct = set(adapters)
         if len(distinct) == 1:
             only = adapters[0]
-            if switch or self._entered is _NOTHING or only == self._entered:
+            if switch or self._entered is NOTHING_ENTERED or only == self._entered:
                 self._enter(only)
                 return None
         self._enter(_MIXED)
@@ -323,7 +323,7 @@ class DecodeLoop:
 
     def _graph_key(self) -> Any:
         """What a CUDA graph of the current single-adapter mode computes with (see StaticStep.run)."""
-        if self._entered is _MIXED or self._entered is _NOTHING:
+        if self._entered is _MIXED or self._entered is NOTHING_ENTERED:
             return None
         return ("adapter", self._entered, self._versions.generation)  # a reloaded name has new tensors
 

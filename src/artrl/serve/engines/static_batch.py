@@ -42,7 +42,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .adapter_versions import PEFT_BASE
-from .decode_batch import DecodeBatch, _cat_uniforms, _counters
+from .decode_batch import DecodeBatch, cat_uniforms, row_counters
 from .sampling import row_uniforms
 
 
@@ -194,7 +194,7 @@ class StaticDecodeBatch(DecodeBatch):
         new_uniforms = row_uniforms(list(keys), max(r.request.max_tokens for r in rows)).to(device)
         new_temperature = torch.tensor(list(temperature), dtype=torch.float32, device=device)
         new_top_p = torch.tensor(list(top_p), dtype=torch.float32, device=device)
-        counters = _counters(first_counters, len(rows), device)
+        counters = row_counters(first_counters, len(rows), device)
         if not self.rows:
             self.logits, self.uniforms, self.counters = new_logits, new_uniforms, counters
             self.temperature, self.top_p = new_temperature, new_top_p
@@ -202,7 +202,7 @@ class StaticDecodeBatch(DecodeBatch):
             assert self.logits is not None and self.counters is not None
             assert self.temperature is not None and self.top_p is not None
             self.logits = torch.cat([self.logits, new_logits])
-            self.uniforms = _cat_uniforms(self.uniforms, new_uniforms)
+            self.uniforms = cat_uniforms(self.uniforms, new_uniforms)
             self.counters = torch.cat([self.counters, counters])
             self.temperature = torch.cat([self.temperature, new_temperature])
             self.top_p = torch.cat([self.top_p, new_top_p])

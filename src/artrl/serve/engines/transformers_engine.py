@@ -99,7 +99,7 @@ from .base import BASE_WEIGHTS, GenerationRequest, GenerationResult, InferenceEn
 from ..errors import EngineClosedError, InvalidRequestError
 from .adapter_versions import AdapterVersions
 from .attention_switch import current_attention
-from .decode_loop import _NOTHING, DecodeLoop, DecodeRow, EngineTask, Pending
+from .decode_loop import NOTHING_ENTERED, DecodeLoop, DecodeRow, EngineTask, Pending
 from .merged_lora import LoraMerger
 from .sampling import row_key
 from ..structured import GrammarCompiler
@@ -195,7 +195,7 @@ class TransformersEngine(DecodeLoop, InferenceEngine):
         self.rows_updated_in_flight = 0
         self._live_changed = False
         self._say = OncePerRun(logger)  # a new version or adapter every step: INFO once, then DEBUG
-        self._entered: Any = _NOTHING  # the adapter mode of the batch in flight (decode_loop._enter)
+        self._entered: Any = NOTHING_ENTERED  # the adapter mode of the batch in flight (decode_loop._enter)
         self._mode: contextlib.ExitStack | None = None
         #: The checkpoint `set_live_weights` last made the live weights: (path, step), or None.
         self.live_weights: tuple[str, int] | None = None
