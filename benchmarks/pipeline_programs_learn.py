@@ -306,7 +306,7 @@ class StartLogprobs:
     """Rewrites the groups of a train call so that every sampled token's logprob is the one under the version
     its trajectory's rollout started on (`initial_policy_version`), recomputed with the base model and that
     checkpoint's adapter (float32, one forward a reply, no cache: what the server recorded to ~1e-5,
-    benchmarks/in_flight_diagnose.py). The spans are left as recorded, so the token-age figures still say which
+    benchmarks/experiments/in_flight_diagnose.py). The spans are left as recorded, so the token-age figures still say which
     version sampled each token. `score(version, prompt_ids, reply_ids)` is the recompute (injectable for tests).
 
     Per call it appends one line to `log`: tokens rewritten (sampled by a newer version than the start), the

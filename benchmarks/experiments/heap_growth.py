@@ -8,7 +8,7 @@ peak grows by one checkpointed hidden state per layer (context x hidden x 4 byte
 dynamic, by ~200 MB a layer (docs/performance.md, "Long trajectories"). `--dynamic` leaves glibc's default: the
 trainer's calls to mallopt are skipped (host_allocator reads as having none), in this process only.
 
-    python benchmarks/heap_growth.py --layers 4 [--dynamic] [--no-checkpointing]
+    python benchmarks/experiments/heap_growth.py --layers 4 [--dynamic] [--no-checkpointing]
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ async def main(args: argparse.Namespace) -> dict:
             "row_tokens": int(result.metrics.get("data/row_length", 0)), "checkpointing": args.checkpointing,
             "mmap_threshold": "dynamic" if args.dynamic else "fixed", "registered_gb": round(registered, 3),
             "train_above_registered_gb": round(peak - registered, 3), "train_seconds": round(seconds, 1),
-            "command": " ".join(["python", "benchmarks/heap_growth.py", *sys.argv[1:]])}
+            "command": " ".join(["python", "benchmarks/experiments/heap_growth.py", *sys.argv[1:]])}
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ attention), forward and backward, `--repeats` times; prints one JSON line per re
 process's system seconds and minor page faults over it, and the thresholds the process runs with. glibc reads its
 thresholds from the environment at start, so each setting is a process of its own:
 
-    python benchmarks/flash_backward_faults.py                   # glibc's defaults (dynamic threshold)
-    python benchmarks/flash_backward_faults.py --trainer         # what a CPU trainer sets (src/artrl/runtime/host_allocator.py)
-    MALLOC_MMAP_THRESHOLD_=131072 python benchmarks/flash_backward_faults.py   # the 128 KiB threshold it set before
+    python benchmarks/experiments/flash_backward_faults.py                   # glibc's defaults (dynamic threshold)
+    python benchmarks/experiments/flash_backward_faults.py --trainer         # what a CPU trainer sets (src/artrl/runtime/host_allocator.py)
+    MALLOC_MMAP_THRESHOLD_=131072 python benchmarks/experiments/flash_backward_faults.py   # the 128 KiB threshold it set before
 
 docs/performance.md ("The threshold's price in bf16") has the figures.
 """

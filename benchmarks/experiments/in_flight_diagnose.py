@@ -21,8 +21,8 @@ Then, offline, with the base model and each checkpoint's adapter:
 * **the learning curve** (`--curve N`): the benchmark's held-out eval (N seeded replies at the rollouts'
   temperature) of every checkpoint, where the benchmark scores the last one only.
 
-    PYTHONPATH=src OMP_NUM_THREADS=2 python benchmarks/in_flight_diagnose.py --mode in_flight_lora --out d --curve 64
-    PYTHONPATH=src OMP_NUM_THREADS=2 python benchmarks/in_flight_diagnose.py --analyze d
+    PYTHONPATH=src OMP_NUM_THREADS=2 python benchmarks/experiments/in_flight_diagnose.py --mode in_flight_lora --out d --curve 64
+    PYTHONPATH=src OMP_NUM_THREADS=2 python benchmarks/experiments/in_flight_diagnose.py --analyze d
 
 The summary is one JSON object: the last line on stdout (the program prints its own lines before it), and
 `summary.json` in the run's directory.
@@ -41,7 +41,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Final
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: pipeline_programs_learn
 import pipeline_programs_learn as ppl  # noqa: E402
 
 CALLS_FILE: Final = "calls.jsonl"
