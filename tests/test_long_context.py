@@ -297,7 +297,7 @@ def test_each_call_gets_the_threshold_its_hidden_state_allows(tokens, hidden, el
 _PER_CALL = textwrap.dedent("""
     import sys
     import artrl as art
-    from artrl import host_allocator
+    from artrl.runtime import host_allocator
     from artrl.models.loading import load_model
     from artrl.train.trainer import Trainer
     seen = []
