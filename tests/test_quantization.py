@@ -243,7 +243,7 @@ def test_a_local_checkpoint_too_big_for_a_cpu_in_full_precision_loads_in_4bit_an
     assert four.peak < full.peak
     room = (four.peak + full.peak) // 2  # room for the 4-bit plan, not the float32 one
     monkeypatch.setattr(memory_plan, "available_bytes", lambda *a, **k: room)
-    with caplog.at_level(logging.INFO, logger="artrl.models.loading"):
+    with caplog.at_level(logging.INFO, logger="artrl.models.resolved"):
         settled = loading.settle_quantization(str(local), _cfg(), CPU)
         model, _ = load_model(str(local), _cfg())
     assert settled.load_in_4bit is True and quantization.quantization_of(model) == "4bit"

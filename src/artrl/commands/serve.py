@@ -46,8 +46,8 @@ def build_app(args: Any) -> Any:
     from ..serve.engines.factory import open_engine, resolve_engine_kind
     from ..serve.http.served_models import ServedModels
     from ..serve.http.server import create_app
-    from ..models.loading import (RANDOM_SHAPES, load_base_model, load_config, load_generation_config, load_model,
-                                  load_vision, resolve_device, resolve_name)
+    from ..models.loading import load_base_model, load_generation_config, load_model, load_vision
+    from ..models.resolved import resolve_base_model
     from ..models.tokenizer import load_tokenizer
     from ..models.vision import is_vision_model
     from ..config.model import InternalModelConfig
@@ -58,16 +58,18 @@ def build_app(args: Any) -> Any:
                           "holding it can use the model")
     cfg = InternalModelConfig(device=args.device, trust_remote_code=args.trust_remote_code,
                               inference_max_batch_size=args.max_batch_size, inference_engine=args.engine)
-    on_disk = args.model not in RANDOM_SHAPES
-    vision_model = on_disk and is_vision_model(load_config(args.model, cfg))
-    kind = resolve_engine_kind(cfg.inference_engine, resolve_device(cfg).type, weights_on_disk=on_disk,
+    resolved = resolve_base_model(args.model, cfg)  # once: what the loader, the tokenizer and the engine read
+    cfg = resolved.cfg
+    on_disk = not resolved.random
+    vision_model = on_disk and is_vision_model(resolved.config)
+    kind = resolve_engine_kind(cfg.inference_engine, resolved.device.type, weights_on_disk=on_disk,
                                vision=vision_model)
     adapter, run = _adapter_and_run(args.checkpoint)
     if kind == "builtin":
         if args.replica and adapter is None:  # a peft model: the checkpoints it is sent load as its adapters
-            model, tok = load_model(args.model, cfg)
+            model, tok = load_model(resolved)
         else:
-            model, tok = load_base_model(args.model, cfg)
+            model, tok = load_base_model(resolved)
         if adapter is not None:
             from peft import PeftModel
 
@@ -77,11 +79,11 @@ def build_app(args: Any) -> Any:
             adapters_in_base_dtype(model)
         ends = end_of_turn_ids(tok, model)
     else:
-        model, tok = None, load_tokenizer(args.model, cfg)
-        ends = end_of_turn_ids(tok, load_generation_config(args.model, cfg))
-    vision = load_vision(args.model, tok, model.config, cfg) if vision_model else None
+        model, tok = None, load_tokenizer(resolved.source, cfg, path=resolved.path)
+        ends = end_of_turn_ids(tok, load_generation_config(resolved))
+    vision = load_vision(resolved, tok, model.config, cfg) if vision_model else None
     engine = open_engine(kind, tokenizer=tok, end_ids=ends, cfg=cfg, model=model,
-                         base_model_path=resolve_name(args.model) if on_disk else None, vision=vision)
+                         base_model_path=resolved.path if on_disk else None, vision=vision)
     if adapter is not None:
         engine.set_live_weights(str(adapter), int(adapter.name) if adapter.name.isdigit() else 0)
         log.info("serving adapter %s", adapter)

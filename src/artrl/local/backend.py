@@ -241,7 +241,12 @@ class LocalBackend(Backend):
             cfg.check()
             if self._engine_args:
                 cfg = cfg.model_copy(update={"engine_args": {**self._engine_args, **cfg.engine_args}})
-            cfg = _settled(model.base_model, cfg)
+            # what the base model is, decided once for the trainer, the engine, the workers and the replicas: its
+            # source checked (fast, with the remedy), its files found, its config read, its precision settled
+            from ..models.resolved import resolve_base_model  # torch: loaded at register, not at import
+
+            resolved = resolve_base_model(model.base_model, cfg)
+            cfg = resolved.cfg
             session_type = TrainingSession
             if cfg.distributed:  # training in worker processes (docs/distributed.md)
                 from .worker_session import WorkerSession
@@ -250,7 +255,7 @@ class LocalBackend(Backend):
             replicas = self._start_replicas(model, cfg, run) if cfg.replicated else None
             try:
                 session = session_type.open(run, name=model.name, project=model.project, base_model=model.base_model,
-                                            cfg=cfg, engine=replicas)
+                                            cfg=cfg, engine=replicas, resolved=resolved)
             except BaseException:
                 if replicas is not None:
                     replicas.close()
@@ -528,16 +533,6 @@ def _no_s3(method: str, path: Path, model: "Model", kwargs: dict[str, Any]) -> C
         f"backend.{method}(...) (ART: sync the run directory with s3://{bucket} through the aws CLI) is not "
         f"available in artrl. Remove the call, or sync {_run_dir(path, model)} "
         "yourself (e.g. `aws s3 sync`); a run resumes from the latest complete checkpoint found there.")
-
-
-def _settled(base_model: str, cfg: InternalModelConfig) -> InternalModelConfig:
-    """`cfg` with its default base weights decided once (models/loading.settle_quantization), so the trainer, the
-    engine, the training workers and the inference replicas all load the same."""
-    from ..models.loading import resolve_device, settle_quantization
-    from ..models.source import check_model_source
-
-    source = check_model_source(base_model) or base_model  # a bad name fails here first, fast, with the remedy
-    return settle_quantization(source, cfg, resolve_device(cfg))
 
 
 def _run_dir(path: Path, model: "Model") -> Path:

@@ -20,7 +20,7 @@ Two families keep more in the model's dtype (`unquantized_modules`, checked afte
   model's dtype, and the load says so at INFO.
 
 Which models are quantised by default (`load_in_4bit` left at None; `resolve_quantization`,
-`models.loading.settle_quantization`):
+`models.resolved.settle_quantization`):
 
     model                                    CUDA                     CPU
     a Hugging Face checkpoint (hub id,       4-bit (ART's default)    full precision (float32) when the memory

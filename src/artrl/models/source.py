@@ -139,13 +139,17 @@ def resolve_name(base_model: str) -> str:
 def load_config(base_model: str, cfg: Any = None) -> Any:
     """The model's transformers config, without its weights (what the memory plan reads); `cfg`: the model's
     InternalModelConfig (its trust_remote_code)."""
-    from transformers import AutoConfig
-
     from .shapes import RANDOM_SHAPES, random_config
 
     if base_model in RANDOM_SHAPES:
         return random_config(base_model)
-    path = resolve_name(base_model)
+    return read_config(resolve_name(base_model), base_model, cfg)
+
+
+def read_config(path: str, base_model: str, cfg: Any = None) -> Any:
+    """The transformers config at `path`, already resolved from `base_model` (named in the error)."""
+    from transformers import AutoConfig
+
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=bool(getattr(cfg, "trust_remote_code", False)))
     except OSError as e:

@@ -49,13 +49,14 @@ def get_tokenizer(base_model: str, *, revision: str | None = None, **kwargs: Any
     return configure_preserved_thinking_chat_template(tokenizer)
 
 
-def load_tokenizer(base_model: str, cfg: InternalModelConfig | None = None) -> Any:
+def load_tokenizer(base_model: str, cfg: InternalModelConfig | None = None, *, path: str | None = None) -> Any:
     """The tokenizer the server and the trainer share, its chat template set to keep earlier turns' reasoning
-    (chat/preserved_thinking.py)."""
+    (chat/preserved_thinking.py). `path`: where `base_model`'s files are, when the caller resolved it already
+    (models/resolved.py)."""
     from transformers import AutoTokenizer
 
     cfg = cfg or InternalModelConfig()
-    path = resolve_name(base_model)
+    path = path or resolve_name(base_model)
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     except OSError as e:

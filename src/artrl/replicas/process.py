@@ -37,7 +37,8 @@ READY_PREFIX = "ARTRL_REPLICA_READY "
 def open_engine_for(args: argparse.Namespace, cfg: Any) -> tuple[Any, str]:
     """(engine, engine kind) that serves `args.base_model` in this process."""
     from ..chat.format import end_of_turn_ids
-    from ..models.loading import RANDOM_SHAPES, load_generation_config, load_model, resolve_device, resolve_name
+    from ..models.loading import load_generation_config, load_model
+    from ..models.resolved import resolve_base_model
     from ..models.tokenizer import load_tokenizer
     from ..serve.engines.factory import open_engine, resolve_engine_kind
 
@@ -49,18 +50,19 @@ def open_engine_for(args: argparse.Namespace, cfg: Any) -> tuple[Any, str]:
         engine = ScriptedEngine(tok, token_time_s=args.token_time_ms / 1000, max_batch_size=cfg.inference_max_batch_size)
         engine.next = (ids, [-1.0] * len(ids))
         return engine, "scripted"
-    on_disk = args.base_model not in RANDOM_SHAPES
-    kind = resolve_engine_kind(args.engine, resolve_device(cfg).type, weights_on_disk=on_disk)
+    resolved = resolve_base_model(args.base_model, cfg)  # once for this replica: what it loads and serves
+    on_disk = not resolved.random
+    kind = resolve_engine_kind(args.engine, resolved.device.type, weights_on_disk=on_disk)
     if kind == "builtin":
         # a peft model: each checkpoint becomes a version of it; a set started by the control plane was planned
         # together (models/memory_plan.check_replicas_fit), not one replica at a time
-        model, tok = load_model(args.base_model, cfg, memory_planned=getattr(args, "memory_planned", False))
+        model, tok = load_model(resolved, memory_planned=getattr(args, "memory_planned", False))
         ends = end_of_turn_ids(tok, model)
     else:
-        model, tok = None, load_tokenizer(args.base_model, cfg)
-        ends = end_of_turn_ids(tok, load_generation_config(args.base_model, cfg))
+        model, tok = None, load_tokenizer(resolved.source, resolved.cfg, path=resolved.path)
+        ends = end_of_turn_ids(tok, load_generation_config(resolved))
     engine = open_engine(kind, tokenizer=tok, end_ids=ends, cfg=cfg, model=model,
-                         base_model_path=resolve_name(args.base_model) if on_disk else None)
+                         base_model_path=resolved.path if on_disk else None)
     return engine, kind
 
 
