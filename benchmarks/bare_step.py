@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from artrl.bench.flops import ModelShape, hardware_peak
+from artrl.commands.bench.flops import ModelShape, hardware_peak
 from artrl.models.loading import load_model, resolve_device, resolve_dtype
-from artrl.types import InternalModelConfig
+from artrl.config.model import InternalModelConfig
 
 
 def main() -> None:

@@ -22,7 +22,7 @@
 #   trl              TRL's SFTTrainer vs train_sft at both shapes (trl_peer.py)      trl.json
 #   serve            bench serve, LoRA on: 64 concurrent, then 8 one at a time, both  serve.json
 #   demo             artrl demo --json (4 RL steps on a GPU)                         demo.json
-#   pipeline         bench pipeline: the synchronous loop vs PipelineTrainer, tools   pipeline.json
+#   pipeline         bench.py pipeline: the synchronous loop vs PipelineTrainer, tools   pipeline.json
 #                    that take time (one tool latency; the JSON says rollout/train)
 #   workers          (2+ GPUs only) distributed tests and bench train --workers N    workers.json
 #
@@ -219,7 +219,7 @@ stage "serve $(tag $large)" 60 serve.json "${cli[@]}" bench serve --model "$larg
 stage demo 60 demo.json "${cli[@]}" demo --model "$small" --device $dev --json ${demo_args[@]+"${demo_args[@]}"}
 
 # the synchronous RL loop against PipelineTrainer on the same model and work (docs/performance.md, Pipelined RL)
-stage pipeline 90 pipeline.json "${cli[@]}" bench pipeline --model "$small" --device $dev "${pipeline_args[@]}"
+stage pipeline 90 pipeline.json "$py" "$here/bench.py" pipeline --model "$small" --device $dev "${pipeline_args[@]}"
 
 for v in ${ab_last[@]+"${ab_last[@]}"}; do
   stage "kernels $v" 60 kernels.json "${cli[@]}" bench train --workload "$workload" --model "$small" \

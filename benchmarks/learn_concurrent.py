@@ -1,6 +1,6 @@
 """RL as a user's loop runs it: concurrent rollouts through the local server, the bare model name.
 
-`artrl bench learn` samples one request at a time so that its figures do not depend on timing. A
+`python benchmarks/bench.py learn` samples one request at a time so that its figures do not depend on timing. A
 user's loop does not: it gathers every rollout of a step at once (`art.gather_trajectory_groups`),
 the engine batches them however they arrive, and the client asks for `model.name`. This script is
 that loop on a task the project never trained for, so a change that shows only there (batched
@@ -27,10 +27,14 @@ import argparse
 import asyncio
 import glob
 import json
+import sys
 import tempfile
+from pathlib import Path
 
 import artrl as art
-from artrl.bench.learn_tasks import GENERIC_PROMPTS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks.harness
+from benchmarks.harness.learn_tasks import GENERIC_PROMPTS  # noqa: E402
 
 PROMPTS = GENERIC_PROMPTS[:6]
 SAMPLES = 8

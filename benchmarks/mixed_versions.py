@@ -27,8 +27,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from artrl.serve import GenerationRequest, TransformersEngine
-from artrl.serve.engine import BASE_WEIGHTS
-from artrl.tiny import load_tiny
+from artrl.serve.engines.base import BASE_WEIGHTS
+from artrl.models.tiny import load_tiny
 
 LORA = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj",
                                                       "gate_proj"], lora_dropout=0.0, init_lora_weights=False)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 import artrl as art
-from artrl.chat_format import message_of
+from artrl.chat.format import message_of
 from artrl.models import moe
 
 

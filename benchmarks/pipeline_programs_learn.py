@@ -1,7 +1,7 @@
 """Do ART 0.5.23's pipeline programs learn on artrl, and as much as the synchronous loop over the same steps?
 
 For each program of examples/art_pipeline_0523/ (yes/no/maybe; binary prefix with a tool call), each replicate
-and each arm, the same start (the tiny model primed for the program's answer format, artrl.bench.primed_tiny,
+and each arm, the same start (the tiny model primed for the program's answer format, benchmarks/harness/primed_tiny.py,
 built once) and the same sizes (environment variables the programs read, SIZES below) are run for MAX_STEPS
 train steps:
 
@@ -72,6 +72,8 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks.harness
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 PROGRAMS_DIR: Final = ROOT / "examples" / "art_pipeline_0523"
@@ -257,7 +259,7 @@ def tool_call_grammar(base_model: str, program: ModuleType) -> tuple[Any, int]:
     size): what every one of its replies was sampled within."""
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from artrl.chat_format import end_of_turn_ids
+    from artrl.chat.format import end_of_turn_ids
     from artrl.serve.structured import GrammarCompiler, structured_output
     from artrl.serve.tool_calls import tool_call_syntax
 
@@ -328,7 +330,7 @@ class StartLogprobs:
     """Rewrites the groups of a train call so that every sampled token's logprob is the one under the version
     its trajectory's rollout started on (`initial_policy_version`), recomputed with the base model and that
     checkpoint's adapter (float32, one forward a reply, no cache: what the server recorded to ~1e-5,
-    benchmarks/in_flight_diagnose.py). The spans are left as recorded, so the token-age figures still say which
+    benchmarks/experiments/in_flight_diagnose.py). The spans are left as recorded, so the token-age figures still say which
     version sampled each token. `score(version, prompt_ids, reply_ids)` is the recompute (injectable for tests).
 
     Per call it appends one line to `log`: tokens rewritten (sampled by a newer version than the start), the
@@ -417,7 +419,7 @@ class FreeTokens:
     def install(self) -> None:
         import math
 
-        from artrl.preprocess import tokenize
+        from artrl.trajectories import sequences as tokenize
 
         extend = tokenize._extend
 
@@ -612,7 +614,7 @@ async def sample_eval(program_name: str, program: ModuleType, model: Any, replic
     """Rewards of `samples` replies to each of the program's prompts, by its reward, seeded by `replicate`.
 
     The requests run EVAL_CONCURRENCY at a time; a seeded request samples the same tokens whatever it shares a
-    batch with (serve/sampling.py), up to float noise."""
+    batch with (serve/engines/sampling.py), up to float noise."""
     client = model.openai_client()
     name = model.get_inference_name()
     limit = asyncio.Semaphore(EVAL_CONCURRENCY)
@@ -754,7 +756,7 @@ def run_arm(program_name: str, arm: str, base_model: Path, work: Path, env_sizes
 
 
 def prime(program_name: str, program: ModuleType, out: Path) -> Path:
-    from artrl.bench import primed_tiny
+    from benchmarks.harness import primed_tiny
 
     if (out / "model" / "config.json").exists():
         return out / "model"

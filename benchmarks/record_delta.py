@@ -19,7 +19,7 @@ import torch
 
 import artrl as art
 from artrl.preprocess.pack import pack
-from artrl.preprocess.tokenize import tokenize_groups
+from artrl.trajectories.tokenization import tokenize_groups
 
 ROLLOUTS = 20
 TOLERANCE = 1e-3

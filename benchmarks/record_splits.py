@@ -27,12 +27,12 @@ from openai.types.chat.chat_completion import Choice
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 from chat_families import FAMILIES, family_tokenizer, generation_config  # noqa: E402
 
-from artrl.chat_format import end_of_turn_ids, message_of  # noqa: E402
+from artrl.chat.format import end_of_turn_ids, message_of  # noqa: E402
 from artrl.preprocess.pack import pack  # noqa: E402
-from artrl.preprocess.tokenize import TokenizeStats, tokenize_history  # noqa: E402
+from artrl.trajectories.sequences import TokenizeStats, tokenize_history  # noqa: E402
 from artrl.serve import ServedModels, create_app  # noqa: E402
-from artrl.serve.scripted import ScriptedEngine  # noqa: E402
-from artrl.tiny import build_tiny_tokenizer  # noqa: E402
+from artrl.serve.engines.scripted import ScriptedEngine  # noqa: E402
+from artrl.models.tiny import build_tiny_tokenizer  # noqa: E402
 
 SYSTEM = "You are a research assistant. Use the search tool to find facts, then answer in one paragraph. " * 3
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "Search the web.", "parameters": {

@@ -7,7 +7,7 @@ and sends `--requests` sequential chat completions, in `--rounds` rounds, with e
 
 * `openai`: `AsyncOpenAI(...).chat.completions.create` on the SDK's default transport (httpx);
 * `openai_aiohttp`: the same on the SDK's aiohttp transport (what `model.openai_client()` gives a
-  rollout for the local server, artrl/openai_clients.py);
+  rollout for the local server, src/artrl/client/openai.py);
 * `httpx`: `httpx.AsyncClient.post` of the same JSON body, the response parsed with `.json()`;
 * `raw`: the same HTTP/1.1 request written on one kept-alive socket (TCP_NODELAY) and the response
   read by its content-length: no client library at all.
@@ -40,11 +40,11 @@ def main() -> None:
     import httpx
     from openai import AsyncOpenAI, DefaultAioHttpClient
 
-    from artrl.chat_format import end_of_turn_ids
+    from artrl.chat.format import end_of_turn_ids
     from artrl.serve import ServedModels, create_app, start_server
-    from artrl.serve.factory import open_engine
+    from artrl.serve.engines.factory import open_engine
     from artrl.models.loading import load_base_model
-    from artrl.types import InternalModelConfig
+    from artrl.config.model import InternalModelConfig
 
     torch.set_num_threads(1)
     cfg = InternalModelConfig(device="cpu", inference_cpu_threads=1)

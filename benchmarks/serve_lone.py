@@ -28,7 +28,7 @@ QUESTION = [{"role": "system", "content": "Answer in one word."}, {"role": "user
 
 async def _serve(requests: int) -> tuple[list[float], float, object, str, list[int]]:
     import artrl as art
-    from artrl.types import InternalModelConfig
+    from artrl.config.model import InternalModelConfig
 
     backend = art.LocalBackend(path=tempfile.mkdtemp(prefix="serve-lone-"), show_progress=False)
     model = art.TrainableModel(name="lone", project="p", base_model="artrl/tiny",

@@ -89,11 +89,11 @@ def main() -> None:
     args = p.parse_args()
 
     import artrl as art
-    from artrl.serve import core, server
-    from artrl.serve.chat import PromptBuilder
-    from artrl.serve.decode_batch import DecodeBatch
-    from artrl.serve.decode_loop import DecodeLoop
-    from artrl.types import InternalModelConfig
+    from artrl.serve.http import core, server
+    from artrl.serve.http.prompts import PromptBuilder
+    from artrl.serve.engines.decode_batch import DecodeBatch
+    from artrl.serve.engines.decode_loop import DecodeLoop
+    from artrl.config.model import InternalModelConfig
 
     torch.set_num_threads(1)
     times: dict[str, list[float]] = defaultdict(list)

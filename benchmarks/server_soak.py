@@ -427,7 +427,7 @@ def main() -> None:
         p.error(f"--routes takes some of {','.join(ROUTES)}, got {args.routes!r}")
 
     from artrl.serve import ServedModels, TransformersEngine, create_app, start_server
-    from artrl.tiny import load_tiny
+    from artrl.models.tiny import load_tiny
 
     torch.set_num_threads(1)
     model, tokenizer = load_tiny()

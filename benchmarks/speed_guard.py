@@ -6,8 +6,8 @@ the math is the same. This script sees it. It runs, in alternated rounds on an o
 * `artrl bench train --workload benchmarks/workloads/seed-like.json --scale 0.125`: batched training against
   ART's one-row-per-step layout on the same trainer (`ratio_tokens_per_s`) and the share of the measured matmul
   peak it reaches (`mfu`);
-* `artrl bench pipeline` on the tool-bound workload with `--autotune online` (ART's tuner with ART's defaults,
-  what a user who turns it on gets): seconds per trained group of the synchronous loop over the pipeline's
+* `python benchmarks/bench.py pipeline` on the tool-bound workload with `--autotune online` (ART's tuner with
+  ART's defaults, what a user who turns it on gets): seconds per trained group of the synchronous loop over the pipeline's
   (`ratio_per_trained_group`);
 
 and fails (exit 1) when the median of a figure falls below `FLOOR` of the baseline's median
@@ -39,23 +39,28 @@ FLOOR = 0.8
 0.33 -> 0.19) is far below it, one build's spread is within it."""
 
 TRAIN = ["bench", "train", "--workload", "benchmarks/workloads/seed-like.json", "--scale", "0.125"]
-PIPELINE = ["bench", "pipeline", "--turns", "2", "--tool-latency", "1.0", "--prompt-words", "50",
+PIPELINE = ["pipeline", "--turns", "2", "--tool-latency", "1.0", "--prompt-words", "50",
             "--result-words", "200", "--max-tokens", "8", "--groups-per-step", "4", "--rollouts-per-group", "4",
             "--steps", "8", "--device", "cpu", "--autotune", "online"]
 FIGURES = {"train": ("ratio_tokens_per_s", "mfu"), "pipeline": ("ratio_per_trained_group",)}
 COMMANDS = {"train": TRAIN, "pipeline": PIPELINE}
+# what runs each: the product's command line (`artrl bench train`), the harness's (benchmarks/bench.py pipeline);
+# as the command reads, then as this script starts it (from the repository root)
+RUNNERS = {"train": ("artrl", ["-m", "artrl.cli"]), "pipeline": ("python benchmarks/bench.py", ["benchmarks/bench.py"])}
 
 
 def run_bench(which: str) -> dict:
-    argv = [sys.executable, "-m", "artrl.cli", *COMMANDS[which]]
+    shown, runner = RUNNERS[which]
+    argv = [sys.executable, *runner, *COMMANDS[which]]
+    command = " ".join([shown, *COMMANDS[which]])
     t0 = time.perf_counter()
     out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
-        raise SystemExit(f"speed guard: `artrl {' '.join(COMMANDS[which])}` failed ({out.returncode}):\n"
+        raise SystemExit(f"speed guard: `{command}` failed ({out.returncode}):\n"
                          f"{out.stderr[-3000:]}")
     report = json.loads(out.stdout.strip().splitlines()[-1])
     row = {"bench": which, **{k: report.get(k) for k in FIGURES[which]}, "process_s": round(time.perf_counter() - t0, 1),
-           "command": "artrl " + " ".join(COMMANDS[which])}
+           "command": command}
     print(json.dumps(row), file=sys.stderr, flush=True)
     return row
 

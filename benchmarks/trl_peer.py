@@ -65,7 +65,7 @@ def _peak_mb(device: str) -> float:
 
 
 def _model_cfg(args: Any) -> Any:
-    from artrl.types import InternalModelConfig
+    from artrl.config.model import InternalModelConfig
 
     return InternalModelConfig(device=args.device, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
                                lora_dropout=0.0, seed=args.seed,

@@ -6,7 +6,7 @@ logits processor cost vLLM's CPU build. One JSON line per run.
 
 `plain`: vLLM with raw logprobs; `lora`: as artrl starts it (enable_lora, 4 adapter slots,
 rank 16), serving the base model; `lora+grammar`: plus artrl's structured-output logits
-processor (serve/vllm_grammar.py), idle for requests without a grammar. Eight 64-token
+processor (serve/engines/vllm_grammar.py), idle for requests without a grammar. Eight 64-token
 requests one at a time, then 16 at once (ignore_eos, so every request yields 64 tokens).
 """
 
@@ -16,7 +16,7 @@ import time
 
 from vllm import LLM, SamplingParams
 
-from artrl.tiny import tiny_model_path
+from artrl.models.tiny import tiny_model_path
 
 variant = sys.argv[1] if len(sys.argv) > 1 else "plain"
 if variant not in ("plain", "lora", "lora+grammar"):
@@ -26,7 +26,7 @@ kw = dict(model=str(tiny_model_path()), dtype="float32", max_model_len=2048, kv_
 if "lora" in variant:
     kw.update(enable_lora=True, max_loras=4, max_lora_rank=16)
 if "grammar" in variant:
-    kw.update(logits_processors=["artrl.serve.vllm_grammar:GrammarLogitsProcessor"])
+    kw.update(logits_processors=["artrl.serve.engines.vllm_grammar:GrammarLogitsProcessor"])
 llm = LLM(**kw)
 
 

@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 
 import artrl as art
-from artrl import runs, schedules
+from artrl import schedules
+from artrl.commands import runs
 from artrl.run import storage
 from artrl.tasks import image_colours
 
@@ -138,6 +139,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("httpx", "httpx2", "httpcore", "uvicorn", "uvicorn.access", "uvicorn.error", "openai", "matplotlib",
-                  "artrl.local.backend", "artrl.serve.background", "artrl.models.loading"):
+                  "artrl.local.backend", "artrl.serve.http.background", "artrl.models.loading"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     asyncio.run(main(parse_args()))

@@ -17,7 +17,7 @@ from typing import Any
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
-from artrl.tiny import _corpus_text
+from artrl.models.tiny import _corpus_text
 
 DATA = pathlib.Path(__file__).parent / "data" / "chat_templates"
 FAMILIES: dict[str, dict[str, Any]] = {k: v for k, v in json.loads((DATA / "families.json").read_text()).items()

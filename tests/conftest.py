@@ -74,14 +74,14 @@ def _logger_levels() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def tiny_path() -> pathlib.Path:
-    from artrl.tiny import tiny_model_path
+    from artrl.models.tiny import tiny_model_path
 
     return tiny_model_path()
 
 
 @pytest.fixture(scope="session")
 def tok(tiny_path: pathlib.Path):
-    from artrl.models.loading import load_tokenizer
+    from artrl.models.tokenizer import load_tokenizer
 
     return load_tokenizer(str(tiny_path))
 

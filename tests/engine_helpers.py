@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from artrl.serve import TransformersEngine
-from artrl.serve.engine import GenerationRequest
-from artrl.tiny import load_tiny
+from artrl.serve.engines.base import GenerationRequest
+from artrl.models.tiny import load_tiny
 
 
 RANDOM_LORA_TARGETS = ["q_proj", "v_proj", "up_proj"]

@@ -24,7 +24,7 @@ def image_url(colour: str, size: tuple[int, int] = (56, 56)) -> str:
     """A solid image as a PNG data URL."""
     from PIL import Image
 
-    from artrl.images import data_url
+    from artrl.chat.images import data_url
 
     return data_url(Image.new("RGB", size, COLOURS[colour]))
 
@@ -41,7 +41,7 @@ async def colour_rollout(model: Any, client: Any, i: int, turns: int = 3, conten
     import json
 
     import artrl as art
-    from artrl.chat_format import message_of
+    from artrl.chat.format import message_of
 
     messages: list[dict[str, Any]] = [{"role": "user", "content": content or f"Name colour number {i}."}]
     trajectory = art.Trajectory(messages_and_choices=list(messages), reward=float(i % 3))

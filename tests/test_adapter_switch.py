@@ -7,8 +7,8 @@ import pathlib
 import torch
 from peft import LoraConfig, get_peft_model
 
-from artrl.adapter_switch import serving
-from artrl.tiny import load_tiny
+from artrl.models.adapter_switch import serving
+from artrl.models.tiny import load_tiny
 
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1)
 

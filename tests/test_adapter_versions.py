@@ -17,8 +17,8 @@ from peft import PeftModel
 
 import artrl as art
 from artrl.serve import GenerationRequest, ServedModels, TransformersEngine
-from artrl.serve.engine import BASE_WEIGHTS
-from artrl.tiny import load_tiny
+from artrl.serve.engines.base import BASE_WEIGHTS
+from artrl.models.tiny import load_tiny
 from artrl.trajectories import choice_policy_version, sampled_policy_versions
 from engine_helpers import StepHook, prompt_of, random_adapter as _adapter, recompute, submit
 
@@ -244,7 +244,7 @@ def test_prune_never_unloads_a_version_a_row_uses(setup: dict[str, Any], loop: a
 
 
 def test_idle_versions_are_bounded_without_a_pruner(setup: dict[str, Any]) -> None:
-    from artrl.serve.adapter_versions import IDLE_VERSIONS_KEPT
+    from artrl.serve.engines.adapter_versions import IDLE_VERSIONS_KEPT
 
     model, tokenizer, paths = setup["model"], setup["tokenizer"], setup["paths"]
     engine = TransformersEngine(model, tokenizer)

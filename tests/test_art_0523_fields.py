@@ -27,10 +27,11 @@ from typing import Any
 import pytest
 
 import artrl as art
-from artrl import notices
+from artrl.runtime import notices
 from artrl.errors import ConfigError
 from artrl.local.backend import art_train_overrides
-from artrl.types import InternalModelConfig, TrainConfig, TrainSFTConfig
+from artrl.config.model import InternalModelConfig
+from artrl.types import TrainConfig, TrainSFTConfig
 
 TESTS = Path(__file__).parent
 

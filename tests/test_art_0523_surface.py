@@ -16,11 +16,12 @@ import math
 import pytest
 
 import artrl as art
-from artrl import notices
+from artrl.runtime import notices
 from artrl.errors import ConfigError, TrajectoryError
-from artrl.preprocess.tokenize import tokenize_sft
+from artrl.trajectories.tokenization import tokenize_sft
 from artrl.run import storage
-from artrl.types import InternalModelConfig, TrainConfig, TrainSFTConfig
+from artrl.config.model import InternalModelConfig
+from artrl.types import TrainConfig, TrainSFTConfig
 
 USER = {"role": "user", "content": "Name a colour."}
 
@@ -238,7 +239,7 @@ def test_trainer_throughput_is_trainable_tokens_over_backend_train_time():
 
 
 def test_completion_tokens_is_the_sum_over_every_choice(make_choice):
-    from artrl.gather_context import GatherContext, record_metrics
+    from artrl.trajectories.gather_context import GatherContext, record_metrics
 
     a, b = make_choice("red green"), make_choice("blue")
     n = len(a.logprobs.content) + len(b.logprobs.content)
@@ -268,7 +269,7 @@ def test_an_rl_train_row_has_arts_0523_figures(live, make_choice):
     assert m["loss/importance_ratio_mean"] == pytest.approx(m["train/mean_ratio"], rel=1e-6)  # unit weights here
     (row,) = [r for r in _train_rows(model) if r["step"] == result.step]
     assert row["loss/importance_ratio_mean"] == pytest.approx(m["loss/importance_ratio_mean"])
-    from artrl.metric_definitions import ARTRL_LOGS
+    from artrl.metrics import ARTRL_LOGS
 
     assert ARTRL_LOGS <= set(m)
 

@@ -5,7 +5,7 @@ pipeline's keys: ART 0.5.18's (examples/art_pipeline/) and ART 0.5.23's (example
 The untrained tiny model answers gibberish, so every group would score the same and the pipeline would set
 every group aside (ART's "model collapse" stop) without training. The fixtures first teach the tiny model
 the programs' answers (the words; a make_guess call with a short binary guess) with a few SFT calls and save
-it as a local model directory (artrl.bench.primed_tiny), which the programs take through their BASE_MODEL variable.
+it as a local model directory (benchmarks/harness/primed_tiny.py), which the programs take through their BASE_MODEL variable.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from artrl.bench import primed_tiny
+from benchmarks.harness import primed_tiny
 from artrl.run import storage
 
 pytest.importorskip("dotenv", reason="ART's programs import python-dotenv (pip install -e '.[art-examples]')")

@@ -112,7 +112,7 @@ def test_a_gradient_step_count_that_changes_between_steps_is_refused(tmp_path):
 
 def test_an_sft_hook_that_yields_nothing_writes_no_row_and_says_so(tmp_path, caplog):
     model = model_on(ArtProtocolBackend([], []), tmp_path)
-    with caplog.at_level(logging.WARNING, logger="artrl.backend_hooks"):
+    with caplog.at_level(logging.WARNING, logger="artrl.model"):
         assert asyncio.run(model.train_sft([traj(0.0)])) is None
     assert rows(model) == [] and "yielded no metrics" in caplog.text
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import artrl as art
-from artrl import notices
+from artrl.runtime import notices
 from artrl.serve import GenerationRequest, TransformersEngine
-from artrl.serve.engine import EngineClosedError
+from artrl.serve.errors import EngineClosedError
 from artrl.models.loading import load_base_model, load_model
-from artrl.types import InternalModelConfig
+from artrl.config.model import InternalModelConfig
 
 PROBE = [{"role": "user", "content": "Name a colour."}]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import artrl as art
-from artrl import notices
+from artrl.runtime import notices
 from artrl.errors import ConfigError
 from artrl.run import storage
 from artrl.types import TrainConfig

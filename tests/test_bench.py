@@ -104,7 +104,7 @@ def test_bench_serve_and_train_load_the_precision_asked_for(capsys, four_bit):
 
 
 def test_bench_serve_refuses_a_sequential_run_longer_than_the_concurrent_one():
-    from artrl.bench.serve_bench import run_serve_bench
+    from artrl.commands.bench.serve import run_serve_bench
 
     with pytest.raises(ValueError, match="sequential_requests"):
         run_serve_bench("artrl/tiny", requests=2, sequential_requests=3, device="cpu")

@@ -1,4 +1,4 @@
-"""`artrl bench learn`: its output says what it claims, both arms see the same data, bad input is refused.
+"""`python benchmarks/bench.py learn`: its output says what it claims, both arms see the same data, bad input is refused.
 
 Learning figures are not checked here (the benchmark is how they are measured);
 what is checked is that every figure in the results file follows from the
@@ -17,10 +17,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from artrl.bench.learn_bench import LearnSettings, Sample, grpo_step, run_learn_bench
-from artrl.bench.learn_results import aggregate, format_table, run_scores, window
-from artrl.bench.learn_tasks import TASKS, Prompt, WarmUp, no_digit, prompt_schedule, vowel_share
-from artrl.cli import main
+from benchmarks.harness.learn_bench import LearnSettings, Sample, grpo_step, run_learn_bench
+from benchmarks.harness.learn_results import aggregate, format_table, run_scores, window
+from benchmarks.harness.learn_tasks import TASKS, Prompt, WarmUp, no_digit, prompt_schedule, vowel_share
+from benchmarks.bench import main
 
 TINY_ARGS = ["--tasks", "vowels", "--lrs", "1e-2", "--seeds", "1", "--steps", "3", "--prompts", "2",
              "--samples", "4"]
@@ -57,7 +57,7 @@ def _check_consistent(doc: dict, *, steps: int, prompts: int, samples: int) -> N
 
 def test_bench_learn_output_is_self_consistent_and_resumes(tmp_path, capsys):
     out = tmp_path / "learn.json"
-    assert main(["bench", "learn", *TINY_ARGS, "--out", str(out)]) == 0
+    assert main(["learn", *TINY_ARGS, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     doc = json.loads(out.read_text())
     _check_consistent(doc, steps=3, prompts=2, samples=4)
@@ -78,10 +78,10 @@ def test_bench_learn_output_is_self_consistent_and_resumes(tmp_path, capsys):
     for row in doc["table"]:
         assert f"{row['mean']:+.3f}" in printed
     # a second run with the same settings finds everything done and changes no run
-    assert main(["bench", "learn", *TINY_ARGS, "--out", str(out)]) == 0
+    assert main(["learn", *TINY_ARGS, "--out", str(out)]) == 0
     assert json.loads(out.read_text())["runs"] == doc["runs"]
     # other settings must not mix into the same file
-    assert main(["bench", "learn", *TINY_ARGS, "--steps", "4", "--out", str(out)]) == 2
+    assert main(["learn", *TINY_ARGS, "--steps", "4", "--out", str(out)]) == 2
     assert "steps: file 3, now 4" in capsys.readouterr().err
 
 
@@ -95,7 +95,7 @@ def test_bench_learn_output_is_self_consistent_and_resumes(tmp_path, capsys):
 ])
 def test_bench_learn_refuses_bad_settings_before_running(tmp_path, capsys, argv, message):
     out = tmp_path / "learn.json"
-    assert main(["bench", "learn", "--tasks", "vowels", "--seeds", "1", *argv, "--out", str(out)]) == 2
+    assert main(["learn", "--tasks", "vowels", "--seeds", "1", *argv, "--out", str(out)]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
 
@@ -103,8 +103,8 @@ def test_bench_learn_refuses_bad_settings_before_running(tmp_path, capsys, argv,
 def test_results_that_are_not_ours_are_not_overwritten(tmp_path, capsys):
     out = tmp_path / "learn.json"
     out.write_text(json.dumps({"something": "else"}))
-    assert main(["bench", "learn", *TINY_ARGS, "--out", str(out)]) == 2
-    assert "not an `artrl bench learn` results file" in capsys.readouterr().err
+    assert main(["learn", *TINY_ARGS, "--out", str(out)]) == 2
+    assert "not a `bench.py learn` results file" in capsys.readouterr().err
     assert json.loads(out.read_text()) == {"something": "else"}
 
 
@@ -163,7 +163,7 @@ def test_aggregate_counts_diverged_runs_without_averaging_them():
 
 def test_yardstick_step_moves_towards_the_better_reply(tiny_path):
     from artrl.models.loading import load_model
-    from artrl.types import InternalModelConfig
+    from artrl.config.model import InternalModelConfig
 
     model, tok = load_model(str(tiny_path), InternalModelConfig(seed=0, device="cpu"))
     prompt = Prompt("p", ({"role": "user", "content": "Say a word."},))

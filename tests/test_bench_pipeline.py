@@ -1,4 +1,4 @@
-"""`artrl bench pipeline`: the two arms do the same work, the JSON's figures agree with each other,
+"""`python benchmarks/bench.py pipeline`: the two arms do the same work, the JSON's figures agree with each other,
 and the printed command reproduces the run. Speed is not checked here (the bench measures it)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import shlex
 
 import pytest
 
-from artrl.bench.agent_workload import AgentWorkload, Intervals, vowel_share
-from artrl.bench.pipeline_bench import PipelineBenchConfig, config_from_args
-from artrl.cli import _parser, main
+from benchmarks.harness.agent_workload import AgentWorkload, Intervals, vowel_share
+from benchmarks.harness.pipeline_bench import PipelineBenchConfig, config_from_args
+from benchmarks.bench import _parser, main
 from artrl.errors import ConfigError
 
 
@@ -53,7 +53,7 @@ def test_a_final_answer_comes_after_the_last_tool_result_with_no_tool_after_it(m
     gets its own budget and carries the last tool result in its prompt."""
     from types import SimpleNamespace
 
-    from artrl.bench import agent_workload
+    from benchmarks.harness import agent_workload
 
     sent, waits = [], []
 
@@ -86,9 +86,9 @@ def test_the_printed_command_parses_back_to_the_same_config():
                               train_in_worker=True, learning_rate=3e-4, loss_fn="ppo", seed=4, arms=("pipeline",),
                               autotune="online", final_tokens=12)
     argv = shlex.split(cfg.command())
-    assert argv[:3] == ["artrl", "bench", "pipeline"]
-    assert config_from_args(_parser().parse_args(argv[1:] + ["--path", "/x"])) == cfg
-    assert config_from_args(_parser().parse_args(shlex.split(PipelineBenchConfig().command())[1:])) \
+    assert argv[:3] == ["python", "benchmarks/bench.py", "pipeline"]
+    assert config_from_args(_parser().parse_args(argv[2:] + ["--path", "/x"])) == cfg
+    assert config_from_args(_parser().parse_args(shlex.split(PipelineBenchConfig().command())[2:])) \
         == PipelineBenchConfig()
 
 
@@ -107,7 +107,7 @@ def test_workers_default_to_what_the_bound_lets_run_ahead():
 
 
 def test_bench_pipeline_runs_both_arms_on_the_same_work(capsys, tmp_path):
-    argv = ["bench", "pipeline", "--steps", "2", "--groups-per-step", "2", "--rollouts-per-group", "2",
+    argv = ["pipeline", "--steps", "2", "--groups-per-step", "2", "--rollouts-per-group", "2",
             "--turns", "2", "--tool-latency", "0.01", "--max-tokens", "3", "--prompt-words", "5", "--device", "cpu",
             "--trainer", "here", "--path", str(tmp_path)]
     assert main(argv) == 0
@@ -128,7 +128,7 @@ def test_bench_pipeline_runs_both_arms_on_the_same_work(capsys, tmp_path):
     assert out["ratio_sync_over_pipeline"] == round(sync["wall_s"] / pipe["wall_s"], 3)
     assert out["threads"] == {"train": out["threads"]["train"], "engine": 1} and out["threads"]["train"] >= 1
     assert out["engine"] == "builtin" and out["device"] == "cpu" and out["train_in_worker"] is False
-    assert shlex.split(out["command"])[:3] == ["artrl", "bench", "pipeline"]
+    assert shlex.split(out["command"])[:3] == ["python", "benchmarks/bench.py", "pipeline"]
     assert "--tool-latency 0.01" in out["command"] and "--turns 2" in out["command"]
     assert "--trainer here" in out["command"]
 
@@ -147,7 +147,7 @@ def test_token_lag_counts_each_token_by_the_version_that_sampled_it():
     count at the version the server recorded on that turn, and at the trajectory's initial version when it
     recorded none."""
     import artrl as art
-    from artrl.bench.pipeline_bench import _count_token_lag
+    from benchmarks.harness.pipeline_bench import _count_token_lag
 
     user = {"role": "user", "content": "q"}
     spans = [{"start_token": 0, "end_token": 3, "generation_id": 0, "policy_version": 2},

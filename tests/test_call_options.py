@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from artrl.preprocess.advantages import balance_advantages
 from artrl.preprocess.build import build_call
-from artrl.preprocess.tokenize import TokenizedSequence
+from artrl.trajectories.sequences import TokenizedSequence
 from artrl.train.rl import learning_rates
 from artrl.types import TrainConfig
 

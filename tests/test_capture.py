@@ -17,7 +17,7 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import artrl as art
-from artrl.chat_chunks import choice_from_chunks, parse_sse
+from artrl.chat.chunks import choice_from_chunks, parse_sse
 
 HI = {"role": "user", "content": "Hi!"}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather",

@@ -29,9 +29,9 @@ import pytest
 import requests
 
 import artrl as art
-from artrl.chat_format import end_of_turn_ids
-from artrl.models.loading import load_tokenizer
-from artrl.tokenized import TokenFlag
+from artrl.chat.format import end_of_turn_ids
+from artrl.models.tokenizer import load_tokenizer
+from artrl.trajectories.tokens import TokenFlag
 from artrl.trajectories import sampled_policy_versions
 
 TOLERANCE = 1e-3

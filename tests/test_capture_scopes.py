@@ -22,11 +22,11 @@ import pytest
 import requests
 
 import artrl as art
-from artrl.capture_http import installed
+from artrl.trajectories.capture.clients import installed
 from artrl.errors import TrajectoryError
-from artrl.exchanges import build_exchange, endpoint_for_url
-from artrl.preprocess.tokenize import tokenize_groups
-from artrl.wire_records import exchange_turns
+from artrl.trajectories.exchanges import build_exchange, endpoint_for_url
+from artrl.trajectories.tokenization import tokenize_groups
+from artrl.trajectories.token_record import exchange_turns
 
 PROMPT, IDS, LPS = [1, 2, 3], [4, 5], [-0.5, -0.25]
 LOGPROBS = {"content": [{"token": "h", "logprob": -0.5, "bytes": [104], "top_logprobs": []},
@@ -244,7 +244,7 @@ def test_langchain_chat_models_are_captured(url: str) -> None:
 
 
 def test_failed_and_incomplete_responses_are_not_captured(url: str, caplog) -> None:
-    with art.Trajectory() as t, caplog.at_level(logging.WARNING, logger="artrl.capture"):
+    with art.Trajectory() as t, caplog.at_level(logging.WARNING, logger="artrl.trajectories.capture.core"):
         httpx.post(url + "/v1/messages", json={"fail": True})
         with httpx.stream("POST", url + "/v1/messages", json={"stream": True, "truncate": True}) as r:
             r.read()
@@ -374,7 +374,7 @@ def test_a_trajectory_holds_exchanges_or_legacy_histories_never_both(url: str, c
     with pytest.raises(TrajectoryError, match="never both"):
         art.Trajectory(exchanges=captured.exchanges, messages_and_choices=[{"role": "user", "content": "x"}])
     legacy = art.Trajectory(messages_and_choices=[{"role": "user", "content": "x"}])
-    with caplog.at_level(logging.WARNING, logger="artrl.capture"), legacy:
+    with caplog.at_level(logging.WARNING, logger="artrl.trajectories.capture.core"), legacy:
         httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": []})
     assert not legacy.exchanges and "never both" in caplog.text
     captured.messages_and_choices.append({"role": "user", "content": "x"})  # assignment is not checked...
@@ -418,7 +418,7 @@ def test_exchanges_of_other_protocols_chain_on_their_tokens(tok) -> None:
 def test_a_captured_trajectory_is_logged_with_its_exchanges_whole(url: str, tmp_path) -> None:
     import pyarrow.parquet as pq
 
-    from artrl.utils.trajectory_logging import read_trajectory_groups_parquet, write_trajectory_groups_parquet
+    from artrl.run.trajectory_logs import read_trajectory_groups_parquet, write_trajectory_groups_parquet
 
     question = {"role": "user", "content": "q"}
     with art.Trajectory(reward=1.0) as t:
@@ -441,7 +441,7 @@ def test_a_captured_trajectory_is_logged_with_its_exchanges_whole(url: str, tmp_
 
 
 def test_tokenize_and_tensorize_give_the_record_with_its_flags(tok) -> None:
-    from artrl.tokenized import TokenFlag
+    from artrl.trajectories.tokens import TokenFlag
 
     end = tok.eos_token_id
     first, second = ([10, 11, 12], [13, end]), ([10, 11, 12, 13, end, 15], [16])
@@ -481,7 +481,7 @@ def test_tokenize_and_tensorize_give_the_record_with_its_flags(tok) -> None:
 
 
 def test_tokenize_renders_legacy_data_without_a_record_and_says_so(tok) -> None:
-    from artrl.tokenized import TokenFlag
+    from artrl.trajectories.tokens import TokenFlag
 
     sft = art.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
     choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "a"}}

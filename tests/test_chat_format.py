@@ -30,7 +30,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import artrl as art
 from artrl.trajectories import revalidate
-from artrl.chat_format import (
+from artrl.chat.format import (
     encode,
     end_of_turn_ids,
     message_of,
@@ -38,11 +38,12 @@ from artrl.chat_format import (
     template_message,
 )
 from artrl.errors import TrajectoryError
-from artrl.preprocess.tokenize import TokenizeStats, tokenize_history, tokenize_sft
+from artrl.trajectories.sequences import TokenizeStats, tokenize_history
+from artrl.trajectories.tokenization import tokenize_sft
 from artrl.serve import GenerationRequest, ServedModels, create_app
-from artrl.serve.chat import RecentCompletions
-from artrl.serve.scripted import ScriptedEngine
-from artrl.serve.transformers_engine import TransformersEngine
+from artrl.serve.http.prompts import RecentCompletions
+from artrl.serve.engines.scripted import ScriptedEngine
+from artrl.serve.engines.transformers_engine import TransformersEngine
 from chat_families import FAMILIES, family_tokenizer, generation_config
 
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]

@@ -1,6 +1,6 @@
 """A program that raises while generation is in flight exits with its own status, never SIGABRT.
 
-Before artrl/shutdown.py, such a program died with "terminate called without an active exception"
+Before artrl/runtime/shutdown.py, such a program died with "terminate called without an active exception"
 (exit 134) in about half of the runs: the decode worker, a daemon thread inside torch's C++ code, was
 ended by CPython's finalisation. Each run is a fresh interpreter that exits only once the decode worker is
 inside a batch's decode loop (it prints a marker then); 8 runs make a regression visible.

@@ -20,8 +20,8 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import Linear as LoraLinear
 
 from artrl.serve import GenerationRequest, TransformersEngine
-from artrl.serve.sampling import row_key, row_uniforms, sample_next_tokens
-from artrl.tiny import load_tiny
+from artrl.serve.engines.sampling import row_key, row_uniforms, sample_next_tokens
+from artrl.models.tiny import load_tiny
 from engine_helpers import prompt_of, recompute, submit
 
 TOLERANCE = 1e-4
@@ -253,7 +253,7 @@ def test_merged_lora_samples_the_same_and_leaves_the_trainers_tensors_alone(
 
 def test_the_serving_attention_is_switched_in_for_a_batch_and_back(
         live: tuple[PeftModel, Any], loop: asyncio.AbstractEventLoop) -> None:
-    from artrl.serve.attention_switch import current_attention
+    from artrl.serve.engines.attention_switch import current_attention
 
     model, tokenizer = live
     trainer_attention = current_attention(model)

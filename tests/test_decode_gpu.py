@@ -26,7 +26,7 @@ MODEL = "random:qwen3-0.6b"
 
 def _model(dtype: str) -> tuple[Any, Any]:
     from artrl.models.loading import add_lora, load_base_model
-    from artrl.types import InternalModelConfig
+    from artrl.config.model import InternalModelConfig
 
     cfg = InternalModelConfig(device="cuda", dtype=dtype)
     model, tokenizer = load_base_model(MODEL, cfg)
@@ -103,7 +103,7 @@ def test_bf16_switches_report_the_logprobs_of_what_they_sampled() -> None:
 def test_versions_in_mixed_batches_sample_alike_with_every_switch(fp32: tuple[Any, Any], tmp_path: Any) -> None:
     """A serving copy holding two policy versions and the base: each request alone and all in one mixed batch,
     plain and with merged LoRA + static slots + CUDA graphs, sample the same; the trainer's tensors stay."""
-    from artrl.serve.engine import BASE_WEIGHTS
+    from artrl.serve.engines.base import BASE_WEIGHTS
 
     model, tokenizer = fp32
     before = {name: p.detach().clone() for name, p in model.named_parameters()}

@@ -8,7 +8,7 @@ import torch
 
 from artrl.serve import GenerationRequest, TransformersEngine
 from artrl.models.loading import load_model
-from artrl.types import InternalModelConfig
+from artrl.config.model import InternalModelConfig
 
 
 def test_decode_threads_leave_the_caller_alone(tiny_path):

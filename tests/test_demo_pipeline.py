@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from artrl import demo, demo_pipeline
+from artrl.commands import demo, demo_pipeline
 from artrl.cli import _parser, main
-from artrl.demo_pipeline import ArmResult
+from artrl.commands.demo_pipeline import ArmResult
 from artrl.errors import ConfigError
 from artrl.run import storage
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from artrl import demo
+from artrl.commands import demo
 from artrl.errors import ConfigError
 from artrl.run import storage
 from artrl.tasks import colours

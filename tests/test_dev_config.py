@@ -7,7 +7,7 @@ import logging
 import pytest
 
 import artrl as art
-from artrl import notices
+from artrl.runtime import notices
 from artrl.errors import ConfigError
 from artrl.types import TrainConfig
 
@@ -97,7 +97,7 @@ def test_ignored_nested_keys_are_noticed_once_each(caplog, section, key, value, 
 ])
 def test_engine_args_are_kept_for_vllm_and_noticed_once_when_the_builtin_engine_opens(
         caplog, tiny_path, tok, key, value, why):
-    from artrl.serve.factory import open_engine
+    from artrl.serve.engines.factory import open_engine
     from artrl.models.loading import load_model
 
     with caplog.at_level(logging.WARNING, logger=NOTICES):

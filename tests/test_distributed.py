@@ -38,7 +38,7 @@ from artrl.distributed.group import _cause_order
 from artrl.run import storage
 from artrl.preprocess.pack import pack
 from artrl.preprocess.plan import plan_batches
-from artrl.preprocess.tokenize import TokenizedSequence
+from artrl.trajectories.sequences import TokenizedSequence
 
 WORKLOAD = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "seed-like.json"
 DEVICE = os.environ.get("ARTRL_TEST_DEVICE", "cpu")
@@ -96,7 +96,7 @@ def test_split_is_greedy_longest_first_by_computed_tokens():
 @pytest.mark.parametrize("scale", [1.0, 0.125])
 def test_seed_like_workload_is_balanced_within_10_percent_on_two_ranks(scale):
     """The RL build path with its defaults (one step of all groups), as a train call packs it."""
-    from artrl.bench.workload import load_workload, workload_groups
+    from artrl.commands.bench.workload import load_workload, workload_groups
     from artrl.train.rl import build_rl
     from artrl.train.trainer import BuildContext
 

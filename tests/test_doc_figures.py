@@ -124,12 +124,12 @@ def test_the_image_quizs_figures_are_the_recorded_runs_everywhere():
 
 
 def test_the_heap_trim_figures_are_the_recorded_runs():
-    """src/artrl/heap.py quotes lines 4, 8 and 10 of the memory runs (random:qwen3-8b in 4-bit)."""
+    """src/artrl/runtime/heap.py quotes lines 4, 8 and 10 of the memory runs (random:qwen3-8b in 4-bit)."""
     runs = [json.loads(line) for line in MEMORY_RUNS.read_text().splitlines()]
     no_trim, trim_loaded, trim_each = (runs[i - 1]["measured_gb"] for i in (4, 8, 10))
     assert all(runs[i - 1]["model"] == "random:qwen3-8b" and runs[i - 1]["settings"].get("load_in_4bit")
                for i in (4, 8, 10))
-    text = _flat(ROOT / "src" / "artrl" / "heap.py")
+    text = _flat(ROOT / "src" / "artrl" / "runtime" / "heap.py")
     assert (f"resident once registered {no_trim['registered']:.2f} GB with no trim, {trim_loaded['registered']:.2f} "
             "GB with the trim after loading") in text
     assert (f"the load's peak {trim_loaded['load_peak']:.2f} GB with that trim alone, {trim_each['load_peak']:.2f} "

@@ -1,7 +1,7 @@
 """Every repository path that the README, docs/ and the command line's help name exists in a clone.
 
 A path counts as the repository's when it starts with one of its top-level folders (`benchmarks/...`,
-`src/...`), with `../` (which leaves the page's folder), or is a module path under src/artrl (`serve/engine.py`).
+`src/...`), with `../` (which leaves the page's folder), or is a module path under src/artrl (`serve/engines/base.py`).
 It must then name a file or folder inside the repository, relative to the repository's root, the page's
 folder, or src/artrl. Paths with placeholders (`<name>`, `NNNN`, `*`) and the run directory's own layout
 (`.art/...`, `checkpoints/...`) are not repository paths.
@@ -75,9 +75,9 @@ def listed_paths(text: str) -> list[str]:
 
 
 def test_a_listing_names_files_apart_from_their_folder():
-    text = ("```\nsrc/artrl/\n  tiny.py  cli.py   the command line\n  train/   rl.py (the loss.py of it) gone.py\n"
+    text = ("```\nsrc/artrl/\n  types.py  cli.py   the command line\n  train/   rl.py (the loss.py of it) gone.py\n"
             "           sft.py\n  model.py\n```\n")
-    assert listed_paths(text) == ["tiny.py", "cli.py", "train/rl.py", "train/gone.py", "train/sft.py", "model.py"]
+    assert listed_paths(text) == ["types.py", "cli.py", "train/rl.py", "train/gone.py", "train/sft.py", "model.py"]
     assert [p for p in listed_paths(text) if not (ROOT / "src" / "artrl" / p).exists()] == ["train/gone.py"]
 
 
@@ -88,10 +88,10 @@ def test_every_file_a_source_listing_names_exists(page):
 
 def test_the_rule_finds_repository_paths_and_leaves_the_rest():
     text = ("run `artrl bench pack --workload ../shared/workloads/seed-like.json` or benchmarks/workloads/x.json; "
-            "see serve/engine.py, src/artrl/tiny.py and docs/batching.md; metrics train/loss and data/rows; "
+            "see serve/engines/base.py, src/artrl/models/tiny.py and docs/batching.md; metrics train/loss and data/rows; "
             "the run's .art/p/models/m/history.jsonl; openai/gpt-4o")
     assert repository_paths(text) == ["../shared/workloads/seed-like.json", "benchmarks/workloads/x.json",
-                                      "serve/engine.py", "src/artrl/tiny.py", "docs/batching.md"]
+                                      "serve/engines/base.py", "src/artrl/models/tiny.py", "docs/batching.md"]
     assert missing(text, ROOT) == ["../shared/workloads/seed-like.json", "benchmarks/workloads/x.json"]
 
 

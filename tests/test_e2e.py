@@ -12,7 +12,7 @@ import torch
 import artrl as art
 from artrl.run import storage
 from artrl.preprocess.pack import pack
-from artrl.preprocess.tokenize import tokenize_groups
+from artrl.trajectories.tokenization import tokenize_groups
 
 PROMPTS = ["Name a colour.", "Say a number."]
 

@@ -1,4 +1,4 @@
-"""The inference engine contract (serve/engine.py), checked on every engine.
+"""The inference engine contract (serve/engines/base.py), checked on every engine.
 
 Each engine is opened by a factory in `ENGINE_FACTORIES` on the tiny model (its
 live weights start as the base model's) with the end-of-turn ids the test hands
@@ -24,18 +24,13 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from artrl.chat_format import end_of_turn_ids
-from artrl.serve.engine import (
-    BASE_WEIGHTS,
-    MAX_TOP_LOGPROBS,
-    GenerationRequest,
-    GenerationResult,
-    InferenceEngine,
-    InvalidRequestError,
-)
-from artrl.serve.factory import open_engine
-from artrl.serve.scripted import ScriptedEngine
-from artrl.types import InternalModelConfig
+from artrl.chat.format import end_of_turn_ids
+from artrl.serve.engines.base import (BASE_WEIGHTS, MAX_TOP_LOGPROBS, GenerationRequest, GenerationResult,
+                                      InferenceEngine)
+from artrl.serve.errors import InvalidRequestError
+from artrl.serve.engines.factory import open_engine
+from artrl.serve.engines.scripted import ScriptedEngine
+from artrl.config.model import InternalModelConfig
 
 TOLERANCE = 1e-4
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
@@ -60,7 +55,7 @@ def _base(tiny_path: pathlib.Path) -> Any:
 
 def open_builtin(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCase:
     """The built-in engine as a worker session opens it: a peft model of its own, no trainer on it."""
-    from artrl.models.loading import load_tokenizer
+    from artrl.models.tokenizer import load_tokenizer
 
     model = get_peft_model(_base(tiny_path), LORA)  # fresh LoRA: serves the base model's weights
     cfg = InternalModelConfig(inference_max_batch_size=8, inference_max_length=MAX_MODEL_LEN)
@@ -70,7 +65,7 @@ def open_builtin(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCase
 
 def open_builtin_static(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCase:
     """The built-in engine decoding in static cache slots (the GPU switch, run eagerly here), merged LoRA on."""
-    from artrl.models.loading import load_tokenizer
+    from artrl.models.tokenizer import load_tokenizer
 
     model = get_peft_model(_base(tiny_path), LORA)
     cfg = InternalModelConfig(inference_max_batch_size=8, inference_max_length=MAX_MODEL_LEN,
@@ -80,7 +75,7 @@ def open_builtin_static(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> Eng
 
 
 def open_scripted(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCase:
-    from artrl.models.loading import load_tokenizer
+    from artrl.models.tokenizer import load_tokenizer
 
     engine = ScriptedEngine(load_tokenizer(str(tiny_path)), end_ids, max_model_len=MAX_MODEL_LEN)
 
@@ -92,7 +87,7 @@ def open_scripted(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCas
 
 def open_vllm(tiny_path: pathlib.Path, end_ids: frozenset[int]) -> EngineCase:
     """vLLM (its CPU build here) on the tiny model's directory; runs where vLLM is installed (marker `vllm`)."""
-    from artrl.models.loading import load_tokenizer
+    from artrl.models.tokenizer import load_tokenizer
 
     cfg = InternalModelConfig(inference_max_length=MAX_MODEL_LEN, lora_rank=LORA.r)
     engine = open_engine("vllm", tokenizer=load_tokenizer(str(tiny_path)), end_ids=end_ids, cfg=cfg,

@@ -1,4 +1,4 @@
-"""Choosing the inference engine (serve/factory.py) and reaching the choice from a model's config."""
+"""Choosing the inference engine (serve/engines/factory.py) and reaching the choice from a model's config."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 import artrl as art
 from artrl.errors import ConfigError
-from artrl.serve import factory
-from artrl.serve.factory import open_engine, resolve_engine_kind
-from artrl.serve.transformers_engine import TransformersEngine
+from artrl.serve.engines import factory
+from artrl.serve.engines.factory import open_engine, resolve_engine_kind
+from artrl.serve.engines.transformers_engine import TransformersEngine
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def test_auto_takes_vllm_only_when_installed_on_a_gpu_with_weights_on_disk(vllm_
     assert resolve_engine_kind("auto", "cuda", weights_on_disk=False) == "builtin"
     assert resolve_engine_kind("builtin", "cuda") == "builtin"
     assert resolve_engine_kind("vllm", "cpu") == "vllm"
-    # vLLM would quantise a 4-bit MoE model's experts, which the trainer keeps whole (serve/vllm_args.py)
+    # vLLM would quantise a 4-bit MoE model's experts, which the trainer keeps whole (serve/engines/vllm_args.py)
     assert resolve_engine_kind("auto", "cuda", quantized_moe=True) == "builtin"
 
 
@@ -51,7 +51,7 @@ def test_auto_without_vllm_is_the_builtin_engine_and_asking_for_vllm_says_how_to
 def test_open_vllm_without_its_module_is_a_config_error(monkeypatch: pytest.MonkeyPatch, tok: Any) -> None:
     import sys
 
-    monkeypatch.setitem(sys.modules, "artrl.serve.vllm_engine", None)  # as if the module were absent
+    monkeypatch.setitem(sys.modules, "artrl.serve.engines.vllm_engine", None)  # as if the module were absent
     with pytest.raises(ConfigError, match="Install vLLM"):
         open_engine("vllm", tokenizer=tok, end_ids=frozenset({1}), cfg=art.InternalModelConfig(),
                     base_model_path="/nowhere")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import artrl as art
 from artrl.gather import GatherError
-from artrl.gather_context import GatherContext
+from artrl.trajectories.gather_context import GatherContext
 
 USER = {"role": "user", "content": "hi"}
 

@@ -1,10 +1,10 @@
-"""artrl.heap.release_free_memory gives the C heap's free pages back to the system (glibc)."""
+"""artrl.runtime.heap.release_free_memory gives the C heap's free pages back to the system (glibc)."""
 
 from __future__ import annotations
 
 import pytest
 
-from artrl import heap
+from artrl.runtime import heap
 
 
 def _resident_mb() -> float:

@@ -17,7 +17,7 @@ import pytest
 
 import artrl as art
 import artrl.trajectories as trajectories
-from artrl.exchanges import build_exchange
+from artrl.trajectories.exchanges import build_exchange
 from artrl.trajectories import (AnthropicMessagesHistory, ChatCompletionsHistory, CompletionsStringHistory,
                                 CompletionsTokenHistory, History, LegacyHistory, ResponsesHistory)
 

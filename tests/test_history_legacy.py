@@ -6,7 +6,7 @@ import pydantic
 import pytest
 
 import artrl as art
-import artrl.trajectories as trajectories_module
+import artrl.trajectories.history as trajectories_module
 from artrl.errors import TrajectoryError
 from artrl.trajectories import History, LegacyHistory
 

@@ -28,7 +28,8 @@ import artrl as art
 from artrl.errors import ArtrlError, CheckpointError, ConfigError, PackingError, TrajectoryError
 from artrl.run import storage
 # the data layer a train call runs, in one place (tokenize, then the build that a call makes of its config)
-from artrl.preprocess.tokenize import group_advantages, tokenize_groups, tokenize_sft
+from artrl.trajectories.sequences import group_advantages
+from artrl.trajectories.tokenization import tokenize_groups, tokenize_sft
 from artrl.train.call import build_batches
 from artrl.train.rl import build_rl
 from artrl.train.trainer import BuildContext

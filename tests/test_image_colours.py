@@ -10,7 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from artrl.images import MediaPolicy, load_image
+from artrl.chat.images import MediaPolicy, load_image
 from artrl.tasks import image_colours
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "image_colour_quiz.py"

@@ -17,8 +17,8 @@ from peft import PeftModel
 import artrl as art
 from artrl.errors import ConfigError
 from artrl.serve import GenerationRequest, TransformersEngine
-from artrl.serve.core import policy_token_spans_json
-from artrl.tiny import load_tiny
+from artrl.serve.http.core import policy_token_spans_json
+from artrl.models.tiny import load_tiny
 from engine_helpers import StepHook, prompt_of, random_adapter as _adapter, recompute, submit
 
 TOLERANCE = 1e-4
@@ -184,8 +184,8 @@ def test_by_default_a_running_row_keeps_its_version(setup: dict[str, Any], loop:
 
 
 def test_a_stop_string_cuts_the_spans_with_the_tokens(setup: dict[str, Any]) -> None:
-    from artrl.serve.core import _cut_at_stop
-    from artrl.serve.engine import GenerationResult
+    from artrl.serve.http.core import _cut_at_stop
+    from artrl.serve.engines.base import GenerationResult
 
     tokenizer = setup["tokenizer"]
     ids = prompt_of(tokenizer, "one two three STOP four five six seven")
@@ -213,8 +213,8 @@ def test_in_flight_lora_is_accepted_for_the_built_in_engine_and_refused_for_vllm
 
 def test_the_vllm_engine_refuses_in_flight_updates_before_it_starts():
     pytest.importorskip("vllm")
-    from artrl.serve.vllm_engine import VLLMEngine
-    from artrl.types import InternalModelConfig
+    from artrl.serve.engines.vllm_engine import VLLMEngine
+    from artrl.config.model import InternalModelConfig
 
     cfg = InternalModelConfig(rollout_weight_update_mode="in_flight_lora")
     with pytest.raises(ConfigError, match="not supported by the vLLM engine"):

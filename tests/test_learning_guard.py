@@ -1,4 +1,4 @@
-"""RL keeps learning what it learned: `artrl bench learn --baseline` against the committed baseline.
+"""RL keeps learning what it learned: `python benchmarks/bench.py learn --baseline` against the committed baseline.
 
 The slow test reruns the baseline's command (colours at lr 2e-3, 4 seeds, both arms; sampling one request at a
 time, so a commit that changes nothing in the math reproduces the baseline up to float noise) and fails when
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from artrl.bench.learn_results import GAIN_FLOOR, PAIRED_MARGIN, aggregate, compare_to_baseline
-from artrl.cli import main
+from benchmarks.harness.learn_results import GAIN_FLOOR, PAIRED_MARGIN, aggregate, compare_to_baseline
+from benchmarks.bench import main
 from artrl.errors import ConfigError
 
 BASELINE = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "learning-baseline.json"
 GUARD_ARGS = ["--tasks", "colours", "--lrs", "2e-3", "--seeds", "4"]
-"""The baseline's command: `artrl bench learn` + GUARD_ARGS (docs/testing.md, docs/performance.md)."""
+"""The baseline's command: `python benchmarks/bench.py learn` + GUARD_ARGS (docs/testing.md, docs/performance.md)."""
 
 
 def _doc(gains: dict[str, list[float]], settings: dict | None = None) -> dict:
@@ -75,8 +75,8 @@ def test_a_baseline_that_is_not_a_results_file_is_refused_before_running(tmp_pat
     bad = tmp_path / "baseline.json"
     bad.write_text(json.dumps({"bench": "serve"}))
     out = tmp_path / "learn.json"
-    assert main(["bench", "learn", *GUARD_ARGS, "--baseline", str(bad), "--out", str(out)]) == 2
-    assert "not an `artrl bench learn` results file" in capsys.readouterr().err
+    assert main(["learn", *GUARD_ARGS, "--baseline", str(bad), "--out", str(out)]) == 2
+    assert "not a `bench.py learn` results file" in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -93,7 +93,7 @@ def test_the_committed_baseline_is_the_guards_command_and_learns():
 @pytest.mark.slow
 def test_rl_learns_as_much_as_the_committed_baseline(tmp_path, capsys):
     out = tmp_path / "learn.json"
-    code = main(["bench", "learn", *GUARD_ARGS, "--baseline", str(BASELINE), "--out", str(out)])
+    code = main(["learn", *GUARD_ARGS, "--baseline", str(BASELINE), "--out", str(out)])
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "learns as the baseline" in printed

@@ -13,7 +13,7 @@ import artrl as art
 from artrl.errors import ConfigError, TrajectoryError
 from artrl.run import storage
 from artrl.metrics import MetricsBuilder
-from artrl.utils.trajectory_logging import read_trajectory_groups_parquet
+from artrl.run.trajectory_logs import read_trajectory_groups_parquet
 
 
 def traj(reward: float, text: str = "hi", **kw) -> art.Trajectory:

@@ -23,7 +23,7 @@ from artrl.models.shapes import random_config
 from artrl.models.tree_attention import _PrefixedCausal
 from artrl.preprocess.pack import pack
 from artrl.preprocess.plan import plan_batches
-from artrl.preprocess.tokenize import tokenize_groups
+from artrl.trajectories.tokenization import tokenize_groups
 from artrl.train import memory
 from artrl.train.memory import set_checkpointing
 from artrl.train.call import run_call
@@ -214,7 +214,7 @@ def test_offloading_on_a_cpu_is_refused(tiny_path):
 
 _FRAGMENT = textwrap.dedent("""
     import sys, torch
-    from artrl.host_allocator import fix_mmap_threshold
+    from artrl.runtime.host_allocator import fix_mmap_threshold
     if sys.argv[1] == "fixed":
         assert fix_mmap_threshold()
     def rss():
@@ -243,7 +243,7 @@ def test_freed_activations_go_back_to_the_system(tmp_path):
 
 _REUSE = textwrap.dedent("""
     import resource, torch
-    from artrl.host_allocator import fix_mmap_threshold
+    from artrl.runtime.host_allocator import fix_mmap_threshold
     assert fix_mmap_threshold()
     keep = torch.ones(64 << 20, dtype=torch.uint8)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -265,7 +265,7 @@ def test_scratch_blocks_freed_and_taken_again_are_reused_not_faulted_in(tmp_path
 
 
 def test_a_cpu_trainer_fixes_the_threshold(tiny_path):
-    from artrl import host_allocator
+    from artrl.runtime import host_allocator
 
     model, tok = load_model(str(tiny_path))
     Trainer(model, tok)
@@ -283,7 +283,7 @@ MiB = 1 << 20
     (640, 1024, 4, 28, 1),     # the whole 0.6B at 640 tokens: 2.5 MiB, the 1 MiB floor
 ])
 def test_each_call_gets_the_threshold_its_hidden_state_allows(tokens, hidden, element_bytes, layers, mmap_mib):
-    from artrl.host_allocator import ROOMY_GROWTH_BYTES, heap_allowance, kept_hidden_bytes, thresholds_for
+    from artrl.runtime.host_allocator import ROOMY_GROWTH_BYTES, heap_allowance, kept_hidden_bytes, thresholds_for
 
     t = thresholds_for(tokens, hidden, element_bytes, layers)
     assert t.mmap_bytes == mmap_mib * MiB, t
@@ -297,7 +297,7 @@ def test_each_call_gets_the_threshold_its_hidden_state_allows(tokens, hidden, el
 _PER_CALL = textwrap.dedent("""
     import sys
     import artrl as art
-    from artrl import host_allocator
+    from artrl.runtime import host_allocator
     from artrl.models.loading import load_model
     from artrl.train.trainer import Trainer
     seen = []

@@ -9,7 +9,7 @@ from peft.tuners.lora import LoraLayer
 from torch import nn
 
 import artrl as art
-from artrl.adapter_switch import load_frozen_adapter
+from artrl.models.adapter_switch import load_frozen_adapter
 from artrl.models.loading import load_model
 from artrl.models.lora_dtype import InputDtypeLinear, adapters_in_base_dtype
 

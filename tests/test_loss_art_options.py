@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from artrl import notices
+from artrl.runtime import notices
 from artrl.train.loss import RATIO_EDGES, histogram_quantile, policy_loss, ratio_histogram
 from artrl.types import TrainConfig
 

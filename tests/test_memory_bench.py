@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from artrl.bench.memory_bench import train_figures
-from artrl.threads import training_threads
+from artrl.commands.bench.memory import train_figures
+from artrl.runtime.threads import training_threads
 
 
 def test_a_call_that_trained_nothing_says_so():

@@ -133,9 +133,9 @@ def test_unset_checkpointing_is_planned_as_a_call_would_choose_it(monkeypatch):
 def test_a_prefill_of_several_prompts_never_copies_the_lm_head(tok):
     """On a CPU, torch's linear over a strided [prompts, 1, hidden] view expands the LM head's weight once per prompt;
     the engine's prefill asks for the last position by index, so its peak stays well below one copy of the weight."""
-    from artrl.bench.memory_bench import _reset_high_water_mark, _status_kb
+    from artrl.commands.bench.memory import reset_high_water_mark, status_kb
     from artrl.models.random_init import build_random_model
-    from artrl.serve.decode_batch import DecodeBatch
+    from artrl.serve.engines.decode_batch import DecodeBatch
 
     config = random_config("random:qwen3-0.6b", num_hidden_layers=1, hidden_size=512, intermediate_size=512,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=64)
@@ -147,10 +147,10 @@ def test_a_prefill_of_several_prompts_never_copies_the_lm_head(tok):
     batch = DecodeBatch(model, "past_key_values", pad_id=0, device=torch.device("cpu"))
     with torch.no_grad():
         batch._prefill(prompts)  # the first call's one-off work
-        assert _reset_high_water_mark()
-        before = _status_kb("VmRSS") * 1024
+        assert reset_high_water_mark()
+        before = status_kb("VmRSS") * 1024
         *_, logits = batch._prefill(prompts)  # 4 prompts, one forward
-        grew = _status_kb("VmHWM") * 1024 - before
+        grew = status_kb("VmHWM") * 1024 - before
     assert logits.shape == (4, config.vocab_size)
     assert grew < head / 2, f"the prefill of 4 prompts held {grew / 1e6:.0f} MB more; the LM head is {head / 1e6:.0f} MB"
 
@@ -193,7 +193,7 @@ def test_a_process_capped_on_its_gpu_plans_and_budgets_within_the_cap(monkeypatc
 
 
 def test_bench_memory_caps_only_a_gpu():
-    from artrl.bench.memory_bench import cap_gpu_memory
+    from artrl.commands.bench.memory import cap_gpu_memory
 
     with pytest.raises(SystemExit, match="caps a CUDA device"):
         cap_gpu_memory(torch.device("cpu"), 24)

@@ -39,7 +39,7 @@ def hub_cache(monkeypatch, tmp_path):
 
     from huggingface_hub import constants
 
-    from artrl.tiny import tiny_model_path
+    from artrl.models.tiny import tiny_model_path
 
     root = tmp_path / "hf-cache"
     root.mkdir()

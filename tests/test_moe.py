@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import artrl as art
-from artrl.chat_format import message_of
+from artrl.chat.format import message_of
 from artrl.models import moe
 from artrl.models.loading import load_model
 from artrl.models.memory_plan import ModelShape
@@ -66,7 +66,7 @@ def test_lora_reaches_the_experts_under_arts_names(tiny_moe):
 
 
 def test_plans_and_flops_count_the_experts_a_token_runs():
-    from artrl.bench.flops import ModelShape as FlopShape
+    from artrl.commands.bench.flops import ModelShape as FlopShape
 
     shape = ModelShape.of(random_config("random:qwen3-30b-a3b"))
     total = shape.linear_weights() + shape.expert_weights() + shape.other_weights()
@@ -180,7 +180,7 @@ def test_sampled_routing_is_recorded_replayed_and_its_mismatches_counted(tmp_pat
 def test_arts_megatron_bundle_keys_are_accepted_with_a_notice(caplog):
     import logging
 
-    from artrl import notices
+    from artrl.runtime import notices
 
     notices.forget()
     with caplog.at_level(logging.WARNING, logger="artrl.notices"):
@@ -197,7 +197,7 @@ def test_the_vllm_engines_record_lines_up_with_the_tokens_the_trainer_replays(ti
     forward of the tiny MoE model: replayed at the sampled tokens' own positions, as the packer places a record,
     the record matches the trainer's own routing on every fed token; a record off by one position, or one that
     claims other experts for some tokens, is counted token for token."""
-    from artrl.serve.vllm_engine import _routing_record
+    from artrl.serve.engines.vllm_engine import _routing_record
     from artrl.train.routing import RoutingReplay
 
     model, _ = tiny_moe
@@ -244,7 +244,7 @@ def test_the_first_sampled_token_is_scored_with_the_prompts_last_position_replay
     that position (last MoE layer: no other position sees it) moves exactly that turn's first token's logprob.
     Completions of one prompt do not share that slot: one trajectory's claim moves its own first token only."""
     from artrl.preprocess.pack import pack
-    from artrl.preprocess.tokenize import tokenize_groups
+    from artrl.trajectories.tokenization import tokenize_groups
 
     async def rollout(model, client, k: int) -> art.Trajectory:  # one prompt for the group: a shared prompt
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Name a colour."}]
@@ -317,7 +317,7 @@ def test_the_engine_records_each_prompts_last_position_from_a_batched_prefill(ti
     """Prompts of different lengths prefilled together (left-padded) and n samples of one prompt: each result's
     record of its prompt's last position is the experts a lone forward of that prompt picks there."""
     from artrl.serve import TransformersEngine
-    from artrl.serve.engine import GenerationRequest
+    from artrl.serve.engines.base import GenerationRequest
 
     model, tokenizer = tiny_moe
     prompts = [[5 + i for i in range(n)] for n in (3, 11, 7)]

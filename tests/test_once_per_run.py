@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from artrl.once_per_run import LATER_AT_DEBUG, OncePerRun
+from artrl.runtime.once_per_run import LATER_AT_DEBUG, OncePerRun
 
 
 def test_each_kind_is_info_once_then_debug_and_each_owner_starts_afresh(caplog):

@@ -15,10 +15,10 @@ import openai
 import pytest
 
 import artrl as art
-from artrl.openai_clients import aiohttp_available, transport_of
+from artrl.client.openai import aiohttp_available, transport_of
 from artrl.serve import ServedModels, create_app, start_server
-from artrl.serve.scripted import ScriptedEngine
-from artrl.tiny import build_tiny_tokenizer
+from artrl.serve.engines.scripted import ScriptedEngine
+from artrl.models.tiny import build_tiny_tokenizer
 
 pytestmark = pytest.mark.skipif(not aiohttp_available(), reason="the openai SDK's aiohttp extra is not installed")
 

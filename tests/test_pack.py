@@ -10,11 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from artrl.bench.workload import load_workload, workload_groups
+from artrl.commands.bench.workload import load_workload, workload_groups
 from artrl.errors import ConfigError, PackingError
 from artrl.preprocess.pack import pack, pack_reference
 from artrl.preprocess.plan import plan_batches, reference_plan
-from artrl.preprocess.tokenize import TokenizedSequence
+from artrl.trajectories.sequences import TokenizedSequence
 from artrl.train.attention import dense_mask
 
 WORKLOAD = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "seed-like.json"

@@ -34,7 +34,7 @@ def test_adapter_lease_pins_the_inference_name_in_its_context_only(tmp_path):
     model._attach(backend)
     pruned = []
 
-    class Served:  # the server's side (serve/models.py) frees adapters; here only what it was asked
+    class Served:  # the server's side (serve/http/served_models.py) frees adapters; here only what it was asked
         def prune(self, name, retain):
             pruned.append((name, sorted(retain)))
 

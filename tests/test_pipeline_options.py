@@ -18,7 +18,7 @@ import pytest
 from test_pipeline_trainer import FakeBackend, group, make_model, run, scenarios, train_rows
 
 import artrl as art
-from artrl import notices
+from artrl.runtime import notices
 from artrl.errors import ConfigError
 from artrl.pipeline_trainer import PipelineAutotuneConfig, PipelineRuntimeConfig, PipelineTrainer
 from artrl.pipeline_trainer.options import DEPRECATED_PIPELINE_KEYWORDS

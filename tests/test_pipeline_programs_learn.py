@@ -259,7 +259,7 @@ def test_free_tokens_leave_the_grammar_forced_tokens_out_of_the_loss(bench, tmp_
 
     import torch
 
-    from artrl.preprocess import tokenize
+    from artrl.trajectories import sequences as tokenize
 
     monkeypatch.setattr(tokenize, "_extend", tokenize._extend)  # restored after the test
     allowed = {(5, 6, 7): torch.tensor([[True, False, False], [True, True, False], [False, False, True]])}

@@ -1,4 +1,4 @@
-"""Earlier assistant turns keep their `<think>` block, as in ART 0.5.23 (artrl/preserved_thinking.py).
+"""Earlier assistant turns keep their `<think>` block, as in ART 0.5.23 (artrl/chat/preserved_thinking.py).
 
 Qwen3's stock template drops the reasoning of turns before the last user message. The tokenizer the
 server and the trainer load (`models.loading.load_tokenizer`, and `artrl.get_tokenizer`) gets a template
@@ -17,12 +17,12 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import artrl as art
-from artrl.chat_format import encode, end_of_turn_ids, template_message
-from artrl.models.loading import load_tokenizer
-from artrl.preprocess.tokenize import TokenizeStats, tokenize_history
-from artrl.preserved_thinking import chat_template_with_preserved_thinking, preserves_thinking
-from artrl.serve.chat import PromptBuilder
-from artrl.tiny import CHAT_TEMPLATE, tiny_model_path
+from artrl.chat.format import encode, end_of_turn_ids, template_message
+from artrl.models.tokenizer import load_tokenizer
+from artrl.trajectories.sequences import TokenizeStats, tokenize_history
+from artrl.chat.preserved_thinking import chat_template_with_preserved_thinking, preserves_thinking
+from artrl.serve.http.prompts import PromptBuilder
+from artrl.models.tiny import CHAT_TEMPLATE, tiny_model_path
 
 from chat_families import DATA, family_tokenizer
 
@@ -150,7 +150,7 @@ def test_local_backend_samples_and_trains_turns_on_the_earlier_reasoning(tmp_pat
     import json
     import shutil
 
-    from artrl.chat_format import message_of
+    from artrl.chat.format import message_of
 
     model_dir = tmp_path / "tiny-qwen3"
     shutil.copytree(tiny_model_path(), model_dir)

@@ -1,4 +1,4 @@
-"""Earlier turns' reasoning kept in the templates of families other than Qwen3 (artrl/preserved_thinking.py), as
+"""Earlier turns' reasoning kept in the templates of families other than Qwen3 (artrl/chat/preserved_thinking.py), as
 ART 0.5.23 edits them: Gemma 4, gpt-oss (harmony), MiniMax, Kimi K2.5, GLM.
 
 Gemma 4 (two revisions) and gpt-oss are their real templates (tests/data/chat_templates/README.md). MiniMax's and Kimi
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from artrl.preserved_thinking import chat_template_with_preserved_thinking, preserves_thinking
+from artrl.chat.preserved_thinking import chat_template_with_preserved_thinking, preserves_thinking
 
 from chat_families import DATA
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import artrl
-from artrl.progress import LOG_INTERVAL_S, is_live, progress_bar
+from artrl.runtime.progress import LOG_INTERVAL_S, is_live, progress_bar
 
 
 def updates(stream, n: int = 2000, **kwargs) -> str:
@@ -54,7 +54,7 @@ def test_stderr_decides_by_default_and_the_callers_settings_win(monkeypatch):
 
 def test_tqdms_environment_override_is_left_to_tqdm(monkeypatch):
     """With TQDM_MININTERVAL set, the bar is tqdm's own (tqdm applies the variable, read when it is imported)."""
-    from artrl.progress import ProgressBar
+    from artrl.runtime.progress import ProgressBar
 
     monkeypatch.setenv("TQDM_MININTERVAL", "2")
     log = io.StringIO()

@@ -12,7 +12,7 @@ import pytest
 from openai.types import Completion
 
 from artrl.serve import ServedModels, ServerHandle, TransformersEngine, create_app, start_server
-from artrl.serve.scripted import ScriptedEngine
+from artrl.serve.engines.scripted import ScriptedEngine
 from engine_helpers import one_thread_engine, recompute
 
 KEY = "sk-protocols"

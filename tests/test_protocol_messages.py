@@ -16,9 +16,10 @@ import httpx
 import pytest
 
 from artrl.serve import ServedModels, ServerHandle, TransformersEngine, create_app, start_server
-from artrl.serve.engine import EngineClosedError, GenerationRequest, GenerationResult
-from artrl.serve.request import INLINE_PARSE_BYTES
-from artrl.serve.scripted import ScriptedEngine
+from artrl.serve.errors import EngineClosedError
+from artrl.serve.engines.base import GenerationRequest, GenerationResult
+from artrl.serve.engines.scripted import ScriptedEngine
+from artrl.serve.http.request import INLINE_PARSE_BYTES
 from engine_helpers import one_thread_engine, recompute
 from protocol_helpers import COUNTED_MESSAGES, counting_server, live_step, refused_by_count
 

@@ -18,8 +18,8 @@ import pytest
 from openai.types.responses import Response
 
 from artrl.serve import ServedModels, ServerHandle, TransformersEngine, create_app, start_server
-from artrl.serve.request import INLINE_PARSE_BYTES
-from artrl.serve.scripted import ScriptedEngine
+from artrl.serve.engines.scripted import ScriptedEngine
+from artrl.serve.http.request import INLINE_PARSE_BYTES
 from engine_helpers import one_thread_engine, recompute
 from protocol_helpers import COUNTED_MESSAGES, counting_server, live_step, refused_by_count
 

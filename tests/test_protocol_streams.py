@@ -8,11 +8,11 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from artrl.serve.core import Prepared
-from artrl.serve.protocols.completions import CompletionRequest, completion_events
-from artrl.serve.protocols.messages import message_events
-from artrl.serve.protocols.responses import ResponsesRequest, response_events
-from artrl.serve.request import ChatCompletionRequest
+from artrl.serve.http.core import Prepared
+from artrl.serve.http.protocols.completions import CompletionRequest, completion_events
+from artrl.serve.http.protocols.messages import message_events
+from artrl.serve.http.protocols.responses import ResponsesRequest, response_events
+from artrl.serve.http.request import ChatCompletionRequest
 
 HEAD = {"id": "chatcmpl-abc", "created": 0, "model": "m"}
 FAILURE = {"error": {"message": "the engine was closed", "type": "server_error", "param": None,

@@ -13,7 +13,7 @@ from artrl.models.quantization import resolve_quantization
 from artrl.models.random_init import build_random_model
 from artrl.models.shapes import RANDOM_SHAPES, random_config
 from artrl.train import optimizers
-from artrl.optim_spec import SUPPORTED_OPTIMS, optim_spec
+from artrl.config.optimizers import SUPPORTED_OPTIMS, optim_spec
 from artrl.train.optimizers import build_optimizer, load_state, moments, set_moments
 
 CPU = torch.device("cpu")
@@ -56,10 +56,10 @@ def test_both_bit_widths_and_unknown_optimizers_are_refused_at_register_time():
 
 
 def test_without_bitsandbytes_quantisation_and_8bit_optimizers_say_how_to_install_it(monkeypatch):
-    import artrl.optim_spec
+    import artrl.config.optimizers
 
     monkeypatch.setattr(quantization, "bitsandbytes_installed", lambda: False)
-    monkeypatch.setattr(artrl.optim_spec, "bitsandbytes_installed", lambda: False)
+    monkeypatch.setattr(artrl.config.optimizers, "bitsandbytes_installed", lambda: False)
     with pytest.raises(art.ConfigError, match="default for a Hugging Face model.*pip install bitsandbytes.*"
                                               "load_in_4bit=False"):
         resolve_quantization(_cfg(), "Qwen/Qwen3-8B", "cuda")
@@ -211,7 +211,7 @@ def _hf_checkpoint(tiny_path, tmp_path):
     """The tiny model as a directory artrl did not build: a Hugging Face checkpoint to the loader."""
     import shutil
 
-    from artrl.tiny import BUILD_MARKER_FILE
+    from artrl.models.tiny import BUILD_MARKER_FILE
 
     local = tmp_path / "checkpoint"
     shutil.copytree(tiny_path, local, ignore=shutil.ignore_patterns(BUILD_MARKER_FILE))
@@ -243,7 +243,7 @@ def test_a_local_checkpoint_too_big_for_a_cpu_in_full_precision_loads_in_4bit_an
     assert four.peak < full.peak
     room = (four.peak + full.peak) // 2  # room for the 4-bit plan, not the float32 one
     monkeypatch.setattr(memory_plan, "available_bytes", lambda *a, **k: room)
-    with caplog.at_level(logging.INFO, logger="artrl.models.loading"):
+    with caplog.at_level(logging.INFO, logger="artrl.models.resolved"):
         settled = loading.settle_quantization(str(local), _cfg(), CPU)
         model, _ = load_model(str(local), _cfg())
     assert settled.load_in_4bit is True and quantization.quantization_of(model) == "4bit"

@@ -16,7 +16,7 @@ import pytest
 import artrl as art
 from artrl.errors import CheckpointError, ConfigError
 from artrl.replicas.client import ReplicaClient, http_call
-from artrl.serve.models import ServedModels
+from artrl.serve.http.served_models import ServedModels
 
 pytestmark = pytest.mark.slow
 
@@ -71,11 +71,11 @@ class GatedModels(ServedModels):
 
 
 def start_replica(replica_id: str, base_model: str = "artrl/tiny"):
-    from artrl.chat_format import end_of_turn_ids
+    from artrl.chat.format import end_of_turn_ids
     from artrl.models.loading import load_model
-    from artrl.serve.background import start_server
-    from artrl.serve.factory import open_engine
-    from artrl.serve.server import create_app
+    from artrl.serve.http.background import start_server
+    from artrl.serve.engines.factory import open_engine
+    from artrl.serve.http.server import create_app
 
     cfg = art.InternalModelConfig(seed=0, max_length=128)
     model, tok = load_model("artrl/tiny", cfg)

@@ -1,5 +1,5 @@
-"""A server as an inference replica (serve/control_routes.py) and the client's session affinity
-(replicas/affinity.py): in one process, on the tiny model, no router. The replicas behind the real router
+"""A server as an inference replica (serve/http/control_routes.py) and the client's session affinity
+(client/affinity.py): in one process, on the tiny model, no router. The replicas behind the real router
 are tests/test_replicas.py's."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 
 import artrl as art
 from artrl.errors import ConfigError
-from artrl.replicas import affinity
-from artrl.serve.models import ServedModels
-from artrl.serve.server import create_app
+from artrl.client import affinity
+from artrl.serve.http.served_models import ServedModels
+from artrl.serve.http.server import create_app
 
 KEY = "k-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -45,9 +45,9 @@ def checkpoints(tmp_path_factory):
 @pytest.fixture(scope="module")
 def replica():
     """A built-in engine serving 'm' as replica 'r7' (its own peft model, as a replica process holds)."""
-    from artrl.chat_format import end_of_turn_ids
+    from artrl.chat.format import end_of_turn_ids
     from artrl.models.loading import load_model
-    from artrl.serve.factory import open_engine
+    from artrl.serve.engines.factory import open_engine
 
     cfg = art.InternalModelConfig(seed=0, max_length=128)
     model, tok = load_model("artrl/tiny", cfg)
@@ -140,8 +140,8 @@ def test_a_replica_names_itself_and_refuses_a_turn_meant_for_another(replica):
 
 
 def test_control_routes_exist_only_when_asked_for():
-    from artrl.serve.scripted import ScriptedEngine
-    from artrl.tiny import build_tiny_tokenizer
+    from artrl.serve.engines.scripted import ScriptedEngine
+    from artrl.models.tiny import build_tiny_tokenizer
 
     app = create_app(ServedModels("m", ScriptedEngine.from_text(build_tiny_tokenizer(), "ok")))
     with TestClient(app) as client:
@@ -216,7 +216,7 @@ def test_a_task_whose_replica_is_gone_starts_a_new_session_after_the_failed_turn
 
 def test_model_openai_clients_carry_the_session_header(tmp_path):
     """`model.openai_client()` (cached, and with kwargs) sends the rollout's session: ART's code is unchanged."""
-    from artrl.openai_clients import OpenAIClients
+    from artrl.client.openai import OpenAIClients
 
     async def main():
         clients = OpenAIClients()

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 import artrl as art
-from artrl.replicas import affinity
+from artrl.client import affinity
 from artrl.replicas.client import ReplicaClient
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import artrl as art
-from artrl.replicas import affinity
+from artrl.client import affinity
 from artrl.replicas.client import ReplicaClient
 from artrl.replicas.process import READY_PREFIX
 from artrl.replicas.spawn import ChildProcess, child_env

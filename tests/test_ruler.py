@@ -20,7 +20,7 @@ from artrl.metrics import MetricsBuilder
 from artrl.rewards import JudgeError, ruler, ruler_score_group
 ruler_module = importlib.import_module("artrl.rewards.ruler")  # the module; `artrl.rewards.ruler` is the function
 from artrl.rewards.judge import resolve
-from artrl.serve.background import HEALTH_PATH, start_server
+from artrl.serve.http.background import HEALTH_PATH, start_server
 
 
 class ScriptedJudge:
@@ -198,7 +198,7 @@ def captured(answer: str) -> art.Trajectory:
     """A trajectory as a capture scope records it: one chat completion exchange."""
     from datetime import datetime, timezone
 
-    from artrl.exchanges import build_exchange
+    from artrl.trajectories.exchanges import build_exchange
 
     body = {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}}]}

@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 import artrl as art
 from artrl.dev.model import LoRAConfig
 from artrl.errors import ConfigError
-from artrl.lora_config import HONOURED, REFUSED, apply_lora_config, lora_config_fields
+from artrl.config.lora import HONOURED, REFUSED, apply_lora_config, lora_config_fields
 from artrl.run import storage
-from artrl.types import InternalModelConfig
+from artrl.config.model import InternalModelConfig
 
 USER = {"role": "user", "content": "Pick a colour."}
 SMALL = art.InternalModelConfig(max_length=128)
@@ -187,7 +187,7 @@ def test_bad_lora_configs_are_refused_at_construction(lora, match):
 
 
 # Every key of ART's LoRAConfig: (lora_config, the baseline it is compared with, what it must change). A new key
-# in LoRAConfig fails test_every_lora_config_key_is_handled until it is given here and in lora_config.py.
+# in LoRAConfig fails test_every_lora_config_key_is_handled until it is given here and in config/lora.py.
 def _lora_modules(peft_model, kind="lora_A"):
     return {n: m for n, m in peft_model.named_modules() if n.endswith(f".{kind}.default")}
 

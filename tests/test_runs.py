@@ -11,7 +11,7 @@ import artrl as art
 from artrl.cli import main as cli
 from artrl.errors import ConfigError
 from artrl.run import storage
-from artrl.runs import show, step_table
+from artrl.commands.runs import show, step_table
 
 
 def test_runs_show_on_a_real_small_run(tmp_path, make_choice, capsys):
@@ -63,7 +63,7 @@ def test_the_plot_gives_sft_and_rl_losses_an_axis_each(tmp_path, monkeypatch):
     """Cross-entropy (~2 nats) and the policy loss (~0) on one axis flattened the RL curve into a line."""
     import matplotlib.pyplot as plt
 
-    from artrl.runs import StepRow, plot_run
+    from artrl.commands.runs import StepRow, plot_run
 
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to look at it

@@ -36,8 +36,8 @@ from artrl.serve import (
     parse_tool_calls,
     start_server,
 )
-from artrl.serve.scripted import ScriptedEngine
-from artrl.tiny import load_tiny
+from artrl.serve.engines.scripted import ScriptedEngine
+from artrl.models.tiny import load_tiny
 from engine_helpers import recompute
 
 TOLERANCE = 1e-4

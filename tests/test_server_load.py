@@ -243,7 +243,7 @@ def test_the_server_binds_to_loopback_by_default():
     import inspect
 
     from artrl.local import LocalBackend
-    from artrl.local.standalone import add_arguments
+    from artrl.commands.serve import add_arguments
 
     assert inspect.signature(start_server).parameters["host"].default == "127.0.0.1"
     assert LocalBackend()._host == "127.0.0.1"
@@ -258,7 +258,7 @@ def test_the_server_binds_to_loopback_by_default():
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3"])
 def test_binding_off_loopback_requires_an_api_key(engine, host):
     from artrl.local import LocalBackend
-    from artrl.local.standalone import add_arguments, build_app
+    from artrl.commands.serve import add_arguments, build_app
 
     with pytest.raises(ConfigError, match="API key"):
         start_server(create_app(ServedModels("m", engine)), host=host)
@@ -294,7 +294,7 @@ def test_no_remote_code_unless_asked_for(monkeypatch, tiny_path):
     import transformers
 
     from artrl.models.loading import load_base_model
-    from artrl.types import InternalModelConfig
+    from artrl.config.model import InternalModelConfig
 
     seen: list[Any] = []
     for cls in (transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
@@ -316,8 +316,8 @@ def test_no_remote_code_unless_asked_for(monkeypatch, tiny_path):
 def test_artrl_serve_passes_its_body_bounds_to_the_app():
     import argparse
 
-    from artrl.local.standalone import add_arguments, build_app
-    from artrl.serve.guards import BodyLimit
+    from artrl.commands.serve import add_arguments, build_app
+    from artrl.serve.http.guards import BodyLimit
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from artrl.serve import ServedModels, ServerHandle, create_app, start_server
-from artrl.serve.scripted import ScriptedEngine
-from artrl.serve.server import DEFAULT_MAX_MESSAGES, DEFAULT_MAX_SCHEMA_CHARS, DEFAULT_MAX_TOOLS, INLINE_RENDER_MESSAGES
-from artrl.tiny import build_tiny_tokenizer
+from artrl.serve.engines.scripted import ScriptedEngine
+from artrl.serve.http.server import DEFAULT_MAX_MESSAGES, DEFAULT_MAX_SCHEMA_CHARS, DEFAULT_MAX_TOOLS, INLINE_RENDER_MESSAGES
+from artrl.models.tiny import build_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -418,7 +418,7 @@ def test_a_request_answers_while_50000_tools_are_being_refused(
     """Ordered by events: the 50,000-tool request is held inside its count when the small one is sent and answered;
     then it is refused naming the limit, and nothing of it was rendered."""
     handle, tokenizer = gated
-    from artrl.serve.protocols import common
+    from artrl.serve.http.protocols import common
 
     entered, release = threading.Event(), threading.Event()
     count_items = common.count_items
@@ -479,7 +479,7 @@ def _refusal_against_building(payload: bytes, parse: Any, url: str,
 def test_50000_tools_are_refused_without_building_them(gated: tuple[ServerHandle, GatedTokenizer]) -> None:
     """What the refusal allocates, measured in this process (the server's thread included): a fraction of what
     building the request's objects takes."""
-    from artrl.serve.request import parse_body
+    from artrl.serve.http.request import parse_body
 
     handle, _ = gated
     payload = json.dumps(TOOLS_50K).encode()
@@ -504,8 +504,8 @@ def test_the_other_protocols_refuse_50000_tools_without_building_them(
         gated: tuple[ServerHandle, GatedTokenizer], route: str) -> None:
     """As chat: a Responses or Messages body over the tool limit is counted and refused before its objects are
     built (a fraction of what parsing it whole holds), and the server counts the refusal."""
-    from artrl.serve.protocols.messages import MessagesRequest
-    from artrl.serve.protocols.responses import ResponsesRequest
+    from artrl.serve.http.protocols.messages import MessagesRequest
+    from artrl.serve.http.protocols.responses import ResponsesRequest
 
     handle, _ = gated
     model = ResponsesRequest if route == "responses" else MessagesRequest

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import artrl as art
 from artrl.preprocess.build import build_call, split_units
-from artrl.preprocess.tokenize import TokenizedSequence
+from artrl.trajectories.sequences import TokenizedSequence
 from artrl.models.tree_attention import TreeLayout
 
 from model_kinds import KINDS, vision_content

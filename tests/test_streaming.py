@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from artrl.serve import ServedModels, ServerHandle, TransformersEngine, create_app, start_server
-from artrl.serve.scripted import ScriptedEngine
-from artrl.serve.stream_text import TextStream
+from artrl.serve.engines.scripted import ScriptedEngine
+from artrl.serve.http.stream_text import TextStream
 from artrl.serve.tool_calls import TOOL_CALL_START, parse_tool_calls
-from artrl.tiny import load_tiny
+from artrl.models.tiny import load_tiny
 from engine_helpers import one_thread_engine
 
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather.", "parameters": {
@@ -81,7 +81,7 @@ def test_streamed_chunks_add_up_to_the_reply_and_carry_its_token_record(client: 
 def test_a_choice_rebuilt_from_the_stream_is_the_non_streamed_choice(server: ServerHandle) -> None:
     """What a recorder of streamed replies (auto_trajectory, artrl.langgraph) rebuilds: the same text, logprobs
     and token record as the non-streamed choice, every record key included."""
-    from artrl.chat_chunks import choice_from_chunks, parse_sse
+    from artrl.chat.chunks import choice_from_chunks, parse_sse
 
     body = {"model": "m", "messages": ASK, "n": 2, "seed": 7, "max_tokens": 16, "logprobs": True}
     whole = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=120).json()

@@ -17,8 +17,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from artrl.chat_format import end_of_turn_ids, template_message
-from artrl.serve.sampling import mask_logits
+from artrl.chat.format import end_of_turn_ids, template_message
+from artrl.serve.engines.sampling import mask_logits
 from artrl.serve.structured import (
     NO_PARAMETERS,
     GrammarCompiler,

@@ -19,11 +19,11 @@ import openai
 import pytest
 
 import artrl as art
-from artrl.chat_format import message_of
+from artrl.chat.format import message_of
 from artrl.serve import GenerationRequest, ServedModels, ServerHandle, TransformersEngine, create_app, start_server
-from artrl.serve.scripted import ScriptedEngine
+from artrl.serve.engines.scripted import ScriptedEngine
 from artrl.serve.structured import structured_output
-from artrl.tiny import load_tiny
+from artrl.models.tiny import load_tiny
 
 COLOUR = {
     "type": "object",

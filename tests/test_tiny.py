@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen3ForCausalLM
 
-from artrl import tiny
+from artrl.models import tiny
 from artrl.errors import CheckpointError
 
 # ---- fixtures ------------------------------------------------------------------------
@@ -84,7 +84,7 @@ def test_in_memory_build_matches_cache_and_keeps_global_rng(tiny_dir: pathlib.Pa
 def test_cached_build_is_reused(tiny_dir: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
     marker = tiny_dir / tiny.BUILD_MARKER_FILE
     mtime = marker.stat().st_mtime_ns
-    with caplog.at_level(logging.INFO, logger="artrl.tiny"):
+    with caplog.at_level(logging.INFO, logger="artrl.models.tiny"):
         assert tiny.tiny_model_path(tiny_dir.parent) == tiny_dir
     assert marker.stat().st_mtime_ns == mtime
     assert not any("Building" in r.message for r in caplog.records)
@@ -99,7 +99,7 @@ def test_default_cache_dir_and_resolve(tiny_dir: pathlib.Path, monkeypatch: pyte
 
 
 def test_build_logs(tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="artrl.tiny"):
+    with caplog.at_level(logging.INFO, logger="artrl.models.tiny"):
         tiny.tiny_model_path(tmp_path)
     assert any("Building artrl/tiny" in r.message for r in caplog.records)
 
@@ -387,5 +387,5 @@ def test_cut_between_tool_messages_is_not_a_prefix(tokenizer: PreTrainedTokenize
 
 
 def test_corpus_size_is_reasonable() -> None:
-    size = os.path.getsize(pathlib.Path(tiny.__file__).parent / "data" / tiny.CORPUS_FILE)
+    size = os.path.getsize(pathlib.Path(tiny.__file__).parents[1] / "data" / tiny.CORPUS_FILE)
     assert 40_000 <= size <= 120_000, size

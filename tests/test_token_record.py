@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import artrl as art
-from artrl.chat_format import message_of
+from artrl.chat.format import message_of
 
 from model_kinds import KINDS, vision_content
 

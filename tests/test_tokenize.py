@@ -7,13 +7,8 @@ import math
 import pytest
 
 from artrl.errors import TrajectoryError
-from artrl.preprocess.tokenize import (
-    TokenizeStats,
-    group_advantages,
-    tokenize_groups,
-    tokenize_history,
-    tokenize_sft,
-)
+from artrl.trajectories.sequences import TokenizeStats, group_advantages, tokenize_history
+from artrl.trajectories.tokenization import tokenize_groups, tokenize_sft
 from artrl.trajectories import History, Trajectory, TrajectoryGroup
 
 SYSTEM = {"role": "system", "content": "You are a calculator."}

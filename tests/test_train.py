@@ -9,14 +9,15 @@ import torch
 
 from artrl.preprocess.pack import pack
 from artrl.preprocess.plan import plan_batches
-from artrl.preprocess.tokenize import tokenize_groups
+from artrl.trajectories.tokenization import tokenize_groups
 from artrl.train.call import run_call
 from artrl.train.trainer import Trainer
 from artrl.models.loading import load_model
 from artrl.train.rl import _rl_loss, prepare_rl
 from artrl.train.sft import prepare_sft
 from artrl.trajectories import Trajectory, TrajectoryGroup
-from artrl.types import InternalModelConfig, TrainConfig, TrainSFTConfig
+from artrl.config.model import InternalModelConfig
+from artrl.types import TrainConfig, TrainSFTConfig
 
 
 @pytest.fixture()

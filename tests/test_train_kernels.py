@@ -18,7 +18,7 @@ from artrl.train.logprobs import token_logprobs
 from artrl.models.loading import load_model
 from artrl.train.memory import checkpointing_on
 from artrl.train.trainer import Trainer
-from artrl.types import InternalModelConfig
+from artrl.config.model import InternalModelConfig
 
 WORKLOAD = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "seed-like.json")
 
@@ -65,7 +65,7 @@ def test_the_chunked_head_equals_the_plain_computation_with_gradients(softcap):
 
 
 def test_bench_train_profile_table_holds_the_trainer_ranges():
-    from artrl.bench.train_bench import run_mode
+    from artrl.commands.bench.train import run_mode
 
     cfg = art.TrainConfig(learning_rate=1e-5)
     out = run_mode("ours", WORKLOAD, 0.02, "artrl/tiny", cfg, InternalModelConfig(device="cpu"),

@@ -229,18 +229,18 @@ def test_other_errors_pass_through_unchanged(tmp_path, monkeypatch):
 
 def test_a_call_turns_checkpointing_on_only_for_itself(tiny_path):
     from artrl.preprocess.plan import BatchPlan
-    from artrl.train.memory import call_checkpointing, checkpointing_on
+    from artrl.train.memory import checkpointing_on
     from artrl.models.loading import load_model
 
     model, tok = load_model(str(tiny_path))  # loaded without checkpointing
     inner = model.get_base_model()
     assert not checkpointing_on(inner)
     trainer = Trainer(model, tok, art.InternalModelConfig(gradient_checkpointing=True))
-    with call_checkpointing(trainer, inner, BatchPlan()):
+    with trainer.call_memory(inner, BatchPlan()):
         assert checkpointing_on(inner)
     assert not checkpointing_on(inner)  # put back after the call
     auto = Trainer(model, tok, art.InternalModelConfig())  # None on a CPU: left as it is
-    with call_checkpointing(auto, inner, BatchPlan()):
+    with auto.call_memory(inner, BatchPlan()):
         assert not checkpointing_on(inner)
 
 
@@ -273,7 +273,7 @@ def test_on_a_cpu_a_call_checkpoints_only_when_the_host_would_not_hold_it_withou
         per = memory.bytes_per_token(trainer.model_config, trainer.dtype, checkpointing=True)
         room = memory.head_bytes(trainer.model_config, trainer.cfg.logprob_chunk_size) + 2 * largest * per
         monkeypatch.setattr(memory_plan, "host_available_bytes", lambda: int(room / memory.MEMORY_FRACTION))
-        budget = memory.device_budget(trainer, host=True)
+        budget = trainer.memory_budget(host=True)
         assert budget.tokens < largest <= budget.tokens_checkpointed
         run_call(trainer, call, show_progress=False)
         assert seen and all(seen)

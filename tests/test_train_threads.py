@@ -2,7 +2,7 @@
 
 The decode worker sets its own count (inference_cpu_threads=1) from its thread; a thread that starts after
 that takes the same count at its first parallel op (OpenMP). A train call runs in an `asyncio.to_thread`
-worker, so without artrl/threads.py it could compute on one core while the process has more.
+worker, so without artrl/runtime/threads.py it could compute on one core while the process has more.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 import torch
 
 import artrl as art
-from artrl import threads
+from artrl.runtime import threads
 
 USER = {"role": "user", "content": "Pick a colour."}
 

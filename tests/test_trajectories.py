@@ -13,7 +13,7 @@ from openai.types.chat.chat_completion import Choice
 
 import artrl.trajectories as T
 from artrl.errors import ArtrlError, TrajectoryError
-from artrl.preprocess.tokenize import tokenize_sft
+from artrl.trajectories.tokenization import tokenize_sft
 
 USER = {"role": "user", "content": "hi"}
 
@@ -91,7 +91,7 @@ def test_what_pydantic_cannot_read_is_refused_at_construction():
 
 def test_metadata_values_may_nest_as_in_art_0523(tmp_path):
     # ART 0.5.23: MetadataValue = Any (0.5.18 allowed scalars only); the Parquet log keeps the nesting
-    from artrl.utils.trajectory_logging import read_trajectory_groups_parquet, write_trajectory_groups_parquet
+    from artrl.run.trajectory_logs import read_trajectory_groups_parquet, write_trajectory_groups_parquet
 
     nested = {"task": {"id": 7, "tags": ["a", "b"], "score": None}}
     group = T.TrajectoryGroup([traj(metadata=nested)], metadata={"split": {"seed": 1}})

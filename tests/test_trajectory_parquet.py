@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 import artrl as art
 from artrl.run import storage
-from artrl.utils import trajectory_logging as tl
-from artrl.utils.trajectory_migration import (migrate_jsonl_to_parquet, migrate_model_dir, migrate_trajectories_dir,
+from artrl.run import trajectory_logs as tl
+from artrl.run.migration import (migrate_jsonl_to_parquet, migrate_model_dir, migrate_trajectories_dir,
                                              read_trajectory_groups_jsonl, trajectory_to_dict)
 
 HAS_GROUP_FIELDS = "metadata" in art.TrajectoryGroup.model_fields
@@ -270,3 +270,16 @@ def test_sigkill_while_writing_leaves_every_earlier_steps_log_readable(tmp_path)
         storage.clean_temporaries(run)  # what register does; the next trial starts clean
         assert all(not p.name.startswith(storage.TMP_PREFIX) for p in logs.iterdir())
     assert mid_write >= 1, "no kill landed inside a write; the test did not test what it says"
+
+
+@pytest.mark.parametrize("art_path, home", [("artrl.utils.trajectory_logging", "artrl.run.trajectory_logs"),
+                                            ("artrl.utils.trajectory_migration", "artrl.run.migration")])
+def test_arts_utils_paths_give_every_public_name_of_the_run_modules(art_path, home):
+    # ART's programs import these from art.utils; the code lives beside the run directory (run/)
+    import importlib
+    alias, module = importlib.import_module(art_path), importlib.import_module(home)
+    public = {n for n, v in vars(module).items() if not n.startswith("_") and getattr(v, "__module__", home) == home
+              and not isinstance(v, type(importlib))}
+    public -= {"annotations", "log"}
+    assert public and public <= set(alias.__all__)
+    assert all(getattr(alias, n) is getattr(module, n) for n in alias.__all__)

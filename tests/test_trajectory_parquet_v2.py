@@ -1,6 +1,6 @@
 """ART 0.5.23's Parquet trajectory format, version 2: what artrl writes, what it reads, and version 1 files.
 
-The expected layout is written out here from ART 0.5.23's definition (utils/trajectory_logging.py): fourteen
+The expected layout is written out here from ART 0.5.23's definition (art/utils/trajectory_logging.py): fourteen
 columns, `art.trajectory_parquet.version` = "2" in the schema metadata, compact JSON of the group and of the
 whole trajectory (fields at their defaults left out), and the query columns beside them.
 """
@@ -16,7 +16,7 @@ from openai.types.chat.chat_completion import Choice
 
 import artrl as art
 from artrl.trajectories import LegacyHistory, PydanticException
-from artrl.utils import trajectory_logging as tl
+from artrl.run import trajectory_logs as tl
 
 TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"q": "é"}'}}
 USER = {"role": "user", "content": "Find pizza 🍕"}

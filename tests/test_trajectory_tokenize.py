@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 import artrl as art
-from artrl.chat_format import encode, render_text
-from artrl.exchanges import build_exchange
-from artrl.tokenized import (TensorizedHistory, TensorizedMultiHistoryTrajectory, TensorizedTrajectory,
-                             TensorizedTrajectoryGroup, TokenFlag, TokenizedHistory, TokenizedMultiHistoryTrajectory,
-                             TokenizedTrajectory, TokenizedTrajectoryGroup)
+from artrl.chat.format import encode, render_text
+from artrl.trajectories.exchanges import build_exchange
+from artrl.trajectories.tensors import (TensorizedHistory, TensorizedMultiHistoryTrajectory, TensorizedTrajectory,
+                                        TensorizedTrajectoryGroup)
+from artrl.trajectories.tokens import (TokenFlag, TokenizedHistory, TokenizedMultiHistoryTrajectory,
+                                       TokenizedTrajectory, TokenizedTrajectoryGroup)
 from artrl.trajectories import ChatCompletionsHistory, LegacyHistory
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -26,16 +26,16 @@ from PIL import Image
 
 import artrl as art
 from artrl.errors import ConfigError, ImageError
-from artrl.images import (DEFAULT_ALLOWED_LOCAL_MEDIA_PATH, DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS,
+from artrl.chat.images import (DEFAULT_ALLOWED_LOCAL_MEDIA_PATH, DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS,
                           MediaPolicy, load_image)
 from artrl.models.loading import add_lora, load_base_model, load_vision
 from artrl.models.vision import VisionInputs
 from artrl.preprocess.pack import _truncate, pack
-from artrl.preprocess.tokenize import tokenize_groups, tokenize_sft
-from artrl.serve.models import ServedModels
-from artrl.serve.server import create_app, start_server
-from artrl.serve.transformers_engine import TransformersEngine
-from artrl.tiny import load_tiny
+from artrl.trajectories.tokenization import tokenize_groups, tokenize_sft
+from artrl.serve.http.served_models import ServedModels
+from artrl.serve.http.server import create_app, start_server
+from artrl.serve.engines.transformers_engine import TransformersEngine
+from artrl.models.tiny import load_tiny
 
 from model_kinds import COLOURS, image_url, vision_content
 
@@ -302,7 +302,7 @@ def _choice(tok: Any, prompt: list[int], text: str, images: list[dict[str, Any]]
 
 
 def _served_prompt(vision: VisionInputs, tok: Any, messages: list[dict[str, Any]]) -> tuple[list[int], list[Any]]:
-    from artrl.chat_format import image_urls, render_prompt, template_message
+    from artrl.chat.format import image_urls, render_prompt, template_message
 
     images = [vision.process(vision.load(url, place)) for _, place, url in image_urls(messages, "m")]
     ids = render_prompt(tok, [template_message(m) for m in messages], images=vision.image_tokens(images))
@@ -395,7 +395,7 @@ def test_a_truncation_never_cuts_an_image(vl):
 
 
 def test_vllm_with_a_vision_language_model_is_one_config_error(tmp_path):
-    from artrl.serve.factory import resolve_engine_kind
+    from artrl.serve.engines.factory import resolve_engine_kind
 
     with pytest.raises(ConfigError, match="inference_engine='vllm' with a vision-language model"):
         resolve_engine_kind("vllm", "cpu", vision=True)
@@ -418,7 +418,7 @@ def test_a_template_that_drops_images_is_refused_not_silently_trained(vl):
     """A real checkpoint's template may not render image parts in some role; the image would then be lost."""
     import copy
 
-    from artrl.tiny import CHAT_TEMPLATE
+    from artrl.models.tiny import CHAT_TEMPLATE
 
     _, tok, vision = vl
     blind = copy.deepcopy(tok)
@@ -459,9 +459,9 @@ def test_processed_images_are_kept_by_content_hash_within_a_byte_bound(vl, monke
 def test_an_image_prompt_decodes_the_same_alone_or_left_padded_in_a_batch(vl):
     """The prefill places each prompt's 3-D positions after its left padding, and decoding continues from the
     position after the prompt's last: a row's logits do not depend on its batch."""
-    from artrl.serve.decode_batch import DecodeBatch
-    from artrl.serve.engine import GenerationRequest
-    from artrl.serve.transformers_engine import _cache_kwarg_name
+    from artrl.serve.engines.decode_batch import DecodeBatch
+    from artrl.serve.engines.base import GenerationRequest
+    from artrl.serve.engines.transformers_engine import _cache_kwarg_name
 
     model, tok, vision = vl
     image_prompt, images = _served_prompt(vision, tok, [{"role": "user", "content": vision_content("Hue?", "blue",

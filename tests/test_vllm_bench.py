@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from artrl.bench.serve_bench import run_serve_bench
+from artrl.commands.bench.serve import run_serve_bench
 
 pytestmark = pytest.mark.vllm
 

@@ -161,7 +161,7 @@ def test_4bit_weights_on_vllms_cpu_build_are_one_clear_error_at_register(tmp_pat
 
 def test_a_mixture_of_experts_model_on_vllms_cpu_build_is_one_clear_error_at_register(tmp_path: pathlib.Path) -> None:
     """vLLM's CPU build has no Triton for a mixture-of-experts model's LoRA kernels: registering says so."""
-    from artrl.tiny import TINY_MOE_NAME, tiny_model_path
+    from artrl.models.tiny import TINY_MOE_NAME, tiny_model_path
 
     async def main() -> None:
         model = art.TrainableModel(name="agent", project="vllm-moe", base_model=str(tiny_model_path(name=TINY_MOE_NAME)),

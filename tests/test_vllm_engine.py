@@ -1,4 +1,4 @@
-"""The vLLM engine (serve/vllm_engine.py) on vLLM's CPU build, beyond the engine contract.
+"""The vLLM engine (serve/engines/vllm_engine.py) on vLLM's CPU build, beyond the engine contract.
 
 Base-model requests among LoRA requests come back with the base model's tokens (vLLM's CPU
 LoRA kernels would apply an adapter to them in a mixed batch); a request keeps the live
@@ -24,10 +24,11 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from artrl.chat_format import end_of_turn_ids
-from artrl.serve.engine import BASE_WEIGHTS, EngineClosedError, GenerationRequest, InvalidRequestError
-from artrl.serve.factory import open_engine
-from artrl.types import InternalModelConfig
+from artrl.chat.format import end_of_turn_ids
+from artrl.serve.engines.base import BASE_WEIGHTS, GenerationRequest
+from artrl.serve.errors import EngineClosedError, InvalidRequestError
+from artrl.serve.engines.factory import open_engine
+from artrl.config.model import InternalModelConfig
 
 pytestmark = pytest.mark.vllm
 

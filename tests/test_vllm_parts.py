@@ -1,6 +1,6 @@
 """The parts of the vLLM engine that need no vLLM: its engine arguments, the batch gate, sleep around training.
 
-serve/vllm_args.py turns a model config and ART's `engine_args` into vLLM's arguments;
+serve/engines/vllm_args.py turns a model config and ART's `engine_args` into vLLM's arguments;
 `_KindGate` keeps base-model and adapter requests out of each other's batches without
 starving either; `training()` puts vLLM to sleep and wakes it (checked against a recording
 stand-in for vLLM's AsyncLLM, since sleep mode needs a GPU). The engine on vLLM itself:
@@ -20,11 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import artrl as art
-from artrl import notices
+from artrl.runtime import notices
 from artrl.errors import ConfigError
-from artrl.serve.engine import EngineClosedError
-from artrl.serve.vllm_args import FIXED, GRAMMAR_PROCESSOR, engine_arguments, lora_rank_slot
-from artrl.serve.vllm_engine import ADAPTER, BASE, VLLMEngine, _KindGate, _result, _spread
+from artrl.serve.errors import EngineClosedError
+from artrl.serve.engines.vllm_args import FIXED, GRAMMAR_PROCESSOR, engine_arguments, lora_rank_slot
+from artrl.serve.engines.vllm_engine import ADAPTER, BASE, VLLMEngine, _KindGate, _result, _spread
 
 KNOWN = {"model", "tokenizer", "dtype", "seed", "max_model_len", "trust_remote_code", "max_lora_rank", "max_loras",
          "generation_config", "disable_log_stats", "max_num_seqs", "enable_sleep_mode", "gpu_memory_utilization",
@@ -111,7 +111,7 @@ def test_arguments_without_effect_are_noticed_once(caplog: pytest.LogCaptureFixt
 
 
 def test_device_and_dtype_follow_the_trainers_rule() -> None:
-    from artrl.serve.vllm_args import device_and_dtype
+    from artrl.serve.engines.vllm_args import device_and_dtype
 
     assert device_and_dtype(None, "auto", cuda_available=False) == ("cpu", "float32")
     assert device_and_dtype(None, "auto", cuda_available=True) == ("cuda", "bfloat16")
@@ -294,7 +294,7 @@ def test_seeds_are_spread_so_nearby_seeds_do_not_share_samples() -> None:
 def test_a_failed_start_says_that_the_main_script_needs_its_guard(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from artrl.serve.vllm_engine import _start_failure
+    from artrl.serve.engines.vllm_engine import _start_failure
 
     monkeypatch.setattr(sys.modules["__main__"], "__file__", "/home/me/train.py", raising=False)
     message = _start_failure(RuntimeError("Engine core initialization failed"))
@@ -326,7 +326,7 @@ def test_what_vllm_cannot_serve_is_one_clear_error_before_it_starts(quantization
 
 
 def test_quantised_weights_compute_in_bf16_by_default() -> None:
-    from artrl.serve.vllm_args import device_and_dtype
+    from artrl.serve.engines.vllm_args import device_and_dtype
 
     assert device_and_dtype("cpu", "auto", cuda_available=False, quantized=True) == ("cpu", "bfloat16")
 

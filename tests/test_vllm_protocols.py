@@ -1,6 +1,6 @@
 """Completions, Responses and Anthropic Messages with vLLM serving (inference_engine="vllm", vLLM's CPU build).
 
-The protocol adapters sit on one request core whatever the engine (serve/core.py); this module holds them to
+The protocol adapters sit on one request core whatever the engine (serve/http/core.py); this module holds them to
 it on vLLM: 3-turn rollouts in each protocol, captured with `art.Trajectory()` (the openai SDK for Completions
 and Responses, a bare httpx client for Messages, plain and streamed), train on exactly the tokens vLLM sampled
 (every turn from the server's record, `train/sampled_logprob_delta_max` < 1e-3) and advance the step. The

@@ -2,7 +2,7 @@
 
 The forms of tests/test_structured_outputs.py (json_schema strict with an enum and an integer,
 json_object, tool_choice "required" and a named function, a schema that cannot be compiled)
-with `inference_engine="vllm"`: vLLM's sampler runs artrl's grammar (serve/vllm_grammar.py), so
+with `inference_engine="vllm"`: vLLM's sampler runs artrl's grammar (serve/engines/vllm_grammar.py), so
 the replies are in the built-in engine's language (`json.dumps` spacing, the template's tool
 calls). The token record stays raw: constrained replies train with
 `train/sampled_logprob_delta_max` < 1e-3, and their logprobs are a plain forward's, where
@@ -25,8 +25,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import artrl as art
-from artrl.chat_format import message_of
-from artrl.serve.engine import BASE_WEIGHTS, GenerationRequest
+from artrl.chat.format import message_of
+from artrl.serve.engines.base import BASE_WEIGHTS, GenerationRequest
 from artrl.serve.structured import structured_output
 
 from test_structured_outputs import ASK, CLOCK, COLOUR, COLOUR_FORMAT, FORECAST, parsed, valid
@@ -122,12 +122,12 @@ def test_what_cannot_be_compiled_is_a_400(served: Served, kwargs: dict[str, Any]
 
 def test_a_grammar_vllms_worker_cannot_compile_ends_the_row_not_vllm(served: Served, tok: Any) -> None:
     """The engine compiles every grammar before vLLM sees it; should the worker still fail to, the row may only end
-    (serve/vllm_grammar.py, point 3) and vLLM serves on."""
+    (serve/engines/vllm_grammar.py, point 3) and vLLM serves on."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
-    from artrl.serve.vllm_args import GRAMMAR_ARG
+    from artrl.serve.engines.vllm_grammar import GRAMMAR_ARG
 
     engine = served.engine
     ends = sorted(engine.end_of_turn_ids)
@@ -171,7 +171,7 @@ def test_rows_without_a_grammar_are_untouched(served: Served, tok: Any) -> None:
 
 def test_constrained_logprobs_are_the_raw_ones(served: Served, tiny_path: pathlib.Path, tok: Any) -> None:
     """A plain forward's log-softmax at every step, top logprobs included (they may name tokens the grammar
-    forbade); vLLM's own structured outputs report the masked distribution's (why serve/vllm_grammar.py)."""
+    forbade); vLLM's own structured outputs report the masked distribution's (why serve/engines/vllm_grammar.py)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams

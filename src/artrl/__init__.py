@@ -13,27 +13,28 @@ from .models.quantization import quiet_kernels_notice as _quiet_kernels_notice
 
 _quiet_kernels_notice()  # before anything imports bitsandbytes (models/quantization.py says why)
 
-from . import dev, rewards, schedules, utils  # noqa: E402
+from . import dev, rewards, utils  # noqa: E402
 from .auto_trajectory import auto_trajectory, capture_auto_trajectory
 from .backend import Backend
 from .batches import trajectory_group_batches
+from .chat import images  # noqa: F401  (artrl.images.data_url, named by docs/models.md before it moved)
 from .dev import LoRAConfig
 from .errors import (ArtrlError, CheckpointError, ConfigError, LocalServingUnavailableError, NonFiniteError,
                      PackingError, TrainOutOfMemoryError, TrainTooLongError, TrajectoryError, WorkerError)
 from .gather import GatherError, gather_trajectories, gather_trajectory_groups
-from . import histories as _histories  # noqa: E402,F401  (registers the protocol-native histories)
 from .local import LocalBackend
-from .metric_definitions import (PIPELINE_RL_DASHBOARD_DEFAULT_METRICS, PIPELINE_RL_METRIC_DEFINITIONS,
-                                 PIPELINE_RL_SCORE_METRICS, MetricDefinition)
+from .metrics import (PIPELINE_RL_DASHBOARD_DEFAULT_METRICS, PIPELINE_RL_METRIC_DEFINITIONS,
+                      PIPELINE_RL_SCORE_METRICS, MetricDefinition)
 from .model import Model, TrainableModel
 from .pipeline_tuner import PipelineAutotuneConfig, PipelineRuntimeConfig
-from .scopes import current_trajectory, no_capture, trajectory, trajectory_group
 from .serverless import ServerlessBackend
-from .tokenized import tensorize, tokenize
 from .tokenizer import get_tokenizer
-from .trajectories import History, LegacyHistory, Trajectory, TrajectoryGroup
-from .types import (InternalModelConfig, LocalTrainResult, Messages, MessagesAndChoices, ServerlessTrainResult,
-                    Tools, TrainConfig, TrainResult, TrainSFTConfig)
+from .train import schedules  # artrl.schedules: learning-rate schedules (train/schedules.py)
+from .trajectories import (History, LegacyHistory, Trajectory, TrajectoryGroup, current_trajectory, no_capture,
+                           tensorize, tokenize, trajectory, trajectory_group)
+from .config.model import InternalModelConfig
+from .types import (LocalTrainResult, Messages, MessagesAndChoices, ServerlessTrainResult, Tools, TrainConfig,
+                    TrainResult, TrainSFTConfig)
 from .utils import choice_from_completion, retry
 from .yield_trajectory import capture_yielded_trajectory, yield_trajectory
 

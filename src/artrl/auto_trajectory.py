@@ -4,9 +4,9 @@
 `Trajectory` holding every chat completion the agent made inside that call, as legacy histories
 (`messages_and_choices` with the sampled `Choice`s, `additional_histories`). Inside,
 `art.auto_trajectory()` is that trajectory (e.g. to set the reward); outside a capture it is None
-(`required=True`: RuntimeError). ART 0.5.23's scopes (`with art.Trajectory() as t:`, scopes.py)
-record the same traffic as `exchanges` instead; both are one capture core (capture.py) over the
-same wrapped clients (capture_http.py: httpx, aiohttp, requests), so this capture now also sees
+(`required=True`: RuntimeError). ART 0.5.23's scopes (`with art.Trajectory() as t:`, trajectories/scopes.py)
+record the same traffic as `exchanges` instead; both are one capture core (trajectories/capture/core.py) over the
+same wrapped clients (trajectories/capture/clients.py: httpx, aiohttp, requests), so this capture now also sees
 aiohttp and requests clients. Only chat completions are filed here (the other protocols have no
 `Choice` in ART 0.5.18's model; they are left out, with a debug line).
 
@@ -31,10 +31,11 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from . import capture, capture_http
-from .exchanges import ChatCompletionsExchange, build_exchange
-from .trajectories import Trajectory, file_turn
-from .wire_records import exchange_turns
+from .trajectories.capture import core as capture, clients as capture_http
+from .trajectories.exchanges import ChatCompletionsExchange, build_exchange
+from .trajectories.data import Trajectory
+from .trajectories.history import file_turn
+from .trajectories.token_record import exchange_turns
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ async def capture_auto_trajectory(coroutine: Coroutine[Any, Any, Any]) -> Trajec
 # --------------------------------------------------------------------------- for recorders of one client
 
 
-def _chat_request(request: Any) -> dict[str, Any] | None:
+def chat_request(request: Any) -> dict[str, Any] | None:
     """The JSON body of an httpx chat completions request, or None for any other request."""
     if request.method != "POST" or not request.url.path.endswith(CHAT_COMPLETIONS_PATH):
         return None
@@ -106,7 +107,7 @@ def _chat_request(request: Any) -> dict[str, Any] | None:
     return body if isinstance(body, dict) and isinstance(body.get("messages"), list) else None
 
 
-def _choice(body: bytes, streamed: bool) -> Choice:
+def recorded_choice(body: bytes, streamed: bool) -> Choice:
     """The first sampled choice of a chat completion response's bytes, with its token record."""
     now = datetime.now(timezone.utc)
     exchange = build_exchange("chat_completions", {"stream": streamed}, body, start_time=now, end_time=now,

@@ -13,7 +13,7 @@ hooks `Model` / `TrainableModel` call (`_get_step`, `_train_model`, `_train_sft`
 The train hooks `_train_model(model, groups, config, dev_config, verbose)` and
 `_train_sft(model, trajectories, config, dev_config, verbose)` may speak either of
 two protocols; `Model.train` / `train_sft` tell them apart by what the call returns
-(backend_hooks.py):
+(model.py, `TrainableModel._train_through_backend`):
 
 * artrl's: `async def` returning a `TrainResult` (`LocalBackend`'s). The model writes
   one train row at `result.step` with `result.metrics`, none if the step did not advance.
@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .trajectories import Trajectory, TrajectoryGroup
+from .trajectories.data import Trajectory, TrajectoryGroup
 from .types import TrainConfig, TrainResult, TrainSFTConfig
 
 if TYPE_CHECKING:

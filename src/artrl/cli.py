@@ -1,4 +1,4 @@
-"""`artrl` command line: demo, serve, and the benchmarks.
+"""`artrl` command line: demo, serve, runs, and the benchmarks a user runs on their own setup (commands/).
 
     artrl demo                      SFT warm-up then RL on the tiny model (CPU, minutes)
     artrl serve --model NAME        the OpenAI-compatible server alone
@@ -7,10 +7,10 @@
     artrl bench train --workload F  train-step throughput against the reference trainer
     artrl bench train --workload F --workers N   N data-parallel workers against one
     artrl bench serve               inference throughput, concurrent vs sequential
-    artrl bench learn               learning per rollout: artrl's train step vs a plain GRPO step
-    artrl bench pipeline            the synchronous RL loop vs ART's PipelineTrainer, tools that take time
     artrl bench memory --model M    the memory plan beside the measured peak of one LoRA RL call
-    artrl bench replicas            rollouts on 1, 2, 4 inference replicas behind the router
+
+The development benchmarks (learning per rollout, the pipeline against the synchronous loop, inference
+replicas) are not part of the package: `python benchmarks/bench.py learn|pipeline|replicas` in a clone.
 """
 
 from __future__ import annotations
@@ -22,23 +22,19 @@ from typing import Any
 
 from .errors import ArtrlError
 
-DEFAULT_WORKLOAD_HELP = ("workload JSON (format: benchmarks/workloads/README.md), e.g. "
-                         "benchmarks/workloads/seed-like.json")
 
-
-# (command, bench subcommand) -> the module whose `add_arguments(parser)` fills that subcommand's parser. `main`
-# adds only the arguments of the subcommand it runs, so `artrl --help` and `artrl runs show` never import the
-# modules of the demo or the benchmarks (torch among them). A new subcommand: a line here and one in `_parser`.
+# (command, bench subcommand) -> the module (commands/) whose `add_arguments(parser)` fills that subcommand's
+# parser and whose `main(args)` runs it. `main` adds only the arguments of the subcommand it runs, so `artrl --help`
+# and `artrl runs show` never import the modules of the demo or the benchmarks (torch among them). A new
+# subcommand: a module in commands/, a line here and one in `_parser`.
 _ARGUMENTS = {
-    ("demo", None): "artrl.demo",
-    ("serve", None): "artrl.local.standalone",
-    ("runs", None): "artrl.runs",
-    ("bench", "train"): "artrl.bench.train_bench",
-    ("bench", "serve"): "artrl.bench.serve_bench",
-    ("bench", "learn"): "artrl.bench.learn_bench",
-    ("bench", "pipeline"): "artrl.bench.pipeline_bench",
-    ("bench", "memory"): "artrl.bench.memory_bench",
-    ("bench", "replicas"): "artrl.bench.replicas_bench",
+    ("demo", None): "artrl.commands.demo",
+    ("serve", None): "artrl.commands.serve",
+    ("runs", None): "artrl.commands.runs",
+    ("bench", "pack"): "artrl.commands.bench.pack",
+    ("bench", "train"): "artrl.commands.bench.train",
+    ("bench", "serve"): "artrl.commands.bench.serve",
+    ("bench", "memory"): "artrl.commands.bench.memory",
 }
 
 
@@ -60,23 +56,13 @@ def _parser(only: tuple[str, str | None] | None = None, *, first_pass: bool = Fa
     command(sub, "serve", "the OpenAI-compatible inference server alone", ("serve", None))
     command(sub, "runs", "look at runs (history.jsonl)", ("runs", None))
 
-    bench = command(sub, "bench", "benchmarks (pack/train/serve/pipeline print one JSON line; learn a table)")
+    bench = command(sub, "bench", "measure your own setup (each prints one JSON line)")
     bsub = bench.add_subparsers(dest="bench", required=not first_pass)
-    bp = command(bsub, "pack", "packing: our layout vs the reference (ART) layout")
-    if not first_pass:
-        bp.add_argument("--workload", required=True, help=DEFAULT_WORKLOAD_HELP)
-        bp.add_argument("--row-length", type=int, default=None, help="fix the row length (default: automatic)")
-        bp.add_argument("--max-length", type=int, default=32768, help="model maximum length bounding the rows")
-        bp.add_argument("--scale", type=float, default=1.0, help="multiply every length by this factor")
+    command(bsub, "pack", "packing: our layout vs the reference (ART) layout", ("bench", "pack"))
     command(bsub, "train", "train step: our batching vs the reference one-row-per-step trainer", ("bench", "train"))
     command(bsub, "serve", "inference: concurrent requests vs one at a time", ("bench", "serve"))
-    command(bsub, "learn", "learning per rollout: artrl vs a plain GRPO step, tasks x lrs x seeds", ("bench", "learn"))
-    command(bsub, "pipeline", "the synchronous RL loop vs PipelineTrainer on an agent workload whose tools take time",
-            ("bench", "pipeline"))
     command(bsub, "memory", "the memory plan of a model beside the measured peak of one LoRA RL call",
             ("bench", "memory"))
-    command(bsub, "replicas", "rollout throughput on 1, 2, 4 inference replicas behind the router, its added "
-            "latency, and the publish time of a version", ("bench", "replicas"))
     return p
 
 
@@ -95,41 +81,16 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         if args.command == "demo" and args.pipeline:
-            from .demo_pipeline import main as run
-            return run(args)
-        if args.command == "demo":
-            from .demo import main as run
-            return run(args)
-        if args.command == "serve":
-            from .local.standalone import main as run
-            return run(args)
-        if args.command == "runs":
-            from .runs import main as run
-            return run(args)
-        if args.command == "bench" and args.bench == "pack":
-            from .bench.pack_bench import main as run
-            return run(args)
-        if args.command == "bench" and args.bench == "serve":
-            from .bench.serve_bench import main as run
+            from .commands.demo_pipeline import main as run
             return run(args)
         if args.command == "bench" and args.bench == "train" and args.workers > 1:
-            from .bench.workers_bench import main as run  # N data-parallel workers against one
+            from .commands.bench.workers import main as run  # N data-parallel workers against one
             return run(args)
-        if args.command == "bench" and args.bench == "train":
-            from .bench.train_bench import main as run
-            return run(args)
-        if args.command == "bench" and args.bench == "learn":
-            from .bench.learn_bench import main as run
-            return run(args)
-        if args.command == "bench" and args.bench == "pipeline":
-            from .bench.pipeline_bench import main as run
-            return run(args)
-        if args.command == "bench" and args.bench == "replicas":
-            from .bench.replicas_bench import main as run
-            return run(args)
-        if args.command == "bench" and args.bench == "memory":
-            from .bench.memory_bench import main as run
-            return run(args)
+        key = (args.command, getattr(args, "bench", None))
+        if key in _ARGUMENTS:
+            import importlib
+
+            return importlib.import_module(_ARGUMENTS[key]).main(args)
     except ArtrlError as e:
         print(f"artrl: error: {e}", file=sys.stderr)
         return 2

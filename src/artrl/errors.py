@@ -71,7 +71,7 @@ class TrainTooLongError(TrainOutOfMemoryError):
 class ImageError(TrajectoryError):
     """An image in a message cannot be used: it does not decode, is too large, comes from a place that is not
     allowed (a file outside allowed_local_media_path, a URL that cannot be fetched), or the model has no vision
-    tower. The message names the content part (artrl/images.py); the server answers it with 400."""
+    tower. The message names the content part (artrl/chat/images.py); the server answers it with 400."""
 
 
 class LocalServingUnavailableError(ArtrlError, RuntimeError):

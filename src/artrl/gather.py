@@ -1,8 +1,8 @@
 """Running rollouts concurrently: `gather_trajectory_groups`, `gather_trajectories` (ART's names and signatures).
 
-`TrajectoryGroup(rollout() for _ in range(8))` returns an awaitable (trajectories.py);
+`TrajectoryGroup(rollout() for _ in range(8))` returns an awaitable (trajectories/data.py);
 `gather_trajectory_groups` awaits many of them at once under one `GatherContext`
-(gather_context.py): one tqdm bar over all rollouts with running means of the
+(trajectories/gather_context.py): one tqdm bar over all rollouts with running means of the
 reward and metrics, and an exception budget. As in ART:
 
 * a failed rollout is kept in its group's `exceptions`; once more than
@@ -29,10 +29,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from .errors import ArtrlError
-from .gather_context import (GatherContext, cancel_and_wait, get_gather_context, record_metrics,
+from .trajectories.gather_context import (GatherContext, cancel_and_wait, get_gather_context, record_metrics,
                              set_gather_context)
-from .progress import progress_bar
-from .trajectories import Trajectory, TrajectoryGroup
+from .runtime.progress import progress_bar
+from .trajectories.data import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 

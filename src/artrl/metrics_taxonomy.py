@@ -68,6 +68,29 @@ def average_metric_samples(metric_samples: Iterable[dict[str, float]]) -> dict[s
     return {k: invariant[k] if k in _INVARIANT_KEYS else totals[k] / counts[k] for k in totals}
 
 
+TRAINER_SECONDS_KEY = "time/step_trainer_s"  # ART 0.5.18's name of the train call's seconds
+
+
+BACKEND_TRAIN_SECONDS_KEY = "time/step_backend_train_s"  # ART 0.5.23's
+
+
+def aggregate_step_metrics(samples: list[dict[str, float]], seconds: float, kind: str) -> dict[str, float]:
+    """ART's train-row aggregation of per-step metrics (`kind` "rl" keeps a reported trainer time), the time under
+    ART 0.5.23's key (`time/step_backend_train_s`) and 0.5.18's (`time/step_trainer_s`).
+
+    What a backend on ART's hook protocol yields (one metric dict per optimizer step) becomes one train row so:
+    the mean of each key over the steps that report it (`average_metric_samples`; `data/step_num_gradient_steps`
+    must be the same in every dict and is kept as it is), plus the seconds the iteration took (RL: unless the
+    backend reports them; SFT: always, as in ART)."""
+    metrics = average_metric_samples(samples)
+    for key in (BACKEND_TRAIN_SECONDS_KEY, TRAINER_SECONDS_KEY):
+        if kind == "rl":
+            metrics.setdefault(key, seconds)
+        else:
+            metrics[key] = seconds
+    return metrics
+
+
 @dataclass(frozen=True)
 class TrajectoryBatchSummary:
     num_scenarios: int

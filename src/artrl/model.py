@@ -9,7 +9,7 @@ Names and methods follow ART so an ART loop runs unchanged:
 
 Model-level settings (dtype, device, attention, inference batch size) go in
 `_internal_config=art.InternalModelConfig(...)`, the LoRA adapter in ART 0.5.23's
-`lora_config=art.LoRAConfig(...)` (lora_config.py); per-call settings (learning
+`lora_config=art.LoRAConfig(...)` (config/lora.py); per-call settings (learning
 rate, batching, loss) in `TrainConfig` / `TrainSFTConfig`.
 
 As in ART 0.5.23, a trainable model's `run_name` is its durable lineage: the run
@@ -27,22 +27,24 @@ to W&B or TensorBoard (run/tracking.py).
 from __future__ import annotations
 
 import logging
+import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from contextvars import Token
 from pathlib import Path
 from typing import Any
 
 import pydantic
 
-from .backend_hooks import train_through_hook
 from .dev.train import sft_metric_logging
 from .errors import ConfigError
 from .run import storage
 from .run.history import RunHistory, best_logged_step, normalize_trajectory_groups
 from .metrics import MetricsBuilder
-from .trajectories import Trajectory, TrajectoryGroup
-from .types import InternalModelConfig, TrainConfig, TrainResult, TrainSFTConfig
+from .metrics_taxonomy import aggregate_step_metrics
+from .trajectories.data import Trajectory, TrajectoryGroup
+from .config.model import InternalModelConfig
+from .types import TrainConfig, TrainResult, TrainSFTConfig
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,33 @@ OPENAI_CLIENT_TIMEOUT_S = 1200.0
 """Request timeout of `Model.openai_client()` (ART's: 1200 s, 5 s to connect)."""
 OPENAI_CONNECT_TIMEOUT_S = 5.0
 """Connect timeout of `Model.openai_client()` (ART's)."""
+
+
+# The train hooks' protocol as the model speaks it (backend.py): artrl's awaitable TrainResult, or ART's async
+# iterator of per-optimizer-step metric dicts.
+
+
+def is_metric_stream(produced: Any) -> bool:
+    """True when a hook returned ART's per-optimizer-step metric stream (an async iterator)."""
+    return hasattr(produced, "__aiter__")
+
+
+async def collect_step_metrics(stream: AsyncIterator[dict[str, float]], hook: str) -> tuple[list[dict], float]:
+    """Every metric dict the stream yields, and the seconds it took; a non-dict item is a TypeError naming it."""
+    started = time.monotonic()
+    samples: list[dict[str, float]] = []
+    async for item in stream:
+        if not isinstance(item, dict):
+            raise TypeError(f"{hook} yielded a {type(item).__name__} (item {len(samples)}); ART's hook protocol "
+                            "yields one dict of metrics per optimizer step, e.g. {'loss/train': 0.5}")
+        samples.append(item)
+    return samples, time.monotonic() - started
+
+
+def _close(produced: Any) -> None:
+    close = getattr(produced, "close", None)  # a coroutine never awaited: no "never awaited" warning
+    if callable(close):
+        close()
 
 
 def _no_cost(_prompt_tokens: int | None, _completion_tokens: int | None, _cost_context: str) -> dict[str, float]:
@@ -109,7 +138,7 @@ class Model(pydantic.BaseModel):
         The model then logs where the backend keeps its runs (`base_path`), and JSONL trajectory
         logs of earlier versions in its run directory are migrated to Parquet.
         """
-        from .utils.trajectory_migration import auto_migrate_on_register
+        from .run.migration import auto_migrate_on_register
 
         self._attach(backend)
         await backend.register(self)
@@ -132,9 +161,9 @@ class Model(pydantic.BaseModel):
         Without kwargs the client is cached, so rollouts may call this per request as ART code does: for a
         local server, inside a running event loop, one client per loop on the SDK's aiohttp transport
         (closed when that loop ends); otherwise one client on the SDK's default httpx transport
-        (artrl/openai_clients.py). With kwargs, a new client on the default transport each call. Every request
+        (client/openai.py). With kwargs, a new client on the default transport each call. Every request
         carries its rollout's `X-Session-ID` (one per asyncio task), which keeps a rollout's turns on one inference
-        replica behind a router (replicas/affinity.py).
+        replica behind a router (client/affinity.py).
         """
         if self.inference_base_url is None:
             if self.trainable:
@@ -146,13 +175,13 @@ class Model(pydantic.BaseModel):
         if kwargs:
             from openai import AsyncOpenAI, DefaultAsyncHttpxClient, Timeout
 
-            from .replicas.affinity import event_hooks
+            from .client.affinity import event_hooks
 
             kwargs.setdefault("timeout", Timeout(OPENAI_CLIENT_TIMEOUT_S, connect=OPENAI_CONNECT_TIMEOUT_S))
             kwargs.setdefault("http_client", DefaultAsyncHttpxClient(event_hooks=event_hooks()))
             return AsyncOpenAI(base_url=base_url, api_key=api_key, **kwargs)
         if self._clients is None:
-            from .openai_clients import OpenAIClients
+            from .client.openai import OpenAIClients
 
             self._clients = OpenAIClients()
         return self._clients.get(base_url, api_key, (OPENAI_CLIENT_TIMEOUT_S, OPENAI_CONNECT_TIMEOUT_S))
@@ -324,7 +353,7 @@ class TrainableModel(Model):
     """A model with a LoRA adapter that `train` / `train_sft` update.
 
     `run_name` (ART 0.5.23) names the run directory and the tracked run; two models with one `name` and two
-    run names are two runs. `lora_config` (ART's `art.LoRAConfig`) shapes the adapter (lora_config.py).
+    run names are two runs. `lora_config` (ART's `art.LoRAConfig`) shapes the adapter (config/lora.py).
     """
 
     base_model: str
@@ -335,14 +364,14 @@ class TrainableModel(Model):
         "model is served as. None: `name` (ART 0.5.18's layout); read back, it is then `name`.")
     lora_config: dict[str, Any] | None = pydantic.Field(
         None, description="ART 0.5.23's `art.LoRAConfig(...)`: rank, alpha, dropout, target_modules, ... of the "
-        "adapter that trains, is saved and is served (lora_config.py says what each key does; a key artrl cannot "
+        "adapter that trains, is saved and is served (config/lora.py says what each key does; a key artrl cannot "
         "honour is a ConfigError). None: artrl's defaults (rank 8, alpha 16).")
 
     _internal_config: InternalModelConfig | None = pydantic.PrivateAttr(default=None)
     _cost_calculator: Any = pydantic.PrivateAttr(default=None)
 
     def __init__(self, *, _internal_config: InternalModelConfig | dict[str, Any] | None = None, **data: Any) -> None:
-        from .lora_config import apply_lora_config, lora_config_updates
+        from .config.lora import apply_lora_config, lora_config_updates
 
         lora_config_updates(data.get("lora_config"))  # ConfigError naming a bad key, before pydantic's own checks
         super().__init__(**data)
@@ -377,7 +406,7 @@ class TrainableModel(Model):
         if _openai_client_config is None:
             await super().register(backend)
             return
-        from .utils.trajectory_migration import auto_migrate_on_register
+        from .run.migration import auto_migrate_on_register
 
         self._attach(backend)
         # the hook registers the model and starts serving it, so the server settings apply before it listens
@@ -409,7 +438,7 @@ class TrainableModel(Model):
 
         As in ART, the row is written at the new step: the groups' averages (`train/reward`, ...),
         the trainer's metrics (`loss/train`, ...) and the groups as `trajectories/train/NNNN.parquet`.
-        The backend's `_train_model` may speak artrl's hook protocol or ART's (backend_hooks.py).
+        The backend's `_train_model` may speak artrl's hook protocol or ART's (backend.py).
         """
         groups = list(trajectory_groups)
         for i, g in enumerate(groups):
@@ -419,7 +448,7 @@ class TrainableModel(Model):
         # the backend builds and checks the config, and validates every trajectory while tokenizing, before
         # anything is trained or written; the row logged below takes the groups as validated
         config = config or TrainConfig()
-        return await train_through_hook(self, "rl", groups, config, _config or {}, verbose)
+        return await self._train_through_backend("rl", groups, config, _config or {}, verbose)
 
     async def train_sft(self, trajectories: Iterable[Trajectory], config: TrainSFTConfig | None = None,
                         _config: dict[str, Any] | None = None, verbose: bool = False,
@@ -428,11 +457,41 @@ class TrainableModel(Model):
         'train' row, or none with `log_metrics=False` (ART 0.5.23).
 
         As in ART, the backend's hook gets `_config["metric_logging"] = {"enabled": log_metrics}`.
-        None only from a backend on ART's hook protocol whose `_train_sft` yielded nothing (backend_hooks.py).
+        None only from a backend on ART's hook protocol whose `_train_sft` yielded nothing (backend.py).
         """
         dev_config = {**(_config or {}), "metric_logging": sft_metric_logging(_config, log_metrics)}
-        return await train_through_hook(self, "sft", list(trajectories), config or TrainSFTConfig(), dev_config,
-                                        verbose, log_row=log_metrics)
+        return await self._train_through_backend("sft", list(trajectories), config or TrainSFTConfig(), dev_config,
+                                                 verbose, log_row=log_metrics)
+
+    async def _train_through_backend(self, kind: str, data: list[Any], config: Any, dev_config: dict[str, Any],
+                                     verbose: bool, log_row: bool = True) -> TrainResult | None:
+        """Run the backend's RL (`kind="rl"`, data = groups) or SFT hook in whichever protocol it speaks
+        (backend.py), write the train row (unless `log_row` is False: ART's `train_sft(log_metrics=False)`), and
+        return the result."""
+        backend = self.backend()
+        hook_name = "_train_model" if kind == "rl" else "_train_sft"
+        produced = getattr(backend, hook_name)(self, data, config, dev_config, verbose)
+        groups = data if kind == "rl" else None
+        if not is_metric_stream(produced):
+            try:  # a coroutine has not started yet: the step before it is read first
+                before = await self.get_step()
+            except BaseException:
+                _close(produced)
+                raise
+            result = await produced
+            if log_row:
+                await self._log_train_row(groups, result, before, kind)
+            return result
+        samples, seconds = await collect_step_metrics(produced, f"{type(backend).__name__}.{hook_name}")
+        if kind == "sft" and not samples:
+            log.warning("%s: %s.%s yielded no metrics, so no train row is written (as in ART)", self.name,
+                        type(backend).__name__, hook_name)
+            return None
+        metrics = aggregate_step_metrics(samples, seconds, kind)
+        step = await self.get_step()
+        if log_row:
+            await self._log(groups, "train", metrics, step, extra={"kind": kind})
+        return TrainResult(step=step, metrics=metrics)
 
     async def _log_train_row(self, groups: list[TrajectoryGroup] | None, result: TrainResult, before: int,
                              kind: str) -> None:

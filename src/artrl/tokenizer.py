@@ -1,48 +1,8 @@
-"""`get_tokenizer`: a model's tokenizer as ART 0.5.23 loads it (`art.get_tokenizer`).
+"""`get_tokenizer`: a model's tokenizer as ART 0.5.23 loads it (`art.get_tokenizer`, ART's path `art.tokenizer`).
 
-A base model name is one artrl knows (a built-in such as "artrl/tiny", a random shape, which borrows the
-tiny tokenizer, a local directory or a Hugging Face id; models/source.py resolves it) and the tokenizer
-comes from `transformers.AutoTokenizer.from_pretrained`, with `revision` and every other keyword passed on.
-As in ART, `trust_remote_code` defaults to True for a local directory or when the environment variable
-HF_TRUST_REMOTE_CODE is 1/true/yes, and to False otherwise; a keyword given by the caller wins.
-
-As in ART, the chat template is edited to keep earlier assistant turns' reasoning (preserved_thinking.py: Qwen3's
-hybrid templates, Gemma 4, gpt-oss, MiniMax, Kimi K2.5 and GLM, and templates with a `preserve_thinking` /
-`clear_thinking` switch), the same edit the server and the trainer load their tokenizer with. What ART adds and
-this does not (docs/art-compatibility.md): DeepSeek V4's chat encoder, the fallback to a public Llama 3 tokenizer
-when Meta's gated repository cannot be read, and the model-specific loaders of Kimi K2, DeepSeek V4,
-Inkling and tinker-registered tokenizers. A tokenizer is not cached: each call loads a new one.
+The loading lives with the rest of what a base model is, in models/tokenizer.py.
 """
 
-from __future__ import annotations
+from .models.tokenizer import TRUST_REMOTE_CODE_ENV, get_tokenizer
 
-import os
-from typing import TYPE_CHECKING, Any
-
-from .errors import ConfigError
-from .preserved_thinking import configure_preserved_thinking_chat_template
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
-
-TRUST_REMOTE_CODE_ENV = "HF_TRUST_REMOTE_CODE"
-
-
-def get_tokenizer(base_model: str, *, revision: str | None = None, **kwargs: Any) -> "PreTrainedTokenizerBase":
-    """Load `base_model`'s tokenizer (`revision` and `kwargs` go to `AutoTokenizer.from_pretrained`).
-
-    Raises ConfigError naming the model when it cannot be found or read."""
-    from transformers import AutoTokenizer
-
-    from .models.source import resolve_name
-
-    path = resolve_name(base_model)
-    kwargs.setdefault("trust_remote_code", os.path.isdir(path)
-                      or os.environ.get(TRUST_REMOTE_CODE_ENV, "").lower() in ("1", "true", "yes"))
-    if revision is not None:
-        kwargs["revision"] = revision
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    except (OSError, ValueError) as e:  # no such repository or files; a directory without a tokenizer
-        raise ConfigError(f"get_tokenizer({base_model!r}): could not load its tokenizer from {path!r}: {e}") from e
-    return configure_preserved_thinking_chat_template(tokenizer)
+__all__ = ["TRUST_REMOTE_CODE_ENV", "get_tokenizer"]

@@ -14,7 +14,7 @@ import contextvars
 from collections.abc import Coroutine
 from typing import Any
 
-from .trajectories import Trajectory
+from .trajectories.data import Trajectory
 
 
 class YieldTrajectoryContext:

@@ -1,7 +1,7 @@
 """`art.dev.EngineArgs`: ART's vLLM engine arguments, as a TypedDict (a plain dict at run time).
 
-They reach vLLM when it serves the model (`inference_engine="vllm"`, serve/vllm_args.py
-says which ones artrl sets itself). With the built-in engine (serve/transformers_engine.py)
+They reach vLLM when it serves the model (`inference_engine="vllm"`, serve/engines/vllm_args.py
+says which ones artrl sets itself). With the built-in engine (serve/engines/transformers_engine.py)
 most have nothing to configure: dev/model.py maps `max_num_seqs`, `max_model_len` and
 `trust_remote_code` onto artrl's settings, and each other key is noticed once when that
 engine opens. Any key is accepted at run time, as in ART.

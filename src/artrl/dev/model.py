@@ -16,16 +16,16 @@ turns either shape (or a mix) into the flat one:
     init_args/engine_args.trust_remote_code         -> trust_remote_code
     engine_args.max_num_seqs                        -> inference_max_batch_size
     engine_args.max_model_len                       -> inference_max_length
-    engine_args.allowed_local_media_path            -> allowed_local_media_path (file:// images, artrl/images.py)
+    engine_args.allowed_local_media_path            -> allowed_local_media_path (file:// images, artrl/chat/images.py)
     trainer_args.per_device_train_batch_size        -> per_device_train_batch_size (call default)
     trainer_args.gradient_accumulation_steps        -> grad_accumulation_sequences (rows per step, call default)
     trainer_args.adam_beta1 / adam_beta2 /
     adam_epsilon / weight_decay / max_grad_norm     -> the same names (call defaults)
-    trainer_args.optim                              -> optim (optim_spec.py)
+    trainer_args.optim                              -> optim (config/optimizers.py)
 
 `engine_args` are vLLM's engine arguments: the whole section is also kept as
 artrl's `engine_args` field, which reaches vLLM when it serves the model
-(`inference_engine="vllm"`, serve/vllm_args.py). With the built-in engine they
+(`inference_engine="vllm"`, serve/engines/vllm_args.py). With the built-in engine they
 cannot apply, and each unmapped one is noticed once when that engine opens
 (`notice_unused_engine_args`), not when the config is built: the engine is only
 known then.
@@ -43,7 +43,7 @@ splits and Tinker. When two keys give one field different values, the first
 in the order flat key, init_args, trainer_args, engine_args wins, with a notice.
 
 The LoRA adapter is ART 0.5.23's `TrainableModel(lora_config=LoRAConfig(...))`
-(lora_config.py maps it onto the same flat fields). ART 0.5.18's `peft_args`
+(config/lora.py maps it onto the same flat fields). ART 0.5.18's `peft_args`
 section, and `PeftArgs(...)`, raise ART's migration message
 (`PEFT_ARGS_MIGRATION_MESSAGE`), as ART 0.5.23 does.
 """
@@ -56,7 +56,7 @@ from typing import Any, Literal, NoReturn
 from typing_extensions import Required, TypedDict
 
 from ..errors import ConfigError
-from ..notices import notice_once
+from ..runtime.notices import notice_once
 from .engine import EngineArgs
 
 
@@ -81,7 +81,7 @@ class InitArgs(TypedDict, total=False):
 class LoRAConfig(TypedDict, total=False):
     """ART 0.5.23's LoRA adapter settings, `TrainableModel(lora_config=LoRAConfig(...))`.
 
-    A plain dict at run time. lora_config.py says what each key does here (or why it is refused).
+    A plain dict at run time. config/lora.py says what each key does here (or why it is refused).
     """
 
     rank: int
@@ -154,10 +154,11 @@ class TinkerNativeArgs(TypedDict, total=False):
 
 
 class InternalModelConfig(TypedDict, total=False):
-    """ART's nested model config; artrl's flat keys (types.InternalModelConfig's fields) may be mixed in.
+    """ART's spelling of the model config: a dict that `artrl.InternalModelConfig` (config/model.py) accepts.
 
-    At run time this is a plain dict; `TrainableModel(_internal_config=...)` turns it into the typed
-    `artrl.InternalModelConfig` through `flatten_internal_config`.
+    ART's nested keys; artrl's flat keys (config/model.py's fields) may be mixed in. At run time this is a
+    plain dict; `TrainableModel(_internal_config=...)` turns it into the typed `artrl.InternalModelConfig`
+    through `flatten_internal_config`.
     """
 
     init_args: InitArgs
@@ -276,7 +277,7 @@ _TOP_REASON = {
 }
 
 _CHAT_TEMPLATE = ("artrl renders training data with the tokenizer's own chat template and its server applies the "
-                  "same one (chat_format.py); a template of the run's own is not supported yet. Set "
+                  "same one (chat/format.py); a template of the run's own is not supported yet. Set "
                   "tokenizer.chat_template in the model directory instead")
 # ART's top-level keys that artrl has no field for: the values that ask for what artrl does anyway (accepted), and
 # why any other value is refused (ConfigError naming the key, its value and this reason).

@@ -10,10 +10,10 @@ return a dict whose keys are checked against artrl's `TrainConfig` /
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, get_type_hints
 
 from ..errors import ConfigError
-from ..types import TrainConfig as _TrainConfig, TrainSFTConfig as _TrainSFTConfig
+from ..types import SFTMetricLoggingConfig, TrainConfig as _TrainConfig, TrainSFTConfig as _TrainSFTConfig
 
 
 def _options(cls: type, options: Mapping[str, Any] | None, kwargs: dict[str, Any],
@@ -28,7 +28,7 @@ def _options(cls: type, options: Mapping[str, Any] | None, kwargs: dict[str, Any
 # ART 0.5.23's art.dev.TrainSFTConfig key that is not a TrainSFTConfig field: what `model.train_sft` tells the
 # backend about logging (SFTMetricLoggingConfig: enabled, target_training_step).
 METRIC_LOGGING = "metric_logging"
-_METRIC_LOGGING_TYPES = {"enabled": bool, "target_training_step": int}
+_METRIC_LOGGING_TYPES = get_type_hints(SFTMetricLoggingConfig)  # {"enabled": bool, "target_training_step": int}
 
 
 def check_metric_logging(value: Any) -> dict[str, Any]:

@@ -17,7 +17,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..types import tensor_parallel_over_replicas
+def tensor_parallel_over_replicas(inference_gpu_ids: Any, engine_args: Any) -> str | None:
+    """Why several inference GPUs with `engine_args.tensor_parallel_size` above 1 are refused, or None: ART 0.5.23
+    reads them as one engine over the GPUs, and artrl serves them as one replica each, which cannot honour it (the
+    config's check and dev.validate_dedicated_config's, one rule)."""
+    gpus = list(inference_gpu_ids or [])
+    parallel = (engine_args or {}).get("tensor_parallel_size")
+    if len(gpus) <= 1 or parallel in (None, 1):
+        return None
+    return (f"inference_gpu_ids={gpus} with engine_args.tensor_parallel_size={parallel}: artrl serves several "
+            "inference GPUs as one replica each (docs/distributed.md), not as one tensor-parallel engine over them; "
+            "drop tensor_parallel_size for replicas, or give one inference GPU per replica.")
 
 
 def is_dedicated_mode(config: Mapping[str, Any]) -> bool:

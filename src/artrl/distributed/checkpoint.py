@@ -50,7 +50,7 @@ def gather(trainer: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any], str]:
     """(adapter tensors by parameter name, optimizer state keyed by index, the name of the optimizer whose format
     that state is in), full and on the CPU, on rank 0; empty dicts on the other ranks. A collective: every rank
     calls it. A bitsandbytes optimizer's moments are gathered in float32, in torch AdamW's format."""
-    from ..optim_spec import DEFAULT_OPTIM
+    from ..config.optimizers import DEFAULT_OPTIM
     from .shard_optimizer import ShardOptimizer, torch_adamw_state
 
     rank0 = dist.get_rank() == 0

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from .. import errors
 from ..errors import ArtrlError, ConfigError, WorkerError
-from ..types import InternalModelConfig
+from ..config.model import InternalModelConfig
 from . import protocol
 from .launch import FAILURE_FILE_ENV
 

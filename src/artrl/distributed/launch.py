@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    from .._fs import fsync_dir
+    from ..runtime.fs import fsync_dir
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..optim_spec import OptimSpec
+from ..config.optimizers import OptimSpec
 from ..train.optimizers import MIN_8BIT_SIZE, bnb_class, moments, set_moments
 
 _NEVER = 2**62  # a minimum size no shard reaches: float32 moments

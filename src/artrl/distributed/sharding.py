@@ -36,8 +36,9 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
-from ..progress import ProgressBar
-from ..types import InternalModelConfig, OptimizerConfig
+from ..runtime.progress import ProgressBar
+from ..config.model import InternalModelConfig
+from ..types import OptimizerConfig
 from ..models.structure import decoder_layers
 from ..train.optimizers import moments
 from ..train.logprobs import TokenLogprobModel

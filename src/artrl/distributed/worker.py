@@ -40,7 +40,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..errors import ArtrlError, CheckpointError, ConfigError
 from ..run import storage
-from ..types import InternalModelConfig
+from ..config.model import InternalModelConfig
 from . import checkpoint, protocol
 
 log = logging.getLogger("artrl.distributed.worker")
@@ -78,16 +78,15 @@ class Worker:
 
     def start(self) -> None:
         from ..run import checkpoint as local_checkpoint
-        from ..models.source import check_model_source
-        from ..models.loading import load_model, resolve_name
+        from ..models.loading import load_model
+        from ..models.resolved import resolve_base_model
         from ..train.trainer import Trainer
         from .sharding import ShardedTrainer
 
         # before the process group exists: transformers writes nothing on ranks > 0 once it does, so a first
         # build of the tiny model must happen here; a cached hub model whose hub does not answer loads from its
-        # cached directory (models/source.py)
-        source = check_model_source(self.base_model) or self.base_model
-        resolve_name(source)
+        # cached directory (models/source.py); resolved once for this worker (models/resolved.py)
+        resolved = resolve_base_model(self.base_model, self.cfg)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
@@ -97,7 +96,7 @@ class Worker:
         if latest is None:
             raise CheckpointError(f"{self.run} has no complete checkpoint; the driver writes checkpoint 0 before it "
                                   "starts the workers. Is --run-dir the run directory of a registered model?")
-        model, tok = load_model(source, self.cfg)
+        model, tok = load_model(resolved)
         plain = Trainer(model, tok, self.cfg)
         restored = local_checkpoint.restore(plain, self.run, latest, self.base_model)
         plain.optimizer_steps = restored.optimizer_steps

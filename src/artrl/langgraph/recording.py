@@ -24,10 +24,10 @@ import threading
 import weakref
 from typing import Any
 
-from ..auto_trajectory import AutoTrajectoryContext, _chat_request, _choice
-from ..capture_http import BytesSink
+from ..auto_trajectory import AutoTrajectoryContext, chat_request, recorded_choice
+from ..trajectories.capture.clients import BytesSink
 from ..model import OPENAI_CLIENT_TIMEOUT_S, OPENAI_CONNECT_TIMEOUT_S
-from ..trajectories import Trajectory
+from ..trajectories.data import Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class RolloutRecorder:
 
     def file(self, request: dict[str, Any], body: bytes) -> None:
         try:
-            choice = _choice(body, bool(request.get("stream")))
+            choice = recorded_choice(body, bool(request.get("stream")))
         except Exception as e:  # noqa: BLE001 - the graph got its answer; only the record of it failed
             self.unreadable.append(f"a completion's response could not be read ({type(e).__name__}: {e})")
             log.warning("wrap_rollout could not read a chat completion response (%s: %s)", type(e).__name__, e)
@@ -62,7 +62,7 @@ def _recording(request: Any, response: Any) -> Any:
     recorder = CURRENT.get()
     if recorder is None or not response.is_success:
         return response
-    body = _chat_request(request)
+    body = chat_request(request)
     if body is None:
         return response
     response.stream = BytesSink("chat_completions", lambda b: recorder.file(body, b)).tee(response.stream)
@@ -71,7 +71,7 @@ def _recording(request: Any, response: Any) -> Any:
 
 def _identity(request: Any) -> None:
     """Ask for an uncompressed body: the transport sees the bytes before httpx decodes them."""
-    if _chat_request(request) is not None:
+    if chat_request(request) is not None:
         request.headers["accept-encoding"] = "identity"
 
 

@@ -44,7 +44,8 @@ from typing import Any, Literal
 from openai.types.chat.chat_completion import Choice
 
 from ..errors import ConfigError, TrajectoryError
-from ..trajectories import LegacyHistory, Trajectory
+from ..trajectories.history import LegacyHistory
+from ..trajectories.data import Trajectory
 from .recording import CURRENT, RolloutRecorder, recording_clients
 
 log = logging.getLogger(__name__)

@@ -48,14 +48,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..backend import Backend
-from ..backend_hooks import backend_train_result
 from ..dev.train import METRIC_LOGGING, PACKED_SEQUENCE_LENGTH, check_metric_logging
 from ..errors import ConfigError
-from ..notices import notice_once
-from ..trajectories import Trajectory, TrajectoryGroup
-from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
+from ..metrics_taxonomy import (aggregate_step_metrics, build_training_summary_metrics,
+                                summarize_trajectory_groups)
+from ..model import collect_step_metrics
+from ..runtime.notices import notice_once
+from ..trajectories.data import Trajectory, TrajectoryGroup
+from ..config.model import InternalModelConfig
+from ..types import LocalTrainResult, TrainConfig, TrainSFTConfig
 from ..run import storage
-from ..tiny import TINY_MODEL_NAME
+from ..models.tiny import TINY_MODEL_NAME
 from .adapter_leases import LeaseRegistry, pin_inference_step, pinned_inference_step
 from .session import TrainingSession
 
@@ -104,7 +107,7 @@ class LocalBackend(Backend):
     def __init__(self, *, in_process: bool | None = None, path: str | None = None,
                  gpu_cost_per_hour_usd: float | None = None, host: str = "127.0.0.1", port: int = 0,
                  api_key: str | None = None, show_progress: bool = True) -> None:
-        from ..serve.background import is_loopback
+        from ..serve.http.background import is_loopback
 
         if not is_loopback(host) and not api_key:
             raise ConfigError(
@@ -192,7 +195,7 @@ class LocalBackend(Backend):
                         "artrl: it configures ART's vLLM server; artrl's server always returns token ids and "
                         "logprobs and parses tool calls itself.")
         # vLLM engine arguments: they join the model's own engine_args (which win) for the models registered
-        # from now on; the built-in engine notices them when it opens (serve/factory.py)
+        # from now on; the built-in engine notices them when it opens (serve/engines/factory.py)
         self._engine_args.update(config.get("engine_args") or {})
         if "log_file" in config:
             notice_once("openai_server.log_file", "_openai_client_config log_file has no effect in artrl: the "
@@ -238,7 +241,12 @@ class LocalBackend(Backend):
             cfg.check()
             if self._engine_args:
                 cfg = cfg.model_copy(update={"engine_args": {**self._engine_args, **cfg.engine_args}})
-            cfg = _settled(model.base_model, cfg)
+            # what the base model is, decided once for the trainer, the engine, the workers and the replicas: its
+            # source checked (fast, with the remedy), its files found, its config read, its precision settled
+            from ..models.resolved import resolve_base_model  # torch: loaded at register, not at import
+
+            resolved = resolve_base_model(model.base_model, cfg)
+            cfg = resolved.cfg
             session_type = TrainingSession
             if cfg.distributed:  # training in worker processes (docs/distributed.md)
                 from .worker_session import WorkerSession
@@ -247,7 +255,7 @@ class LocalBackend(Backend):
             replicas = self._start_replicas(model, cfg, run) if cfg.replicated else None
             try:
                 session = session_type.open(run, name=model.name, project=model.project, base_model=model.base_model,
-                                            cfg=cfg, engine=replicas)
+                                            cfg=cfg, engine=replicas, resolved=resolved)
             except BaseException:
                 if replicas is not None:
                     replicas.close()
@@ -412,14 +420,14 @@ class LocalBackend(Backend):
         `save_checkpoint` and `verbose` mean what they mean in ART (TrainingSession.train). As in ART, the
         groups are not logged and no history row is written (call `model.log(...)`, as in ART).
         When `_train_model` is replaced by an async generator of per-step metrics (ART's hook protocol, on the
-        instance or in a subclass), this iterates it as ART's `LocalBackend.train` does (backend_hooks.py).
+        instance or in a subclass), this iterates it as ART's `LocalBackend.train` does (backend.py).
         """
         groups = list(trajectory_groups)
         kwargs.update(art_train_overrides(loss_fn=loss_fn, loss_fn_config=loss_fn_config,
                                           normalize_advantages=normalize_advantages, adam_params=adam_params,
                                           packed_sequence_length=packed_sequence_length,
                                           max_length=_internal_config(model).max_length))
-        if inspect.isasyncgenfunction(self._train_model):  # replaced by a hook on ART's protocol (backend_hooks.py)
+        if inspect.isasyncgenfunction(self._train_model):  # replaced by a hook on ART's protocol (backend.py)
             cfg = InternalModelConfig().call_config(config or TrainConfig(), kwargs)
             run = _run_dir(self._path, model)
             return await backend_train_result(self, model, groups, cfg, dict(kwargs), verbose,
@@ -463,6 +471,22 @@ class LocalBackend(Backend):
         cfg = session.cfg.call_config(config, overrides)
         return asyncio.to_thread(session.train, kind, data, cfg, show_progress=self.show_progress, verbose=verbose,
                                  save_checkpoint=save_checkpoint, history_row=history_row)
+
+
+async def backend_train_result(backend: Any, model: "TrainableModel", groups: list[TrajectoryGroup], config: Any,
+                               dev_config: dict[str, Any], verbose: bool, checkpoint_dir: Any) -> Any:
+    """ART's `LocalBackend.train` over an ART-protocol `_train_model`: the aggregated metrics with the groups'
+    data counts, the step the backend reports, and `checkpoint_dir(step)` when that directory exists."""
+    hook = f"{type(backend).__name__}._train_model"
+    samples, seconds = await collect_step_metrics(backend._train_model(model, groups, config, dev_config, verbose),
+                                                  hook)
+    metrics = aggregate_step_metrics(samples, seconds, "rl")
+    summary = build_training_summary_metrics(summarize_trajectory_groups(groups), include_trainable_groups=True)
+    metrics.update({k: v for k, v in summary.items() if k not in metrics})
+    step = await backend._get_step(model)
+    path = checkpoint_dir(step) if checkpoint_dir is not None else None
+    return LocalTrainResult(step=step, metrics=metrics,
+                            checkpoint_path=str(path) if path is not None and path.exists() else None)
 
 
 def art_train_overrides(*, loss_fn: str | None, loss_fn_config: dict[str, Any] | None, normalize_advantages: bool,
@@ -511,16 +535,6 @@ def _no_s3(method: str, path: Path, model: "Model", kwargs: dict[str, Any]) -> C
         "yourself (e.g. `aws s3 sync`); a run resumes from the latest complete checkpoint found there.")
 
 
-def _settled(base_model: str, cfg: InternalModelConfig) -> InternalModelConfig:
-    """`cfg` with its default base weights decided once (models/loading.settle_quantization), so the trainer, the
-    engine, the training workers and the inference replicas all load the same."""
-    from ..models.loading import resolve_device, settle_quantization
-    from ..models.source import check_model_source
-
-    source = check_model_source(base_model) or base_model  # a bad name fails here first, fast, with the remedy
-    return settle_quantization(source, cfg, resolve_device(cfg))
-
-
 def _run_dir(path: Path, model: "Model") -> Path:
     """The model's run directory under `path`: `<path>/<project>/models/<run_name>/` (ART 0.5.23's storage name;
     `name` for a model without a run_name)."""
@@ -538,10 +552,10 @@ def _same_run(session: TrainingSession, model: "Model", run: Path) -> None:
 
 
 def _internal_config(model: "TrainableModel") -> InternalModelConfig:
-    """The model's config as artrl's typed one, with its `lora_config` applied (lora_config.py): None, artrl's flat
+    """The model's config as artrl's typed one, with its `lora_config` applied (config/lora.py): None, artrl's flat
     dict, or ART's nested dict (set on the model in any of ART's ways, including
     `object.__setattr__(model, "_internal_config", {...})`)."""
-    from ..lora_config import apply_lora_config
+    from ..config.lora import apply_lora_config
 
     return apply_lora_config(_typed_internal_config(model), getattr(model, "lora_config", None))
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .._fs import fsync_dir
+from ..runtime.fs import fsync_dir
 from ..preprocess.rows import PackedRows
 from ..run.storage import TMP_PREFIX
 

@@ -1,12 +1,13 @@
 """A training session: one registered trainable model on this machine.
 
 It owns the weights (a peft model loaded once), the trainer, the inference
-engine (serve/factory.py picks it; the built-in one decodes a copy of the
+engine (serve/engines/factory.py picks it; the built-in one decodes a copy of the
 trainer's model that shares its frozen base tensors, made before the trainer
 applies its kernels), the run directory and the step counter:
 
-* `TrainingSession.open` checks the base model name can be loaded
-  (models/source.py: seconds, not transformers' minute of retries) and
+* `TrainingSession.open` takes the base model as the backend resolved it once
+  (models/resolved.py: its name checked in seconds, not transformers' minute of
+  retries; its files, config and precision) and checks
   that the run directory belongs to this base model, loads the base model with
   a fresh LoRA adapter, computes the end-of-turn ids once for the trainer and
   the engine, then (only once the load succeeded: a failed load writes nothing)
@@ -54,9 +55,10 @@ from typing import Any
 
 from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..metrics_taxonomy import trainer_metrics
-from ..notices import notice_once
-from ..once_per_run import OncePerRun
-from ..types import InternalModelConfig, LocalTrainResult, TrainConfig, TrainSFTConfig
+from ..runtime.notices import notice_once
+from ..runtime.once_per_run import OncePerRun
+from ..config.model import InternalModelConfig
+from ..types import LocalTrainResult, TrainConfig, TrainSFTConfig
 from ..run import checkpoint, history, storage
 
 log = logging.getLogger(__name__)
@@ -91,23 +93,24 @@ class TrainingSession:
     # ------------------------------------------------------------------ opening
     @classmethod
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
-             cfg: InternalModelConfig, engine: Any = None) -> "TrainingSession":
-        from ..chat_format import end_of_turn_ids
+             cfg: InternalModelConfig, engine: Any = None, resolved: Any = None) -> "TrainingSession":
+        """`resolved`: `base_model` as the backend resolved it (models/resolved.py), else resolved here under `cfg`."""
+        from ..chat.format import end_of_turn_ids
         from ..models.loading import load_vision
-        from ..models.source import check_model_source
-        from ..threads import training_threads
+        from ..models.resolved import resolve_base_model
+        from ..runtime.threads import training_threads
         from ..train.trainer import Trainer
 
         # in seconds, with the way out (never the network for artrl's names); a cached model whose hub does not
         # answer loads from its cached directory, so nothing below waits on the network
-        source = check_model_source(base_model) or base_model
+        resolved = resolved if resolved is not None else resolve_base_model(base_model, cfg)
         _check_run_owner(run, base_model)
-        training_threads()  # read before this session's decode worker sets its own count (artrl/threads.py)
-        peft_model, tok = cls._load_weights(source, cfg)
+        training_threads()  # read before this session's decode worker sets its own count (artrl/runtime/threads.py)
+        peft_model, tok = cls._load_weights(resolved)
         # one definition of what ends a turn, for the trainer and the engine alike
         end_ids = end_of_turn_ids(tok, peft_model)
         # a vision-language model's image processing (models/vision.py), for the server and the trainer alike
-        vision = load_vision(source, tok, peft_model.config, cfg)
+        vision = load_vision(resolved, tok, peft_model.config, cfg)
         if vision is not None and cfg.distributed:
             raise ConfigError(f"{base_model} is a vision-language model, and training workers (num_workers, "
                               "trainer_gpu_ids, train_in_worker, num_nodes) do not run its vision tower yet; train "
@@ -115,7 +118,7 @@ class TrainingSession:
         # the engine first: the built-in one copies the model's modules before the trainer applies its kernels.
         # `engine` given: inference runs elsewhere (replicas/control.py's ReplicaSet), which takes the checkpoints
         if engine is None:
-            engine = cls._open_engine(peft_model, tok, end_ids, cfg, source, vision)
+            engine = cls._open_engine(peft_model, tok, end_ids, cfg, resolved, vision)
         try:
             trainer = Trainer(peft_model, tok, cfg, end_ids=end_ids, vision=vision)
         except BaseException:
@@ -149,17 +152,16 @@ class TrainingSession:
 
     @classmethod
     def _open_engine(cls, model: Any, tokenizer: Any, end_ids: frozenset[int], cfg: InternalModelConfig,
-                     base_model: str, vision: Any = None) -> Any:
-        """The inference engine `cfg.inference_engine` names (serve/factory.py), with the trainer's end ids.
+                     resolved: Any, vision: Any = None) -> Any:
+        """The inference engine `cfg.inference_engine` names (serve/engines/factory.py), with the trainer's end ids.
 
         The built-in one decodes a copy of `model` sharing its frozen tensors (`serve_copy`): the trainer (here,
         or the workers' copy restored into `model`) never shares a module with the decode thread."""
-        from ..serve.factory import open_engine, resolve_engine_kind
-        from ..models.loading import RANDOM_SHAPES, resolve_name
+        from ..serve.engines.factory import open_engine, resolve_engine_kind
         from ..models.moe import is_moe
         from ..models.quantization import quantization_of
 
-        on_disk = base_model not in RANDOM_SHAPES
+        on_disk = not resolved.random
         device = next(model.parameters()).device
         # in-flight adapter updates are the built-in engine's (InternalModelConfig refuses them with 'vllm')
         requested = "builtin" if cfg.in_flight_lora else cfg.inference_engine
@@ -167,14 +169,14 @@ class TrainingSession:
                                    quantized_moe=is_moe(model.config) and quantization_of(model) == "4bit")
         return open_engine(kind, tokenizer=tokenizer, end_ids=end_ids, cfg=cfg, model=model,
                            serve_copy=kind == "builtin",
-                           base_model_path=resolve_name(base_model) if on_disk else None, vision=vision)
+                           base_model_path=resolved.path if on_disk else None, vision=vision)
 
     @classmethod
-    def _load_weights(cls, base_model: str, cfg: InternalModelConfig) -> tuple[Any, Any]:
-        """(peft model, tokenizer) this session trains and serves."""
+    def _load_weights(cls, resolved: Any) -> tuple[Any, Any]:
+        """(peft model, tokenizer) this session trains and serves, from the resolved base model."""
         from ..models.loading import load_model
 
-        return load_model(base_model, cfg)
+        return load_model(resolved)
 
     def _recover_history(self) -> None:
         """Re-append the latest checkpoint's train row if a crash kept it out of history.jsonl."""

@@ -30,7 +30,8 @@ from typing import Any
 from ..distributed.group import WorkerGroup
 from ..errors import ConfigError
 from ..run import checkpoint, storage
-from ..types import InternalModelConfig, TrainConfig
+from ..config.model import InternalModelConfig
+from ..types import TrainConfig
 from .session import CallOutcome, TrainingSession
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,9 @@ class WorkerSession(TrainingSession):
 
     @classmethod
     def open(cls, run: Path, *, name: str, project: str, base_model: str,
-             cfg: InternalModelConfig, engine: Any = None) -> "WorkerSession":
-        session = super().open(run, name=name, project=project, base_model=base_model, cfg=cfg, engine=engine)
+             cfg: InternalModelConfig, engine: Any = None, resolved: Any = None) -> "WorkerSession":
+        session = super().open(run, name=name, project=project, base_model=base_model, cfg=cfg, engine=engine,
+                               resolved=resolved)
         assert isinstance(session, WorkerSession)
         session.workers = WorkerGroup(run, cfg, name=f"{project}-{name}")
         session._calls = threading.Lock()
@@ -65,10 +67,18 @@ class WorkerSession(TrainingSession):
         return session
 
     @classmethod
-    def _load_weights(cls, base_model: str, cfg: InternalModelConfig) -> tuple[Any, Any]:
-        from ..models.loading import load_model
+    def _load_weights(cls, resolved: Any) -> tuple[Any, Any]:
+        """The served copy, on the device `inference_gpu_ids` names (the workers load their own)."""
+        import dataclasses
 
-        return load_model(base_model, serving_config(cfg))
+        from ..models.loading import load_model
+        from ..models.resolved import resolve_device
+
+        serving = serving_config(resolved.cfg)
+        device = resolve_device(serving)
+        if device.type != resolved.device.type:  # another kind of device: its precision is decided anew
+            return load_model(resolved.source, serving)
+        return load_model(dataclasses.replace(resolved, cfg=serving, device=device))
 
     def close(self) -> None:
         try:

@@ -33,37 +33,20 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from ..heap import release_free_memory
-from ..types import InternalModelConfig
-from .memory_plan import GB, check_model_fits, plan_for
+from ..runtime.heap import release_free_memory
+from ..config.model import InternalModelConfig
+from .memory_plan import check_model_fits
 from .moe import EXPERTS_IMPLEMENTATION, is_moe, lora_targets
-from .quantization import (Quantization, bnb_config, check_quantized_layers, is_own_model, prepare_quantized,
-                           resolve_quantization, unquantized_modules, weight_numel)
-from .shapes import RANDOM_SHAPES, random_config
-from .source import load_config, resolve_name  # resolve_name: also read from here
+from .quantization import bnb_config, check_quantized_layers, prepare_quantized, unquantized_modules, weight_numel
+# resolve_device, resolve_dtype, settle_quantization: decided in resolved.py, also read from here
+from .resolved import ResolvedBaseModel, resolve_base_model, resolve_device, resolve_dtype, settle_quantization
+from .shapes import RANDOM_SHAPES
+from .source import resolve_name
+from .tokenizer import load_tokenizer
 from .structure import MAX_LENGTH_KEYS, PROJECTIONS, config_max_length, text_config
 from .vision import VisionInputs, is_vision_model
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(cfg: InternalModelConfig) -> torch.device:
-    if cfg.device:
-        dev = torch.device(cfg.device)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"device={cfg.device!r} but CUDA is not available; use device='cpu' or None.")
-        return dev
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def resolve_dtype(cfg: InternalModelConfig, device: torch.device, quantization: Quantization | None = None) -> torch.dtype:
-    """The dtype of the weights that are not quantised, and the compute dtype of those that are."""
-    if cfg.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" or quantization is not None else torch.float32
-    return _DTYPES[cfg.dtype]
-
 
 def model_attn(cfg: InternalModelConfig, device: torch.device, config: Any) -> str | dict[str, str]:
     """The attention a model loads with: `resolve_attn`'s, and for a vision-language model SDPA in its vision
@@ -96,86 +79,55 @@ def language_model_targets(names: list[str]) -> str:
     return rf".*\.language_model\..*\.({'|'.join(map(re.escape, names))})"
 
 
-def load_tokenizer(base_model: str, cfg: InternalModelConfig | None = None) -> Any:
-    """The tokenizer the server and the trainer share, its chat template set to keep earlier turns' reasoning
-    (preserved_thinking.py)."""
-    from transformers import AutoTokenizer
 
-    from ..preserved_thinking import configure_preserved_thinking_chat_template
-
-    cfg = cfg or InternalModelConfig()
-    path = resolve_name(base_model)
-    try:
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
-    except OSError as e:
-        raise ConfigError(f"could not load the tokenizer of {base_model!r} ({path}): {e}") from None
-    if not getattr(tok, "chat_template", None):
-        raise ConfigError(f"the tokenizer of {base_model!r} has no chat template; artrl renders trajectories "
-                          "with it. Use an instruct/chat model or set tokenizer.chat_template.")
-    configure_preserved_thinking_chat_template(tok)  # earlier turns keep their reasoning, as in ART
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
-def load_generation_config(base_model: str, cfg: InternalModelConfig | None = None) -> Any:
+def load_generation_config(base_model: str | ResolvedBaseModel, cfg: InternalModelConfig | None = None) -> Any:
     """The model's saved `GenerationConfig` (its eos ids matter: `chat_format.end_of_turn_ids`), or None when it
     has none; for a caller that serves the model without loading its weights here (vLLM)."""
     from transformers import GenerationConfig
 
-    if base_model in RANDOM_SHAPES:
+    if isinstance(base_model, ResolvedBaseModel):
+        random, path, cfg = base_model.random, base_model.path, base_model.cfg
+    else:
+        random, path = base_model in RANDOM_SHAPES, None
+    if random:
         return None
     cfg = cfg or InternalModelConfig()
     try:
-        return GenerationConfig.from_pretrained(resolve_name(base_model), trust_remote_code=cfg.trust_remote_code)
+        return GenerationConfig.from_pretrained(path or resolve_name(base_model),
+                                                trust_remote_code=cfg.trust_remote_code)
     except OSError:
         return None
 
 
-def settle_quantization(base_model: str, cfg: InternalModelConfig, device: torch.device, *,
-                        config: Any = None) -> InternalModelConfig:
-    """`cfg` with its default base weights made explicit where the memory plan decides them: a Hugging Face
-    checkpoint on a CPU loads in full precision when the plan says that fits, else in 4-bit (said at INFO, with
-    the figures); everything else is `cfg` itself (models/quantization.py, the table). A session settles once,
-    before its trainer, its engine and any worker or replica load, so all of them hold the same weights."""
-    if cfg.load_in_4bit is not None or cfg.load_in_8bit or device.type != "cpu" or is_own_model(base_model):
-        return cfg
-    full = plan_for(base_model, cfg.model_copy(update={"load_in_4bit": False}), device, config=config)
-    if full.fits():
-        log.debug("%s on a CPU: full precision fits (%s)", base_model, full.line())
-        return cfg.model_copy(update={"load_in_4bit": False})
-    log.info("%s on a CPU: full precision would need %.1f GB at its peak and %.1f GB is available, so it loads in "
-             "4-bit (slower on a CPU; set load_in_4bit=False to refuse, or True to say so)", base_model,
-             full.peak / GB, (full.available or 0) / GB)
-    return cfg.model_copy(update={"load_in_4bit": True})
+def _resolved(base_model: str | ResolvedBaseModel, cfg: InternalModelConfig | None,
+              shape_overrides: dict[str, Any] | None = None) -> ResolvedBaseModel:
+    """`base_model` as resolved by the caller, or resolved here from its name (models/resolved.py)."""
+    if isinstance(base_model, ResolvedBaseModel):
+        if shape_overrides:
+            raise ConfigError("shape overrides are part of a model's resolution: pass them to resolve_base_model")
+        return base_model
+    return resolve_base_model(base_model, cfg, shape_overrides=shape_overrides)
 
 
-def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
+def load_base_model(base_model: str | ResolvedBaseModel, cfg: InternalModelConfig | None = None, *,
                     shape_overrides: dict[str, Any] | None = None, memory_planned: bool = False) -> tuple[Any, Any]:
-    """(model, tokenizer) without an adapter, on the configured device, dtype and quantisation.
+    """(model, tokenizer) without an adapter, on the resolved device, dtype and quantisation.
 
-    `shape_overrides`: config fields that replace a random shape's (e.g. `num_hidden_layers` for a benchmark cut
-    to a few layers, every other dimension kept); refused for any other model. `memory_planned`: the caller
-    planned this load with others that share the device (an inference replica: `check_replicas_fit`), so it is
-    not checked again on its own."""
+    `base_model`: a name (resolved here under `cfg`) or a `ResolvedBaseModel` (its own settled config is used).
+    `shape_overrides`: config fields that replace a random shape's (models/resolved.py). `memory_planned`: the
+    caller planned this load with others that share the device (an inference replica: `check_replicas_fit`), so
+    it is not checked again on its own."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    cfg = cfg or InternalModelConfig()
-    if shape_overrides and base_model not in RANDOM_SHAPES:
-        raise ConfigError(f"shape overrides {sorted(shape_overrides)} apply to random shapes ({sorted(RANDOM_SHAPES)}), "
-                          f"not to {base_model!r}, whose weights fix its shape.")
-    device = resolve_device(cfg)
-    config = random_config(base_model, **shape_overrides) if shape_overrides else load_config(base_model, cfg)
-    cfg = settle_quantization(base_model, cfg, device, config=config)
-    quantization = resolve_quantization(cfg, base_model, device.type)
-    dtype = resolve_dtype(cfg, device, quantization)
-    path = resolve_name(base_model)
-    tok = load_tokenizer(base_model, cfg)
+    resolved = _resolved(base_model, cfg, shape_overrides)
+    base_model, cfg, config, device = resolved.source, resolved.cfg, resolved.config, resolved.device
+    quantization, dtype, path = resolved.quantization, resolved.dtype, resolved.path
+    tok = load_tokenizer(base_model, cfg, path=path)
     # memory is planned before anything loads: a model that cannot fit is refused now, with settings that fit
     if not memory_planned:
         check_model_fits(base_model, cfg, device, config=config)
     what = f"{quantization} weights computing in {dtype}" if quantization else str(dtype)
-    if base_model in RANDOM_SHAPES:
+    if resolved.random:
         from .random_init import build_random_model
 
         if is_moe(config):
@@ -185,7 +137,7 @@ def load_base_model(base_model: str, cfg: InternalModelConfig | None = None, *,
                                    quantization=quantization)
         if quantization is not None:
             check_quantized_layers(model, quantization)
-        release_free_memory()  # the build's temporaries, left as holes in the C heap (artrl/heap.py)
+        release_free_memory()  # the build's temporaries, left as holes in the C heap (artrl/runtime/heap.py)
         log.info("built random-init %s (%s, %s, %.1fM parameters)", base_model, device, what, parameter_count(model) / 1e6)
         return model, tok
     extra: dict[str, Any] = {}
@@ -266,27 +218,28 @@ def add_lora(model: Any, cfg: InternalModelConfig | None = None) -> Any:
     return peft_model
 
 
-def load_model(base_model: str, cfg: InternalModelConfig | None = None, *,
+def load_model(base_model: str | ResolvedBaseModel, cfg: InternalModelConfig | None = None, *,
                shape_overrides: dict[str, Any] | None = None, memory_planned: bool = False) -> tuple[Any, Any]:
-    """(peft model with a fresh LoRA adapter, tokenizer); `shape_overrides`, `memory_planned`: see
-    `load_base_model`."""
-    if resolve_device(cfg or InternalModelConfig()).type == "cpu":
-        from ..host_allocator import fix_mmap_threshold
+    """(peft model with a fresh LoRA adapter, tokenizer); the arguments: see `load_base_model`."""
+    resolved = _resolved(base_model, cfg, shape_overrides)
+    if resolved.device.type == "cpu":
+        from ..runtime.host_allocator import fix_mmap_threshold
 
         fix_mmap_threshold()  # before the weights load: a heap fragmented by loading would stay (host_allocator.py)
-    model, tok = load_base_model(base_model, cfg, shape_overrides=shape_overrides, memory_planned=memory_planned)
-    return add_lora(model, cfg), tok
+    model, tok = load_base_model(resolved, memory_planned=memory_planned)
+    return add_lora(model, resolved.cfg), tok
 
 
-def load_vision(base_model: str, tokenizer: Any, config: Any, cfg: InternalModelConfig | None = None
-                ) -> VisionInputs | None:
+def load_vision(base_model: str | ResolvedBaseModel, tokenizer: Any, config: Any,
+                cfg: InternalModelConfig | None = None) -> VisionInputs | None:
     """A vision-language model's image processing under `cfg`'s media policy (None for a text-only model)."""
-    from ..images import MediaPolicy
+    from ..chat.images import MediaPolicy
 
     if not is_vision_model(config):
         return None
     cfg = cfg or InternalModelConfig()
-    return VisionInputs.of_model(resolve_name(base_model), tokenizer, config, MediaPolicy.of(cfg),
+    path = base_model.path if isinstance(base_model, ResolvedBaseModel) else resolve_name(base_model)
+    return VisionInputs.of_model(path, tokenizer, config, MediaPolicy.of(cfg),
                                  trust_remote_code=cfg.trust_remote_code)
 
 

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from ..errors import ConfigError
-from ..host_allocator import heap_allowance
+from ..runtime.host_allocator import heap_allowance
 from .liger import liger_applies
 from .quantization import INT8_BYTES_PER_WEIGHT, NF4_BYTES_PER_WEIGHT
 from .shapes import RANDOM_DRAW_ROWS
@@ -454,7 +454,7 @@ def peak_rss_bytes() -> int:
 def settings_for(cfg: Any, base_model: str, device_type: str, **workload: Any) -> MemorySettings:
     """The plan's settings of InternalModelConfig `cfg` for `base_model` on `device_type` (`workload`:
     micro_batch_tokens, serving_tokens)."""
-    from ..optim_spec import optim_spec
+    from ..config.optimizers import optim_spec
     from .quantization import resolve_quantization
     from .shapes import RANDOM_SHAPES
 

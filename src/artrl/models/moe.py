@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 EXPERT_PARAMETERS = ("experts.gate_up_proj", "experts.down_proj")
 EXPERTS_IMPLEMENTATION = "grouped_mm"
 ART_EXPERTS_TARGET = "experts"  # ART's name among target_modules for the experts of an MoE model
-RECORD_KEY = "routed_experts"  # the choice's field holding the record (serve/server.py)
+RECORD_KEY = "routed_experts"  # the choice's field holding the record (serve/http/server.py)
 
 
 def is_moe(config: Any) -> bool:

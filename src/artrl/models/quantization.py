@@ -20,7 +20,7 @@ Two families keep more in the model's dtype (`unquantized_modules`, checked afte
   model's dtype, and the load says so at INFO.
 
 Which models are quantised by default (`load_in_4bit` left at None; `resolve_quantization`,
-`models.loading.settle_quantization`):
+`models.resolved.settle_quantization`):
 
     model                                    CUDA                     CPU
     a Hugging Face checkpoint (hub id,       4-bit (ART's default)    full precision (float32) when the memory
@@ -38,7 +38,7 @@ dtype there (oneDNN's, for CPUs with AVX512-BF16 or AMX: `fast_cpu_matmul`). Wit
 falls back to a scalar loop on one core, about 7x slower than float32 in the forward's orientation and 100x in
 the backward's (`grad @ W`), and a 4-bit train call spent nearly all its time there (benchmarks/results/
 2026-12-03-cpu). In float32 the weight is dequantised straight to float32 (bitsandbytes' OpenMP CPU kernel),
-the matmul is MKL's on the thread's torch threads (artrl/threads.py), and
+the matmul is MKL's on the thread's torch threads (artrl/runtime/threads.py), and
 the layer's input and output stay in the model's dtype; it costs a float32 rather than a bfloat16 copy of one
 layer's weight at a time, and serving computes the same (the engine shares these layers).
 
@@ -57,12 +57,12 @@ import logging
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConfigError
-from ..optim_spec import BNB_INSTALL_HINT, bitsandbytes_installed  # also read from here
+from ..config.optimizers import BNB_INSTALL_HINT, bitsandbytes_installed  # also read from here
 
 if TYPE_CHECKING:
     import torch
 
-    from ..types import InternalModelConfig
+    from ..config.model import InternalModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def is_own_model(base_model: str) -> bool:
     """A model artrl builds itself: a built-in name, a built-in's directory, or a random shape."""
     from pathlib import Path
 
-    from ..tiny import BUILD_MARKER_FILE, BUILTIN_MODELS
+    from .tiny import BUILD_MARKER_FILE, BUILTIN_MODELS
     from .shapes import RANDOM_SHAPES
 
     if base_model in BUILTIN_MODELS or base_model in RANDOM_SHAPES:

@@ -7,7 +7,7 @@ them: drawn in float32 (normal, std `initializer_range`, as transformers initial
 causal LM; norms 1, biases 0), cast to the model's dtype, and quantised at once when the
 layer is quantised. At any moment the process holds the finished part of the model plus one
 tensor in float32, so a 4-bit 14B build peaks near its 4-bit size, never at its 56 GB
-float32 or 30 GB bf16 size. The C heap is trimmed after each quantised tensor (artrl/heap.py):
+float32 or 30 GB bf16 size. The C heap is trimmed after each quantised tensor (artrl/runtime/heap.py):
 bitsandbytes' temporaries would otherwise stay resident as holes until the build ends.
 
 The values depend only on the seed and the parameter's name (each tensor has a generator
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from ..heap import release_free_memory
-from ..progress import progress_bar
+from ..runtime.heap import release_free_memory
+from ..runtime.progress import progress_bar
 from .shapes import RANDOM_DRAW_ROWS
 from .quantization import (Quantization, prepare_quantized, quantized_linear, quantized_modules,
                            quantized_weight)

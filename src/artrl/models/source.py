@@ -44,7 +44,7 @@ _PROBE_TIMEOUT_S = 10.0
 
 def known_models() -> list[str]:
     """The built-in models and random-init shapes, sorted."""
-    from ..tiny import BUILTIN_MODELS
+    from .tiny import BUILTIN_MODELS
     from .shapes import RANDOM_SHAPES
 
     return sorted([*BUILTIN_MODELS, *RANDOM_SHAPES])
@@ -62,7 +62,7 @@ def check_model_source(base_model: str) -> str | None:
     """Raise ConfigError, fast and with the remedy, if `base_model` cannot be loaded; else the cached snapshot
     directory to load instead of the name when the hub cannot be reached (None: load the name itself).
     See the module docstring."""
-    from ..tiny import BUILTIN_MODELS
+    from .tiny import BUILTIN_MODELS
     from .shapes import RANDOM_SHAPES
 
     if base_model in BUILTIN_MODELS or base_model in RANDOM_SHAPES:
@@ -125,7 +125,7 @@ def _refusal(repo_id: str, e: Exception) -> ConfigError | None:
 
 
 def resolve_name(base_model: str) -> str:
-    from ..tiny import BUILTIN_MODELS, TINY_MODEL_NAME, resolve_model_path
+    from .tiny import BUILTIN_MODELS, TINY_MODEL_NAME, resolve_model_path
     from .shapes import RANDOM_SHAPES
 
     if base_model in RANDOM_SHAPES:
@@ -139,13 +139,17 @@ def resolve_name(base_model: str) -> str:
 def load_config(base_model: str, cfg: Any = None) -> Any:
     """The model's transformers config, without its weights (what the memory plan reads); `cfg`: the model's
     InternalModelConfig (its trust_remote_code)."""
-    from transformers import AutoConfig
-
     from .shapes import RANDOM_SHAPES, random_config
 
     if base_model in RANDOM_SHAPES:
         return random_config(base_model)
-    path = resolve_name(base_model)
+    return read_config(resolve_name(base_model), base_model, cfg)
+
+
+def read_config(path: str, base_model: str, cfg: Any = None) -> Any:
+    """The transformers config at `path`, already resolved from `base_model` (named in the error)."""
+    from transformers import AutoConfig
+
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=bool(getattr(cfg, "trust_remote_code", False)))
     except OSError as e:

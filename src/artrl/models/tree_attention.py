@@ -25,7 +25,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..preprocess.rows import Node
+# One node of a row's tree, as slot ranges: (start, end, prompt_start, prompt_end). A completion's prompt is
+# its group's shared prompt node; a prompt node, or a sequence without a shared prompt, has
+# prompt_start == prompt_end == start. The packer (preprocess/pack.py) lays rows out as nodes; the attention
+# here runs one call per node.
+Node = tuple[int, int, int, int]
+
 
 TREE_ATTENTION = "artrl_tree"
 

@@ -3,7 +3,7 @@
 The family served and trained: Qwen2.5-VL (`is_vision_model`; the built-in `artrl/tiny-vl` is one). Qwen2-VL
 shares its processor and position rule but is not tested here, so it is not claimed. `VisionInputs` is the one object the server, the engine and the tokenizer of training data ask:
 
-1. **Images.** `load` reads an `image_url` under the run's media policy (artrl/images.py) and `process` runs
+1. **Images.** `load` reads an `image_url` under the run's media policy (artrl/chat/images.py) and `process` runs
    the model's own image processor (`AutoImageProcessor` of the checkpoint: Qwen2-VL's, with its PIL
    backend when torchvision is absent): resized to multiples of patch x merge pixels, cut into patches,
    a (time, height, width) grid of patches and its pixel values. Processed images are kept by content
@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from ..chat_format import ImageTokens
+from ..chat.format import ImageTokens
 from ..errors import ConfigError, ImageError
-from ..images import LoadedImage, MediaPolicy, ProcessedImage, load_image
+from ..chat.images import LoadedImage, MediaPolicy, ProcessedImage, load_image
 
 VISION_MODEL_TYPES = ("qwen2_5_vl",)
 VISION_TOWERS = {"qwen2_5_vl": "model.visual"}

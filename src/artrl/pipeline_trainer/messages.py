@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..trajectories import TrajectoryGroup
+from ..trajectories.data import TrajectoryGroup
 from .staleness import Ticket
 
 

@@ -16,10 +16,10 @@ import math
 from typing import Any
 
 from ..errors import ConfigError
-from ..notices import notice_once
+from ..runtime.notices import notice_once
 from ..pipeline_tuner.config import (BUILT_AUTOTUNE_MODES, PipelineAutotuneConfig, PipelineRuntimeConfig,
                                      refuse_unread_knobs)
-from ..trajectories import Trajectory, TrajectoryGroup, policy_token_counts
+from ..trajectories.data import Trajectory, TrajectoryGroup, policy_token_counts
 
 DEPRECATED_PIPELINE_KEYWORDS = ("num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize")
 FRESHNESS_TAU_STEPS = 8.0

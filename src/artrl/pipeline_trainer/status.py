@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Callable
 
-from ..trajectories import TrajectoryGroup
+from ..trajectories.data import TrajectoryGroup
 
 log = logging.getLogger("artrl.pipeline_trainer")
 

@@ -45,13 +45,12 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 from ..errors import ConfigError
-from ..notices import notice_once
+from ..runtime.notices import notice_once
 from ..pipeline_tuner.autotune import StepMeasurement
 from ..pipeline_tuner.config import PipelineAutotuneConfig, PipelineRuntimeConfig, PipelineTuneSettings
 from ..local.adapter_leases import LeaseRegistry
-from ..replicas.affinity import new_session
 from ..run import storage
-from ..trajectories import Trajectory, TrajectoryGroup
+from ..trajectories.data import Trajectory, TrajectoryGroup
 from .checkpoint_retention import (CHECKPOINT_CREATED_AT_METRIC, CHECKPOINT_EVAL_COMPLETED_METRIC,
                                    CHECKPOINT_SAVED_METRIC, CheckpointRetentionContext, CheckpointRetentionStrategy,
                                    checkpoint_infos, steps_to_delete)
@@ -510,6 +509,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 started = self.clock()
                 self._running_rollouts.add(ticket.seq)
                 try:
+                    # imported here: the affinity headers are the serving package's, which `import artrl` leaves out
+                    from ..client.affinity import new_session
+
                     new_session()  # this worker runs rollout after rollout: each one is placed anew on replicas
                     async with self._adapter_lease(version):
                         group = await self.rollout_fn(self.model, scenario, self.config)

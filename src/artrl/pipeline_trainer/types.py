@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from ..trajectories import Trajectory, TrajectoryGroup
+from ..trajectories.data import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from ..model import TrainableModel

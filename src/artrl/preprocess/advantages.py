@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .tokenize import TokenizedSequence
+from ..trajectories.sequences import TokenizedSequence
 
 
 def _mean_abs(seqs: Sequence[TokenizedSequence]) -> float:

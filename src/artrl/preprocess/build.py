@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from .pack import check_row_length, choose_row_length, enforce_length, pack
 from .rows import PackedRows, PackStats, concat_packed
 from .plan import BatchPlan, plan_batches
-from .tokenize import TokenizedSequence
+from ..trajectories.sequences import TokenizedSequence
 
 Units = Sequence[Sequence[TokenizedSequence]]
 

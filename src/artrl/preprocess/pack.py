@@ -48,8 +48,9 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, PackingError
-from .rows import Node, PackedRows, PackStats
-from .tokenize import TokenizedSequence
+from ..models.tree_attention import Node
+from .rows import PackedRows, PackStats
+from ..trajectories.sequences import TokenizedSequence
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from .tokenize import TokenizedSequence
+from ..models.tree_attention import Node
+from ..trajectories.sequences import TokenizedSequence
 
 
 @dataclass
@@ -45,10 +46,6 @@ class PackStats:
 ROW_TENSORS = ("input_ids", "position_ids", "segment_ids", "parent_ids", "prev_index", "trainable_mask", "logprobs",
                "advantages", "weights", "sequence_ids")
 
-# One node of a row's tree, as slot ranges: (start, end, prompt_start, prompt_end). A completion's prompt is
-# its group's shared prompt node; a prompt node, or a sequence without a shared prompt, has
-# prompt_start == prompt_end == start. The attention of models/tree_attention.py runs one call per node.
-Node = tuple[int, int, int, int]
 
 
 @dataclass

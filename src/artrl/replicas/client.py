@@ -1,7 +1,7 @@
 """The control plane's calls to one replica, straight to its address (never through the router).
 
 An artrl replica (replicas/process.py, `artrl serve --replica`) and a vLLM server with runtime
-LoRA loading answer the same adapter routes (serve/control_routes.py); an artrl replica also
+LoRA loading answer the same adapter routes (serve/http/control_routes.py); an artrl replica also
 sets its live weights and says what it is (`GET /artrl/replica`). A vLLM server answers 404
 there: it is told apart by that (`kind` "vllm"), and its served default is the name
 `model@step` that the control plane publishes, since it has no live weights of its own.
@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ArtrlError
-from ..serve.control_routes import HOLD_PATH, LIVE_PATH, LOAD_PATH, REPLICA_PATH, UNLOAD_PATH
+from ..serve.http.control_routes import HOLD_PATH, LIVE_PATH, LOAD_PATH, REPLICA_PATH, UNLOAD_PATH
 
 log = logging.getLogger(__name__)
 

@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import shutdown
+from ..runtime import shutdown
 from ..errors import ConfigError
-from ..serve.models import STEP_SEPARATOR
+from ..serve.http.served_models import STEP_SEPARATOR
 from .client import ReplicaClient, ReplicaError
 from .router import Router
 from .spawn import ChildError, ChildProcess, child_env
@@ -98,7 +98,7 @@ class ReplicaSet:
     def __init__(self, *, name: str, base_model: str, cfg: Any, run: Path, api_key: str | None,
                  host: str = "127.0.0.1", leased: Callable[[], set[int]] = set,
                  engine: str | None = None, engine_options: list[str] | None = None) -> None:
-        from ..serve.background import is_loopback
+        from ..serve.http.background import is_loopback
 
         if not is_loopback(host):
             raise ConfigError(f"inference replicas with LocalBackend(host={host!r}): the router's worker routes have "

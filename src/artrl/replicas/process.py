@@ -8,13 +8,13 @@ The control plane (replicas/control.py) starts one per replica with `spawn.Repli
 with the model's `InternalModelConfig` (the trainer's LoRA shape, dtype, context length,
 batch size; the built-in engine holds a fresh adapter until the first checkpoint is made
 live), serves `name`, `name@step` and the base model like the training process's own
-server, plus the control routes (serve/control_routes.py), binds its port (0: a free one)
+server, plus the control routes (serve/http/control_routes.py), binds its port (0: a free one)
 and then writes one line `ARTRL_REPLICA_READY {"port": P}` to stdout: the parent waits on
 that line, not on polling. It exits when its standard input closes (the parent ended,
 however it ended) or on SIGTERM.
 
-`--engine scripted` serves the paced scripted engine (serve/scripted.py: `--token-time-ms`
-per token, `--reply-tokens` tokens per answer), for `artrl bench replicas`.
+`--engine scripted` serves the paced scripted engine (serve/engines/scripted.py: `--token-time-ms`
+per token, `--reply-tokens` tokens per answer), for `python benchmarks/bench.py replicas`.
 """
 
 from __future__ import annotations
@@ -36,31 +36,33 @@ READY_PREFIX = "ARTRL_REPLICA_READY "
 
 def open_engine_for(args: argparse.Namespace, cfg: Any) -> tuple[Any, str]:
     """(engine, engine kind) that serves `args.base_model` in this process."""
-    from ..chat_format import end_of_turn_ids
-    from ..models.loading import (RANDOM_SHAPES, load_generation_config, load_model, load_tokenizer, resolve_device,
-                                  resolve_name)
-    from ..serve.factory import open_engine, resolve_engine_kind
+    from ..chat.format import end_of_turn_ids
+    from ..models.loading import load_generation_config, load_model
+    from ..models.resolved import resolve_base_model
+    from ..models.tokenizer import load_tokenizer
+    from ..serve.engines.factory import open_engine, resolve_engine_kind
 
     if args.engine == "scripted":
-        from ..serve.scripted import ScriptedEngine
+        from ..serve.engines.scripted import ScriptedEngine
 
         tok = load_tokenizer(args.base_model, cfg)
         ids = list(range(10, 10 + args.reply_tokens - 1)) + [tok.eos_token_id]  # `reply_tokens` in all
         engine = ScriptedEngine(tok, token_time_s=args.token_time_ms / 1000, max_batch_size=cfg.inference_max_batch_size)
         engine.next = (ids, [-1.0] * len(ids))
         return engine, "scripted"
-    on_disk = args.base_model not in RANDOM_SHAPES
-    kind = resolve_engine_kind(args.engine, resolve_device(cfg).type, weights_on_disk=on_disk)
+    resolved = resolve_base_model(args.base_model, cfg)  # once for this replica: what it loads and serves
+    on_disk = not resolved.random
+    kind = resolve_engine_kind(args.engine, resolved.device.type, weights_on_disk=on_disk)
     if kind == "builtin":
         # a peft model: each checkpoint becomes a version of it; a set started by the control plane was planned
         # together (models/memory_plan.check_replicas_fit), not one replica at a time
-        model, tok = load_model(args.base_model, cfg, memory_planned=getattr(args, "memory_planned", False))
+        model, tok = load_model(resolved, memory_planned=getattr(args, "memory_planned", False))
         ends = end_of_turn_ids(tok, model)
     else:
-        model, tok = None, load_tokenizer(args.base_model, cfg)
-        ends = end_of_turn_ids(tok, load_generation_config(args.base_model, cfg))
+        model, tok = None, load_tokenizer(resolved.source, resolved.cfg, path=resolved.path)
+        ends = end_of_turn_ids(tok, load_generation_config(resolved))
     engine = open_engine(kind, tokenizer=tok, end_ids=ends, cfg=cfg, model=model,
-                         base_model_path=resolve_name(args.base_model) if on_disk else None)
+                         base_model_path=resolved.path if on_disk else None)
     return engine, kind
 
 
@@ -69,9 +71,9 @@ def build_app(args: argparse.Namespace) -> tuple[Any, Any]:
     from pathlib import Path
 
     from ..run import storage
-    from ..serve.models import ServedModels
-    from ..serve.server import create_app
-    from ..types import InternalModelConfig
+    from ..serve.http.served_models import ServedModels
+    from ..serve.http.server import create_app
+    from ..config.model import InternalModelConfig
 
     cfg = InternalModelConfig(**json.loads(args.config))
     engine, kind = open_engine_for(args, cfg)
@@ -109,7 +111,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def serve(args: argparse.Namespace, *, ready_line: bool = True) -> int:
     """Serve until standard input closes or SIGTERM; returns the exit status."""
-    from ..serve.background import start_server
+    from ..serve.http.background import start_server
 
     app, engine = build_app(args)
     stop = threading.Event()

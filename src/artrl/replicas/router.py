@@ -4,8 +4,8 @@ artrl writes no load balancer: every chat completion of a rollout goes through v
 (`pip install "artrl[replicas]"`: a Rust router in its wheel, vLLM's project), in its own
 process, with the `consistent_hash` policy: a request's `X-Session-ID` header picks its
 replica, so every turn of one rollout reaches the same replica (its KV cache and the record
-of its earlier turns, serve/chat.py), and sessions spread over the replicas. The header is set
-per rollout by `model.openai_client()` (replicas/affinity.py).
+of its earlier turns, serve/http/prompts.py), and sessions spread over the replicas. The header is set
+per rollout by `model.openai_client()` (client/affinity.py).
 
 This process only tells the router which replicas take traffic, with the router's own
 worker routes (`POST /add_worker?url=`, `POST /remove_worker?url=`, `GET /list_workers`):

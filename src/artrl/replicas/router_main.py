@@ -14,7 +14,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from artrl.replicas.spawn import on_parent_end
+from .spawn import on_parent_end
 
 STOP_TIMEOUT_S = 10.0
 

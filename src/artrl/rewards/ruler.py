@@ -45,8 +45,9 @@ from typing import Any
 import pydantic
 
 from ..errors import ArtrlError
-from ..chat_format import message_of
-from ..trajectories import Trajectory, TrajectoryGroup, one_chat_conversation
+from ..chat.format import message_of
+from ..trajectories.data import Trajectory, TrajectoryGroup
+from ..trajectories.history import one_chat_conversation
 from .judge import resolve
 from .litellm_judge import litellm_prices, litellm_request, litellm_response_cost, load_litellm
 

@@ -39,7 +39,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..metrics import MetricsBuilder, is_builder_managed_metric
 from ..metrics_taxonomy import build_data_metrics_from_summary, summarize_trajectory_groups
-from ..trajectories import Trajectory, TrajectoryGroup, revalidate
+from ..trajectories.data import Trajectory, TrajectoryGroup, revalidate
 from . import storage
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ class RunHistory:
 
     def write_trajectories(self, groups: list[TrajectoryGroup], split: str, step: int) -> Path | None:
         """Add the groups to `trajectories/<split>/NNNN.parquet` (atomically rewritten)."""
-        from ..utils.trajectory_logging import append_trajectory_groups_parquet
+        from .trajectory_logs import append_trajectory_groups_parquet
 
         path = storage.trajectory_log_path(self.run, split, step)
         with self._write_lock:

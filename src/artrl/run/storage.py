@@ -13,7 +13,7 @@ Layout (written down once, here):
             trainer_state.json          step, optimizer steps, base model, the step's history line
             COMPLETE                    written last; a directory without it is not a checkpoint
         trajectories/<split>/0003.parquet  trajectory groups logged at a step, in ART's Parquet format
-                                        (utils/trajectory_logging.py); earlier .jsonl logs are migrated
+                                        (run/trajectory_logs.py); earlier .jsonl logs are migrated
 
 Crash safety: a checkpoint is written into `checkpoints/.tmp-*`, every file is
 fsynced, the COMPLETE marker goes in last, and the directory is renamed into
@@ -35,7 +35,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .._fs import fsync_dir, fsync_tree, write_atomic
+from ..runtime.fs import fsync_dir, fsync_tree, write_atomic
 from ..errors import CheckpointError
 
 log = logging.getLogger(__name__)

@@ -1,28 +1,26 @@
-"""OpenAI-compatible inference: engines that sample tokens, and the HTTP server around them.
+"""OpenAI-compatible inference: engines that sample tokens (engines/), and the HTTP layer around them (http/).
 
-    engine.py               the engine contract: GenerationRequest (and its one check), GenerationResult,
-                            InferenceEngine
-    factory.py              resolve_engine_kind / open_engine: which engine serves ("auto", "builtin", "vllm")
-    transformers_engine.py  TransformersEngine, the built-in (CPU or GPU) engine
-    vllm_engine.py          VLLMEngine over vLLM's AsyncLLM (imported by the factory only when asked for)
-    vllm_args.py            vLLM's engine arguments from a model config and ART's engine_args (no vLLM import)
-    sampling.py             per-row temperature / top-p / seeded sampling, grammar masks on logits
-    structured.py           response_format / tool_choice -> grammars (llguidance); vLLM's keywords
-    scripted.py             ScriptedEngine: returns the completion it is told to (tests, record benchmarks)
-    chat.py                 request messages -> prompt ids (chat_format rules), the record cache
-    tool_calls.py           <tool_call> blocks -> OpenAI tool_calls; the syntax grammars write
-    models.py               ServedModels: "name" and "name@step" -> (engine, adapter)
-    server.py               create_app: the FastAPI app
-    background.py           start_server / ServerHandle: uvicorn in a thread
+    errors.py        the serving errors both sides share (InvalidRequestError, EngineClosedError)
+    structured.py    response_format / tool_choice -> grammars (llguidance); vLLM's keywords
+    schema_ends.py   where a JSON schema's values may end (the grammars' stop points)
+    tool_calls.py    <tool_call> blocks -> OpenAI tool_calls; the syntax grammars write
+    engines/         the engine contract (base.py), the built-in engine, vLLM, sampling, adapter versions
+    http/            the FastAPI server: request core, one module per wire protocol (http/protocols/), guards,
+                     streaming, the served-model table, the server in a thread
+
+The engines never import http/; both import the four modules above. Nothing here imports train/, local/ or
+the model handle.
 """
 
-from artrl.serve.background import ServerHandle, start_server
-from artrl.serve.engine import GenerationRequest, GenerationResult, InferenceEngine, InvalidRequestError
-from artrl.serve.factory import open_engine, resolve_engine_kind
-from artrl.serve.models import ModelNotFoundError, ServedModels
-from artrl.serve.server import create_app
-from artrl.serve.tool_calls import parse_tool_calls
-from artrl.serve.transformers_engine import TransformersEngine
+
+from .http.background import ServerHandle, start_server
+from .engines.base import GenerationRequest, GenerationResult, InferenceEngine
+from .errors import InvalidRequestError
+from .engines.factory import open_engine, resolve_engine_kind
+from .http.served_models import ModelNotFoundError, ServedModels
+from .http.server import create_app
+from .tool_calls import parse_tool_calls
+from .engines.transformers_engine import TransformersEngine
 
 __all__ = [
     "GenerationRequest",

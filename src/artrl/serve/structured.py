@@ -17,7 +17,7 @@ A chat completion request may ask (OpenAI's API) for
 `StructuredOutput` (a small LRU cache), and hands out a fresh `RowGrammar` per sampled
 row, which the decode loop asks for a token bitmask before each step and tells each
 sampled token. The vLLM engine runs the same compiled grammars in vLLM's worker
-(serve/vllm_grammar.py), so both engines hold replies to one language. The choices
+(serve/engines/vllm_grammar.py), so both engines hold replies to one language. The choices
 made here:
 
 1. **JSON is written as `json.dumps` writes it**: `", "` between items, `": "` after
@@ -37,7 +37,7 @@ made here:
    tokenizes to.
 3. **A JSON `response_format` with tools offered under `tool_choice` "auto"** lets the
    reply be either the JSON or tool calls; `tool_choice` "none" leaves the tools out of the constraint (they
-   stay in the prompt: serve/core.py).
+   stay in the prompt: serve/http/core.py).
 4. **Anything the grammar library cannot compile** (an invalid schema, an unknown
    keyword, a `$ref` to nowhere) is a `StructuredOutputError`: an `InvalidRequestError`
    naming the request field (`param`), which the server answers as a 400. A **recursive
@@ -51,7 +51,7 @@ made here:
    written into the grammar itself (`start: reply end_of_turn`), so the grammar text
    alone says where a reply may end, whichever engine runs it.
 
-What logprobs mean under a grammar is the engine's concern (serve/engine.py): they are
+What logprobs mean under a grammar is the engine's concern (serve/engines/base.py): they are
 the raw model logprobs of the sampled tokens, before the mask.
 """
 
@@ -66,9 +66,9 @@ from typing import Any, Literal
 
 import torch
 
-from artrl.serve.engine import InvalidRequestError, RequestProblem
-from artrl.serve.schema_ends import unending_part
-from artrl.serve.tool_calls import ToolCallSyntax
+from .errors import InvalidRequestError, RequestProblem
+from .schema_ends import unending_part
+from .tool_calls import ToolCallSyntax
 
 Kind = Literal["json_object", "json_schema", "tool_calls"]
 
@@ -383,7 +383,7 @@ class GrammarCompiler:
 
     def compile_lark(self, lark: str) -> CompiledGrammar:
         """The compiled grammar for a Lark text that `compile` wrote for this tokenizer (cached by the text): what
-        vLLM's worker process receives (serve/vllm_grammar.py). StructuredOutputError if it cannot be compiled."""
+        vLLM's worker process receives (serve/engines/vllm_grammar.py). StructuredOutputError if it cannot be compiled."""
         return self._compile(lark, None, lark)
 
     def _compile(self, key: str, structured: StructuredOutput | None, lark: str | None) -> CompiledGrammar:

@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from ..trajectories import Trajectory
+from ..trajectories.data import Trajectory
 from ..utils import choice_from_completion
 
 Split = Literal["train", "val"]

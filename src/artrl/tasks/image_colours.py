@@ -23,8 +23,8 @@ from typing import Any, Final, Literal
 
 from PIL import Image, ImageDraw
 
-from ..images import data_url
-from ..trajectories import Trajectory
+from ..chat.images import data_url
+from ..trajectories.data import Trajectory
 from ..utils import choice_from_completion
 from .colours import ANSWER_STYLES, MAX_TOKENS, graded, reward
 

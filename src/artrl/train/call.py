@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from ..preprocess.build import BuiltCall, build_call
 from ..preprocess.plan import BatchPlan
 from ..preprocess.rows import PackedRows
-from ..preprocess.tokenize import TokenizedSequence, TokenizeStats
-from ..once_per_run import OncePerRun
-from ..threads import use_training_threads
+from ..trajectories.sequences import TokenizedSequence, TokenizeStats
+from ..runtime.once_per_run import OncePerRun
+from ..runtime.threads import use_training_threads
 from ..types import BatchConfig, OptimizerConfig
 from .trainer import BuildContext, LossFn, StepOptions, Trainer
 
@@ -131,7 +131,7 @@ def run_call(trainer: Trainer, call: PreparedCall, *, show_progress: bool = True
     log.info("%s", call.line())
     steps: list[dict[str, float]] = []
     if not call.empty:
-        use_training_threads()  # the process's thread count, whichever thread runs the call (artrl/threads.py)
+        use_training_threads()  # the process's thread count, whichever thread runs the call (artrl/runtime/threads.py)
         assert call.packed is not None and call.plan is not None and call.loss_fn is not None
         for k, metrics in enumerate(trainer.run(call.packed, call.plan, call.loss_fn, call.learning_rates,
                                                 optimizer=call.optimizer, options=call.options,

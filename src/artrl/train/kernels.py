@@ -26,7 +26,7 @@ import torch
 
 from ..errors import ConfigError
 from ..models.liger import liger_applies, liger_available
-from ..types import InternalModelConfig
+from ..config.model import InternalModelConfig
 
 log = logging.getLogger(__name__)
 

@@ -79,7 +79,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..notices import notice_once
+from ..runtime.notices import notice_once
 from .offpolicy import Correction, importance_weights, log_ratio_to_sampler, off_policy_keep, sequence_totals
 
 # The importance-ratio histogram (ART 0.5.23's bucket edges): bucket 0 holds r <= 1e-4, bucket k holds

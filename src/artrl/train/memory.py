@@ -25,13 +25,15 @@ A CUDA out-of-memory error in the middle of a call (`is_out_of_memory`) puts
 the adapter weights, the optimizer state, the step count and the trainer's RNG
 state back as they were at the start of the call (`CallState`), which is the
 last checkpoint's state, and ends the call with `TrainOutOfMemoryError`.
+
+The functions here take values (a plan, a budget, the config) and return a decision or an error; the trainer
+(train/trainer.py: `Trainer.memory_budget`, `Trainer.call_memory`, `CallState`) applies them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +43,6 @@ from ..errors import TrainOutOfMemoryError
 
 if TYPE_CHECKING:
     from ..preprocess.plan import BatchPlan
-    from .trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -115,20 +116,6 @@ def budget_for(config: Any, dtype: torch.dtype, chunk_size: int, free: int, *, o
     return MemoryBudget(tokens(False), tokens(True), int(free), tokens(True, True) if offload else None)
 
 
-def device_budget(trainer: "Trainer", host: bool = False) -> MemoryBudget | None:
-    """The trainer's budgets now (None off CUDA unless `host`: a CPU's host memory; None when workers elsewhere
-    train)."""
-    if trainer.device.type not in (("cuda", "cpu") if host else ("cuda",)) or trainer.sharded:
-        return None
-    cfg = trainer.cfg
-    if cfg.num_workers != 1 or cfg.trainer_gpu_ids is not None or cfg.num_nodes != 1:
-        return None
-    config = trainer.model_config
-    return budget_for(config, trainer.dtype, cfg.logprob_chunk_size, free_bytes(trainer.device),
-                      offload=trainer.device.type == "cuda" and cfg.offload_activations is not False,
-                      fused=bool(getattr(trainer, "kernels", {}).get("liger_kernel")))
-
-
 def checkpointing_on(model: Any) -> bool:
     """Whether transformers' activation checkpointing is on in `model` (named is_activation_checkpointing since
     transformers 5.x, is_gradient_checkpointing before)."""
@@ -153,46 +140,11 @@ def set_checkpointing(model: Any, on: bool) -> None:
         model.gradient_checkpointing_disable()
 
 
-@contextlib.contextmanager
-def call_checkpointing(trainer: "Trainer", model: Any, plan: "BatchPlan") -> Iterator[None]:
-    """Activation checkpointing of `model` (the transformers model) for one call: as configured, or
-    (`gradient_checkpointing=None`) on only when the plan's largest micro-batch would not fit the free memory
-    without it; on CUDA, offloading of the checkpointed inputs to host memory likewise (`offload_activations`).
-    A micro-batch no setting fits is refused here, before anything trains (`refuse_too_long`). Put back as it
-    was afterwards."""
-    cfg = trainer.cfg
-    # the free memory, read once for the call's three decisions (None: a sharded trainer's workers decide)
-    budget = None if trainer.sharded else device_budget(trainer, host=True)
-    refuse_too_long(trainer, plan, budget)
-    want = cfg.gradient_checkpointing
-    if want is None and not trainer.sharded:
-        want = needs_checkpointing(trainer, plan, budget)
-    offload = bool(cfg.offload_activations)
-    if cfg.offload_activations is None and want is not False:
-        offload = needs_offload(trainer, plan, budget)
-    if offload and want is None:
-        want = True  # offloading is of the checkpointed inputs
-    trainer.offload_activations = offload and trainer.device.type == "cuda" or trainer.force_offload
-    before = checkpointing_on(model)
-    try:
-        if want is None or want == before or not (hasattr(model, "activation_checkpointing_enable")
-                                                  or hasattr(model, "gradient_checkpointing_enable")):
-            yield
-            return
-        set_checkpointing(model, want)
-        try:
-            yield
-        finally:
-            set_checkpointing(model, before)
-    finally:
-        trainer.offload_activations = False
-
-
 def _largest(plan: "BatchPlan") -> int:
     return max((mb.tokens for step in plan.steps for mb in step.micro_batches), default=0)
 
 
-def refuse_too_long(trainer: "Trainer", plan: "BatchPlan", budget: MemoryBudget | None) -> None:
+def refuse_too_long(plan: "BatchPlan", budget: MemoryBudget | None, cfg: Any, device_type: str) -> None:
     """A TrainTooLongError (before the call trains anything) when the plan's largest micro-batch fits the free memory
     under no setting the call may choose (checkpointing as configured; offload on CUDA), naming the length that
     would fit; a warning instead with `check_memory=False`. The per-token figures err high (models/memory_plan.py),
@@ -202,7 +154,6 @@ def refuse_too_long(trainer: "Trainer", plan: "BatchPlan", budget: MemoryBudget 
     if budget is None:
         return
     largest = _largest(plan)
-    cfg = trainer.cfg
     more = ""
     if cfg.gradient_checkpointing is False:
         fit, under = budget.tokens, "without activation checkpointing (gradient_checkpointing=False)"
@@ -215,7 +166,7 @@ def refuse_too_long(trainer: "Trainer", plan: "BatchPlan", budget: MemoryBudget 
         return
     rows = plan.max_rows_per_micro_batch
     message = (f"this train call's largest micro-batch holds {largest} tokens ({rows} row{'s' if rows > 1 else ''}), "
-               f"and {fit} fit the {budget.free_bytes / 1e9:.1f} GB free on this {trainer.device.type} device "
+               f"and {fit} fit the {budget.free_bytes / 1e9:.1f} GB free on this {device_type} device "
                f"{under} (the memory plan, models/memory_plan.py: activations linear in length). Nothing was "
                f"trained. To fit, train on sequences of at most {fit} tokens (InternalModelConfig(max_length={fit}), "
                f"with TrainConfig(on_too_long='truncate') or the default 'drop'), one row per micro-batch "
@@ -227,32 +178,33 @@ def refuse_too_long(trainer: "Trainer", plan: "BatchPlan", budget: MemoryBudget 
     raise TrainTooLongError(message, tokens=largest, fit=fit)
 
 
-def needs_offload(trainer: "Trainer", plan: "BatchPlan", budget: MemoryBudget | None) -> bool:
+def needs_offload(plan: "BatchPlan", budget: MemoryBudget | None, notes: Callable[..., None]) -> bool:
     """On CUDA, whether the plan's largest micro-batch would not fit with checkpointing alone but does with its
-    inputs in host memory (`budget.tokens_offloaded` is None elsewhere)."""
+    inputs in host memory (`budget.tokens_offloaded` is None elsewhere). `notes(key, message, *args)` says so
+    (the trainer's `memory_notes`)."""
     if budget is None or budget.tokens_offloaded is None:
         return False
     largest = _largest(plan)
     on = largest > budget.tokens_checkpointed
     if on:
-        trainer.memory_notes("offload", "activation offloading on: largest micro-batch %d tokens, %d fit with "
+        notes("offload", "activation offloading on: largest micro-batch %d tokens, %d fit with "
                              "checkpointing alone, %d with offloading (%.1f GB free)", largest,
-                             budget.tokens_checkpointed, budget.tokens_offloaded, budget.free_bytes / 1e9)
+              budget.tokens_checkpointed, budget.tokens_offloaded, budget.free_bytes / 1e9)
     return on
 
 
-def needs_checkpointing(trainer: "Trainer", plan: "BatchPlan", budget: MemoryBudget | None) -> bool:
+def needs_checkpointing(plan: "BatchPlan", budget: MemoryBudget | None, device_type: str,
+                        notes: Callable[..., None]) -> bool:
     """Whether the plan's largest micro-batch would not fit the free memory (the host's, on a CPU) without activation
-    checkpointing."""
+    checkpointing; `notes` says so where it matters (the trainer's `memory_notes`)."""
     if budget is None:
         return False
     largest = _largest(plan)
     on = largest > budget.tokens
-    if not on and trainer.device.type == "cpu":
+    if not on and device_type == "cpu":
         return False  # the usual case on a CPU: said nothing before, says nothing now
-    trainer.memory_notes("checkpointing", "activation checkpointing %s: largest micro-batch %d tokens, %d fit "
-                         "without it (%.1f GB free)", "on" if on else "off", largest, budget.tokens,
-                         budget.free_bytes / 1e9)
+    notes("checkpointing", "activation checkpointing %s: largest micro-batch %d tokens, %d fit without it "
+          "(%.1f GB free)", "on" if on else "off", largest, budget.tokens, budget.free_bytes / 1e9)
     return on
 
 
@@ -266,62 +218,22 @@ def is_out_of_memory(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
 
 
-def _to_host(value: Any) -> Any:
-    """A copy of `value` (tensors, nested in dicts/lists) on the host, apart from the live one."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _to_host(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_host(v) for v in value)
-    return value
-
-
-@dataclass
-class CallState:
-    """What a train call changes in a trainer, copied to the host at its start (adapter-sized: LoRA weights and
-    their AdamW moments), to be put back when the call fails half-way."""
-
-    params: list[torch.Tensor]
-    optimizer: dict[str, Any]
-    optimizer_steps: int
-    rng: dict[str, torch.Tensor | None]
-
-    @classmethod
-    def take(cls, trainer: "Trainer") -> "CallState":
-        with torch.no_grad():
-            return cls(params=[p.detach().to("cpu", copy=True) for p in trainer.params],
-                       optimizer=_to_host(trainer.optimizer.state_dict()),
-                       optimizer_steps=trainer.optimizer_steps, rng=trainer.rng_state())
-
-    def restore(self, trainer: "Trainer") -> None:
-        trainer.optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for p, saved in zip(trainer.params, self.params):
-                p.copy_(saved)
-        # load_state_dict moves the moments back to each parameter's device (and drops state the call created)
-        trainer.optimizer.state.clear()
-        trainer.optimizer.load_state_dict(self.optimizer)
-        trainer.optimizer_steps = self.optimizer_steps
-        trainer._rng = {k: v.clone() if v is not None else None for k, v in self.rng.items()}
-        if trainer.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-
-def out_of_memory_error(trainer: "Trainer", plan: "BatchPlan", e: BaseException) -> TrainOutOfMemoryError:
-    """The error that ends a call which ran out of device memory: what it ran, and what to lower."""
+def out_of_memory_error(plan: "BatchPlan", e: BaseException, model: Any, device: torch.device,
+                        logprob_chunk_size: int) -> TrainOutOfMemoryError:
+    """The error that ends a call which ran out of device memory (`model`, the trainer's, on `device`): what it ran,
+    and what to lower."""
     largest = max((mb.tokens for step in plan.steps for mb in step.micro_batches), default=0)
     rows = plan.max_rows_per_micro_batch
-    model = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
     checkpointing = checkpointing_on(model)
-    where = str(trainer.device)
-    if trainer.device.type == "cuda":
-        where += f" ({torch.cuda.memory_allocated(trainer.device) / 1e9:.1f} GB allocated now)"
+    where = str(device)
+    if device.type == "cuda":
+        where += f" ({torch.cuda.memory_allocated(device) / 1e9:.1f} GB allocated now)"
     advice = ("lower max_tokens_per_microbatch (or per_device_train_batch_size when no token budget is set), "
               "or row_length / max_row_length")
     if not checkpointing:
         advice += ", or set gradient_checkpointing=True in the model's InternalModelConfig"
-    advice += f"; logprob_chunk_size={trainer.cfg.logprob_chunk_size} can go lower too"
+    advice += f"; logprob_chunk_size={logprob_chunk_size} can go lower too"
     return TrainOutOfMemoryError(
         f"the train call ran out of memory on {where} with micro-batches of up to {rows} rows and {largest} "
         f"token slots (activation checkpointing {'on' if checkpointing else 'off'}): {str(e).splitlines()[0][:200]}. "

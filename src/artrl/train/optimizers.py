@@ -1,4 +1,4 @@
-"""The adapter's optimizer, under ART's names (`trainer_args.optim`: their table is artrl/optim_spec.py), and
+"""The adapter's optimizer, under ART's names (`trainer_args.optim`: their table is artrl/config/optimizers.py), and
 its state in one portable form.
 
     optim                        optimizer                                      state a weight
@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from ..notices import notice_once
-from ..optim_spec import DEFAULT_OPTIM, OptimSpec, optim_spec
+from ..runtime.notices import notice_once
+from ..config.optimizers import DEFAULT_OPTIM, OptimSpec, optim_spec
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from functools import partial
 from ..errors import ConfigError
 from ..preprocess.advantages import balance_advantages
 from ..preprocess.build import BuiltCall
-from ..preprocess.tokenize import tokenize_groups
-from ..trajectories import TrajectoryGroup, sampled_policy_versions
+from ..trajectories.tokenization import tokenize_groups
+from ..trajectories.data import TrajectoryGroup, sampled_policy_versions
 from ..types import TrainConfig
 from .call import BuildContext, PreparedCall, build_batches
 from .loss import LossTerms, policy_loss

@@ -14,8 +14,8 @@ import random
 from collections.abc import Sequence
 
 from ..preprocess.build import BuiltCall
-from ..preprocess.tokenize import tokenize_sft
-from ..trajectories import Trajectory
+from ..trajectories.tokenization import tokenize_sft
+from ..trajectories.data import Trajectory
 from ..types import TrainSFTConfig
 from .call import BuildContext, PreparedCall, build_batches
 from .loss import LossTerms, sft_loss

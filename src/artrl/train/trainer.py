@@ -28,7 +28,7 @@ call's own first pass, detached, since its weights have not moved yet; else
 the same recompute); the LM-head chunk size.
 
 `model_lock` is held for the whole of a train call. The built-in inference
-engine may serve this very model (serve/transformers_engine.py); it is then
+engine may serve this very model (serve/engines/transformers_engine.py); it is then
 built with this lock, so generation and training take turns on one device.
 `end_ids` (the ids that close an assistant turn) are given by the session,
 which hands the same set to the inference engine.
@@ -63,20 +63,22 @@ from torch.profiler import record_function
 from ..preprocess.rows import PackedRows
 from ..preprocess.plan import BatchPlan
 from ..errors import ConfigError
-from ..host_allocator import fix_mmap_threshold, thresholds_for, use_thresholds
-from ..once_per_run import OncePerRun
-from ..progress import ProgressBar, progress_bar
-from ..types import InternalModelConfig, OptimizerConfig
+from ..runtime.host_allocator import fix_mmap_threshold, thresholds_for, use_thresholds
+from ..runtime.once_per_run import OncePerRun
+from ..runtime.progress import ProgressBar, progress_bar
+from ..config.model import InternalModelConfig
+from ..types import OptimizerConfig
 from .attention import attention_mask_for
 from .kernels import apply_kernels, fused_adamw
 from .logprobs import TokenLogprobModel
 from .loss import LossTerms, histogram_quantile
 from .offload import HostOffload
-from ..optim_spec import optim_spec
+from ..config.optimizers import optim_spec
 from .optimizers import build_optimizer, load_state
 from .routing import TrainerRouting
-from .memory import (CallState, MemoryBudget, call_checkpointing, device_budget, is_out_of_memory,
-                     out_of_memory_error)
+from . import memory
+from .memory import (MemoryBudget, budget_for, checkpointing_on, is_out_of_memory, needs_checkpointing,
+                     needs_offload, out_of_memory_error, refuse_too_long, set_checkpointing)
 from ..models.loading import model_max_length
 from .memory import log as memory_log
 from .offpolicy import AGE_VECTOR_KEY, mismatch_metrics, mismatch_sums
@@ -200,6 +202,48 @@ def _unwrap(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def _to_host(value: Any) -> Any:
+    """A copy of `value` (tensors, nested in dicts/lists) on the host, apart from the live one."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _to_host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_host(v) for v in value)
+    return value
+
+
+@dataclass
+class CallState:
+    """What a train call changes in a trainer, copied to the host at its start (adapter-sized: LoRA weights and
+    their AdamW moments), to be put back when the call fails half-way."""
+
+    params: list[torch.Tensor]
+    optimizer: dict[str, Any]
+    optimizer_steps: int
+    rng: dict[str, torch.Tensor | None]
+
+    @classmethod
+    def take(cls, trainer: Trainer) -> CallState:
+        with torch.no_grad():
+            return cls(params=[p.detach().to("cpu", copy=True) for p in trainer.params],
+                       optimizer=_to_host(trainer.optimizer.state_dict()),
+                       optimizer_steps=trainer.optimizer_steps, rng=trainer.rng_state())
+
+    def restore(self, trainer: Trainer) -> None:
+        trainer.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for p, saved in zip(trainer.params, self.params):
+                p.copy_(saved)
+        # load_state_dict moves the moments back to each parameter's device (and drops state the call created)
+        trainer.optimizer.state.clear()
+        trainer.optimizer.load_state_dict(self.optimizer)
+        trainer.optimizer_steps = self.optimizer_steps
+        trainer._rng = {k: v.clone() if v is not None else None for k, v in self.rng.items()}
+        if trainer.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 class Trainer:
     """Owns the peft model's training state: optimizer, step counter, the model lock."""
 
@@ -212,7 +256,7 @@ class Trainer:
         (None: `chat_format.end_of_turn_ids(tokenizer, model)`, what a session computes and passes). `vision`: a
         vision-language model's image processing (models/vision.py; `models.loading.load_vision`), which
         tokenizing its calls needs."""
-        from ..chat_format import end_of_turn_ids
+        from ..chat.format import end_of_turn_ids
 
         self.model = model
         self.tokenizer = tokenizer
@@ -277,8 +321,55 @@ class Trainer:
         """What preparing a call for this trainer needs to know of it."""
         return BuildContext(tokenizer=self.tokenizer, end_ids=self.end_ids, max_length=self.max_length,
                             pad_id=self.pad_id, device_type=self.device.type, optimizer_steps=self.optimizer_steps,
-                            memory_budget=device_budget(self), gradient_checkpointing=self.cfg.gradient_checkpointing,
+                            memory_budget=self.memory_budget(), gradient_checkpointing=self.cfg.gradient_checkpointing,
                             memory_notes=self.memory_notes, vision=self.vision)
+
+    # ------------------------------------------------------------------ memory of a call
+    def memory_budget(self, host: bool = False) -> MemoryBudget | None:
+        """This trainer's token budgets now (train/memory.py; None off CUDA unless `host`: a CPU's host memory;
+        None when workers elsewhere train)."""
+        if self.device.type not in (("cuda", "cpu") if host else ("cuda",)) or self.sharded:
+            return None
+        cfg = self.cfg
+        if cfg.num_workers != 1 or cfg.trainer_gpu_ids is not None or cfg.num_nodes != 1:
+            return None
+        return budget_for(self.model_config, self.dtype, cfg.logprob_chunk_size, memory.free_bytes(self.device),
+                          offload=self.device.type == "cuda" and cfg.offload_activations is not False,
+                          fused=bool(getattr(self, "kernels", {}).get("liger_kernel")))
+
+    @contextlib.contextmanager
+    def call_memory(self, model: Any, plan: BatchPlan) -> Iterator[None]:
+        """Activation checkpointing of `model` (the transformers model) for one call: as configured, or
+        (`gradient_checkpointing=None`) on only when the plan's largest micro-batch would not fit the free memory
+        without it; on CUDA, offloading of the checkpointed inputs to host memory likewise (`offload_activations`).
+        A micro-batch no setting fits is refused here, before anything trains (`refuse_too_long`). Put back as it
+        was afterwards."""
+        cfg = self.cfg
+        # the free memory, read once for the call's three decisions (None: a sharded trainer's workers decide)
+        budget = None if self.sharded else self.memory_budget(host=True)
+        refuse_too_long(plan, budget, cfg, self.device.type)
+        want = cfg.gradient_checkpointing
+        if want is None and not self.sharded:
+            want = needs_checkpointing(plan, budget, self.device.type, self.memory_notes)
+        offload = bool(cfg.offload_activations)
+        if cfg.offload_activations is None and want is not False:
+            offload = needs_offload(plan, budget, self.memory_notes)
+        if offload and want is None:
+            want = True  # offloading is of the checkpointed inputs
+        self.offload_activations = offload and self.device.type == "cuda" or self.force_offload
+        before = checkpointing_on(model)
+        try:
+            if want is None or want == before or not (hasattr(model, "activation_checkpointing_enable")
+                                                      or hasattr(model, "gradient_checkpointing_enable")):
+                yield
+                return
+            set_checkpointing(model, want)
+            try:
+                yield
+            finally:
+                set_checkpointing(model, before)
+        finally:
+            self.offload_activations = False
 
     # ------------------------------------------------------------------ randomness
     def _seeded_rng_state(self, seed: int) -> dict[str, torch.Tensor | None]:
@@ -320,7 +411,7 @@ class Trainer:
         (a KL reference); loading a name already there does nothing. The active (trained) adapter stays. At most
         `REFERENCE_ADAPTERS` stay loaded: a moving reference (kl_penalty_step_lag, ART's pipeline) names a new
         checkpoint each step, and the oldest one loaded is dropped for it, so a long run holds a bounded number."""
-        from ..adapter_switch import load_frozen_adapter
+        from ..models.adapter_switch import load_frozen_adapter
 
         with self.model_lock:
             loaded = getattr(self.model, "peft_config", {})
@@ -340,7 +431,7 @@ class Trainer:
             with self.model.disable_adapter() if hasattr(self.model, "disable_adapter") else contextlib.nullcontext():
                 yield
             return
-        from ..adapter_switch import serving
+        from ..models.adapter_switch import serving
 
         with serving(self.model, adapter):  # eval mode, adapter switched; modes and requires_grad restored
             yield
@@ -409,7 +500,7 @@ class Trainer:
         if self.device.type == "cpu":
             self._set_allocator(plan)
         try:
-            with self.model_lock, self._own_rng(), call_checkpointing(self, _unwrap(self.model), plan):
+            with self.model_lock, self._own_rng(), self.call_memory(_unwrap(self.model), plan):
                 # what the call may change, kept to put back if it runs out of device memory half-way (a
                 # sharded trainer's workers restart from the last checkpoint instead: distributed/)
                 state = None if self.sharded else CallState.take(self)
@@ -431,7 +522,7 @@ class Trainer:
                 raise
             with self.model_lock:
                 state.restore(self)
-            raise out_of_memory_error(self, plan, e) from e
+            raise out_of_memory_error(plan, e, self.model, self.device, self.cfg.logprob_chunk_size) from e
         finally:
             bar.close()
             self.model.eval()

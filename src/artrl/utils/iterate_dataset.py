@@ -19,7 +19,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from ..progress import progress_bar
+from ..runtime.progress import progress_bar
 
 
 T = TypeVar("T")

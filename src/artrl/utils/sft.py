@@ -26,8 +26,8 @@ from collections.abc import Generator, Iterable
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from ..errors import TrajectoryError
-from ..progress import progress_bar
-from ..trajectories import Trajectory
+from ..runtime.progress import progress_bar
+from ..trajectories.data import Trajectory
 from ..types import TrainSFTConfig
 
 if TYPE_CHECKING:

@@ -1,0 +1,37 @@
+"""`POST /v1/chat/completions`: OpenAI's Chat Completions over the request core, the protocol the core's canonical
+request is shaped after (serve/http/request.py: `ChatCompletionRequest`).
+
+The body is parsed here, not by FastAPI: a large body is counted, then parsed off the event loop, as every
+protocol's is (protocols/common.py: `read_body`). `stream_options.include_usage` adds a usage chunk to a streamed
+reply; the token record rides on each choice (docs/token-record.md).
+"""
+
+from __future__ import annotations
+
+import fastapi
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..core import RequestCore
+from ..request import ChatCompletionRequest
+from ..streaming import chat_sse
+from .common import read_body
+
+PATH = "/v1/chat/completions"
+
+
+def add_route(app: fastapi.FastAPI, core: RequestCore) -> None:
+    """`POST /v1/chat/completions` on `app`."""
+
+    @app.post(PATH)
+    async def chat_completions(http: fastapi.Request) -> fastapi.Response:
+        return await answer(await read_body(http, ChatCompletionRequest, core, items="messages"), http)
+
+    async def answer(body: ChatCompletionRequest, http: fastapi.Request) -> fastapi.Response:
+        core.warn_unknown(body, "chat completion")
+        prepared = await core.prepare(body)
+        options = (body.model_extra or {}).get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        if body.stream:
+            return StreamingResponse(chat_sse(await core.stream(prepared, http, include_usage)),
+                                     media_type="text/event-stream")
+        return JSONResponse(await core.complete(prepared, http))

@@ -1,0 +1,91 @@
+"""What the protocol adapters share: reading a body into a strict pydantic model, and server-sent events."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import fastapi
+import pydantic
+from fastapi.exceptions import RequestValidationError
+
+from ....runtime.heap import release_free_memory
+from ..guards import APIError
+from ..request import INLINE_PARSE_BYTES, check_content_type, check_counts, count_items
+
+if TYPE_CHECKING:
+    from ..core import RequestCore
+
+Body = TypeVar("Body", bound=pydantic.BaseModel)
+
+
+def parse(raw: bytes, model: type[Body]) -> Body:
+    """`raw` as `model` (a failure is the RequestValidationError the server answers with a 400 naming the field)."""
+    try:
+        return model.model_validate_json(raw)
+    except pydantic.ValidationError as error:
+        raise RequestValidationError(error.errors(include_url=False)) from error
+
+
+async def read_body(http: fastapi.Request, model: type[Body], core: RequestCore, items: str | None = None) -> Body:
+    """The request body as `model`: a body sent as anything but JSON is a 400; one over `INLINE_PARSE_BYTES` is
+    first counted without being built (its list of messages, named `items` in this protocol, and its tools: over
+    the server's limits is a 400 before anything is built, as on the chat route), then parsed on a worker thread
+    (the core checks the rest of the limits on what it holds, after it is parsed)."""
+    raw = await http.body()
+    check_content_type(http.headers.get("content-type"))
+    if len(raw) <= INLINE_PARSE_BYTES:
+        return parse(raw, model)
+    try:
+        counts = await core.off_loop(count_items, raw, items) if items is not None else None
+        if counts is not None:
+            try:
+                check_counts(counts, core.limits, items)
+            except APIError:
+                core.metrics.refused_by_count += 1
+                raise
+        return await core.off_loop(parse, raw, model)
+    finally:
+        del raw
+        await core.off_loop(release_free_memory)
+
+
+def named_event(name: str, data: dict[str, Any]) -> bytes:
+    """One server-sent event with an `event:` name (Anthropic's and the Responses API's streams)."""
+    return b"event: " + name.encode() + b"\ndata: " + json.dumps(data).encode() + b"\n\n"
+
+
+def record_fields(choice: dict[str, Any]) -> dict[str, Any]:
+    """A chat choice's token record besides its ids and logprobs (`policy_version`, and `routed_experts` /
+    `prompt_images` where the model has them), to carry over as they are."""
+    return {k: v for k, v in choice.items()
+            if k not in ("index", "message", "finish_reason", "logprobs", "token_ids", "prompt_token_ids", "text")}
+
+
+def sampled_logprobs(choice: dict[str, Any]) -> list[float]:
+    """The logprob of every sampled id of a chat choice, in order."""
+    return [entry["logprob"] for entry in (choice.get("logprobs") or {}).get("content") or []]
+
+
+@contextlib.contextmanager
+def renamed_params(names: dict[str, str]) -> Iterator[None]:
+    """Core refusals named in the protocol's own words: the canonical parameter `messages` is the Completions
+    `prompt`, chat's `max_tokens` the Responses `max_output_tokens`."""
+    try:
+        yield
+    except APIError as error:
+        if error.param is None:
+            raise
+        head, dot, rest = error.param.partition(".")
+        base, bracket, index = head.partition("[")
+        if base not in names:
+            raise
+        new = names[base] + bracket + index + dot + rest
+        # the field's name where the message names it first; later words (`create_app(max_messages=...)`, "holds
+        # 5000 messages") stay as they are
+        message = re.sub(rf"\b{re.escape(base)}\b", names[base], error.message, count=1)
+        raise dataclasses.replace(error, param=new, message=message) from error
