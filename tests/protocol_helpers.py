@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from artrl.serve import ServedModels, ServerHandle, create_app, start_server
-from artrl.serve.scripted import ScriptedEngine
+from artrl.serve.engines.scripted import ScriptedEngine
 
 COUNTED_MESSAGES = 10
 """The most messages (Responses: items) a request to `counting_server` may hold."""
