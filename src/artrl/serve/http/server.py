@@ -35,9 +35,10 @@ Compared with OpenAI's API (and vLLM's server), this one:
    cannot end (a required self-reference), is a 400 naming `response_format`, `tools`
    or `tool_choice`; so is a structured request to an engine that cannot enforce it;
 5. returns every error as OpenAI's `{"error": {"message", "type", "param",
-   "code"}}` with a 4xx status for anything the client got wrong, including
-   request-body validation errors (400, never a 500 with a traceback; types are
-   strict: `max_tokens: "8"` is a 400), a body that is not JSON (400), a tool
+   "code"}}` (Anthropic's shape on `/v1/messages`) with a 4xx status for anything the
+   client got wrong, including request-body validation errors (400, never a 500 with a
+   traceback; types are strict: `max_tokens: "8"` is a 400), a field the route does not
+   take (400 naming it, serve/http/body_policy.py), a body that is not JSON (400), a tool
    without its function (400), a body that stops arriving (408, `body_timeout`) or
    that is not whole within `body_deadline` of its head (408, serve/http/guards.py) and,
    from the HTTP layer below the app, malformed or too slow request heads
