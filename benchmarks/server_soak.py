@@ -153,6 +153,16 @@ def _route_abuse(route: str) -> dict[str, Any]:
     }
 
 
+def _unknown_field_abuse(route: str) -> dict[str, Any]:
+    """Bodies whose size or number of names is under fields no route takes (serve/http/body_policy.py): 5,000
+    invented names, and 50,000 tools under an unknown name (a counted name elsewhere is not counted there)."""
+    names = {f"u0_{k:05d}_{'x' * 40}": 0 for k in range(5_000)}
+    junk = [{"type": "function", "function": {"name": f"tool_{i:05d}", "description": "one small tool",
+                                              "parameters": {"type": "object"}}} for i in range(50_000)]
+    return {"5000_unknown_names": _normal(route, "hi", 4, **names),
+            "50k_tools_under_an_unknown_name": _normal(route, "hi", 4, junk=junk)}
+
+
 def _stats_ms(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
@@ -182,7 +192,7 @@ async def _abuse(base_url: str, repeats: int, route: str = "chat") -> dict[str, 
             httpx.AsyncClient(base_url=base_url, timeout=300, headers=headers) as hostile:
         alone = await _normal_latencies(normal, asyncio.Event(), count=50, route=route)
         results: dict[str, Any] = {}
-        for name, body in _route_abuse(route).items():
+        for name, body in {**_route_abuse(route), **_unknown_field_abuse(route)}.items():
             payload = json.dumps(body).encode()
             stop = asyncio.Event()
             during = asyncio.create_task(_normal_latencies(normal, stop, route=route))

@@ -274,7 +274,8 @@ def test_completions_rollouts_train_on_exactly_their_record(served: Served) -> N
 
 def responses_text(reply: Any) -> str:
     if not isinstance(reply, dict):  # a stream: its completed response
-        reply = next(p["response"] for name, p in reply if p.get("type") == "response.completed")
+        reply = next(p["response"] for name, p in reply if p.get("type") in ("response.completed",
+                                                                              "response.incomplete"))
     return "".join(part.get("text") or "" for item in reply["output"] if item["type"] == "message"
                    for part in item["content"])
 
@@ -394,7 +395,7 @@ def responses_tool_agent(stream: bool, chained: bool = False) -> Agent:
         if stream:
             first = None
             async for event in await sdk.responses.create(input=items, stream=True, **ask):
-                if event.type == "response.completed":
+                if event.type in ("response.completed", "response.incomplete"):
                     first = event.response
             assert first is not None
         else:

@@ -61,12 +61,15 @@ def test_messages_stream_ends_with_an_anthropic_error_event() -> None:
     assert closed == [True]
 
 
-def test_responses_stream_ends_with_an_error_event() -> None:
+def test_responses_stream_ends_with_an_error_event_then_response_failed() -> None:
     closed: list[bool] = []
     got = events(response_events(prepared(), ResponsesRequest(model="m", input="hi"), failing(closed), print))
     assert [name for name, _ in got][:3] == ["response.created", "response.in_progress", "response.output_item.added"]
-    name, data = got[-1]
+    name, data = got[-2]
     assert name == "error" and data["code"] == "engine_closed" and data["message"] == "the engine was closed"
+    name, data = got[-1]
+    assert name == "response.failed" and data["response"]["status"] == "failed", data
+    assert data["response"]["error"] == {"code": "engine_closed", "message": "the engine was closed"}
     assert data["sequence_number"] == len(got) - 1 and closed == [True]
     assert not any(name == "response.completed" for name, _ in got)
 

@@ -96,7 +96,7 @@ def test_request_fields_become_one_constraint() -> None:
     (("json", None, None), "response_format", "json_schema"),
     ((None, None, "required"), "tool_choice", "at least one tool"),
     ((None, [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}], "required"),
-     "tools", "object"),
+     "tools[0].function.parameters", "object"),
 ])
 def test_bad_fields_name_the_field(fields: tuple[Any, Any, Any], param: str, words: str) -> None:
     with pytest.raises(StructuredOutputError, match=words) as caught:
@@ -202,9 +202,9 @@ def test_a_schema_that_does_not_compile_is_a_clear_error(compiler: GrammarCompil
     assert caught.value.param == "response_format"
     parameters = {"type": "object", "properties": {"a": schema}}
     tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
-    with pytest.raises(StructuredOutputError, match="'f'") as caught:
+    with pytest.raises(StructuredOutputError, match="'f'") as caught:  # refused before compiling, any tool_choice
         compiler.compile(structured_output(None, [tool], "required", None, HERMES))
-    assert caught.value.param == "tool_choice"
+    assert caught.value.param == "tools[0].function.parameters"
 
 
 def test_mask_logits_touches_only_constrained_rows() -> None:

@@ -58,6 +58,7 @@ the raw model logprobs of the sampled tokens, before the mask.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import threading
 from collections.abc import Iterable, Mapping
@@ -142,6 +143,8 @@ def structured_output(
     when the server cannot write or parse this family's calls.
     """
     schema, kind = _response_schema(response_format)
+    for k, tool in enumerate(tools or []):  # every offered tool, whatever tool_choice says (a call is parsed by them)
+        _tool_schema(tool, k)
     if tool_choice == "none":
         tools = None
     forced = tool_choice == "required" or isinstance(tool_choice, dict)
@@ -200,19 +203,52 @@ def _finite(schema: dict[str, Any], what: str, param: str) -> dict[str, Any]:
 
 
 def _tool_schema(tool: Any, k: int) -> ToolSchema:
+    """Tool `k`'s name and parameters, checked: an object schema that can end and that a grammar can be made of
+    (a 400 naming `tools[k].function.parameters` otherwise, under any tool_choice)."""
     function = tool.get("function", tool) if isinstance(tool, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str) or not name:
-        raise StructuredOutputError(f"tools[{k}] has no function name: {tool!r:.200}.", "tools")
+        raise StructuredOutputError(f"tools[{k}] has no function name: {tool!r:.200}.", f"tools[{k}].function.name")
     parameters = function.get("parameters")
     if parameters is None:
         return ToolSchema(name, NO_PARAMETERS)
+    param = f"tools[{k}].function.parameters"
     if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
         raise StructuredOutputError(
             f"tools[{k}] ({name!r}) has parameters {parameters!r:.200}; a function's parameters must be a JSON "
             'schema of an object ({"type": "object", "properties": {...}}): its arguments are a JSON object.',
-            "tools")
-    return ToolSchema(name, _finite({"type": "object", **parameters}, f"tools[{k}] ({name!r}) parameters", "tools"))
+            param)
+    schema = _finite({"type": "object", **parameters}, f"tools[{k}] ({name!r}) parameters", param)
+    problem = schema_problem(json.dumps(schema, sort_keys=True))
+    if problem:
+        raise StructuredOutputError(f"tools[{k}] ({name!r}) parameters are not a JSON schema a reply can be held to: "
+                                    f"{problem:.300}", param)
+    return ToolSchema(name, schema)
+
+
+SCHEMA_CHECK_CACHE_CHARS = 8192
+"""Schemas up to this many characters of JSON keep their check's answer (`schema_problem`, 256 of them)."""
+
+
+def schema_problem(schema_json: str) -> str:
+    """What llguidance finds wrong with the JSON schema `schema_json` (an unknown type or format, a dangling
+    `$ref`, a bad pattern...), or "" when a grammar can be made of it."""
+    if len(schema_json) <= SCHEMA_CHECK_CACHE_CHARS:
+        return _cached_schema_problem(schema_json)
+    return _schema_problem(schema_json)
+
+
+def _schema_problem(schema_json: str) -> str:
+    import llguidance
+
+    matcher = llguidance.LLMatcher
+    try:
+        return matcher.validate_grammar(matcher.grammar_from_json_schema(json.loads(schema_json)))
+    except (ValueError, TypeError) as error:  # a schema the grammar builder cannot even read
+        return str(error) or type(error).__name__
+
+
+_cached_schema_problem = functools.lru_cache(maxsize=256)(_schema_problem)
 
 
 def _need_syntax(syntax: ToolCallSyntax | None, param: str) -> None:

@@ -183,7 +183,7 @@ def is_terminal_event(endpoint: Endpoint, block: bytes) -> bool:
                 return True
             continue
         kind = payload.get("type") if isinstance(payload, dict) else None
-        if endpoint == "responses" and "response.completed" in (name, kind):
+        if endpoint == "responses" and ({name, kind} & _RESPONSES_ENDS):
             return True
         if endpoint == "messages" and "message_stop" in (name, kind):
             return True
@@ -269,14 +269,19 @@ def _completion_response(body: bytes, stream: bool) -> Completion:
     return Completion.model_validate(data)
 
 
+_RESPONSES_FINISHED = {"response.completed", "response.incomplete"}
+"""The events that end a Responses stream with the whole response (an `incomplete` one: cut by max_output_tokens)."""
+_RESPONSES_ENDS = _RESPONSES_FINISHED | {"response.failed"}
+
+
 def _responses_response(body: bytes, stream: bool) -> Response:
     if not stream:
         return Response.model_validate_json(body)
-    completed = [p.get("response") for name, p in sse_events(body) if isinstance(p, dict)
-                 and "response.completed" in (name, p.get("type"))]
-    if not completed or not isinstance(completed[-1], dict):
-        raise ValueError("incomplete Responses stream (no response.completed event)")
-    return Response.model_validate(completed[-1])
+    finished = [p.get("response") for name, p in sse_events(body) if isinstance(p, dict)
+                and ({name, p.get("type")} & _RESPONSES_FINISHED)]
+    if not finished or not isinstance(finished[-1], dict):
+        raise ValueError("incomplete Responses stream (no response.completed or response.incomplete event)")
+    return Response.model_validate(finished[-1])
 
 
 # token-record keys a Messages stream carries on its events, copied onto the assembled message

@@ -49,8 +49,8 @@ from ..errors import EngineClosedError, InvalidRequestError
 from ..engines.base import GenerationRequest, GenerationResult
 from .guards import APIError, ServerMetrics
 from .served_models import LiveSwitchingError, ModelNotFoundError, ServedModels
-from .request import (IGNORED_FIELDS, ROUTER_DEFAULTS, ChatCompletionRequest, RequestLimits, check,
-                                 check_parsed)
+from .body_policy import BodyPolicy
+from .request import ChatCompletionRequest, RequestLimits, check, check_parsed
 from .stream_text import TextStream
 from .streaming import LiveStream, chunks as finished_chunks
 from ..structured import StructuredOutput, StructuredOutputError, structured_output
@@ -389,24 +389,17 @@ class Prepared:
 class RequestCore:
     """What every protocol's route calls (module docstring): `prepare`, then `complete` or `stream`.
 
-    `off_loop(fn, *args)` runs CPU work a large request brings on a worker thread (bounded by the server).
+    `off_loop(fn, *args)` runs CPU work a large request brings on a worker thread (bounded by the server);
+    `body_policy`: what the routes do with fields they do not take (refused, unless the server is set to warn).
     """
 
     def __init__(self, resolver: ServedModels, prompts: PromptBuilder, limits: RequestLimits,
                  metrics: ServerMetrics, default_max_tokens: int,
-                 off_loop: Callable[..., Awaitable[Any]]) -> None:
+                 off_loop: Callable[..., Awaitable[Any]], body_policy: BodyPolicy | None = None) -> None:
         self.resolver, self.prompts, self.limits, self.metrics = resolver, prompts, limits, metrics
         self.default_max_tokens, self.off_loop = default_max_tokens, off_loop
-        self._warned_fields: set[str] = set()
-
-    def warn_unknown(self, body: Any, what: str, ignored: frozenset[str] | set[str] = frozenset()) -> None:
-        """Log, once per field, the request fields nothing reads (unknown to this server)."""
-        extra = body.model_extra or {}
-        unknown = {k for k in extra if k not in ROUTER_DEFAULTS or extra[k] != ROUTER_DEFAULTS[k]} \
-            - IGNORED_FIELDS - set(ignored) - self._warned_fields
-        if unknown:
-            logger.warning("Ignoring unsupported %s parameters: %s", what, sorted(unknown))
-            self._warned_fields.update(unknown)
+        #: What every route does with a field it does not take (serve/http/body_policy.py)
+        self.body_policy = body_policy if body_policy is not None else BodyPolicy("refuse", metrics)
 
     async def _resolve(self, model: str) -> tuple[Any, str | None]:
         try:
@@ -542,8 +535,14 @@ class RequestCore:
         live = LiveStream(
             generation, events,
             [TextStream(tokenizer, prepared.end_ids, request.stop_strings, tool_tag) for _ in range(request.n)],
-            entry, functools.partial(self.respond, prepared), _stream_error, prepared.head, include_usage)
+            entry, functools.partial(self.respond, prepared), _stream_error, prepared.head, include_usage,
+            self._dropped)
         return live.chunks()
+
+    def _dropped(self) -> None:
+        """A streaming client left before its generation ended: counted and logged as a non-streamed one's."""
+        self.metrics.disconnects_while_generating += 1
+        logger.debug("client disconnected mid-stream; its generation request was dropped")
 
 
 def _encode_prompt(tokenizer: Any, text: str) -> list[int]:

@@ -109,6 +109,10 @@ class ServerMetrics:
     """Bodies not whole within `body_deadline` of their request head (408)."""
     refused_by_count: int = 0
     """Requests with more messages or tools than the limits allow, refused before they were parsed whole (400)."""
+    unknown_fields_refused: int = 0
+    """Requests refused for a field their route does not take (400; serve/http/body_policy.py)."""
+    requests_with_unknown_fields: int = 0
+    """Requests served with fields their route does not take (a server set to `unknown_fields="warn"`)."""
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)

@@ -4,13 +4,14 @@ From the raw body to a `ChatCompletionRequest` (serve/http/server.py calls these
 
 1. `check_content_type`: a body sent as anything but JSON (`text/plain`, a form) is a 400, as in
    OpenAI's API; a request without a `Content-Type` is read as JSON.
-2. `count_items` + `check_counts`, for a body over `INLINE_PARSE_BYTES` only: how many messages and
-   tools it holds, read by pydantic-core's JSON parser without building one Python object per
-   message or tool (a 6 MB body of 50,000 tools: about 0.06 s, against 0.5-1 s to build them; the
+2. `scan_body`: the body's field names (every body), and, checked for a body over `INLINE_PARSE_BYTES`
+   only (`check_counts`), how many messages and tools it holds, read by pydantic-core's JSON parser
+   without building one Python object per message, tool or value (a 6 MB body of 50,000 tools: about 0.06 s, against 0.5-1 s to build them; the
    interpreter lock is held either way, so every other request waited that long). A count over its
    limit is refused here, before the body is parsed whole.
 3. `parse_body`: the fields, strictly typed as in OpenAI's API (`max_tokens: "8"`, a string, is a
-   400, not 8); unknown fields are kept and logged once by the server.
+   400, not 8); a field the route does not take was refused at step 2 (serve/http/body_policy.py), from the
+   names the scan read, and is skipped here.
 4. `check_counts` again (a small body skipped step 2), `check_tools`: each tool is
    `{"type": "function", "function": {"name": ...}}` (a tool without its function is a 400), and
    `check_tool_choice`.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pydantic
 from fastapi.exceptions import RequestValidationError
@@ -44,11 +45,59 @@ INLINE_PARSE_BYTES = 256 * 1024
 worker thread; smaller ones are parsed in place."""
 
 
-class ChatCompletionRequest(BaseModel):
-    """The request fields we read; unknown fields are accepted and logged. Strict: a number sent as a string, or a
-    boolean as a number, is refused (OpenAI's API refuses them too)."""
+ROUTER_DEFAULTS = {"no_stop_trim": False, "ignore_eos": False, "continue_final_message": False,
+                   "skip_special_tokens": True, "separate_reasoning": True, "stream_reasoning": True,
+                   "return_hidden_states": False, "include_reasoning": True}
+"""Fields vllm-router adds to every request it forwards (replicas/router.py), with the values it gives them: at
+these values they ask for nothing artrl's server does not do anyway, so they are taken (another value is a 400)."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+
+class StreamOptions(BaseModel):
+    """OpenAI's `stream_options`, strictly typed: `{"include_usage": "yes"}`, a string, or an unknown key is a 400."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # OpenAI's padding of stream events; this server sends none
+
+
+class OpenAIRequest(BaseModel):
+    """What every OpenAI route takes besides its own fields: fields that ask nothing of sampling (`user`,
+    `metadata`...), taken and not used, and vllm-router's fields (`ROUTER_DEFAULTS`), taken at their values only.
+
+    Every request model is the list of what its route takes: a field it does not declare is refused before the
+    body is parsed (serve/http/body_policy.py); the parse itself skips such fields (`extra="ignore"`) so that,
+    where a server is set to serve them with a warning, their values are never built. Strict: a number sent as a
+    string, or a boolean as a number, is refused (OpenAI's API refuses them too). `DEFAULT_ONLY`: fields taken at
+    the value that asks for nothing only (`check_defaults`)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    DEFAULT_ONLY: ClassVar[dict[str, Any]] = ROUTER_DEFAULTS
+
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    no_stop_trim: bool | None = None
+    ignore_eos: bool | None = None
+    continue_final_message: bool | None = None
+    skip_special_tokens: bool | None = None
+    separate_reasoning: bool | None = None
+    stream_reasoning: bool | None = None
+    return_hidden_states: bool | None = None
+    include_reasoning: bool | None = None
+
+
+PENALTY_DEFAULTS: dict[str, Any] = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}}
+"""OpenAI's sampling adjustments the engines do not apply: taken at the value that changes nothing only."""
+
+
+class ChatCompletionRequest(OpenAIRequest):
+    """The Chat Completions fields this server takes (the core's canonical request: every protocol's request
+    becomes one)."""
+
+    DEFAULT_ONLY: ClassVar[dict[str, Any]] = {**ROUTER_DEFAULTS, **PENALTY_DEFAULTS}
 
     model: str
     messages: list[Any]
@@ -66,18 +115,28 @@ class ChatCompletionRequest(BaseModel):
     logprobs: bool | None = False
     top_logprobs: int | None = None
     stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    store: bool | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
     # vLLM's extension: logprob tokens read "token_id:<id>" instead of the token text.
     return_tokens_as_token_ids: bool | None = False
 
 
-IGNORED_FIELDS = {"user", "stream_options", "metadata", "store", "service_tier"}
-"""Fields of OpenAI's API the server accepts and does nothing with, without a warning."""
-ROUTER_DEFAULTS = {"no_stop_trim": False, "ignore_eos": False, "continue_final_message": False,
-                   "skip_special_tokens": True, "separate_reasoning": True, "stream_reasoning": True,
-                   "return_hidden_states": False, "include_reasoning": True}
-"""Fields vllm-router adds to every request it forwards (replicas/router.py), with the values it gives them: at
-these values they ask for nothing artrl's server does not do anyway, so they pass without a warning (another value
-is warned about as any unsupported parameter)."""
+def check_defaults(body: BaseModel) -> None:
+    """A field of `DEFAULT_ONLY` at another value than the one that asks for nothing is a 400 naming it."""
+    for name, default in getattr(type(body), "DEFAULT_ONLY", {}).items():
+        value = getattr(body, name, None)
+        check(value is None or value == default,
+              f"{name}={value!r:.100}: this server does not do what it asks; send {json.dumps(default)} or leave "
+              "it out.", name)
+
+
+def include_usage(body: Any) -> bool:
+    """Whether `stream_options` asks for a usage chunk at the end of a stream."""
+    options = getattr(body, "stream_options", None)
+    return options is not None and bool(options.include_usage)
 
 
 @dataclass(frozen=True)
@@ -114,38 +173,49 @@ def check_content_type(content_type: str | None) -> None:
           "type.", None)
 
 
-# Each message or tool, if it is an object, as an empty dict: its keys are skipped by the parser, not built.
-_SKIPPED_ITEM = core_schema.union_schema(
-    [core_schema.typed_dict_schema({}, extra_behavior="ignore"), core_schema.any_schema()], mode="left_to_right")
-_COUNTERS: dict[str, SchemaValidator] = {}
+# What the scan (module docstring, step 2) keeps of a value it does not count: None, whatever the value (a failed
+# match falls back to the default; the value is never built as Python objects).
+_SKIPPED = core_schema.with_default_schema(core_schema.none_schema(), default=None, on_error="default")
+_SCANNERS: dict[str, SchemaValidator] = {}
 
 
-def _counter(items: str) -> SchemaValidator:
-    """A validator that keeps only the lists `items` (chat's `messages`, the Responses `input`...) and `tools`,
-    their members skipped; a non-list `items` (the Responses API's string input) counts as none."""
-    if items not in _COUNTERS:
-        listed = core_schema.union_schema([core_schema.list_schema(_SKIPPED_ITEM), core_schema.any_schema()],
-                                          mode="left_to_right")
-        _COUNTERS[items] = SchemaValidator(core_schema.typed_dict_schema({
-            items: core_schema.typed_dict_field(listed, required=False),
-            "tools": core_schema.typed_dict_field(
-                core_schema.nullable_schema(core_schema.list_schema(_SKIPPED_ITEM)), required=False),
-        }, extra_behavior="ignore"))
-    return _COUNTERS[items]
+def _scanner(items: str | None) -> SchemaValidator:
+    """A validator that keeps the top-level names of a body, the lists `items` (chat's `messages`, the Responses
+    `input`...) and `tools` as lists of None (their members skipped), and every other value as None; a non-list
+    `items` (the Responses API's string input) counts as none."""
+    key = items or ""
+    if key not in _SCANNERS:
+        listed = core_schema.union_schema([core_schema.list_schema(_SKIPPED), _SKIPPED], mode="left_to_right")
+        fields = {"tools": core_schema.typed_dict_field(listed, required=False)}
+        if items:
+            fields[items] = core_schema.typed_dict_field(listed, required=False)
+        _SCANNERS[key] = SchemaValidator(core_schema.typed_dict_schema(
+            fields, extra_behavior="allow", extras_schema=_SKIPPED))
+    return _SCANNERS[key]
 
 
-def count_items(raw: bytes, items: str = "messages") -> ItemCounts | None:
-    """How many messages (the list named `items`) and tools the JSON body `raw` holds, without building them
-    (module docstring, step 2); None when the body is not an object with those lists (the parser then says what
-    is wrong)."""
+@dataclass(frozen=True)
+class BodyShape:
+    """What the scan of a body found: its top-level field names and how many messages and tools it holds."""
+
+    names: tuple[str, ...]
+    counts: ItemCounts
+
+
+def scan_body(raw: bytes, items: str | None = "messages") -> BodyShape | None:
+    """The field names of the JSON body `raw` and how many messages (the list named `items`) and tools it holds,
+    without building any of its values (module docstring, step 2); None when the body is not a JSON object (the
+    parser then says what is wrong)."""
     try:
-        shape = _counter(items).validate_json(raw)
+        shape = _scanner(items).validate_json(raw)
     except pydantic.ValidationError as error:
-        if any(e["type"] == "json_invalid" for e in error.errors()):
-            raise RequestValidationError(error.errors(include_url=False)) from error
+        if any(e["type"] == "json_invalid" for e in error.errors(include_input=False)):
+            raise RequestValidationError(error.errors(include_url=False, include_input=False)) from error
         return None
-    listed = shape.get(items)
-    return ItemCounts(len(listed) if isinstance(listed, list) else 0, len(shape.get("tools") or ()))
+    listed = shape.get(items) if items else None
+    tools = shape.get("tools")
+    return BodyShape(tuple(shape), ItemCounts(len(listed) if isinstance(listed, list) else 0,
+                                              len(tools) if isinstance(tools, list) else 0))
 
 
 def parse_body(raw: bytes) -> ChatCompletionRequest:

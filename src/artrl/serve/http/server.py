@@ -35,9 +35,10 @@ Compared with OpenAI's API (and vLLM's server), this one:
    cannot end (a required self-reference), is a 400 naming `response_format`, `tools`
    or `tool_choice`; so is a structured request to an engine that cannot enforce it;
 5. returns every error as OpenAI's `{"error": {"message", "type", "param",
-   "code"}}` with a 4xx status for anything the client got wrong, including
-   request-body validation errors (400, never a 500 with a traceback; types are
-   strict: `max_tokens: "8"` is a 400), a body that is not JSON (400), a tool
+   "code"}}` (Anthropic's shape on `/v1/messages`) with a 4xx status for anything the
+   client got wrong, including request-body validation errors (400, never a 500 with a
+   traceback; types are strict: `max_tokens: "8"` is a 400), a field the route does not
+   take (400 naming it, serve/http/body_policy.py), a body that is not JSON (400), a tool
    without its function (400), a body that stops arriving (408, `body_timeout`) or
    that is not whole within `body_deadline` of its head (408, serve/http/guards.py) and,
    from the HTTP layer below the app, malformed or too slow request heads
@@ -75,6 +76,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .background import ServerHandle, start_server
+from .body_policy import BodyPolicy, UnknownFields
 from .prompts import DEFAULT_RECORD_CACHE_BYTES, PromptBuilder
 from .control_routes import ReplicaHeader, add_control_routes
 from .core import INLINE_RENDER_CHARS, INLINE_RENDER_MESSAGES, RequestCore  # noqa: F401 (re-exported)
@@ -117,6 +119,7 @@ def create_app(
     engine_kind: str | None = None,
     base_model: str | None = None,
     responses_store_bytes: int = responses_protocol.DEFAULT_STORE_BYTES,
+    unknown_fields: UnknownFields = "refuse",
 ) -> fastapi.FastAPI:
     """The FastAPI app serving `resolver`'s models.
 
@@ -134,8 +137,11 @@ def create_app(
     and set the live weights (serve/http/control_routes.py: what an inference replica's control plane calls);
     replica_id: every response says it in the `x-artrl-replica` header, and `/health` needs no key (the router
     probes it without one); engine_kind, base_model: what
-    `GET /artrl/replica` reports. responses_store_bytes: JSON bytes of the conversations kept for the Responses
-    API's `previous_response_id` (serve/http/protocols/responses.py), least recently used out first.
+    `GET /artrl/replica` reports. responses_store_bytes: memory the conversations kept for the Responses
+    API's `previous_response_id` may hold (serve/http/protocols/responses.py), least recently used out first.
+    unknown_fields: what every route does with a body field it does not take: "refuse" (a 400 in the route's
+    error shape naming the field, as OpenAI's and Anthropic's APIs answer) or "warn" (served, for clients that send
+    vendor extras: one bounded warning line and a count; serve/http/body_policy.py).
     """
     app = fastapi.FastAPI(title="artrl inference server")
     metrics = ServerMetrics()
@@ -161,7 +167,9 @@ def create_app(
         async with render_slots[0]:
             return await asyncio.to_thread(fn, *args)
 
-    core = RequestCore(resolver, prompts, limits, metrics, default_max_tokens, off_loop)
+    #: What every route does with a body field it does not take (serve/http/body_policy.py)
+    app.state.body_policy = BodyPolicy(unknown_fields, metrics)
+    core = RequestCore(resolver, prompts, limits, metrics, default_max_tokens, off_loop, app.state.body_policy)
 
     @app.exception_handler(APIError)
     async def _api_error(http: fastapi.Request, error: APIError) -> JSONResponse:

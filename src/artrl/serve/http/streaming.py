@@ -143,7 +143,8 @@ class LiveStream:
     `streams`: one TextStream per choice; `entry(token, logprob, top)`: a token's logprobs
     entry as the non-streamed choice spells it; `finish(results)`: the non-streamed response
     of the finished generation (the record cache is updated there); `error_json(error)`: an
-    engine failure in OpenAI's error shape.
+    engine failure in OpenAI's error shape; `dropped()`: called when the stream is closed before the generation
+    ended (its client left), after the generation is cancelled.
     """
 
     generation: asyncio.Future
@@ -154,6 +155,7 @@ class LiveStream:
     error_json: Callable[[BaseException], dict[str, Any]]
     head: dict[str, Any]  # id, created, model
     include_usage: bool
+    dropped: Callable[[], None] = lambda: None  # the client left before the generation ended (counted by the server)
     _entries: list[list[dict[str, Any]]] = field(default_factory=list)  # per choice, per token so far
     _sent: list[int] = field(default_factory=list)  # per choice, tokens whose logprobs went out
 
@@ -194,9 +196,9 @@ class LiveStream:
             if self.include_usage:
                 yield _chunk(response_head, [], usage=response["usage"])
         finally:
-            if not self.generation.done():  # the client left (or the stream failed): the rows stop
+            if not self.generation.done():  # the client left mid-stream: the rows stop
                 self.generation.cancel()
-                logger.info("a streaming client disconnected; its generation request was dropped")
+                self.dropped()
 
     async def _batches(self) -> AsyncIterator[list[TokenEvent]]:
         """The token events, as many at once as have arrived, until the generation ends (every event of a

@@ -12,7 +12,7 @@ import fastapi
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..core import RequestCore
-from ..request import ChatCompletionRequest
+from ..request import ChatCompletionRequest, include_usage
 from ..streaming import chat_sse
 from .common import read_body
 
@@ -27,11 +27,8 @@ def add_route(app: fastapi.FastAPI, core: RequestCore) -> None:
         return await answer(await read_body(http, ChatCompletionRequest, core, items="messages"), http)
 
     async def answer(body: ChatCompletionRequest, http: fastapi.Request) -> fastapi.Response:
-        core.warn_unknown(body, "chat completion")
         prepared = await core.prepare(body)
-        options = (body.model_extra or {}).get("stream_options")
-        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         if body.stream:
-            return StreamingResponse(chat_sse(await core.stream(prepared, http, include_usage)),
+            return StreamingResponse(chat_sse(await core.stream(prepared, http, include_usage(body))),
                                      media_type="text/event-stream")
         return JSONResponse(await core.complete(prepared, http))

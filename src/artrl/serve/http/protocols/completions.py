@@ -6,7 +6,8 @@ whole (its own special tokens added, e.g. a BOS, as vLLM does); ids are taken as
 `n`, `max_tokens` (16 when not set, as OpenAI's API), `temperature`, `top_p`, `stop`, `seed` are the core's;
 `logprobs: k` asks for the `k` most likely tokens at each step (`top_logprobs`).
 
-Refused with a 400 naming the field, never ignored: `echo: true` (the reply would hold the prompt's text and
+Refused with a 400 naming the field, never ignored: a field this route does not take (serve/http/body_policy.py),
+`frequency_penalty`, `presence_penalty` or `logit_bias` other than their neutral values, `echo: true` (the reply would hold the prompt's text and
 logprobs, which the engines do not compute), `suffix`, `best_of` other than `n`.
 
 Each choice is `{index, text, finish_reason, logprobs}`, `logprobs` on every choice whether or not the request
@@ -22,16 +23,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 import fastapi
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
 
 from ..core import Prepared, RequestCore
 from ..guards import APIError
 from .common import read_body, record_fields, renamed_params
-from ..request import ChatCompletionRequest
+from ..request import (PENALTY_DEFAULTS, ROUTER_DEFAULTS, ChatCompletionRequest, OpenAIRequest, StreamOptions,
+                       include_usage)
 from ..streaming import SSE_DONE, sse_event
 
 PATH = "/v1/completions"
@@ -40,10 +41,11 @@ DEFAULT_MAX_TOKENS = 16
 _NAMES = {"messages": "prompt", "top_logprobs": "logprobs"}
 
 
-class CompletionRequest(BaseModel):
-    """The Completions request fields read; others are logged once. Strict types, as the chat route's."""
+class CompletionRequest(OpenAIRequest):
+    """The Completions request fields this route takes (any other is refused: serve/http/body_policy.py). Strict
+    types, as the chat route's."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    DEFAULT_ONLY: ClassVar[dict[str, Any]] = {**ROUTER_DEFAULTS, **PENALTY_DEFAULTS}
 
     model: str
     prompt: str | list[int] | list[str] | list[list[int]]
@@ -58,6 +60,10 @@ class CompletionRequest(BaseModel):
     suffix: str | None = None
     best_of: int | None = None
     stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
     return_tokens_as_token_ids: bool | None = False
 
 
@@ -164,14 +170,11 @@ def add_route(app: fastapi.FastAPI, core: RequestCore) -> None:
     @app.post(PATH)
     async def completions(http: fastapi.Request) -> fastapi.Response:
         body = await read_body(http, CompletionRequest, core)
-        core.warn_unknown(body, "completion", {"stream_options", "user"})
         request = chat_request(body)
         with renamed_params(_NAMES):
             prepared = await core.prepare(request, prompt=prompt_of(body))
             if body.stream:
-                options = (body.model_extra or {}).get("stream_options")
-                include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-                chunks = await core.stream(prepared, http, include_usage)
+                chunks = await core.stream(prepared, http, include_usage(body))
                 return StreamingResponse(completion_events(prepared, body, chunks), media_type="text/event-stream")
             response = await core.complete(prepared, http)
         return JSONResponse(completion_json(prepared, body, response))

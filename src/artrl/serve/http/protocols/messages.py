@@ -52,15 +52,17 @@ logger = logging.getLogger(__name__)
 PATH = "/v1/messages"
 _NAMES = {"response_format": "output_config.format"}
 """Core refusals named as this protocol spells the field."""
-IGNORED = frozenset({"metadata", "service_tier", "container", "mcp_servers", "cache_control", "inference_geo", "speed",
-                     "user_profile_id", "workspace_id", "diagnostics"})
-"""Fields Anthropic's API has that ask nothing of this server's sampling; accepted without a warning."""
+_PATHS = ((r"^tools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema"),
+          (r"^tools\[(\d+)\]\.function\.(\w+)", r"tools[\1].\2"))
+"""A chat tool's fields as a Messages tool spells them (`input_schema`, `name` at the tool's top)."""
 
 
 class MessagesRequest(BaseModel):
-    """The Messages request fields read; others are logged once. Strict types, as the chat route's."""
+    """The Messages request fields this route takes (any other, `n` included, is refused in Anthropic's words:
+    serve/http/body_policy.py). Strict types, as the chat route's. `metadata`, `service_tier`, `cache_control`,
+    `inference_geo` and `speed` ask nothing of sampling: taken, and not used."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
     max_tokens: int
@@ -75,6 +77,11 @@ class MessagesRequest(BaseModel):
     thinking: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
     stream: bool | None = False
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    cache_control: dict[str, Any] | None = None
+    inference_geo: str | None = None
+    speed: str | None = None
 
 
 def _text_of(blocks: Any, where: str) -> str:
@@ -104,8 +111,9 @@ def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _user_turn(content: Any, where: str) -> list[dict[str, Any]]:
-    """A user turn as chat messages: its tool results (one `tool` message each), then its text and images."""
+def _user_turn(content: Any, where: str, calls: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """A user turn as chat messages: its tool results (one `tool` message each, answering one of `calls`, the ids of
+    the previous assistant turn's `tool_use` blocks, as Anthropic's API requires), then its text and images."""
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     if not isinstance(content, list):
@@ -124,6 +132,10 @@ def _user_turn(content: Any, where: str) -> list[dict[str, Any]]:
             if not isinstance(call_id, str) or not call_id:
                 raise APIError(400, f"{at}.tool_use_id must be the id of the tool_use block it answers",
                                param=f"{at}.tool_use_id")
+            if call_id not in calls:
+                raise APIError(400, f"{at}: unexpected `tool_use_id` found in `tool_result` blocks: {call_id:.100}. "
+                                    "Each `tool_result` block must have a corresponding `tool_use` block in the "
+                                    "previous message.", param=f"{at}.tool_use_id")
             inner = block.get("content", "")
             text = _text_of(inner, f"{at}.content") if inner is not None else ""
             results.append({"role": "tool", "tool_call_id": call_id, "content": text})
@@ -217,7 +229,9 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
                                 f"{message!r:.150}", param=f"{where}.role")
         content = message["content"]
         if role == "user":
-            messages.extend(_user_turn(content, f"{where}.content"))
+            previous = messages[-1] if messages and messages[-1]["role"] == "assistant" else {}
+            calls = frozenset(call["id"] for call in previous.get("tool_calls") or ())
+            messages.extend(_user_turn(content, f"{where}.content", calls))
         else:
             messages.append(_assistant_turn(content, f"{where}.content"))
     if body.messages and isinstance(body.messages[-1], dict) and body.messages[-1].get("role") == "assistant":
@@ -359,9 +373,8 @@ def add_route(app: fastapi.FastAPI, core: RequestCore) -> None:
     @app.post(PATH)
     async def messages(http: fastapi.Request) -> fastapi.Response:
         body = await read_body(http, MessagesRequest, core, items="messages")
-        core.warn_unknown(body, "Messages", IGNORED)
         request = chat_request(body)
-        with renamed_params(_NAMES):
+        with renamed_params(_NAMES, _PATHS):
             prepared = await core.prepare(request)
             if body.stream:
                 return StreamingResponse(message_events(prepared, await core.stream(prepared, http)),

@@ -9,7 +9,7 @@ The request maps onto the core's canonical (chat) request:
   (a `tool` message answering `call_id`);
 * `previous_response_id` puts the conversation of a response this server gave (its input, without its
   `instructions`, as OpenAI's API does, and its output) before `input`. The server keeps the responses it gave
-  in a bounded store (`ResponseStore`: least recently used out past `max_bytes` of JSON); `store: false`
+  in a bounded store (`ResponseStore`: least recently used out past `max_bytes` of memory held); `store: false`
   keeps one out of it; an unknown id is a 404 naming `previous_response_id`;
 * function `tools` and `tool_choice` as chat's; `text.format` (`json_object`, `json_schema`) is chat's
   `response_format`; `max_output_tokens` is `max_tokens`; `top_logprobs`.
@@ -25,16 +25,15 @@ token record is one entry of `token_generations` (the field ART's capture reads)
 `token_ids`, `compact_logprobs` (one float per sampled id), `output_indices` (the output items it sampled: all
 of them) and `policy_version`. Streamed, the events are OpenAI's (`response.created`, `response.in_progress`,
 `response.output_item.added`, `response.content_part.added`, `response.output_text.delta` / `.done`,
-`response.function_call_arguments.delta` / `.done`, `response.output_item.done`, ...), ending with
-`response.completed` carrying the whole response and its record, whatever its `status` (a reply cut by
-`max_output_tokens` is a completed stream of an `incomplete` response, so a capture that reads the
-`response.completed` event keeps it); an engine failure after the stream began is an `error` event.
+`response.function_call_arguments.delta` / `.done`, `response.output_item.done`, ...), ending as OpenAI's do with
+the event of the response's `status`, carrying the whole response and its record: `response.completed`, or
+`response.incomplete` for a reply cut by `max_output_tokens`; an engine failure after the stream began is an
+`error` event, then `response.failed` (a response of status `failed` with its `error`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import threading
 from collections import OrderedDict
@@ -43,27 +42,27 @@ from typing import Any
 
 import fastapi
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
 
 from ..core import Prepared, RequestCore
 from ..guards import APIError
-from .common import named_event, read_body, record_fields, renamed_params, sampled_logprobs
-from ..request import ChatCompletionRequest
+from .common import TOOL_FIELDS_AT_TOP, named_event, read_body, record_fields, renamed_params, sampled_logprobs
+from ..request import ChatCompletionRequest, OpenAIRequest, StreamOptions
 from ..streaming import text_pieces
 
 PATH = "/v1/responses"
 DEFAULT_STORE_BYTES = 64 * 1024 * 1024
-"""JSON bytes of conversations the server keeps for `previous_response_id` (least recently used out first)."""
-IGNORED = frozenset({"metadata", "user", "service_tier", "store", "prompt_cache_key", "safety_identifier",
-                     "stream_options", "prompt_cache_retention"})
+"""Bytes of memory the conversations the server keeps for `previous_response_id` may hold (`ResponseStore`)."""
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
 
 
-class ResponsesRequest(BaseModel):
-    """The Responses request fields read; others are logged once. Strict types, as the chat route's."""
+_ENTRY_BYTES = sys.getsizeof((None, 0)) + 104
+"""What one entry adds around its conversation: its (messages, size) tuple and its place in the ordered dict."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+
+class ResponsesRequest(OpenAIRequest):
+    """The Responses request fields this route takes (any other, `n` included, is refused:
+    serve/http/body_policy.py). Strict types, as the chat route's."""
 
     model: str
     input: str | list[Any]
@@ -79,7 +78,9 @@ class ResponsesRequest(BaseModel):
     text: dict[str, Any] | None = None
     include: list[str] | None = None
     stream: bool | None = False
+    stream_options: StreamOptions | None = None
     store: bool | None = True
+    prompt_cache_retention: str | None = None
     reasoning: dict[str, Any] | None = None
     truncation: str | None = None
     background: bool | None = None
@@ -87,9 +88,30 @@ class ResponsesRequest(BaseModel):
     max_tool_calls: int | None = None
 
 
+def held_bytes(value: Any) -> int:
+    """The memory the Python objects of a JSON-like `value` take: `sys.getsizeof` of every dict, list and string
+    in it (each object once) and of the scalars, what tracemalloc sees held, up to the allocator's rounding."""
+    seen: set[int] = set()
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        total += sys.getsizeof(item)
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
+
+
 class ResponseStore:
     """The conversations of the responses given (chat messages: input and output), by response id, for
-    `previous_response_id`; bounded by the bytes of their JSON, least recently used out first."""
+    `previous_response_id`; bounded by the memory they hold (`held_bytes`: the dicts, lists and strings of each
+    conversation, not its JSON, which is several times smaller for short messages), least recently used out
+    first. One store per server, answering any holder of the server's key (a server has one key)."""
 
     def __init__(self, max_bytes: int = DEFAULT_STORE_BYTES) -> None:
         self.max_bytes = max_bytes
@@ -97,9 +119,17 @@ class ResponseStore:
         self._bytes = 0
         self._lock = threading.Lock()
 
+    @property
+    def held(self) -> int:
+        """The bytes the kept conversations hold, as counted (at most `max_bytes`)."""
+        return self._bytes
+
     def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
-        size = len(json.dumps(messages)) + sys.getsizeof(response_id)
+        size = held_bytes(messages) + sys.getsizeof(response_id) + _ENTRY_BYTES
         with self._lock:
+            old_entry = self._items.pop(response_id, None)
+            if old_entry is not None:
+                self._bytes -= old_entry[1]
             self._items[response_id] = (messages, size)
             self._bytes += size
             while self._bytes > self.max_bytes and self._items:
@@ -139,10 +169,12 @@ def _text_parts(content: Any, where: str) -> str | list[dict[str, Any]]:
     return parts
 
 
-def input_messages(items: str | list[Any]) -> list[dict[str, Any]]:
-    """`input` as chat messages (module docstring)."""
+def input_messages(items: str | list[Any], earlier: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """`input` as chat messages (module docstring), after the conversation `earlier` (a `previous_response_id`'s):
+    a `function_call_output` must answer a `function_call` of one of them or of an item before it."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
+    calls = {call.get("id") for message in earlier for call in message.get("tool_calls") or ()}
     out: list[dict[str, Any]] = []
     joinable = False  # the last message is an assistant turn that later function_call items belong to
     for i, item in enumerate(items):
@@ -168,11 +200,16 @@ def input_messages(items: str | list[Any]) -> list[dict[str, Any]]:
                 out.append({"role": "assistant", "content": None})
                 joinable = True
             out[-1].setdefault("tool_calls", []).append(call)
+            calls.add(call_id)
         elif kind == "function_call_output":
             call_id, output = item.get("call_id"), item.get("output")
             if not isinstance(call_id, str) or output is None:
                 raise APIError(400, f"{where} must be {{'type': 'function_call_output', 'call_id': ..., 'output': "
                                     f"...}}, got {item!r:.150}", param=where)
+            if call_id not in calls:
+                raise APIError(400, f"No tool call found for function call output with call_id {call_id!r:.100} "
+                                    f"({where}): a function_call_output answers a function_call item before it (or "
+                                    "in the response previous_response_id names).", param=f"{where}.call_id")
             text = output if isinstance(output, str) else _text_parts(output, f"{where}.output")
             out.append({"role": "tool", "tool_call_id": call_id, "content": text})
             joinable = False
@@ -251,7 +288,7 @@ def chat_request(body: ResponsesRequest, store: ResponseStore) -> tuple[ChatComp
                                 "store=false). Send the whole conversation as input instead.",
                            param="previous_response_id", code="previous_response_not_found")
         history = found
-    conversation = history + input_messages(body.input)
+    conversation = history + input_messages(body.input, history)
     system = [{"role": "system", "content": body.instructions}] if body.instructions is not None else []
     logprobs = LOGPROBS_INCLUDE in (body.include or []) or bool(body.top_logprobs)
     request = ChatCompletionRequest(
@@ -304,7 +341,7 @@ def _skeleton(prepared: Prepared, body: ResponsesRequest, status: str) -> dict[s
         "tools": body.tools or [], "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "text": body.text or {"format": {"type": "text"}}, "store": body.store is not False,
-        "metadata": (body.model_extra or {}).get("metadata") or {}, "usage": None,
+        "metadata": body.metadata or {}, "usage": None,
     }
 
 
@@ -386,9 +423,12 @@ async def response_events(prepared: Prepared, body: ResponsesRequest, chunks: As
 
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
-            if "error" in chunk:  # the engine failed after the stream began
+            if "error" in chunk:  # the engine failed after the stream began: an error, then the failed response
                 error = chunk["error"]
                 yield event("error", code=error.get("code"), message=error["message"], param=None)
+                failed = {**_skeleton(prepared, body, "failed"),
+                          "error": {"code": error.get("code") or "server_error", "message": error["message"]}}
+                yield event("response.failed", response=failed)
                 return
             for part in chunk.get("choices") or []:
                 delta = part.get("delta") or {}
@@ -427,7 +467,7 @@ async def response_events(prepared: Prepared, body: ResponsesRequest, chunks: As
                         for out in close_message():
                             yield out
                     keep(prepared.response)
-                    yield event("response.completed", response=final)
+                    yield event(f"response.{final['status']}", response=final)  # completed, or incomplete
 
 
 def add_route(app: fastapi.FastAPI, core: RequestCore, store_bytes: int = DEFAULT_STORE_BYTES) -> None:
@@ -438,9 +478,8 @@ def add_route(app: fastapi.FastAPI, core: RequestCore, store_bytes: int = DEFAUL
     @app.post(PATH)
     async def responses(http: fastapi.Request) -> fastapi.Response:
         body = await read_body(http, ResponsesRequest, core, items="input")
-        core.warn_unknown(body, "Responses", IGNORED)
         request, conversation = chat_request(body, store)
-        with renamed_params(_NAMES):
+        with renamed_params(_NAMES, TOOL_FIELDS_AT_TOP):
             prepared = await core.prepare(request)
         response_id, _ = _ids(prepared)
 
@@ -449,10 +488,10 @@ def add_route(app: fastapi.FastAPI, core: RequestCore, store_bytes: int = DEFAUL
                 store.put(response_id, conversation + [_assistant_message(response)])
 
         if body.stream:
-            with renamed_params(_NAMES):
+            with renamed_params(_NAMES, TOOL_FIELDS_AT_TOP):
                 chunks = await core.stream(prepared, http)
             return StreamingResponse(response_events(prepared, body, chunks, keep), media_type="text/event-stream")
-        with renamed_params(_NAMES):
+        with renamed_params(_NAMES, TOOL_FIELDS_AT_TOP):
             response = await core.complete(prepared, http)
         keep(response)
         return JSONResponse(response_json(prepared, body, response))
