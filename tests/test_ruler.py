@@ -219,3 +219,27 @@ def test_captured_trajectories_are_judged_on_their_conversation(route):
     (request,) = judge.requests
     user = request["messages"][1]["content"]
     assert "careful assistant" in user and "five" in user
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when this returns: nothing listens there
+
+
+@pytest.mark.parametrize("via", ["litellm", "openai"])
+def test_an_unreachable_judge_says_which_judge_where_and_what_to_do(monkeypatch, via):
+    if via == "openai":
+        monkeypatch.setattr(ruler_module, "acompletion", None)
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    group = art.TrajectoryGroup([art.Trajectory(messages_and_choices=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": a}], reward=0.0) for a in ("a", "b")])
+    with pytest.raises(ruler_module.JudgeUnreachableError) as caught:
+        asyncio.run(ruler_score_group(group, "openai/o4-mini", {"api_base": url, "api_key": "k", "num_retries": 0}))
+    message = str(caught.value)
+    assert "'openai/o4-mini'" in message and url in message and "could not be reached" in message
+    assert "hosted_vllm/" in message and "docs/art-examples.md" in message and "\n" not in message
+    assert caught.value.__cause__ is None and caught.value.cause is not None  # no chained wall; the cause kept
+    assert isinstance(caught.value, JudgeError)  # code catching ART's judge failures still catches it

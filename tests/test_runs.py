@@ -73,3 +73,12 @@ def test_the_plot_gives_sft_and_rl_losses_an_axis_each(tmp_path, monkeypatch):
     (fig,) = figures
     loss_axes = {ax.get_ylabel(): [tuple(line.get_xdata()) for line in ax.get_lines()] for ax in fig.axes[1:]}
     assert loss_axes == {"SFT loss": [(1, 2)], "RL loss": [(3, 4)]}
+
+
+def test_every_train_row_names_its_kind_pipeline_and_backend_rows_as_rl():
+    """PipelineTrainer's and backend.train's rows carry no `kind` (ART's do not): they are RL, never `-`."""
+    rows = [{"step": 1, "split": "train", "kind": "sft", "loss/train": 1.0},
+            {"step": 2, "split": "train", "train/reward": 0.5, "loss/train": 0.1},
+            {"step": 2, "split": "val", "val/reward": 0.4},
+            {"step": 3, "split": "val", "val/reward": 0.4}]
+    assert [r.kind for r in step_table(rows)] == ["sft", "rl", None]

@@ -13,6 +13,10 @@ from .models.quantization import quiet_kernels_notice as _quiet_kernels_notice
 
 _quiet_kernels_notice()  # before anything imports bitsandbytes (models/quantization.py says why)
 
+from .runtime.voice import install as _install_voice  # noqa: E402
+
+_install_voice()  # what artrl says reaches stderr in a program that sets up no logging (runtime/voice.py)
+
 from . import dev, rewards, utils  # noqa: E402
 from .auto_trajectory import auto_trajectory, capture_auto_trajectory
 from .backend import Backend

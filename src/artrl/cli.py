@@ -1,5 +1,6 @@
 """`artrl` command line: demo, serve, runs, and the benchmarks a user runs on their own setup (commands/).
 
+    artrl run program.py [args]     an ART program unedited: `import art` is artrl for that process
     artrl demo                      SFT warm-up then RL on the tiny model (CPU, minutes)
     artrl serve --model NAME        the OpenAI-compatible server alone
     artrl runs show RUN_DIR         a run's rewards and losses per step: a table and a PNG
@@ -28,6 +29,7 @@ from .errors import ArtrlError
 # and `artrl runs show` never import the modules of the demo or the benchmarks (torch among them). A new
 # subcommand: a module in commands/, a line here and one in `_parser`.
 _ARGUMENTS = {
+    ("run", None): "artrl.runtime.art_program",
     ("demo", None): "artrl.commands.demo",
     ("serve", None): "artrl.commands.serve",
     ("runs", None): "artrl.commands.runs",
@@ -52,6 +54,7 @@ def _parser(only: tuple[str, str | None] | None = None, *, first_pass: bool = Fa
     p = argparse.ArgumentParser(prog="artrl", description="Train LLM agents from experience.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
+    command(sub, "run", "run an ART program unedited (`import art` is artrl)", ("run", None))
     command(sub, "demo", "SFT warm-up then RL on the tiny model (CPU, minutes)", ("demo", None))
     command(sub, "serve", "the OpenAI-compatible inference server alone", ("serve", None))
     command(sub, "runs", "look at runs (history.jsonl)", ("runs", None))
@@ -75,6 +78,9 @@ def _chosen(argv: list[str] | None) -> tuple[str, str | None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser(_chosen(argv)).parse_args(argv)
+    if args.command == "run":  # the program's own logging setup (or none) stays its own
+        from .runtime.art_program import main as run
+        return run(args)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("httpx", "httpx2", "uvicorn", "uvicorn.error", "uvicorn.access", "matplotlib"):

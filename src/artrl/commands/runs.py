@@ -71,6 +71,8 @@ def step_table(rows: list[dict[str, Any]]) -> list[StepRow]:
         split = r.get("split")
         if r.get("kind"):
             s.kind = str(r["kind"])
+        elif split == "train" and s.kind is None:  # backend.train's and PipelineTrainer's rows: RL, as in ART
+            s.kind = "rl"
         if split == "train" and _number(r.get("train/reward")) is not None:
             s.train_reward = _number(r["train/reward"])
         if split == "val" and _number(r.get("val/reward")) is not None:

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError, ConfigError, NonFiniteError
+from ..errors import CheckpointError, ConfigError, NonFiniteError, TrajectoryError
 from ..metrics_taxonomy import trainer_metrics
 from ..runtime.notices import notice_once
 from ..runtime.once_per_run import OncePerRun
@@ -238,6 +238,10 @@ class TrainingSession:
         """
         from ..train.prepare import prepare_call
 
+        if kind == "rl" and not data:
+            raise TrajectoryError(f"{self.name}: model.train was given an empty list of trajectory groups: there is "
+                                  "nothing to train on. Pass the groups your rollouts gathered (a list of "
+                                  "art.TrajectoryGroup, each with 2+ rollouts of one prompt).")
         started = time.monotonic()
         with self._training():
             ref = self._reference_adapter(cfg) if isinstance(cfg, TrainConfig) else None
@@ -268,8 +272,8 @@ class TrainingSession:
             self.step, self.history_record = step, record
             self.engine.set_live_weights(str(path), step)
         if out.empty:
-            log.warning("%s step %d: nothing was trained (%s); the step advanced with the same weights, as in ART",
-                        self.name, self.step, out.line)
+            log.warning("%s step %d: nothing was trained%s (%s); the step advanced with the same weights, as in ART",
+                        self.name, self.step, _why_nothing(kind, data), out.line)
         if metrics.get("train/skipped_nonfinite_steps"):
             log.error("%s step %d: %d of %d optimizer steps had a non-finite loss or gradient and were refused "
                       "(train/skipped_nonfinite_steps); the weights did not take them", self.name, self.step,
@@ -361,3 +365,22 @@ def _check_run_owner(run: Path, base_model: str) -> None:
         raise CheckpointError(
             f"run directory {run} belongs to base model {meta.get('base_model')!r}, not "
             f"{base_model!r}. Use another model name or project, or delete the directory.")
+
+
+def _why_nothing(kind: str, data: list[Any]) -> str:
+    """A call that trained nothing, in a user's words: every group tied, at which rewards; "" when not that."""
+    if kind != "rl":
+        return ""
+    tied: dict[float, int] = {}
+    for group in data:
+        rewards = {float(t.reward) for t in getattr(group, "trajectories", [])}
+        if len(rewards) > 1:
+            return ""
+        if rewards:
+            (reward,) = rewards
+            tied[reward] = tied.get(reward, 0) + 1
+    if not tied:
+        return ""
+    at = ", ".join(f"{r:g} in {n} group{'s' if n > 1 else ''}" for r, n in sorted(tied.items()))
+    return (f": every rollout in each group had the same reward ({at}), and RL learns only from the differences "
+            "between rollouts of one group. Was the reward set (trajectory.reward = ...)?")

@@ -91,6 +91,37 @@ class JudgeError(ArtrlError, ValueError):
     """The judge gave no usable scores for a group after every attempt."""
 
 
+class JudgeUnreachableError(JudgeError):
+    """The judge's endpoint could not be reached (or refused the key): one line with the model, the endpoint and
+    what to do; the client's own error is `.cause` (not chained: its 40 lines of retries say nothing more)."""
+
+    def __init__(self, judge_model: str, endpoint: str, cause: BaseException) -> None:
+        self.cause = cause
+        refused = type(cause).__name__ in ("AuthenticationError", "PermissionDeniedError")
+        what = "refused the API key" if refused else "could not be reached"
+        super().__init__(
+            f"RULER's judge {judge_model!r} at {endpoint} {what} ({type(cause).__name__}: {str(cause)[:200]}). "
+            "Check the network and the provider's API key, or judge with a model you serve: offline, "
+            "judge_model=\"hosted_vllm/\" + model.base_model, extra_litellm_params={\"api_base\": "
+            "model.inference_base_url, \"api_key\": model.inference_api_key} (docs/art-examples.md).")
+
+
+def _unreachable(error: BaseException) -> bool:
+    """Whether a judge call failed for want of a connection or a key (openai's and litellm's errors alike)."""
+    try:
+        import openai
+    except ImportError:  # pragma: no cover  (openai is a dependency)
+        return False
+    kinds = (openai.APIConnectionError, openai.AuthenticationError, openai.PermissionDeniedError)
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:  # litellm re-raises openai's error as its own, chained
+        seen.add(id(error))
+        if isinstance(error, kinds) or "Connection error" in str(error)[:300]:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 # --------------------------------------------------------------------------- prompt
 
 
@@ -236,6 +267,7 @@ async def ruler(message_lists: list[list[Any]], judge_model: str = DEFAULT_JUDGE
 
         async def ask(messages: list[dict]) -> Any:
             return await complete(messages=messages, **request)
+        where = str(request.get("api_base") or request.get("base_url") or f"{provider or 'its provider'}'s API")
     else:  # any OpenAI-compatible endpoint (judge.py)
         endpoint = resolve(judge_model, extra_litellm_params)
         provider = endpoint.provider
@@ -245,11 +277,17 @@ async def ruler(message_lists: list[list[Any]], judge_model: str = DEFAULT_JUDGE
 
         async def ask(messages: list[dict]) -> Any:
             return await client.chat.completions.create(model=endpoint.model, messages=messages, **request)
+        where = endpoint.base_url
     problems: list[str] = []
     content: str | None = None
     async with client:
         for attempt in range(1, max_attempts + 1):
-            response = await ask(messages)
+            try:
+                response = await ask(messages)
+            except Exception as e:
+                if _unreachable(e):
+                    raise JudgeUnreachableError(judge_model, where, e) from None
+                raise
             _record_cost(judge_model, provider, response, via_litellm=complete is not None)
             content = response.choices[0].message.content if response.choices else None
             if debug:
