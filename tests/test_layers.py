@@ -53,6 +53,7 @@ TIERS: tuple[frozenset[str], ...] = tuple(
         "(face)",
         "commands",
         "cli",
+        "__main__",  # `python -m artrl`: the command line
     ))
 RANK = {name: i for i, tier in enumerate(TIERS) for name in tier}
 # the order of the modules (first name after the package) inside a package, lowest first; its __init__ is its face

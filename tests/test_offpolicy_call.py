@@ -21,7 +21,8 @@ from artrl.train.trainer import Trainer
 from artrl.models.loading import load_model
 from artrl.train.call import run_call
 from artrl.train.rl import prepare_rl
-from artrl.types import InternalModelConfig, TrainConfig
+from artrl.config.model import InternalModelConfig
+from artrl.types import TrainConfig
 from test_train_call_update import CASES, LOG_RATIOS, USER, check_call, live, spec  # noqa: F401 (live: fixture)
 
 OFF_POLICY_OPTIONS = {"importance_sampling_correction", "off_policy_mask_threshold"}
