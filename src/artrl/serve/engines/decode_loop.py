@@ -253,7 +253,7 @@ class DecodeLoop:
         except Exception as error:
             self._leave_mode()  # whatever the failed batch had switched in
             if isinstance(error, EngineClosedError):
-                logger.info("%s", error)
+                logger.debug("%s", error)  # closed mid-decode: each request is told
             else:
                 logger.exception("Decoding %d rows (adapters %s) failed", len(batch),
                                  sorted({str(r.adapter) for r in batch.rows}))
