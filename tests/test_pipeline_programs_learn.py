@@ -5,7 +5,6 @@ the recorded runs'."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import itertools
 import json
 from pathlib import Path
@@ -15,16 +14,14 @@ import pytest
 
 import artrl as art
 from artrl.pipeline_trainer import PipelineRuntimeConfig
+from bench_scripts import load_script
 
 PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "pipeline_programs_learn.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("pipeline_programs_learn", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("pipeline_programs_learn")
 
 
 class FakeBackend:

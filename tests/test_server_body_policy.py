@@ -24,6 +24,7 @@ from artrl.serve.engines.base import GenerationRequest, GenerationResult
 from artrl.serve.engines.scripted import ScriptedEngine
 from artrl.serve.http import body_policy
 from artrl.serve.http.protocols import common
+from test_server_transport import _response
 
 TOOL = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 BAD_SCHEMA = {"type": "object", "properties": {"city": {"type": "strin"}}}
@@ -343,21 +344,6 @@ def strict(tokenizer: Any) -> Iterator[ServerHandle]:
         yield running
 
 
-def _response(sock: socket.socket) -> tuple[int, bytes]:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed before a whole head: {data!r}"
-        data += chunk
-    head, rest = data.split(b"\r\n\r\n", 1)
-    length = int(next(line.split(b": ")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        assert chunk
-        rest += chunk
-    return int(head.split()[1]), rest
-
-
 @pytest.mark.parametrize("route", ["messages", "chat"])
 @pytest.mark.parametrize("where", ["head", "body"])
 def test_a_408_is_in_the_routes_shape(strict: ServerHandle, route: str, where: str) -> None:
@@ -367,7 +353,7 @@ def test_a_408_is_in_the_routes_shape(strict: ServerHandle, route: str, where: s
         sock.sendall(head)  # and never the rest of the head
     else:
         sock.sendall(head + b"content-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\"")
-    status, answer = _response(sock)
+    status, _, answer = _response(sock)
     sock.close()
     data = json.loads(answer)
     assert status == 408

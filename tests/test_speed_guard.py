@@ -7,22 +7,16 @@ baseline has every figure the guard measures.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-GUARD_PATH = ROOT / "benchmarks" / "speed_guard.py"
+from bench_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def guard():
-    spec = importlib.util.spec_from_file_location("speed_guard", GUARD_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("speed_guard")
 
 
 def _measured(ratio: float, mfu: float, per_group: float) -> dict:
