@@ -105,15 +105,16 @@ def test_a_named_function_is_the_one_called(served: Served) -> None:
             assert {c.message.tool_calls[0].function.arguments for c in reply.choices} == {"{}"}
 
 
-@pytest.mark.parametrize(("kwargs", "param"), [
+@pytest.mark.parametrize(("kwargs", "param", "message"), [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}},
-     "response_format"),
+     "response_format", "cannot be compiled into a grammar"),
+    # a tool's schema is checked before tool_choice is read: the faulty part is named, whatever tool_choice says
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"type": "string", "pattern": "("}}}}}], "tool_choice": "required"},
-     "tool_choice"),
+     "tools[0].function.parameters", r"tools\[0\] \('f'\) parameters are not a JSON schema"),
 ])
-def test_what_cannot_be_compiled_is_a_400(served: Served, kwargs: dict[str, Any], param: str) -> None:
-    with pytest.raises(openai.BadRequestError, match="cannot be compiled into a grammar") as caught:
+def test_what_cannot_be_compiled_is_a_400(served: Served, kwargs: dict[str, Any], param: str, message: str) -> None:
+    with pytest.raises(openai.BadRequestError, match=message) as caught:
         served.create(max_tokens=4, **kwargs)
     error = caught.value.body
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
