@@ -19,6 +19,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from bench_scripts import load_script
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 DEMO_RUN = ROOT / "benchmarks" / "results" / "2026-12-01-cpu" / "demo-fresh-clone.json"
@@ -169,28 +171,15 @@ def test_the_dtype_delta_table_quotes_the_recorded_runs():
 def test_the_planned_context_table_is_the_plans_own():
     """docs/performance.md's planned longest context per model and GPU is what benchmarks/context_plan.py prints from
     the memory plan now: a change to the plan shows here until the table is printed again."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("context_plan", ROOT / "benchmarks" / "context_plan.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("context_plan")
     table = module.markdown(module.plan_table())
     assert table in (DOCS / "performance.md").read_text()
-
-
-def _bench_module(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_long_context_table_is_the_recorded_runs_beside_the_plan():
     """docs/performance.md's long-context table is benchmarks/long_context_table.py's output: the recorded runs of
     long-context.jsonl, each beside the plan of its own call now; and the plan holds within 20% of each peak."""
-    module = _bench_module("long_context_table")
+    module = load_script("long_context_table")
     table = module.rows()
     assert len(table) >= 6 and all(abs(r["error"]) < 0.2 for r in table)
     assert module.markdown(table) in (DOCS / "performance.md").read_text()

@@ -19,6 +19,7 @@ from artrl.models.loading import load_model
 from artrl.train.memory import checkpointing_on
 from artrl.train.trainer import Trainer
 from artrl.config.model import InternalModelConfig
+from bench_scripts import load_script
 
 WORKLOAD = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "seed-like.json")
 
@@ -85,13 +86,7 @@ def test_bench_train_profile_table_holds_the_trainer_ranges():
 
 
 def _peer():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "trl_peer", pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "trl_peer.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("trl_peer")
 
 
 def test_the_trl_peer_says_when_trl_is_missing(monkeypatch, capsys):
