@@ -3,7 +3,7 @@ accepted and ignored.
 
 The lists below are ART 0.5.23's, copied by name from its source (art/types.py TrainConfig and TrainSFTConfig,
 art/dev/train.py TrainConfig and TrainSFTConfig, art/dev/model.py InternalModelConfig, art/local/backend.py
-LocalBackend.train). With `ART_SOURCE=/path/to/openpipe_art-0.5.23/src/art` they are checked against that source
+LocalBackend.train). With `ART_SOURCE` naming ART 0.5.23's unpacked source (tests/art_source.py) they are checked against that source
 too, so a newer ART's additions show up here as a failure.
 
 Each name gets one verdict:
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import ast
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from art_source import art_package
 
 import artrl as art
 from artrl.runtime import notices
@@ -174,7 +174,7 @@ def test_dev_configs_take_every_key():
 
 # ------------------------------------------------------------------ against ART's own source, when given
 
-ART_SOURCE = os.environ.get("ART_SOURCE")
+ART_PACKAGE = art_package()
 
 
 def _class_fields(path: Path, cls: str) -> list[str]:
@@ -183,9 +183,9 @@ def _class_fields(path: Path, cls: str) -> list[str]:
     return [s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
 
 
-@pytest.mark.skipif(not ART_SOURCE, reason="set ART_SOURCE to ART 0.5.23's src/art to compare with its source")
+@pytest.mark.skipif(ART_PACKAGE is None, reason="set ART_SOURCE to ART 0.5.23's source to compare with it")
 def test_the_lists_are_arts():
-    root = Path(ART_SOURCE)
+    root = ART_PACKAGE
     assert tuple(_class_fields(root / "types.py", "TrainConfig")) == ART_TRAIN_CONFIG
     assert tuple(_class_fields(root / "types.py", "TrainSFTConfig")) == ART_TRAIN_SFT_CONFIG
     assert tuple(_class_fields(root / "dev" / "train.py", "TrainConfig")) == ART_DEV_TRAIN_CONFIG

@@ -5,7 +5,7 @@ the names it exports (written by benchmarks/art_public_api.py from ART's own sou
 For each path, `artrl` in place of `art` imports; for each name, `getattr` finds it, or refuses it with an
 `AttributeError` that names it and says why (ART's Megatron configuration). What artrl does not provide is
 listed below with the reason; the lists only shrink: a listed path or name that artrl now has fails the test
-until its line goes. With `ART_SOURCE=/path/to/openpipe_art-0.5.23/src/art` (and `ART_SOURCE_0518` for 0.5.18)
+until its line goes. With `ART_SOURCE` naming ART 0.5.23's unpacked source (tests/art_source.py) (and `ART_SOURCE_0518` for 0.5.18)
 the data file is checked against ART's source.
 """
 
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import pathlib
 import warnings
 
 import pytest
+from art_source import art_package
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = json.loads((ROOT / "tests" / "data" / "art_public_api.json").read_text())
@@ -205,9 +205,9 @@ def test_every_listed_name_is_still_absent():
 
 @pytest.mark.parametrize("version, variable", [("0.5.23", "ART_SOURCE"), ("0.5.18", "ART_SOURCE_0518")])
 def test_the_data_is_arts_own(version, variable):
-    source = os.environ.get(variable)
-    if not source:
-        pytest.skip(f"set {variable} to ART {version}'s src/art to compare the data file with its source")
+    source = art_package(variable)
+    if source is None:
+        pytest.skip(f"set {variable} to ART {version}'s source to compare the data file with it")
     from benchmarks.art_public_api import walk
 
-    assert walk(pathlib.Path(source)) == DATA[version]
+    assert walk(source) == DATA[version]

@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import os
 import re
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import pydantic
 import pytest
+from art_source import art_package
 
 import artrl as art
 import artrl.trajectories as trajectories
@@ -229,7 +228,7 @@ def test_history_tokenize_is_art_tokenize_of_the_exchanges_it_cites(tok) -> None
     assert second.tokenize(tokenizer=tok).tokens == [1, 2, 3, 5, 9]
 
 
-ART_SOURCE = os.environ.get("ART_SOURCE")
+ART_PACKAGE = art_package()
 
 
 def _art_classes(source: str) -> dict[str, tuple[list[str], list[str], list[str]]]:
@@ -249,9 +248,9 @@ def _art_classes(source: str) -> dict[str, tuple[list[str], list[str], list[str]
     return classes
 
 
-@pytest.mark.skipif(not ART_SOURCE, reason="set ART_SOURCE to ART 0.5.23's src/art to compare with its source")
+@pytest.mark.skipif(ART_PACKAGE is None, reason="set ART_SOURCE to ART 0.5.23's source to compare with it")
 def test_arts_history_names_and_accessors_are_all_here() -> None:
-    source = (Path(ART_SOURCE) / "trajectories" / "__init__.py").read_text()
+    source = (ART_PACKAGE / "trajectories" / "__init__.py").read_text()
     classes = _art_classes(source)
     names = [name for name, (bases, _, _) in classes.items() if {"History", "_HistorySource"} & set(bases)]
     assert "TrajectoryHistory: TypeAlias" in source

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from art_source import art_package
 from test_pipeline_trainer import FakeBackend, group, make_model, run, scenarios, train_rows
 
 from artrl.errors import ConfigError
@@ -290,10 +291,12 @@ def test_a_tuner_that_lowers_the_workers_lowers_the_rollouts_running(tmp_path):
 
 
 def _art_profile_class():
-    """ART 0.5.23's profile schema, loaded from its source file when it is on this machine."""
-    path = Path("/work/art/openpipe_art-0.5.23/src/art/pipeline_tuner/config.py")
-    if not path.is_file():
+    """ART 0.5.23's profile schema, loaded from the source `ART_SOURCE` names (tests/art_source.py); None when
+    it is unset."""
+    package = art_package()
+    if package is None:
         return None
+    path = package / "pipeline_tuner" / "config.py"
     spec = importlib.util.spec_from_file_location("_art_pipeline_tuner_config", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
