@@ -54,3 +54,22 @@ def test_json_and_an_unknown_builtin_name_which_is_never_looked_up(capsys):
     report = json.loads(capsys.readouterr().out)
     assert "is not a built-in model" in report["plan"]["error"] and report["devices"]["cpu"]["cores"] >= 1
     assert status.format_status(report).endswith(f"no memory plan: {report['plan']['error']}")
+
+
+def test_each_cuda_device_is_listed_with_its_free_memory(monkeypatch):
+    """A fake CUDA device (none here): what a GPU machine's status lists for it."""
+    import types
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (int(70e9), int(80e9)))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0))
+    devices = status.devices()
+    assert devices["cuda"] == [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "free_gb": 70.0, "total_gb": 80.0,
+                                "capability": "9.0"}]
+    report = {**status.gather(MODEL, "cpu"), "devices": devices}
+    assert "  cuda:0: NVIDIA H100 80GB HBM3 (compute capability 9.0), 70.0 GB free of 80.0 GB" in \
+        status.format_status(report)
