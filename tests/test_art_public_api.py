@@ -39,7 +39,7 @@ ABSENT_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
       "artrl.vllm_runtime", "artrl.weight_transfer", "artrl.weight_transfer.nccl",
       "artrl.weight_transfer.packed_tensor")),
     ("ART's preprocessing and cost internals (artrl's data path is trajectories/ and preprocess/)",
-     ("artrl.costs", "artrl.preprocessing", "artrl.preprocessing.dynamo_tokens", "artrl.preprocessing.inputs",
+     ("artrl.preprocessing", "artrl.preprocessing.dynamo_tokens", "artrl.preprocessing.inputs",
       "artrl.preprocessing.moe_routing", "artrl.preprocessing.pack", "artrl.preprocessing.policy_spans",
       "artrl.preprocessing.response_masking", "artrl.preprocessing.sft", "artrl.preprocessing.tokenize",
       "artrl.preprocessing.vllm_tokens")),
@@ -75,9 +75,6 @@ ABSENT_PATHS = {path: reason for reason, paths in ABSENT_GROUPS for path in path
 # names of ART's modules that artrl's module of the same path does not have (ART's internals: loggers, type
 # variables, its back ends' configuration, helpers of its own services); docs/art-compatibility.md has the rest
 ABSENT_NAMES: dict[str, frozenset[str]] = {
-    "artrl.api_costs": frozenset({
-        "ANTHROPIC_PROVIDER", "CostExtractor", "MODEL_TOKEN_PRICING", "OPENAI_PROVIDER", "P", "R", "ResponseGetter",
-        "extract_api_cost", "normalize_model_name", "normalize_provider", "track_api_cost"}),
     "artrl.auto_trajectory": frozenset({
         "auto_trajectory_context_var", "logger", "parse_sse_to_chat_completion", "patch_httpx"}),
     "artrl.backend": frozenset({

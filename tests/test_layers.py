@@ -36,7 +36,7 @@ MODULE_PATH = re.compile(r"^artrl(?:\.\w+)+$")
 # lowest first; one set per tier; a name is a root module or a folder under src/artrl ("artrl": the package's face)
 TIERS: tuple[frozenset[str], ...] = tuple(
     frozenset("artrl" if n == "(face)" else f"artrl.{n}" for n in tier.split()) for tier in (
-        "errors runtime",
+        "errors runtime costs",
         "types metrics_taxonomy api_costs mcp",
         "dev metrics",
         "config chat",

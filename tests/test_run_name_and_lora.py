@@ -57,33 +57,52 @@ def test_the_tracked_run_is_named_after_run_name(tmp_path, monkeypatch):
     assert [t.name for t in history.trackers.items if isinstance(t, WandbTracker)] == ["run-b"]
 
 
-def test_two_runs_of_one_name_train_side_by_side(tmp_path, make_choice):
-    """One name, two run names: two run directories, each at its own step; neither resumes from the other."""
-    a = art.TrainableModel(name="agent", run_name="run-a", project="p", base_model="artrl/tiny",
-                           _internal_config=SMALL)
-    b = art.TrainableModel(name="agent", run_name="run-b", project="p", base_model="artrl/tiny",
-                           _internal_config=SMALL)
-    models = tmp_path / "p" / "models"
-    with art.LocalBackend(path=str(tmp_path), show_progress=False) as first, \
-            art.LocalBackend(path=str(tmp_path), show_progress=False) as second:
-        asyncio.run(a.register(first))
-        result = asyncio.run(a.train(groups(make_choice), config=art.TrainConfig(learning_rate=1e-2)))
-        assert result.step == 1
-        # one backend serves a name for one run: the second run is refused there, not handed the first's session
-        with pytest.raises(ConfigError, match="another LocalBackend"):
-            asyncio.run(b.register(first))
-        asyncio.run(b.register(second))
-        assert asyncio.run(b.get_step()) == 0  # a shared directory would resume at step 1
-        result = asyncio.run(b.train(groups(make_choice, ("green", "pink")),
-                                     config=art.TrainConfig(learning_rate=1e-2)))
-        assert result.step == 1 and asyncio.run(a.get_step()) == 1
+async def _first_token_logprobs(model, step: int | None = None) -> dict[str, float]:
+    """The top logprobs of the first token `model`'s own client gets for USER (greedy, so the same request twice
+    gives the same answer)."""
+    reply = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(step=step), messages=[USER], max_tokens=1, temperature=0, logprobs=True,
+        top_logprobs=5)
+    return {t.token: round(t.logprob, 4) for t in reply.choices[0].logprobs.content[0].top_logprobs}
 
-        # the served alias is `name` for both, each on its own backend's server
-        for model in (a, b):
-            assert model.get_inference_name() == model.inference_model_name == "agent"
-            reply = asyncio.run(model.openai_client().chat.completions.create(
-                model=model.get_inference_name(), messages=[USER], max_tokens=2))
-            assert reply.choices[0].message is not None
+
+def test_two_runs_of_one_name_train_and_serve_side_by_side_on_one_backend(tmp_path, make_choice):
+    """One name, two run names, one LocalBackend (ART 0.5.23 keys its services by (project, run)): two run
+    directories, each at its own step, each client answered by its own run's weights."""
+    def model(run_name: str) -> art.TrainableModel:
+        return art.TrainableModel(name="agent", run_name=run_name, project="p", base_model="artrl/tiny",
+                                  _internal_config=SMALL)
+
+    a, b = model("run-a"), model("run-b")
+    models = tmp_path / "p" / "models"
+    logprobs = _first_token_logprobs
+
+    async def scenario(backend: art.LocalBackend) -> None:
+        await a.register(backend)
+        await b.register(backend)
+        # the first run is served as `name`, the other as `name:<run_name>`; each model's client names its own
+        assert (a.get_inference_name(), b.get_inference_name()) == ("agent", "agent:run-b")
+        assert a.inference_base_url == b.inference_base_url  # one server
+        untrained = await logprobs(a)
+        assert await logprobs(b) == untrained  # the same base weights, both adapters untrained
+
+        result = await a.train(groups(make_choice), config=art.TrainConfig(learning_rate=5e-2))
+        assert result.step == 1 and await b.get_step() == 0  # a shared directory would be at step 1
+        trained_a = await logprobs(a)
+        assert trained_a != untrained and await logprobs(b) == untrained  # only a's run changed
+
+        result = await b.train(groups(make_choice, ("green", "pink")), config=art.TrainConfig(learning_rate=5e-2))
+        assert result.step == 1 and await a.get_step() == 1
+        trained_b = await logprobs(b)
+        assert trained_b not in (untrained, trained_a) and await logprobs(a) == trained_a
+        # each run's checkpoints under its own name; a second handle on run b finds run b
+        assert b.get_inference_name(step=0) == "agent:run-b@0" and await logprobs(b, step=0) == untrained
+        again = model("run-b")
+        await again.register(backend)
+        assert again.get_inference_name() == "agent:run-b" and await logprobs(again) == trained_b
+
+    with art.LocalBackend(path=str(tmp_path), show_progress=False) as backend:
+        asyncio.run(scenario(backend))
 
     assert sorted(p.name for p in models.iterdir()) == ["run-a", "run-b"]  # nothing under the served name
     assert art.utils.get_model_step(a, str(tmp_path)) == 1  # ART's reader of a run's step, without a backend

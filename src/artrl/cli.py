@@ -4,6 +4,8 @@
     artrl demo                      SFT warm-up then RL on the tiny model (CPU, minutes)
     artrl serve --model NAME        the OpenAI-compatible server alone
     artrl runs show RUN_DIR         a run's rewards and losses per step: a table and a PNG
+    artrl migrate PATH              ART's JSONL trajectory logs to Parquet (a model, project or trajectories dir)
+    artrl status [--model M]        what artrl can run here: devices, engines, extras, M's memory plan
     artrl bench pack  --workload F  packing against the reference layout
     artrl bench train --workload F  train-step throughput against the reference trainer
     artrl bench train --workload F --workers N   N data-parallel workers against one
@@ -33,6 +35,8 @@ _ARGUMENTS = {
     ("demo", None): "artrl.commands.demo",
     ("serve", None): "artrl.commands.serve",
     ("runs", None): "artrl.commands.runs",
+    ("migrate", None): "artrl.commands.migrate",
+    ("status", None): "artrl.commands.status",
     ("bench", "pack"): "artrl.commands.bench.pack",
     ("bench", "train"): "artrl.commands.bench.train",
     ("bench", "serve"): "artrl.commands.bench.serve",
@@ -58,6 +62,9 @@ def _parser(only: tuple[str, str | None] | None = None, *, first_pass: bool = Fa
     command(sub, "demo", "SFT warm-up then RL on the tiny model (CPU, minutes)", ("demo", None))
     command(sub, "serve", "the OpenAI-compatible inference server alone", ("serve", None))
     command(sub, "runs", "look at runs (history.jsonl)", ("runs", None))
+    command(sub, "migrate", "ART's JSONL trajectory logs to Parquet", ("migrate", None))
+    command(sub, "status", "what artrl can run here: devices, engines, extras, a model's memory plan",
+            ("status", None))
 
     bench = command(sub, "bench", "measure your own setup (each prints one JSON line)")
     bsub = bench.add_subparsers(dest="bench", required=not first_pass)

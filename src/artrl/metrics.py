@@ -9,23 +9,16 @@ namespace (`data/cum/trainer_tokens`). Costs roll up to their parents
 `costs/all`). `Model.log` owns one builder per model; code that makes priced
 calls (the RULER judge) finds it with `MetricsBuilder.get_active()`.
 
-What we leave out of ART's builder: its built-in price tables and custom cost
-extractors. A response's cost (api_costs.py) is taken from the response itself (`usage.cost`,
-as OpenRouter reports it, or a litellm proxy's cost header) or from prices
-registered with `register_model_pricing` (or passed to the call), applied to
-the usage the response reports: OpenAI's (`prompt_tokens`, `completion_tokens`,
-cached prompt tokens) or Anthropic's (`input_tokens`, `output_tokens`, cache
-writes and reads), as ART prices them. Where neither gives a cost,
-`add_response_cost` raises ValueError (ART raises for a model without prices
-too, and returns None for a response without usage), which callers that may
-meet unpriced models treat as "no cost recorded". RULER's judge through
-litellm is priced by litellm then (rewards/litellm_judge.py).
+A response's cost (`add_response_cost`, and ART's `track_api_cost` decorator, which calls it on the active
+builder) is read as ART reads it, api_costs.py says in which order: what the response reports, a cost extractor
+registered for its provider, or its token counts x prices (registered with `register_model_pricing`, built in,
+litellm's, or artrl.costs'). Where none gives a cost, `add_response_cost` raises ValueError, as ART's does;
+callers that may meet unpriced models (the RULER judge) treat that as "no cost recorded".
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
@@ -34,9 +27,10 @@ from typing import Any, Iterator, Literal
 
 import pydantic
 
-from .api_costs import TokenPricing, response_cost
+from .api_costs import ACTIVE_BUILDER, CostExtractor, TokenPricing, extract_api_cost, normalize_provider
+from .api_costs import track_api_cost as track_api_cost  # ART's `art.metrics.track_api_cost`
 
-_active: ContextVar["MetricsBuilder"] = ContextVar("artrl_active_metrics_builder")
+_active: ContextVar["MetricsBuilder"] = ACTIVE_BUILDER
 
 CUMULATIVE_SECTIONS = frozenset({"costs", "time", "data"})
 """Sections whose builder-managed step values also get a running total under `<section>/cum/...`."""
@@ -78,6 +72,7 @@ class _Shared:
     totals: dict[str, float] = field(default_factory=dict)
     scenarios: set[str] = field(default_factory=set)
     pricing: dict[str, TokenPricing] = field(default_factory=dict)
+    extractors: dict[str, CostExtractor] = field(default_factory=dict)
 
 
 class MetricsBuilder:
@@ -167,6 +162,13 @@ class MetricsBuilder:
             float(prompt_per_million), float(completion_per_million), _price(cached_prompt_per_million),
             _price(cache_creation_per_million), _price(cache_read_per_million))
 
+    def register_cost_extractor(self, provider: str, extractor: CostExtractor) -> None:
+        """`extractor(response)` gives the USD cost of `provider`'s responses (None: price them as usual)."""
+        name = normalize_provider(provider)
+        if name is None:
+            raise ValueError("provider must be non-empty, e.g. 'openai'")
+        self._shared.extractors[name] = extractor
+
     def add_response_cost(self, source: str, response: Any, *, provider: str | None = None, model_name: str,
                           prompt_price_per_million: float | None = None,
                           completion_price_per_million: float | None = None,
@@ -175,32 +177,28 @@ class MetricsBuilder:
                           cache_read_price_per_million: float | None = None) -> float | None:
         """Record `costs/<context>/<source>` for one API response; returns the cost in USD.
 
-        The cost comes from the response (`usage.cost`) or from prices: those passed here on top of
-        those registered for `model_name` (or its part after the provider). `provider` "anthropic"
-        reads Anthropic's usage fields, anything else OpenAI's (either is read when the other is
-        absent). Raises ValueError when no cost can be computed.
+        The cost comes from the response (`usage.cost`), a cost extractor registered for `provider`, or its
+        token counts x prices: those passed here on top of those registered for `model_name` (or its part
+        after the provider), built in, or litellm's (api_costs.py). Raises ValueError when no cost can be
+        computed.
         """
         source = source.strip("/")
         if not source:
             raise ValueError("source must be non-empty, e.g. 'judge/ruler'")
-        given = (prompt_price_per_million, completion_price_per_million, cached_prompt_price_per_million,
-                 cache_creation_price_per_million, cache_read_price_per_million)
-        cost = response_cost(response, self._pricing_for(model_name, given), provider=provider)
-        if cost is None:
-            raise ValueError(f"no cost for a response of {model_name!r}: the response carries no usage.cost and "
-                             "no prices are known; call register_model_pricing(...) to record its cost")
+        cost = self.price_response(
+            response, provider=provider, model_name=model_name, prompt_price_per_million=prompt_price_per_million,
+            completion_price_per_million=completion_price_per_million,
+            cached_prompt_price_per_million=cached_prompt_price_per_million,
+            cache_creation_price_per_million=cache_creation_price_per_million,
+            cache_read_price_per_million=cache_read_price_per_million)
         self.add_cost(f"{self.cost_context}/{source}", cost)
         return cost
 
-    def _pricing_for(self, model_name: str, given: tuple[float | None, ...]) -> TokenPricing | None:
-        name = model_name.strip().lower()
-        base = self._shared.pricing.get(name) or self._shared.pricing.get(name.split("/", 1)[-1])
-        if base is None:
-            if given[0] is None or given[1] is None:
-                return None
-            base = TokenPricing(float(given[0]), float(given[1]))
-        mine = dataclasses.astuple(base)
-        return TokenPricing(*(_price(g) if g is not None else b for g, b in zip(given, mine)))
+    def price_response(self, response: Any, *, provider: str | None, model_name: str, **prices: float | None) -> float:
+        """What `add_response_cost` would record for `response`, with this builder's registered prices and
+        extractors, without recording it (`prices`: its `*_price_per_million` keywords)."""
+        return extract_api_cost(response, provider=provider, model_name=model_name, **prices,
+                                cost_extractors=self._shared.extractors, model_pricing=self._shared.pricing)
 
     # ------------------------------------------------------------------ flushing
     async def flush(self) -> dict[str, float]:

@@ -4,9 +4,12 @@ The ART-facing facade. `register(model)` opens a training session
 (local/session.py: the weights loaded once, the trainer, the inference engine,
 the run directory, resume from the latest complete checkpoint) and serves it
 through the OpenAI-compatible server on 127.0.0.1 (a free port unless given).
-The run directory is the model's `run_name`'s (ART 0.5.23), the served names
-are its `name`'s: one backend serves a name for one run, so two runs of one
-name train side by side on two backends.
+The run directory is the model's `run_name`'s (ART 0.5.23, which keys its services by (project, run)); the
+served name is its `name`. Two runs of one name (two `run_name`s, or two projects) train and serve side by
+side on one backend: the first run registered is served as `name`, a further one as `name:<run_name>` (then
+`name:<project>:<run_name>`), and `register` sets each model's `inference_model_name` to its own, so each
+model's client (`openai_client()`, `get_inference_name()`, `litellm_completion_params()`) reaches its own
+run's weights, and `name:<run_name>@step` its checkpoints.
 Training and inference share ONE copy of the weights: after `train` returns the
 server already answers with the new weights (`name`), while older checkpoints
 stay reachable as `name@step`.
@@ -127,13 +130,14 @@ class LocalBackend(Backend):
         self._port = port
         # the key the server checks; the one a client learns (model.inference_api_key) is always this one
         self._api_key = api_key or f"artrl-{secrets.token_urlsafe(18)}"
-        self._runs: dict[str, TrainingSession] = {}
+        self._runs: dict[str, TrainingSession] = {}  # served name -> the session of its run
+        self._served_names: dict[Path, str] = {}  # run directory -> the name its model is served as
         self._engine_args: dict[str, Any] = {}  # from _openai_client_config (ART), under each model's own
         self._server: Any = None
         self._served: Any = None
         self._lock = threading.Lock()
-        self._leases: dict[str, LeaseRegistry] = {}  # model name -> steps leased by rollouts and evals now
-        self._replicas: dict[str, Any] = {}  # model name -> its ReplicaSet, for a model served by replicas
+        self._leases: dict[Path, LeaseRegistry] = {}  # run directory -> steps leased by rollouts and evals now
+        self._replicas: dict[str, Any] = {}  # served name -> its ReplicaSet, for a model served by replicas
         self.show_progress = show_progress
 
     # ------------------------------------------------------------------ lifecycle
@@ -161,10 +165,11 @@ class LocalBackend(Backend):
                     if d.is_dir() and not any(d.iterdir()):
                         d.rmdir()
                 raise
-            replicas = self._replicas.get(model.name)
+            served = self._served_names[run]
+            replicas = self._replicas.get(served)
             model.inference_base_url = replicas.base_url if replicas is not None else self.base_url
             model.inference_api_key = self._api_key
-            model.inference_model_name = model.name
+            model.inference_model_name = served
 
     async def _prepare_backend_for_training(self, model: "TrainableModel",
                                             config: dict[str, Any] | None = None) -> tuple[str, str]:
@@ -207,7 +212,7 @@ class LocalBackend(Backend):
 
     def automatic_gpu_cost_per_hour_usd(self, model: "Model") -> float | None:
         """Dollars per hour of the GPUs this model runs on (ART: behind the automatic `costs/gpu` metric)."""
-        session = self._runs.get(model.name)
+        session = self._session(model)
         if session is None or session.trainer.device.type != "cuda":
             return None  # not registered here, or on a CPU: no GPU to pay for (as in ART)
         if self._gpu_cost_per_hour_usd is not None:
@@ -231,12 +236,31 @@ class LocalBackend(Backend):
         session = self._runs.get(name)
         return session.checkpoint_path(step) if session is not None else None
 
+    def _served_name(self, model: "Model") -> str | None:
+        """The name `model`'s run is served as here (None: not registered)."""
+        return self._served_names.get(_run_dir(self._path, model))
+
+    def _session(self, model: "Model") -> TrainingSession | None:
+        name = self._served_name(model)
+        return self._runs.get(name) if name is not None else None
+
+    def _free_name(self, model: "Model") -> str:
+        """The served name of a run registered now: `name`, else (another run of that name is served here)
+        `name:<run_name>`, else `name:<project>:<run_name>`."""
+        run = model._storage_name()
+        for name in (model.name, f"{model.name}:{run}", f"{model.name}:{model.project}:{run}"):
+            if name not in self._runs:
+                return name
+        raise ConfigError(f"model {model.name!r} of run {run!r} in project {model.project!r}: every name it could be "
+                          f"served as is taken here ({model.name!r}, {model.name + ':' + run!r}, ...); give it "
+                          "another `name`.")
+
     def _load(self, model: "TrainableModel") -> None:
         with self._lock:
             run = _run_dir(self._path, model)
-            if model.name in self._runs:
-                _same_run(self._runs[model.name], model, run)  # the same run again (a second handle on it): fine
+            if run in self._served_names:  # the same run again (a second handle on it): fine
                 return
+            served = self._free_name(model)
             cfg = _internal_config(model)
             cfg.check()
             if self._engine_args:
@@ -252,7 +276,7 @@ class LocalBackend(Backend):
                 from .worker_session import WorkerSession
 
                 session_type = WorkerSession
-            replicas = self._start_replicas(model, cfg, run) if cfg.replicated else None
+            replicas = self._start_replicas(model, cfg, run, served) if cfg.replicated else None
             try:
                 session = session_type.open(run, name=model.name, project=model.project, base_model=model.base_model,
                                             cfg=cfg, engine=replicas, resolved=resolved)
@@ -260,32 +284,36 @@ class LocalBackend(Backend):
                 if replicas is not None:
                     replicas.close()
                 raise
-            self._runs[model.name] = session
+            self._runs[served] = session
+            self._served_names[run] = served
             if replicas is not None:  # inference on replicas behind their router (docs/distributed.md)
-                self._replicas[model.name] = replicas
+                self._replicas[served] = replicas
             else:
                 self._ensure_server()
-                self._served.add(model.name, session.engine)
+                self._served.add(served, session.engine)
                 self._served.add_base(model.base_model, session.engine)
-            log.info("registered %s/%s (%s) at step %d", model.project, model.name, model.base_model, session.step)
+            log.info("registered %s/%s (%s) at step %d%s", model.project, model._storage_name(), model.base_model,
+                     session.step, "" if served == model.name else f", served as {served!r} (another run of "
+                     f"{model.name!r} is served here as {model.name!r})")
             if model.base_model == TINY_MODEL_NAME and session.step == 0:
                 log.info("%s is untrained (random weights, gibberish answers): RL can only reinforce what it says by "
                          "chance, so a reward it never earns by luck stays flat. To teach it a task, warm it up with "
                          "train_sft first (examples/sft_then_rl.py, `artrl demo`), or use a real model "
                          "(docs/getting-started.md).", TINY_MODEL_NAME)
 
-    def _start_replicas(self, model: "TrainableModel", cfg: InternalModelConfig, run: Path) -> Any:
+    def _start_replicas(self, model: "TrainableModel", cfg: InternalModelConfig, run: Path, served: str) -> Any:
         """The model's inference replicas and their router, started (replicas/control.py); they load the base model
         while the session loads the trainer's."""
         from ..replicas.control import ReplicaSet
 
         leases = self.leases(model)
-        return ReplicaSet(name=model.name, base_model=model.base_model, cfg=cfg, run=run, api_key=self._api_key,
+        return ReplicaSet(name=served, base_model=model.base_model, cfg=cfg, run=run, api_key=self._api_key,
                           host=self._host, leased=leases.active_steps).start()
 
     def replicas(self, model: "Model") -> Any:
         """The `ReplicaSet` serving `model` (replicas/control.py), or None when it is served in this process."""
-        return self._replicas.get(model.name)
+        name = self._served_name(model)
+        return self._replicas.get(name) if name is not None else None
 
     def close(self) -> _Done:
         """Stop generation, the server and release the models; works awaited (ART) or called plainly.
@@ -299,6 +327,7 @@ class LocalBackend(Backend):
             self._server.stop()
             self._server = None
         self._runs.clear()
+        self._served_names.clear()
         self._replicas.clear()
         return _Done()
 
@@ -315,12 +344,10 @@ class LocalBackend(Backend):
         self.close()
 
     def _state(self, model: "Model") -> TrainingSession:
-        try:
-            session = self._runs[model.name]
-        except KeyError:
-            raise ConfigError(f"model {model.name!r} is not registered with this backend; "
-                              "call `await model.register(backend)` first") from None
-        _same_run(session, model, _run_dir(self._path, model))
+        session = self._session(model)
+        if session is None:
+            raise ConfigError(f"model {model.name!r} (run directory {_run_dir(self._path, model)}) is not registered "
+                              "with this backend; call `await model.register(backend)` first")
         return session
 
     # ------------------------------------------------------------------ checkpoints
@@ -330,10 +357,10 @@ class LocalBackend(Backend):
         ART's LocalBackend answers `name@<latest step>` when no step is given. Both names are served here;
         `name` is returned because it is the same weights without loading the latest checkpoint a second
         time as its own adapter (docs/art-compatibility.md)."""
-        base = model.inference_model_name or model.name
+        base = self._served_name(model) or model.inference_model_name or model.name
         if step is None:
-            step = pinned_inference_step(model.name)  # inside adapter_lease(model, step): that checkpoint
-        replicas = self._replicas.get(model.name)
+            step = pinned_inference_step(base)  # inside adapter_lease(model, step): that checkpoint
+        replicas = self._replicas.get(base)
         if step is None and replicas is not None:
             step = replicas.published  # on replicas: the step every replica holds (replicas/control.py, rule 2)
         return base if step is None else f"{base}@{step}"
@@ -341,7 +368,7 @@ class LocalBackend(Backend):
     # ------------------------------------------------------------------ leases (ART 0.5.18, PipelineTrainer)
     def leases(self, model: "Model") -> LeaseRegistry:
         """The registry of `model`'s steps leased now (created on first use)."""
-        return self._leases.setdefault(model.name, LeaseRegistry())
+        return self._leases.setdefault(_run_dir(self._path, model), LeaseRegistry())
 
     @contextlib.asynccontextmanager
     async def adapter_lease(self, model: "Model", step: int) -> AsyncIterator[None]:
@@ -350,11 +377,12 @@ class LocalBackend(Backend):
         ones; the step counts as leased (`leases(model).active_steps()`) until the block ends. With in-flight
         updates (`rollout_weight_update_mode="in_flight_lora"`) the name stays `name`, the live weights, as ART's
         stays its live slot: each new version reaches the rollout's running sequences (docs/pipeline.md)."""
-        session = self._runs.get(model.name)
+        session = self._session(model)
+        served = self._served_name(model) or model.name
         in_flight = session is not None and session.cfg.in_flight_lora
-        pin = contextlib.nullcontext() if in_flight else pin_inference_step(model.name, step)
+        pin = contextlib.nullcontext() if in_flight else pin_inference_step(served, step)
         async with pin, self.leases(model).hold(step):
-            replicas = self._replicas.get(model.name)
+            replicas = self._replicas.get(served)
             if replicas is not None and step not in replicas.versions:  # pruned earlier: loaded everywhere again
                 path = self._state(model).checkpoint_path(step)
                 if path is not None:
@@ -367,11 +395,12 @@ class LocalBackend(Backend):
         here (that is `_delete_checkpoint_files`). Returns the steps kept. `ServedModels.prune` may wait for
         the decode worker's next step boundary, so it runs off the event loop."""
         retain = set(retain_steps) | self.leases(model).active_steps()
-        replicas = self._replicas.get(model.name)
+        served = self._served_name(model) or model.inference_model_name or model.name
+        replicas = self._replicas.get(served)
         if replicas is not None:  # unloaded on every replica (replicas/control.py, rule 4)
             await asyncio.to_thread(replicas.prune, retain)
         elif self._served is not None:
-            await asyncio.to_thread(self._served.prune, model.inference_model_name or model.name, retain)
+            await asyncio.to_thread(self._served.prune, served, retain)
         return retain
 
     async def _delete_checkpoint_files(self, model: "TrainableModel", steps_to_keep: list[int]) -> None:
@@ -539,16 +568,6 @@ def _run_dir(path: Path, model: "Model") -> Path:
     """The model's run directory under `path`: `<path>/<project>/models/<run_name>/` (ART 0.5.23's storage name;
     `name` for a model without a run_name)."""
     return storage.run_dir(path, model.project, model._storage_name())
-
-
-def _same_run(session: TrainingSession, model: "Model", run: Path) -> None:
-    """One served name, one run: a model whose `name` this backend already serves for another run directory
-    (another run_name or project) is refused, never handed the other run's session."""
-    if session.run != run:
-        raise ConfigError(
-            f"model {model.name!r} (run directory {run}) cannot be served by this backend: it already serves "
-            f"{model.name!r} for the run in {session.run}, and a served name answers for one run. Register it with "
-            "another LocalBackend (its own server), or give it another `name`.")
 
 
 def _internal_config(model: "TrainableModel") -> InternalModelConfig:

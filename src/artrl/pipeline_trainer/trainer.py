@@ -485,8 +485,19 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         finally:
             self._live_workers.discard(worker_id)
 
+    @property
+    def _output_queue(self) -> asyncio.Queue[GroupReady | ScenariosExhausted] | None:
+        """ART's name for the queue the rollout workers fill (`_queue`); setting it lets one worker run alone."""
+        return self._queue
+
+    @_output_queue.setter
+    def _output_queue(self, queue: asyncio.Queue[GroupReady | ScenariosExhausted] | None) -> None:
+        self._queue = queue
+
     async def _rollout_loop(self, worker_id: int) -> None:
-        assert self._queue is not None and self._admission is not None
+        assert self._queue is not None
+        if self._admission is None:  # a worker run on its own, outside `train` (ART's tests do): admit from now
+            self._admission = Admission(self.bound, self.min_batch_size, self.state.policy_version)
         while not self.state.done:
             if self._retire(worker_id):
                 return

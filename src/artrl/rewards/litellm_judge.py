@@ -13,13 +13,13 @@ what artrl's own judge does with such a name; litellm would refuse it.
 
 The judge's cost (ruler.py records it in `costs/<context>/judge/ruler`), in
 this order: what the response carries (`usage.cost`, as OpenRouter reports it,
-or a litellm proxy's cost header) or prices registered with the metrics
-builder (both as ART reads them); else litellm's own figure for the response
-(`response._hidden_params["response_cost"]`); else litellm's price map for
-`judge_model` applied to the response's usage. ART prices only the models of its
-own small table; litellm's map covers those at the same prices and many more.
-A model litellm prices at zero (a local one, e.g. `ollama/...`) records no cost,
-as ART records none for it.
+or a litellm proxy's cost header), else the prices the metrics builder knows
+(registered, ART's tables, litellm's price map for `judge_model`: api_costs.py,
+as ART reads them) applied to the response's usage; else, for a judge called
+through litellm, litellm's own figure for the response
+(`response._hidden_params["response_cost"]`), then litellm's price map again with
+its usage read as litellm reports it. A model litellm prices at zero (a local
+one, e.g. `ollama/...`) records no cost, as ART records none for it.
 
 litellm fetches its price map from the network when it is imported unless
 `LITELLM_LOCAL_MODEL_COST_MAP=True` is set (litellm's own behaviour; the map it

@@ -231,12 +231,15 @@ def _record_cost(judge_model: str, provider: str | None, response: Any, *, via_l
         builder = MetricsBuilder.get_active()
     except LookupError:
         return
-    try:  # the cost the response carries, or registered prices
-        builder.add_response_cost(COST_SOURCE, response, provider=provider, model_name=judge_model)
-        return
+    try:  # the cost the response carries, or the prices the builder knows (registered, built in, litellm's)
+        cost = builder.price_response(response, provider=provider, model_name=judge_model)
     except ValueError:
         if not via_litellm:
             return  # no price known for this judge: no cost recorded, as ART does for unpriced models
+    else:
+        if cost > 0:  # a judge priced at zero (a local model litellm maps, e.g. ollama/...) records no cost, as ART
+            builder.add_cost(f"{builder.cost_context}/{COST_SOURCE}", cost)
+        return
     cost = litellm_response_cost(response)
     if cost is not None:
         builder.add_cost(f"{builder.cost_context}/{COST_SOURCE}", cost)

@@ -10,11 +10,16 @@ Two JSONL layouts exist in the wild, and both migrate:
   becomes a group of one.
 
 A migrated file is written next to the JSONL (`NNNN.jsonl` -> `NNNN.parquet`, format version 2)
-whole or not at all; when that Parquet file already exists (the same step was
-logged again after an upgrade), the JSONL's groups are added to it rather
-than replacing it. Only then is the JSONL deleted (`delete_original`). A torn
-last line (a crash mid-append) is skipped with a warning; any other unreadable
-line fails that file's migration and leaves the JSONL untouched.
+whole or not at all (temporary file, fsync, rename); when that Parquet file already exists (the same step was
+logged again after an upgrade), the JSONL's groups are added to it rather than replacing it (ART replaces it).
+Only then is the JSONL deleted (`delete_original`). A torn last line (a crash mid-append) is skipped with a
+warning; any other unreadable line fails that file's migration and leaves the JSONL and any Parquet file as
+they were.
+
+Migrating is idempotent, and safe to stop at any point: the Parquet file records the SHA-256 of each JSONL
+log whose groups it took (`trajectory_logs.migrated_sources`), in the same write as the groups. A JSONL log
+already recorded there (kept with `delete_original=False`, or left by a process that died before deleting it)
+is not added again: it is counted as skipped, and deleted when `delete_original` is set.
 
 `LocalBackend` runs `auto_migrate_on_register` on every model directory at
 `register`, as ART does.
@@ -22,6 +27,7 @@ line fails that file's migration and leaves the JSONL untouched.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -32,7 +38,7 @@ from typing import Any
 
 from ..trajectories.history import LegacyHistory
 from ..trajectories.data import Trajectory, TrajectoryGroup
-from .trajectory_logs import append_trajectory_groups_parquet
+from .trajectory_logs import append_trajectory_groups_parquet, migrated_sources
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +204,17 @@ def migrate_jsonl_to_parquet(jsonl_path: Path | str, delete_original: bool = Tru
         result.files_skipped += 1
         return result
     parquet_path = jsonl_path.with_suffix(".parquet")
+    try:
+        digest = hashlib.sha256(jsonl_path.read_bytes()).hexdigest()
+        done = parquet_path.exists() and digest in migrated_sources(parquet_path)
+    except Exception as e:  # an unreadable file, or a Parquet file that is not one
+        result.errors.append(f"error migrating {jsonl_path}: {e}")
+        return result
+    if done:  # its groups are in the Parquet file already: a second run, or one that stopped before deleting
+        result.files_skipped += 1
+        if delete_original and not dry_run:
+            jsonl_path.unlink()
+        return result
     result.bytes_before = jsonl_path.stat().st_size
     if dry_run:
         result.files_migrated = 1
@@ -206,7 +223,7 @@ def migrate_jsonl_to_parquet(jsonl_path: Path | str, delete_original: bool = Tru
     try:
         groups = [dict_to_trajectory_group(g) for g in _group_dicts(jsonl_path)]
         # an existing Parquet file of the same step keeps its groups; the JSONL's are added after them
-        append_trajectory_groups_parquet(groups, parquet_path)
+        append_trajectory_groups_parquet(groups, parquet_path, source_sha256=digest)
     except Exception as e:  # one bad file must not stop a directory's migration
         result.errors.append(f"error migrating {jsonl_path}: {e}")
         return result

@@ -65,6 +65,9 @@ COMPRESSION = "zstd"
 FORMAT_VERSION = 2
 #: The schema metadata key that carries the format version (absent in version 1).
 VERSION_METADATA_KEY = b"art.trajectory_parquet.version"
+#: artrl's schema metadata key: the SHA-256 digests (a JSON list) of the JSONL logs whose groups a file holds
+#: (run/migration.py), so that migrating one twice, or again after a crash, never adds its groups twice.
+MIGRATED_METADATA_KEY = b"artrl.migrated_jsonl_sha256"
 COLUMNS = ("format_version", "group_index", "trajectory_index", "group_json", "trajectory_json", "group_metadata",
            "group_metrics", "group_logs", "reward", "metrics", "metadata", "tools", "logs", "messages")
 #: Version 1: ART's ten columns, then the two that artrl's version-1 files added.
@@ -273,10 +276,14 @@ def rows_of(trajectory_groups: list[Any], first_group_index: int = 0) -> list[di
     return rows
 
 
-def _table(rows: list[dict[str, Any]]) -> Any:
+def _table(rows: list[dict[str, Any]], migrated: list[str] | None = None) -> Any:
     import pyarrow as pa
 
-    return pa.Table.from_pylist(rows, schema=schema())
+    table = pa.Table.from_pylist(rows, schema=schema())
+    if migrated:
+        table = table.replace_schema_metadata({**table.schema.metadata,
+                                               MIGRATED_METADATA_KEY: json.dumps(migrated).encode()})
+    return table
 
 
 def _write_table(table: Any, path: str | Path) -> None:
@@ -290,25 +297,37 @@ def write_trajectory_groups_parquet(trajectory_groups: list[Any], path: str | Pa
     _write_table(_table(rows_of(list(trajectory_groups))), path)
 
 
-def append_trajectory_groups_parquet(trajectory_groups: list[Any], path: str | Path) -> None:
+def migrated_sources(path: str | Path) -> list[str]:
+    """The SHA-256 digests of the JSONL logs whose groups the Parquet file at `path` holds (none: [])."""
+    import pyarrow.parquet as pq
+
+    raw = (pq.read_schema(path).metadata or {}).get(MIGRATED_METADATA_KEY)
+    return [str(d) for d in json.loads(raw)] if raw else []
+
+
+def append_trajectory_groups_parquet(trajectory_groups: list[Any], path: str | Path, *,
+                                     source_sha256: str | None = None) -> None:
     """Add the groups to the file at `path` (created if absent), numbering them after its groups.
 
     ART overwrites a step's file when the same split is logged twice at one step; we keep both.
-    A version-1 file is read and rewritten as version 2, its groups first.
+    A version-1 file is read and rewritten as version 2, its groups first. `source_sha256`: the digest of the
+    JSONL log the groups come from, added to those the file records (`migrated_sources`); one write does both.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     groups = list(trajectory_groups)
     path = Path(path)
-    if not path.exists():
-        return write_trajectory_groups_parquet(groups, path)
-    if file_version(path) != FORMAT_VERSION:
-        return write_trajectory_groups_parquet(read_trajectory_groups_parquet(path) + groups, path)
+    sources = migrated_sources(path) if path.exists() else []
+    if source_sha256 is not None and source_sha256 not in sources:
+        sources.append(source_sha256)
+    if not path.exists() or file_version(path) != FORMAT_VERSION:
+        old_groups = read_trajectory_groups_parquet(path) if path.exists() else []
+        return _write_table(_table(rows_of(old_groups + groups), sources), path)
     old = pq.read_table(path)
     indices = [i for i in old.column("group_index").to_pylist() if i is not None]
-    new = _table(rows_of(groups, max(indices) + 1 if indices else 0))
-    _write_table(pa.concat_tables([old.select(list(COLUMNS)).cast(schema()), new]), path)
+    new = _table(rows_of(groups, max(indices) + 1 if indices else 0), sources)
+    _write_table(pa.concat_tables([old.select(list(COLUMNS)).cast(new.schema), new]), path)
 
 
 # --------------------------------------------------------------------------- reading
