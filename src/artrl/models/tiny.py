@@ -349,10 +349,13 @@ def _remove_stale_tmp_dirs(root: pathlib.Path) -> None:
 
 
 def _build_into(directory: pathlib.Path, name: str = TINY_MODEL_NAME) -> None:
+    from ..runtime.progress import hf_bars_off_in_a_log
+
     version, shape = BUILTIN_MODELS[name]
     tokenizer = build_tiny_tokenizer(vision=_is_vision(name))
     model = build_tiny_model(tokenizer, shape)
-    model.save_pretrained(directory)
+    with hf_bars_off_in_a_log():  # "Writing model shards" would be a line of carriage returns in a log
+        model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     if _is_vision(name):
         tiny_vl.build_image_processor().save_pretrained(directory)
