@@ -113,7 +113,9 @@ def quick_demo_cli(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("quick-demo")
     done = subprocess.run([sys.executable, "-m", "artrl.cli", "demo", "--quick", "--json", "--path", str(path),
-                           "--device", "cpu"], capture_output=True, text=True, timeout=900, check=False)
+                           "--device", "cpu"], capture_output=True, timeout=900, check=False)
+    # decoded as they are: text=True would turn a carriage return into a newline
+    done.stdout, done.stderr = done.stdout.decode(), done.stderr.decode()
     return path, done
 
 
