@@ -4,9 +4,11 @@ examples/art_skills/ holds an RL and an SFT program written as ART's own skills 
 `train-sft/SKILL.md` in ART 0.5.23's sdist) have a user write them: `import art`, `from art.local import
 LocalBackend`, `from art.utils...`, the skills' default hyperparameters, `artrl/tiny` as the base model the
 user chose. Each is copied as it is into a scratch folder and run in a fresh interpreter that sets up no
-logging, with stderr a pipe (as a log file is): the SFT program with plain `python` (`import art` is artrl
-where openpipe-art is absent), the RL one with `artrl run` (the route where it is installed). What a user
-must see reaches stderr once each, as plain lines: no carriage return, no cursor code.
+logging, with stderr a pipe (as a log file is), offline: the SFT program with plain `python` (`import art` is
+artrl where openpipe-art is absent), the RL one with `artrl run` (the route where it is installed). What a user
+must see reaches stderr once each, as plain lines: no carriage return, no cursor code. The RL program with the
+skill's default reward, RULER with a hosted judge, needs the network by nature: offline it is shown to stop
+with one line that names its judge and the way out.
 """
 
 from __future__ import annotations
@@ -28,13 +30,20 @@ UNTRAINED = "artrl/tiny is untrained"
 LOW_RATE = "is far below what artrl/tiny needs to learn"
 
 
-def run_program(tmp_path: Path, head: list[str], program: str, *args: str) -> subprocess.CompletedProcess:
+CLOSED_PORT = "http://127.0.0.1:9"  # nothing listens: the internet is unreachable, loopback is not proxied
+DROPPED = ("ARTRL_ART", "PYTHONPATH", "OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_BASE")
+
+
+def run_program(tmp_path: Path, head: list[str], program: str, *args: str, **extra: str) -> subprocess.CompletedProcess:
     for path in SKILLS.iterdir():
         if path.is_file():
             shutil.copy2(path, tmp_path / path.name)
     assert (tmp_path / program).read_bytes() == (SKILLS / program).read_bytes()  # no line changed
-    env = {k: v for k, v in os.environ.items() if k not in ("ARTRL_ART", "PYTHONPATH")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", WANDB_MODE="disabled")
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", WANDB_MODE="disabled", LITELLM_LOCAL_MODEL_COST_MAP="True",
+               NO_PROXY="localhost,127.0.0.1,::1", no_proxy="localhost,127.0.0.1,::1", **extra)
+    env.update(dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"),
+                             CLOSED_PORT))
     return subprocess.run([*head, program, *args], cwd=tmp_path, capture_output=True, env=env,
                           stdin=subprocess.DEVNULL, timeout=600)
 
@@ -53,7 +62,7 @@ def history(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / storage.HISTORY_FILE).read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("program", ["train_rl.py", "sft_train.py"])
+@pytest.mark.parametrize("program", ["train_rl.py", "train_rl_ruler.py", "sft_train.py"])
 def test_the_programs_are_arts_own_imports_and_calls(program):
     code = (SKILLS / program).read_text()
     assert not re.search(r"^\s*(import|from)\s+artrl\b", code, flags=re.M)
@@ -96,3 +105,17 @@ def test_the_rl_skill_program_runs_unedited_through_artrl_run(tmp_path):
     [advice] = [x for x in lines if LOW_RATE in x]
     assert advice.startswith("learning_rate 1e-5 is far below") and "Start from learning_rate=5e-3" in advice
     assert len([x for x in lines if x.startswith("gather: 100%")]) == 4  # 3 train gathers, 1 validation
+
+
+def test_the_ruler_skill_program_stops_offline_with_one_line_naming_its_judge(tmp_path):
+    """The skill's default reward is RULER with a hosted judge: offline (with a key, as the program checks at
+    start-up) it cannot run, and it stops at the first group with the judge's model, endpoint and the way out
+    on the error line, training nothing. It counts as skipped where a run needs the network."""
+    out = run_program(tmp_path, [sys.executable], "train_rl_ruler.py", "--max-tokens", "8",
+                      OPENAI_API_KEY="sk-offline-test")
+    assert out.returncode == 1, out.stderr.decode()[-3000:]
+    last = out.stderr.decode().strip().splitlines()[-1]
+    assert last.startswith("artrl.rewards.ruler.JudgeUnreachableError: RULER's judge 'openai/gpt-5.4' at "), last
+    assert "could not be reached" in last and 'judge_model="hosted_vllm/" + model.base_model' in last
+    run = tmp_path / ".art" / "colour-quiz" / "models" / "quiz-rl-ruler-001"
+    assert checkpoints(run) == [0]  # nothing trained

@@ -10,9 +10,10 @@ one line every few seconds of a long stage, and its last (also for a bar made wi
 `leave=False`, which on a terminal clears itself when done). Each state there is a
 plain line of its own (`PlainLines`): no carriage return, no cursor codes (a second
 bar's `ESC[A`), and no line run together with a log line written in between. A
-notebook keeps its live widget. transformers draws bars of its own while a model loads or is saved
-(`hf_bars_off_in_a_log` turns them off there, off a terminal). `TQDM_MININTERVAL` in the environment (tqdm's own override) wins
-over our choice, and `disable=True` hides a bar wherever it goes.
+notebook keeps its live widget. transformers draws bars of its own while a model loads
+or is saved (`hf_bars_off_in_a_log` turns them off there, off a terminal).
+`TQDM_MININTERVAL` in the environment (tqdm's own override) wins over our choice, and
+`disable=True` hides a bar wherever it goes.
 """
 
 from __future__ import annotations

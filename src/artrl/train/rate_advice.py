@@ -43,9 +43,9 @@ def low_rate_advice(base_model: str, kind: str, learning_rate: float | Sequence[
     where = ("TrainConfig's, or backend.train's keyword" if kind == "rl"
              else "TrainSFTConfig's, or train_sft_from_file's peak_lr")
     return (f"{what} {_rate(peak)} is far below what {base_model} needs to learn: a tiny, randomly initialised "
-            f"model's LoRA learns at about {_rate(low)} to {_rate(high)} (a pretrained model's rate barely moves it), so "
-            f"its reward and loss will look like noise. Start from learning_rate={_rate(start)} ({where}); keep the "
-            "low rate for a real model (docs/getting-started.md).")
+            f"model's LoRA learns at about {_rate(low)} to {_rate(high)} (a pretrained model's rate barely moves "
+            f"it), so its reward and loss will look like noise. Start from learning_rate={_rate(start)} ({where}); "
+            "keep the low rate for a real model (docs/getting-started.md).")
 
 
 def advise_learning_rate(base_model: str, kind: str, learning_rate: float | Sequence[float]) -> bool:
