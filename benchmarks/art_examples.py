@@ -7,7 +7,10 @@ For each example below, the runner takes its code from the ART tree given (a
 notebook's code cells in order, with shell and magic lines such as `!pip ...`
 and `%...` dropped), applies that example's edits, writes it with its helper
 files into a scratch directory (same layout as in ART, so relative paths to
-data files hold) and runs it in a subprocess: the same Python, offline
+data files hold) and runs it in a subprocess through the zero-edit route a user
+takes, `python -m artrl run program.py` (`import art` and every `from art.x
+import y` are artrl's modules of the same path, whether or not openpipe-art is
+installed; no import is rewritten): the same Python, offline
 (`HF_HUB_OFFLINE=1`, `WANDB_MODE=disabled`, litellm's shipped price map, every
 proxy variable pointing at a closed local port so nothing can reach the
 internet, loopback excepted), with a timeout. A notebook runs as Jupyter runs it: all cells in one event loop,
@@ -25,9 +28,8 @@ their steps advance with the same weights, and the note column says so.
 
 The edits are data (`EXAMPLES`): a list of (pattern, replacement, why) per
 example, applied as regular expressions, each of which must match (a pattern
-that no longer matches ART's code fails loudly, naming it). Only four kinds
-exist (`EDIT_KINDS`): the package name in imports (one rule for every file,
-`rename_imports`), the base model (-> "artrl/tiny"), loop sizes (steps,
+that no longer matches ART's code fails loudly, naming it). Only three kinds
+exist (`EDIT_KINDS`): the base model (-> "artrl/tiny"), loop sizes (steps,
 groups, rollouts, max tokens), and switching off what needs the network by
 nature (W&B's weave tracing, S3 backups). Where an example plays against or is
 judged by a hosted model, the edit points it at artrl's own local server
@@ -64,6 +66,8 @@ LOG_FILE = "run.log"
 NOTEBOOK_LAUNCHER = "run_notebook.py"
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 CLOSED_PORT_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, a connection is refused at once
+ARTRL_RUN = (sys.executable, "-u", "-m", "artrl", "run")
+"""How an example runs: unedited, `art` resolved to artrl for that process (src/_artrl_art.py)."""
 DROPPED_ENV = ("BACKUP_BUCKET", "OPENAI_API_KEY", "OPENROUTER_API_KEY", "WANDB_API_KEY", "TOGETHER_API_KEY")
 
 
@@ -247,19 +251,14 @@ EXAMPLES: tuple[Example, ...] = (
 # ---------------------------------------------------------------------------------------------- preparing the code
 
 
-def rename_imports(text: str) -> tuple[str, int]:
-    """ART's package name -> artrl in import statements: `import art` -> `import artrl as art`,
-    `from art[.x] import ...` -> `from artrl[.x] import ...`. Returns the text and the number of imports changed.
+_ART_IMPORT = re.compile(r"^\s*(import art(\.[\w.]+)?(\s+as\s+\w+)?\s*$|from art(\.[\w.]+)? import )",
+                         flags=re.MULTILINE)
 
-    Any other way of importing ART (`import art.x`, `import art as y`) is refused: it would need an edit the
-    rename rule does not make.
-    """
-    odd = re.search(r"^\s*import art(\.\w+|\s+as\s+\w+)", text, flags=re.MULTILINE)
-    if odd:
-        raise EditError(f"unhandled import of ART: {odd.group(0).strip()!r}; add an explicit edit for it")
-    text, n1 = re.subn(r"^(\s*)import art\s*$", r"\1import artrl as art", text, flags=re.MULTILINE)
-    text, n2 = re.subn(r"^(\s*)from art(\.[\w.]+)? import ", r"\1from artrl\2 import ", text, flags=re.MULTILINE)
-    return text, n1 + n2
+
+def art_imports(text: str) -> int:
+    """How many import statements of ART's package (`import art[.x] [as y]`, `from art[.x] import ...`) `text`
+    holds; they are run as written, on artrl's modules of the same path (`artrl run`)."""
+    return len(_ART_IMPORT.findall(text))
 
 
 def apply_edits(text: str, edits: list[Edit], where: str) -> str:
@@ -330,7 +329,7 @@ class Prepared:
 
     command: list[str]
     cwd: Path
-    renamed_imports: int
+    art_imports: int  # ART imports in the example's files, run as written
     edits: list[dict[str, Any]]
 
 
@@ -355,7 +354,7 @@ def prepare(example: Example, art_root: Path, scratch: Path, base_model: str = T
     unknown = set(by_file) - {example.main, *example.helpers}
     if unknown:
         raise EditError(f"{example.name}: edits name files that are not the example's: {sorted(unknown)}")
-    renamed = 0
+    imports = 0
     for rel in (example.main, *example.helpers):
         src, dst = art_root / rel, scratch / rel
         if not src.exists():
@@ -368,22 +367,21 @@ def prepare(example: Example, art_root: Path, scratch: Path, base_model: str = T
             shutil.copy2(src, dst)
             continue
         text = notebook_code(src) if src.suffix == ".ipynb" else src.read_text()
-        text, n = rename_imports(text)
-        renamed += n
+        imports += art_imports(text)
         text = apply_edits(text, by_file.get(rel, []), f"{example.name}: {rel}")
         if src.suffix == ".ipynb":
             dst = dst.with_suffix(".py")
         dst.write_text(text)
-    if renamed == 0:
+    if imports == 0:
         raise EditError(f"{example.name}: no `import art` / `from art... import` found; is this an ART program?")
     code = scratch / Path(example.main).with_suffix(".py")
     if example.main.endswith(".ipynb"):
         launcher = scratch / NOTEBOOK_LAUNCHER
         launcher.write_text(LAUNCHER_SOURCE)
-        command = [sys.executable, "-u", str(launcher), str(code)]
+        command = [*ARTRL_RUN, str(launcher), str(code)]
     else:
-        command = [sys.executable, "-u", str(code)]
-    return Prepared(command, code.parent, renamed, [asdict(e) for e in edits])
+        command = [*ARTRL_RUN, str(code)]
+    return Prepared(command, code.parent, imports, [asdict(e) for e in edits])
 
 
 # ---------------------------------------------------------------------------------------------- running and checking

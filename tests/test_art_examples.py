@@ -2,7 +2,7 @@
 
 ART's source is not available in CI, so the tests build a small "ART tree" (a
 script with a helper module, and a notebook with magics and top-level await)
-and run the runner's machinery on it: extraction, the import rename, the
+and run the runner's machinery on it: extraction, the zero-edit run (`artrl run`), the
 edits (each must match), the offline subprocess, and the check of the run
 directory. With `ART_SOURCE=/path/to/ART` set, the real examples' edits are
 checked against that tree too (prepared, not run).
@@ -130,15 +130,11 @@ NOTEBOOK_EXAMPLE = Example(
 
 # --------------------------------------------------------------------------- extraction and edits (no model)
 
-def test_rename_imports_covers_arts_import_forms_and_refuses_others():
-    text, n = runner.rename_imports("import art\nfrom art.local import LocalBackend\nfrom art import dev\n"
-                                    "    import art\nimport artistic\nfrom artwork import x\n")
-    assert text == ("import artrl as art\nfrom artrl.local import LocalBackend\nfrom artrl import dev\n"
-                    "    import artrl as art\nimport artistic\nfrom artwork import x\n")
-    assert n == 4
-    for odd in ("import art.utils\n", "import art as a\n"):
-        with pytest.raises(runner.EditError, match="unhandled import of ART"):
-            runner.rename_imports(odd)
+def test_arts_imports_are_counted_and_left_as_written():
+    text = ("import art\nfrom art.local import LocalBackend\nfrom art import dev\n    import art\nimport art.utils\n"
+            "import art as a\nimport artistic\nfrom artwork import x\n")
+    assert runner.art_imports(text) == 6
+    assert runner.art_imports("import artrl as art\nprint('import art')\n") == 0
 
 
 def test_every_edit_must_match_as_often_as_declared():
@@ -170,11 +166,14 @@ def test_prepare_writes_the_edited_example_with_its_helpers(art_tree, tmp_path):
     prepared = runner.prepare(SCRIPT_EXAMPLE, art_tree, tmp_path / "scratch" / "toy")
     main = tmp_path / "scratch" / "toy" / "examples" / "toy" / "train.py"
     text = main.read_text()
-    assert "import artrl as art\nfrom artrl.local import LocalBackend" in text
+    assert text.startswith(SCRIPT.split("STEPS")[0])  # ART's imports as written: the run resolves them
+    assert "artrl" not in text.replace('"artrl/tiny"', "")
     assert 'base_model="artrl/tiny"' in text and "STEPS = 2" in text and "max_tokens=8" in text
     assert (main.parent / "helper.py").read_text() == HELPER
-    assert prepared.cwd == main.parent and prepared.command[-1] == str(main) and prepared.renamed_imports == 2
+    assert prepared.cwd == main.parent and prepared.command[-1] == str(main) and prepared.art_imports == 2
+    assert prepared.command[:-1] == [sys.executable, "-u", "-m", "artrl", "run"]  # the zero-edit route
     nb = runner.prepare(NOTEBOOK_EXAMPLE, art_tree, tmp_path / "scratch" / "nb")
+    assert nb.command[:-2] == prepared.command[:-1]
     assert Path(nb.command[-2]).name == runner.NOTEBOOK_LAUNCHER and nb.command[-1].endswith("toy-notebook.py")
     assert (art_tree / "examples" / "toy" / "train.py").read_text() == SCRIPT  # the ART tree is untouched
     other = runner.prepare(SCRIPT_EXAMPLE, art_tree, tmp_path / "scratch" / "other", base_model="/models/qwen-0.5b")

@@ -113,7 +113,9 @@ def quick_demo_cli(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("quick-demo")
     done = subprocess.run([sys.executable, "-m", "artrl.cli", "demo", "--quick", "--json", "--path", str(path),
-                           "--device", "cpu"], capture_output=True, text=True, timeout=900, check=False)
+                           "--device", "cpu"], capture_output=True, timeout=900, check=False)
+    # decoded as they are: text=True would turn a carriage return into a newline
+    done.stdout, done.stderr = done.stdout.decode(), done.stderr.decode()
     return path, done
 
 
@@ -167,3 +169,20 @@ def test_quick_demo_json_line(quick_demo_cli):
     for key in ("val_reward_before", "val_reward_after_sft", "val_reward_after_rl"):
         assert 0.0 <= report[key] <= 1.0
     assert "validation reward, after RL" in done.stderr
+
+
+def test_quick_demo_counters_agree_and_its_log_is_plain_lines(quick_demo_cli):
+    """stderr a pipe, as a log file: every bar state is a plain line, and the rollouts' bar, the trainer's bar
+    and the demo's line of one RL call name the same step (the step the call makes)."""
+    import re
+
+    _, done = quick_demo_cli
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "\r" not in done.stderr and "\x1b" not in done.stderr
+    cfg = demo.DemoConfig.quick()
+    lines = done.stderr.splitlines()
+    demo_line = re.compile(rf"INFO artrl\.commands\.demo: step (\d+) \(RL \d+/{cfg.rl_steps}\): train")
+    said = [int(m.group(1)) for x in lines if (m := demo_line.search(x))]
+    trained = sorted({int(m.group(1)) for x in lines if (m := re.match(r"rl step (\d+):", x))})
+    gathered = sorted({int(m.group(1)) for x in lines if (m := re.match(r"rollouts for step (\d+):", x))})
+    assert said == trained == gathered == list(range(2, cfg.rl_steps + 2))

@@ -94,3 +94,31 @@ def test_a_bar_that_clears_itself_on_a_terminal_still_leaves_its_last_state_in_a
         with progress_bar(total=1, file=terminal, leave=False) as live:
             assert live.leave is False  # a terminal keeps the caller's choice
     os.close(master)
+
+
+def test_bars_into_a_pipe_are_plain_lines_with_no_cursor_codes():
+    """Two stacked bars and a log line written between their states, stderr a pipe: each state is a line of its
+    own, with no carriage return and no cursor code (a second bar moves the cursor up with ESC[A on a terminal)."""
+    import subprocess
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys
+        from artrl.runtime.progress import progress_bar
+        with progress_bar(total=2, desc="outer") as outer:
+            for i in range(2):
+                with progress_bar(total=3, desc=f"inner {i}", position=1, mininterval=0, leave=False) as inner:
+                    for _ in range(3):
+                        inner.update(1)
+                print(f"a log line after inner {i}", file=sys.stderr)
+                outer.update(1)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    assert b"\r" not in out.stderr and b"\x1b" not in out.stderr, out.stderr
+    lines = out.stderr.decode().splitlines()
+    assert all(line == line.rstrip() and line for line in lines)
+    assert "a log line after inner 0" in lines and "a log line after inner 1" in lines  # not run into a bar's line
+    assert [x.split("|")[0].strip() for x in lines if x.startswith("inner 0")][-1] == "inner 0: 100%"
+    assert lines[-1].startswith("outer: 100%") and "2/2" in lines[-1]
+    assert len(lines) <= 16  # a few lines per bar, not one per character redraw

@@ -292,15 +292,16 @@ async def run_demo(path: str | Path = "./.art", *, rl_steps: int | None = None, 
                 (TrajectoryGroup(colours.rollout(model, q, client=client, seed=_request_seed(cfg.seed, step, g, k))
                                  for k in range(GROUP_SIZE))
                  for g, q in enumerate(questions)),
-                pbar_desc=f"rollouts step {step}" if show_progress else None))
+                pbar_desc=f"rollouts for step {step + 1}" if show_progress else None))
             await clock.training(model.delete_checkpoints())
             result = await clock.training(model.train(groups, config=TrainConfig(
                 learning_rate=rl_rates[i], scale_rewards=cfg.scale_rewards)))
             rollouts = [t for g in groups for t in g.trajectories]
-            line = f"RL step {i + 1}/{cfg.rl_steps}: train {_describe(rollouts)}"
+            # named by the step it made, as the trainer's bar ("rl step N") and the rollouts' bar are
+            line = f"step {result.step} (RL {i + 1}/{cfg.rl_steps}): train {_describe(rollouts)}"
             if (i + 1) % cfg.val_every == 0 or i + 1 == cfg.rl_steps:
                 val = await _validate(model, client, cfg, clock)
-                line += f"; step {result.step} validation reward {_mean(val):.3f}"
+                line += f"; validation reward {_mean(val):.3f}"
             log.info(line)
         await model.delete_checkpoints()
     finally:

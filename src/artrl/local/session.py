@@ -88,6 +88,7 @@ class TrainingSession:
         self.step = 0
         self.history_record: dict[str, Any] | None = None  # the latest checkpoint's own history line
         self._warned_no_metric: set[str] = set()  # delete_checkpoints' metrics already warned about
+        self._rate_read = False  # the first call's learning rate was read (train/rate_advice.py)
         self._say = OncePerRun(log)  # per-step housekeeping: INFO once, then DEBUG
 
     # ------------------------------------------------------------------ opening
@@ -237,11 +238,15 @@ class TrainingSession:
         LocalBackend does: the checkpoint is the step, so it is always written.
         """
         from ..train.prepare import prepare_call
+        from ..train.rate_advice import advise_learning_rate
 
         if kind == "rl" and not data:
             raise TrajectoryError(f"{self.name}: model.train was given an empty list of trajectory groups: there is "
                                   "nothing to train on. Pass the groups your rollouts gathered (a list of "
                                   "art.TrajectoryGroup, each with 2+ rollouts of one prompt).")
+        if not self._rate_read:  # the first call only: a schedule's tail is low by design
+            self._rate_read = True
+            advise_learning_rate(self.base_model, kind, cfg.learning_rate)
         started = time.monotonic()
         with self._training():
             ref = self._reference_adapter(cfg) if isinstance(cfg, TrainConfig) else None

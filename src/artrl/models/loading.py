@@ -34,6 +34,7 @@ import torch
 
 from ..errors import ConfigError
 from ..runtime.heap import release_free_memory
+from ..runtime.progress import hf_bars_off_in_a_log
 from ..config.model import InternalModelConfig
 from .memory_plan import check_model_fits
 from .moe import EXPERTS_IMPLEMENTATION, is_moe, lora_targets
@@ -149,7 +150,7 @@ def load_base_model(base_model: str | ResolvedBaseModel, cfg: InternalModelConfi
                      device_map={"": device})
     auto = AutoModelForImageTextToText if is_vision_model(config) else AutoModelForCausalLM
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), hf_bars_off_in_a_log():
             warnings.filterwarnings("ignore", message=".*inputs will be cast from.*")
             model = auto.from_pretrained(
                 path, dtype=dtype, attn_implementation=model_attn(cfg, device, config),

@@ -135,6 +135,12 @@ BUILTIN_MODELS: Final = {TINY_MODEL_NAME: ("tiny-v1", MODEL_SHAPE), BENCH_MODEL_
 architecture, Qwen3 when absent). All share the tiny tokenizer; the vision-language one (tiny_vl.py) adds its
 vision tokens, its chat template and its image processor."""
 VISION_MODEL_TYPES: Final = ("qwen2_5_vl",)
+WORKING_LEARNING_RATES: Final = {name: (1e-3, 1e-2, 5e-3) for name in (TINY_MODEL_NAME, TINY_MOE_NAME,
+                                                                     tiny_vl.TINY_VL_NAME)}
+"""Built-in model -> (low, high, a rate to start from) of the learning rates its LoRA learns at, RL and SFT alike
+(docs/getting-started.md, "Choosing a learning rate": the examples and the demo train at 3e-3 to 1e-2). A
+randomly initialised model of a million parameters needs about a thousand times a pretrained model's rate.
+`artrl/bench-100m` has no entry: nothing measured says what it needs."""
 
 CHAT_TEMPLATE: Final = """\
 {%- macro render_content(content) -%}
@@ -343,10 +349,13 @@ def _remove_stale_tmp_dirs(root: pathlib.Path) -> None:
 
 
 def _build_into(directory: pathlib.Path, name: str = TINY_MODEL_NAME) -> None:
+    from ..runtime.progress import hf_bars_off_in_a_log
+
     version, shape = BUILTIN_MODELS[name]
     tokenizer = build_tiny_tokenizer(vision=_is_vision(name))
     model = build_tiny_model(tokenizer, shape)
-    model.save_pretrained(directory)
+    with hf_bars_off_in_a_log():  # "Writing model shards" would be a line of carriage returns in a log
+        model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     if _is_vision(name):
         tiny_vl.build_image_processor().save_pretrained(directory)
