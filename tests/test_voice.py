@@ -38,10 +38,7 @@ PROGRAM = textwrap.dedent("""
         config = art.TrainConfig(learning_rate=5e-3, allow_training_without_logprobs=True)
         await model.train([group("a", [0.0, 1.0]), group("b", [1.0, 0.5])], config=config)
         await model.train([group("a", [0.0, 0.0]), group("b", [0.0, 0.0])], config=config)  # the reward never set
-        try:
-            await model.train([], config=config)
-        except Exception as e:
-            print(f"{type(e).__name__}: {e}")
+        await model.train([], config=config)  # every group dropped (a judge's swallow_exceptions=True)
         print("step", await model.get_step())
         await backend.close()
 
@@ -65,8 +62,9 @@ def test_with_no_logging_set_up_the_notices_and_summaries_reach_stderr_once_and_
     assert err.count("RL: packed") == 1  # the first call's summary line
     assert err.count("every rollout in each group had the same reward (0 in 2 groups)") == 1
     assert "Was the reward set" in err
-    assert "TrajectoryError" in out.stdout and "empty list of trajectory groups" in out.stdout
-    assert out.stdout.strip().splitlines()[-1] == "step 2"  # the tied call advanced the step, as in ART
+    # an empty list trains nothing and advances the step, as in ART (its 2048 example gets here), saying so
+    assert err.count("model.train was given an empty list of trajectory groups") == 1
+    assert out.stdout.strip().splitlines()[-1] == "step 3"  # the tied and the empty call advanced, as in ART
 
 
 @pytest.mark.parametrize("level", ["WARNING", "INFO"])

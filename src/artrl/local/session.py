@@ -240,10 +240,6 @@ class TrainingSession:
         from ..train.prepare import prepare_call
         from ..train.rate_advice import advise_learning_rate
 
-        if kind == "rl" and not data:
-            raise TrajectoryError(f"{self.name}: model.train was given an empty list of trajectory groups: there is "
-                                  "nothing to train on. Pass the groups your rollouts gathered (a list of "
-                                  "art.TrajectoryGroup, each with 2+ rollouts of one prompt).")
         if not self._rate_read:  # the first call only: a schedule's tail is low by design
             self._rate_read = True
             advise_learning_rate(self.base_model, kind, cfg.learning_rate)
@@ -376,6 +372,10 @@ def _why_nothing(kind: str, data: list[Any]) -> str:
     """A call that trained nothing, in a user's words: every group tied, at which rewards; "" when not that."""
     if kind != "rl":
         return ""
+    if not data:  # ART skips and advances too; its 2048 example gets here when RULER drops every group
+        return (": model.train was given an empty list of trajectory groups. Pass the groups your rollouts "
+                "gathered (each with 2+ rollouts of one prompt); a judge called with swallow_exceptions=True "
+                "drops the groups it could not score, which can leave none")
     tied: dict[float, int] = {}
     for group in data:
         rewards = {float(t.reward) for t in getattr(group, "trajectories", [])}
