@@ -367,3 +367,31 @@ def test_requests_are_answered_in_arrival_order_under_a_saturated_queue():
     assert [r.status_code for r in responses] == [200] * count, [r.text[:200] for r in responses]
     assert answered == list(range(count))
     assert engine.requests_admitted - admitted == count
+
+
+def test_large_bodies_take_turns_and_leave_the_interpreter_half_the_time():
+    """The scans and parses of large bodies (guards.py: `BodyLane`) run one at a time, and each waits after the
+    one before at least as long as that one took, so megabyte bodies sent back to back hold the interpreter lock
+    at most half the time; the first one is not delayed."""
+    from artrl.serve.http.guards import BodyLane
+
+    spans: list[tuple[float, float]] = []
+
+    async def off_loop(fn: Any, *args: Any) -> Any:
+        start = time.monotonic()
+        result = fn(*args)
+        await asyncio.sleep(0.05)  # the work (a parse holding the lock)
+        spans.append((start, time.monotonic()))
+        return result
+
+    async def scenario() -> tuple[list[int], float]:
+        lane = BodyLane(off_loop)
+        first = await lane.run(lambda x: x, 0)
+        alone_waited = lane.waited_s
+        rest = await asyncio.gather(*(lane.run(lambda x: x, i) for i in range(1, 4)))
+        return [first, *rest], alone_waited
+
+    results, alone_waited = asyncio.run(scenario())
+    assert results == [0, 1, 2, 3] and alone_waited == 0
+    for (start, end), (next_start, _) in zip(spans, spans[1:]):
+        assert next_start >= end + (end - start) - 1e-3  # never together, and a rest as long as the work

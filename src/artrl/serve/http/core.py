@@ -47,7 +47,7 @@ from ...models.moe import RECORD_KEY as ROUTING_RECORD_KEY, encode_routing
 from .prompts import PromptBuilder, request_messages
 from ..errors import EngineClosedError, InvalidRequestError
 from ..engines.base import GenerationRequest, GenerationResult
-from .guards import APIError, ServerMetrics
+from .guards import APIError, BodyLane, ServerMetrics
 from .served_models import LiveSwitchingError, ModelNotFoundError, ServedModels
 from .body_policy import BodyPolicy
 from .request import ChatCompletionRequest, RequestLimits, check, check_parsed
@@ -390,7 +390,8 @@ class RequestCore:
     """What every protocol's route calls (module docstring): `prepare`, then `complete` or `stream`.
 
     `off_loop(fn, *args)` runs CPU work a large request brings on a worker thread (bounded by the server);
-    `body_policy`: what the routes do with fields they do not take (refused, unless the server is set to warn).
+    `body_policy`: what the routes do with fields they do not take (refused, unless the server is set to warn);
+    `body_lane`: where the scan and parse of a large body run, in turn with the others.
     """
 
     def __init__(self, resolver: ServedModels, prompts: PromptBuilder, limits: RequestLimits,
@@ -398,6 +399,8 @@ class RequestCore:
                  off_loop: Callable[..., Awaitable[Any]], body_policy: BodyPolicy | None = None) -> None:
         self.resolver, self.prompts, self.limits, self.metrics = resolver, prompts, limits, metrics
         self.default_max_tokens, self.off_loop = default_max_tokens, off_loop
+        #: Where large bodies are scanned and parsed, one at a time (serve/http/guards.py)
+        self.body_lane = BodyLane(off_loop)
         #: What every route does with a field it does not take (serve/http/body_policy.py)
         self.body_policy = body_policy if body_policy is not None else BodyPolicy("refuse", metrics)
 
