@@ -263,6 +263,16 @@ def test_a_tool_result_with_no_matching_call_is_refused(server: ServerHandle) ->
                              "responses")
     assert param == "input[1].call_id" and "call_2" in message, message
 
+    chat_call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get", "arguments": "{}"}}]}
+    chat_answer = {"role": "tool", "tool_call_id": "call_1", "content": "9"}
+    chat_stray = {"role": "tool", "tool_call_id": "call_2", "content": "9"}
+    assert post(server, "chat", body("chat", messages=[ask, chat_call, chat_answer])).status_code == 200
+    for messages, at in (([ask, chat_call, chat_answer, chat_stray], 3), ([ask, chat_stray], 1),
+                         ([ask, chat_stray, chat_call], 1)):  # a call after its answer answers nothing
+        message, param = refusal(post(server, "chat", body("chat", messages=messages)), "chat")
+        assert param == f"messages[{at}].tool_call_id" and "call_2" in message, message
+
 
 def test_a_function_call_output_may_answer_the_call_of_a_previous_response(tokenizer: Any) -> None:
     engine = ScriptedEngine.from_text(

@@ -282,3 +282,22 @@ def check_tool_choice(body: ChatCompletionRequest) -> None:
     )
     offered = [t.get("function", {}).get("name") for t in body.tools or []]
     check(name in offered, f"tool_choice names the function {name!r}, which is not in tools {offered}", "tool_choice")
+
+
+def check_tool_results(messages: list[Any]) -> None:
+    """Each `tool` message answers a call: its `tool_call_id` is the id of a tool call of an earlier assistant
+    message (OpenAI's API refuses one that is not, as the other protocols' routes refuse a tool result that
+    answers no call). A tool message without a `tool_call_id` is left to the chat template, as vLLM does."""
+    calls: set[str] = set()
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue  # said by the message check (prompts.py: request_messages)
+        if message.get("role") == "assistant":
+            for call in message.get("tool_calls") or ():
+                if isinstance(call, dict) and isinstance(call.get("id"), str):
+                    calls.add(call["id"])
+        elif message.get("role") == "tool" and message.get("tool_call_id") is not None:
+            call_id = message["tool_call_id"]
+            check(isinstance(call_id, str) and call_id in calls,
+                  f"Invalid parameter: 'tool_call_id' of {call_id!r:.100} not found in 'tool_calls' of an earlier "
+                  f"assistant message (messages[{i}] answers no call).", f"messages[{i}].tool_call_id")
