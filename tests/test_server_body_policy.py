@@ -22,6 +22,7 @@ from artrl.models.tiny import build_tiny_tokenizer
 from artrl.serve import ServedModels, ServerHandle, create_app, start_server
 from artrl.serve.engines.base import GenerationRequest, GenerationResult
 from artrl.serve.engines.scripted import ScriptedEngine
+from artrl.serve.errors import EngineClosedError
 from artrl.serve.http import body_policy
 from artrl.serve.http.protocols import common
 from test_server_transport import _response
@@ -371,6 +372,29 @@ def test_a_408_is_in_the_routes_shape(strict: ServerHandle, route: str, where: s
         assert data["type"] == "error" and data["error"]["type"] == "timeout_error", data
     else:
         assert data["error"]["code"] == "request_timeout", data
+
+
+class ClosedEngine(ScriptedEngine):
+    """An engine whose program is exiting: every request fails as a closed engine's do."""
+
+    async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
+        raise EngineClosedError("the engine was closed")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("route", sorted(PATHS))
+def test_a_503_is_in_the_routes_shape(tokenizer: Any, route: str, stream: bool) -> None:
+    """The one status the server answers when it cannot serve (it has no request limit of its own, so no 429): a
+    closed engine is a 503 in the route's error shape, plain or streamed (nothing was sent yet)."""
+    with start_server(create_app(ServedModels("m", ClosedEngine(tokenizer, max_model_len=8192)))) as handle:
+        answer = post(handle, route, body(route, stream=stream))
+    assert answer.status_code == 503 and answer.headers["content-type"] == "application/json", answer.text[:300]
+    data = answer.json()
+    if route == "messages":
+        assert data == {"type": "error", "error": {"type": "overloaded_error", "message": "the engine was closed"}}
+    else:
+        assert data == {"error": {"message": "the engine was closed", "type": "server_error", "param": None,
+                                  "code": "engine_closed"}}
 
 
 # --------------------------------------------------------------------------- clients that leave mid-stream
