@@ -327,6 +327,42 @@ def test_artrl_serve_passes_its_body_bounds_to_the_app():
         assert (limit.kwargs["pause"], limit.kwargs["deadline"]) == (pause, deadline), argv
 
 
+@pytest.mark.parametrize("mode", ["refuse", "warn"])
+def test_artrl_serve_and_local_backend_pass_their_unknown_fields_policy_to_the_server(mode):
+    """`artrl serve --unknown-fields` and `LocalBackend(unknown_fields=...)` set the server's answer to a field no
+    route takes: a 400 naming it (refuse), or the request goes on (warn: here to the 404 of a model not served)."""
+    import argparse
+
+    from artrl.commands.serve import add_arguments, build_app
+    from artrl.local.backend import LocalBackend
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    app, _ = build_app(parser.parse_args(["--engine", "builtin", "--device", "cpu", "--unknown-fields", mode]))
+    backend = LocalBackend(unknown_fields=mode, path=None)
+    backend._ensure_server()
+    try:
+        for served in (app, None):
+            handle = start_server(served) if served is not None else backend._server
+            key = None if served is not None else backend._api_key
+            try:
+                answer = httpx.post(f"{handle.base_url}/chat/completions", timeout=30,
+                                    headers={"authorization": f"Bearer {key}"} if key else {},
+                                    json={"model": "not-served", "messages": [{"role": "user", "content": "hi"}],
+                                          "frobnicate": 1})
+            finally:
+                if served is not None:
+                    handle.stop()
+            assert answer.status_code == (400 if mode == "refuse" else 404), answer.text[:300]
+            assert (answer.json()["error"]["param"] == "frobnicate") == (mode == "refuse")
+    finally:
+        backend._server.stop()
+    with pytest.raises(ConfigError, match="unknown_fields='ignore'"):
+        LocalBackend(unknown_fields="ignore")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--unknown-fields", "ignore"])
+
+
 # --------------------------------------------------------------------------- fairness
 
 
