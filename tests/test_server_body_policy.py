@@ -469,3 +469,50 @@ def test_the_responses_store_holds_no_more_memory_than_its_bound() -> None:
     assert store.held <= bound
     assert max(held) <= 1.1 * bound, (held, bound)
     assert held[-1] >= 0.8 * bound, (held, bound)  # the bound is used, not undercounted the other way
+
+
+# --------------------------------------------------------------------------- vLLM's extras
+
+
+THINKING = "{%- if enable_thinking is defined and not enable_thinking %}NO THINKING {% endif %}"
+
+
+@pytest.fixture(scope="module")
+def thinking(tokenizer: Any) -> Iterator[ServerHandle]:
+    """A server whose tokenizer's chat template reads `enable_thinking` (as Qwen3's does)."""
+    template_tokenizer = build_tiny_tokenizer()
+    template_tokenizer.chat_template = THINKING + tokenizer.chat_template
+    with start_server(create_app(ServedModels("m", ScriptedEngine.from_text(template_tokenizer, "ok",
+                                                                           max_model_len=8192)))) as handle:
+        yield handle
+
+
+def test_chat_template_kwargs_reach_the_chat_template(thinking: ServerHandle, tokenizer: Any) -> None:
+    def prompt(**extra: Any) -> str:
+        answer = post(thinking, "chat", body("chat", **extra))
+        assert answer.status_code == 200, answer.text[:300]
+        return tokenizer.decode(answer.json()["choices"][0]["prompt_token_ids"])
+
+    assert "NO THINKING" not in prompt() and "NO THINKING" not in prompt(chat_template_kwargs={})
+    assert prompt(chat_template_kwargs={"enable_thinking": False}).startswith("NO THINKING")
+    assert "NO THINKING" not in prompt(chat_template_kwargs={"enable_thinking": True})
+    # a variable the template does not read would change nothing; one the server sets is not the client's
+    for kwargs, key in (({"preserve_thinking": True}, "preserve_thinking"), ({"tokenize": True}, "tokenize"),
+                        ({"add_generation_prompt": False}, "add_generation_prompt")):
+        message, param = refusal(post(thinking, "chat", body("chat", chat_template_kwargs=kwargs)), "chat")
+        assert param == f"chat_template_kwargs.{key}", (param, message)
+    for value in ("enable_thinking", ["enable_thinking"], 1):
+        _, param = refusal(post(thinking, "chat", body("chat", chat_template_kwargs=value)), "chat")
+        assert param.startswith("chat_template_kwargs"), param
+    _, param = refusal(post(thinking, "completions", body("completions", chat_template_kwargs={})), "completions")
+    assert param == "chat_template_kwargs"  # no chat template there: not a field the route takes
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_vllm_sampling_extras_are_taken_at_their_neutral_values_only(server: ServerHandle, route: str) -> None:
+    for neutral in ({"top_k": -1}, {"top_k": 0}, {"min_p": 0}, {"min_p": 0.0}, {"repetition_penalty": 1},
+                    {"repetition_penalty": 1.0}):
+        assert post(server, route, body(route, **neutral)).status_code == 200, neutral
+    for name, value in (("top_k", 20), ("min_p", 0.05), ("repetition_penalty", 1.1), ("top_k", "20")):
+        message, param = refusal(post(server, route, body(route, **{name: value})), route)
+        assert param == name, (param, message)

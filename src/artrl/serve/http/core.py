@@ -44,7 +44,7 @@ from ...chat.format import completion_text, cut_at_stop, image_urls
 from ...errors import CheckpointError, ImageError
 from ...chat.images import RECORD_KEY as IMAGES_RECORD_KEY, record_entries
 from ...models.moe import RECORD_KEY as ROUTING_RECORD_KEY, encode_routing
-from .prompts import PromptBuilder, request_messages
+from .prompts import PromptBuilder, request_messages, template_kwargs_problem
 from ..errors import EngineClosedError, InvalidRequestError
 from ..engines.base import GenerationRequest, GenerationResult
 from .guards import APIError, BodyLane, ServerMetrics
@@ -418,11 +418,13 @@ class RequestCore:
                 from error
 
     async def _render(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                      end_ids: frozenset[int], chars: int, images: Any = None) -> list[int]:
+                      end_ids: frozenset[int], chars: int, images: Any = None,
+                      template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """The prompt's ids; a large prompt renders on a worker thread (`INLINE_RENDER_CHARS`)."""
         if chars <= INLINE_RENDER_CHARS and len(messages) <= INLINE_RENDER_MESSAGES:
-            return self.prompts.prompt_ids(tokenizer, messages, tools, end_ids, images)
-        return await self.off_loop(self.prompts.prompt_ids, tokenizer, messages, tools, end_ids, images)
+            return self.prompts.prompt_ids(tokenizer, messages, tools, end_ids, images, template_kwargs)
+        return await self.off_loop(self.prompts.prompt_ids, tokenizer, messages, tools, end_ids, images,
+                                   template_kwargs)
 
     async def prepare(self, body: ChatCompletionRequest, *, prompt: str | list[int] | None = None) -> Prepared:
         """Resolve, check and render `body` (points 1-3); `prompt`: the prompt as text or ids instead of
@@ -458,9 +460,15 @@ class RequestCore:
                                     "reads text only. Send text, or serve a vision-language model (e.g. "
                                     "artrl/tiny-vl).", param=urls[0][1], code="invalid_image")
             images = await self.off_loop(_processed_images, vision, urls) if urls else []
+            template_kwargs = getattr(body, "chat_template_kwargs", None)
+            if template_kwargs:
+                problem = template_kwargs_problem(tokenizer, template_kwargs)
+                if problem is not None:
+                    raise APIError(400, f"chat_template_kwargs.{problem[0]:.100}: {problem[1]}.",
+                                   param=f"chat_template_kwargs.{problem[0]:.100}")
             try:
                 prompt_ids = await self._render(tokenizer, messages, tools, end_ids, chars,
-                                                vision.image_tokens(images) if images else None)
+                                                vision.image_tokens(images) if images else None, template_kwargs)
             except InvalidRequestError as error:
                 raise APIError(400, str(error), param="messages") from error
         request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, self.default_max_tokens,
