@@ -1,8 +1,10 @@
 """Soak and abuse of the local server: what hostile and careless clients cost the others, and where memory goes.
 
-    python benchmarks/server_soak.py [--rounds 10] [--requests 100] [--n 32] [--slow-connections 200]
-        [--trickles 100] [--disconnects 200] [--load-requests 1000] [--load-concurrency 64]
-        [--routes chat,completions,responses,messages]
+    python benchmarks/server_soak.py [--phases abuse,...] [--rounds 10] [--requests 100] [--n 32]
+        [--slow-connections 200] [--trickles 100] [--disconnects 200] [--load-requests 1000]
+        [--load-concurrency 64] [--routes chat,completions,responses,messages]
+        [--unknown-requests 400] [--unknown-names 5000] [--store-mib 16] [--store-requests 600]
+        [--big-clients 2] [--big-seconds 8] [--big-repeats 3]
 
 Every phase covers each wire protocol the server speaks (`--routes`; Chat Completions, Completions, Responses,
 Anthropic Messages): the abuse bodies in each protocol's spelling (`abuse` is keyed by route; Completions has
@@ -33,7 +35,19 @@ process, as `LocalBackend` does, and prints one JSON line:
    request waited inside the client before its headers went out (`client_wait_s`);
 6. `soak`: `--rounds` rounds of `--requests` requests of `n=--n` distinct completions (the record
    cache fills, then evicts): resident memory after each round, to see it level off;
-7. `rss_mib`: resident memory at the start and after each phase.
+7. `unknown_names`: `--unknown-requests` requests (the routes in turn), each with `--unknown-names` field names
+   no route takes and no other request sends, on a server of each `--unknown-policies` (refuse, warn): every
+   `--sample-every` requests resident memory, the bytes and records artrl logged (as a log file would hold them)
+   and the names the body policy remembers; they should stay flat;
+8. `store`: `--store-requests` stored Responses requests of `--store-messages` empty messages on a server whose
+   store holds `--store-mib`: resident memory, the bytes the store counts and the responses it keeps, filling to
+   the limit and beyond (`rss_growth_once_full_mib`, flat);
+9. `big_unknown`: one-token chat requests one after another for `--big-seconds`, alone, then while
+   `--big-clients` other processes send 4.3 MB bodies (50,000 tools under an unknown name) as fast as they are
+   answered, `--big-repeats` times: each window's latency and the min / median of the p50s;
+10. `rss_mib`: resident memory at the start and after each phase.
+
+`--phases` picks the phases (default: all); each line carries its `command`.
 
 Runs on an older tree too (`PYTHONPATH=<tree>/src`): what that tree lacks (the body deadline, the
 metrics route, the engine's admission waits) is reported as null.
