@@ -1,8 +1,10 @@
 """Soak and abuse of the local server: what hostile and careless clients cost the others, and where memory goes.
 
-    python benchmarks/server_soak.py [--rounds 10] [--requests 100] [--n 32] [--slow-connections 200]
-        [--trickles 100] [--disconnects 200] [--load-requests 1000] [--load-concurrency 64]
-        [--routes chat,completions,responses,messages]
+    python benchmarks/server_soak.py [--phases abuse,...] [--rounds 10] [--requests 100] [--n 32]
+        [--slow-connections 200] [--trickles 100] [--disconnects 200] [--load-requests 1000]
+        [--load-concurrency 64] [--routes chat,completions,responses,messages]
+        [--unknown-requests 400] [--unknown-names 5000] [--store-mib 16] [--store-requests 600]
+        [--big-clients 2] [--big-seconds 8] [--big-repeats 3]
 
 Every phase covers each wire protocol the server speaks (`--routes`; Chat Completions, Completions, Responses,
 Anthropic Messages): the abuse bodies in each protocol's spelling (`abuse` is keyed by route; Completions has
@@ -33,7 +35,19 @@ process, as `LocalBackend` does, and prints one JSON line:
    request waited inside the client before its headers went out (`client_wait_s`);
 6. `soak`: `--rounds` rounds of `--requests` requests of `n=--n` distinct completions (the record
    cache fills, then evicts): resident memory after each round, to see it level off;
-7. `rss_mib`: resident memory at the start and after each phase.
+7. `unknown_names`: `--unknown-requests` requests (the routes in turn), each with `--unknown-names` field names
+   no route takes and no other request sends, on a server of each `--unknown-policies` (refuse, warn): every
+   `--sample-every` requests resident memory, the bytes and records artrl logged (as a log file would hold them)
+   and the names the body policy remembers; they should stay flat;
+8. `store`: `--store-requests` stored Responses requests of `--store-messages` empty messages on a server whose
+   store holds `--store-mib`: resident memory, the bytes the store counts and the responses it keeps, filling to
+   the limit and beyond (`rss_growth_once_full_mib`, flat);
+9. `big_unknown`: one-token chat requests one after another for `--big-seconds`, alone, then while
+   `--big-clients` other processes send 4.3 MB bodies (50,000 tools under an unknown name) as fast as they are
+   answered, `--big-repeats` times: each window's latency and the min / median of the p50s;
+10. `rss_mib`: resident memory at the start and after each phase.
+
+`--phases` picks the phases (default: all); each line carries its `command`.
 
 Runs on an older tree too (`PYTHONPATH=<tree>/src`): what that tree lacks (the body deadline, the
 metrics route, the engine's admission waits) is reported as null.
@@ -50,6 +64,7 @@ import logging
 import select
 import socket
 import statistics
+import sys
 import threading
 import time
 from typing import Any
@@ -161,6 +176,157 @@ def _unknown_field_abuse(route: str) -> dict[str, Any]:
                                               "parameters": {"type": "object"}}} for i in range(50_000)]
     return {"5000_unknown_names": _normal(route, "hi", 4, **names),
             "50k_tools_under_an_unknown_name": _normal(route, "hi", 4, junk=junk)}
+
+
+class _LogBytes(logging.Handler):
+    """The bytes artrl's log records would take in a log file (one formatted line each), and how many there were."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+        self.bytes = self.records = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.bytes += len(self.format(record).encode()) + 1
+        self.records += 1
+
+
+def _with_names(route: str, r: int, names: int) -> bytes:
+    """Request `r` on `route` with `names` unknown field names no other request sends (`u<r>_<k>_xxx...`)."""
+    invented = {f"u{r}_{k:05d}_{'x' * 40}": 0 for k in range(names)}
+    return json.dumps(_normal(route, "hi", 4, **invented)).encode()
+
+
+async def _unknown_names(base_url: str, app: Any, requests: int, names: int, every: int,
+                         routes: list[str]) -> dict[str, Any]:
+    """`requests` requests (the routes' in turn, one after another), each with `names` unknown field names of its
+    own: statuses, and every `every` requests resident memory, the bytes and records artrl logged so far and the
+    names the body policy remembers."""
+    log = _LogBytes()
+    artrl_logger = logging.getLogger("artrl")
+    artrl_logger.addHandler(log)
+    statuses: dict[int, int] = {}
+    samples: list[dict[str, Any]] = []
+    policy = getattr(app.state, "body_policy", None)
+    t0 = time.perf_counter()
+    try:
+        async with httpx.AsyncClient(base_url=base_url, timeout=300,
+                                     headers={"anthropic-version": "2023-06-01",
+                                              "content-type": "application/json"}) as client:
+            for r in range(requests):
+                route = routes[r % len(routes)]
+                response = await client.post(PATHS[route], content=_with_names(route, r, names))
+                statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+                if (r + 1) % every == 0 or r + 1 == requests:
+                    samples.append({"requests": r + 1, "rss_mib": _rss_mib(), "log_bytes": log.bytes,
+                                    "log_records": log.records,
+                                    "names_remembered": policy.remembered if policy is not None else None})
+    finally:
+        artrl_logger.removeHandler(log)
+    rss = [s["rss_mib"] for s in samples]
+    return {"requests": requests, "names_per_request": names, "seconds": round(time.perf_counter() - t0, 1),
+            "statuses": statuses, "samples": samples,
+            "rss_growth_after_first_sample_mib": round(rss[-1] - rss[0], 1),
+            "log_bytes_total": log.bytes, "log_records_total": log.records}
+
+
+async def _store_fill(base_url: str, app: Any, requests: int, messages: int, every: int) -> dict[str, Any]:
+    """`requests` stored Responses requests (one after another), each a conversation of `messages` empty user
+    messages: every `every` requests resident memory, the bytes the store counts as held, its limit and how many
+    responses it keeps."""
+    store = getattr(app.state, "responses", None)
+    samples: list[dict[str, Any]] = []
+    body = {"model": "m", "input": [{"role": "user", "content": ""}] * messages, "max_output_tokens": 1,
+            "store": True}
+    payload = json.dumps(body).encode()
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(base_url=base_url, timeout=300,
+                                 headers={"content-type": "application/json"}) as client:
+        for r in range(requests):
+            response = await client.post(PATHS["responses"], content=payload)
+            assert response.status_code == 200, response.text[:200]
+            if (r + 1) % every == 0 or r + 1 == requests:
+                samples.append({"requests": r + 1, "rss_mib": _rss_mib(),
+                                "store_held_bytes": getattr(store, "held", None),
+                                "store_responses": len(store) if store is not None else None})
+    full = next((s for s in samples if s["store_held_bytes"] is not None
+                 and s["store_held_bytes"] >= 0.95 * store.max_bytes), None)
+    after_full = [s["rss_mib"] for s in samples[samples.index(full):]] if full is not None else []
+    return {"requests": requests, "messages_per_response": messages, "bytes_per_request": len(payload),
+            "store_max_bytes": store.max_bytes if store is not None else None,
+            "seconds": round(time.perf_counter() - t0, 1), "samples": samples,
+            "requests_to_fill": full["requests"] if full is not None else None,
+            "rss_growth_once_full_mib": round(after_full[-1] - after_full[0], 1) if after_full else None}
+
+
+HOSTILE = r"""
+import http.client, json, sys, time
+host, port, paths, seconds = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(","), float(sys.argv[4])
+junk = [{"type": "function", "function": {"name": f"tool_{i:05d}", "parameters": {"type": "object"}}}
+        for i in range(50_000)]
+bodies = {p: json.dumps(dict(json.loads(b), junk=junk)).encode() for p, b in zip(paths, sys.argv[5:])}
+print("ready", flush=True)
+sys.stdin.readline()
+statuses, longest, sent, end = {}, 0.0, 0, time.monotonic() + seconds
+connection = http.client.HTTPConnection(host, port, timeout=300)
+while time.monotonic() < end:
+    path = paths[sent % len(paths)]
+    t0 = time.perf_counter()
+    connection.request("POST", "/v1" + path, body=bodies[path], headers={
+        "content-type": "application/json", "anthropic-version": "2023-06-01"})
+    response = connection.getresponse()
+    response.read()
+    if response.getheader("connection", "").lower() == "close":
+        connection.close()
+        connection = http.client.HTTPConnection(host, port, timeout=300)
+    longest = max(longest, time.perf_counter() - t0)
+    statuses[response.status] = statuses.get(response.status, 0) + 1
+    sent += 1
+print(json.dumps({"sent": sent, "statuses": statuses, "seconds_max": round(longest, 3),
+                  "bytes": len(bodies[paths[0]])}), flush=True)
+"""
+
+
+async def _timed_normals(base_url: str, seconds: float) -> list[float]:
+    """Normal chat requests (`max_tokens` 1), one after another for `seconds`: each one's milliseconds."""
+    stop = asyncio.Event()
+    asyncio.get_running_loop().call_later(seconds, stop.set)
+    async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+        return await _normal_latencies(client, stop)
+
+
+def _big_unknown_latency(host: str, port: int, base_url: str, clients: int, seconds: float, repeats: int,
+                         routes: list[str]) -> dict[str, Any]:
+    """Normal chat requests alone for `seconds`, then for `seconds` while `clients` other processes send bodies of
+    50,000 tools under a field no route takes (`junk`, 4.3 MB; the routes' in turn), `repeats` times: each window's
+    p50, and the min / median over the windows of each kind."""
+    import subprocess
+
+    bodies = [json.dumps(_normal(route, "hi", 4)) for route in routes]
+    windows: list[dict[str, Any]] = []
+    for _ in range(repeats):
+        alone = asyncio.run(_timed_normals(base_url, seconds))
+        hostile = [subprocess.Popen([sys.executable, "-c", HOSTILE, host, str(port),
+                                     ",".join(PATHS[r] for r in routes), str(seconds), *bodies],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                   for _ in range(clients)]
+        for process in hostile:  # each has built its bodies: they start together
+            assert process.stdout.readline().strip() == "ready"
+        for process in hostile:
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        during = asyncio.run(_timed_normals(base_url, seconds))
+        sent = [json.loads(process.communicate(timeout=600)[0]) for process in hostile]
+        windows.append({"alone_ms": _stats_ms(alone), "during_ms": _stats_ms(during), "hostile": sent})
+
+    def spread(kind: str) -> dict[str, float]:
+        p50s = [w[kind]["p50"] for w in windows]
+        return {"min": min(p50s), "median": round(statistics.median(p50s), 2)}
+
+    alone_p50, during_p50 = spread("alone_ms"), spread("during_ms")
+    return {"clients": clients, "seconds_per_window": seconds, "repeats": repeats, "windows": windows,
+            "alone_p50_ms": alone_p50, "during_p50_ms": during_p50,
+            "ratio_of_median_p50": round(during_p50["median"] / alone_p50["median"], 2)}
 
 
 def _stats_ms(values: list[float]) -> dict[str, float]:
@@ -409,8 +575,13 @@ async def _soak(base_url: str, rounds: int, requests: int, n: int, routes: list[
     return rss
 
 
+PHASES = ("abuse", "slow", "trickle", "disconnect", "load", "soak", "unknown_names", "store", "big_unknown")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--phases", default=",".join(PHASES), help=f"phases to run, in this order (default: all, "
+                   f"{','.join(PHASES)})")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--requests", type=int, default=100, help="requests a soak round")
     p.add_argument("--n", type=int, default=32, help="choices a soak request")
@@ -423,18 +594,33 @@ def main() -> None:
     p.add_argument("--disconnects", type=int, default=200, help="clients that close mid-body")
     p.add_argument("--load-requests", type=int, default=1000)
     p.add_argument("--load-concurrency", type=int, default=64)
-    p.add_argument("--routes", default=",".join(ROUTES), help="routes the abuse, connection and soak phases "
-                   f"cover (default: all, {','.join(ROUTES)})")
+    p.add_argument("--routes", default=",".join(ROUTES), help="routes the abuse, connection, soak and unknown-name "
+                   f"phases cover and the big unknown bodies go to (default: all, {','.join(ROUTES)})")
     p.add_argument("--load-clients", default="openai,httpx,httpx:completions,httpx:responses,httpx:messages",
                    help="clients of the load phase, in turn: openai (model.openai_client(), the SDK on aiohttp, "
                    "chat), httpx (a bare httpx.AsyncClient, pool of --load-concurrency connections, chat), "
                    "httpx:<route> (the same on completions, responses or messages)")
     p.add_argument("--record-cache-mib", type=float, default=None, help="the server's record cache bound "
                    "(default: create_app's, 64 MiB; a smaller one shows the soak levelling off sooner)")
+    p.add_argument("--unknown-requests", type=int, default=400, help="requests of the unknown_names phase")
+    p.add_argument("--unknown-names", type=int, default=5000, help="unknown field names each of them sends")
+    p.add_argument("--unknown-policies", default="refuse,warn",
+                   help="create_app(unknown_fields=...) of the unknown_names phase, a server each in turn")
+    p.add_argument("--sample-every", type=int, default=50,
+                   help="requests between two samples of the unknown_names and store phases")
+    p.add_argument("--store-mib", type=float, default=16.0, help="the Responses store's limit in the store phase")
+    p.add_argument("--store-requests", type=int, default=600, help="stored responses the store phase sends")
+    p.add_argument("--store-messages", type=int, default=200, help="empty user messages in each of them")
+    p.add_argument("--big-clients", type=int, default=2, help="processes sending big unknown bodies (big_unknown)")
+    p.add_argument("--big-seconds", type=float, default=8.0, help="seconds of each big_unknown window")
+    p.add_argument("--big-repeats", type=int, default=3, help="alone / during windows of the big_unknown phase")
     args = p.parse_args()
     routes = args.routes.split(",")
     if not routes or set(routes) - set(ROUTES):
         p.error(f"--routes takes some of {','.join(ROUTES)}, got {args.routes!r}")
+    phases = args.phases.split(",")
+    if not phases or set(phases) - set(PHASES):
+        p.error(f"--phases takes some of {','.join(PHASES)}, got {args.phases!r}")
 
     from artrl.serve import ServedModels, TransformersEngine, create_app, start_server
     from artrl.models.tiny import load_tiny
@@ -448,27 +634,61 @@ def main() -> None:
         options["record_cache_bytes"] = int(args.record_cache_mib * 2**20)
     if "body_deadline" in inspect.signature(create_app).parameters:  # an older tree has none
         options["body_deadline"] = args.body_deadline
+    out: dict[str, Any] = {"bench": "server_soak", "phases": phases, "routes": routes}
     try:
         app = create_app(ServedModels("m", engine), **options)
         with start_server(app, head_timeout=args.head_timeout) as handle:
-            abuse = {route: asyncio.run(_abuse(handle.base_url, args.abuse_repeats, route)) for route in routes}
-            rss["after_abuse"] = _rss_mib()
-            slow = _slow(handle.host, handle.port, args.slow_connections, args.head_timeout, routes)
-            trickle = _trickle(handle.host, handle.port, args.trickles, args.trickle_interval, args.body_deadline,
-                               routes)
-            disconnect = _disconnects(handle, getattr(app.state, "metrics", None), args.disconnects, routes)
-            rss["after_slow_trickle_disconnect"] = _rss_mib()
-            load = [asyncio.run(_load(handle.base_url, engine, args.load_requests, args.load_concurrency, kind))
-                    for kind in args.load_clients.split(",")]
-            rss["after_load"] = _rss_mib()
-            soak = asyncio.run(_soak(handle.base_url, args.rounds, args.requests, args.n, routes))
-            rss["after_soak"] = _rss_mib()
+            if "abuse" in phases:
+                out["abuse"] = {route: asyncio.run(_abuse(handle.base_url, args.abuse_repeats, route))
+                                for route in routes}
+                rss["after_abuse"] = _rss_mib()
+            if "slow" in phases:
+                out["slow"] = _slow(handle.host, handle.port, args.slow_connections, args.head_timeout, routes)
+            if "trickle" in phases:
+                out["trickle"] = _trickle(handle.host, handle.port, args.trickles, args.trickle_interval,
+                                          args.body_deadline, routes)
+            if "disconnect" in phases:
+                out["disconnect"] = _disconnects(handle, getattr(app.state, "metrics", None), args.disconnects,
+                                                 routes)
+            if {"slow", "trickle", "disconnect"} & set(phases):
+                rss["after_slow_trickle_disconnect"] = _rss_mib()
+            if "load" in phases:
+                out["load"] = [asyncio.run(_load(handle.base_url, engine, args.load_requests, args.load_concurrency,
+                                                 kind)) for kind in args.load_clients.split(",")]
+                rss["after_load"] = _rss_mib()
+            if "soak" in phases:
+                out["soak_rss_mib_per_round"] = asyncio.run(_soak(handle.base_url, args.rounds, args.requests, args.n,
+                                                                  routes))
+                out["soak"] = {"rounds": args.rounds, "requests": args.requests, "n": args.n}
+                out["record_cache_mib"] = args.record_cache_mib or 64
+                rss["after_soak"] = _rss_mib()
+            if "big_unknown" in phases:  # the default policy: big bodies under unknown names are refused unparsed
+                out["big_unknown"] = _big_unknown_latency(handle.host, handle.port, handle.base_url, args.big_clients,
+                                                          args.big_seconds, args.big_repeats, routes)
+                rss["after_big_unknown"] = _rss_mib()
+        if "unknown_names" in phases:  # a server for each policy
+            out["unknown_names"] = {}
+            takes_policy = "unknown_fields" in inspect.signature(create_app).parameters  # an older tree has none
+            for policy in args.unknown_policies.split(",") if takes_policy else ["default"]:
+                policy_app = create_app(ServedModels("m", engine), **options,
+                                        **({"unknown_fields": policy} if takes_policy else {}))
+                with start_server(policy_app, head_timeout=args.head_timeout) as handle:
+                    out["unknown_names"][policy] = asyncio.run(_unknown_names(
+                        handle.base_url, policy_app, args.unknown_requests, args.unknown_names, args.sample_every,
+                        routes))
+                rss[f"after_unknown_names_{policy}"] = _rss_mib()
+        if "store" in phases:  # a server whose Responses store is --store-mib
+            store_app = create_app(ServedModels("m", engine), responses_store_bytes=int(args.store_mib * 2**20),
+                                   **options)
+            with start_server(store_app, head_timeout=args.head_timeout) as handle:
+                out["store"] = asyncio.run(_store_fill(handle.base_url, store_app, args.store_requests,
+                                                       args.store_messages, args.sample_every))
+            rss["after_store"] = _rss_mib()
     finally:
         engine.close()
-    print(json.dumps({"bench": "server_soak", "record_cache_mib": args.record_cache_mib or 64, "abuse": abuse,
-                      "slow": slow, "trickle": trickle, "disconnect": disconnect, "load": load,
-                      "soak_rss_mib_per_round": soak, "soak": {"rounds": args.rounds, "requests": args.requests,
-                                                               "n": args.n}, "routes": routes, "rss_mib": rss}))
+    out["rss_mib"] = rss
+    out["command"] = " ".join(["python benchmarks/server_soak.py", *sys.argv[1:]])
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from artrl.models.tiny import build_tiny_tokenizer
 from artrl.serve import ServedModels, ServerHandle, create_app, start_server
 from artrl.serve.engines.base import GenerationRequest, GenerationResult
 from artrl.serve.engines.scripted import ScriptedEngine
+from artrl.serve.errors import EngineClosedError
 from artrl.serve.http import body_policy
 from artrl.serve.http.protocols import common
 from test_server_transport import _response
@@ -263,6 +264,16 @@ def test_a_tool_result_with_no_matching_call_is_refused(server: ServerHandle) ->
                              "responses")
     assert param == "input[1].call_id" and "call_2" in message, message
 
+    chat_call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get", "arguments": "{}"}}]}
+    chat_answer = {"role": "tool", "tool_call_id": "call_1", "content": "9"}
+    chat_stray = {"role": "tool", "tool_call_id": "call_2", "content": "9"}
+    assert post(server, "chat", body("chat", messages=[ask, chat_call, chat_answer])).status_code == 200
+    for messages, at in (([ask, chat_call, chat_answer, chat_stray], 3), ([ask, chat_stray], 1),
+                         ([ask, chat_stray, chat_call], 1)):  # a call after its answer answers nothing
+        message, param = refusal(post(server, "chat", body("chat", messages=messages)), "chat")
+        assert param == f"messages[{at}].tool_call_id" and "call_2" in message, message
+
 
 def test_a_function_call_output_may_answer_the_call_of_a_previous_response(tokenizer: Any) -> None:
     engine = ScriptedEngine.from_text(
@@ -363,6 +374,29 @@ def test_a_408_is_in_the_routes_shape(strict: ServerHandle, route: str, where: s
         assert data["error"]["code"] == "request_timeout", data
 
 
+class ClosedEngine(ScriptedEngine):
+    """An engine whose program is exiting: every request fails as a closed engine's do."""
+
+    async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
+        raise EngineClosedError("the engine was closed")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("route", sorted(PATHS))
+def test_a_503_is_in_the_routes_shape(tokenizer: Any, route: str, stream: bool) -> None:
+    """The one status the server answers when it cannot serve (it has no request limit of its own, so no 429): a
+    closed engine is a 503 in the route's error shape, plain or streamed (nothing was sent yet)."""
+    with start_server(create_app(ServedModels("m", ClosedEngine(tokenizer, max_model_len=8192)))) as handle:
+        answer = post(handle, route, body(route, stream=stream))
+    assert answer.status_code == 503 and answer.headers["content-type"] == "application/json", answer.text[:300]
+    data = answer.json()
+    if route == "messages":
+        assert data == {"type": "error", "error": {"type": "overloaded_error", "message": "the engine was closed"}}
+    else:
+        assert data == {"error": {"message": "the engine was closed", "type": "server_error", "param": None,
+                                  "code": "engine_closed"}}
+
+
 # --------------------------------------------------------------------------- clients that leave mid-stream
 
 
@@ -435,3 +469,50 @@ def test_the_responses_store_holds_no_more_memory_than_its_bound() -> None:
     assert store.held <= bound
     assert max(held) <= 1.1 * bound, (held, bound)
     assert held[-1] >= 0.8 * bound, (held, bound)  # the bound is used, not undercounted the other way
+
+
+# --------------------------------------------------------------------------- vLLM's extras
+
+
+THINKING = "{%- if enable_thinking is defined and not enable_thinking %}NO THINKING {% endif %}"
+
+
+@pytest.fixture(scope="module")
+def thinking(tokenizer: Any) -> Iterator[ServerHandle]:
+    """A server whose tokenizer's chat template reads `enable_thinking` (as Qwen3's does)."""
+    template_tokenizer = build_tiny_tokenizer()
+    template_tokenizer.chat_template = THINKING + tokenizer.chat_template
+    with start_server(create_app(ServedModels("m", ScriptedEngine.from_text(template_tokenizer, "ok",
+                                                                           max_model_len=8192)))) as handle:
+        yield handle
+
+
+def test_chat_template_kwargs_reach_the_chat_template(thinking: ServerHandle, tokenizer: Any) -> None:
+    def prompt(**extra: Any) -> str:
+        answer = post(thinking, "chat", body("chat", **extra))
+        assert answer.status_code == 200, answer.text[:300]
+        return tokenizer.decode(answer.json()["choices"][0]["prompt_token_ids"])
+
+    assert "NO THINKING" not in prompt() and "NO THINKING" not in prompt(chat_template_kwargs={})
+    assert prompt(chat_template_kwargs={"enable_thinking": False}).startswith("NO THINKING")
+    assert "NO THINKING" not in prompt(chat_template_kwargs={"enable_thinking": True})
+    # a variable the template does not read would change nothing; one the server sets is not the client's
+    for kwargs, key in (({"preserve_thinking": True}, "preserve_thinking"), ({"tokenize": True}, "tokenize"),
+                        ({"add_generation_prompt": False}, "add_generation_prompt")):
+        message, param = refusal(post(thinking, "chat", body("chat", chat_template_kwargs=kwargs)), "chat")
+        assert param == f"chat_template_kwargs.{key}", (param, message)
+    for value in ("enable_thinking", ["enable_thinking"], 1):
+        _, param = refusal(post(thinking, "chat", body("chat", chat_template_kwargs=value)), "chat")
+        assert param.startswith("chat_template_kwargs"), param
+    _, param = refusal(post(thinking, "completions", body("completions", chat_template_kwargs={})), "completions")
+    assert param == "chat_template_kwargs"  # no chat template there: not a field the route takes
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_vllm_sampling_extras_are_taken_at_their_neutral_values_only(server: ServerHandle, route: str) -> None:
+    for neutral in ({"top_k": -1}, {"top_k": 0}, {"min_p": 0}, {"min_p": 0.0}, {"repetition_penalty": 1},
+                    {"repetition_penalty": 1.0}):
+        assert post(server, route, body(route, **neutral)).status_code == 200, neutral
+    for name, value in (("top_k", 20), ("min_p", 0.05), ("repetition_penalty", 1.1), ("top_k", "20")):
+        message, param = refusal(post(server, route, body(route, **{name: value})), route)
+        assert param == name, (param, message)

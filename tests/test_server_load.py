@@ -327,6 +327,42 @@ def test_artrl_serve_passes_its_body_bounds_to_the_app():
         assert (limit.kwargs["pause"], limit.kwargs["deadline"]) == (pause, deadline), argv
 
 
+@pytest.mark.parametrize("mode", ["refuse", "warn"])
+def test_artrl_serve_and_local_backend_pass_their_unknown_fields_policy_to_the_server(mode):
+    """`artrl serve --unknown-fields` and `LocalBackend(unknown_fields=...)` set the server's answer to a field no
+    route takes: a 400 naming it (refuse), or the request goes on (warn: here to the 404 of a model not served)."""
+    import argparse
+
+    from artrl.commands.serve import add_arguments, build_app
+    from artrl.local.backend import LocalBackend
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    app, _ = build_app(parser.parse_args(["--engine", "builtin", "--device", "cpu", "--unknown-fields", mode]))
+    backend = LocalBackend(unknown_fields=mode, path=None)
+    backend._ensure_server()
+    try:
+        for served in (app, None):
+            handle = start_server(served) if served is not None else backend._server
+            key = None if served is not None else backend._api_key
+            try:
+                answer = httpx.post(f"{handle.base_url}/chat/completions", timeout=30,
+                                    headers={"authorization": f"Bearer {key}"} if key else {},
+                                    json={"model": "not-served", "messages": [{"role": "user", "content": "hi"}],
+                                          "frobnicate": 1})
+            finally:
+                if served is not None:
+                    handle.stop()
+            assert answer.status_code == (400 if mode == "refuse" else 404), answer.text[:300]
+            assert (answer.json()["error"]["param"] == "frobnicate") == (mode == "refuse")
+    finally:
+        backend._server.stop()
+    with pytest.raises(ConfigError, match="unknown_fields='ignore'"):
+        LocalBackend(unknown_fields="ignore")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--unknown-fields", "ignore"])
+
+
 # --------------------------------------------------------------------------- fairness
 
 
@@ -367,3 +403,31 @@ def test_requests_are_answered_in_arrival_order_under_a_saturated_queue():
     assert [r.status_code for r in responses] == [200] * count, [r.text[:200] for r in responses]
     assert answered == list(range(count))
     assert engine.requests_admitted - admitted == count
+
+
+def test_large_bodies_take_turns_and_leave_the_interpreter_half_the_time():
+    """The scans and parses of large bodies (guards.py: `BodyLane`) run one at a time, and each waits after the
+    one before at least as long as that one took, so megabyte bodies sent back to back hold the interpreter lock
+    at most half the time; the first one is not delayed."""
+    from artrl.serve.http.guards import BodyLane
+
+    spans: list[tuple[float, float]] = []
+
+    async def off_loop(fn: Any, *args: Any) -> Any:
+        start = time.monotonic()
+        result = fn(*args)
+        await asyncio.sleep(0.05)  # the work (a parse holding the lock)
+        spans.append((start, time.monotonic()))
+        return result
+
+    async def scenario() -> tuple[list[int], float]:
+        lane = BodyLane(off_loop)
+        first = await lane.run(lambda x: x, 0)
+        alone_waited = lane.waited_s
+        rest = await asyncio.gather(*(lane.run(lambda x: x, i) for i in range(1, 4)))
+        return [first, *rest], alone_waited
+
+    results, alone_waited = asyncio.run(scenario())
+    assert results == [0, 1, 2, 3] and alone_waited == 0
+    for (start, end), (next_start, _) in zip(spans, spans[1:]):
+        assert next_start >= end + (end - start) - 1e-3  # never together, and a rest as long as the work

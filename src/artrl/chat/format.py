@@ -324,12 +324,15 @@ def message_key(message: Message) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 
 def render_text(tokenizer: Any, messages: Sequence[Message], tools: list[dict[str, Any]] | None, *,
-                add_generation_prompt: bool, where: str, images: ImageTokens | None = None) -> str:
-    """The chat template's text for normalised `messages`, its image placeholders expanded by `images`; a
+                add_generation_prompt: bool, where: str, images: ImageTokens | None = None,
+                template_kwargs: dict[str, Any] | None = None) -> str:
+    """The chat template's text for normalised `messages`, its image placeholders expanded by `images`;
+    `template_kwargs`: variables the template reads besides the messages (`{"enable_thinking": False}`); a
     template failure is a TrajectoryError."""
     try:
         text = tokenizer.apply_chat_template(list(messages), tools=tools or None,
-                                             add_generation_prompt=add_generation_prompt, tokenize=False)
+                                             add_generation_prompt=add_generation_prompt, tokenize=False,
+                                             **(template_kwargs or {}))
     except Exception as e:  # template errors come in many types (jinja's TemplateError, TypeError, ...)
         hint = " (the chat template may not support tools)" if tools else ""
         raise TrajectoryError(f"{where}: the chat template could not render the conversation{hint}: "
@@ -439,10 +442,13 @@ def _fitting(text: str, pieces: list[str], options: list[list[SampledCompletion]
 
 def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[str, Any]] | None = None, *,
                   recent: CompletionLookup | None = None, end_ids: frozenset[int] = frozenset(),
-                  where: str = "messages", images: ImageTokens | None = None) -> list[int]:
+                  where: str = "messages", images: ImageTokens | None = None,
+                  template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """Prompt ids for normalised `messages` with the generation prompt (module docstring: the record); `images`:
-    how the messages' images expand (a vision-language model's)."""
-    text = render_text(tokenizer, messages, tools, add_generation_prompt=True, where=where, images=images)
+    how the messages' images expand (a vision-language model's); `template_kwargs`: the template's other
+    variables (a remembered completion is reused only where it fits the text they render)."""
+    text = render_text(tokenizer, messages, tools, add_generation_prompt=True, where=where, images=images,
+                       template_kwargs=template_kwargs)
     candidates = {}
     if recent is not None and len(recent):
         candidates = {i: got for i, m in enumerate(messages) if m.get("role") == "assistant" and (got := recent.get(m))}
@@ -454,7 +460,8 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[
         markers = {i: turn_marker(i, messages[i].get("content")) for i in indices}
         ph = [({"role": "assistant", "content": markers[i]} if i in indices else m) for i, m in enumerate(messages)]
         try:
-            ph_text = render_text(tokenizer, ph, tools, add_generation_prompt=True, where=where, images=images)
+            ph_text = render_text(tokenizer, ph, tools, add_generation_prompt=True, where=where, images=images,
+                                  template_kwargs=template_kwargs)
         except TrajectoryError:
             return None
         pieces = split_at_placeholders(ph_text, indices, [markers[i] for i in indices])

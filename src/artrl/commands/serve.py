@@ -102,7 +102,7 @@ def build_app(args: Any) -> Any:
         served.add_base(args.model, engine)
         bounds.update(adapter_control=True, replica_id=args.replica_id or f"{socket.gethostname()}:{args.port}",
                       engine_kind=kind, base_model=args.model)
-    app = create_app(served, api_key=args.api_key, **bounds)
+    app = create_app(served, api_key=args.api_key, unknown_fields=args.unknown_fields, **bounds)
     return app, name
 
 
@@ -120,6 +120,9 @@ def add_arguments(p: Any) -> None:
                    help="seconds a request body may pause between two parts (408 after; default 30)")
     p.add_argument("--body-deadline", type=float, default=None,
                    help="seconds a whole request body has from the request head (408 after; default 60)")
+    p.add_argument("--unknown-fields", choices=("refuse", "warn"), default="refuse",
+                   help="a request field its route does not take: refuse (400 naming it, as OpenAI's and "
+                        "Anthropic's APIs answer) or warn (served, with a bounded warning; default refuse)")
     p.add_argument("--engine", choices=("auto", "builtin", "vllm"), default="auto",
                    help="inference engine (default: auto = vLLM when installed and on a GPU, else built-in)")
     p.add_argument("--replica", action="store_true",

@@ -105,18 +105,26 @@ class LocalBackend(Backend):
         api_key: every server route requires `Authorization: Bearer <api_key>`. None: a random key made for
             this backend, checked the same way; `model.inference_api_key` and `model.openai_client()` carry it.
         show_progress: tqdm bars during training.
+        unknown_fields: what the server does with a request field its route does not take: "refuse" (a 400 in
+            the route's error shape naming it) or "warn" (served, with a bounded warning; for clients that send
+            vendor extras). docs/reliability.md.
     """
 
     def __init__(self, *, in_process: bool | None = None, path: str | None = None,
                  gpu_cost_per_hour_usd: float | None = None, host: str = "127.0.0.1", port: int = 0,
-                 api_key: str | None = None, show_progress: bool = True) -> None:
+                 api_key: str | None = None, show_progress: bool = True, unknown_fields: str = "refuse") -> None:
         from ..serve.http.background import is_loopback
+        from ..serve.http.body_policy import UNKNOWN_FIELDS_MODES
 
         if not is_loopback(host) and not api_key:
             raise ConfigError(
                 f"LocalBackend(host={host!r}) would serve the model to every machine that can reach {host!r} "
                 "without authentication; pass api_key=... (checked on every route), or keep the default "
                 "host='127.0.0.1'.")
+        if unknown_fields not in UNKNOWN_FIELDS_MODES:
+            raise ConfigError(f"LocalBackend(unknown_fields={unknown_fields!r}); give one of {UNKNOWN_FIELDS_MODES}: "
+                              "'refuse' answers a request field its route does not take with a 400 naming it, "
+                              "'warn' serves it with a bounded warning (docs/reliability.md).")
         if in_process is False:
             notice_once("LocalBackend.in_process", "LocalBackend(in_process=False): artrl trains and serves in this "
                         "process (one copy of the weights); there is no child process to move the model to.")
@@ -128,6 +136,7 @@ class LocalBackend(Backend):
         self._gpu_cost_per_hour_usd = float(gpu_cost_per_hour_usd) if gpu_cost_per_hour_usd is not None else None
         self._host = host
         self._port = port
+        self._unknown_fields = unknown_fields
         # the key the server checks; the one a client learns (model.inference_api_key) is always this one
         self._api_key = api_key or f"artrl-{secrets.token_urlsafe(18)}"
         self._runs: dict[str, TrainingSession] = {}  # served name -> the session of its run
@@ -228,7 +237,8 @@ class LocalBackend(Backend):
         from ..serve import ServedModels, create_app, start_server
 
         self._served = ServedModels(checkpoint_path=self._checkpoint_path)
-        self._server = start_server(create_app(self._served, api_key=self._api_key), host=self._host,
+        self._server = start_server(create_app(self._served, api_key=self._api_key,
+                                               unknown_fields=self._unknown_fields), host=self._host,
                                     port=self._port)
         log.info("inference server listening on %s", self._server.base_url)
 

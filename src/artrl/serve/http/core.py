@@ -44,10 +44,10 @@ from ...chat.format import completion_text, cut_at_stop, image_urls
 from ...errors import CheckpointError, ImageError
 from ...chat.images import RECORD_KEY as IMAGES_RECORD_KEY, record_entries
 from ...models.moe import RECORD_KEY as ROUTING_RECORD_KEY, encode_routing
-from .prompts import PromptBuilder, request_messages
+from .prompts import PromptBuilder, request_messages, template_kwargs_problem
 from ..errors import EngineClosedError, InvalidRequestError
 from ..engines.base import GenerationRequest, GenerationResult
-from .guards import APIError, ServerMetrics
+from .guards import APIError, BodyLane, ServerMetrics
 from .served_models import LiveSwitchingError, ModelNotFoundError, ServedModels
 from .body_policy import BodyPolicy
 from .request import ChatCompletionRequest, RequestLimits, check, check_parsed
@@ -390,7 +390,8 @@ class RequestCore:
     """What every protocol's route calls (module docstring): `prepare`, then `complete` or `stream`.
 
     `off_loop(fn, *args)` runs CPU work a large request brings on a worker thread (bounded by the server);
-    `body_policy`: what the routes do with fields they do not take (refused, unless the server is set to warn).
+    `body_policy`: what the routes do with fields they do not take (refused, unless the server is set to warn);
+    `body_lane`: where the scan and parse of a large body run, in turn with the others.
     """
 
     def __init__(self, resolver: ServedModels, prompts: PromptBuilder, limits: RequestLimits,
@@ -398,6 +399,8 @@ class RequestCore:
                  off_loop: Callable[..., Awaitable[Any]], body_policy: BodyPolicy | None = None) -> None:
         self.resolver, self.prompts, self.limits, self.metrics = resolver, prompts, limits, metrics
         self.default_max_tokens, self.off_loop = default_max_tokens, off_loop
+        #: Where large bodies are scanned and parsed, one at a time (serve/http/guards.py)
+        self.body_lane = BodyLane(off_loop)
         #: What every route does with a field it does not take (serve/http/body_policy.py)
         self.body_policy = body_policy if body_policy is not None else BodyPolicy("refuse", metrics)
 
@@ -415,11 +418,13 @@ class RequestCore:
                 from error
 
     async def _render(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                      end_ids: frozenset[int], chars: int, images: Any = None) -> list[int]:
+                      end_ids: frozenset[int], chars: int, images: Any = None,
+                      template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """The prompt's ids; a large prompt renders on a worker thread (`INLINE_RENDER_CHARS`)."""
         if chars <= INLINE_RENDER_CHARS and len(messages) <= INLINE_RENDER_MESSAGES:
-            return self.prompts.prompt_ids(tokenizer, messages, tools, end_ids, images)
-        return await self.off_loop(self.prompts.prompt_ids, tokenizer, messages, tools, end_ids, images)
+            return self.prompts.prompt_ids(tokenizer, messages, tools, end_ids, images, template_kwargs)
+        return await self.off_loop(self.prompts.prompt_ids, tokenizer, messages, tools, end_ids, images,
+                                   template_kwargs)
 
     async def prepare(self, body: ChatCompletionRequest, *, prompt: str | list[int] | None = None) -> Prepared:
         """Resolve, check and render `body` (points 1-3); `prompt`: the prompt as text or ids instead of
@@ -455,9 +460,15 @@ class RequestCore:
                                     "reads text only. Send text, or serve a vision-language model (e.g. "
                                     "artrl/tiny-vl).", param=urls[0][1], code="invalid_image")
             images = await self.off_loop(_processed_images, vision, urls) if urls else []
+            template_kwargs = getattr(body, "chat_template_kwargs", None)
+            if template_kwargs:
+                problem = template_kwargs_problem(tokenizer, template_kwargs)
+                if problem is not None:
+                    raise APIError(400, f"chat_template_kwargs.{problem[0]:.100}: {problem[1]}.",
+                                   param=f"chat_template_kwargs.{problem[0]:.100}")
             try:
                 prompt_ids = await self._render(tokenizer, messages, tools, end_ids, chars,
-                                                vision.image_tokens(images) if images else None)
+                                                vision.image_tokens(images) if images else None, template_kwargs)
             except InvalidRequestError as error:
                 raise APIError(400, str(error), param="messages") from error
         request = _generation_request(body, prompt_ids, adapter, engine.max_model_len, self.default_max_tokens,

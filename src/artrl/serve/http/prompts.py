@@ -15,6 +15,8 @@ only applies them to HTTP requests and responses:
 
 from __future__ import annotations
 
+import functools
+
 import sys
 import threading
 import weakref
@@ -136,12 +138,14 @@ class PromptBuilder:
             return cache
 
     def prompt_ids(self, tokenizer: Any, messages: list[Message], tools: list[dict[str, Any]] | None,
-                   end_ids: frozenset[int], images: ImageTokens | None = None) -> list[int]:
-        """Token ids of the prompt (generation prompt included; `images`: how its images expand); a template
-        failure is an InvalidRequestError."""
+                   end_ids: frozenset[int], images: ImageTokens | None = None,
+                   template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        """Token ids of the prompt (generation prompt included; `images`: how its images expand;
+        `template_kwargs`: the chat template's other variables, `template_kwargs_problem`); a template failure
+        is an InvalidRequestError."""
         try:
             return render_prompt(tokenizer, messages, tools, recent=self.cache(tokenizer), end_ids=end_ids,
-                                 images=images)
+                                 images=images, template_kwargs=template_kwargs)
         except TrajectoryError as error:
             raise InvalidRequestError(str(error)) from error
 
@@ -149,3 +153,38 @@ class PromptBuilder:
                  end_id: int | None) -> None:
         """Keep a returned completion: `message` as the client will send it back, `text` its ids' text."""
         self.cache(tokenizer).add(message, prompt_ids, token_ids, text, end_id)
+
+
+SERVER_TEMPLATE_VARIABLES = frozenset({
+    "messages", "tools", "add_generation_prompt", "documents", "conversation", "chat_template",
+    "continue_final_message", "raise_exception", "strftime_now", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs"})
+"""What the server passes to `apply_chat_template` itself, or that changes what it returns: never a client's."""
+
+
+@functools.lru_cache(maxsize=16)
+def template_variables(template: str) -> frozenset[str]:
+    """The variables the chat template `template` reads from outside (jinja's undeclared variables)."""
+    import jinja2.meta
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    environment = _compile_jinja_template(template).environment  # transformers' own (its extensions included)
+    return frozenset(jinja2.meta.find_undeclared_variables(environment.parse(template)))
+
+
+def template_kwargs_problem(tokenizer: Any, kwargs: dict[str, Any]) -> tuple[str, str] | None:
+    """(the key at fault, why) when `kwargs` (a request's `chat_template_kwargs`) names a variable the server
+    sets itself (`SERVER_TEMPLATE_VARIABLES`, or a special token) or one the tokenizer's chat template does not
+    read (it would be accepted and ignored); None when every key is one the template reads."""
+    template = getattr(tokenizer, "chat_template", None)
+    templates = template.values() if isinstance(template, dict) else [template] if template else []
+    read = frozenset().union(*(template_variables(t) for t in templates))
+    for key in kwargs:
+        if key in SERVER_TEMPLATE_VARIABLES or key.endswith("_token"):
+            return key, "the server sets it itself"
+        if key not in read:
+            return key, (f"the chat template reads no variable {key!r:.100} (it reads "
+                         f"{sorted(k for k in read - SERVER_TEMPLATE_VARIABLES if not k.endswith('_token'))}), "
+                         "so it would change nothing")
+    return None
+

@@ -91,13 +91,17 @@ class OpenAIRequest(BaseModel):
 
 PENALTY_DEFAULTS: dict[str, Any] = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}}
 """OpenAI's sampling adjustments the engines do not apply: taken at the value that changes nothing only."""
+VLLM_SAMPLING_DEFAULTS: dict[str, Any] = {"top_k": (-1, 0), "min_p": 0, "repetition_penalty": 1}
+"""vLLM's sampling extras, which its clients send (often at these values): the built-in sampler has none of them
+(and the token record's logprobs are those of temperature and top_p alone), so each is taken at the value (or
+values: vLLM reads top_k -1 and 0 both as "off") that changes nothing only."""
 
 
 class ChatCompletionRequest(OpenAIRequest):
     """The Chat Completions fields this server takes (the core's canonical request: every protocol's request
     becomes one)."""
 
-    DEFAULT_ONLY: ClassVar[dict[str, Any]] = {**ROUTER_DEFAULTS, **PENALTY_DEFAULTS}
+    DEFAULT_ONLY: ClassVar[dict[str, Any]] = {**ROUTER_DEFAULTS, **PENALTY_DEFAULTS, **VLLM_SAMPLING_DEFAULTS}
 
     model: str
     messages: list[Any]
@@ -122,15 +126,22 @@ class ChatCompletionRequest(OpenAIRequest):
     logit_bias: dict[str, float] | None = None
     # vLLM's extension: logprob tokens read "token_id:<id>" instead of the token text.
     return_tokens_as_token_ids: bool | None = False
+    # vLLM's extensions: variables the chat template reads (`{"enable_thinking": false}`), each one the tokenizer's
+    # template reads (core.py, prompts.py: `template_kwargs_problem`); sampling extras at their neutral values only
+    chat_template_kwargs: dict[str, Any] | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
 
 
 def check_defaults(body: BaseModel) -> None:
     """A field of `DEFAULT_ONLY` at another value than the one that asks for nothing is a 400 naming it."""
     for name, default in getattr(type(body), "DEFAULT_ONLY", {}).items():
         value = getattr(body, name, None)
-        check(value is None or value == default,
-              f"{name}={value!r:.100}: this server does not do what it asks; send {json.dumps(default)} or leave "
-              "it out.", name)
+        neutral = default if isinstance(default, tuple) else (default,)
+        check(value is None or value in neutral,
+              f"{name}={value!r:.100}: this server does not do what it asks; send "
+              f"{' or '.join(json.dumps(v) for v in neutral)} or leave it out.", name)
 
 
 def include_usage(body: Any) -> bool:
@@ -282,3 +293,22 @@ def check_tool_choice(body: ChatCompletionRequest) -> None:
     )
     offered = [t.get("function", {}).get("name") for t in body.tools or []]
     check(name in offered, f"tool_choice names the function {name!r}, which is not in tools {offered}", "tool_choice")
+
+
+def check_tool_results(messages: list[Any]) -> None:
+    """Each `tool` message answers a call: its `tool_call_id` is the id of a tool call of an earlier assistant
+    message (OpenAI's API refuses one that is not, as the other protocols' routes refuse a tool result that
+    answers no call). A tool message without a `tool_call_id` is left to the chat template, as vLLM does."""
+    calls: set[str] = set()
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue  # said by the message check (prompts.py: request_messages)
+        if message.get("role") == "assistant":
+            for call in message.get("tool_calls") or ():
+                if isinstance(call, dict) and isinstance(call.get("id"), str):
+                    calls.add(call["id"])
+        elif message.get("role") == "tool" and message.get("tool_call_id") is not None:
+            call_id = message["tool_call_id"]
+            check(isinstance(call_id, str) and call_id in calls,
+                  f"Invalid parameter: 'tool_call_id' of {call_id!r:.100} not found in 'tool_calls' of an earlier "
+                  f"assistant message (messages[{i}] answers no call).", f"messages[{i}].tool_call_id")

@@ -37,13 +37,14 @@ async def read_body(http: fastapi.Request, model: type[Body], core: RequestCore,
     not take is refused in the route's error shape (serve/http/body_policy.py); a body over `INLINE_PARSE_BYTES` is
     also counted there (its list of messages, named `items` in this protocol, and its tools: over the server's
     limits is a 400 before anything is built, as on the chat route), then parsed on a worker thread (the core
-    checks the rest of the limits on what it holds, after it is parsed). Fields taken at one value only
+    checks the rest of the limits on what it holds, after it is parsed); its scan and its parse take turns with
+    other large bodies' (guards.py: `BodyLane`). Fields taken at one value only
     (`DEFAULT_ONLY`) are checked last."""
     raw = await http.body()
     check_content_type(http.headers.get("content-type"))
     large = len(raw) > INLINE_PARSE_BYTES
     try:
-        shape = await core.off_loop(scan_body, raw, items) if large else scan_body(raw, items)
+        shape = await core.body_lane.run(scan_body, raw, items) if large else scan_body(raw, items)
         if shape is not None:
             core.body_policy.check(shape.names, model, model.__name__.removesuffix("Request"),
                                    anthropic=http.url.path in ANTHROPIC_PATHS)
@@ -53,7 +54,7 @@ async def read_body(http: fastapi.Request, model: type[Body], core: RequestCore,
                 except APIError:
                     core.metrics.refused_by_count += 1
                     raise
-        body = await core.off_loop(parse, raw, model) if large else parse(raw, model)
+        body = await core.body_lane.run(parse, raw, model) if large else parse(raw, model)
     finally:
         if large:
             del raw

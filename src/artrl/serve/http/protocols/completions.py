@@ -31,8 +31,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ..core import Prepared, RequestCore
 from ..guards import APIError
 from .common import read_body, record_fields, renamed_params
-from ..request import (PENALTY_DEFAULTS, ROUTER_DEFAULTS, ChatCompletionRequest, OpenAIRequest, StreamOptions,
-                       include_usage)
+from ..request import (PENALTY_DEFAULTS, ROUTER_DEFAULTS, VLLM_SAMPLING_DEFAULTS, ChatCompletionRequest,
+                       OpenAIRequest, StreamOptions, include_usage)
 from ..streaming import SSE_DONE, sse_event
 
 PATH = "/v1/completions"
@@ -45,7 +45,7 @@ class CompletionRequest(OpenAIRequest):
     """The Completions request fields this route takes (any other is refused: serve/http/body_policy.py). Strict
     types, as the chat route's."""
 
-    DEFAULT_ONLY: ClassVar[dict[str, Any]] = {**ROUTER_DEFAULTS, **PENALTY_DEFAULTS}
+    DEFAULT_ONLY: ClassVar[dict[str, Any]] = {**ROUTER_DEFAULTS, **PENALTY_DEFAULTS, **VLLM_SAMPLING_DEFAULTS}
 
     model: str
     prompt: str | list[int] | list[str] | list[list[int]]
@@ -65,6 +65,9 @@ class CompletionRequest(OpenAIRequest):
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     return_tokens_as_token_ids: bool | None = False
+    top_k: int | None = None  # vLLM's sampling extras, at their neutral values only (request.py)
+    min_p: float | None = None
+    repetition_penalty: float | None = None
 
 
 def prompt_of(body: CompletionRequest) -> str | list[int]:
