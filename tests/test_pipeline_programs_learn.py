@@ -414,7 +414,7 @@ def test_docs_grammar_mass_figures_are_the_results_file():
         assert figure in docs, figure
 
 
-CORRECTION_RESULTS = PATH.parents[1] / "benchmarks" / "results" / "2026-12-05-cpu"
+CORRECTION_RESULTS = [PATH.parents[1] / "benchmarks" / "results" / day for day in ("2026-12-05-cpu", "2026-12-06-cpu")]
 
 
 def test_a_run_collapses_when_it_stops_early_or_gains_too_little(bench):
@@ -438,11 +438,13 @@ def test_corrected_runs_add_their_fields_to_every_train_call(bench):
 
 def test_docs_correction_table_is_the_results_files(bench):
     """docs/off-policy.md's table is what `--correction-table` prints from the recorded runs."""
-    records = [r for path in sorted(CORRECTION_RESULTS.glob("yes-no-maybe-corrections*.jsonl"))
+    records = [r for folder in CORRECTION_RESULTS for path in sorted(folder.glob("*-corrections*.jsonl"))
                for r in bench.read_results(str(path))]
     rows = bench.correction_table(records).splitlines()[2:]
     docs = (PATH.parents[1] / "docs" / "off-policy.md").read_text().splitlines()
     assert rows and all(row in docs for row in rows)
+    documented = [line for line in docs if line.startswith(tuple(f"| {p} | " for p in bench.PROGRAMS))]
+    assert sorted(documented) == sorted(rows)  # and no row the files no longer give
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "nf4"])
