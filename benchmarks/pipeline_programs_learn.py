@@ -26,8 +26,10 @@ train steps:
   named off-policy correction, its TrainConfig fields added to every train call of the program (CorrectedBackend
   below; `none` adds nothing and runs the program as it is); `--sampler-dtype bfloat16` makes the built-in
   engine decode under bf16 autocast while the trainer stays float32 (a bf16 sampler's kernel mismatch, as vLLM
-  serving bf16 weights has). A run counts as collapsed (COLLAPSE_GAIN) when it stopped before MAX_STEPS (ART's
-  model-collapse stop) or its held-out gain is below COLLAPSE_GAIN;
+  serving bf16 weights has), `--sampler-dtype nf4` makes it decode with its linear layers' base weights rounded
+  to bitsandbytes' 4-bit NF4 (a 4-bit base served against a float32 trainer; SAMPLER_DTYPES below). A run
+  counts as collapsed (COLLAPSE_GAIN) when it stopped before MAX_STEPS (ART's model-collapse stop) or its
+  held-out gain is below COLLAPSE_GAIN;
 * `sync`: the same program in a subprocess with its `PipelineTrainer` replaced by `SyncLoop` below, a plain
   synchronous loop over the program's own scenarios, rollout function, reward, model, learning rate, loss and
   groups per step (`min_batch_size`): take that many scenarios, `art.gather_trajectory_groups` of the program's
@@ -109,6 +111,14 @@ CORRECTIONS: Final = {
 }
 CORRECTION_ENV: Final = "ARTRL_BENCH_TRAIN_FIELDS"
 SAMPLER_DTYPE_ENV: Final = "ARTRL_BENCH_SAMPLER_DTYPE"
+SAMPLER_DTYPES: Final = {
+    # --sampler-dtype -> what the built-in engine's serving copy computes in (the trainer stays float32)
+    "float32": "the trainer's own weights and kernels",
+    "bfloat16": "bf16 autocast over the same weights (bf16 matmuls)",
+    "nf4": "every linear layer's base weight but the output head's quantised to bitsandbytes' NF4 (blocksize 64) "
+           "and dequantised: the values a 4-bit base computes with; the LoRA adapter stays float32",
+}
+NF4_BLOCKSIZE: Final = 64
 COLLAPSE_GAIN: Final = 0.1
 """A run collapsed when it stopped early or its held-out gain is below this (fixed before the correction runs;
 docs/pipeline.md's two collapsed in-flight runs at 1e-2 gained +0.018 and stopped at step 2)."""
@@ -553,7 +563,7 @@ def grammar_ratios_summary(art_path: Path) -> dict[str, Any]:
 
 
 def bf16_sampler(serving_copy: Any) -> Any:
-    """`serving_copy` (serve/transformers_engine.py's) whose copy decodes under bf16 autocast: the engine's
+    """`serving_copy` (serve/engines/transformers_engine.py's) whose copy decodes under bf16 autocast: the engine's
     sampled logprobs come from bf16 matmuls while the trainer computes in float32."""
     import functools
 
@@ -574,16 +584,47 @@ def bf16_sampler(serving_copy: Any) -> Any:
     return copy
 
 
+def nf4_sampler(serving_copy: Any) -> Any:
+    """`serving_copy` whose copy holds every linear layer's base weight (the LoRA layers' `base_layer`s and plain
+    linears; not the adapter's own, not `lm_head`) rounded to NF4: bitsandbytes' `quantize_4bit` then
+    `dequantize_4bit`, so the engine computes with the weights a 4-bit base has, in float32 kernels, while the
+    trainer keeps the float32 ones. Each rounded weight is a new Parameter of the copy: the trainer's, which the
+    copy otherwise shares, is left as it is."""
+    import torch
+    from bitsandbytes import functional as bnb
+
+    def copy(model: Any) -> Any:
+        served = serving_copy(model)
+        for name, module in served.named_modules():
+            if (type(module) is torch.nn.Linear and "lora_" not in name and not name.endswith("lm_head")):
+                weight = module.weight.data
+                packed, state = bnb.quantize_4bit(weight.contiguous(), quant_type="nf4", blocksize=NF4_BLOCKSIZE)
+                rounded = bnb.dequantize_4bit(packed, state).to(weight.dtype).reshape(weight.shape)
+                module.weight = torch.nn.Parameter(rounded, requires_grad=False)
+        return served
+
+    return copy
+
+
+SAMPLERS: Final = {"bfloat16": bf16_sampler, "nf4": nf4_sampler}
+
+
+def patch_sampler(dtype: str) -> None:
+    """Make the built-in engine's serving copy compute as SAMPLER_DTYPES[dtype] says, in this process."""
+    if dtype == "float32":
+        return
+    from artrl.serve.engines import transformers_engine
+
+    transformers_engine.serving_copy = SAMPLERS[dtype](transformers_engine.serving_copy)
+
+
 def run_corrected_child(program_path: Path, base_arm: str) -> None:
     """In a child process: the program's `main` (SyncLoop in its PipelineTrainer's place for "sync") with the
-    TrainConfig fields of CORRECTION_ENV added to every train call, and a bf16 sampler where SAMPLER_DTYPE_ENV
-    says so."""
+    TrainConfig fields of CORRECTION_ENV added to every train call, and the sampler SAMPLER_DTYPE_ENV names
+    (SAMPLER_DTYPES)."""
     program = load_program(program_path)
     fields = json.loads(os.environ.get(CORRECTION_ENV) or "{}")
-    if os.environ.get(SAMPLER_DTYPE_ENV, "float32") == "bfloat16":
-        from artrl.serve import transformers_engine
-
-        transformers_engine.serving_copy = bf16_sampler(transformers_engine.serving_copy)
+    patch_sampler(os.environ.get(SAMPLER_DTYPE_ENV, "float32"))
 
     class CorrectedBackend(program.LocalBackend):  # type: ignore[misc, name-defined]
         async def train(self, model: Any, groups: Any, **kwargs: Any) -> Any:
@@ -778,8 +819,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="where the primed models are kept between invocations")
     p.add_argument("--corrections", nargs="+", choices=list(CORRECTIONS), default=["none"],
                    help="off-policy corrections (CORRECTIONS), each run for every arm and replicate, alternated")
-    p.add_argument("--sampler-dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="bfloat16: the engine decodes under bf16 autocast, the trainer stays float32")
+    p.add_argument("--sampler-dtype", choices=list(SAMPLER_DTYPES), default="float32",
+                   help="what the engine decodes with, the trainer staying float32: " +
+                        "; ".join(f"{k}: {v}" for k, v in SAMPLER_DTYPES.items()))
     p.add_argument("--correction-table", nargs="+", metavar="FILE",
                    help="print the corrections' table (collapses, gains, mismatch) of results files and exit")
     p.add_argument("--sync-child", type=Path, help=argparse.SUPPRESS)

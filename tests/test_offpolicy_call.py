@@ -168,3 +168,44 @@ def test_a_call_of_several_steps_weighs_by_the_logprobs_of_its_starting_weights(
             assert not torch.allclose(seen[-1][0], seen[-1][1], atol=1e-4)  # the second step's weights moved
         else:
             assert torch.equal(old, torch.cat([n for n, _, _ in seen]))  # the first pass's own
+
+
+@pytest.mark.parametrize(("train_kwargs", "bounds"), [
+    ({}, (1 / 3, 3.0)),
+    ({"importance_sampling_correction": "token_mask", "importance_sampling_clip_min": 0.5,
+      "importance_sampling_clip_max": 2.0}, (0.5, 2.0)),
+], ids=["none", "token_mask"])
+def test_a_pipelined_runs_train_rows_carry_the_mismatch_figures(tmp_path, train_kwargs, bounds):
+    """PipelineTrainer on LocalBackend (tests/test_pipeline_local.py's tiny run, staleness bound 2): every train row
+    it writes has the call's offpolicy/ figures at the bounds the call measured, whatever is set; a call that
+    trains only groups of the version it starts from measures no mismatch but float noise, one with stale groups
+    (when the scheduling gives one) measures more; where a row splits by policy age, the ages' tokens add up to
+    the call's."""
+    from artrl.pipeline_trainer import PipelineTrainer
+    from test_pipeline_local import GROUPS_PER_STEP, TRAIN, make_rollout, open_model, scenario_list
+
+    async def main() -> list[dict]:
+        backend, model = await open_model(tmp_path)
+        trainer = PipelineTrainer(model, backend, make_rollout(), scenario_list(), None, num_rollout_workers=4,
+                                  min_batch_size=GROUPS_PER_STEP, max_steps_off_policy=2, train_kwargs=train_kwargs,
+                                  **TRAIN)
+        async with asyncio.timeout(300):
+            await trainer.train(handle_signals=False)
+        rows = [r for r in storage.read_jsonl(model._run_dir() / storage.HISTORY_FILE) if r.get("split") == "train"]
+        await backend.close()
+        return rows
+
+    rows = asyncio.run(main())
+    assert rows
+    for row in rows:
+        assert (row["offpolicy/clip_min"], row["offpolicy/clip_max"]) == pytest.approx(bounds)
+        assert row["offpolicy/mismatch_tokens"] > 0 and math.isfinite(row["offpolicy/sampler_kl"])
+        for key in ("token_below_min", "token_above_max", "sequence_below_min", "sequence_above_max"):
+            assert 0.0 <= row[f"offpolicy/{key}"] <= 1.0, key
+        if row["train/staleness_max"] == 0:  # every token sampled by the weights trained: ratios 1 up to float noise
+            assert abs(row["offpolicy/sampler_kl"]) < 1e-5 and row["offpolicy/token_below_min"] == 0.0
+        else:  # groups sampled a version or more before: the weights moved since (k3, never negative, unlike k1)
+            assert row["offpolicy/sampler_kl_k3"] > 1e-5
+        ages = [row[k] for k in row if k.startswith("offpolicy/age") and k.endswith("/tokens")]
+        if ages:
+            assert sum(ages) == row["offpolicy/mismatch_tokens"]

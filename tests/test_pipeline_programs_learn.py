@@ -414,7 +414,7 @@ def test_docs_grammar_mass_figures_are_the_results_file():
         assert figure in docs, figure
 
 
-CORRECTION_RESULTS = PATH.parents[1] / "benchmarks" / "results" / "2026-12-05-cpu"
+CORRECTION_RESULTS = [PATH.parents[1] / "benchmarks" / "results" / day for day in ("2026-12-05-cpu", "2026-12-06-cpu")]
 
 
 def test_a_run_collapses_when_it_stops_early_or_gains_too_little(bench):
@@ -438,8 +438,40 @@ def test_corrected_runs_add_their_fields_to_every_train_call(bench):
 
 def test_docs_correction_table_is_the_results_files(bench):
     """docs/off-policy.md's table is what `--correction-table` prints from the recorded runs."""
-    records = [r for path in sorted(CORRECTION_RESULTS.glob("yes-no-maybe-corrections*.jsonl"))
+    records = [r for folder in CORRECTION_RESULTS for path in sorted(folder.glob("*-corrections*.jsonl"))
                for r in bench.read_results(str(path))]
     rows = bench.correction_table(records).splitlines()[2:]
     docs = (PATH.parents[1] / "docs" / "off-policy.md").read_text().splitlines()
     assert rows and all(row in docs for row in rows)
+    documented = [line for line in docs if line.startswith(tuple(f"| {p} | " for p in bench.PROGRAMS))]
+    assert sorted(documented) == sorted(rows)  # and no row the files no longer give
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "nf4"])
+def test_a_sampler_dtype_changes_what_the_engine_computes_and_leaves_the_trainer_alone(bench, tmp_path, monkeypatch,
+                                                                                      dtype):
+    """`--sampler-dtype` patches the serving copy the built-in engine makes (the function its module calls), so
+    the engine's logits move off the trainer's by that dtype's rounding, while the trainer's weights stay its
+    own float32 ones."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from artrl.models.tiny import load_tiny
+    from artrl.serve.engines import transformers_engine
+
+    monkeypatch.setattr(transformers_engine, "serving_copy", transformers_engine.serving_copy)
+    plain = transformers_engine.serving_copy
+    bench.patch_sampler(dtype)
+    assert transformers_engine.serving_copy is not plain
+    model = get_peft_model(load_tiny(tmp_path / "cache")[0], LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.arange(3, 19).unsqueeze(0)  # [1, 16]
+    with torch.no_grad():
+        want = plain(model)(ids).logits  # [1, 16, vocab]
+        got = transformers_engine.serving_copy(model)(ids).logits
+        assert torch.equal(model(ids).logits, want)  # the trainer computes as before the copy
+    assert got.dtype == torch.float32 or dtype == "bfloat16"
+    gap = (got.float() - want).abs().max().item()
+    assert 1e-4 < gap < 10.0, gap  # rounded, not broken
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    bench.patch_sampler("float32")  # nothing to patch
