@@ -108,6 +108,15 @@ CORRECTIONS: Final = {
     "geometric_mask": {"importance_sampling_correction": "geometric_mask", "importance_sampling_clip_min": 0.5,
                        "importance_sampling_clip_max": 2.0},
     "off_policy_mask": {"off_policy_mask_threshold": 0.5},  # TRL's example value of DeepSeek-V3.2's delta
+    "sequence_truncate": {"importance_sampling_correction": "sequence_truncate", "importance_sampling_clip_min": 0.5,
+                          "importance_sampling_clip_max": 2.0},
+    "geometric_truncate": {"importance_sampling_correction": "geometric_truncate",
+                           "importance_sampling_clip_min": 0.5, "importance_sampling_clip_max": 2.0},
+    # ART's truncated_importance_sampling and TRL's usual token_truncate: an upper bound only, small ratios kept
+    "token_truncate_upper": {"importance_sampling_correction": "token_truncate", "importance_sampling_clip_max": 2.0},
+    # a KL term against the base model (TRL's former default beta), alone and with DeepSeek-V3.2's bias correction
+    "kl_beta": {"beta": 0.04},
+    "kl_beta_bias_corrected": {"beta": 0.04, "use_bias_correction_kl": True},
 }
 CORRECTION_ENV: Final = "ARTRL_BENCH_TRAIN_FIELDS"
 SAMPLER_DTYPE_ENV: Final = "ARTRL_BENCH_SAMPLER_DTYPE"
