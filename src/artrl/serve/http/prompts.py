@@ -16,7 +16,6 @@ only applies them to HTTP requests and responses:
 from __future__ import annotations
 
 import functools
-
 import sys
 import threading
 import weakref
@@ -187,4 +186,3 @@ def template_kwargs_problem(tokenizer: Any, kwargs: dict[str, Any]) -> tuple[str
                          f"{sorted(k for k in read - SERVER_TEMPLATE_VARIABLES if not k.endswith('_token'))}), "
                          "so it would change nothing")
     return None
-
