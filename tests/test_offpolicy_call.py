@@ -23,6 +23,7 @@ from artrl.train.call import run_call
 from artrl.train.rl import prepare_rl
 from artrl.config.model import InternalModelConfig
 from artrl.types import TrainConfig
+from offpolicy_rows import check_mismatch_row, pipelined_train_rows
 from test_train_call_update import CASES, LOG_RATIOS, USER, check_call, live, spec  # noqa: F401 (live: fixture)
 
 OFF_POLICY_OPTIONS = {"importance_sampling_correction", "off_policy_mask_threshold"}
@@ -181,31 +182,12 @@ def test_a_pipelined_runs_train_rows_carry_the_mismatch_figures(tmp_path, train_
     trains only groups of the version it starts from measures no mismatch but float noise, one with stale groups
     (when the scheduling gives one) measures more; where a row splits by policy age, the ages' tokens add up to
     the call's."""
-    from artrl.pipeline_trainer import PipelineTrainer
-    from test_pipeline_local import GROUPS_PER_STEP, TRAIN, make_rollout, open_model, scenario_list
+    from test_pipeline_local import open_model
 
     async def main() -> list[dict]:
-        backend, model = await open_model(tmp_path)
-        trainer = PipelineTrainer(model, backend, make_rollout(), scenario_list(), None, num_rollout_workers=4,
-                                  min_batch_size=GROUPS_PER_STEP, max_steps_off_policy=2, train_kwargs=train_kwargs,
-                                  **TRAIN)
-        async with asyncio.timeout(300):
-            await trainer.train(handle_signals=False)
-        rows = [r for r in storage.read_jsonl(model._run_dir() / storage.HISTORY_FILE) if r.get("split") == "train"]
-        await backend.close()
-        return rows
+        return await pipelined_train_rows(*await open_model(tmp_path), train_kwargs)
 
     rows = asyncio.run(main())
     assert rows
-    for row in rows:
-        assert (row["offpolicy/clip_min"], row["offpolicy/clip_max"]) == pytest.approx(bounds)
-        assert row["offpolicy/mismatch_tokens"] > 0 and math.isfinite(row["offpolicy/sampler_kl"])
-        for key in ("token_below_min", "token_above_max", "sequence_below_min", "sequence_above_max"):
-            assert 0.0 <= row[f"offpolicy/{key}"] <= 1.0, key
-        if row["train/staleness_max"] == 0:  # every token sampled by the weights trained: ratios 1 up to float noise
-            assert abs(row["offpolicy/sampler_kl"]) < 1e-5 and row["offpolicy/token_below_min"] == 0.0
-        else:  # groups sampled a version or more before: the weights moved since (k3, never negative, unlike k1)
-            assert row["offpolicy/sampler_kl_k3"] > 1e-5
-        ages = [row[k] for k in row if k.startswith("offpolicy/age") and k.endswith("/tokens")]
-        if ages:
-            assert sum(ages) == row["offpolicy/mismatch_tokens"]
+    for row in rows:  # fresh: every token sampled by the weights trained
+        check_mismatch_row(row, bounds, fresh=row["train/staleness_max"] == 0, noise=1e-5, moved=1e-5)
